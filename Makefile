@@ -1,0 +1,36 @@
+# The two quick-start commands are `make demo` and `make test`; each sets up what it
+# needs (virtualenv, dependencies, Docker engine, images) and is fast when done.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.fleet-installed
+QUESTION ?= How do Python's asyncio tasks get cancelled, and how does a program shield work from cancellation?
+
+.PHONY: setup demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q python3-venv; \
+	  else echo "fleet: python3 venv support is missing; run 'sudo apt-get install python3-venv'" >&2; exit 2; fi; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+	$(BIN)/fleet setup
+
+demo: setup
+	$(BIN)/fleet research "$(QUESTION)" --members 3
+
+test: setup
+	$(BIN)/python -m pytest -x -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: setup
+	$(BIN)/python bench/sandbox.py && $(BIN)/python bench/harness.py && $(BIN)/python bench/fanout.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

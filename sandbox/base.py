@@ -1,0 +1,180 @@
+"""The backend-neutral sandbox API: one isolated box, and what creates boxes.
+
+A :class:`Sandbox` runs commands and moves files inside one box; a
+:class:`SandboxBackend` creates, lists and removes boxes. The subagent harness
+talks only to these two classes, so a new backend (another engine, a remote
+cluster node) is one new file. Errors follow :mod:`sandbox.errors`.
+"""
+
+from __future__ import annotations
+
+import abc
+import posixpath
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .errors import PathRefused
+from .spec import SandboxSpec
+
+
+class ExecResult(BaseModel):
+    """What one command did."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    exit_code: int
+    """Exit status; 124 when the timeout killed it, 128+N when killed by signal N."""
+    stdout: str
+    """Standard output, UTF-8 with replacement; head and tail kept when over the cap."""
+    stderr: str
+    """Standard error, same rules as ``stdout``."""
+    timed_out: bool = False
+    """The timeout fired and the whole process group was killed."""
+    truncated: bool = False
+    """At least one stream was over the cap and its middle was dropped."""
+    duration_s: float = 0.0
+    """Wall time of the command inside the box."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+class FileInfo(BaseModel):
+    """One entry of a directory listing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    path: str
+    type: Literal["file", "dir", "link", "other"]
+    size: int
+    mtime: float
+
+
+class BoxInfo(BaseModel):
+    """A box as the engine sees it (for ``fleet sandbox ls`` and gc)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    name: str
+    kind: str
+    run: str
+    member: str
+    status: str
+    created: float
+    ttl_s: float
+    keep: bool = False
+
+
+Command = str | Sequence[str]
+
+
+class Sandbox(abc.ABC):
+    """One isolated box.
+
+    Error contract: every method may raise :class:`~sandbox.errors.SandboxCrashed`
+    (the box died; the reason is named), :class:`~sandbox.errors.SandboxClosed`
+    and :class:`~sandbox.errors.SandboxUnavailable` (engine gone). File methods
+    raise :class:`~sandbox.errors.PathRefused` for paths outside
+    :attr:`allowed_roots`, ``FileNotFoundError`` for missing paths and
+    :class:`~sandbox.errors.OutputLimitExceeded` for reads over their limit.
+    ``exec`` never raises for a slow or noisy command: it returns an
+    :class:`ExecResult` with ``timed_out`` / ``truncated`` set and the output kept.
+    """
+
+    id: str
+    name: str
+    spec: SandboxSpec
+    allowed_roots: tuple[str, ...] = ("/workspace", "/tmp")
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = 60.0,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` (a shell string, or an argv list) inside the box.
+
+        The timeout is enforced inside the box: its whole process group is killed
+        and the output so far is returned with ``timed_out=True``.
+        """
+
+    @abc.abstractmethod
+    async def read_file(self, path: str, *, limit: int = 64 * 1024 * 1024) -> bytes:
+        """The bytes of a file in the box."""
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        """Create or replace a file (parents are created)."""
+
+    @abc.abstractmethod
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        """Entries of a directory, sorted by name."""
+
+    @abc.abstractmethod
+    async def upload(self, local: Path, remote: str) -> None:
+        """Copy a host file or directory tree into the box at ``remote``."""
+
+    @abc.abstractmethod
+    async def download(self, remote: str, local: Path) -> None:
+        """Copy a file or directory tree out of the box to ``local`` on the host."""
+
+    async def cdp_endpoint(self) -> str:
+        """The Chrome DevTools endpoint (``http://ip:port``) of a browser box."""
+        raise NotImplementedError(
+            f"sandbox {self.name} is a {self.spec.kind} box, not a browser box"
+        )
+
+    @abc.abstractmethod
+    async def check(self) -> None:
+        """Raise :class:`~sandbox.errors.SandboxCrashed` if the box is no longer running."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Remove the box (unless the spec says keep). Idempotent."""
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def resolve(self, path: str) -> str:
+        """Normalise ``path`` (relative to the workdir) and refuse it outside the roots."""
+        full = posixpath.normpath(posixpath.join(self.spec.workdir, path))
+        for root in self.allowed_roots:
+            if full == root or full.startswith(root.rstrip("/") + "/"):
+                return full
+        raise PathRefused(path, self.allowed_roots)
+
+
+class SandboxBackend(abc.ABC):
+    """Creates, lists and removes boxes on one engine."""
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec, *, run: str, member: str) -> Sandbox:
+        """Create and start a box, ready for ``exec`` (and CDP, for browser boxes)."""
+
+    @abc.abstractmethod
+    async def list_boxes(self, *, run: str | None = None) -> list[BoxInfo]:
+        """Fleet's boxes on this engine, optionally only one run's."""
+
+    @abc.abstractmethod
+    async def remove_run(self, run: str) -> int:
+        """Remove every box and network of one run; returns how many boxes."""
+
+    @abc.abstractmethod
+    async def gc(
+        self, *, live_runs: set[str] | None = None, now: float | None = None
+    ) -> list[BoxInfo]:
+        """Remove boxes whose TTL passed or whose run is not in ``live_runs``."""

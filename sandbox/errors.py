@@ -1,0 +1,81 @@
+"""The sandbox error contract.
+
+Every failure a caller can act on has its own type, and every message says what
+was wrong and what to do next. All of them derive from :class:`SandboxError`, so
+``except SandboxError`` catches everything the sandbox layer raises on purpose.
+
+=====================  ==========================================================
+error                  raised when
+=====================  ==========================================================
+SandboxSpecError       a spec is invalid (unknown field, negative limit, unknown
+                       image); raised before anything is created
+SandboxUnavailable     the engine cannot be reached, an image is missing, or the
+                       box could not be created or started
+SandboxTimeout         a file or control operation (not ``exec``: a command that
+                       runs past its timeout returns ``ExecResult.timed_out``)
+                       did not finish in time
+OutputLimitExceeded    a file read would return more than the allowed bytes
+PathRefused            a path resolves outside the box's allowed roots
+SandboxCrashed         the box died (OOM-killed, killed, exited); ``reason``
+                       names why; every later call on that box raises it again
+SandboxClosed          the box was closed by its owner and is used again
+=====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(Exception):
+    """Base of every error the sandbox layer raises on purpose."""
+
+
+class SandboxSpecError(SandboxError, ValueError):
+    """The sandbox spec (or a request built from it) is invalid."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The engine, an image, or the box itself cannot be had right now."""
+
+
+class SandboxTimeout(SandboxError, TimeoutError):
+    """A file or control operation on the box did not finish in time."""
+
+
+class OutputLimitExceeded(SandboxError):
+    """A read would return more bytes than allowed."""
+
+    def __init__(self, message: str, *, limit: int, size: int | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.size = size
+
+
+class PathRefused(SandboxError, PermissionError):
+    """A path resolves outside the box's allowed roots."""
+
+    def __init__(self, path: str, roots: tuple[str, ...] | list[str]) -> None:
+        roots_text = ", ".join(roots)
+        super().__init__(
+            f"path {path!r} is outside this sandbox's allowed roots ({roots_text}); "
+            f"use a path under one of them"
+        )
+        self.path = path
+        self.roots = tuple(roots)
+
+
+class SandboxCrashed(SandboxError):
+    """The box died; ``reason`` is one of ``oom-killed``, ``killed``, ``exited(N)``,
+    ``removed`` or ``unknown``, and ``detail`` carries what the engine said."""
+
+    def __init__(self, box: str, reason: str, detail: str = "") -> None:
+        text = f"sandbox {box} crashed: {reason}"
+        if detail:
+            text += f" ({detail})"
+        super().__init__(text)
+        self.box = box
+        self.reason = reason
+        self.detail = detail
+
+
+class SandboxClosed(SandboxError):
+    """The box was closed by its owner and cannot be used any more."""

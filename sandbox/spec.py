@@ -1,0 +1,127 @@
+"""Typed sandbox specs: what a box is allowed to be and do.
+
+Policy lives here as data (limits, user, network, read-only root), never as code
+paths in a backend: a backend reads a :class:`SandboxSpec` and applies all of it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+BoxKind = Literal["coding", "browser", "service"]
+
+_HOST_RE = re.compile(
+    r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:\d{1,5})?$"
+)
+_SIZE_RE = re.compile(r"^\d+(\.\d+)?[kmgKMG]?$")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``"512m"``, ``"1g"``, ``"64k"`` or a plain integer."""
+    if isinstance(text, int):
+        return text
+    t = text.strip().lower()
+    mult = {"k": 1024, "m": 1024**2, "g": 1024**3}.get(t[-1:], 1)
+    num = t[:-1] if t[-1:] in "kmg" else t
+    return int(float(num) * mult)
+
+
+class NetworkPolicy(BaseModel):
+    """Where a box may connect to."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    egress: Literal["none", "allowlist"] = "none"
+    """``none``: no network at all. ``allowlist``: the box sits on its run's internal
+    network and reaches only the hosts in ``allow`` (through the run's egress proxy)."""
+    allow: tuple[str, ...] = ()
+    """Host names (optionally ``:port``, or ``*.example.org``) the box may reach."""
+
+    @field_validator("allow")
+    @classmethod
+    def _hosts_are_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for host in v:
+            h = host.strip().lower()
+            if not _HOST_RE.match(h):
+                raise ValueError(
+                    f"{host!r} is not a host name; write e.g. 'docs.python.org' or 'corpus:8080'"
+                )
+            out.append(h)
+        return tuple(out)
+
+    @model_validator(mode="after")
+    def _allow_needs_allowlist(self) -> NetworkPolicy:
+        if self.egress == "none" and self.allow:
+            raise ValueError("'allow' lists hosts but egress is 'none'; set egress = 'allowlist'")
+        return self
+
+
+class SandboxSpec(BaseModel):
+    """One box: image, limits, user, filesystem and network policy.
+
+    Defaults are the secure ones: 1 CPU, 1 GiB memory, 256 pids, read-only root,
+    tmpfs ``/tmp``, a size-limited ``/workspace``, no network.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: BoxKind = "coding"
+    """What the box is for; picks the default image and how the box is started."""
+    image: str | None = None
+    """Image reference; ``None`` means Fleet's own image for ``kind``."""
+    cpus: float = Field(default=1.0, gt=0, le=64)
+    """CPU quota in cores."""
+    memory: str = "1g"
+    """Memory limit (``512m``, ``1g``); swap is not added on top."""
+    pids: int = Field(default=256, ge=16, le=65536)
+    """Maximum number of processes and threads in the box."""
+    tmpfs_size: str = "256m"
+    """Size of the tmpfs mounted on ``/tmp``."""
+    workspace_size: str = "1g"
+    """Size limit of the writable ``/workspace``."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment for every command (never put secrets here)."""
+    workdir: str = "/workspace"
+    """Default working directory of ``exec``."""
+    network: NetworkPolicy = NetworkPolicy()
+    """Egress policy; browser boxes need ``egress='allowlist'``."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels; ``fleet.*`` labels are set by Fleet and cannot be given here."""
+    ttl_s: float = Field(default=3600.0, gt=0)
+    """Seconds after creation after which ``fleet sandbox gc`` may remove the box."""
+    output_limit: int = Field(default=1024 * 1024, ge=1024)
+    """Bytes kept per output stream of one ``exec`` (head and tail kept)."""
+    keep: bool = False
+    """Keep the box after its owner ends, for debugging (``gc`` still removes it)."""
+
+    @field_validator("memory", "tmpfs_size", "workspace_size")
+    @classmethod
+    def _size(cls, v: str) -> str:
+        if not _SIZE_RE.match(v.strip()):
+            raise ValueError(f"{v!r} is not a size; write e.g. '512m' or '1g'")
+        if parse_size(v) < 4 * 1024 * 1024:
+            raise ValueError(f"{v!r} is too small; at least '4m'")
+        return v.strip().lower()
+
+    @field_validator("labels")
+    @classmethod
+    def _no_reserved_labels(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if k.startswith("fleet.")]
+        if bad:
+            raise ValueError(f"labels {bad} use the reserved 'fleet.' prefix")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _abs_workdir(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"workdir {v!r} must be an absolute path such as '/workspace'")
+        return v
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_size(self.memory)

@@ -1,0 +1,97 @@
+"""The model seam: what the harness needs from a model, in the Messages API format.
+
+The Anthropic Messages API (``anthropic.types``) is the lingua franca: requests are
+Messages API parameters and responses are ``anthropic.types.Message``. Adapters
+(the real client, replay of a recorded trace, the offline policy) implement
+:class:`Model`; the loop never knows which one it talks to.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from anthropic.types import Message
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ModelProfile(BaseModel):
+    """What the harness must know about a model to budget its context and cost."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    """Model string as sent to the API."""
+    context_window: int = 200_000
+    """Tokens the model accepts in one request (input + output)."""
+    max_output: int = 8_192
+    """Largest ``max_tokens`` the model accepts."""
+    input_per_mtok: float = 3.0
+    """USD per million uncached input tokens."""
+    output_per_mtok: float = 15.0
+    """USD per million output tokens."""
+    cache_read_per_mtok: float = 0.3
+    """USD per million input tokens read from the prompt cache."""
+    cache_write_per_mtok: float = 3.75
+    """USD per million input tokens written to the prompt cache."""
+    known: bool = True
+    """False when the name matched no profile and conservative defaults were used."""
+
+
+class ModelRequest(BaseModel):
+    """One Messages API call, as the loop builds it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    system: str | list[dict[str, Any]] = ""
+    """System prompt (plain text, or content blocks with cache_control)."""
+    messages: list[dict[str, Any]]
+    """``MessageParam`` dicts, alternating user/assistant, tool results matched."""
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    """Tool definitions (name, description, input_schema)."""
+    max_tokens: int = 4096
+    """Output token limit of this call."""
+    temperature: float | None = None
+    tool_choice: dict[str, Any] | None = None
+    """E.g. ``{"type": "tool", "name": "submit_result"}`` to force the final answer."""
+    context_management: dict[str, Any] | None = None
+    """Server-side context management edits, passed through when the job asks."""
+
+
+class ModelResponse(BaseModel):
+    """One model answer plus what it cost to get it."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    message: Message
+    """The response, with ``usage`` (input, output, cache read, cache creation)."""
+    latency_s: float = 0.0
+    """Wall time of the call, retries included."""
+    retries: int = 0
+    """How many times the call was retried (HTTP errors and mid-stream overloads)."""
+    offline: bool = False
+    """True for offline models (replay, offline policy): never a real model's words."""
+
+
+@runtime_checkable
+class Model(Protocol):
+    """Anything that answers Messages API requests."""
+
+    profile: ModelProfile
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One model turn. Raises :class:`ModelError` when retries are exhausted."""
+        ...
+
+    async def count_tokens(self, request: ModelRequest) -> int | None:
+        """Input tokens of ``request`` as the provider counts them, or None if unknown."""
+        ...
+
+
+class ModelError(Exception):
+    """A model call failed for good (after retries); ``retryable`` says if a later
+    attempt of the whole member may succeed (overload) or not (bad request)."""
+
+    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status

@@ -1,0 +1,231 @@
+"""Per-member traces: typed, append-only JSONL events.
+
+Each member writes ``trace.jsonl`` in its run subdirectory. Events carry span ids
+(run > member > turn > call) so a viewer can rebuild the tree, and each turn
+records only its *new* messages (deltas, never the whole context again), so a
+trace grows linearly with turns. Every event is a pydantic model with a ``type``
+discriminator; :func:`read_trace` parses a file back into those models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ts: float = Field(default_factory=time.time)
+    """Unix time the event was written."""
+    run: str = ""
+    member: str = ""
+    span: str = ""
+    """This event's span id (``<member>/t<turn>`` or ``<member>/t<turn>/<call id>``)."""
+    parent: str = ""
+    """The enclosing span id."""
+    turn: int = 0
+    """Turn number (0 before the first model call)."""
+
+
+class MemberStart(_Event):
+    type: Literal["member_start"] = "member_start"
+    kind: str
+    task: str
+    model: str
+    offline: bool = False
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class MemberEnd(_Event):
+    type: Literal["member_end"] = "member_end"
+    status: str
+    """ok, failed, timed_out, crashed, cancelled or incomplete."""
+    reason: str = ""
+    turns: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+    duration_s: float = 0.0
+    result: dict[str, Any] | None = None
+
+
+class Messages(_Event):
+    """New messages appended to the context this turn (deltas only)."""
+
+    type: Literal["messages"] = "messages"
+    messages: list[dict[str, Any]]
+
+
+class ModelCall(_Event):
+    type: Literal["model_call"] = "model_call"
+    model: str
+    stop_reason: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    context_tokens: int = 0
+    """Tokens in the context sent (API usage when known, else the local estimate)."""
+    latency_s: float = 0.0
+    retries: int = 0
+    offline: bool = False
+    content: list[dict[str, Any]] = Field(default_factory=list)
+    """The response content blocks (text, tool_use)."""
+
+
+class ToolCall(_Event):
+    type: Literal["tool_call"] = "tool_call"
+    call_id: str
+    tool: str
+    input: dict[str, Any]
+
+
+class ToolResult(_Event):
+    type: Literal["tool_result"] = "tool_result"
+    call_id: str
+    tool: str
+    is_error: bool = False
+    duration_s: float = 0.0
+    output: str = ""
+    """The result text as the model saw it (after offloading), truncated for the trace."""
+    output_chars: int = 0
+    truncated: bool = False
+    offloaded: str | None = None
+    """Path of the offloaded full result, when it was offloaded."""
+
+
+class Offload(_Event):
+    type: Literal["offload"] = "offload"
+    call_id: str = ""
+    path: str
+    """Where the full content lives (in the box and the run directory)."""
+    tokens: int
+    reason: Literal["large_result", "over_budget"] = "large_result"
+
+
+class Clip(_Event):
+    type: Literal["clip"] = "clip"
+    call_ids: list[str]
+    tokens_saved: int
+
+
+class Compaction(_Event):
+    type: Literal["compaction"] = "compaction"
+    tokens_before: int
+    tokens_after: int
+    summary: str
+    transcript_path: str
+    server_side: bool = False
+
+
+class Todos(_Event):
+    type: Literal["todos"] = "todos"
+    todos: list[dict[str, Any]]
+    recited: bool = False
+
+
+class MemoryWrite(_Event):
+    type: Literal["memory_write"] = "memory_write"
+    command: str
+    path: str
+
+
+class SandboxEvent(_Event):
+    type: Literal["sandbox"] = "sandbox"
+    action: str
+    """create, exec, read_file, write_file, close, crashed, ..."""
+    box: str = ""
+    detail: dict[str, Any] = Field(default_factory=dict)
+    duration_s: float = 0.0
+
+
+class Retry(_Event):
+    type: Literal["retry"] = "retry"
+    what: str
+    attempt: int
+    reason: str
+    delay_s: float = 0.0
+
+
+class ErrorEvent(_Event):
+    type: Literal["error"] = "error"
+    error: str
+    message: str
+
+
+class Screenshot(_Event):
+    type: Literal["screenshot"] = "screenshot"
+    path: str
+    url: str = ""
+
+
+TraceEvent = Annotated[
+    MemberStart
+    | MemberEnd
+    | Messages
+    | ModelCall
+    | ToolCall
+    | ToolResult
+    | Offload
+    | Clip
+    | Compaction
+    | Todos
+    | MemoryWrite
+    | SandboxEvent
+    | Retry
+    | ErrorEvent
+    | Screenshot,
+    Field(discriminator="type"),
+]
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(TraceEvent)
+
+
+class TraceWriter:
+    """Appends events to one member's ``trace.jsonl``; fills run/member ids."""
+
+    def __init__(self, path: Path, *, run: str, member: str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.run = run
+        self.member = member
+        self._fh = self.path.open("a", encoding="utf-8")
+        self.listeners: list[Any] = []
+        """Callables invoked with each event (live progress, OpenTelemetry)."""
+
+    def emit(self, event: _Event) -> None:
+        if not event.run:
+            event.run = self.run
+        if not event.member:
+            event.member = self.member
+        self._fh.write(event.model_dump_json(exclude_none=True) + "\n")
+        self._fh.flush()
+        for listener in self.listeners:
+            listener(event)
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+
+
+def read_trace(path: Path) -> Iterator[Any]:
+    """Parse a ``trace.jsonl`` back into events; a torn last line is skipped."""
+    with Path(path).open(encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield _ADAPTER.validate_python(json.loads(line))
+            except (json.JSONDecodeError, ValueError):
+                continue
