@@ -1,0 +1,67 @@
+"""What a tool is: a pydantic input schema plus an async implementation.
+
+Tools talk to the member's sandbox only (through :class:`ToolContext`). A tool
+signals a problem the model can fix by raising :class:`ToolError`; the loop turns
+that (and any other exception, and schema validation errors) into an
+``is_error`` tool result, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from sandbox.base import Sandbox
+
+from ..trace import TraceWriter
+
+
+class ToolError(Exception):
+    """A failure the model should see as an error result (bad path, no match...)."""
+
+
+@dataclass
+class ToolOutput:
+    """A tool's answer: text for the model, plus what the trace should know."""
+
+    text: str
+    is_error: bool = False
+    truncated: bool = False
+    files_written: list[str] = field(default_factory=list)
+    """Paths in the box this call created or changed (for post-compaction re-reads)."""
+    attachments: list[dict[str, Any]] = field(default_factory=list)
+    """Extra content blocks for the model (e.g. an image), rarely used."""
+
+
+@dataclass
+class ToolContext:
+    """What a tool may touch: the member's own box, run directory and trace."""
+
+    sandbox: Sandbox | None
+    run_dir: Path
+    trace: TraceWriter
+    member: str
+    state: dict[str, Any] = field(default_factory=dict)
+    """Per-member mutable state shared by tools (todo list, browser page, ...)."""
+
+
+class Tool(abc.ABC):
+    """One tool the model can call."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    Input: ClassVar[type[BaseModel]]
+
+    @abc.abstractmethod
+    async def run(self, args: Any, ctx: ToolContext) -> ToolOutput | str:
+        """Do the work; raise :class:`ToolError` for errors the model can act on."""
+
+    def definition(self) -> dict[str, Any]:
+        """The Messages API tool definition."""
+        schema = self.Input.model_json_schema()
+        schema.pop("title", None)
+        return {"name": self.name, "description": self.description, "input_schema": schema}
