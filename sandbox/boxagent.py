@@ -1,0 +1,469 @@
+"""Fleet's in-box agent: runs commands and file operations for the host over one stream.
+
+Baked into every Fleet image at ``/opt/fleet/boxagent.py`` and started once per box
+by the host (``docker exec -i <box> python3 /opt/fleet/boxagent.py``). Standard
+library only: the box image needs nothing but ``python3``.
+
+Wire format, both directions: a 4-byte big-endian length, then that many bytes of
+UTF-8 JSON. Binary payloads travel base64-encoded in the JSON. Every request has an
+``id`` that its response repeats, so many requests run at once (each in a thread).
+
+Why an agent rather than one ``docker exec`` per command: each ``docker exec`` costs
+a round trip through the engine, containerd and runc (about 55 ms here); a request
+on an already-open stream costs well under a millisecond in the box. The timeout and
+the output cap are enforced here, inside the box, so they hold whatever the host does:
+each command runs in its own session (process group) and on timeout the whole group
+is killed with SIGKILL; output beyond the cap keeps its head and tail.
+
+Run with ``--once`` it answers exactly one request read from stdin and exits; the
+host uses that as a fallback when the long-lived stream broke.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import selectors
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+ROOTS = ("/workspace", "/tmp")
+_LEN = struct.Struct(">I")
+_MAX_FRAME = 256 * 1024 * 1024
+_out_lock = threading.Lock()
+_running: dict[int, int] = {}  # request id -> process group id, for "kill"
+_running_lock = threading.Lock()
+
+
+class Refused(Exception):
+    """A request the agent will not perform; ``code`` is machine readable."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _read_exact(stream: io.BufferedReader, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = stream.read(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def read_frame(stream: io.BufferedReader) -> dict | None:
+    head = _read_exact(stream, 4)
+    if head is None:
+        return None
+    (size,) = _LEN.unpack(head)
+    if size > _MAX_FRAME:
+        raise Refused("bad_frame", f"frame of {size} bytes is over the limit")
+    body = _read_exact(stream, size)
+    return None if body is None else json.loads(body)
+
+
+def write_frame(stream: io.BufferedWriter, msg: dict) -> None:
+    body = json.dumps(msg, separators=(",", ":")).encode()
+    with _out_lock:
+        stream.write(_LEN.pack(len(body)) + body)
+        stream.flush()
+
+
+# ---------------------------------------------------------------- paths
+
+
+def _inside_roots(real: str) -> bool:
+    for root in ROOTS:
+        real_root = os.path.realpath(root)
+        if real == real_root or real.startswith(real_root.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def safe_path(path: str) -> str:
+    """The real path of ``path``, refused when it (or a symlink on the way) leaves the roots."""
+    if not path.startswith("/"):
+        raise Refused("path_refused", f"path {path!r} is not absolute")
+    real = os.path.realpath(path)
+    if not _inside_roots(real):
+        raise Refused("path_refused", f"path {path!r} resolves to {real!r}, outside {ROOTS}")
+    return real
+
+
+# ---------------------------------------------------------------- exec
+
+
+class _Capture:
+    """Keeps the first and last ``limit // 2`` bytes of a stream and counts the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.half = max(limit // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > self.half:
+                del self.tail[: len(self.tail) - self.half]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head) + len(self.tail)
+
+    def value(self) -> bytes:
+        if not self.truncated:
+            return bytes(self.head + self.tail)
+        dropped = self.total - len(self.head) - len(self.tail)
+        marker = f"\n[... {dropped} bytes dropped ...]\n".encode()
+        return bytes(self.head) + marker + bytes(self.tail)
+
+
+def oom_kills() -> int | None:
+    """The memory cgroup's OOM-kill counter (cgroup v2, then v1), or None if unreadable."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except OSError:
+            continue
+    return None
+
+
+def _feed_stdin(proc: subprocess.Popen, data: bytes) -> None:
+    try:
+        if data:
+            proc.stdin.write(data)
+        proc.stdin.close()
+    except OSError:
+        pass  # the command exited without reading all of it
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _pump(proc: subprocess.Popen, caps: dict, deadline: float | None) -> bool:
+    """Read both streams until EOF; returns True when the deadline killed the group."""
+    sel = selectors.DefaultSelector()
+    for name in ("stdout", "stderr"):
+        stream = getattr(proc, name)
+        os.set_blocking(stream.fileno(), False)
+        sel.register(stream, selectors.EVENT_READ, name)
+    timed_out = False
+    exited_at: float | None = None
+    while sel.get_map():
+        now = time.monotonic()
+        if not timed_out and deadline is not None and now >= deadline:
+            timed_out = True
+            _kill_group(proc.pid)
+            exited_at = now
+        if exited_at is None and proc.poll() is not None:
+            exited_at = now
+        # A background child may hold the pipes after the command exits; give it a
+        # short grace to finish writing, then stop listening (it keeps running).
+        if exited_at is not None and now - exited_at > 0.25:
+            break
+        wait = 0.05 if exited_at is None else 0.02
+        if deadline is not None and not timed_out:
+            wait = min(wait, max(deadline - now, 0.0))
+        for key, _ in sel.select(wait):
+            try:
+                chunk = os.read(key.fileobj.fileno(), 65536)
+            except BlockingIOError:
+                continue
+            if chunk:
+                caps[key.data].add(chunk)
+            else:
+                sel.unregister(key.fileobj)
+    sel.close()
+    return timed_out
+
+
+def _shell_argv(cmd: str) -> list[str]:
+    shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+    return [shell, "-c", cmd]
+
+
+def op_exec(req: dict) -> dict:
+    argv = req["argv"] if isinstance(req.get("argv"), list) else _shell_argv(req["cmd"])
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    limit = int(req.get("limit") or 1024 * 1024)
+    timeout = req.get("timeout")
+    stdin_data = base64.b64decode(req["stdin"]) if req.get("stdin") else b""
+    cwd = req.get("cwd") or "/workspace"
+    oom_before = oom_kills()
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except FileNotFoundError as e:
+        msg = f"{e.filename or argv[0]}: not found (cwd {cwd})\n"
+        return _exec_reply(127, b"", msg.encode(), False, False, started, False)
+    except OSError as e:
+        msg = f"cannot start {argv[0]}: {e}\n"
+        return _exec_reply(126, b"", msg.encode(), False, False, started, False)
+    try:
+        # The command, not this agent, should be the OOM killer's first choice.
+        with open(f"/proc/{proc.pid}/oom_score_adj", "w") as f:
+            f.write("500")
+    except OSError:
+        pass
+    with _running_lock:
+        _running[req["id"]] = proc.pid
+    feeder = threading.Thread(target=_feed_stdin, args=(proc, stdin_data), daemon=True)
+    feeder.start()
+    caps = {"stdout": _Capture(limit), "stderr": _Capture(limit)}
+    deadline = started + float(timeout) if timeout else None
+    try:
+        timed_out = _pump(proc, caps, deadline)
+        code = proc.wait()
+    finally:
+        with _running_lock:
+            _running.pop(req["id"], None)
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+    if code < 0:
+        code = 128 - code
+    if timed_out:
+        code = 124
+    after = oom_kills()
+    oom = oom_before is not None and after is not None and after > oom_before
+    out, err = caps["stdout"], caps["stderr"]
+    truncated = out.truncated or err.truncated
+    return _exec_reply(code, out.value(), err.value(), timed_out, truncated, started, oom)
+
+
+def _exec_reply(
+    code: int, out: bytes, err: bytes, timed_out: bool, truncated: bool, started: float, oom: bool
+) -> dict:
+    return {
+        "exit_code": code,
+        "stdout": base64.b64encode(out).decode(),
+        "stderr": base64.b64encode(err).decode(),
+        "timed_out": timed_out,
+        "truncated": truncated,
+        "duration_s": time.monotonic() - started,
+        "oom_killed": oom,
+    }
+
+
+def op_kill(req: dict) -> dict:
+    with _running_lock:
+        pgid = _running.get(req["target"])
+    if pgid is not None:
+        _kill_group(pgid)
+    return {"killed": pgid is not None}
+
+
+# ---------------------------------------------------------------- files
+
+
+def op_read(req: dict) -> dict:
+    path = safe_path(req["path"])
+    limit = int(req.get("limit") or _MAX_FRAME // 2)
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise Refused("is_dir", f"{req['path']} is a directory")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError as e:
+        raise Refused("not_found", f"{req['path']}: no such file") from e
+    if len(data) > limit:
+        return {"too_large": True, "size": st.st_size, "limit": limit}
+    return {"data": base64.b64encode(data).decode()}
+
+
+def _make_parents(real: str) -> None:
+    parent = os.path.dirname(real)
+    os.makedirs(parent, exist_ok=True)
+    safe_path(parent)
+
+
+def op_write(req: dict) -> dict:
+    path = safe_path(req["path"])
+    _make_parents(path)
+    data = base64.b64decode(req.get("data") or "")
+    tmp = f"{path}.fleet-{os.getpid()}-{req['id']}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, int(req.get("mode") or 0o644))
+    os.replace(tmp, path)
+    return {"size": len(data)}
+
+
+def _entry(path: str, name: str) -> dict:
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        kind = "link"
+    elif stat.S_ISDIR(st.st_mode):
+        kind = "dir"
+    elif stat.S_ISREG(st.st_mode):
+        kind = "file"
+    else:
+        kind = "other"
+    return {"name": name, "path": path, "type": kind, "size": st.st_size, "mtime": st.st_mtime}
+
+
+def op_list(req: dict) -> dict:
+    path = safe_path(req["path"])
+    try:
+        names = sorted(os.listdir(path))
+    except FileNotFoundError as e:
+        raise Refused("not_found", f"{req['path']}: no such directory") from e
+    except NotADirectoryError as e:
+        raise Refused("not_dir", f"{req['path']} is not a directory") from e
+    shown = req["path"].rstrip("/") or "/"
+    entries = []
+    for name in names:
+        try:
+            entries.append(_entry(os.path.join(path, name), name))
+        except FileNotFoundError:
+            continue  # removed while listing
+        entries[-1]["path"] = f"{shown}/{name}"
+    return {"entries": entries}
+
+
+def op_tar_out(req: dict) -> dict:
+    path = safe_path(req["path"])
+    if not os.path.exists(path):
+        raise Refused("not_found", f"{req['path']}: no such file or directory")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        # Symlinks are stored as links, never followed, so nothing outside the roots leaks.
+        tar.add(path, arcname=".", recursive=True)
+    if buf.tell() > int(req.get("limit") or _MAX_FRAME // 2):
+        raise Refused("too_large", f"{req['path']} is {buf.tell()} bytes as a tar archive")
+    return {"data": base64.b64encode(buf.getvalue()).decode()}
+
+
+def _check_member(member: tarfile.TarInfo, dest: str) -> None:
+    target = os.path.realpath(os.path.join(dest, member.name))
+    if not (target == dest or target.startswith(dest + "/")):
+        raise Refused("path_refused", f"archive entry {member.name!r} leaves {dest}")
+    if member.issym() or member.islnk():
+        link = os.path.join(os.path.dirname(target), member.linkname)
+        if member.islnk():
+            link = os.path.join(dest, member.linkname)
+        if not _inside_roots(os.path.realpath(link)):
+            raise Refused("path_refused", f"archive link {member.name!r} points outside")
+    elif not (member.isfile() or member.isdir()):
+        raise Refused("path_refused", f"archive entry {member.name!r} is a device or fifo")
+
+
+def op_tar_in(req: dict) -> dict:
+    dest = safe_path(req["path"])
+    os.makedirs(dest, exist_ok=True)
+    dest = os.path.realpath(dest)
+    data = base64.b64decode(req["data"])
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        members = tar.getmembers()
+        for member in members:
+            _check_member(member, dest)
+            member.uid, member.gid, member.uname, member.gname = -1, -1, "", ""
+            member.mode &= 0o777
+        for member in members:
+            tar.extract(member, dest, set_attrs=not member.issym())
+    return {"entries": len(members)}
+
+
+def op_ping(req: dict) -> dict:
+    return {"pid": os.getpid(), "uid": os.getuid(), "oom_kills": oom_kills()}
+
+
+OPS = {
+    "exec": op_exec,
+    "kill": op_kill,
+    "read": op_read,
+    "write": op_write,
+    "list": op_list,
+    "tar_out": op_tar_out,
+    "tar_in": op_tar_in,
+    "ping": op_ping,
+}
+
+
+def handle(req: dict) -> dict:
+    rid = req.get("id")
+    try:
+        op = OPS.get(req.get("op", ""))
+        if op is None:
+            raise Refused("bad_op", f"unknown op {req.get('op')!r}")
+        reply = op(req)
+        reply.update(id=rid, ok=True)
+        return reply
+    except Refused as e:
+        return {"id": rid, "ok": False, "error": e.code, "message": str(e)}
+    except PermissionError as e:
+        return {"id": rid, "ok": False, "error": "permission", "message": str(e)}
+    except FileNotFoundError as e:
+        return {"id": rid, "ok": False, "error": "not_found", "message": str(e)}
+    except Exception as e:
+        return {"id": rid, "ok": False, "error": "failed", "message": f"{type(e).__name__}: {e}"}
+
+
+def serve(inp: io.BufferedReader, out: io.BufferedWriter) -> None:
+    write_frame(out, {"id": 0, "ok": True, "ready": True, "pid": os.getpid()})
+    while True:
+        req = read_frame(inp)
+        if req is None:
+            return
+        if req.get("op") in ("ping", "kill"):
+            write_frame(out, handle(req))  # cheap: answer inline, no thread
+            continue
+        worker = threading.Thread(target=lambda r=req: write_frame(out, handle(r)), daemon=True)
+        worker.start()
+
+
+def main(argv: list[str]) -> int:
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    if "--once" in argv:
+        req = read_frame(inp)
+        if req is not None:
+            write_frame(out, handle(req))
+        return 0
+    try:
+        serve(inp, out)
+    except (BrokenPipeError, KeyboardInterrupt):
+        pass
+    # The host went away: stop every command still running on its behalf.
+    with _running_lock:
+        for pgid in list(_running.values()):
+            _kill_group(pgid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
