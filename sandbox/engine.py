@@ -1,0 +1,156 @@
+"""The Docker engine: connect to it, and make it available on a fresh machine.
+
+:func:`connect` is what every caller uses: it returns a pinged client or raises
+:class:`~sandbox.errors.SandboxUnavailable` with one paragraph that says what to do.
+:func:`ensure_engine` is the set-up path behind ``fleet setup``: when the engine does
+not answer and we are root it installs Debian's ``docker.io`` (only if ``dockerd`` is
+absent) and starts ``dockerd`` in the background, then waits until it answers. It
+never does either as a non-root user - it explains instead - and it never touches an
+engine that already answers, so a second run costs one ping.
+
+The engine is found the way the ``docker`` CLI finds it: ``DOCKER_HOST`` when set,
+else ``unix:///var/run/docker.sock``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from .errors import SandboxUnavailable
+
+DEFAULT_HOST = "unix:///var/run/docker.sock"
+DOCKERD_LOG = "/var/log/dockerd.log"
+START_TIMEOUT_S = 30.0
+# Host tools the image build needs besides the engine, as (binary, Debian package).
+BUILD_TOOLS = (("debootstrap", "debootstrap"),)
+
+Say = Callable[[str], None]
+
+
+def engine_host() -> str:
+    """Where the engine is expected: ``DOCKER_HOST`` or the default socket."""
+    return os.environ.get("DOCKER_HOST") or DEFAULT_HOST
+
+
+def connect(base_url: str | None = None, *, timeout: float = 60.0) -> docker.DockerClient:
+    """A Docker client that has answered a ping, or :class:`SandboxUnavailable`."""
+    url = base_url or engine_host()
+    try:
+        client = docker.DockerClient(base_url=url, timeout=int(timeout))
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        raise SandboxUnavailable(unreachable_message(url, exc)) from None
+    return client
+
+
+def unreachable_message(url: str, exc: BaseException | None = None) -> str:
+    """One paragraph: the engine at ``url`` does not answer, and what to do about it."""
+    why = f" ({_short(exc)})" if exc is not None else ""
+    if url.startswith("unix://"):
+        sock = url.removeprefix("unix://")
+        if not os.path.exists(sock):
+            where = f"there is no socket at {sock}"
+        elif not os.access(sock, os.R_OK | os.W_OK):
+            where = (
+                f"{sock} exists but this user may not use it (add the user to the 'docker' group)"
+            )
+        else:
+            where = f"{sock} exists but the engine behind it does not answer"
+    else:
+        where = f"nothing answers at {url}"
+    return (
+        f"the Docker engine is not reachable: {where}{why}. Start it "
+        f"(as root: 'setsid dockerd >{DOCKERD_LOG} 2>&1 &', or 'systemctl start docker'), "
+        f"or install it first ('apt-get install -y docker.io'); 'fleet setup' run as root does "
+        f"both. If the engine lives elsewhere, set DOCKER_HOST (now {url})."
+    )
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:160]
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def apt_install(packages: list[str], say: Say) -> None:
+    """Install Debian packages (root only); raises :class:`SandboxUnavailable` on failure."""
+    say(f"installing {' '.join(packages)} with apt-get (one time)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *packages]):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-3:])
+            raise SandboxUnavailable(
+                f"'{' '.join(cmd)}' failed (exit {proc.returncode}): {tail}. Fix the package "
+                f"sources (/etc/apt/sources.list) or install {' '.join(packages)} by hand, "
+                f"then run 'fleet setup' again."
+            )
+
+
+def start_dockerd(say: Say, *, timeout: float = START_TIMEOUT_S) -> docker.DockerClient:
+    """Start ``dockerd`` detached (new session, log file) and wait until it answers."""
+    say(f"starting dockerd in the background (log: {DOCKERD_LOG})")
+    with open(DOCKERD_LOG, "ab") as log:
+        subprocess.Popen(
+            ["dockerd"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # survives this process and its terminal
+            close_fds=True,
+        )
+    deadline = time.monotonic() + timeout
+    last: SandboxUnavailable | None = None
+    while time.monotonic() < deadline:
+        try:
+            return connect(DEFAULT_HOST, timeout=10)
+        except SandboxUnavailable as exc:
+            last = exc
+            time.sleep(0.3)
+    raise SandboxUnavailable(
+        f"dockerd was started but did not answer within {timeout:.0f} s; see {DOCKERD_LOG} "
+        f"for why. ({last})"
+    )
+
+
+def ensure_engine(say: Say = print) -> docker.DockerClient:
+    """A reachable engine: install and start it when absent and we are root.
+
+    Raises :class:`SandboxUnavailable` (one paragraph saying what to do) when the
+    engine is down and this process may not or cannot bring it up.
+    """
+    try:
+        return connect()
+    except SandboxUnavailable as exc:
+        first_error = exc
+    # Only the default local engine is ours to install or start; a DOCKER_HOST that
+    # points elsewhere is someone else's, and we only report.
+    if engine_host() != DEFAULT_HOST or not is_root():
+        raise first_error
+    if shutil.which("dockerd") is None:
+        apt_install(["docker.io"], say)
+    return start_dockerd(say)
+
+
+def ensure_build_tools(say: Say = print) -> None:
+    """Install the host tools the offline image build needs (root only)."""
+    missing = [pkg for binary, pkg in BUILD_TOOLS if shutil.which(binary) is None]
+    if not missing:
+        return
+    if not is_root():
+        raise SandboxUnavailable(
+            f"the image build needs {' '.join(missing)} on this machine; install it "
+            f"('sudo apt-get install -y {' '.join(missing)}') and run 'fleet setup' again."
+        )
+    apt_install(missing, say)

@@ -1,0 +1,99 @@
+"""Shared fixtures for tests that need real parts (the Docker engine, Fleet's images).
+
+Stable interface, used by every test module:
+
+``docker_client`` (session)
+    A connected ``docker.DockerClient``. When the engine cannot be reached the test
+    is skipped, or *fails* under ``CI=true``: CI must never pass by skipping.
+``images`` (session)
+    ``dict[str, str]``: image name (``"base"``, ``"coding"``, ``"browser"``, ...) to
+    its current reference (``"fleet-coding:1a2b3c4d5e6f"``). Builds whatever is missing
+    or out of date through ``sandbox.images.ensure_images`` (a no-op, well under a
+    second, when everything is up to date).
+``run_id`` (function)
+    A unique run id (``"test-<12 hex>"``). Label every container and network the test
+    creates with ``fleet.run=<run_id>``; at teardown every container and network with
+    that label is removed, whatever the test did.
+
+``missing_dependency(reason)`` is the one rule for absent dependencies: skip locally,
+fail under ``CI=true``. Call it from your own fixtures (``from conftest import
+missing_dependency``) instead of ``pytest.skip``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, NoReturn
+
+import pytest
+
+if TYPE_CHECKING:
+    import docker
+
+
+def in_ci() -> bool:
+    """True when running under CI, where a missing dependency is a failure."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def missing_dependency(reason: str) -> NoReturn:
+    """Skip the test for a missing dependency, or fail it under ``CI=true``."""
+    if in_ci():
+        pytest.fail(f"required dependency missing under CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[docker.DockerClient]:
+    """A connected Docker client (skip, or fail under CI, when the engine is down)."""
+    from sandbox.engine import connect
+    from sandbox.errors import SandboxUnavailable
+
+    try:
+        client = connect()
+    except SandboxUnavailable as exc:
+        missing_dependency(str(exc))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def images(docker_client: docker.DockerClient) -> dict[str, str]:
+    """Every Fleet image, built when missing or out of date: name -> reference."""
+    from sandbox.images import ensure_images
+
+    from sandbox.errors import SandboxUnavailable
+
+    try:
+        return ensure_images(None, client=docker_client)
+    except SandboxUnavailable as exc:
+        missing_dependency(str(exc))
+
+
+@pytest.fixture
+def run_id(docker_client: docker.DockerClient) -> Iterator[str]:
+    """A unique run id; every container and network labelled with it is removed after."""
+    rid = f"test-{uuid.uuid4().hex[:12]}"
+    yield rid
+    remove_run(docker_client, rid)
+
+
+def remove_run(client: docker.DockerClient, rid: str) -> None:
+    """Remove every container, then every network, labelled ``fleet.run=<rid>``."""
+    import docker.errors
+
+    selector = {"label": f"fleet.run={rid}"}
+    for container in client.containers.list(all=True, filters=selector):
+        try:
+            container.remove(force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+    for network in client.networks.list(filters=selector):
+        try:
+            network.remove()
+        except docker.errors.NotFound:
+            pass
