@@ -1,0 +1,229 @@
+"""Fleet's egress proxy: the only way out of a run's internal network.
+
+Baked into every Fleet image at ``/opt/fleet/egress_proxy.py``; the host runs it in
+one small container per run that has browser boxes. The proxy sits on the run's
+``--internal`` network (where the browser boxes are) and on a normal bridge network
+(the way out). Chromium in a browser box is started with ``--proxy-server`` pointing
+here, and because the internal network has no route anywhere else, the proxy is the
+only path off the box.
+
+It forwards plain HTTP (absolute-URI requests) and ``CONNECT`` tunnels, and only to
+hosts on the allowlist. The allowlist is checked on the name; then the name is
+resolved once and every address is checked: loopback, link-local (169.254.0.0/16,
+the cloud metadata service), multicast, unspecified and reserved addresses and the
+Docker host's gateway addresses are always refused; other private addresses are
+refused unless they lie in the run's own subnet (so an allowlisted service container
+on the run's network can be reached by its DNS alias). The connection goes to the
+checked address, never to a second lookup, so DNS rebinding gains nothing.
+
+Why a proxy rather than host firewall rules: it needs no root on the host and no
+iptables state to leak or clean up, it is per run (its lifetime is the run's), it
+filters by host name (what a user writes in an allowlist) rather than by IP, and its
+decisions are logged one JSON line each on stderr (``docker logs``).
+
+Configuration (environment): ``FLEET_ALLOW`` comma-separated ``host``, ``host:port``
+or ``*.domain`` entries; ``FLEET_LOCAL_NET`` the run network's CIDR;
+``FLEET_DENY_IPS`` comma-separated extra addresses to refuse (the gateways);
+``FLEET_PROXY_PORT`` (default 3128). Standard library only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import socketserver
+import sys
+import threading
+import time
+
+_IDLE_S = 300.0
+_HEAD_LIMIT = 64 * 1024
+
+
+class Denied(Exception):
+    """The request goes nowhere; the message says why (it is sent to the client)."""
+
+
+class Policy:
+    """Allowlist by name, then refusal by address."""
+
+    def __init__(self, allow: list[str], local_net: str | None, deny_ips: list[str]) -> None:
+        self.allow = [a.strip().lower() for a in allow if a.strip()]
+        self.local_net = ipaddress.ip_network(local_net, strict=False) if local_net else None
+        self.deny_ips = {ipaddress.ip_address(ip.strip()) for ip in deny_ips if ip.strip()}
+
+    def name_allowed(self, host: str, port: int) -> bool:
+        host = host.lower().rstrip(".")
+        for entry in self.allow:
+            name, _, want_port = entry.partition(":")
+            if want_port and int(want_port) != port:
+                continue
+            if name.startswith("*."):
+                if host.endswith(name[1:]):
+                    return True
+            elif host == name:
+                return True
+        return False
+
+    def address_allowed(self, ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+        """None when ``ip`` may be reached, else the reason it may not."""
+        if ip in self.deny_ips:
+            return "the Docker host's gateway"
+        if ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified:
+            return "a loopback, link-local, multicast or unspecified address"
+        if ip.is_reserved:
+            return "a reserved address"
+        if self.local_net is not None and ip in self.local_net:
+            return None
+        if ip.is_private:
+            return "a private address outside the run's network"
+        return None
+
+    def resolve(self, host: str, port: int) -> tuple[str, int]:
+        """The address to connect to, or :class:`Denied`."""
+        if not self.name_allowed(host, port):
+            raise Denied(f"{host}:{port} is not on this run's allowlist")
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as e:
+            raise Denied(f"{host} does not resolve: {e}") from e
+        for *_, sockaddr in infos:
+            ip = ipaddress.ip_address(sockaddr[0])
+            why = self.address_allowed(ip)
+            if why:
+                raise Denied(f"{host} resolves to {ip}, {why}")
+        return infos[0][4][0], port
+
+
+def log(**fields: object) -> None:
+    fields["t"] = round(time.time(), 3)
+    sys.stderr.write(json.dumps(fields) + "\n")
+    sys.stderr.flush()
+
+
+def _split_hostport(text: str, default: int) -> tuple[str, int]:
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") else default
+    host, sep, port = text.rpartition(":")
+    if sep and port.isdigit():
+        return host, int(port)
+    return text, default
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+class ProxyHandler(socketserver.BaseRequestHandler):
+    policy: Policy
+
+    def handle(self) -> None:
+        client: socket.socket = self.request
+        client.settimeout(_IDLE_S)
+        try:
+            head, rest = self._read_head(client)
+            method, target, version = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+            if method == "CONNECT":
+                host, port = _split_hostport(target, 443)
+                upstream = self._open(host, port, method)
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                first = rest
+            else:
+                if not target.startswith("http://"):
+                    raise Denied("only absolute http:// URLs and CONNECT are proxied")
+                hostport, _, path = target[len("http://") :].partition("/")
+                host, port = _split_hostport(hostport, 80)
+                upstream = self._open(host, port, method)
+                first = self._rewrite(head, method, "/" + path, version) + rest
+        except Denied as e:
+            log(decision="deny", client=self.client_address[0], reason=str(e))
+            body = f"fleet egress proxy: {e}\n".encode()
+            reply = b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\n"
+            reply += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            client.sendall(reply + body)
+            return
+        except (OSError, ValueError):
+            return
+        with upstream:
+            if first:
+                upstream.sendall(first)
+            back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+            back.start()
+            _pipe(client, upstream)
+            back.join()
+
+    def _read_head(self, client: socket.socket) -> tuple[bytes, bytes]:
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = client.recv(65536)
+            if not chunk:
+                raise ValueError("client closed before sending a request")
+            buf += chunk
+            if len(buf) > _HEAD_LIMIT:
+                raise Denied("request head too large")
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        return head, rest
+
+    def _rewrite(self, head: bytes, method: str, path: str, version: str) -> bytes:
+        lines = head.split(b"\r\n")[1:]
+        kept = [
+            line
+            for line in lines
+            if not line.lower().startswith((b"proxy-", b"connection:", b"keep-alive:"))
+        ]
+        request = f"{method} {path} {version}".encode("latin-1")
+        return b"\r\n".join([request, *kept, b"Connection: close"]) + b"\r\n\r\n"
+
+    def _open(self, host: str, port: int, method: str) -> socket.socket:
+        ip, port = self.policy.resolve(host, port)
+        try:
+            upstream = socket.create_connection((ip, port), timeout=10)
+        except OSError as e:
+            raise Denied(f"cannot connect to {host}:{port}: {e}") from e
+        upstream.settimeout(_IDLE_S)
+        log(
+            decision="allow",
+            client=self.client_address[0],
+            host=host,
+            ip=ip,
+            port=port,
+            method=method,
+        )
+        return upstream
+
+
+class ThreadingServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def main() -> int:
+    allow = os.environ.get("FLEET_ALLOW", "").split(",")
+    policy = Policy(
+        allow, os.environ.get("FLEET_LOCAL_NET"), os.environ.get("FLEET_DENY_IPS", "").split(",")
+    )
+    ProxyHandler.policy = policy
+    port = int(os.environ.get("FLEET_PROXY_PORT", "3128"))
+    with ThreadingServer(("0.0.0.0", port), ProxyHandler) as server:
+        log(decision="start", port=port, allow=policy.allow, local_net=str(policy.local_net))
+        server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
