@@ -1,0 +1,443 @@
+"""Job files: TOML validated into pydantic models, with errors a person can act on.
+
+A job names its members explicitly (``[[members]]``), or asks a research question
+that the planner splits into ``research.members`` browser members, or both (a
+mixed job). Every model rejects unknown keys (``extra="forbid"``) so a typo is an
+error, never a silently ignored setting.
+
+Why errors are rendered here and not by pydantic: a user editing a TOML file needs
+the dotted path of the field (``members[1].limits.max_turns``), what was wrong in
+words, and a line of TOML that would be right - not a traceback or pydantic's
+internal error codes. :func:`load_job` raises :class:`JobError` carrying exactly that.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sandbox.spec import NetworkPolicy, parse_size
+
+MemberKind = Literal["browser", "coding"]
+RetryOn = Literal["crashed", "overloaded", "timed_out"]
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+_SIZE_RE = re.compile(r"^\d+(\.\d+)?[kmgKMG]?$")
+
+
+class FieldProblem(ValueError):
+    """A cross-field check that failed; ``field`` is the path below the model checked."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelDefaults(_Strict):
+    """The model every member uses unless it names its own."""
+
+    name: str = "auto"
+    """Model string; ``auto`` = Claude when ANTHROPIC_API_KEY is set, else ``offline``."""
+    max_tokens: int = Field(default=4096, ge=256, le=128_000)
+    """Output token limit of one model call."""
+
+
+class Limits(_Strict):
+    """How far one member may go before it must stop with what it has."""
+
+    max_turns: int = Field(default=30, ge=1, le=1000)
+    """Model calls at most."""
+    max_tokens: int | None = Field(default=None, ge=1000)
+    """Total input+output tokens at most (None: no token budget)."""
+    deadline_s: float = Field(default=600.0, gt=0, le=86_400)
+    """Wall-clock seconds for one attempt; past it the member is ``timed_out``."""
+    result_tokens: int = Field(default=2000, ge=100, le=20_000)
+    """Cap on the structured result the member returns."""
+
+
+class SandboxOverrides(_Strict):
+    """Per-member changes to the box's secure defaults (see ``sandbox.spec``)."""
+
+    cpus: float | None = Field(default=None, gt=0, le=64)
+    """CPU quota in cores."""
+    memory: str | None = None
+    """Memory limit, e.g. ``"512m"`` or ``"2g"``."""
+    pids: int | None = Field(default=None, ge=16, le=65536)
+    """Process limit in the box."""
+    workspace_size: str | None = None
+    """Size of the writable ``/workspace``."""
+    image: str | None = None
+    """Image reference instead of Fleet's image for the member's kind."""
+    keep: bool = False
+    """Keep the box after the member ends, for debugging."""
+
+    @field_validator("memory", "workspace_size")
+    @classmethod
+    def _size(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not _SIZE_RE.match(v.strip()):
+            raise ValueError(f"{v!r} is not a size")
+        if parse_size(v) < 4 * 1024 * 1024:
+            raise ValueError(f"{v!r} is too small (at least '4m')")
+        return v.strip().lower()
+
+    def applied(self) -> dict[str, Any]:
+        """The overrides as ``SandboxSpec`` keyword arguments."""
+        return self.model_dump(exclude_none=True, exclude_defaults=True)
+
+
+class MemoryProfile(_Strict):
+    """Explicit memory a member loads at start and may amend; nothing is inherited."""
+
+    profile: str
+    """Name of the memory profile; several members may share one."""
+    dir: str | None = None
+    """Host directory holding it (default ``<output_dir>/memory/<profile>``)."""
+
+    @field_validator("profile")
+    @classmethod
+    def _profile_name(cls, v: str) -> str:
+        if not _ID_RE.match(v):
+            raise ValueError(f"{v!r} is not a profile name (lowercase letters, digits, - or _)")
+        return v
+
+
+class MemberJob(_Strict):
+    """One member as the job file names it."""
+
+    id: str | None = None
+    """Directory and label name; default ``<kind>-<n>``."""
+    kind: MemberKind
+    """``browser`` (researches pages) or ``coding`` (works on files in its box)."""
+    task: str = Field(min_length=1)
+    """What the member must do, in words."""
+    inputs: dict[str, str | int | float | bool | list[str]] = Field(default_factory=dict)
+    """Named facts handed to the member with its task."""
+    model: str | None = None
+    """Model for this member; default the job's ``[model].name``."""
+    limits: Limits = Field(default_factory=Limits)
+    sandbox: SandboxOverrides = Field(default_factory=SandboxOverrides)
+    memory: MemoryProfile | None = None
+    result_schema: dict[str, Any] | None = None
+    """JSON Schema (an object) the result must also satisfy, beyond the kind's model."""
+    repo: str | None = None
+    """Coding members: host directory copied into the box (the original is untouched)."""
+    test: str | None = None
+    """Coding members: command that checks the work, run inside the box."""
+
+    @field_validator("id")
+    @classmethod
+    def _id_shape(cls, v: str | None) -> str | None:
+        if v is not None and not _ID_RE.match(v):
+            raise ValueError(f"{v!r} is not a member id (lowercase letters, digits, - or _)")
+        return v
+
+    @field_validator("task")
+    @classmethod
+    def _task_not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("the task is blank")
+        return v.strip()
+
+    @field_validator("result_schema")
+    @classmethod
+    def _schema_is_object(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type") != "object":
+            raise ValueError('a result schema must be a JSON Schema with type = "object"')
+        return v
+
+    @model_validator(mode="after")
+    def _coding_fields(self) -> MemberJob:
+        if self.kind != "coding" and (self.repo or self.test):
+            raise FieldProblem("repo", "'repo' and 'test' are only for coding members")
+        return self
+
+
+class Research(_Strict):
+    """A research question the planner splits into one browser member per sub-question."""
+
+    question: str = Field(min_length=1)
+    """The question, in words."""
+    members: int = Field(default=3, ge=1, le=32)
+    """How many sub-questions (and browser members)."""
+    limits: Limits = Field(default_factory=Limits)
+    """Limits of each research member."""
+
+
+class RetryPolicy(_Strict):
+    """Which failures are tried again, and how often. The task failing never is."""
+
+    attempts: int = Field(default=2, ge=1, le=10)
+    """Tries per member in all (1 = no retry)."""
+    backoff_s: float = Field(default=1.0, ge=0, le=600)
+    """Wait before the second try; doubles each further try."""
+    backoff_max_s: float = Field(default=30.0, ge=0, le=3600)
+    """Longest wait between tries."""
+    on: list[RetryOn] = Field(default_factory=lambda: ["crashed", "overloaded"])
+    """Failures that retry: ``crashed`` (box died), ``overloaded`` (model), ``timed_out``."""
+
+
+class FanoutPolicy(_Strict):
+    """How members run together and when the run counts as a success."""
+
+    max_parallel: int = Field(default=4, ge=1, le=256)
+    """Members running at once; the rest wait in a queue."""
+    min_success: int = Field(default=1, ge=0)
+    """Quorum: members that must end ``ok`` for the run to succeed."""
+    fail_fast: bool = False
+    """Cancel the remaining members as soon as the quorum can no longer be met."""
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+
+
+class Egress(_Strict):
+    """Where browser members may connect (coding members never have a network)."""
+
+    allow: list[str] = Field(default_factory=lambda: ["corpus"])
+    """Host names browser boxes may reach; ``corpus`` is Fleet's offline corpus."""
+    search_url: str | None = None
+    """Search page with ``{query}``, on an allowed host (default: the corpus search)."""
+
+    @field_validator("allow")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        try:
+            return list(NetworkPolicy(egress="allowlist", allow=tuple(v)).allow)
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
+
+    @field_validator("search_url")
+    @classmethod
+    def _query_placeholder(cls, v: str | None) -> str | None:
+        if v is not None and "{query}" not in v:
+            raise ValueError("the search URL has no '{query}' placeholder")
+        return v
+
+
+class Synthesis(_Strict):
+    """The analyst step: it reads only the members' structured results."""
+
+    enabled: bool = True
+    instructions: str = ""
+    """Extra instructions for the analyst (what the report should focus on)."""
+    model: str | None = None
+    """Analyst model; default the job's ``[model].name``."""
+    max_result_chars: int = Field(default=8000, ge=500, le=100_000)
+    """Each member's result is cut to this many characters before the analyst sees it."""
+
+
+class Job(_Strict):
+    """A whole job file."""
+
+    name: str = Field(min_length=1, max_length=60)
+    """Short name; used in the run id."""
+    model: ModelDefaults = Field(default_factory=ModelDefaults)
+    members: list[MemberJob] = Field(default_factory=list)
+    research: Research | None = None
+    fanout: FanoutPolicy = Field(default_factory=FanoutPolicy)
+    egress: Egress = Field(default_factory=Egress)
+    synthesis: Synthesis = Field(default_factory=Synthesis)
+    output_dir: str = "runs"
+    """Where run directories are created (relative to the current directory)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_shape(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9 _.-]*$", v):
+            raise ValueError(f"{v!r} has characters other than letters, digits, space, . _ -")
+        return v
+
+    @model_validator(mode="after")
+    def _members_make_sense(self) -> Job:
+        if not self.members and self.research is None:
+            raise FieldProblem("members", "the job has no [[members]] and no [research] question")
+        ids: set[str] = set()
+        for i, m in enumerate(self.members):
+            if m.id is None:
+                m.id = f"{m.kind}-{i + 1}"
+            if m.id in ids:
+                raise FieldProblem(
+                    f"members.{i}.id", f"member id {m.id!r} is used twice; ids must be unique"
+                )
+            ids.add(m.id)
+        total = self.member_count
+        if self.fanout.min_success > total:
+            raise FieldProblem(
+                "fanout.min_success",
+                f"it is {self.fanout.min_success} but the job has only {total} member(s)",
+            )
+        return self
+
+    @property
+    def member_count(self) -> int:
+        return len(self.members) + (self.research.members if self.research else 0)
+
+    def slug(self) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")[:30] or "job"
+
+
+# --- loading and error messages ------------------------------------------------------
+
+# One line of TOML that would be right, by the field's last name.
+_EXAMPLES: dict[str, str] = {
+    "name": 'name = "asyncio-survey"',
+    "kind": 'kind = "browser"        # or "coding"',
+    "task": 'task = "Find how asyncio tasks are cancelled"',
+    "id": 'id = "cancel-docs"',
+    "inputs": 'inputs = { topic = "asyncio", depth = 2 }',
+    "model": 'model = "offline"      # or "claude-sonnet-4-5"',
+    "max_tokens": "max_tokens = 4096",
+    "max_turns": "max_turns = 30",
+    "deadline_s": "deadline_s = 600",
+    "result_tokens": "result_tokens = 2000",
+    "cpus": "cpus = 1.5",
+    "memory": 'memory = "1g"',
+    "pids": "pids = 256",
+    "workspace_size": 'workspace_size = "2g"',
+    "profile": 'memory = { profile = "python-docs" }',
+    "result_schema": 'result_schema = { type = "object", properties = { answer = { type = "string" } } }',
+    "repo": 'repo = "./my-project"   # coding members only',
+    "test": 'test = "python -m pytest -q"',
+    "question": 'question = "How does asyncio cancel tasks?"',
+    "members": '[[members]]\nkind = "coding"\ntask = "Add a --verbose flag"   (or a [research] table)',
+    "max_parallel": "max_parallel = 4",
+    "min_success": "min_success = 2        # at most the number of members",
+    "fail_fast": "fail_fast = false",
+    "attempts": "attempts = 2",
+    "backoff_s": "backoff_s = 1.0",
+    "backoff_max_s": "backoff_max_s = 30",
+    "on": 'on = ["crashed", "overloaded"]   # the task itself failing is never retried',
+    "allow": 'allow = ["corpus", "docs.python.org"]',
+    "search_url": 'search_url = "http://corpus:8080/search?q={query}"',
+    "instructions": 'instructions = "Compare the approaches; name trade-offs"',
+    "max_result_chars": "max_result_chars = 8000",
+    "output_dir": 'output_dir = "runs"',
+}
+
+_SECTION_EXAMPLES: dict[str, str] = {
+    "model": '[model]\nname = "offline"',
+    "research": '[research]\nquestion = "How does asyncio cancel tasks?"\nmembers = 3',
+    "fanout": "[fanout]\nmax_parallel = 4\nmin_success = 1",
+    "retry": '[fanout.retry]\nattempts = 2\non = ["crashed", "overloaded"]',
+    "egress": '[egress]\nallow = ["corpus"]',
+    "synthesis": '[synthesis]\ninstructions = "Focus on pitfalls"',
+    "limits": "limits = { max_turns = 30, deadline_s = 600 }",
+    "sandbox": 'sandbox = { memory = "1g", cpus = 1 }',
+    "memory": 'memory = { profile = "python-docs" }',
+}
+
+
+class JobError(Exception):
+    """A job file that cannot be used; the message names each bad field."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        body = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"job file {source} is invalid:\n{body}")
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _example(loc: tuple[str | int, ...], error_type: str) -> str:
+    names = [p for p in loc if isinstance(p, str)]
+    last = names[-1] if names else ""
+    if error_type in {"model_type", "dict_type"} and last in _SECTION_EXAMPLES:
+        return _SECTION_EXAMPLES[last]
+    return _EXAMPLES.get(last, "")
+
+
+def _words(err: dict[str, Any]) -> str:
+    kind, msg, value = err["type"], err["msg"], err.get("input")
+    if kind == "extra_forbidden":
+        return "is not a known field (check the spelling; unknown keys are refused)"
+    if kind == "missing":
+        return "is required but missing"
+    if kind == "literal_error":
+        return f"{value!r} is not allowed; {msg[0].lower()}{msg[1:]}"
+    if kind == "value_error":
+        return msg.removeprefix("Value error, ")
+    msg = re.sub(r" or instance of \w+", "", msg)
+    return f"{msg[0].lower()}{msg[1:]} (got {value!r})"
+
+
+def describe_validation(exc: ValidationError, *, prefix: tuple[str | int, ...] = ()) -> list[str]:
+    """Each pydantic error as ``path: what was wrong. example: ...``."""
+    problems: list[str] = []
+    for err in exc.errors():
+        loc = prefix + tuple(err["loc"])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldProblem):
+            loc = loc + tuple(int(p) if p.isdigit() else p for p in cause.field.split("."))
+        line = f"{_dotted(loc)}: {_words(err)}."
+        example = _example(loc, err["type"])
+        if example:
+            example = example.replace("\n", "\n" + " " * 22)
+            line += f"\n    example of right: {example}"
+        problems.append(line)
+    return problems
+
+
+def parse_job(text: str, *, source: str = "<job>") -> Job:
+    """Validate TOML text into a :class:`Job`; raises :class:`JobError`."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise JobError(
+            source,
+            [
+                f"(syntax): not valid TOML: {exc}.\n"
+                '    example of right: name = "survey"   (strings in double quotes)'
+            ],
+        ) from None
+    try:
+        return Job.model_validate(data)
+    except ValidationError as exc:
+        raise JobError(source, describe_validation(exc)) from None
+
+
+def load_job(path: str | Path) -> tuple[Job, str]:
+    """Read and validate a job file; returns the job and the file's text."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JobError(
+            str(p), ["(file): no such file; give the path of a .toml job file"]
+        ) from None
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
+        raise JobError(
+            str(p), [f"(file): cannot be read as UTF-8 text ({exc.__class__.__name__})"]
+        ) from None
+    job = parse_job(text, source=str(p))
+    base = p.resolve().parent
+    problems = []
+    for i, m in enumerate(job.members):
+        if m.repo is not None:
+            repo = (base / m.repo).resolve()
+            if not repo.is_dir():
+                problems.append(
+                    f"members[{i}].repo: {m.repo!r} is not a directory (paths are relative "
+                    f"to the job file).\n    example of right: {_EXAMPLES['repo']}"
+                )
+            m.repo = str(repo)
+        if m.memory is not None and m.memory.dir is not None:
+            m.memory.dir = str((base / m.memory.dir).resolve())
+    if problems:
+        raise JobError(str(p), problems)
+    return job, text
