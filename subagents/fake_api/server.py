@@ -1,0 +1,275 @@
+"""The fake Messages API server: a real HTTP server on 127.0.0.1 in a thread.
+
+Why stdlib ``ThreadingHTTPServer`` in a background thread rather than an
+anyio/ASGI server: it has no event loop of its own to share, so the same object
+serves sync tests, async tests (any backend) and the CLI alike; a handler that
+sleeps to simulate latency blocks only its own thread; and it needs no extra
+dependency in the shipped package. ``serve_forever`` polls every 50 ms so leaving
+the context manager is quick.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from subagents.fake_api.script import Fault, Policy, Reply, Script, ScriptExhausted, ScriptItem
+from subagents.fake_api.sse import stream_fault, stream_message
+from subagents.fake_api.usage import PromptCache, estimate_tokens
+from subagents.fake_api.validate import InvalidRequest, validate_messages_request
+
+
+class RecordedRequest(BaseModel):
+    """One request as the server received it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Lower-cased header names."""
+    body: dict[str, Any] = Field(default_factory=dict)
+    status: int = 0
+    """HTTP status the server answered with."""
+    error: str = ""
+    """The error message sent back, if any."""
+
+
+class FakeMessagesAPI:
+    """Scripted Messages API on ``http://127.0.0.1:<port>``; use as a context manager.
+
+    ``with FakeMessagesAPI([text("hi")]) as api:
+    client = anthropic.AsyncAnthropic(base_url=api.url, api_key="test")``.
+    ``api.requests`` holds the bodies of every ``/v1/messages`` request (rejected
+    ones included, in arrival order); ``api.log`` holds every request with headers
+    and the status it got.
+    """
+
+    def __init__(
+        self,
+        script: Iterable[ScriptItem] | Policy = (),
+        *,
+        api_key: str | None = None,
+        min_cache_tokens: int = 1024,
+        model_name: str | None = None,
+    ) -> None:
+        self.script = Script(script)
+        self.api_key = api_key
+        """When set, requests whose ``x-api-key`` (or ``authorization: Bearer``) differs
+        get 401 ``authentication_error``."""
+        self.cache = PromptCache(min_tokens=min_cache_tokens)
+        self.model_name = model_name
+        """Model string put in responses (default: the requested one)."""
+        self.requests: list[dict[str, Any]] = []
+        self.log: list[RecordedRequest] = []
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """Base URL for the client (``base_url=api.url``)."""
+        if self._server is None:
+            raise RuntimeError("the fake API is not running; use it as a context manager")
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> FakeMessagesAPI:
+        handler = type("_BoundHandler", (_Handler,), {"api": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="fake-messages-api",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeMessagesAPI:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- answering -------------------------------------------------------------
+    def record(self, entry: RecordedRequest) -> None:
+        with self._lock:
+            self.log.append(entry)
+            if entry.path == "/v1/messages":
+                self.requests.append(entry.body)
+
+    def next_id(self) -> int:
+        with self._lock:
+            self._counter += 1
+            return self._counter
+
+    def build_message(self, body: dict[str, Any], answer: Reply) -> dict[str, Any]:
+        """The full response message: ids filled, usage computed, stop_reason set."""
+        n = self.next_id()
+        content = []
+        for j, block in enumerate(answer.content):
+            block = dict(block)
+            if block.get("type") == "tool_use" and not block.get("id"):
+                block["id"] = f"toolu_fake{n:04d}_{j}"
+            content.append(block)
+        usage: dict[str, Any] = dict(self.cache.account(body))
+        usage["output_tokens"] = max(1, sum(estimate_tokens(b) for b in content))
+        usage.update(answer.usage or {})
+        return {
+            "id": f"msg_fake{n:04d}",
+            "type": "message",
+            "role": "assistant",
+            "model": self.model_name or body["model"],
+            "content": content,
+            "stop_reason": answer.final_stop_reason(),
+            "stop_sequence": None,
+            "usage": usage,
+        }
+
+
+def error_body(error_type: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: FakeMessagesAPI
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silent: tests assert on ``api.log`` instead of stderr noise."""
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        entry = RecordedRequest(path=path, headers={k.lower(): v for k, v in self.headers.items()})
+        try:
+            raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = json.loads(raw or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("the request body must be a JSON object")
+            entry.body = body
+        except ValueError as exc:
+            self._fail(entry, 400, "invalid_request_error", f"Invalid JSON body: {exc}")
+            return
+        keys = {entry.headers.get("x-api-key"), entry.headers.get("authorization", "")[7:]}
+        if self.api.api_key is not None and self.api.api_key not in keys:
+            self._fail(entry, 401, "authentication_error", "invalid x-api-key")
+            return
+        if path == "/v1/messages":
+            self._messages(entry)
+        elif path == "/v1/messages/count_tokens":
+            self._count_tokens(entry)
+        else:
+            self._fail(entry, 404, "not_found_error", f"Not found: {path}")
+
+    def _count_tokens(self, entry: RecordedRequest) -> None:
+        try:
+            validate_messages_request(entry.body, count_tokens=True)
+        except InvalidRequest as exc:
+            self._fail(entry, 400, "invalid_request_error", str(exc))
+            return
+        usage = self.api.cache.account(entry.body, write=False)
+        self._json(entry, 200, {"input_tokens": sum(usage.values())})
+
+    def _messages(self, entry: RecordedRequest) -> None:
+        body = entry.body
+        try:
+            validate_messages_request(body)
+            answer = self.api.script.next(body)
+        except InvalidRequest as exc:
+            self._fail(entry, 400, "invalid_request_error", str(exc))
+            return
+        except ScriptExhausted as exc:
+            # 400 so that the client does not retry: the test itself is wrong.
+            self._fail(entry, 400, "invalid_request_error", str(exc))
+            return
+        except Exception as exc:  # a broken policy must not look like a network fault
+            message = f"fake API policy raised {type(exc).__name__}: {exc}"
+            self._fail(entry, 400, "invalid_request_error", message)
+            return
+        time.sleep(answer.latency_s)
+        streaming = bool(body.get("stream"))
+        if isinstance(answer, Fault):
+            if answer.mid_stream and streaming:
+                message = self.api.build_message(body, Reply(content=[]))
+                error = {"type": answer.error_type, "message": answer.message}
+                self._stream(entry, stream_fault(message, error), error=answer.message)
+            else:
+                self._fail(
+                    entry,
+                    answer.status,
+                    answer.error_type,
+                    answer.message,
+                    retry_after=answer.retry_after,
+                )
+            return
+        message = self.api.build_message(body, answer)
+        if streaming:
+            self._stream(entry, stream_message(message))
+        else:
+            self._json(entry, 200, message)
+
+    # -- wire ------------------------------------------------------------------
+    def _json(
+        self,
+        entry: RecordedRequest,
+        status: int,
+        payload: dict[str, Any],
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        data = json.dumps(payload).encode()
+        entry.status = status
+        self.api.record(entry)
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.send_header("request-id", f"req_fake{len(self.api.log):04d}")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _fail(
+        self,
+        entry: RecordedRequest,
+        status: int,
+        error_type: str,
+        message: str,
+        retry_after: float | None = None,
+    ) -> None:
+        entry.error = message
+        headers = {}
+        if retry_after is not None:
+            headers["retry-after"] = f"{retry_after:g}"
+            headers["retry-after-ms"] = str(int(retry_after * 1000))
+        self._json(entry, status, error_body(error_type, message), headers)
+
+    def _stream(self, entry: RecordedRequest, frames: Iterable[bytes], error: str = "") -> None:
+        entry.status = HTTPStatus.OK
+        entry.error = error
+        self.api.record(entry)
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        # No length is known up front: the body ends when the connection closes.
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        for frame in frames:
+            self.wfile.write(frame)
+            self.wfile.flush()

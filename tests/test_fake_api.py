@@ -1,0 +1,297 @@
+"""The fake Messages API, exercised through the real ``anthropic`` client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import anyio
+import pytest
+
+from subagents.fake_api import (
+    FakeMessagesAPI,
+    overloaded,
+    overloaded_mid_stream,
+    rate_limited,
+    reply,
+    server_error,
+    text,
+    tool_use,
+)
+
+pytestmark = pytest.mark.anyio
+USER = [{"role": "user", "content": "hello"}]
+
+
+_OPEN: list[anthropic.AsyncAnthropic] = []
+
+
+def client(api: FakeMessagesAPI, retries: int = 2, key: str = "test") -> anthropic.AsyncAnthropic:
+    c = anthropic.AsyncAnthropic(base_url=api.url, api_key=key, max_retries=retries)
+    _OPEN.append(c)
+    return c
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> AsyncIterator[None]:
+    # An unclosed client is closed by the GC on whatever loop runs then - a later
+    # test's - and its pooled connections belong to a closed loop.
+    yield
+    while _OPEN:
+        await _OPEN.pop().close()
+
+
+async def stream(c: anthropic.AsyncAnthropic, **kw: Any) -> tuple[Any, list[Any]]:
+    params: dict[str, Any] = {"model": "claude-test", "max_tokens": 100, "messages": USER}
+    params.update(kw)
+    events = []
+    async with c.messages.stream(**params) as s:
+        async for event in s:
+            events.append(event)
+        return await s.get_final_message(), events
+
+
+async def test_plain_text_json_and_stream() -> None:
+    with FakeMessagesAPI([text("Hi there."), text("Streamed " * 10)]) as api:
+        c = client(api)
+        msg = await c.messages.create(model="claude-test", max_tokens=50, messages=USER)
+        assert msg.content[0].text == "Hi there."
+        assert msg.stop_reason == "end_turn"
+        assert msg.model == "claude-test"
+        assert msg.usage.input_tokens > 0 and msg.usage.output_tokens > 0
+        final, events = await stream(c)
+        assert final.content[0].text == "Streamed " * 10
+        deltas = [e for e in events if e.type == "content_block_delta"]
+        assert len(deltas) > 1  # really chunked, reassembled by the SDK
+        assert api.requests[1]["stream"] is True
+
+
+async def test_tool_use_streams_input_json_delta() -> None:
+    args = {"query": "asyncio cancellation " * 5, "limit": 3, "tags": ["a", "b"]}
+    with FakeMessagesAPI([tool_use("search", args, id="toolu_1")]) as api:
+        final, events = await stream(client(api))
+    block = final.content[0]
+    assert (block.type, block.id, block.name, block.input) == (
+        "tool_use",
+        "toolu_1",
+        "search",
+        args,
+    )
+    assert final.stop_reason == "tool_use"
+    partial = [e.delta.partial_json for e in events if e.type == "content_block_delta"]
+    assert partial[0] == "" and len(partial) > 2
+
+
+async def test_several_tool_uses_in_one_response_get_distinct_ids() -> None:
+    answer = reply(text("Two lookups."), tool_use("read", {"p": 1}), tool_use("read", {"p": 2}))
+    with FakeMessagesAPI([answer]) as api:
+        final, _ = await stream(client(api))
+    kinds = [b.type for b in final.content]
+    assert kinds == ["text", "tool_use", "tool_use"]
+    assert [b.input for b in final.content[1:]] == [{"p": 1}, {"p": 2}]
+    assert final.content[1].id != final.content[2].id
+    assert final.stop_reason == "tool_use"
+
+
+async def test_429_with_retry_after_then_success() -> None:
+    with FakeMessagesAPI([rate_limited(retry_after=0.3), text("ok")]) as api:
+        started = time.monotonic()
+        final, _ = await stream(client(api))
+        elapsed = time.monotonic() - started
+    assert final.content[0].text == "ok"
+    assert [r.status for r in api.log] == [429, 200]
+    assert elapsed >= 0.3  # the SDK honoured retry-after
+
+
+@pytest.mark.parametrize("failure", [overloaded(), server_error()], ids=["529", "500"])
+async def test_overloaded_or_server_error_then_success(failure: Any) -> None:
+    with FakeMessagesAPI([failure, text("ok")]) as api:
+        msg = await client(api).messages.create(model="m", max_tokens=10, messages=USER)
+    assert msg.content[0].text == "ok"
+    assert [r.status for r in api.log] == [failure.status, 200]
+
+
+async def test_error_status_surfaces_when_retries_run_out() -> None:
+    with FakeMessagesAPI([overloaded(), overloaded()]) as api:
+        with pytest.raises(anthropic.APIStatusError) as info:
+            await client(api, retries=1).messages.create(model="m", max_tokens=10, messages=USER)
+    assert info.value.status_code == 529
+    assert len(api.requests) == 2
+
+
+async def test_mid_stream_overload_is_an_error_event_the_sdk_does_not_retry() -> None:
+    with FakeMessagesAPI([overloaded_mid_stream(), text("later")]) as api:
+        with pytest.raises(anthropic.APIStatusError) as info:
+            await stream(client(api))
+        assert info.value.body["error"]["type"] == "overloaded_error"
+        assert len(api.requests) == 1 and api.script.remaining == 1
+        final, _ = await stream(client(api))
+    assert final.content[0].text == "later"
+
+
+async def test_unmatched_tool_result_is_rejected_with_400() -> None:
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_a", "name": "t", "input": {}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_a", "content": "x"},
+            {"type": "tool_result", "tool_use_id": "toolu_zzz", "content": "y"},
+        ]},
+    ]  # fmt: skip
+    with FakeMessagesAPI([text("never")]) as api:
+        with pytest.raises(anthropic.BadRequestError) as info:
+            await client(api).messages.create(model="m", max_tokens=10, messages=messages)
+        assert api.script.remaining == 1  # a rejected request consumes nothing
+    assert "unexpected `tool_use_id`" in str(info.value) and "toolu_zzz" in str(info.value)
+    assert "messages.2.content.1" in str(info.value)
+
+
+async def test_unanswered_tool_use_is_rejected() -> None:
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_a", "name": "t", "input": {}},
+            {"type": "tool_use", "id": "toolu_b", "name": "t", "input": {}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_a", "content": "x"}]},
+    ]  # fmt: skip
+    with FakeMessagesAPI([text("never")]) as api:
+        with pytest.raises(anthropic.BadRequestError, match=r"without `tool_result`.*toolu_b"):
+            await client(api).messages.create(model="m", max_tokens=10, messages=messages)
+
+
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ({"messages": [{"role": "assistant", "content": "hi"}]}, "first message"),
+        (
+            {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
+            'multiple "user" roles in a row',
+        ),
+        ({"messages": [{"role": "user", "content": ""}]}, "non-empty content"),
+        ({"messages": [{"role": "user", "content": []}]}, "non-empty content"),
+        ({"max_tokens": None}, "max_tokens: Field required"),
+        ({"model": None}, "model: Field required"),
+        ({"tools": [{"name": "bad name!", "input_schema": {}}]}, "tools.0.name"),
+    ],
+    ids=["starts-with-assistant", "two-users", "empty-string", "empty-list", "no-max-tokens",
+         "no-model", "bad-tool-name"],
+)  # fmt: skip
+async def test_malformed_requests_get_invalid_request_error(
+    params: dict[str, Any], needle: str
+) -> None:
+    body: dict[str, Any] = {"model": "m", "max_tokens": 10, "messages": USER, **params}
+    body = {k: v for k, v in body.items() if v is not None}
+    with FakeMessagesAPI([text("never")]) as api:
+        # post() bypasses the SDK's own required-argument checks to reach the server.
+        with pytest.raises(anthropic.BadRequestError) as info:
+            await client(api).post("/v1/messages", body=body, cast_to=anthropic.types.Message)
+    assert needle in str(info.value)
+    assert info.value.body["error"]["type"] == "invalid_request_error"
+
+
+def _cached_request(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    system = [
+        {"type": "text", "text": "You are careful. " * 400, "cache_control": {"type": "ephemeral"}}
+    ]
+    return {"model": "m", "max_tokens": 10, "system": system, "messages": turns}
+
+
+async def test_repeated_prefix_reads_from_cache() -> None:
+    turns = [{"role": "user", "content": [{"type": "text", "text": "question one"}]}]
+    with FakeMessagesAPI([text("a"), text("b")]) as api:
+        c = client(api)
+        first = await c.messages.create(**_cached_request(turns))
+        turns2 = [*turns, {"role": "assistant", "content": "a"},
+                  {"role": "user", "content": "question two"}]  # fmt: skip
+        second = await c.messages.create(**_cached_request(turns2))
+    assert first.usage.cache_read_input_tokens == 0
+    assert first.usage.cache_creation_input_tokens > 1000
+    assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens
+    assert second.usage.cache_creation_input_tokens == 0
+
+
+async def test_moving_last_turn_breakpoint_hits_previous_turn() -> None:
+    mark = {"type": "ephemeral"}
+    turn1 = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "long " * 2000, "cache_control": mark}],
+        }
+    ]
+    turn2 = [
+        {"role": "user", "content": [{"type": "text", "text": "long " * 2000}]},
+        {"role": "assistant", "content": "noted"},
+        {"role": "user", "content": [{"type": "text", "text": "next", "cache_control": mark}]},
+    ]  # fmt: skip
+    with FakeMessagesAPI([text("noted"), text("b")]) as api:
+        c = client(api)
+        one = await c.messages.create(model="m", max_tokens=5, messages=turn1)
+        two = await c.messages.create(model="m", max_tokens=5, messages=turn2)
+    assert two.usage.cache_read_input_tokens == one.usage.cache_creation_input_tokens > 0
+    assert two.usage.cache_creation_input_tokens > 0  # the new turn is written for next time
+
+
+async def test_more_than_four_breakpoints_rejected() -> None:
+    mark = {"type": "ephemeral"}
+    content = [{"type": "text", "text": f"b{i}", "cache_control": mark} for i in range(5)]
+    with FakeMessagesAPI([text("never")]) as api:
+        with pytest.raises(anthropic.BadRequestError, match="maximum of 4 blocks"):
+            await client(api).messages.create(
+                model="m", max_tokens=5, messages=[{"role": "user", "content": content}]
+            )
+
+
+async def test_count_tokens_matches_usage_and_consumes_nothing() -> None:
+    with FakeMessagesAPI([text("x")]) as api:
+        c = client(api)
+        counted = await c.messages.count_tokens(model="m", messages=USER)
+        msg = await c.messages.create(model="m", max_tokens=5, messages=USER)
+    assert counted.input_tokens == msg.usage.input_tokens > 0
+
+
+async def test_policy_callable_sees_each_request() -> None:
+    def policy(request: dict[str, Any]) -> Any:
+        return text(f"you sent {len(request['messages'])} messages")
+
+    with FakeMessagesAPI(policy) as api:
+        msg = await client(api).messages.create(model="m", max_tokens=5, messages=USER)
+    assert msg.content[0].text == "you sent 1 messages"
+
+
+async def test_exhausted_script_and_broken_policy_fail_clearly_without_retry() -> None:
+    with FakeMessagesAPI([]) as api:
+        with pytest.raises(anthropic.BadRequestError, match="script exhausted"):
+            await client(api).messages.create(model="m", max_tokens=5, messages=USER)
+        assert len(api.requests) == 1
+
+    def broken(request: dict[str, Any]) -> Any:
+        raise KeyError("nope")
+
+    with FakeMessagesAPI(broken) as api:
+        with pytest.raises(anthropic.BadRequestError, match="policy raised KeyError"):
+            await client(api).messages.create(model="m", max_tokens=5, messages=USER)
+
+
+async def test_latency_and_auth() -> None:
+    with FakeMessagesAPI([text("slow", latency_s=0.3)], api_key="right") as api:
+        with pytest.raises(anthropic.AuthenticationError):
+            await client(api).messages.create(model="m", max_tokens=5, messages=USER)
+        good = client(api, key="right")
+        started = time.monotonic()
+        await good.messages.create(model="m", max_tokens=5, messages=USER)
+        assert time.monotonic() - started >= 0.3
+
+
+async def test_sync_client_works_too() -> None:
+    def call(url: str) -> Any:
+        with anthropic.Anthropic(base_url=url, api_key="test") as c:
+            with c.messages.stream(model="m", max_tokens=5, messages=USER) as s:
+                return s.get_final_message()
+
+    with FakeMessagesAPI([tool_use("t", {"a": 1})]) as api:
+        final = await anyio.to_thread.run_sync(call, api.url)
+    assert final.content[0].input == {"a": 1}
