@@ -37,6 +37,9 @@ class ExecResult(BaseModel):
     """At least one stream was over the cap and its middle was dropped."""
     duration_s: float = 0.0
     """Wall time of the command inside the box."""
+    oom_killed: bool = False
+    """The box's OOM killer killed a process while the command ran (exit 137 if it was
+    the command itself); the box itself may well be alive."""
 
     @property
     def ok(self) -> bool:

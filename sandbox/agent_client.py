@@ -1,0 +1,184 @@
+"""The host side of the in-box agent (:mod:`sandbox.boxagent`): one framed stream per box.
+
+The Docker backend starts the agent with ``exec_create`` + ``exec_start(socket=True)``
+and hands the hijacked socket to :class:`AgentStream`. Docker multiplexes the
+process's stdout and stderr on that socket behind 8-byte headers (stream type, three
+zero bytes, big-endian length); stdin is written raw. Inside stdout the agent speaks
+4-byte-length-prefixed JSON frames, each tagged with the request id.
+
+The socket is non-blocking and driven from the event loop (``anyio.wait_readable``):
+no thread per box and no thread hop per request, which is what makes an exec round
+trip cost about a millisecond. Reading is cancel-safe: bytes go into a buffer that
+outlives any one caller, and whichever waiter holds the read lock parses whole frames
+and files every response under its id, so concurrent requests share the stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import struct
+from typing import Any
+
+import anyio
+
+_DOCKER_HEADER = struct.Struct(">BxxxI")
+_LEN = struct.Struct(">I")
+
+
+class StreamBroken(Exception):
+    """The agent's stream ended or failed; ``stderr`` holds its last words."""
+
+    def __init__(self, message: str, stderr: str = "") -> None:
+        super().__init__(message + (f": {stderr.strip()[-500:]}" if stderr.strip() else ""))
+        self.stderr = stderr
+
+
+def raw_socket(sock: Any) -> socket.socket:
+    """The real socket under what ``exec_start(socket=True)`` returns."""
+    return getattr(sock, "_sock", sock)
+
+
+class Demuxer:
+    """Splits Docker's multiplexed stream into stdout frames and a stderr tail."""
+
+    def __init__(self) -> None:
+        self._raw = bytearray()
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._raw += data
+        while len(self._raw) >= 8:
+            kind, size = _DOCKER_HEADER.unpack_from(self._raw)
+            if len(self._raw) < 8 + size:
+                return
+            payload = self._raw[8 : 8 + size]
+            del self._raw[: 8 + size]
+            if kind == 2:
+                self.stderr += payload
+                del self.stderr[:-4096]
+            else:
+                self.stdout += payload
+
+    def next_frame(self) -> dict | None:
+        if len(self.stdout) < 4:
+            return None
+        (size,) = _LEN.unpack_from(self.stdout)
+        if len(self.stdout) < 4 + size:
+            return None
+        body = bytes(self.stdout[4 : 4 + size])
+        del self.stdout[: 4 + size]
+        return json.loads(body)
+
+
+def encode(msg: dict) -> bytes:
+    body = json.dumps(msg, separators=(",", ":")).encode()
+    return _LEN.pack(len(body)) + body
+
+
+class AgentStream:
+    """Requests and responses over one long-lived agent process."""
+
+    def __init__(self, sock: Any) -> None:
+        self._keep = sock  # holds the SDK's wrapper (and its response) alive
+        self._sock = raw_socket(sock)
+        self._sock.setblocking(False)
+        self._demux = Demuxer()
+        self._ids = itertools.count(1)
+        self._done: dict[int, dict] = {}
+        self._waiting: set[int] = set()
+        self._read_lock = anyio.Lock()
+        self._send_lock = anyio.Lock()
+        self.broken: StreamBroken | None = None
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    async def request(self, msg: dict, rid: int | None = None) -> dict:
+        """Send one request and wait for its response; :class:`StreamBroken` on failure."""
+        rid = rid if rid is not None else self.new_id()
+        self._waiting.add(rid)
+        try:
+            await self._send(encode({**msg, "id": rid}))
+            while rid not in self._done:
+                async with self._read_lock:
+                    if rid in self._done:
+                        break
+                    await self._read_some()
+            return self._done.pop(rid)
+        finally:
+            self._waiting.discard(rid)
+            self._done.pop(rid, None)
+
+    async def kill(self, target: int) -> None:
+        """Best effort: have the agent kill the process group of request ``target``."""
+        try:
+            await self._send(encode({"op": "kill", "target": target, "id": self.new_id()}))
+        except StreamBroken:
+            pass
+
+    async def _send(self, data: bytes) -> None:
+        if self.broken:
+            raise self.broken
+        async with self._send_lock:
+            view = memoryview(data)
+            while view:
+                try:
+                    sent = self._sock.send(view)
+                except BlockingIOError:
+                    await anyio.wait_writable(self._sock)
+                    continue
+                except OSError as e:
+                    raise self._break(f"cannot write to the box agent ({e})") from None
+                view = view[sent:]
+
+    async def _read_some(self) -> None:
+        if self.broken:
+            raise self.broken
+        while True:
+            try:
+                data = self._sock.recv(262144)
+            except BlockingIOError:
+                await anyio.wait_readable(self._sock)
+                continue
+            except OSError as e:
+                raise self._break(f"cannot read from the box agent ({e})") from None
+            break
+        if not data:
+            raise self._break("the box agent's stream ended")
+        self._demux.feed(data)
+        while (frame := self._demux.next_frame()) is not None:
+            rid = frame.get("id")
+            if rid in self._waiting:
+                self._done[rid] = frame
+
+    def _break(self, message: str) -> StreamBroken:
+        self.broken = StreamBroken(message, self._demux.stderr.decode("utf-8", "replace"))
+        self.close()
+        return self.broken
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+def one_shot(sock: Any, msg: dict, *, timeout: float | None) -> tuple[dict | None, str]:
+    """Blocking: send one request to an agent started with ``--once``; (response, stderr)."""
+    raw = raw_socket(sock)
+    raw.settimeout(timeout)
+    demux = Demuxer()
+    try:
+        raw.sendall(encode({**msg, "id": 1}))
+        raw.shutdown(socket.SHUT_WR)
+        while True:
+            data = raw.recv(262144)
+            if not data:
+                break
+            demux.feed(data)
+    finally:
+        raw.close()
+    return demux.next_frame(), demux.stderr.decode("utf-8", "replace")

@@ -1,0 +1,156 @@
+"""Small pure helpers of the Docker backend: agent requests in, typed results out.
+
+Kept apart from :mod:`sandbox.docker` so the backend file holds the lifecycle and the
+transport, and the translation between the agent's wire format and the sandbox
+contract (results, the error contract, crash reasons) can be read on its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import anyio
+import httpx
+
+from .base import Command, ExecResult
+from .errors import OutputLimitExceeded, PathRefused, SandboxError
+
+AGENT_PATH = "/opt/fleet/boxagent.py"
+_ROOTS = ("/workspace", "/tmp")
+
+
+@functools.cache
+def agent_source() -> str:
+    """The agent's source, for images that lack the baked-in copy."""
+    return (Path(__file__).parent / "boxagent.py").read_text()
+
+
+def exec_request(
+    cmd: Command,
+    timeout: float | None,
+    cwd: str,
+    env: Mapping[str, str] | None,
+    stdin: bytes | str | None,
+    limit: int,
+) -> dict:
+    req: dict = {"op": "exec", "cwd": cwd, "limit": limit, "timeout": timeout}
+    if isinstance(cmd, str):
+        req["cmd"] = cmd
+    else:
+        req["argv"] = [str(a) for a in cmd]
+    if env:
+        req["env"] = dict(env)
+    if stdin:
+        raw = stdin.encode() if isinstance(stdin, str) else stdin
+        req["stdin"] = base64.b64encode(raw).decode()
+    return req
+
+
+def _text(b64: str) -> str:
+    return base64.b64decode(b64).decode("utf-8", "replace")
+
+
+def exec_result(reply: dict) -> ExecResult:
+    return ExecResult(
+        exit_code=reply["exit_code"],
+        stdout=_text(reply["stdout"]),
+        stderr=_text(reply["stderr"]),
+        timed_out=reply["timed_out"],
+        truncated=reply["truncated"],
+        duration_s=reply["duration_s"],
+        oom_killed=reply.get("oom_killed", False),
+    )
+
+
+def _cap(data: bytes, limit: int) -> tuple[bytes, bool]:
+    if len(data) <= limit:
+        return data, False
+    half = limit // 2
+    dropped = len(data) - 2 * half
+    return data[:half] + f"\n[... {dropped} bytes dropped ...]\n".encode() + data[-half:], True
+
+
+def cap_output(code: int, out: bytes, err: bytes, limit: int, started: float) -> ExecResult:
+    """The fallback path's result: the cap applied on the host, ``timeout``'s 124 kept."""
+    out, t1 = _cap(out, limit)
+    err, t2 = _cap(err, limit)
+    return ExecResult(
+        exit_code=code,
+        stdout=out.decode("utf-8", "replace"),
+        stderr=err.decode("utf-8", "replace"),
+        timed_out=code == 124,
+        truncated=t1 or t2,
+        duration_s=time.monotonic() - started,
+    )
+
+
+def agent_error(reply: dict, box: str) -> Exception:
+    """The error-contract exception for a refused agent request."""
+    code, message = reply.get("error", "failed"), reply.get("message", "")
+    if code == "path_refused":
+        err = PathRefused(message, _ROOTS)
+        err.args = (f"sandbox {box}: {message}; use a path under {', '.join(_ROOTS)}",)
+        return err
+    if code == "not_found":
+        return FileNotFoundError(f"sandbox {box}: {message}")
+    if code == "is_dir":
+        return IsADirectoryError(f"sandbox {box}: {message}")
+    if code == "not_dir":
+        return NotADirectoryError(f"sandbox {box}: {message}")
+    if code == "permission":
+        return PermissionError(f"sandbox {box}: {message}")
+    if code == "too_large":
+        return OutputLimitExceeded(f"sandbox {box}: {message}", limit=0)
+    return SandboxError(f"sandbox {box}: the agent could not do it: {message}")
+
+
+def read_reply(reply: dict, path: str, limit: int, box: str) -> bytes:
+    if not reply.get("ok"):
+        raise agent_error(reply, box)
+    if reply.get("too_large"):
+        raise OutputLimitExceeded(
+            f"{path} in sandbox {box} is {reply['size']} bytes, over the {limit}-byte limit; "
+            f"read it in pieces with exec (head, tail, sed -n) or raise the limit",
+            limit=limit,
+            size=reply["size"],
+        )
+    return base64.b64decode(reply["data"])
+
+
+def crash_reason(info: dict | None) -> tuple[str, str] | None:
+    """(reason, detail) when the container is gone or not running, else None."""
+    if info is None:
+        return "removed", "the container no longer exists"
+    state = info["State"]
+    if state.get("Running") and not state.get("Paused"):
+        return None
+    detail = f"status {state.get('Status')}, exit code {state.get('ExitCode')}"
+    if state.get("Error"):
+        detail += f", {state['Error']}"
+    if state.get("OOMKilled"):
+        return "oom-killed", detail
+    if state.get("Paused"):
+        return "paused", detail
+    code = state.get("ExitCode", 0)
+    if code in (137, 143) or state.get("Status") in ("removing", "dead"):
+        return "killed", detail
+    return f"exited({code})", detail
+
+
+async def wait_cdp(url: str, timeout: float) -> bool:
+    """Poll ``url/json/version`` until Chromium answers (never through a host proxy)."""
+    with anyio.move_on_after(timeout):
+        async with httpx.AsyncClient(trust_env=False, timeout=2.0) as client:
+            while True:
+                try:
+                    resp = await client.get(f"{url}/json/version")
+                    if resp.status_code == 200 and "webSocketDebuggerUrl" in resp.text:
+                        return True
+                except httpx.HTTPError:
+                    pass
+                await anyio.sleep(0.05)
+    return False

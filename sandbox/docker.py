@@ -1,0 +1,520 @@
+"""The Docker backend: one container per box, driven through an in-box agent.
+
+Exec path. ``docker exec`` costs about 55 ms a call here (engine, containerd and runc
+each take their turn). Each box instead runs ONE long-lived ``docker exec -i python3
+/opt/fleet/boxagent.py``; requests travel as framed JSON over that exec's hijacked
+socket (:mod:`sandbox.agent_client`) and many run at once, tagged by id. A round trip
+costs about a millisecond. The agent enforces the timeout and the output cap inside
+the box (new session per command, ``killpg`` on timeout, head+tail capture), so the
+semantics do not depend on the host. Fallbacks, in order: when the stream breaks and
+the box still runs, the agent is restarted once; when that fails, each call runs the
+agent one-shot (``--once``) in its own ``docker exec``; when the image has no agent
+file the agent's source is passed with ``python3 -c``; when the image has no
+``python3``, ``exec`` becomes ``timeout -k`` in a plain ``docker exec`` with the cap
+applied on the host (and file operations say they need python3).
+
+Filesystem. The root is read-only; ``/tmp`` is a tmpfs (``tmpfs_size``, mode 1777)
+and ``/workspace`` is a tmpfs owned by uid 1000 with ``workspace_size`` as its size
+limit. tmpfs is chosen over a volume because it is the only size-limited writable
+mount the engine offers on overlay2/ext4 without xfs quotas, and it is fast and
+disappears with the box. Its pages count against the box's memory limit, so a full
+workspace leaves less room for processes: the workspace can never take more than the
+memory limit, which is the safe direction. Paths are checked twice: on the host
+(:meth:`Sandbox.resolve`) and in the box after symlinks are resolved, so a symlink
+in ``/workspace`` pointing at ``/etc`` is refused.
+
+OOM. A box whose main process dies raises :class:`SandboxCrashed` naming the reason
+(``oom-killed`` from ``State.OOMKilled``, ``killed``, ``exited(N)``, ``removed``) on
+the next call. When the OOM killer kills a command but the box lives on (the usual
+case: commands get a higher ``oom_score_adj`` than the agent), the agent sees the
+memory cgroup's ``oom_kill`` counter rise during the command and the result carries
+``oom_killed=True`` (exit code 137). With several commands running at once the flag
+can land on a sibling that ran at the same moment; it never goes missing.
+
+Security defaults (from :class:`SandboxSpec`): user 1000, all capabilities dropped,
+no-new-privileges, read-only root, pids/memory (no swap)/CPU limits, an init process,
+no network for coding boxes, never the Docker socket, never the host's environment.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import secrets
+import tarfile
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+import docker.errors
+
+from . import reaper
+from .agent_client import AgentStream, StreamBroken, one_shot
+from .base import BoxInfo, Command, ExecResult, FileInfo, Sandbox, SandboxBackend
+from .boxops import (
+    AGENT_PATH,
+    agent_error,
+    agent_source,
+    cap_output,
+    crash_reason,
+    exec_request,
+    exec_result,
+    wait_cdp,
+)
+from .errors import SandboxClosed, SandboxCrashed, SandboxSpecError, SandboxUnavailable
+from .network import RunNetworks, proxy_env
+from .spec import SandboxSpec, parse_size
+
+_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+_CODING_COMMAND = ["sleep", "infinity"]
+
+
+class DockerSandbox(Sandbox):
+    """One container; see the module docstring for how calls reach it."""
+
+    def __init__(
+        self, backend: DockerBackend, info: dict, spec: SandboxSpec, run: str, member: str
+    ):
+        self._backend = backend
+        self._api = backend.client.api
+        self.id = info["Id"]
+        self.name = info["Name"].lstrip("/")
+        self.spec = spec
+        self.run = run
+        self.member = member
+        nets = info["NetworkSettings"]["Networks"]
+        self.ip = next((n["IPAddress"] for n in nets.values() if n.get("IPAddress")), None)
+        self.mode = "agent"
+        self._agent: AgentStream | None = None
+        self._crashed: SandboxCrashed | None = None
+        self._closed = False
+        self._cdp: str | None = None
+        self._restarts = 0
+
+    # ------------------------------------------------------------ agent plumbing
+
+    async def start_agent(self) -> None:
+        """Open the long-lived agent stream, or pick a fallback mode."""
+        try:
+            sock = await anyio.to_thread.run_sync(self._open_exec, ["python3", AGENT_PATH])
+            agent = AgentStream(sock)
+            with anyio.fail_after(10):
+                await agent.request({"op": "ping"})
+            self._agent, self.mode = agent, "agent"
+        except (StreamBroken, TimeoutError, docker.errors.APIError) as e:
+            await self._raise_if_dead()
+            self.mode = await self._pick_fallback(str(e))
+
+    def _open_exec(self, cmd: list[str]) -> Any:
+        exec_id = self._api.exec_create(self.id, cmd, stdin=True, user="1000:1000")["Id"]
+        return self._api.exec_start(exec_id, socket=True)
+
+    async def _pick_fallback(self, why: str) -> str:
+        code = await anyio.to_thread.run_sync(
+            lambda: self._api.exec_create(self.id, ["test", "-f", AGENT_PATH])["Id"]
+        )
+        await anyio.to_thread.run_sync(self._api.exec_start, code)
+        if (await anyio.to_thread.run_sync(self._api.exec_inspect, code))["ExitCode"] == 0:
+            return "oneshot"
+        probe = await anyio.to_thread.run_sync(
+            lambda: self._backend.client.containers.get(self.id).exec_run(["python3", "-c", "1"])
+        )
+        return "inline" if probe.exit_code == 0 else "plain"
+
+    async def _call(self, msg: dict, *, timeout: float | None = None) -> dict:
+        """Send one request by the best path; raise crash/close errors first."""
+        self._ensure_usable()
+        if self.mode == "agent" and self._agent is not None:
+            rid = self._agent.new_id()
+            try:
+                return await self._agent.request(msg, rid)
+            except StreamBroken as e:
+                await self._raise_if_dead()
+                await self._restart_agent()
+                raise SandboxUnavailable(
+                    f"the agent stream of sandbox {self.name} broke during a call ({e}); the box "
+                    f"still runs and the agent was restarted: retry the call"
+                ) from None
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._agent.kill(rid)
+                raise
+        if self.mode == "plain":
+            raise SandboxUnavailable(
+                f"sandbox {self.name}'s image has no python3, which file operations need; "
+                f"use a Fleet image or one with python3"
+            )
+        return await self._call_once(msg, timeout)
+
+    async def _call_once(self, msg: dict, timeout: float | None) -> dict:
+        if self.mode == "oneshot":
+            cmd = ["python3", AGENT_PATH, "--once"]
+        else:
+            cmd = ["python3", "-c", agent_source(), "--once"]
+        sock = await anyio.to_thread.run_sync(self._open_exec, cmd)
+        wait = None if timeout is None else timeout + 30
+        reply, stderr = await anyio.to_thread.run_sync(lambda: one_shot(sock, msg, timeout=wait))
+        if reply is None:
+            await self._raise_if_dead()
+            raise SandboxUnavailable(f"the agent in sandbox {self.name} gave no answer: {stderr}")
+        return reply
+
+    async def _restart_agent(self) -> None:
+        self._agent = None
+        if self._restarts >= 1:
+            self.mode = "oneshot"
+            return
+        self._restarts += 1
+        await self.start_agent()
+
+    def _ensure_usable(self) -> None:
+        if self._closed:
+            raise SandboxClosed(f"sandbox {self.name} was closed; create a new one")
+        if self._crashed:
+            raise self._crashed
+
+    async def _raise_if_dead(self) -> None:
+        try:
+            info = await anyio.to_thread.run_sync(self._api.inspect_container, self.id)
+        except docker.errors.NotFound:
+            info = None
+        reason = crash_reason(info)
+        if reason is not None:
+            self._crashed = SandboxCrashed(self.name, *reason)
+            raise self._crashed
+
+    # ------------------------------------------------------------ Sandbox API
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        timeout: float | None = 60.0,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        output_limit: int | None = None,
+    ) -> ExecResult:
+        limit = output_limit or self.spec.output_limit
+        req = exec_request(cmd, timeout, cwd or self.spec.workdir, env, stdin, limit)
+        if self.mode == "plain":
+            self._ensure_usable()
+            return await self._exec_plain(req)
+        reply = await self._call(req, timeout=timeout)
+        if not reply.get("ok"):
+            raise agent_error(reply, self.name)
+        result = exec_result(reply)
+        if result.exit_code == 137 and not result.oom_killed:
+            await self._raise_if_dead()
+        return result
+
+    async def _exec_plain(self, req: dict) -> ExecResult:
+        argv = req.get("argv") or ["/bin/sh", "-c", req["cmd"]]
+        if req.get("timeout"):
+            argv = ["timeout", "-k", "2", str(req["timeout"]), *argv]
+        started = time.monotonic()
+        container = self._backend.client.containers.get(self.id)
+        res = await anyio.to_thread.run_sync(
+            lambda: container.exec_run(
+                argv, workdir=req["cwd"], environment=req.get("env"), user="1000:1000", demux=True
+            )
+        )
+        out, err = res.output
+        return cap_output(res.exit_code, out or b"", err or b"", req["limit"], started)
+
+    async def read_file(self, path: str, *, limit: int = 64 * 1024 * 1024) -> bytes:
+        from .boxops import read_reply
+
+        reply = await self._call({"op": "read", "path": self.resolve(path), "limit": limit})
+        return read_reply(reply, path, limit, self.name)
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        import base64
+
+        raw = data.encode() if isinstance(data, str) else data
+        req = {"op": "write", "path": self.resolve(path), "mode": mode}
+        reply = await self._call({**req, "data": base64.b64encode(raw).decode()})
+        if not reply.get("ok"):
+            raise agent_error(reply, self.name)
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        reply = await self._call({"op": "list", "path": self.resolve(path)})
+        if not reply.get("ok"):
+            raise agent_error(reply, self.name)
+        return [FileInfo(**e) for e in reply["entries"]]
+
+    async def upload(self, local: Path, remote: str) -> None:
+        import base64
+
+        local = Path(local)
+        if not local.exists():
+            raise FileNotFoundError(f"{local}: no such file or directory on the host")
+        if local.is_file():
+            await self.write_file(remote, await anyio.Path(local).read_bytes())
+            return
+
+        def pack() -> bytes:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(local, arcname=".")
+            return buf.getvalue()
+
+        data = await anyio.to_thread.run_sync(pack)
+        req = {
+            "op": "tar_in",
+            "path": self.resolve(remote),
+            "data": base64.b64encode(data).decode(),
+        }
+        reply = await self._call(req)
+        if not reply.get("ok"):
+            raise agent_error(reply, self.name)
+
+    async def download(self, remote: str, local: Path) -> None:
+        import base64
+
+        local = Path(local)
+        info = await self._stat(remote)
+        if info != "dir":
+            data = await self.read_file(remote)
+            local.parent.mkdir(parents=True, exist_ok=True)
+            await anyio.Path(local).write_bytes(data)
+            return
+        reply = await self._call({"op": "tar_out", "path": self.resolve(remote)})
+        if not reply.get("ok"):
+            raise agent_error(reply, self.name)
+
+        def unpack() -> None:
+            local.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(fileobj=io.BytesIO(base64.b64decode(reply["data"]))) as tar:
+                tar.extractall(local, filter="data")
+
+        await anyio.to_thread.run_sync(unpack)
+
+    async def _stat(self, remote: str) -> str:
+        full = self.resolve(remote)
+        parent, _, name = full.rpartition("/")
+        for entry in await self.list_dir(parent or "/"):
+            if entry.name == name:
+                return entry.type
+        raise FileNotFoundError(f"{remote}: no such file or directory in sandbox {self.name}")
+
+    async def cdp_endpoint(self) -> str:
+        if self.spec.kind != "browser":
+            return await super().cdp_endpoint()
+        self._ensure_usable()
+        if self._cdp is None:
+            url = f"http://{self.ip}:9223"
+            if not await wait_cdp(url, 20.0):
+                await self._raise_if_dead()
+                raise SandboxUnavailable(
+                    f"Chromium in sandbox {self.name} did not open DevTools at {url} within "
+                    f"20 s; see 'docker logs {self.name}'"
+                )
+            self._cdp = url
+        return self._cdp
+
+    async def check(self) -> None:
+        self._ensure_usable()
+        await self._raise_if_dead()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            if self._agent is not None:
+                self._agent.close()
+                self._agent = None
+            if not self.spec.keep:
+                await self._backend.remove_container(self.id)
+
+
+class DockerBackend(SandboxBackend):
+    """Boxes as containers on one Docker engine."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient | None = None,
+        *,
+        images: Mapping[str, str] | None = None,
+    ) -> None:
+        self._client = client
+        self._images = dict(images or {})
+        self._networks: RunNetworks | None = None
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            from .engine import connect
+
+            self._client = connect()
+        return self._client
+
+    async def _ready(self) -> docker.DockerClient:
+        if self._client is None:
+            await anyio.to_thread.run_sync(lambda: self.client)
+        if self._networks is None:
+            self._networks = RunNetworks(self.client)
+        return self.client
+
+    def image_for(self, spec: SandboxSpec) -> str:
+        if spec.image:
+            return spec.image
+        kind = "coding" if spec.kind == "service" else spec.kind
+        if kind in self._images:
+            return self._images[kind]
+        from .images import image_ref
+
+        return image_ref(kind)
+
+    async def create(
+        self, spec: SandboxSpec, *, run: str, member: str, command: list[str] | None = None
+    ) -> DockerSandbox:
+        """Create and start a box; browser boxes are returned once CDP answers.
+
+        ``command`` overrides the image's command (service boxes use it to start their
+        server); a service box answers on the run network under ``member`` as its name.
+        """
+        for what, value in (("run", run), ("member", member)):
+            if not _NAME_RE.match(value):
+                raise SandboxSpecError(
+                    f"{what} id {value!r} must be 1-63 letters, digits, '_', '.' or '-' "
+                    f"(starting with a letter or digit), e.g. 'r1' or 'browser-2'"
+                )
+        await self._ready()
+        image = self.image_for(spec)
+        reaper.mark_live(run)
+        labels = reaper.box_labels(spec, run, member)
+        env = dict(spec.env)
+        network = "none"
+        aliases: list[str] = []
+        if spec.kind in ("browser", "service") or spec.network.egress == "allowlist":
+            assert self._networks is not None
+            net = await self._networks.ensure_network(run)
+            network = net["Name"]
+            if spec.kind == "service":
+                aliases = [member]
+            else:
+                proxy_image = self._images.get("coding") or self.image_for(SandboxSpec())
+                ip = await self._networks.ensure_proxy(
+                    run, spec.network.allow, proxy_image, reaper.proxy_labels(run)
+                )
+                env.update(proxy_env(ip))
+        if command is None and spec.kind == "coding":
+            command = _CODING_COMMAND
+        args = (spec, image, labels, env, network, aliases, command, run, member)
+        info = await anyio.to_thread.run_sync(self._create_sync, *args)
+        box = DockerSandbox(self, info, spec, run, member)
+        try:
+            await box.start_agent()
+            if spec.kind == "browser":
+                await box.cdp_endpoint()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.remove_container(box.id)
+            raise
+        return box
+
+    def _create_sync(
+        self,
+        spec: SandboxSpec,
+        image: str,
+        labels: dict[str, str],
+        env: dict[str, str],
+        network: str,
+        aliases: list[str],
+        command: list[str] | None,
+        run: str,
+        member: str,
+    ) -> dict:
+        api = self.client.api
+        mem = parse_size(spec.memory)
+        host_config = api.create_host_config(
+            network_mode=network,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            tmpfs={
+                "/tmp": f"rw,nosuid,nodev,size={parse_size(spec.tmpfs_size)},mode=1777",
+                "/workspace": (
+                    f"rw,nosuid,nodev,size={parse_size(spec.workspace_size)},"
+                    "uid=1000,gid=1000,mode=0755"
+                ),
+            },
+            pids_limit=spec.pids,
+            mem_limit=mem,
+            memswap_limit=mem,
+            nano_cpus=int(spec.cpus * 1e9),
+            init=True,
+        )
+        networking = None
+        if aliases:
+            endpoint = api.create_endpoint_config(aliases=aliases)
+            networking = api.create_networking_config({network: endpoint})
+        name = f"fleet-{run}-{member}-{secrets.token_hex(3)}"[:120]
+        try:
+            created = api.create_container(
+                image,
+                command,
+                name=name,
+                user="1000:1000",
+                environment=env,
+                labels=labels,
+                working_dir=spec.workdir,
+                host_config=host_config,
+                networking_config=networking,
+                hostname=member[:63],
+            )
+        except docker.errors.ImageNotFound:
+            raise SandboxUnavailable(
+                f"image {image!r} is not on this engine; build Fleet's images with "
+                f"'fleet images build' (or name an existing image in the spec)"
+            ) from None
+        except docker.errors.APIError as e:
+            raise SandboxUnavailable(f"the engine refused to create box {name}: {e}") from None
+        try:
+            api.start(created["Id"])
+        except docker.errors.APIError as e:
+            api.remove_container(created["Id"], force=True)
+            raise SandboxUnavailable(f"the engine could not start box {name}: {e}") from None
+        return api.inspect_container(created["Id"])
+
+    async def remove_container(self, ident: str) -> None:
+        def remove() -> None:
+            try:
+                self.client.api.remove_container(ident, force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as e:
+                if "already in progress" not in str(e):
+                    raise
+
+        await anyio.to_thread.run_sync(remove)
+
+    async def list_boxes(self, *, run: str | None = None) -> list[BoxInfo]:
+        await self._ready()
+        return await anyio.to_thread.run_sync(reaper.list_boxes, self.client, run)
+
+    async def remove_run(self, run: str) -> int:
+        await self._ready()
+        count = await anyio.to_thread.run_sync(reaper.remove_run, self.client, run)
+        reaper.mark_done(run)
+        return count
+
+    async def gc(
+        self, *, live_runs: set[str] | None = None, now: float | None = None
+    ) -> list[BoxInfo]:
+        await self._ready()
+        live = reaper.live_runs() if live_runs is None else live_runs
+        return await anyio.to_thread.run_sync(
+            lambda: reaper.gc(self.client, live, now=now or time.time())
+        )
+
+
+def new_run_id() -> str:
+    """A fresh run id suitable for labels and names."""
+    return f"r-{uuid.uuid4().hex[:12]}"

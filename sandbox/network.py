@@ -1,0 +1,155 @@
+"""Per-run networks and egress proxies for boxes that may use the network.
+
+Coding boxes get ``network_mode=none``: no interface but loopback. Browser and service
+boxes sit on their run's own ``--internal`` bridge network, ``fleet-run-<run>``: the
+host reaches them by IP (that is how CDP gets out), they reach each other (a service
+box answers under its member name as a DNS alias), and nothing else - an internal
+network has no route off the bridge.
+
+The way out is the run's egress proxy (:mod:`sandbox.egress_proxy`): a small container
+of the coding image on the internal network and on the engine's default bridge, one
+per distinct allowlist in a run (usually one per run). Boxes get its address in
+``FLEET_PROXY`` (and the usual ``http_proxy`` variables); the browser image's start
+script hands it to Chromium as ``--proxy-server``. The proxy refuses the Docker host
+(the gateways of both networks), 169.254.0.0/16, loopback and private addresses
+outside the run's subnet, and every host not on the allowlist. Why a proxy and not
+host firewall rules: see the proxy's module docstring (no root, no leaked iptables
+state, filtering by name).
+
+A known limit, stated plainly: a process in a browser box that ignores the proxy can
+still open connections to the host's address on the internal bridge (the engine puts
+the gateway address on the host). Chromium always goes through the proxy; the
+harness drives browser boxes through Chromium only. Closing that path for arbitrary
+processes needs a host ``INPUT`` rule per bridge, which Fleet does not install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+
+import anyio
+import docker
+import docker.errors
+
+from .errors import SandboxUnavailable
+
+PROXY_PORT = 3128
+_EGRESS_NETWORK = "bridge"
+
+
+def network_name(run: str) -> str:
+    return f"fleet-run-{run}"
+
+
+def proxy_name(run: str, allow: Sequence[str]) -> str:
+    digest = hashlib.sha256(",".join(sorted(allow)).encode()).hexdigest()[:8]
+    return f"fleet-proxy-{run}-{digest}"
+
+
+class RunNetworks:
+    """Creates a run's internal network and its egress proxies once, race-free in-process."""
+
+    def __init__(self, client: docker.DockerClient) -> None:
+        self._client = client
+        self._locks: dict[str, anyio.Lock] = {}
+
+    def _lock(self, key: str) -> anyio.Lock:
+        return self._locks.setdefault(key, anyio.Lock())
+
+    async def ensure_network(self, run: str) -> dict:
+        """The run network's attributes (created when missing)."""
+        async with self._lock(f"net:{run}"):
+            return await anyio.to_thread.run_sync(self._ensure_network_sync, run)
+
+    def _ensure_network_sync(self, run: str) -> dict:
+        name = network_name(run)
+        try:
+            return self._client.api.inspect_network(name)
+        except docker.errors.NotFound:
+            pass
+        labels = {"fleet.run": run, "fleet.kind": "network", "fleet.created": f"{time.time():.3f}"}
+        try:
+            self._client.api.create_network(
+                name, driver="bridge", internal=True, labels=labels, check_duplicate=True
+            )
+        except docker.errors.APIError as e:
+            raise SandboxUnavailable(
+                f"cannot create the run network {name}: {e.explanation or e}. The engine may "
+                f"have run out of address pools; remove old runs with 'fleet sandbox gc'."
+            ) from None
+        return self._client.api.inspect_network(name)
+
+    async def ensure_proxy(
+        self, run: str, allow: Sequence[str], image: str, labels: dict[str, str]
+    ) -> str:
+        """The IP address (on the run network) of the run's proxy for ``allow``."""
+        net = await self.ensure_network(run)
+        name = proxy_name(run, allow)
+        async with self._lock(f"proxy:{name}"):
+            return await anyio.to_thread.run_sync(
+                self._ensure_proxy_sync, run, net, name, list(allow), image, labels
+            )
+
+    def _ensure_proxy_sync(
+        self, run: str, net: dict, name: str, allow: list[str], image: str, labels: dict
+    ) -> str:
+        api = self._client.api
+        try:
+            info = api.inspect_container(name)
+            if info["State"]["Running"]:
+                return info["NetworkSettings"]["Networks"][net["Name"]]["IPAddress"]
+            api.remove_container(name, force=True)
+        except docker.errors.NotFound:
+            pass
+        config = net["IPAM"]["Config"][0]
+        bridge = api.inspect_network(_EGRESS_NETWORK)
+        gateways = [config.get("Gateway", "")] + [
+            c.get("Gateway", "") for c in bridge["IPAM"].get("Config") or []
+        ]
+        env = {
+            "FLEET_ALLOW": ",".join(allow),
+            "FLEET_LOCAL_NET": config["Subnet"],
+            "FLEET_DENY_IPS": ",".join(g for g in gateways if g),
+            "FLEET_PROXY_PORT": str(PROXY_PORT),
+        }
+        host_config = api.create_host_config(
+            network_mode=net["Name"],
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            tmpfs={"/tmp": "rw,nosuid,nodev,size=16m,mode=1777"},
+            pids_limit=128,
+            mem_limit="128m",
+            memswap_limit="128m",
+            nano_cpus=500_000_000,
+            init=True,
+        )
+        container = api.create_container(
+            image,
+            ["python3", "/opt/fleet/egress_proxy.py"],
+            name=name,
+            user="1000:1000",
+            environment=env,
+            labels={**labels, "fleet.kind": "proxy", "fleet.member": "proxy"},
+            host_config=host_config,
+            working_dir="/tmp",
+        )
+        api.connect_container_to_network(container["Id"], _EGRESS_NETWORK)
+        api.start(container["Id"])
+        info = api.inspect_container(container["Id"])
+        return info["NetworkSettings"]["Networks"][net["Name"]]["IPAddress"]
+
+
+def proxy_env(ip: str) -> dict[str, str]:
+    """Environment that points a box's programs at its proxy."""
+    url = f"http://{ip}:{PROXY_PORT}"
+    return {
+        "FLEET_PROXY": url,
+        "http_proxy": url,
+        "https_proxy": url,
+        "HTTP_PROXY": url,
+        "HTTPS_PROXY": url,
+        "no_proxy": "localhost,127.0.0.1",
+    }

@@ -1,0 +1,194 @@
+"""Box lifecycle on the host: labels, the live-run registry, listing and garbage collection.
+
+Every container and network Fleet makes carries ``fleet.run``, ``fleet.member``,
+``fleet.kind``, ``fleet.created`` (epoch seconds), ``fleet.ttl`` (seconds) and
+``fleet.keep`` labels, so the engine itself is the inventory: nothing to fall out of
+sync.
+
+A run is *live* while its marker file ``~/.fleet/live/<run>`` (``$FLEET_HOME/live``)
+exists and names a process that is still alive. The backend writes the marker when a
+run's first box is created and removes it in ``remove_run``; a coordinator killed
+with SIGKILL leaves a marker whose pid is dead, which counts as over. ``gc`` then
+removes: boxes whose run is over (unless kept for debugging), boxes whose TTL has
+passed (kept or not), and run networks with no live run and no containers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from .base import BoxInfo
+from .spec import SandboxSpec
+
+LABEL = "fleet.run"
+
+
+def fleet_home() -> Path:
+    return Path(os.environ.get("FLEET_HOME") or Path.home() / ".fleet")
+
+
+def _marker(run: str) -> Path:
+    return fleet_home() / "live" / run
+
+
+def mark_live(run: str, pid: int | None = None) -> None:
+    """Record that ``run`` is owned by process ``pid`` (default: this one)."""
+    path = _marker(run)
+    if path.exists() and _pid_alive(_read_pid(path)):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{pid or os.getpid()}\n")
+
+
+def mark_done(run: str) -> None:
+    _marker(run).unlink(missing_ok=True)
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_runs() -> set[str]:
+    """Runs whose marker names a living process."""
+    folder = fleet_home() / "live"
+    if not folder.is_dir():
+        return set()
+    return {p.name for p in folder.iterdir() if _pid_alive(_read_pid(p))}
+
+
+def box_labels(spec: SandboxSpec, run: str, member: str) -> dict[str, str]:
+    return {
+        **spec.labels,
+        "fleet.run": run,
+        "fleet.member": member,
+        "fleet.kind": spec.kind,
+        "fleet.created": f"{time.time():.3f}",
+        "fleet.ttl": f"{spec.ttl_s:g}",
+        "fleet.keep": "1" if spec.keep else "0",
+    }
+
+
+def proxy_labels(run: str) -> dict[str, str]:
+    return {
+        "fleet.run": run,
+        "fleet.created": f"{time.time():.3f}",
+        "fleet.ttl": "86400",
+        "fleet.keep": "0",
+    }
+
+
+def _info(c: dict) -> BoxInfo:
+    labels = c.get("Labels") or {}
+    return BoxInfo(
+        id=c["Id"][:12],
+        name=(c.get("Names") or ["?"])[0].lstrip("/"),
+        kind=labels.get("fleet.kind", "?"),
+        run=labels.get(LABEL, "?"),
+        member=labels.get("fleet.member", "?"),
+        status=c.get("State") or c.get("Status", "?"),
+        created=float(labels.get("fleet.created") or c.get("Created") or 0),
+        ttl_s=float(labels.get("fleet.ttl") or 3600),
+        keep=labels.get("fleet.keep") == "1",
+    )
+
+
+def list_boxes(client: docker.DockerClient, run: str | None = None) -> list[BoxInfo]:
+    """Fleet's containers (boxes and proxies), oldest first."""
+    selector = f"{LABEL}={run}" if run else LABEL
+    found = client.api.containers(all=True, filters={"label": selector})
+    return sorted((_info(c) for c in found), key=lambda b: b.created)
+
+
+def _remove(client: docker.DockerClient, ident: str) -> bool:
+    try:
+        client.api.remove_container(ident, force=True, v=True)
+        return True
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as e:
+        if "already in progress" in str(e):
+            return False
+        raise
+
+
+def _networks(client: docker.DockerClient, run: str | None = None) -> list[dict]:
+    selector = f"{LABEL}={run}" if run else LABEL
+    return client.api.networks(filters={"label": selector})
+
+
+def _remove_network(client: docker.DockerClient, net: dict) -> bool:
+    try:
+        client.api.remove_network(net["Id"])
+        return True
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError:
+        return False  # still has endpoints: a later gc removes it
+
+
+def remove_run(client: docker.DockerClient, run: str) -> int:
+    """Remove every box of ``run`` (kept ones too), then its networks; returns box count."""
+    count = 0
+    for c in _containers(client, run):
+        is_box = (c.get("Labels") or {}).get("fleet.kind") != "proxy"
+        if _remove(client, c["Id"]) and is_box:
+            count += 1
+    for net in _networks(client, run):
+        _remove_network(client, net)
+    return count
+
+
+def _containers(client: docker.DockerClient, run: str) -> list[dict]:
+    return client.api.containers(all=True, filters={"label": f"{LABEL}={run}"})
+
+
+def doomed(boxes: list[BoxInfo], live: set[str], now: float, everything: bool) -> list[BoxInfo]:
+    """Which boxes gc removes (pure, so the rule is testable on its own)."""
+    out = []
+    for box in boxes:
+        expired = now > box.created + box.ttl_s
+        over = box.run not in live and not box.keep
+        if everything or expired or over:
+            out.append(box)
+    return out
+
+
+def gc(
+    client: docker.DockerClient,
+    live: set[str],
+    *,
+    now: float,
+    everything: bool = False,
+    dry_run: bool = False,
+) -> list[BoxInfo]:
+    """Remove what :func:`doomed` picks, then networks left without a live run or boxes."""
+    victims = doomed(list_boxes(client), live, now, everything)
+    if not dry_run:
+        for box in victims:
+            _remove(client, box.id)
+        for net in _networks(client):
+            run = (net.get("Labels") or {}).get(LABEL, "")
+            if everything or run not in live:
+                if not _containers(client, run):
+                    _remove_network(client, net)
+    return victims
