@@ -1,0 +1,285 @@
+"""How Fleet's images are built: the offline root file system and Dockerfile builds.
+
+The root image comes from ``debootstrap --variant=minbase`` into a temporary
+directory (Debian's mirror over plain HTTP; no registry), trimmed (no apt lists,
+docs, man pages or locales; a dpkg config keeps later installs trimmed too), packed
+once into a tarball cached under ``cache_dir()/rootfs/<tag>.tar`` and imported with
+``docker import``. The tarball cache makes a rebuild after the engine lost its images
+take seconds instead of a fresh debootstrap; only the newest tarball is kept.
+
+Dockerfile images are built with the Docker SDK's classic builder (the engine here
+has no BuildKit) from a temporary context: the image directory, the declared helper
+files under ``fleet/`` and, for the base, the extra CA certificates under
+``fleet-ca/``. Output stays quiet except one progress line per build step; a failed
+build raises :class:`SandboxUnavailable` with the last lines of its log.
+
+Images whose parents are ready build concurrently (the coding and browser images
+spend most of their time waiting on the mirror), in threads, at most two at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from .engine import ensure_build_tools, is_root
+from .errors import SandboxUnavailable
+from .images import (
+    LABEL_IMAGE,
+    LABEL_INPUTS,
+    ImageDef,
+    Say,
+    cache_dir,
+    context_files,
+    current_refs,
+    image_exists,
+    split_pem,
+)
+
+MAX_PARALLEL_BUILDS = 2
+LOG_TAIL_LINES = 15
+
+
+def build_images(
+    order: list[ImageDef],
+    *,
+    client: docker.DockerClient,
+    force: bool,
+    extra_ca: bytes,
+    say: Say,
+) -> dict[str, str]:
+    """Build the missing (or, with ``force``, all) images of ``order``; name -> ref."""
+    refs = current_refs([d.name for d in order], extra_ca=extra_ca)
+    todo = [d for d in order if force or not image_exists(client, refs[d.name])]
+    if not todo:
+        return refs
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same images
+        if not force:
+            todo = [d for d in todo if not image_exists(client, refs[d.name])]
+        _build_in_dependency_order(todo, refs, client=client, extra_ca=extra_ca, say=say)
+    return refs
+
+
+def _build_in_dependency_order(
+    todo: list[ImageDef],
+    refs: dict[str, str],
+    *,
+    client: docker.DockerClient,
+    extra_ca: bytes,
+    say: Say,
+) -> None:
+    pending = {d.name: d for d in todo}
+    running: dict[Future[None], str] = {}
+    with ThreadPoolExecutor(max_workers=MAX_PARALLEL_BUILDS) as pool:
+        while pending or running:
+            busy = set(pending) | set(running.values())
+            for name, defn in list(pending.items()):
+                if defn.parent not in busy:
+                    del pending[name]
+                    fut = pool.submit(_build_one, defn, refs, client, extra_ca, say)
+                    running[fut] = name
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                del running[fut]
+                fut.result()  # a failed build stops the rest: its children cannot build
+
+
+def _build_one(
+    defn: ImageDef, refs: dict[str, str], client: docker.DockerClient, extra_ca: bytes, say: Say
+) -> None:
+    ref = refs[defn.name]
+    started = time.monotonic()
+    say(f"building {ref}")
+    if defn.builder == "debootstrap":
+        build_rootfs_image(defn, ref, client=client, say=say)
+    else:
+        parent = refs[defn.parent] if defn.parent else None
+        build_dockerfile_image(defn, ref, parent, client=client, extra_ca=extra_ca, say=say)
+    say(f"built {ref} in {time.monotonic() - started:.0f} s")
+
+
+# ---------------------------------------------------------------- rootfs
+
+
+def build_rootfs_image(defn: ImageDef, ref: str, *, client: docker.DockerClient, say: Say) -> None:
+    """Import the cached rootfs tarball for ``ref``, debootstrapping it first if needed."""
+    tag = ref.split(":", 1)[1]
+    store = cache_dir() / "rootfs"
+    tarball = store / f"{tag}.tar"
+    if not tarball.is_file():
+        store.mkdir(parents=True, exist_ok=True)
+        _debootstrap_tarball(defn, tarball, say)
+        for old in store.glob("*.tar"):
+            if old != tarball:
+                old.unlink(missing_ok=True)
+    say(f"  {defn.name}: importing {tarball.stat().st_size / 2**20:.0f} MiB root file system")
+    repo, _, tag = ref.partition(":")
+    changes = [
+        f"LABEL {LABEL_IMAGE}={defn.name} {LABEL_INPUTS}={tag}",
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        'CMD ["/bin/bash"]',
+    ]
+    try:
+        client.api.import_image(src=str(tarball), repository=repo, tag=tag, changes=changes)
+    except docker.errors.APIError as exc:
+        raise SandboxUnavailable(f"docker import of {tarball} failed: {exc.explanation}") from None
+
+
+def _debootstrap_tarball(defn: ImageDef, tarball: Path, say: Say) -> None:
+    if not is_root():
+        raise SandboxUnavailable(
+            "building the base image runs debootstrap, which needs root; run "
+            "'sudo fleet images build' (or 'sudo fleet setup') once"
+        )
+    ensure_build_tools(say)
+    config = json.loads((defn.path / "debootstrap.json").read_text())
+    workdir = Path(tempfile.mkdtemp(prefix="fleet-rootfs-", dir=tarball.parent))
+    root = workdir / "root"
+    try:
+        say(f"  {defn.name}: debootstrap {config['variant']} {config['suite']} (about 30 s)")
+        cmd = [
+            "debootstrap",
+            f"--variant={config['variant']}",
+            f"--include={','.join(config['include'])}" if config["include"] else "",
+            f"--cache-dir={_deb_cache()}",
+            config["suite"],
+            str(root),
+            config["mirror"],
+        ]
+        _run([c for c in cmd if c], "debootstrap")
+        _finish_rootfs(defn, root, config)
+        partial = workdir / "rootfs.tar"
+        _run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(partial), "."], "tar")
+        partial.rename(tarball)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _deb_cache() -> Path:
+    # Downloaded .debs survive between debootstraps, so a rebuild does not download again.
+    path = cache_dir() / "debs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _finish_rootfs(defn: ImageDef, root: Path, config: dict) -> None:
+    """Overlay Fleet's apt/dpkg config, write sources.list, drop what boxes never read."""
+    overlay = defn.path / "overlay"
+    if overlay.is_dir():
+        shutil.copytree(overlay, root, dirs_exist_ok=True)
+    suite, mirror, security = config["suite"], config["mirror"], config["security_mirror"]
+    (root / "etc/apt/sources.list").write_text(
+        f"deb {mirror} {suite} main\n"
+        f"deb {mirror} {suite}-updates main\n"
+        f"deb {security} {suite}-security main\n"
+    )
+    for rel in config["trim"]:
+        target = root / rel
+        if target.is_dir():
+            # Empty the directory but keep it: apt and dpkg expect it to exist.
+            for child in target.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        elif target.exists():
+            target.unlink()
+
+
+def _run(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-LOG_TAIL_LINES:])
+        raise SandboxUnavailable(
+            f"{what} failed (exit {proc.returncode}); check that Debian's mirror answers "
+            f"over HTTP and try again. Last output:\n{tail}"
+        )
+
+
+# ---------------------------------------------------------------- Dockerfile images
+
+
+def build_dockerfile_image(
+    defn: ImageDef,
+    ref: str,
+    parent: str | None,
+    *,
+    client: docker.DockerClient,
+    extra_ca: bytes,
+    say: Say,
+) -> None:
+    """Build ``ref`` from ``defn``'s directory with ``BASE=parent``."""
+    with tempfile.TemporaryDirectory(prefix=f"fleet-ctx-{defn.name}-") as tmp:
+        ctx = Path(tmp)
+        _assemble_context(defn, ctx, extra_ca)
+        tag = ref.split(":", 1)[1]
+        stream = client.api.build(
+            path=str(ctx),
+            tag=ref,
+            buildargs={"BASE": parent} if parent else None,
+            labels={LABEL_IMAGE: defn.name, LABEL_INPUTS: tag},
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+        )
+        _follow_build(defn.name, ref, stream, say)
+
+
+def _assemble_context(defn: ImageDef, ctx: Path, extra_ca: bytes) -> None:
+    (ctx / "fleet").mkdir()
+    for rel, src in context_files(defn):
+        dest = ctx / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+    if defn.extra_ca:
+        ca_dir = ctx / "fleet-ca"
+        ca_dir.mkdir()
+        # COPY of a directory needs something in it; only *.crt files are trusted.
+        (ca_dir / "README").write_text("Extra CA certificates from 'fleet images build'.\n")
+        for i, cert in enumerate(split_pem(extra_ca)):
+            (ca_dir / f"extra-{i:03d}.crt").write_bytes(cert)
+    # Keep an empty helpers directory copyable, and say in the image what it holds.
+    helpers = sorted(p.name for p in (ctx / "fleet").iterdir())
+    (ctx / "fleet" / "HELPERS").write_text("".join(f"{h}\n" for h in helpers))
+
+
+def _follow_build(name: str, ref: str, stream, say: Say) -> None:
+    tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+    try:
+        for chunk in stream:
+            if "error" in chunk:
+                tail.append(str(chunk["error"]).strip())
+                raise SandboxUnavailable(_build_failed(ref, tail))
+            text = str(chunk.get("stream", ""))
+            for line in text.splitlines():
+                line = line.rstrip()
+                if not line:
+                    continue
+                tail.append(line)
+                if line.startswith("Step "):
+                    say(f"  {name}: {line[:110]}")
+    except docker.errors.APIError as exc:
+        tail.append(str(exc.explanation))
+        raise SandboxUnavailable(_build_failed(ref, tail)) from None
+
+
+def _build_failed(ref: str, tail: deque[str]) -> str:
+    lines = "\n".join(tail)
+    return (
+        f"building {ref} failed; if apt could not reach Debian's mirror, check the network "
+        f"(and --extra-ca for a TLS-intercepting proxy), then run 'fleet images build' "
+        f"again. Last output:\n{lines}"
+    )
