@@ -361,15 +361,19 @@ class DockerBackend(SandboxBackend):
             self._networks = RunNetworks(self.client)
         return self.client
 
-    def image_for(self, spec: SandboxSpec) -> str:
+    async def image_for(self, spec: SandboxSpec) -> str:
+        """The spec's image, else Fleet's image for its kind (service boxes: coding)."""
         if spec.image:
             return spec.image
         kind = "coding" if spec.kind == "service" else spec.kind
-        if kind in self._images:
-            return self._images[kind]
-        from .images import image_ref
+        if kind not in self._images:
+            from .images import image_ref
 
-        return image_ref(kind)
+            client = await self._ready()
+            self._images[kind] = await anyio.to_thread.run_sync(
+                lambda: image_ref(kind, client=client)
+            )
+        return self._images[kind]
 
     async def create(
         self, spec: SandboxSpec, *, run: str, member: str, command: list[str] | None = None
@@ -386,7 +390,7 @@ class DockerBackend(SandboxBackend):
                     f"(starting with a letter or digit), e.g. 'r1' or 'browser-2'"
                 )
         await self._ready()
-        image = self.image_for(spec)
+        image = await self.image_for(spec)
         reaper.mark_live(run)
         labels = reaper.box_labels(spec, run, member)
         env = dict(spec.env)
@@ -399,7 +403,7 @@ class DockerBackend(SandboxBackend):
             if spec.kind == "service":
                 aliases = [member]
             else:
-                proxy_image = self._images.get("coding") or self.image_for(SandboxSpec())
+                proxy_image = await self.image_for(SandboxSpec())
                 ip = await self._networks.ensure_proxy(
                     run, spec.network.allow, proxy_image, reaper.proxy_labels(run)
                 )

@@ -1,0 +1,211 @@
+"""The Docker backend against the real engine: exec, files, paths, and the secure defaults."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.docker import DockerBackend, DockerSandbox
+from sandbox.errors import (
+    OutputLimitExceeded,
+    PathRefused,
+    SandboxClosed,
+    SandboxCrashed,
+    SandboxUnavailable,
+)
+from sandbox.spec import SandboxSpec
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def backend(docker_client, images) -> DockerBackend:
+    return DockerBackend(docker_client, images=images)
+
+
+@pytest.fixture
+async def box(backend: DockerBackend, run_id: str) -> AsyncIterator[DockerSandbox]:
+    sandbox = await backend.create(SandboxSpec(), run=run_id, member="coder")
+    async with sandbox:
+        yield sandbox
+
+
+async def test_exec_returns_output_exit_code_and_uses_the_fast_path(box: DockerSandbox) -> None:
+    assert box.mode == "agent"
+    res = await box.exec("echo out; echo err >&2; pwd; exit 3")
+    assert res.exit_code == 3
+    assert res.stdout == "out\n/workspace\n"
+    assert res.stderr == "err\n"
+    assert not res.timed_out and not res.truncated
+    argv = await box.exec(["python3", "-c", "import sys; print(sys.argv[1:])", "a b", "c"])
+    assert argv.stdout.strip() == "['a b', 'c']"
+    piped = await box.exec("tr a-z A-Z", stdin="hello", cwd="/tmp", env={"X": "1"})
+    assert piped.stdout == "HELLO"
+
+
+async def test_commands_run_concurrently_on_one_stream(box: DockerSandbox) -> None:
+    import anyio
+
+    results: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        results[i] = (await box.exec(f"sleep 0.3; echo {i}")).stdout.strip()
+
+    start = anyio.current_time()
+    async with anyio.create_task_group() as tg:
+        for i in range(8):
+            tg.start_soon(one, i)
+    assert results == {i: str(i) for i in range(8)}
+    assert anyio.current_time() - start < 2.0
+
+
+async def test_timeout_kills_the_process_group_and_keeps_partial_output(
+    box: DockerSandbox,
+) -> None:
+    res = await box.exec(
+        "echo started; (sleep 300; echo never) & sleep 301 & echo $! > /tmp/bg; sleep 302",
+        timeout=0.5,
+    )
+    assert res.timed_out and res.exit_code == 124
+    assert res.stdout == "started\n"
+    left = await box.exec("ps -eo args | grep 'sleep 30[012]' || true")
+    assert left.stdout == "", f"survivors of the timeout: {left.stdout}"
+
+
+async def test_output_is_capped_with_head_and_tail_kept(box: DockerSandbox) -> None:
+    res = await box.exec(
+        "echo HEAD; head -c 200000 /dev/zero | tr '\\0' x; echo; echo TAIL", output_limit=4096
+    )
+    assert res.truncated
+    assert res.stdout.startswith("HEAD\n") and res.stdout.endswith("TAIL\n")
+    assert "bytes dropped" in res.stdout
+    assert len(res.stdout) < 4096 + 100
+
+
+async def test_binary_file_round_trip_and_listing(box: DockerSandbox, tmp_path: Path) -> None:
+    blob = bytes(range(256)) * 1000 + b"\x00\xff\r\n"
+    await box.write_file("data/blob.bin", blob)
+    assert await box.read_file("/workspace/data/blob.bin") == blob
+    await box.write_file("/tmp/note.txt", "héllo\n")
+    assert (await box.exec(["cat", "/tmp/note.txt"])).stdout == "héllo\n"
+    entries = await box.list_dir("data")
+    assert [(e.name, e.type, e.size) for e in entries] == [("blob.bin", "file", len(blob))]
+    with pytest.raises(OutputLimitExceeded):
+        await box.read_file("data/blob.bin", limit=1000)
+    with pytest.raises(FileNotFoundError):
+        await box.read_file("missing.txt")
+
+
+async def test_upload_and_download_trees(box: DockerSandbox, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("X = 1\n")
+    (src / "bin.dat").write_bytes(b"\x00\x01\x02")
+    await box.upload(src, "proj")
+    res = await box.exec("cat pkg/mod.py && stat -c %U bin.dat", cwd="/workspace/proj")
+    assert res.stdout == "X = 1\nagent\n"
+    await box.exec("mkdir -p out/sub && echo made > out/sub/f.txt")
+    await box.download("out", tmp_path / "back")
+    assert (tmp_path / "back" / "sub" / "f.txt").read_text() == "made\n"
+    await box.download("proj/bin.dat", tmp_path / "one.dat")
+    assert (tmp_path / "one.dat").read_bytes() == b"\x00\x01\x02"
+
+
+async def test_paths_outside_the_roots_are_refused_including_symlink_escapes(
+    box: DockerSandbox,
+) -> None:
+    for path in ("/etc/passwd", "../etc/passwd", "/workspace/../etc/shadow", "/proc/1/environ"):
+        with pytest.raises(PathRefused):
+            await box.read_file(path)
+    with pytest.raises(PathRefused):
+        await box.write_file("/etc/evil", "x")
+    await box.exec("ln -s /etc escape && ln -s /etc/passwd pw")
+    with pytest.raises(PathRefused):
+        await box.read_file("pw")
+    with pytest.raises(PathRefused):
+        await box.write_file("escape/evil", "x")
+    with pytest.raises(PathRefused):
+        await box.list_dir("escape")
+
+
+async def test_box_is_non_root_without_capabilities(box: DockerSandbox) -> None:
+    ident = await box.exec("id -u; grep CapEff /proc/self/status")
+    uid, capeff = ident.stdout.split("\n")[:2]
+    assert uid == "1000"
+    assert capeff.split()[1] == "0000000000000000"
+    mount = await box.exec("mkdir -p /tmp/m && mount -t tmpfs none /tmp/m")
+    assert mount.exit_code != 0
+    raw = await box.exec(
+        ["python3", "-c", "import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)"]
+    )
+    assert raw.exit_code != 0 and "PermissionError" in raw.stderr
+    for target in ("/etc/fleet-test", "/usr/bin/fleet-test", "/opt/fleet/x"):
+        wrote = await box.exec(f"echo x > {target}")
+        assert wrote.exit_code != 0, target
+    nnp = await box.exec("grep NoNewPrivs /proc/self/status")
+    assert nnp.stdout.split()[1] == "1"
+
+
+async def test_coding_box_has_no_network(box: DockerSandbox) -> None:
+    links = await box.exec("cat /proc/net/dev")
+    ifaces = {line.split(":")[0].strip() for line in links.stdout.splitlines()[2:]}
+    assert ifaces == {"lo"}
+    conn = await box.exec(
+        ["python3", "-c", "import socket; socket.create_connection(('127.0.0.53', 53), 2)"]
+    )
+    assert conn.exit_code != 0
+
+
+async def test_host_environment_never_enters_the_box(
+    backend: DockerBackend, run_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-host-secret")
+    monkeypatch.setenv("FLEET_HOST_ONLY_PROBE", "host-value")
+    async with await backend.create(
+        SandboxSpec(env={"GIVEN": "yes"}), run=run_id, member="e"
+    ) as box:
+        env = (await box.exec("env")).stdout
+        assert "GIVEN=yes" in env
+        assert "sk-host-secret" not in env and "host-value" not in env
+        assert not (await box.exec("test -S /var/run/docker.sock")).ok
+
+
+async def test_killed_box_raises_crashed_naming_the_reason(
+    backend: DockerBackend, run_id: str, docker_client
+) -> None:
+    box = await backend.create(SandboxSpec(), run=run_id, member="victim")
+    try:
+        docker_client.api.kill(box.id)
+        with pytest.raises(SandboxCrashed) as err:
+            await box.exec("true")
+        assert err.value.reason == "killed"
+        with pytest.raises(SandboxCrashed):
+            await box.read_file("x")
+    finally:
+        await box.close()
+    with pytest.raises(SandboxClosed):
+        await box.exec("true")
+    await box.close()  # idempotent
+
+
+async def test_removed_box_raises_crashed_removed(
+    backend: DockerBackend, run_id: str, docker_client
+) -> None:
+    box = await backend.create(SandboxSpec(), run=run_id, member="gone")
+    docker_client.api.remove_container(box.id, force=True)
+    with pytest.raises(SandboxCrashed) as err:
+        await box.check()
+    assert err.value.reason == "removed"
+    await box.close()
+
+
+async def test_unknown_image_is_a_clear_error(backend: DockerBackend, run_id: str) -> None:
+    with pytest.raises(SandboxUnavailable, match="fleet images build"):
+        await backend.create(SandboxSpec(image="fleet-nope:missing"), run=run_id, member="m")
