@@ -193,7 +193,8 @@ class FanoutPolicy(_Strict):
     min_success: int = Field(default=1, ge=0)
     """Quorum: members that must end ``ok`` for the run to succeed."""
     fail_fast: bool = False
-    """Cancel the remaining members as soon as the quorum can no longer be met."""
+    """Cancel the remaining members at the first member that fails for good (after its
+    retries). Without it a failure never touches a sibling."""
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
 
 

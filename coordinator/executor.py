@@ -1,0 +1,81 @@
+"""The fan-out executor seam: where member units actually run.
+
+A unit of work is serializable data in, serializable data out (a member's spec in,
+its outcome out); the executor only decides *where and when* each unit runs. Today
+that is :class:`LocalExecutor`, one anyio task group on this host with a capacity
+limiter as the queue. A cluster executor (Ray first, see DESIGN.md) implements the
+same :meth:`Executor.map` by shipping each unit to a node; nothing else in the
+coordinator changes, because the fan-out policy (deadlines, retries, quorum,
+fail-fast) lives in :mod:`coordinator.fanout` and only talks to this seam.
+
+Contract for ``worker``: it records its own failures in the outcome it returns and
+raises only on cancellation. The executor still guards against a worker that
+breaks that promise: the exception is handed to ``on_done`` instead of tearing the
+task group (and so every sibling) down.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+U = TypeVar("U")
+R = TypeVar("R")
+
+Worker = Callable[[U], Awaitable[R]]
+OnDone = Callable[[U, "R | BaseException"], bool]
+"""Called as each unit ends; returning True cancels every unit not yet done."""
+
+
+class Executor(abc.ABC, Generic[U, R]):
+    """Runs units with bounded parallelism and reports each as it ends."""
+
+    @abc.abstractmethod
+    async def map(
+        self,
+        units: Sequence[U],
+        worker: Worker[U, R],
+        *,
+        max_parallel: int,
+        on_done: Callable[[U, R | BaseException], bool],
+    ) -> None:
+        """Run ``worker(unit)`` for every unit, at most ``max_parallel`` at once, in order
+        of ``units`` (the rest wait in a queue). Returns when all ended or were cancelled
+        (by ``on_done`` returning True, or by cancellation of the caller)."""
+
+
+class LocalExecutor(Executor[U, R]):
+    """Units as tasks in one anyio task group on this host."""
+
+    async def map(
+        self,
+        units: Sequence[U],
+        worker: Worker[U, R],
+        *,
+        max_parallel: int,
+        on_done: Callable[[U, R | BaseException], bool],
+    ) -> None:
+        limiter = anyio.CapacityLimiter(max_parallel)
+
+        async with anyio.create_task_group() as tg:
+
+            async def one(unit: U) -> None:
+                async with limiter:
+                    try:
+                        result: R | BaseException = await worker(unit)
+                    except anyio.get_cancelled_exc_class():
+                        raise
+                    except Exception as exc:
+                        result = exc
+                if on_done(unit, result):
+                    tg.cancel_scope.cancel()
+
+            for unit in units:
+                tg.start_soon(one, unit)
+                # Yield once so tasks queue on the limiter in the order given
+                # (the queue is FIFO; without this, start order is unspecified).
+                await anyio.lowlevel.checkpoint()

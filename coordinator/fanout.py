@@ -1,0 +1,347 @@
+"""Fan-out: every member in its own box, its failure recorded, never propagated.
+
+Each member is a :class:`MemberUnit` (serializable) run by :func:`run_unit`: acquire
+its own box, run the harness, release the box, and return a :class:`MemberOutcome`
+whatever happened. An exception, the deadline passing, the box being killed or
+OOM-killed: each becomes that member's status with a reason, and the siblings go on.
+Only ``fail_fast`` (at the first member that fails for good) or the user's Ctrl-C
+cancel siblings.
+
+Deadlines. ``limits.deadline_s`` is the coordinator's *hard* wall-clock limit per
+attempt (status ``timed_out``). The harness gets a soft deadline 10% earlier, so a
+member that is merely slow stops itself with an ``incomplete`` result saying what
+it did; the hard limit is for members that hang (a stuck model call, a wedged box).
+
+Retries. Only failures a second attempt can fix are retried, with exponential
+backoff: the box crashing (an OOM, a killed container, an engine hiccup) and the
+model being overloaded - plus ``timed_out`` when the job asks. A member whose task
+itself failed (an ``incomplete`` result, a bad request) is not retried: the same
+inputs would fail the same way and cost the same again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+from pydantic import BaseModel, ConfigDict
+
+from sandbox.base import Sandbox, SandboxBackend
+from sandbox.errors import SandboxCrashed, SandboxError
+from subagents.member import Limits as MemberLimits
+from subagents.member import MemberOutcome, MemberSpec
+from subagents.model_base import Model, ModelError
+from subagents.trace import MemberEnd, Retry, SandboxEvent, TraceWriter
+
+from .executor import Executor, LocalExecutor
+from .spec import Egress, MemberJob, RetryPolicy
+
+CANCELLED = anyio.get_cancelled_exc_class
+
+
+class MemberUnit(BaseModel):
+    """One member's unit of work: everything a worker (here or on a node) needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    """The run this member belongs to (labels its box)."""
+    member_dir: str
+    """The member's own run subdirectory."""
+    spec: MemberSpec
+    """What the harness runs."""
+    retry: RetryPolicy
+    deadline_s: float
+    """Hard wall-clock limit of one attempt."""
+    repo: str | None = None
+    """Host directory copied into ``/workspace`` before the member starts (coding)."""
+
+
+class RunMemberFn(Protocol):
+    def __call__(
+        self,
+        spec: MemberSpec,
+        *,
+        sandbox: Sandbox | None,
+        model: Model,
+        run_dir: Path,
+        trace: TraceWriter,
+    ) -> Awaitable[MemberOutcome]: ...
+
+
+@dataclass
+class Deps:
+    """Host-local things a worker uses; never serialized (a node builds its own)."""
+
+    backend: SandboxBackend
+    make_model: Callable[[str], Model]
+    run_member: RunMemberFn | None = None
+    """The harness; None means :func:`subagents.member.run_member`."""
+    listeners: list[Callable[[Any], None]] = field(default_factory=list)
+    """Trace listeners (live progress); called with every trace event."""
+    journal: Callable[..., Any] | None = None
+    """``journal(event, **fields)``; None: no journal (a bare worker)."""
+
+    def note(self, event: str, **fields: Any) -> None:
+        if self.journal is not None:
+            self.journal(event, **fields)
+
+
+def to_member_spec(
+    job: MemberJob, *, model: str, max_tokens: int, egress: Egress, memory_root: Path
+) -> MemberSpec:
+    """The harness's spec for a job member (soft deadline 10% before the hard one)."""
+    lim = job.limits
+    inputs: dict[str, Any] = dict(job.inputs)
+    if job.kind == "browser":
+        inputs.setdefault("allowed_hosts", list(egress.allow))
+        if egress.search_url:
+            inputs.setdefault("search_url", egress.search_url)
+    if job.test:
+        inputs.setdefault("test_command", job.test)
+    if job.result_schema:
+        inputs.setdefault("result_schema", job.result_schema)
+    sandbox: dict[str, Any] = job.sandbox.applied()
+    if job.kind == "browser":
+        sandbox["network"] = {"egress": "allowlist", "allow": list(egress.allow)}
+    memory_dir = None
+    if job.memory is not None:
+        memory_dir = Path(job.memory.dir or memory_root / job.memory.profile)
+        memory_dir.mkdir(parents=True, exist_ok=True)
+    return MemberSpec(
+        id=job.id or job.kind,
+        kind=job.kind,
+        task=job.task,
+        inputs=inputs,
+        model=model,
+        limits=MemberLimits(
+            max_turns=lim.max_turns,
+            max_tokens=lim.max_tokens,
+            deadline_s=max(lim.deadline_s * 0.9, lim.deadline_s - 60),
+            result_tokens=lim.result_tokens,
+            max_output_tokens=max_tokens,
+        ),
+        sandbox=sandbox,
+        memory_dir=memory_dir,
+    )
+
+
+def retry_class(outcome: MemberOutcome) -> str | None:
+    """Which retryable failure this is (``crashed``, ``overloaded``, ``timed_out``)."""
+    if outcome.status == "crashed":
+        return "crashed"
+    if outcome.status == "timed_out":
+        return "timed_out"
+    if outcome.status == "failed" and outcome.retryable:
+        return "overloaded"
+    return None
+
+
+def backoff(policy: RetryPolicy, attempt: int) -> float:
+    """Wait before attempt ``attempt + 1`` (attempt counts from 1)."""
+    return min(policy.backoff_s * 2 ** (attempt - 1), policy.backoff_max_s)
+
+
+def _failed(unit: MemberUnit, status: str, reason: str, started: float, **kw: Any) -> MemberOutcome:
+    return MemberOutcome(
+        member=unit.spec.id,
+        kind=unit.spec.kind,
+        status=status,  # type: ignore[arg-type]
+        reason=reason,
+        duration_s=round(time.monotonic() - started, 3),
+        **kw,
+    )
+
+
+async def _release(box: Sandbox | None, trace: TraceWriter) -> None:
+    """Remove the box whatever happened (shielded: cancellation must not leak boxes)."""
+    if box is None:
+        return
+    with anyio.CancelScope(shield=True):
+        t0 = time.monotonic()
+        try:
+            await box.close()
+        except SandboxError:
+            pass  # already gone (killed); gc removes any remains by label
+        trace.emit(
+            SandboxEvent(action="close", box=box.name, duration_s=round(time.monotonic() - t0, 3))
+        )
+
+
+async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> MemberOutcome:
+    """One attempt: box up, harness, box down. Never raises except on cancellation."""
+    from subagents.member import run_member as default_run_member
+
+    run_member = deps.run_member or default_run_member
+    started = time.monotonic()
+    box: Sandbox | None = None
+    ended_by_harness = False
+    try:
+        with anyio.fail_after(unit.deadline_s):
+            t0 = time.monotonic()
+            box = await deps.backend.create(
+                unit.spec.sandbox_spec(), run=unit.run_id, member=unit.spec.id
+            )
+            trace.emit(
+                SandboxEvent(
+                    action="create", box=box.name, duration_s=round(time.monotonic() - t0, 3)
+                )
+            )
+            if unit.repo:
+                await box.upload(Path(unit.repo), "/workspace")
+            model = deps.make_model(unit.spec.model)
+            outcome = await run_member(
+                unit.spec, sandbox=box, model=model, run_dir=Path(unit.member_dir), trace=trace
+            )
+            ended_by_harness = True
+    except TimeoutError:
+        outcome = _failed(unit, "timed_out", f"deadline of {unit.deadline_s:g}s passed", started)
+    except SandboxCrashed as exc:
+        outcome = _failed(
+            unit, "crashed", f"sandbox crashed: {exc.reason}", started, retryable=True
+        )
+    except SandboxError as exc:
+        outcome = _failed(unit, "crashed", f"sandbox unavailable: {exc}", started, retryable=True)
+    except ModelError as exc:
+        outcome = _failed(unit, "failed", f"model error: {exc}", started, retryable=exc.retryable)
+    except CANCELLED():
+        await _release(box, trace)
+        raise
+    except Exception as exc:
+        outcome = _failed(unit, "failed", f"raised {type(exc).__name__}: {exc}", started)
+    await _release(box, trace)
+    if not ended_by_harness:
+        # The harness did not get to trace its end (it raised, hung or never started).
+        trace.emit(
+            MemberEnd(
+                span=unit.spec.id,
+                status=outcome.status,
+                reason=outcome.reason,
+                duration_s=outcome.duration_s,
+            )
+        )
+    return outcome
+
+
+async def run_unit(unit: MemberUnit, deps: Deps) -> MemberOutcome:
+    """All attempts of one member, with retries and backoff; writes its result.json."""
+    mdir = anyio.Path(unit.member_dir)
+    await mdir.mkdir(parents=True, exist_ok=True)
+    trace = TraceWriter(mdir / "trace.jsonl", run=unit.run_id, member=unit.spec.id)
+    trace.listeners.extend(deps.listeners)
+    attempt = 0
+    try:
+        while True:
+            attempt += 1
+            deps.note("member_started", member=unit.spec.id, attempt=attempt)
+            outcome = await attempt_once(unit, deps, trace)
+            why = retry_class(outcome)
+            if why in unit.retry.on and attempt < unit.retry.attempts:
+                delay = backoff(unit.retry, attempt)
+                deps.note(
+                    "member_retry",
+                    member=unit.spec.id,
+                    attempt=attempt,
+                    status=outcome.status,
+                    reason=outcome.reason,
+                    delay_s=delay,
+                )
+                trace.emit(
+                    Retry(what="member", attempt=attempt, reason=outcome.reason, delay_s=delay)
+                )
+                await anyio.sleep(delay)
+                continue
+            break
+    except CANCELLED():
+        deps.note(
+            "member_finished",
+            member=unit.spec.id,
+            status="cancelled",
+            reason="cancelled",
+            attempts=attempt,
+        )
+        trace.close()
+        raise
+    _write_result(mdir, outcome)
+    deps.note(
+        "member_finished",
+        member=unit.spec.id,
+        status=outcome.status,
+        reason=outcome.reason,
+        attempts=attempt,
+        turns=outcome.turns,
+        input_tokens=outcome.input_tokens,
+        output_tokens=outcome.output_tokens,
+    )
+    trace.close()
+    return outcome
+
+
+def _write_result(mdir: anyio.Path, outcome: MemberOutcome) -> None:
+    from .runs import _fsync_write
+
+    _fsync_write(Path(mdir) / "result.json", outcome.model_dump_json(indent=2))
+
+
+@dataclass
+class FanoutResult:
+    """How a fan-out ended."""
+
+    outcomes: dict[str, MemberOutcome]
+    """Member id -> outcome, for every member (cancelled ones included)."""
+    ok: int
+    quorum_met: bool
+    fail_fast_by: str | None = None
+    """The member whose failure triggered fail-fast, if any."""
+
+
+async def fan_out(
+    units: list[MemberUnit],
+    deps: Deps,
+    *,
+    max_parallel: int,
+    min_success: int,
+    fail_fast: bool,
+    executor: Executor[MemberUnit, MemberOutcome] | None = None,
+    already_ok: int = 0,
+) -> FanoutResult:
+    """Run every unit; returns all outcomes and whether the quorum was met.
+
+    ``already_ok`` counts members that ended ``ok`` in an earlier life of the run
+    (resume), toward the quorum.
+    """
+    outcomes: dict[str, MemberOutcome] = {}
+    stopper: list[str] = []
+
+    def on_done(unit: MemberUnit, result: MemberOutcome | BaseException) -> bool:
+        if isinstance(result, BaseException):  # a worker broke its contract
+            result = _failed(
+                unit, "failed", f"raised {type(result).__name__}: {result}", time.monotonic()
+            )
+        outcomes[unit.spec.id] = result
+        if fail_fast and result.status != "ok" and not stopper:
+            stopper.append(unit.spec.id)
+            deps.note("fail_fast", member=unit.spec.id, reason=result.reason)
+            return True
+        return False
+
+    async def worker(unit: MemberUnit) -> MemberOutcome:
+        return await run_unit(unit, deps)
+
+    executor = executor or LocalExecutor()
+    await executor.map(units, worker, max_parallel=max_parallel, on_done=on_done)
+    for unit in units:
+        if unit.spec.id not in outcomes:
+            why = f"cancelled: fail_fast after {stopper[0]} failed" if stopper else "cancelled"
+            outcomes[unit.spec.id] = _failed(unit, "cancelled", why, time.monotonic())
+    ok = already_ok + sum(1 for o in outcomes.values() if o.status == "ok")
+    return FanoutResult(
+        outcomes=outcomes,
+        ok=ok,
+        quorum_met=ok >= min_success,
+        fail_fast_by=stopper[0] if stopper else None,
+    )

@@ -1,0 +1,256 @@
+"""Durable runs: the run directory, its fsync'd journal, and what a resume must redo.
+
+Layout (``runs/<run-id>/``)::
+
+    job.toml        the job exactly as given
+    job.json        the validated job
+    members.json    the member list after planning (resume never re-plans)
+    journal.jsonl   state changes, one JSON object a line, fsync'd each
+    live.json       pid of the coordinator while it runs
+    report.md, report.json
+    members/<id>/   trace.jsonl, result.json, transcripts/, offloads/, screenshots/, pages/
+
+Why a journal and not a state file rewritten in place: an append of one line plus
+``fsync`` is atomic enough that a SIGKILL at any instant leaves every earlier state
+change readable (a torn last line is skipped), and the history - which member
+started when, how often it was retried - is exactly what a person debugging a run
+wants. ``result.json`` is written by rename, so it is either whole or absent: a
+member "has a result" exactly when that file exists, which is what resume checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .spec import Job, MemberJob
+
+FINISHED = {"ok", "failed", "timed_out", "crashed", "incomplete"}
+"""Member statuses that are final: resume does not run such a member again."""
+
+
+class RunNotFound(Exception):
+    """No run directory matches what the user gave."""
+
+
+def _fsync_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Journal:
+    """Append-only JSONL of state changes; every append is fsync'd before returning."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        entry = {"ts": round(time.time(), 3), "event": event, **fields}
+        line = json.dumps(entry, default=str) + "\n"
+        # O_APPEND: whole lines land at the end even if two writers overlap.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return entry
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line torn by a kill mid-write
+        return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (killed child not yet reaped by its parent) is not alive.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+@dataclass
+class RunState:
+    """What the journal says about a run."""
+
+    status: str = "created"
+    """created, running, succeeded, failed, interrupted, or dead (killed mid-run)."""
+    started: float = 0.0
+    finished: float = 0.0
+    members: dict[str, str] = field(default_factory=dict)
+    """Member id -> last status (queued, running, retrying, ok, failed, ...)."""
+    reasons: dict[str, str] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)
+    """Member id -> how many attempts were started over the run's whole life."""
+
+
+class RunDir:
+    """One run's directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.id = self.path.name
+        self.journal = Journal(self.path / "journal.jsonl")
+
+    # -- creation and lookup -----------------------------------------------------------
+
+    @classmethod
+    def create(cls, job: Job, job_text: str, *, root: Path | None = None) -> RunDir:
+        root = Path(root or job.output_dir)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = root / f"{job.slug()}-{stamp}-{secrets.token_hex(2)}"
+        (path / "members").mkdir(parents=True)
+        run = cls(path)
+        (path / "job.toml").write_text(job_text, encoding="utf-8")
+        _fsync_write(path / "job.json", job.model_dump_json(indent=2))
+        run.journal.append("run_created", name=job.name, members=job.member_count)
+        return run
+
+    @classmethod
+    def open(cls, ref: str, *, root: Path | None = None) -> RunDir:
+        """A run by directory path, by id under ``root``, or by a unique id prefix."""
+        p = Path(ref)
+        if (p / "journal.jsonl").exists():
+            return cls(p)
+        root = Path(root or "runs")
+        if (root / ref / "journal.jsonl").exists():
+            return cls(root / ref)
+        matches = [d for d in root.glob(f"{ref}*") if (d / "journal.jsonl").exists()]
+        if len(matches) == 1:
+            return cls(matches[0])
+        hint = "several runs match" if matches else "no run matches"
+        raise RunNotFound(
+            f"{hint} {ref!r} under {root}/; give a run id from 'fleet runs' or a run directory"
+        )
+
+    @staticmethod
+    def list(root: Path) -> list[RunDir]:
+        if not root.is_dir():
+            return []
+        runs = [RunDir(d) for d in root.iterdir() if (d / "journal.jsonl").exists()]
+        return sorted(runs, key=lambda r: r.created)
+
+    # -- contents ----------------------------------------------------------------------
+
+    @property
+    def created(self) -> float:
+        try:
+            with self.journal.path.open(encoding="utf-8") as fh:
+                return float(json.loads(fh.readline())["ts"])
+        except (OSError, ValueError, KeyError):
+            return 0.0
+
+    def job(self) -> Job:
+        return Job.model_validate_json((self.path / "job.json").read_text(encoding="utf-8"))
+
+    def save_members(self, members: list[MemberJob]) -> None:
+        data = json.dumps([m.model_dump(mode="json") for m in members], indent=2)
+        _fsync_write(self.path / "members.json", data)
+
+    def planned_members(self) -> list[MemberJob] | None:
+        p = self.path / "members.json"
+        if not p.exists():
+            return None
+        return [MemberJob.model_validate(m) for m in json.loads(p.read_text(encoding="utf-8"))]
+
+    def member_dir(self, member: str) -> Path:
+        d = self.path / "members" / member
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def write_result(self, member: str, outcome: dict[str, Any]) -> None:
+        _fsync_write(self.member_dir(member) / "result.json", json.dumps(outcome, indent=2))
+
+    def result(self, member: str) -> dict[str, Any] | None:
+        p = self.path / "members" / member / "result.json"
+        if not p.exists():
+            return None
+        return json.loads(p.read_text(encoding="utf-8"))
+
+    def results(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for d in sorted((self.path / "members").glob("*/result.json")):
+            out[d.parent.name] = json.loads(d.read_text(encoding="utf-8"))
+        return out
+
+    # -- liveness ----------------------------------------------------------------------
+
+    def mark_live(self) -> None:
+        """Record this process as the run's owner (gc keeps a live run's boxes)."""
+        info = {"pid": os.getpid(), "since": time.time()}
+        _fsync_write(self.path / "live.json", json.dumps(info))
+
+    def clear_live(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / "live.json").unlink()
+
+    def owner_pid(self) -> int | None:
+        """Pid of a coordinator still running this run, if any."""
+        try:
+            pid = int(json.loads((self.path / "live.json").read_text())["pid"])
+        except (FileNotFoundError, ValueError, KeyError, json.JSONDecodeError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    # -- state -------------------------------------------------------------------------
+
+    def state(self) -> RunState:
+        st = RunState()
+        for e in self.journal.read():
+            ev, m = e.get("event"), e.get("member")
+            if ev == "run_started":
+                st.status, st.started = "running", st.started or e["ts"]
+            elif ev in ("run_finished", "run_interrupted"):
+                st.status, st.finished = e.get("status", "interrupted"), e["ts"]
+            elif ev == "member_queued":
+                st.members[m] = "queued"
+            elif ev == "member_started":
+                st.members[m] = "running"
+                st.starts[m] = st.starts.get(m, 0) + 1
+            elif ev == "member_retry":
+                st.members[m] = "retrying"
+                st.reasons[m] = e.get("reason", "")
+            elif ev == "member_finished":
+                st.members[m] = e["status"]
+                st.reasons[m] = e.get("reason", "")
+        if st.status == "running" and self.owner_pid() is None:
+            st.status = "dead"
+        return st
+
+    def pending_members(
+        self, members: list[MemberJob], *, retry_failed: bool = False
+    ) -> list[MemberJob]:
+        """Members to run on resume: those the journal shows without a final outcome
+        (never finished, or cancelled), plus the failed ones when asked."""
+        last = self.state().members
+        todo = []
+        for m in members:
+            status = last.get(m.id or "")
+            if status not in FINISHED or (retry_failed and status != "ok"):
+                todo.append(m)
+        return todo

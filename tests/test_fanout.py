@@ -1,0 +1,237 @@
+"""Fan-out isolation with real boxes: a member's failure is its own, never a sibling's.
+
+The harness here is a scripted stand-in for ``run_member`` (each member's task names
+a behaviour: succeed after an exec in its box, raise, hang, have its box killed), so
+these tests pin the coordinator's own contract - statuses, reasons, retries, quorum,
+fail-fast, boxes released - independently of any model. The end-to-end tests with
+the real harness and the fake Messages API are in ``test_cli_run.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from coordinator.fanout import Deps, MemberUnit, fan_out
+from coordinator.runs import RunDir
+from coordinator.spec import RetryPolicy, parse_job
+from sandbox.docker import DockerBackend
+from subagents.member import MemberOutcome, MemberSpec
+
+pytestmark = pytest.mark.docker
+
+
+class ScriptedHarness:
+    """Stand-in for ``run_member``: the task's first word says what to do."""
+
+    def __init__(self, docker_client: Any) -> None:
+        self.docker = docker_client
+        self.calls: dict[str, int] = {}
+
+    async def __call__(self, spec: MemberSpec, *, sandbox, model, run_dir: Path, trace):
+        n = self.calls[spec.id] = self.calls.get(spec.id, 0) + 1
+        action = spec.task.split()[0]
+        if action == "crash-once" and n == 1 or action == "kill-box":
+            cid = sandbox.id
+            await anyio.to_thread.run_sync(lambda: self.docker.containers.get(cid).kill())
+        if action == "raise":
+            raise RuntimeError("tool exploded")
+        if action == "hang":
+            await anyio.sleep(3600)
+        res = await sandbox.exec(["sh", "-c", f"echo {spec.id}; hostname"])
+        return MemberOutcome(
+            member=spec.id,
+            kind=spec.kind,
+            status="ok",
+            result={"said": res.stdout.split()[0], "host": res.stdout.split()[1]},
+            turns=1,
+        )
+
+
+def _units(
+    run: RunDir,
+    tasks: dict[str, str],
+    *,
+    deadline: float = 20,
+    attempts: int = 1,
+    backoff: float = 0.2,
+) -> list[MemberUnit]:
+    return [
+        MemberUnit(
+            run_id=run.id,
+            member_dir=str(run.member_dir(mid)),
+            spec=MemberSpec(id=mid, kind="coding", task=task, model="offline"),
+            retry=RetryPolicy(attempts=attempts, backoff_s=backoff),
+            deadline_s=deadline,
+        )
+        for mid, task in tasks.items()
+    ]
+
+
+def _run_dir(tmp_path: Path, run_id: str) -> RunDir:
+    job = parse_job('name = "t"\n[research]\nquestion = "q"')
+    run = RunDir.create(job, "", root=tmp_path)
+    # Use the fixture's run id so its teardown removes anything left behind.
+    run.path.rename(tmp_path / run_id)
+    return RunDir(tmp_path / run_id)
+
+
+def _deps(images: dict[str, str], harness: ScriptedHarness, run: RunDir) -> Deps:
+    return Deps(
+        backend=DockerBackend(images=images),
+        make_model=lambda name: None,  # type: ignore[arg-type,return-value]
+        run_member=harness,
+        journal=run.journal.append,
+    )
+
+
+def _boxes(docker_client: Any, run_id: str) -> list[Any]:
+    return docker_client.containers.list(all=True, filters={"label": f"fleet.run={run_id}"})
+
+
+def test_one_raise_one_timeout_one_killed_box_keep_two_results(
+    tmp_path, images, run_id, docker_client
+):
+    run = _run_dir(tmp_path, run_id)
+    harness = ScriptedHarness(docker_client)
+    units = _units(
+        run,
+        {
+            "good-1": "ok",
+            "good-2": "ok",
+            "raiser": "raise",
+            "sleeper": "hang",
+            "victim": "kill-box",
+        },
+        deadline=6,
+    )
+    t0 = time.monotonic()
+    res = anyio.run(
+        lambda: fan_out(
+            units, _deps(images, harness, run), max_parallel=5, min_success=2, fail_fast=False
+        )
+    )
+    elapsed = time.monotonic() - t0
+    st = {k: o.status for k, o in res.outcomes.items()}
+    assert st == {
+        "good-1": "ok",
+        "good-2": "ok",
+        "raiser": "failed",
+        "sleeper": "timed_out",
+        "victim": "crashed",
+    }
+    assert res.outcomes["good-1"].result["said"] == "good-1"
+    assert res.outcomes["good-1"].result["host"] != res.outcomes["good-2"].result["host"]
+    reasons = {k: res.outcomes[k].reason for k in ("raiser", "sleeper", "victim")}
+    assert "RuntimeError: tool exploded" in reasons["raiser"]
+    assert "deadline of 6s" in reasons["sleeper"]
+    assert "sandbox crashed: killed" in reasons["victim"]
+    assert len(set(reasons.values())) == 3
+    assert res.quorum_met and res.ok == 2
+    # The hang did not hold the others: all ran in parallel, bounded by the deadline.
+    assert elapsed < 20
+    # Each member's result.json and journal line record its own status; no box is left.
+    for mid, status in st.items():
+        assert run.result(mid)["status"] == status
+    assert run.state().members == st
+    assert _boxes(docker_client, run_id) == []
+
+
+def test_box_crash_is_retried_with_backoff_and_then_succeeds(
+    tmp_path, images, run_id, docker_client
+):
+    run = _run_dir(tmp_path, run_id)
+    harness = ScriptedHarness(docker_client)
+    units = _units(run, {"flaky": "crash-once", "steady": "ok"}, attempts=3, backoff=0.5)
+    res = anyio.run(
+        lambda: fan_out(
+            units, _deps(images, harness, run), max_parallel=2, min_success=2, fail_fast=False
+        )
+    )
+    assert res.outcomes["flaky"].status == "ok"
+    assert harness.calls == {"flaky": 2, "steady": 1}
+    retries = [e for e in run.journal.read() if e["event"] == "member_retry"]
+    assert len(retries) == 1 and retries[0]["member"] == "flaky"
+    assert "sandbox crashed" in retries[0]["reason"] and retries[0]["delay_s"] == 0.5
+    assert run.state().starts == {"flaky": 2, "steady": 1}
+    assert _boxes(docker_client, run_id) == []
+
+
+def test_task_failure_is_not_retried(tmp_path, images, run_id, docker_client):
+    run = _run_dir(tmp_path, run_id)
+    harness = ScriptedHarness(docker_client)
+    units = _units(run, {"raiser": "raise"}, attempts=3)
+    res = anyio.run(
+        lambda: fan_out(
+            units, _deps(images, harness, run), max_parallel=1, min_success=1, fail_fast=False
+        )
+    )
+    assert res.outcomes["raiser"].status == "failed"
+    assert harness.calls == {"raiser": 1}
+    assert not res.quorum_met
+
+
+def test_quorum_not_met_when_too_few_members_succeed(tmp_path, images, run_id, docker_client):
+    run = _run_dir(tmp_path, run_id)
+    harness = ScriptedHarness(docker_client)
+    units = _units(run, {"a": "ok", "b": "raise", "c": "raise"})
+    res = anyio.run(
+        lambda: fan_out(
+            units, _deps(images, harness, run), max_parallel=3, min_success=2, fail_fast=False
+        )
+    )
+    assert res.ok == 1 and not res.quorum_met
+    assert {o.status for o in res.outcomes.values()} == {"ok", "failed"}
+
+
+def test_fail_fast_cancels_the_rest_and_removes_their_boxes(
+    tmp_path, images, run_id, docker_client
+):
+    run = _run_dir(tmp_path, run_id)
+    harness = ScriptedHarness(docker_client)
+    # One slot: "b" fails first; "c" and "d" are then cancelled (queued or running).
+    units = _units(run, {"b": "raise", "c": "hang", "d": "ok"}, deadline=60)
+    t0 = time.monotonic()
+    res = anyio.run(
+        lambda: fan_out(
+            units, _deps(images, harness, run), max_parallel=2, min_success=1, fail_fast=True
+        )
+    )
+    assert time.monotonic() - t0 < 30
+    assert res.fail_fast_by == "b"
+    assert res.outcomes["b"].status == "failed"
+    assert res.outcomes["c"].status == "cancelled"
+    assert "fail_fast after b failed" in res.outcomes["c"].reason
+    assert res.outcomes["d"].status == "cancelled"
+    assert _boxes(docker_client, run_id) == []
+    # Without fail_fast the same failure leaves the siblings alone.
+    run2 = _run_dir(tmp_path / "again", run_id)
+    units = _units(run2, {"b": "raise", "d": "ok"})
+    res = anyio.run(
+        lambda: fan_out(
+            units, _deps(images, harness, run2), max_parallel=1, min_success=1, fail_fast=False
+        )
+    )
+    assert res.outcomes["d"].status == "ok"
+
+
+def test_concurrency_limit_queues_members(tmp_path, images, run_id, docker_client):
+    run = _run_dir(tmp_path, run_id)
+    harness = ScriptedHarness(docker_client)
+    peak = 0
+
+    def watch(event: Any) -> None:
+        nonlocal peak
+        if getattr(event, "action", "") == "create":
+            peak = max(peak, len(_boxes(docker_client, run_id)))
+
+    units = _units(run, {f"m{i}": "ok" for i in range(4)})
+    deps = _deps(images, harness, run)
+    deps.listeners.append(watch)
+    res = anyio.run(lambda: fan_out(units, deps, max_parallel=2, min_success=4, fail_fast=False))
+    assert res.quorum_met
+    assert 1 <= peak <= 2
