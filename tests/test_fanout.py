@@ -35,7 +35,7 @@ class ScriptedHarness:
     async def __call__(self, spec: MemberSpec, *, sandbox, model, run_dir: Path, trace):
         n = self.calls[spec.id] = self.calls.get(spec.id, 0) + 1
         action = spec.task.split()[0]
-        if action == "crash-once" and n == 1 or action == "kill-box":
+        if (action == "crash-once" and n == 1) or action == "kill-box":
             cid = sandbox.id
             await anyio.to_thread.run_sync(lambda: self.docker.containers.get(cid).kill())
         if action == "raise":
