@@ -1,0 +1,97 @@
+"""Member kinds: a kind is a system prompt, tools, a result model and defaults.
+
+A :class:`Kind` is plain data plus two optional hooks, so adding a kind is one small
+module that calls :func:`register_kind` at import. The built-in kinds (``coding``
+here, ``browser`` in its own module) are imported on first use by :func:`get_kind`,
+so importing this package stays cheap and a kind's heavy dependencies (Playwright)
+load only when a member of that kind runs.
+
+``submit_model`` is what the model fills in through ``submit_result``; ``result_model``
+is what the member returns. They differ when the harness, not the model, supplies
+part of the answer - a coding member's patch is computed from the box by
+``finalize``, never typed out by the model.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from sandbox.spec import BoxKind
+
+from ..tools.base import Tool, ToolContext
+
+if TYPE_CHECKING:
+    from ..member import MemberSpec
+
+ToolsFactory = Callable[["MemberSpec"], list[Tool]]
+Setup = Callable[[ToolContext], Awaitable[None]]
+Finalize = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What makes a member a coding member or a browser member."""
+
+    name: str
+    """Kind name as a job names it (``coding``, ``browser``)."""
+    system_prompt: str
+    """The kind's instructions; the loop appends the harness rules."""
+    tools: ToolsFactory
+    """Builds the kind's tools for one member (may read the member's inputs)."""
+    result_model: type[BaseModel]
+    """Schema of the member's final result."""
+    submit_model: type[BaseModel] | None = None
+    """Schema of ``submit_result``'s input; None means ``result_model``."""
+    submit_description: str = (
+        "Finish: submit your final, distilled result. Call it exactly once, when done."
+    )
+    """Description of the ``submit_result`` tool."""
+    todos: bool = False
+    """Whether the ``write_todos`` tool and recitation are on by default."""
+    box_kind: BoxKind = "coding"
+    """The sandbox kind a member of this kind runs in."""
+    setup: Setup | None = None
+    """Runs once before the first model call (e.g. snapshot the workspace)."""
+    finalize: Finalize | None = None
+    """Turns an accepted submission into the final result (e.g. add the patch)."""
+
+    @property
+    def submit_schema(self) -> type[BaseModel]:
+        return self.submit_model or self.result_model
+
+
+class UnknownKind(ValueError):
+    """A job named a kind that no module registers."""
+
+
+_KINDS: dict[str, Kind] = {}
+_BUILTIN = ("coding", "browser")
+
+
+def register_kind(kind: Kind) -> Kind:
+    """Make ``kind`` available to :func:`get_kind` (a later registration replaces it)."""
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def get_kind(name: str) -> Kind:
+    """The kind called ``name``; built-in kinds are imported on first use."""
+    if name not in _KINDS and name in _BUILTIN:
+        try:
+            importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+    if name not in _KINDS:
+        known = sorted(set(_KINDS) | set(_BUILTIN))
+        raise UnknownKind(f"unknown member kind {name!r}; use one of: {', '.join(known)}")
+    return _KINDS[name]
+
+
+def known_kinds() -> list[str]:
+    return sorted(set(_KINDS) | set(_BUILTIN))

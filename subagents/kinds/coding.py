@@ -1,0 +1,162 @@
+"""The coding member: works on files in its own box and returns a patch.
+
+The model reports what it did (summary, tests it ran, notes); the harness supplies
+what must not be taken on the model's word:
+
+* ``patch`` and ``files_changed`` come from a git diff of ``/workspace`` against a
+  snapshot taken before the first turn. The snapshot lives in a separate git
+  directory under ``/tmp`` so a repository already in ``/workspace`` (its ``.git``,
+  index and branches) is never touched, and its ``.gitignore`` is honoured.
+* when the job gave a ``test`` command (``inputs["test"]``) it is run once more after
+  the model submits, and ``verified`` records its real exit code.
+
+The full patch is also written to ``patch.diff`` in the member's run directory; the
+result keeps up to ``PATCH_CHARS`` of it (with a marker when cut), so one huge diff
+cannot swamp the coordinator's report.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..tools.base import ToolContext
+from ..tools.coding import coding_tools
+from ..tools.registry import render_exec
+from . import Kind, register_kind
+
+WORKSPACE = "/workspace"
+BASELINE_GIT = "/tmp/fleet-baseline.git"
+PATCH_CHARS = 200_000
+_GIT = (
+    f"export GIT_DIR={BASELINE_GIT} GIT_WORK_TREE={WORKSPACE}; "
+    "git -c user.name=fleet -c user.email=fleet@localhost -c core.autocrlf=false"
+)
+_EXCLUDES = ".git\n__pycache__/\n*.pyc\n.pytest_cache/\n"
+
+SYSTEM_PROMPT = """\
+You are a careful software engineer working alone in a Linux sandbox. The code is \
+in /workspace; you may change anything there. Tools: shell (run commands: build, \
+test, git), read_file, write_file, edit_file (exact replacement of a unique piece \
+of text), glob and grep.
+
+Work like this: look before you change (glob, grep, read_file); make the smallest \
+change that does the task; run the tests or a quick check after changing code; \
+read error output closely and fix the cause. Do not invent APIs: read the code.
+
+When done, call submit_result with a short summary, the test commands you ran and \
+whether they passed. The patch (a diff of /workspace) is collected for you: do not \
+paste code or diffs into the result."""
+
+
+class CodingReport(BaseModel):
+    """What the coding model submits (the harness adds the patch)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    summary: str = Field(min_length=1)
+    """What was changed and why, in a few sentences."""
+    tests_run: list[str] = Field(default_factory=list)
+    """Test or check commands that were run."""
+    tests_passed: bool | None = None
+    """Whether the last run of those tests passed (None: no tests were run)."""
+    notes: list[str] = Field(default_factory=list)
+    """Caveats, follow-ups, anything a reviewer should know."""
+
+
+class VerifiedTests(BaseModel):
+    """The job's test command, re-run by the harness after the model submitted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str
+    exit_code: int
+    passed: bool
+    output_tail: str = ""
+    """Last part of the command's output."""
+
+
+class CodingResult(CodingReport):
+    """A coding member's result: the report plus what the harness measured."""
+
+    patch: str = ""
+    """Unified diff of /workspace against its state before the first turn."""
+    patch_truncated: bool = False
+    """The patch was longer than the result keeps; the full one is in patch.diff."""
+    files_changed: list[str] = Field(default_factory=list)
+    """Paths (relative to /workspace) added, modified or deleted."""
+    verified: VerifiedTests | None = None
+    """The job's test command re-run after submission, when the job gave one."""
+
+
+async def snapshot_workspace(ctx: ToolContext) -> None:
+    """Record /workspace as the baseline the patch is computed against."""
+    if ctx.sandbox is None:
+        return
+    script = (
+        f"{_GIT} init -q && printf {shlex.quote(_EXCLUDES)} > {BASELINE_GIT}/info/exclude && "
+        f"{_GIT} add -A && {_GIT} commit -q --allow-empty --no-verify -m baseline"
+    )
+    res = await ctx.sandbox.exec(["bash", "-c", script], timeout=300)
+    ctx.state["baseline"] = res.ok
+    if not res.ok:
+        ctx.state["baseline_error"] = (res.stderr or res.stdout)[-500:]
+
+
+async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """Add patch, files_changed and the verified test run to the submitted report."""
+    result = dict(data)
+    if ctx.sandbox is None or not ctx.state.get("baseline"):
+        why = ctx.state.get("baseline_error", "no sandbox")
+        result.setdefault("notes", []).append(
+            f"patch unavailable: baseline snapshot failed ({why})"
+        )
+        return result
+    box = ctx.sandbox
+    names = await box.exec(
+        ["bash", "-c", f"{_GIT} add -A && {_GIT} diff --cached --name-only --no-renames"],
+        timeout=300,
+    )
+    diff = await box.exec(
+        ["bash", "-c", f"{_GIT} diff --cached --no-color --no-renames"],
+        timeout=300,
+        output_limit=64 * 1024 * 1024,
+    )
+    patch = diff.stdout
+    (ctx.run_dir / "patch.diff").write_text(patch, encoding="utf-8")
+    result["files_changed"] = [n for n in names.stdout.splitlines() if n]
+    result["patch_truncated"] = len(patch) > PATCH_CHARS or diff.truncated
+    result["patch"] = (
+        patch
+        if len(patch) <= PATCH_CHARS
+        else (patch[:PATCH_CHARS] + "\n[... patch cut; the full diff is in patch.diff ...]\n")
+    )
+    test = ctx.state.get("inputs", {}).get("test")
+    if isinstance(test, str) and test.strip():
+        res = await box.exec(test, timeout=600)
+        tail = render_exec(res.stdout[-3_000:], res.stderr[-2_000:], res.exit_code, res.timed_out)
+        result["verified"] = VerifiedTests(
+            command=test, exit_code=res.exit_code, passed=res.ok, output_tail=tail
+        ).model_dump()
+    return result
+
+
+CODING = register_kind(
+    Kind(
+        name="coding",
+        system_prompt=SYSTEM_PROMPT,
+        tools=lambda spec: coding_tools(),
+        result_model=CodingResult,
+        submit_model=CodingReport,
+        submit_description=(
+            "Finish: report what you changed (summary), the test commands you ran and "
+            "whether they passed. The patch is collected automatically. Call once, when done."
+        ),
+        todos=True,
+        box_kind="coding",
+        setup=snapshot_workspace,
+        finalize=collect_patch,
+    )
+)

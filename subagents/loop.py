@@ -1,0 +1,431 @@
+"""The agent loop: one member's turns, from the task to a result or a limit.
+
+Each turn is the same five steps, small enough to hold in one's head:
+
+1. ``context.prepare`` - the context mechanisms (offload, clip, compaction, todo
+   recitation) shape what is sent;
+2. ``model.complete`` - one Messages API call, traced as ``ModelCall`` plus the new
+   assistant message (``Messages`` events carry only new messages, so a trace grows
+   linearly with turns);
+3. every ``tool_use`` of the response runs *concurrently* in one task group - the
+   model asked for them together because they are independent, and a slow shell
+   command should not hold up three file reads;
+4. each result passes ``context.admit_tool_result`` (large ones are offloaded) and
+   all of them go back as one user message, every ``tool_use`` answered, in order;
+5. stop when ``submit_result`` was accepted.
+
+Failure policy: a tool's own failure (bad arguments, ``ToolError``, any exception)
+is an ``is_error`` result the model can act on, never the end of the run and never
+the member's answer. A model that ends its turn without ``submit_result`` is
+reminded once, then the member ends ``incomplete``. Limits (turns, total tokens,
+wall-clock deadline) end the member ``incomplete`` with what it did, not with an
+exception. ``SandboxCrashed`` and ``ModelError`` propagate to :func:`run_member`,
+which turns them into ``crashed`` / ``failed`` outcomes using :meth:`AgentLoop.outcome`.
+
+Span ids: member ``<id>``, turn ``<id>/t<n>``, model call ``<id>/t<n>/model``, tool
+call ``<id>/t<n>/<tool_use id>``; each event's ``parent`` is the enclosing span.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+from pydantic import ValidationError
+
+from sandbox.base import Sandbox
+from sandbox.errors import SandboxCrashed
+
+from .model_base import Model, ModelProfile, ModelRequest
+from .result import SUBMIT_TOOL, ResultGate
+from .tools.base import Tool, ToolContext
+from .tools.registry import ToolRegistry, build_custom_tool
+from .trace import Messages, ModelCall, ToolCall, ToolResult, TraceWriter
+
+if TYPE_CHECKING:
+    from .kinds import Kind
+    from .member import LimitName, MemberOutcome, MemberSpec, Status
+
+HARNESS_RULES = """\
+How you work here:
+- You work alone; nobody will answer questions. Decide, act with the tools, verify.
+- Independent tool calls can go in one response: they run at the same time.
+- A tool result marked as an error says what was wrong; fix the call and go on.
+- Finish by calling submit_result exactly once with your final result. It is checked \
+against its schema and must stay under about {cap} tokens: distilled, not a log.
+- If you cannot finish, still call submit_result and say what is missing."""
+
+NUDGE = (
+    "You ended your turn without calling submit_result. This task only ends through "
+    "submit_result: call it now with your result (if something is unfinished, say so "
+    "in the result)."
+)
+TRACE_OUTPUT_CHARS = 2_000
+"""ToolResult events keep a preview; the full text is in the Messages event."""
+
+
+class ContextLike(Protocol):
+    """What the loop needs from :class:`subagents.context.manager.ContextManager`."""
+
+    def tools(self) -> list[Tool]: ...
+    async def start(self) -> str: ...
+    async def prepare(
+        self, messages: list[dict[str, Any]], *, turn: int, system: str, tools: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]: ...
+    def observe_usage(self, usage: Any, sent_messages: list[dict[str, Any]]) -> None: ...
+    async def admit_tool_result(
+        self, call_id: str, tool: str, text: str
+    ) -> tuple[str, str | None]: ...
+    def note_files_written(self, paths: list[str]) -> None: ...
+    async def finish(self) -> None: ...
+
+
+@dataclass
+class Usage:
+    """Tokens and cost summed over a member's model calls."""
+
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return self.input + self.output + self.cache_read + self.cache_write
+
+    def add(self, usage: Any, profile: ModelProfile) -> None:
+        inp = usage.input_tokens or 0
+        out = usage.output_tokens or 0
+        cr = getattr(usage, "cache_read_input_tokens", None) or 0
+        cw = getattr(usage, "cache_creation_input_tokens", None) or 0
+        self.input, self.output = self.input + inp, self.output + out
+        self.cache_read, self.cache_write = self.cache_read + cr, self.cache_write + cw
+        self.cost_usd += (
+            inp * profile.input_per_mtok
+            + out * profile.output_per_mtok
+            + cr * profile.cache_read_per_mtok
+            + cw * profile.cache_write_per_mtok
+        ) / 1_000_000
+
+
+class AgentLoop:
+    """Runs one member's turns; :meth:`run` returns its :class:`MemberOutcome`."""
+
+    def __init__(
+        self,
+        spec: MemberSpec,
+        kind: Kind,
+        *,
+        model: Model,
+        sandbox: Sandbox | None,
+        run_dir: Path,
+        trace: TraceWriter,
+        context: ContextLike,
+    ) -> None:
+        self.spec, self.kind, self.model, self.trace, self.context = (
+            spec,
+            kind,
+            model,
+            trace,
+            context,
+        )
+        self.limits = spec.limits
+        self.gate = ResultGate(kind.submit_schema, cap_tokens=self.limits.result_tokens)
+        self.tool_ctx = ToolContext(
+            sandbox=sandbox,
+            run_dir=run_dir,
+            trace=trace,
+            member=spec.id,
+            state={"inputs": dict(spec.inputs)},
+        )
+        tools = [
+            *kind.tools(spec),
+            *context.tools(),
+            *(build_custom_tool(t) for t in spec.tools),
+            self.gate.tool(kind.submit_description),
+        ]
+        self.registry = ToolRegistry(tools, timeout_s=self.limits.tool_timeout_s)
+        self.tool_defs = self.registry.definitions()
+        self.system = (
+            kind.system_prompt.rstrip()
+            + "\n\n"
+            + HARNESS_RULES.format(cap=self.limits.result_tokens)
+        )
+        self.messages: list[dict[str, Any]] = []
+        self.turn = 0
+        self.usage = Usage()
+        self.tool_calls = 0
+        self.recent: deque[str] = deque(maxlen=8)
+        self.last_text = ""
+        self.nudged = False
+        self.offline = False
+
+    @property
+    def turn_span(self) -> str:
+        return f"{self.spec.id}/t{self.turn}"
+
+    async def run(self) -> MemberOutcome:
+        """Turns until a result or a limit; raises only SandboxCrashed, ModelError, cancel."""
+        with anyio.move_on_after(self.limits.deadline_s):
+            return await self._run()
+        return self.outcome(
+            "incomplete",
+            f"wall-clock deadline of {self.limits.deadline_s:g} s reached after "
+            f"{self.turn} turns and {self.tool_calls} tool calls",
+            limit="deadline",
+        )
+
+    async def _run(self) -> MemberOutcome:
+        await self._start()
+        while True:
+            limit = self._limit_reached()
+            if limit is not None:
+                return self.outcome("incomplete", limit[1], limit=limit[0])
+            self.turn += 1
+            content, stop_reason = await self._call_model()
+            tool_uses = [b for b in content if b.get("type") == "tool_use"]
+            if not tool_uses:
+                if stop_reason == "pause_turn":
+                    continue
+                if self.nudged:
+                    return self.outcome(
+                        "incomplete",
+                        "the model stopped without calling submit_result, even after a reminder",
+                        limit="no_result",
+                    )
+                self.nudged = True
+                self._append({"role": "user", "content": [{"type": "text", "text": NUDGE}]})
+                continue
+            await self._run_tools(tool_uses)
+            if self.gate.accepted is not None:
+                return await self._accept()
+
+    async def _start(self) -> None:
+        if self.kind.setup is not None:
+            await self.kind.setup(self.tool_ctx)
+        memory = await self.context.start()
+        blocks = [{"type": "text", "text": self.spec.task}]
+        if self.spec.inputs:
+            inputs = json.dumps(self.spec.inputs, indent=1, ensure_ascii=False, default=str)
+            blocks.append({"type": "text", "text": f"Inputs (JSON):\n{inputs}"})
+        if memory:
+            blocks.append({"type": "text", "text": memory})
+        self._append({"role": "user", "content": blocks})
+
+    def _limit_reached(self) -> tuple[LimitName, str] | None:
+        done = f"after {self.turn} turns and {self.tool_calls} tool calls"
+        if self.turn >= self.limits.max_turns:
+            return "turns", f"reached the limit of {self.limits.max_turns} turns ({done})"
+        cap = self.limits.max_tokens
+        if cap is not None and self.usage.total >= cap:
+            return "tokens", f"used {self.usage.total} tokens of the {cap}-token limit ({done})"
+        return None
+
+    def _append(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+        self.trace.emit(
+            Messages(span=self.turn_span, parent=self.spec.id, turn=self.turn, messages=[message])
+        )
+
+    async def _call_model(self) -> tuple[list[dict[str, Any]], str | None]:
+        """One model call; appends and traces the assistant message."""
+        sent = await self.context.prepare(
+            self.messages, turn=self.turn, system=self.system, tools=self.tool_defs
+        )
+        profile = self.model.profile
+        # model_construct: the messages were built by this loop (already valid); not
+        # re-validating hundreds of dicts keeps harness CPU per turn flat.
+        request = ModelRequest.model_construct(
+            system=self.system,
+            messages=sent,
+            tools=self.tool_defs,
+            max_tokens=min(self.limits.max_output_tokens, profile.max_output),
+            temperature=None,
+            tool_choice=None,
+            context_management=_server_side(self.spec.context.server_side),
+        )
+        response = await self.model.complete(request)
+        message = response.message
+        self.offline = self.offline or response.offline
+        self.usage.add(message.usage, profile)
+        self.context.observe_usage(message.usage, sent)
+        content = [b.model_dump(mode="json", exclude_none=True) for b in message.content]
+        usage = message.usage
+        self.trace.emit(
+            ModelCall(
+                span=f"{self.turn_span}/model",
+                parent=self.turn_span,
+                turn=self.turn,
+                model=message.model or profile.name,
+                stop_reason=message.stop_reason,
+                input_tokens=usage.input_tokens or 0,
+                output_tokens=usage.output_tokens or 0,
+                cache_read_tokens=usage.cache_read_input_tokens or 0,
+                cache_write_tokens=usage.cache_creation_input_tokens or 0,
+                context_tokens=(usage.input_tokens or 0)
+                + (usage.cache_read_input_tokens or 0)
+                + (usage.cache_creation_input_tokens or 0),
+                latency_s=round(response.latency_s, 4),
+                retries=response.retries,
+                offline=response.offline,
+                content=content,
+            )
+        )
+        texts = [b["text"] for b in content if b.get("type") == "text" and b.get("text")]
+        if texts:
+            self.last_text = texts[-1][-1_000:]
+        # The API refuses an empty assistant message later in the conversation.
+        self._append(
+            {"role": "assistant", "content": content or [{"type": "text", "text": "(no output)"}]}
+        )
+        return content, message.stop_reason
+
+    async def _run_tools(self, tool_uses: list[dict[str, Any]]) -> None:
+        """Run every tool_use concurrently; append their results as one user message."""
+        results: list[dict[str, Any]] = [{} for _ in tool_uses]
+        crashes: list[SandboxCrashed] = []
+        async with anyio.create_task_group() as tg:
+            for i, block in enumerate(tool_uses):
+                tg.start_soon(self._one_tool, i, block, results, crashes, tg.cancel_scope)
+        if crashes:
+            raise crashes[0]
+        self._append({"role": "user", "content": results})
+
+    async def _one_tool(
+        self,
+        i: int,
+        block: dict[str, Any],
+        results: list[dict[str, Any]],
+        crashes: list[SandboxCrashed],
+        group: anyio.CancelScope,
+    ) -> None:
+        call_id, name, raw = block["id"], block.get("name", ""), block.get("input")
+        span = f"{self.turn_span}/{call_id}"
+        self.tool_calls += 1
+        self.trace.emit(
+            ToolCall(
+                span=span,
+                parent=self.turn_span,
+                turn=self.turn,
+                call_id=call_id,
+                tool=name,
+                input=raw if isinstance(raw, dict) else {"_raw": raw},
+            )
+        )
+        started = time.monotonic()
+        try:
+            out = await self.registry.call(name, raw, self.tool_ctx)
+        except SandboxCrashed as exc:
+            # The box is gone: the siblings cannot succeed either.
+            crashes.append(exc)
+            group.cancel()
+            return
+        text, offloaded = out.text or "(no output)", None
+        if not out.is_error and name != SUBMIT_TOOL:
+            text, offloaded = await self.context.admit_tool_result(call_id, name, text)
+        if out.files_written:
+            self.context.note_files_written(out.files_written)
+        result: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": call_id,
+            "content": [{"type": "text", "text": text}, *out.attachments],
+        }
+        if out.is_error:
+            result["is_error"] = True
+        results[i] = result
+        self.recent.append(f"{name}({_short(raw)}) -> {'error' if out.is_error else 'ok'}")
+        self.trace.emit(
+            ToolResult(
+                span=span,
+                parent=self.turn_span,
+                turn=self.turn,
+                call_id=call_id,
+                tool=name,
+                is_error=out.is_error,
+                duration_s=round(time.monotonic() - started, 4),
+                output=text[:TRACE_OUTPUT_CHARS],
+                output_chars=len(text),
+                truncated=out.truncated,
+                offloaded=offloaded,
+            )
+        )
+
+    async def _accept(self) -> MemberOutcome:
+        """The accepted submission, finished by the kind (e.g. the coding patch)."""
+        data = dict(self.gate.accepted or {})
+        if self.kind.finalize is not None:
+            data = await self.kind.finalize(data, self.tool_ctx)
+        if not self.gate.truncated:
+            # A cut result may break length constraints; an uncut one must fit exactly.
+            try:
+                data = self.kind.result_model.model_validate(data).model_dump(mode="json")
+            except ValidationError as exc:
+                raise RuntimeError(
+                    f"kind {self.kind.name!r} built an invalid result: {exc}"
+                ) from exc
+        return self.outcome("ok", "", result=data)
+
+    def outcome(
+        self,
+        status: Status,
+        reason: str,
+        *,
+        limit: LimitName | None = None,
+        retryable: bool = False,
+        result: dict[str, Any] | None = None,
+    ) -> MemberOutcome:
+        """The member's outcome as of now (also used for crashed / failed ends)."""
+        from .member import MemberOutcome, Progress
+
+        progress = None
+        if status != "ok":
+            progress = Progress(
+                turns=self.turn,
+                last_actions=list(self.recent),
+                todos=self._todos(),
+                last_text=self.last_text,
+            )
+        u = self.usage
+        return MemberOutcome(
+            member=self.spec.id,
+            kind=self.kind.name,
+            status=status,
+            reason=reason,
+            result=result,
+            limit=limit,
+            progress=progress,
+            result_truncated=self.gate.truncated and status == "ok",
+            retryable=retryable,
+            turns=self.turn,
+            input_tokens=u.input,
+            output_tokens=u.output,
+            cache_read_tokens=u.cache_read,
+            cache_write_tokens=u.cache_write,
+            cost_usd=round(u.cost_usd, 6),
+            offline=self.offline,
+        )
+
+    def _todos(self) -> list[dict[str, Any]]:
+        state = getattr(self.context, "todos", None)
+        items = getattr(state, "items", None) or []
+        return [i.model_dump() if hasattr(i, "model_dump") else dict(i) for i in items]
+
+
+def _server_side(mode: str | None) -> dict[str, Any] | None:
+    """Messages API context-management edits for the job's server-side choice."""
+    if mode == "compact":
+        return {"edits": [{"type": "compact_20260112"}]}
+    if mode == "clear_tool_uses":
+        return {"edits": [{"type": "clear_tool_uses_20250919"}]}
+    return None
+
+
+def _short(raw: Any, limit: int = 80) -> str:
+    text = json.dumps(raw, ensure_ascii=False, default=str) if raw is not None else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."

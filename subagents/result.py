@@ -1,0 +1,175 @@
+"""The member's final answer: the ``submit_result`` tool, its validation and its cap.
+
+A member ends by calling ``submit_result`` whose input schema is its kind's result
+model. :class:`ResultGate` decides what happens to each call:
+
+* arguments that fail the model -> an error result listing every problem; the model
+  tries again (an error is never taken as the answer);
+* a valid result over the cap (default 2,000 tokens: the coordinator wants a
+  distilled summary, not the exploration) -> sent back *once* with the measured size
+  and the cap, asking for a condensed version;
+* still over the cap after that -> accepted, truncated to fit with a visible marker
+  (longest strings shortened first, then trailing list items dropped), and flagged.
+
+The gate keeps the member's progress even when it is never satisfied: the loop asks
+it whether a result was accepted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ValidationError
+
+from .tools.base import Tool, ToolContext, ToolOutput
+from .tools.registry import format_validation_error
+
+SUBMIT_TOOL = "submit_result"
+TRUNCATION_MARKER = " [...truncated by Fleet: result over its {cap}-token cap]"
+
+
+def estimate_tokens(text: str) -> int:
+    """A cheap local estimate (about 4 characters per token for English and JSON)."""
+    return (len(text) + 3) // 4
+
+
+class ResultGate:
+    """Validates ``submit_result`` calls and enforces the result cap."""
+
+    def __init__(
+        self,
+        model: type[BaseModel],
+        *,
+        cap_tokens: int = 2_000,
+        estimate: Callable[[str], int] = estimate_tokens,
+    ) -> None:
+        self.model = model
+        self.cap_tokens = cap_tokens
+        self.estimate = estimate
+        self.condense_asked = False
+        """True once an oversized result was sent back for condensing."""
+        self.accepted: dict[str, Any] | None = None
+        """The accepted result (JSON-ready), once there is one."""
+        self.truncated = False
+        """True when the accepted result was cut to fit the cap."""
+        self.attempts = 0
+
+    def tool(self, description: str) -> Tool:
+        """The ``submit_result`` tool for this gate (its schema is the result model)."""
+        return _SubmitTool(self, description)
+
+    def submit(self, raw: Any) -> ToolOutput:
+        """Judge one ``submit_result`` call; the text says what happened and why."""
+        self.attempts += 1
+        if self.accepted is not None:
+            return ToolOutput("A result was already accepted; the member is finishing.")
+        try:
+            value = self.model.model_validate(raw if raw is not None else {})
+        except ValidationError as exc:
+            return ToolOutput(format_validation_error(SUBMIT_TOOL, exc), is_error=True)
+        data = value.model_dump(mode="json")
+        tokens = self.estimate(json.dumps(data, ensure_ascii=False))
+        if tokens > self.cap_tokens:
+            if not self.condense_asked:
+                self.condense_asked = True
+                return ToolOutput(
+                    f"Result not accepted: it is about {tokens} tokens and the cap is "
+                    f"{self.cap_tokens}. Condense it - keep the conclusions, evidence and "
+                    "what the reader must act on, drop exploration detail - and call "
+                    f"{SUBMIT_TOOL} again.",
+                    is_error=True,
+                )
+            data = truncate_to_cap(data, self.cap_tokens, self.estimate)
+            self.truncated = True
+        self.accepted = data
+        note = " (truncated to the cap, marked)" if self.truncated else ""
+        return ToolOutput(f"Result accepted{note}. Stop here; do not call more tools.")
+
+
+class _SubmitTool(Tool):
+    name: ClassVar[str] = SUBMIT_TOOL
+    description: ClassVar[str] = ""
+
+    def __init__(self, gate: ResultGate, description: str) -> None:
+        self.gate = gate
+        self.description = description  # type: ignore[misc]
+        self.Input = gate.model  # type: ignore[misc]
+
+    async def run(self, args: Any, ctx: ToolContext) -> ToolOutput:
+        return self.gate.submit(args.model_dump(mode="json"))
+
+
+def truncate_to_cap(
+    data: dict[str, Any], cap_tokens: int, estimate: Callable[[str], int] = estimate_tokens
+) -> dict[str, Any]:
+    """Shorten ``data`` until its JSON fits ``cap_tokens``, marking every cut.
+
+    The longest string is halved first (repeatedly), so short fields - names, URLs,
+    flags - survive intact; when strings cannot shrink further, trailing list items
+    are dropped. The marker makes the cut visible to whoever reads the result.
+    """
+    marker = TRUNCATION_MARKER.format(cap=cap_tokens)
+    out = json.loads(json.dumps(data))
+
+    def size() -> int:
+        return estimate(json.dumps(out, ensure_ascii=False))
+
+    for _ in range(500):
+        if size() <= cap_tokens:
+            return out
+        path, text = _longest_string(out)
+        if path is not None and len(text) > 4 * len(marker):
+            body = text.removesuffix(marker)
+            _set(out, path, body[: len(body) // 2] + marker)
+            continue
+        if not _drop_last_item(out):
+            break
+    return out
+
+
+def _walk(node: Any, path: tuple[Any, ...] = ()):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk(v, (*path, i))
+    elif isinstance(node, str):
+        yield path, node
+
+
+def _longest_string(node: Any) -> tuple[tuple[Any, ...] | None, str]:
+    best: tuple[tuple[Any, ...] | None, str] = (None, "")
+    for path, text in _walk(node):
+        if len(text) > len(best[1]):
+            best = (path, text)
+    return best
+
+
+def _set(node: Any, path: tuple[Any, ...], value: Any) -> None:
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+
+
+def _drop_last_item(node: Any) -> bool:
+    """Drop the last item of the longest list (by JSON size); False when none is left."""
+    lists: list[list[Any]] = []
+
+    def collect(n: Any) -> None:
+        if isinstance(n, dict):
+            for v in n.values():
+                collect(v)
+        elif isinstance(n, list):
+            if n:
+                lists.append(n)
+            for v in n:
+                collect(v)
+
+    collect(node)
+    if not lists:
+        return False
+    max(lists, key=lambda lst: len(json.dumps(lst))).pop()
+    return True
