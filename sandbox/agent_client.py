@@ -154,6 +154,17 @@ class AgentStream:
             if rid in self._waiting:
                 self._done[rid] = frame
 
+    def alive(self) -> bool:
+        """Cheap, non-blocking: False once the stream has ended (the box or agent died)."""
+        if self.broken:
+            return False
+        try:
+            return self._sock.recv(1, socket.MSG_PEEK) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
     def _break(self, message: str) -> StreamBroken:
         self.broken = StreamBroken(message, self._demux.stderr.decode("utf-8", "replace"))
         self.close()

@@ -317,6 +317,12 @@ class DockerSandbox(Sandbox):
             self._cdp = url
         return self._cdp
 
+    def looks_alive(self) -> bool:
+        """Without an engine call: not closed, not crashed, agent stream still open."""
+        if self._closed or self._crashed is not None:
+            return False
+        return self._agent is None or self._agent.alive()
+
     async def check(self) -> None:
         self._ensure_usable()
         await self._raise_if_dead()
@@ -408,8 +414,10 @@ class DockerBackend(SandboxBackend):
                     run, spec.network.allow, proxy_image, reaper.proxy_labels(run)
                 )
                 env.update(proxy_env(ip))
-        if command is None and spec.kind == "coding":
-            command = _CODING_COMMAND
+        if command is None and (
+            spec.kind == "coding" or (spec.kind == "service" and not spec.image)
+        ):
+            command = _CODING_COMMAND  # a service box of a named image runs that image's server
         args = (spec, image, labels, env, network, aliases, command, run, member)
         info = await anyio.to_thread.run_sync(self._create_sync, *args)
         box = DockerSandbox(self, info, spec, run, member)

@@ -1,0 +1,160 @@
+"""Box lifecycle: labels, gc of orphans and expired boxes, cleanup on cancel, the warm pool."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import anyio
+import pytest
+from conftest import remove_run
+
+from sandbox import reaper
+from sandbox.base import BoxInfo
+from sandbox.docker import DockerBackend
+from sandbox.pool import SandboxPool
+from sandbox.spec import SandboxSpec
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def fleet_home(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FLEET_HOME", str(tmp_path / "fleet-home"))
+
+
+@pytest.fixture
+def backend(docker_client, images) -> DockerBackend:
+    return DockerBackend(docker_client, images=images)
+
+
+def _others(boxes: list[BoxInfo], nets: list[dict], mine: set[str]) -> set[str]:
+    """Every run on the engine except ours: gc in a test must never touch other work."""
+    runs = {b.run for b in boxes} | {(n.get("Labels") or {}).get("fleet.run", "") for n in nets}
+    return runs - mine
+
+
+async def test_boxes_carry_labels_and_show_in_listing(
+    backend: DockerBackend, run_id: str, docker_client
+) -> None:
+    spec = SandboxSpec(ttl_s=120, labels={"team": "x"})
+    async with await backend.create(spec, run=run_id, member="lab") as box:
+        labels = docker_client.api.inspect_container(box.id)["Config"]["Labels"]
+        assert labels["fleet.run"] == run_id and labels["fleet.member"] == "lab"
+        assert labels["fleet.kind"] == "coding" and labels["fleet.ttl"] == "120"
+        assert labels["fleet.keep"] == "0" and labels["team"] == "x"
+        assert abs(float(labels["fleet.created"]) - time.time()) < 60
+        listed = await backend.list_boxes(run=run_id)
+        assert [(b.member, b.status) for b in listed] == [("lab", "running")]
+    assert await backend.list_boxes(run=run_id) == []
+
+
+async def test_gc_removes_orphans_and_expired_boxes_and_keeps_live_ones(
+    backend: DockerBackend, run_id: str, docker_client
+) -> None:
+    orphan_run = f"test-{uuid.uuid4().hex[:12]}"
+    try:
+        live_box = await backend.create(SandboxSpec(), run=run_id, member="live")
+        expired = await backend.create(SandboxSpec(ttl_s=1), run=run_id, member="old")
+        orphan = await backend.create(SandboxSpec(kind="service"), run=orphan_run, member="orphan")
+        assert docker_client.api.networks(names=[f"fleet-run-{orphan_run}"])
+        # The orphan's owner "died": its marker names a pid that no longer exists.
+        reaper.mark_done(orphan_run)
+        reaper.mark_live(orphan_run, pid=2**22 + 17)
+        live = reaper.live_runs()
+        assert run_id in live and orphan_run not in live
+        others = _others(
+            reaper.list_boxes(docker_client), docker_client.api.networks(), {run_id, orphan_run}
+        )
+        removed = await backend.gc(live_runs=live | others, now=time.time() + 5)
+        gone = {(b.run, b.member) for b in removed}
+        assert gone == {(orphan_run, "orphan"), (run_id, "old")}
+        assert [b.member for b in await backend.list_boxes(run=run_id)] == ["live"]
+        assert await backend.list_boxes(run=orphan_run) == []
+        assert not docker_client.api.networks(names=[f"fleet-run-{orphan_run}"])
+        assert (await live_box.exec("echo ok")).stdout == "ok\n"
+        for box in (live_box, expired, orphan):
+            await box.close()
+    finally:
+        remove_run(docker_client, orphan_run)
+
+
+async def test_cancelled_owner_still_removes_its_box(backend: DockerBackend, run_id: str) -> None:
+    with anyio.move_on_after(1.0):
+        async with await backend.create(SandboxSpec(), run=run_id, member="c") as box:
+            await box.exec("sleep 30", timeout=60)
+    assert await backend.list_boxes(run=run_id) == []
+
+
+async def test_keep_leaves_the_box_for_debugging(backend: DockerBackend, run_id: str) -> None:
+    async with await backend.create(SandboxSpec(keep=True), run=run_id, member="k"):
+        pass
+    kept = await backend.list_boxes(run=run_id)
+    assert [(b.member, b.keep) for b in kept] == [("k", True)]
+    assert await backend.remove_run(run_id) == 1
+    assert await backend.list_boxes(run=run_id) == []
+
+
+async def test_pool_hands_out_distinct_prestarted_boxes_and_never_reuses_them(
+    backend: DockerBackend, run_id: str
+) -> None:
+    async with SandboxPool(backend, SandboxSpec(), run=run_id, min_idle=2, max_size=4) as pool:
+        with anyio.fail_after(30):
+            await pool.wait_idle(2)
+        start = time.perf_counter()
+        a = await pool.acquire("m1")
+        fast = time.perf_counter() - start
+        b = await pool.acquire("m2")
+        assert a.id != b.id and fast < 0.5
+        await a.write_file("secret.txt", "m1 only")
+        ids = {a.id, b.id}
+        await pool.release(a)
+        await pool.release(b)
+        with anyio.fail_after(30):
+            await pool.wait_idle(2)
+        async with pool.box("m3") as c:
+            assert c.id not in ids
+            assert not (await c.exec("test -e /workspace/secret.txt")).ok
+        listed = await backend.list_boxes(run=run_id)
+        assert not ids & {x.id for x in listed}
+        assert len(listed) <= 4
+    assert await backend.list_boxes(run=run_id) == []
+
+
+def test_doomed_rule_is_ttl_or_run_over_unless_kept() -> None:
+    now = 1000.0
+
+    def box(run: str, created: float, ttl: float, keep: bool = False) -> BoxInfo:
+        return BoxInfo(
+            id="x",
+            name="n",
+            kind="coding",
+            run=run,
+            member="m",
+            status="running",
+            created=created,
+            ttl_s=ttl,
+            keep=keep,
+        )
+
+    boxes = [
+        box("live", 900, 50),
+        box("live", 990, 50),
+        box("dead", 990, 50),
+        box("dead", 990, 50, keep=True),
+        box("dead", 900, 50, keep=True),
+    ]
+    picked = reaper.doomed(boxes, {"live"}, now, everything=False)
+    assert [(b.run, b.created, b.keep) for b in picked] == [
+        ("live", 900, False),
+        ("dead", 990, False),
+        ("dead", 900, True),
+    ]
+    assert len(reaper.doomed(boxes, {"live"}, now, everything=True)) == 5
+    assert os.getpid()  # the live registry keys on pids; see test above
