@@ -1,0 +1,305 @@
+"""ContextManager: the one object the loop talks to about its context window.
+
+The loop owns the conversation (a list of ``MessageParam`` dicts whose first user
+message holds the task verbatim) and calls, per member: :meth:`start` once,
+:meth:`admit_tool_result` for every tool result, :meth:`observe_usage` after every
+model call, :meth:`prepare` before every model call, and :meth:`finish` at the end
+(failure included). :meth:`prepare` works on the loop's list in place and returns
+it: offloads and clips rewrite old blocks, compaction replaces the list's content,
+recitation appends a block to the last user message. When the context is small,
+:meth:`prepare` costs one cached estimate and nothing else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from sandbox.base import Sandbox
+
+from ..model_base import Model, ModelProfile
+from ..tools.base import Tool
+from ..trace import Clip, Compaction, Offload, TraceWriter
+from . import compaction as comp
+from .budget import Budget
+from .clip import clip_old_writes
+from .config import ContextConfig
+from .memory import MemoryStore, MemoryTool, cap_text, wrap_memory
+from .offload import OFFLOAD_MARK, Offloader, old_results, result_text, save_artifact, tool_names
+from .todos import TodoState, WriteTodos
+from .tokens import TokenCounter, estimate_text
+
+
+class ContextManager:
+    """Budget, offload, clip, compaction, todos and memory for one member."""
+
+    def __init__(
+        self,
+        config: ContextConfig,
+        *,
+        profile: ModelProfile,
+        model: Model,
+        sandbox: Sandbox | None,
+        run_dir: Path,
+        trace: TraceWriter,
+        task: str,
+        memory_dir: Path | None,
+        todos_enabled: bool,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.sandbox = sandbox
+        self.run_dir = Path(run_dir)
+        self.trace = trace
+        self.task = task
+        self.limits = Budget.from_config(config, profile.context_window)
+        self.budget = self.limits.tokens
+        self.counter = TokenCounter()
+        self.offloader = Offloader(config, sandbox, self.run_dir)
+        self.todos = TodoState(trace) if todos_enabled else None
+        self.memory = (
+            MemoryStore(
+                config,
+                host_dir=Path(memory_dir),
+                work_dir=self.run_dir / "memory",
+                sandbox=sandbox,
+                trace=trace,
+            )
+            if memory_dir is not None
+            else None
+        )
+        self.files_written: list[str] = []
+        """Paths the member wrote, most recent last, without repeats."""
+        self.compactions = 0
+        self.peak_tokens = 0
+        """Largest context :meth:`prepare` let through (for benches and traces)."""
+        self._server_compactions_seen: set[int] = set()
+        self._sent_with: tuple[Any, list[dict]] = ("", [])
+        """System prompt and tools of the last :meth:`prepare`, for :meth:`observe_usage`."""
+
+    # -- setup and teardown ---------------------------------------------------------
+
+    def tools(self) -> list[Tool]:
+        """The context tools this member gets: write_todos (if enabled), memory (if any)."""
+        tools: list[Tool] = []
+        if self.todos is not None:
+            tools.append(WriteTodos(self.todos))
+        if self.memory is not None:
+            tools.append(MemoryTool(self.memory))
+        return tools
+
+    async def start(self) -> str:
+        """Load the memory; returns the wrapped, capped text for the first message."""
+        if self.memory is None:
+            return ""
+        return await self.memory.start()
+
+    async def finish(self) -> None:
+        """Save memory edits back to the host. Call it whatever the member's outcome."""
+        if self.memory is not None:
+            await self.memory.save()
+
+    # -- per tool result ------------------------------------------------------------
+
+    async def admit_tool_result(self, call_id: str, tool: str, text: str) -> tuple[str, str | None]:
+        """(text for the model, offload path or None): large results become pointers."""
+        if not self.offloader.too_large(text):
+            return text, None
+        pointer, saved, tokens = await self.offloader.offload(call_id, tool, text)
+        self.trace.emit(Offload(call_id=call_id, path=saved.for_model, tokens=tokens))
+        return pointer, saved.for_model
+
+    def note_files_written(self, paths: list[str]) -> None:
+        """Remember files the member changed (for clipping and post-compaction re-reads)."""
+        for path in paths:
+            if path in self.files_written:
+                self.files_written.remove(path)
+            self.files_written.append(path)
+
+    # -- accounting -----------------------------------------------------------------
+
+    def observe_usage(
+        self, usage: Any, sent_messages: list[dict], system: Any = "", tools: list | None = None
+    ) -> None:
+        """Record the API's input count for the context just sent (call it before
+        appending the response). System and tools default to those of the last prepare."""
+        if tools is None:
+            system, tools = self._sent_with
+        self.counter.observe(usage, sent_messages, system, tools)
+
+    def estimate(self, messages: list[dict], system: Any, tools: list[dict]) -> int:
+        """Tokens of this context: API-anchored prefix plus local estimate of the rest."""
+        return self.counter.count(messages, system, tools)
+
+    def context_management(self) -> dict[str, Any] | None:
+        """Server-side context management edits for the request, when the config asks."""
+        mode = self.config.server_side
+        if mode == "compact":
+            edit: dict[str, Any] = {
+                "type": "compact_20260112",
+                "trigger": {"type": "input_tokens", "value": self.limits.trigger},
+            }
+            if self.config.compaction_instructions:
+                edit["instructions"] = self.config.compaction_instructions
+            return {"edits": [edit]}
+        if mode == "clear_tool_uses":
+            return {
+                "edits": [
+                    {
+                        "type": "clear_tool_uses_20250919",
+                        "trigger": {"type": "input_tokens", "value": self.limits.clip_at},
+                        "keep": {"type": "tool_uses", "value": self.config.keep_recent_results},
+                    }
+                ]
+            }
+        return None
+
+    # -- before every model call ----------------------------------------------------
+
+    async def prepare(
+        self, messages: list[dict], *, turn: int, system: Any, tools: list[dict]
+    ) -> list[dict]:
+        """Make the context fit (clip, offload, compact, in that order) and recite todos."""
+        self._sent_with = (system, tools)
+        self._note_server_compaction(messages, turn)
+        tokens = self.estimate(messages, system, tools)
+        if tokens > self.limits.clip_at:
+            tokens = self._clip(messages, turn, system, tools, tokens)
+        if tokens > self.limits.trigger:
+            tokens = await self._offload_old(messages, turn, system, tools, tokens)
+        if tokens > self.limits.trigger and self.config.server_side != "compact":
+            tokens = await self.compact(messages, turn=turn, system=system, tools=tools)
+        if self.todos is not None and self.todos.due(turn, self.config.recite_every):
+            recited = self.todos.recite(messages, turn)
+            if recited is not None:
+                tokens += estimate_text(recited["content"][-1]["text"])
+        self.peak_tokens = max(self.peak_tokens, tokens)
+        return messages
+
+    def _clip(self, messages: list[dict], turn: int, system: Any, tools: list, tokens: int) -> int:
+        report = clip_old_writes(messages, self.config)
+        if not report.call_ids:
+            return tokens
+        for message in report.messages:
+            self.counter.forget(message)
+        self.trace.emit(Clip(call_ids=report.call_ids, tokens_saved=report.tokens_saved, turn=turn))
+        return self.estimate(messages, system, tools)
+
+    async def _offload_old(
+        self, messages: list[dict], turn: int, system: Any, tools: list, tokens: int
+    ) -> int:
+        """Offload older results, oldest first, until under the clip threshold."""
+        names: dict[str, str] | None = None
+        for index, block in old_results(messages, self.config.keep_recent_results):
+            if tokens <= self.limits.clip_at:
+                break
+            text = result_text(block)
+            if text is None or text.startswith(OFFLOAD_MARK):
+                continue
+            size = estimate_text(text)
+            if size < self.config.old_result_min_tokens:
+                continue
+            if names is None:
+                names = tool_names(messages)
+            call_id = block.get("tool_use_id", "")
+            pointer, saved, size = await self.offloader.offload(
+                call_id, names.get(call_id, "tool"), text
+            )
+            block["content"] = pointer
+            self.counter.forget(messages[index])
+            self.trace.emit(
+                Offload(
+                    call_id=call_id,
+                    path=saved.for_model,
+                    tokens=size,
+                    reason="over_budget",
+                    turn=turn,
+                )
+            )
+            tokens = self.estimate(messages, system, tools)
+        return tokens
+
+    async def compact(
+        self, messages: list[dict], *, turn: int, system: Any = "", tools: list | None = None
+    ) -> int:
+        """Summarize and replace ``messages`` in place; returns the new context's tokens."""
+        tools = tools or []
+        before = self.estimate(messages, system, tools)
+        self.compactions += 1
+        name = f"compaction-{self.compactions:03d}.jsonl"
+        saved = await save_artifact(
+            self.sandbox,
+            self.run_dir,
+            self.config.box_dir,
+            "transcripts",
+            name,
+            comp.transcript_jsonl(messages),
+        )
+        summary, _ = await comp.summarize(self.model, messages, self.config)
+        trigger = self.limits.trigger
+        files = await comp.reread_files(
+            self.sandbox,
+            list(reversed(self.files_written))[: self.config.reread_files],
+            per_file=self.config.reread_file_tokens,
+            total=min(self.config.reread_total_tokens, int(trigger * 0.3)),
+        )
+        new = comp.build_context(
+            task=self.task,
+            memory=await self._current_memory(),
+            summary=summary,
+            transcript_path=saved.for_model,
+            number=self.compactions,
+            todos=self.todos.render() if self.todos and self.todos.items else "",
+            files=files,
+        )
+        messages[:] = new
+        self.counter.reset()
+        if self.todos is not None:
+            # The list is in the new context already: count from here.
+            self.todos.changed = False
+            self.todos.last_recited_turn = turn
+        after = self.estimate(messages, system, tools)
+        self.trace.emit(
+            Compaction(
+                tokens_before=before,
+                tokens_after=after,
+                summary=summary,
+                transcript_path=saved.for_model,
+                turn=turn,
+            )
+        )
+        return after
+
+    async def _current_memory(self) -> str:
+        if self.memory is None:
+            return ""
+        body = await anyio.to_thread.run_sync(self.memory.load_body)
+        if not body.strip():
+            return ""
+        text, note = cap_text(body, self.config.memory_max_lines, self.config.memory_max_bytes)
+        return wrap_memory(text, note)
+
+    def _note_server_compaction(self, messages: list[dict], turn: int) -> None:
+        """Trace a compaction the API did (server-side passthrough), once per block."""
+        if self.config.server_side != "compact" or len(messages) < 2:
+            return
+        content = messages[-2].get("content")
+        if not isinstance(content, list):
+            return
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "compaction":
+                if id(block) in self._server_compactions_seen:
+                    continue
+                self._server_compactions_seen.add(id(block))
+                self.trace.emit(
+                    Compaction(
+                        tokens_before=0,
+                        tokens_after=self.estimate(messages, "", []),
+                        summary=str(block.get("content", ""))[:4_000],
+                        transcript_path="",
+                        server_side=True,
+                        turn=turn,
+                    )
+                )

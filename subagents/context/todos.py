@@ -1,0 +1,125 @@
+"""Todo-state and recitation: the plan as a mutable artifact, kept in recent attention.
+
+The agent rewrites its whole list with ``write_todos`` (rewriting, not patching, is
+what recites the objectives). The harness then appends the list to the end of the
+context when it changed and every ``recite_every`` turns, so the plan sits where
+attention is strongest instead of drifting into the middle of a long window. The
+list lives outside the messages, so compaction cannot summarize it away: the new
+context gets it verbatim. Opt-in per member (evals show it costs a little on short
+tasks and helps on long multi-step ones), default on for coding members.
+
+Recitation is appended as a text block to the last user message in place, so it
+becomes part of the history at that point and the cached prefix before it is
+untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..tools.base import Tool, ToolContext, ToolError, ToolOutput
+from ..trace import Todos, TraceWriter
+
+TODO_TAG = "todo_list"
+_STATUS_MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]"}
+
+
+class TodoItem(BaseModel):
+    """One step of the plan."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str = Field(min_length=1, max_length=500)
+    """What to do, as an imperative sentence."""
+    status: Literal["pending", "in_progress", "completed"] = "pending"
+    """pending, in_progress (at most one at a time) or completed."""
+
+
+class TodoState:
+    """The member's current list and when it was last recited."""
+
+    def __init__(self, trace: TraceWriter | None = None) -> None:
+        self.items: list[TodoItem] = []
+        self.changed = False
+        self.last_recited_turn: int | None = None
+        self.trace = trace
+
+    def replace(self, items: list[TodoItem]) -> None:
+        self.items = list(items)
+        self.changed = True
+        if self.trace is not None:
+            self.trace.emit(Todos(todos=[i.model_dump() for i in self.items]))
+
+    def render(self) -> str:
+        """The list as the model sees it."""
+        lines = [f"{_STATUS_MARK[i.status]} {i.content}" for i in self.items]
+        done = sum(i.status == "completed" for i in self.items)
+        return (
+            f"<{TODO_TAG} done={done} total={len(self.items)}>\n"
+            + "\n".join(lines)
+            + f"\n</{TODO_TAG}>"
+        )
+
+    def due(self, turn: int, every: int) -> bool:
+        """Recite now? When the list changed, or ``every`` turns after the last time."""
+        if not self.items:
+            return False
+        if self.changed or self.last_recited_turn is None:
+            return True
+        return turn - self.last_recited_turn >= every
+
+    def recite(self, messages: list[dict[str, Any]], turn: int) -> dict[str, Any] | None:
+        """Append the list to the last user message; returns that message (or None)."""
+        if not messages or messages[-1].get("role") != "user":
+            return None
+        message = messages[-1]
+        if isinstance(message.get("content"), str):
+            message["content"] = [{"type": "text", "text": message["content"]}]
+        text = "Current todo list (update it with write_todos as you progress):\n" + self.render()
+        message["content"].append({"type": "text", "text": text})
+        self.changed = False
+        self.last_recited_turn = turn
+        if self.trace is not None:
+            self.trace.emit(
+                Todos(todos=[i.model_dump() for i in self.items], recited=True, turn=turn)
+            )
+        return message
+
+
+class WriteTodosInput(BaseModel):
+    """Replace the whole todo list."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    todos: list[TodoItem] = Field(max_length=50)
+    """The complete list, in order: every step, with its current status."""
+
+
+class WriteTodos(Tool):
+    """The ``write_todos`` tool: the agent rewrites its plan."""
+
+    name = "write_todos"
+    description = (
+        "Write your plan as a todo list. Send the COMPLETE list every time (it replaces "
+        "the previous one), with each item's status: pending, in_progress or completed. "
+        "Keep at most one item in_progress. Use it for tasks with several steps; mark "
+        "items completed as soon as they are done. The list is shown back to you and "
+        "survives context compaction."
+    )
+    Input = WriteTodosInput
+
+    def __init__(self, state: TodoState) -> None:
+        self.state = state
+
+    async def run(self, args: WriteTodosInput, ctx: ToolContext) -> ToolOutput:
+        active = [i for i in args.todos if i.status == "in_progress"]
+        if len(active) > 1:
+            raise ToolError(
+                f"{len(active)} items are in_progress; keep at most one in_progress "
+                "and mark the others pending or completed"
+            )
+        self.state.replace(args.todos)
+        done = sum(i.status == "completed" for i in args.todos)
+        return ToolOutput(text=f"Todo list updated: {done}/{len(args.todos)} completed.")
