@@ -1,0 +1,118 @@
+"""``fleet trace`` and ``fleet view``: inspect a run's member traces.
+
+``fleet trace RUN`` prints one row per member; ``fleet trace RUN MEMBER`` that member
+turn by turn; ``--json`` gives the same views as stable JSON (pydantic models, fields
+in declaration order, members sorted by id) for scripts; ``--follow`` tails a run
+live; ``--html FILE`` writes the self-contained page; ``--otlp URL`` exports the run
+as OpenTelemetry spans. ``fleet view RUN`` serves the page on 127.0.0.1 only: the
+page embeds task texts and tool outputs, which must not be reachable from the LAN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from coordinator.traceview.detail import member_detail
+from coordinator.traceview.load import RunNotFound, load_run
+from coordinator.traceview.rollup import rollup_run
+from coordinator.traceview.text import format_member, format_run
+
+
+def _usage(message: str) -> Exception:
+    from coordinator.cli import UsageError
+
+    return UsageError(message)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("trace", help="inspect a run's member traces")
+    p.add_argument("run", help="run id (under $FLEET_RUNS_DIR or ./runs) or run directory")
+    p.add_argument("member", nargs="?", help="show this member turn by turn")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--follow", "-f", action="store_true", help="tail the run live until it ends")
+    p.add_argument("--html", metavar="FILE", help="write the self-contained HTML page to FILE")
+    p.add_argument("--otlp", metavar="URL", help="export the run as OTLP/HTTP spans to URL")
+    p.add_argument("--otel-content", action="store_true", help="include message contents in spans")
+    p.add_argument("--limit", type=int, default=2_000, help="characters kept per content (2000)")
+    p.add_argument("--interval", type=float, default=0.5, help="--follow poll interval in seconds")
+    p.set_defaults(func=cmd_trace)
+
+    v = subparsers.add_parser("view", help="serve a run's trace page on 127.0.0.1")
+    v.add_argument("run", help="run id or run directory")
+    v.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (8765; 0 = any)")
+    v.set_defaults(func=cmd_view)
+
+
+def _load(name: str):  # type: ignore[no-untyped-def]
+    try:
+        return load_run(name)
+    except RunNotFound as exc:
+        raise _usage(str(exc)) from None
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    if args.limit < 20:
+        raise _usage(
+            f"--limit {args.limit} is too small; keep at least 20 characters, e.g. --limit 2000."
+        )
+    if args.follow:
+        from coordinator.traceview.follow import follow
+
+        _load(args.run)  # a missing run is a usage error before anything is printed
+        return follow(args.run, sys.stdout, member=args.member, interval=args.interval)
+    run = _load(args.run)
+    ids = [m.id for m in run.members]
+    if args.member is not None and args.member not in ids:
+        raise _usage(
+            f"run {run.id} has no member '{args.member}'; its members are: {', '.join(ids) or 'none yet'}."
+        )
+    done = False
+    if args.html:
+        from coordinator.traceview.html import write_page
+
+        size = write_page(run, Path(args.html), limit=min(args.limit, 1_200))
+        print(f"wrote {args.html} ({size / 1e6:.2f} MB)", file=sys.stderr)
+        done = True
+    if args.otlp:
+        _export_otlp(run, args.otlp, content=args.otel_content)
+        done = True
+    if done:
+        return 0
+    return _print_views(run, args)
+
+
+def _print_views(run, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    if args.member is None:
+        roll = rollup_run(run)
+        print(json.dumps(roll.model_dump(mode="json"), indent=2) if args.json else format_run(roll))
+        return 0
+    member = next(m for m in run.members if m.id == args.member)
+    detail = member_detail(member, limit=args.limit, run_finished=run.finished)
+    print(
+        json.dumps(detail.model_dump(mode="json"), indent=2) if args.json else format_member(detail)
+    )
+    return 0
+
+
+def _export_otlp(run, endpoint: str, *, content: bool) -> None:  # type: ignore[no-untyped-def]
+    try:
+        from coordinator import otel
+    except ImportError as exc:
+        raise _usage(
+            f"OpenTelemetry export needs the 'otel' extra ({exc.name} is missing): "
+            "pip install 'fleet[otel]'."
+        ) from None
+    count = otel.export_run(run, endpoint=endpoint, content=content)
+    print(f"exported {count} spans to {endpoint}", file=sys.stderr)
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from coordinator.traceview.serve import serve_forever
+
+    run = _load(args.run)
+    if not 0 <= args.port <= 65535:
+        raise _usage(f"--port {args.port} is not a TCP port; use 0-65535, e.g. --port 8765.")
+    return serve_forever(run.dir, port=args.port)

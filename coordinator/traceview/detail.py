@@ -1,0 +1,230 @@
+"""A member turn by turn: model calls, tool calls with results, and marks.
+
+Marks are the events that change the context or the member's fate without being a
+call: offloads, clips, compactions, todo recitations, screenshots, retries, errors,
+memory writes and sandbox actions. Long contents are cut to ``limit`` characters and
+carry ``ref`` = ``members/<id>/trace.jsonl:<line>`` (or the offloaded file's path),
+so every view can say where the full text is without copying it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from coordinator.traceview.load import MemberTrace
+from coordinator.traceview.rollup import MemberRollup, clip_text, compact_json, rollup_member
+from subagents.trace import (
+    Clip,
+    Compaction,
+    ErrorEvent,
+    MemberEnd,
+    MemberStart,
+    MemoryWrite,
+    Messages,
+    ModelCall,
+    Offload,
+    Retry,
+    SandboxEvent,
+    Screenshot,
+    Todos,
+    ToolCall,
+    ToolResult,
+)
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelCallView(_View):
+    """One model call of a turn."""
+
+    model: str
+    start: float
+    end: float
+    stop_reason: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    context_tokens: int = 0
+    retries: int = 0
+    text: str = ""
+    """The response's text blocks, joined (cut to the limit)."""
+    truncated: bool = False
+    tool_uses: list[str] = Field(default_factory=list)
+    ref: str = ""
+
+
+class ToolView(_View):
+    """A tool call and its result (when it came back)."""
+
+    call_id: str
+    tool: str
+    start: float
+    end: float | None = None
+    input: str = ""
+    """The input as compact JSON (cut to the limit)."""
+    output: str = ""
+    output_chars: int = 0
+    """Length of the result the model saw, before cutting."""
+    truncated: bool = False
+    is_error: bool = False
+    offloaded: str | None = None
+    ref: str = ""
+
+
+class Mark(_View):
+    """A non-call event: offload, clip, compaction, todos, screenshot, retry, error, ..."""
+
+    kind: str
+    ts: float
+    text: str = ""
+    path: str = ""
+    """A file in the member directory (offloaded result, transcript, screenshot)."""
+    tokens_before: int = 0
+    tokens_after: int = 0
+    summary: str = ""
+    truncated: bool = False
+    ref: str = ""
+
+
+class TurnView(_View):
+    """Everything that happened in one turn."""
+
+    turn: int
+    start: float
+    end: float
+    model_calls: list[ModelCallView] = Field(default_factory=list)
+    tools: list[ToolView] = Field(default_factory=list)
+    marks: list[Mark] = Field(default_factory=list)
+
+
+class MemberDetail(_View):
+    """One member: its rollup, task, turns and final result."""
+
+    rollup: MemberRollup
+    task: str = ""
+    config: dict[str, Any] = Field(default_factory=dict)
+    preamble: list[Mark] = Field(default_factory=list)
+    """Marks before the first model call (sandbox creation, memory loading)."""
+    turns: list[TurnView] = Field(default_factory=list)
+    result: dict[str, Any] | None = None
+    dir: str = ""
+    """The member directory, relative to the run directory."""
+
+
+def _mark(ev: Any, ref: str, limit: int) -> Mark | None:
+    if isinstance(ev, Offload):
+        text = f"{ev.tokens} tokens ({ev.reason}) -> {ev.path}"
+        return Mark(kind="offload", ts=ev.ts, text=text, path=ev.path, ref=ref)
+    if isinstance(ev, Compaction):
+        summary, cut = clip_text(ev.summary, limit)
+        side = " (server-side)" if ev.server_side else ""
+        text = f"{ev.tokens_before} -> {ev.tokens_after} tokens{side}"
+        return Mark(kind="compaction", ts=ev.ts, text=text, path=ev.transcript_path,
+                    tokens_before=ev.tokens_before, tokens_after=ev.tokens_after,
+                    summary=summary, truncated=cut, ref=ref)  # fmt: skip
+    if isinstance(ev, Clip):
+        text = f"{len(ev.call_ids)} old tool inputs clipped, {ev.tokens_saved} tokens saved"
+        return Mark(kind="clip", ts=ev.ts, text=text, ref=ref)
+    if isinstance(ev, Screenshot):
+        return Mark(kind="screenshot", ts=ev.ts, text=ev.url, path=ev.path, ref=ref)
+    if isinstance(ev, Todos):
+        done = sum(1 for t in ev.todos if t.get("status") == "completed")
+        text = f"{done}/{len(ev.todos)} done" + (", recited" if ev.recited else "")
+        return Mark(
+            kind="todos", ts=ev.ts, text=text, summary=compact_json(ev.todos)[:limit], ref=ref
+        )
+    if isinstance(ev, Retry):
+        text = f"{ev.what} attempt {ev.attempt}: {ev.reason}"
+        return Mark(kind="retry", ts=ev.ts, text=text, ref=ref)
+    if isinstance(ev, ErrorEvent):
+        return Mark(kind="error", ts=ev.ts, text=f"{ev.error}: {ev.message}"[:limit], ref=ref)
+    if isinstance(ev, MemoryWrite):
+        return Mark(kind="memory", ts=ev.ts, text=ev.command, path=ev.path, ref=ref)
+    if isinstance(ev, SandboxEvent):
+        return Mark(kind="sandbox", ts=ev.ts, text=f"{ev.action} {ev.box}".strip(), ref=ref)
+    return None
+
+
+def _model_view(ev: ModelCall, ref: str, limit: int) -> ModelCallView:
+    text = "\n".join(b.get("text", "") for b in ev.content if b.get("type") == "text")
+    text, cut = clip_text(text, limit)
+    uses = [str(b.get("name", "")) for b in ev.content if b.get("type") == "tool_use"]
+    return ModelCallView(
+        model=ev.model, start=ev.ts - ev.latency_s, end=ev.ts, stop_reason=ev.stop_reason,
+        input_tokens=ev.input_tokens, output_tokens=ev.output_tokens,
+        cache_read_tokens=ev.cache_read_tokens, cache_write_tokens=ev.cache_write_tokens,
+        context_tokens=ev.context_tokens, retries=ev.retries, text=text, truncated=cut,
+        tool_uses=uses, ref=ref,
+    )  # fmt: skip
+
+
+def member_detail(
+    member: MemberTrace, *, limit: int = 2_000, run_finished: bool = True
+) -> MemberDetail:
+    """Group a member's events by turn, cutting long contents to ``limit`` characters."""
+    prefix = f"members/{member.id}"
+    detail = MemberDetail(rollup=rollup_member(member, run_finished=run_finished), dir=prefix)
+    outcome = member.result or {}
+    if isinstance(outcome.get("result"), dict):
+        detail.result = outcome["result"]
+    turns: dict[int, TurnView] = {}
+    calls: dict[str, ToolView] = {}
+    for ev, line in zip(member.events, member.lines, strict=True):
+        ref = f"{prefix}/trace.jsonl:{line}"
+        if isinstance(ev, MemberStart):
+            detail.task, detail.config = ev.task, ev.config
+            continue
+        if isinstance(ev, MemberEnd):
+            if ev.result is not None:
+                detail.result = ev.result
+            continue
+        if isinstance(ev, Messages):
+            continue  # deltas duplicate the calls and results shown below
+        if ev.turn <= 0 and not isinstance(ev, ModelCall | ToolCall | ToolResult):
+            mark = _mark(ev, ref, limit)
+            if mark is not None:
+                detail.preamble.append(mark)
+            continue
+        view = turns.get(ev.turn)
+        if view is None:
+            view = turns[ev.turn] = TurnView(turn=ev.turn, start=ev.ts, end=ev.ts)
+        _add_to_turn(view, ev, ref, limit, calls, prefix)
+    detail.turns = [turns[k] for k in sorted(turns)]
+    return detail
+
+
+def _add_to_turn(
+    view: TurnView, ev: Any, ref: str, limit: int, calls: dict[str, ToolView], prefix: str
+) -> None:
+    if isinstance(ev, ModelCall):
+        call = _model_view(ev, ref, limit)
+        view.model_calls.append(call)
+        view.start = min(view.start, call.start)
+    elif isinstance(ev, ToolCall):
+        text, cut = clip_text(compact_json(ev.input), limit)
+        tool = ToolView(
+            call_id=ev.call_id, tool=ev.tool, start=ev.ts, input=text, truncated=cut, ref=ref
+        )
+        calls[ev.call_id] = tool
+        view.tools.append(tool)
+    elif isinstance(ev, ToolResult):
+        tool = calls.get(ev.call_id)
+        if tool is None:
+            tool = ToolView(call_id=ev.call_id, tool=ev.tool, start=ev.ts - ev.duration_s)
+            view.tools.append(tool)
+        output, cut = clip_text(ev.output, limit)
+        tool.end, tool.output, tool.output_chars = ev.ts, output, ev.output_chars or len(ev.output)
+        tool.is_error, tool.offloaded = ev.is_error, ev.offloaded
+        tool.truncated = tool.truncated or cut or ev.truncated
+        # The full text lives in the offloaded file when there is one, else in the trace line.
+        tool.ref = f"{prefix}/{ev.offloaded}" if ev.offloaded else ref
+    else:
+        mark = _mark(ev, ref, limit)
+        if mark is not None:
+            view.marks.append(mark)
+    view.end = max(view.end, ev.ts)

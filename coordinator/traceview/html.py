@@ -1,0 +1,172 @@
+"""The self-contained HTML page of a run: one file, inline CSS/JS/data, no network.
+
+The page is a static template (``static/viewer.html``, ``.css``, ``.js``) with the
+run's data inlined as one JSON block; the browser renders it. Keeping data and code
+apart makes the page fast to generate (one ``json.dumps``, no per-turn HTML built in
+Python) and lets the browser build a member's turns only when that member is opened,
+so a 16 x 200-turn run opens instantly. Size is bounded by a content budget: each
+long text is cut to a per-content limit chosen so the whole page stays near
+``budget`` bytes, and every cut text carries the path of its full version.
+Screenshots are embedded as data URIs while they fit an image budget, and linked
+(relative to the page) beyond it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from coordinator.traceview.detail import Mark, MemberDetail, member_detail
+from coordinator.traceview.load import RunTrace
+from coordinator.traceview.rollup import compact_json, rollup_run
+
+TEXT_BUDGET = 3_200_000
+"""Bytes of content text the page aims for (the 5 MB page limit minus structure)."""
+IMAGE_BUDGET = 900_000
+"""Bytes of embedded screenshots (base64) before the rest are linked instead."""
+MAX_EMBEDDED_IMAGE = 96_000
+"""A screenshot file larger than this is always linked, never embedded."""
+_IMAGE_TYPES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".webp": "image/webp",
+}
+
+
+def _content_limit(run: RunTrace, limit: int) -> int:
+    """Per-content character limit so the page's texts fit :data:`TEXT_BUDGET`."""
+    contents = sum(len(m.events) for m in run.members)
+    return max(160, min(limit, TEXT_BUDGET // max(1, contents)))
+
+
+def _r(x: float, base: float) -> float:
+    return round(x - base, 2)
+
+
+class _Images:
+    """Turns screenshot paths into data URIs within a byte budget, else into links."""
+
+    def __init__(self, run_dir: Path, link_base: str) -> None:
+        self.run_dir = run_dir
+        self.link_base = link_base
+        self.left = IMAGE_BUDGET
+
+    def src(self, member_dir: str, path: str) -> str:
+        rel = path if Path(path).is_absolute() else f"{member_dir}/{path}"
+        full = Path(path) if Path(path).is_absolute() else self.run_dir / rel
+        mime = _IMAGE_TYPES.get(full.suffix.lower())
+        try:
+            size = full.stat().st_size
+        except OSError:
+            return self.link_base + rel
+        if mime and size <= MAX_EMBEDDED_IMAGE and size * 4 // 3 < self.left:
+            data = base64.b64encode(full.read_bytes()).decode("ascii")
+            self.left -= len(data)
+            return f"data:{mime};base64,{data}"
+        return self.link_base + rel
+
+
+def _mark(m: Mark, base: float, images: _Images, member_dir: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"k": m.kind, "ts": _r(m.ts, base), "x": m.text}
+    if m.path:
+        out["p"] = m.path
+    if m.kind == "compaction":
+        out |= {"b": m.tokens_before, "a": m.tokens_after, "sm": m.summary, "tr": m.truncated}
+    if m.kind == "screenshot" and m.path:
+        out["src"] = images.src(member_dir, m.path)
+    if m.ref:
+        out["ref"] = m.ref
+    return out
+
+
+def _member_data(d: MemberDetail, base: float, images: _Images) -> dict[str, Any]:
+    r = d.rollup
+    turns = []
+    for t in d.turns:
+        calls = [
+            {"s": _r(c.start, base), "e": _r(c.end, base), "ctx": c.context_tokens,
+             "i": c.input_tokens, "o": c.output_tokens, "cr": c.cache_read_tokens,
+             "cw": c.cache_write_tokens, "stop": c.stop_reason, "x": c.text, "tr": c.truncated,
+             "u": c.tool_uses, "ref": c.ref, "rt": c.retries}
+            for c in t.model_calls
+        ]  # fmt: skip
+        tools = [
+            {"n": x.tool, "id": x.call_id, "s": _r(x.start, base),
+             "e": None if x.end is None else _r(x.end, base), "in": x.input, "out": x.output,
+             "oc": x.output_chars, "tr": x.truncated, "err": x.is_error, "off": x.offloaded,
+             "ref": x.ref}
+            for x in t.tools
+        ]  # fmt: skip
+        marks = [_mark(m, base, images, d.dir) for m in t.marks if m.kind != "sandbox"]
+        turns.append({"n": t.turn, "s": _r(t.start, base), "e": _r(t.end, base), "m": calls,
+                      "t": tools, "k": marks})  # fmt: skip
+    row = r.model_dump(mode="json")
+    row["start"], row["end"] = _r(r.start, base) if r.start else 0, _r(r.end, base) if r.end else 0
+    return {
+        "id": r.member,
+        **row,
+        "task": d.task,
+        "dir": d.dir,
+        "result": None if d.result is None else json.dumps(d.result, indent=2, ensure_ascii=False),
+        "pre": [_mark(m, base, images, d.dir) for m in d.preamble if m.kind != "sandbox"],
+        "turns_detail": turns,
+    }
+
+
+def page_data(run: RunTrace, *, limit: int = 1_200, link_base: str = "") -> dict[str, Any]:
+    """Everything the page shows, with times relative to the run's start."""
+    roll = rollup_run(run)
+    base = roll.start
+    per_content = _content_limit(run, limit)
+    images = _Images(run.dir, link_base)
+    members = [
+        _member_data(member_detail(m, limit=per_content, run_finished=roll.finished), base, images)
+        for m in run.members
+    ]
+    job = compact_json(run.job)
+    return {
+        "run": {
+            "id": roll.run, "finished": roll.finished, "start": base,
+            "duration": roll.duration_s, "totals": roll.totals, "statuses": roll.statuses,
+            "job": job if len(job) < 4_000 else job[:4_000] + "…",
+            "dir": str(run.dir), "limit": per_content,
+        },
+        "members": members,
+    }  # fmt: skip
+
+
+def _asset(name: str) -> str:
+    return (
+        resources.files("coordinator.traceview")
+        .joinpath("static", name)
+        .read_text(encoding="utf-8")
+    )
+
+
+def render_page(run: RunTrace, *, limit: int = 1_200, link_base: str = "") -> str:
+    """The page as one HTML string."""
+    data = json.dumps(page_data(run, limit=limit, link_base=link_base), ensure_ascii=False,
+                      separators=(",", ":"))  # fmt: skip
+    # Inside <script>, "</" could close the element early; "<\/" is the same JSON string.
+    data = data.replace("</", "<\\/")
+    page = _asset("viewer.html")
+    title = f"Fleet run {run.id}".replace("&", "&amp;").replace("<", "&lt;")
+    head, tail = page.split("{{DATA}}", 1)
+    head = head.replace("{{TITLE}}", title).replace("/*{{CSS}}*/", _asset("viewer.css"))
+    tail = tail.replace("/*{{JS}}*/", _asset("viewer.js"))
+    return head + data + tail
+
+
+def write_page(run: RunTrace, out: Path, *, limit: int = 1_200) -> int:
+    """Write the page to ``out`` (links to big files made relative to it); return its size."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    link_base = os.path.relpath(run.dir.resolve(), out.parent.resolve()).replace(os.sep, "/") + "/"
+    text = render_page(run, limit=limit, link_base=link_base)
+    data = text.encode("utf-8")
+    out.write_bytes(data)
+    return len(data)

@@ -1,0 +1,171 @@
+"""Reading a run directory back: the job, the journal and every member's trace.
+
+The run directory is the only interface between a run and its inspection: nothing
+here talks to the coordinator in-process, so ``fleet trace`` works the same on a
+finished run, a crashed one or one still being written (a torn last line is skipped
+and picked up on the next read). Each event keeps its line number so a truncated
+content in a view can point at the exact place of the full text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from subagents.trace import TraceEvent
+
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(TraceEvent)
+
+RUN_END_EVENTS = frozenset({"run_end", "run_finished", "run_done", "run_failed", "run_cancelled"})
+"""Journal records (by their ``event``/``type``/``state`` value) that say the run is over."""
+
+
+class RunNotFound(Exception):
+    """RUN names no run directory; the message lists where we looked."""
+
+
+@dataclass
+class MemberTrace:
+    """One member's events (in file order) and its ``result.json``."""
+
+    id: str
+    dir: Path
+    events: list[Any] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    """1-based line number in ``trace.jsonl`` of each event (same order as ``events``)."""
+    result: dict[str, Any] | None = None
+    """The member's ``result.json`` (its outcome: status, reason, result, ...)."""
+    offset: int = 0
+    """Bytes of ``trace.jsonl`` consumed so far (for incremental reads)."""
+    line_no: int = 0
+
+
+@dataclass
+class RunTrace:
+    """A run directory as read from disk."""
+
+    id: str
+    dir: Path
+    job: dict[str, Any] = field(default_factory=dict)
+    journal: list[dict[str, Any]] = field(default_factory=list)
+    members: list[MemberTrace] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        """True once the run's end is recorded (journal) or its report is written."""
+        if (self.dir / "report.md").exists() or (self.dir / "report.json").exists():
+            return True
+        return any(_record_kind(rec) in RUN_END_EVENTS for rec in self.journal)
+
+
+def _record_kind(rec: dict[str, Any]) -> str:
+    for key in ("event", "type", "state"):
+        value = rec.get(key)
+        if isinstance(value, str):
+            return value
+    return ""
+
+
+def runs_root() -> Path:
+    """Where run ids are looked up: ``$FLEET_RUNS_DIR`` or ``./runs``."""
+    return Path(os.environ.get("FLEET_RUNS_DIR", "runs"))
+
+
+def resolve_run(name: str) -> Path:
+    """A run directory from a path or a run id under :func:`runs_root`."""
+    for candidate in (Path(name), runs_root() / name):
+        if (candidate / "members").is_dir() or (candidate / "journal.jsonl").exists():
+            return candidate
+    root = runs_root()
+    known = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    hint = f" Known runs in {root}/: {', '.join(known[-8:])}." if known else ""
+    raise RunNotFound(
+        f"no run directory '{name}' (looked for {name}/members and {root / name}/members)."
+        f"{hint} Pass a run id from `fleet runs` or the path of a run directory."
+    )
+
+
+def read_new_events(member: MemberTrace) -> list[Any]:
+    """Append the complete lines written since the last call; return the new events."""
+    path = member.dir / "trace.jsonl"
+    try:
+        with path.open("rb") as fh:
+            fh.seek(member.offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    end = data.rfind(b"\n")
+    if end < 0:
+        return []
+    member.offset += end + 1
+    new: list[Any] = []
+    for raw in data[: end + 1].splitlines():
+        member.line_no += 1
+        if not raw.strip():
+            continue
+        try:
+            event = _ADAPTER.validate_json(raw)
+        except ValidationError:
+            # An event type this viewer does not know (newer writer): keep going.
+            continue
+        member.events.append(event)
+        member.lines.append(member.line_no)
+        new.append(event)
+    return new
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_journal(run_dir: Path) -> list[dict[str, Any]]:
+    """The journal's complete records (a torn last line is ignored)."""
+    records: list[dict[str, Any]] = []
+    try:
+        text = (run_dir / "journal.jsonl").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return records
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
+
+
+def refresh_members(run: RunTrace) -> list[MemberTrace]:
+    """Pick up member directories created since the last look; return the new ones."""
+    known = {m.id for m in run.members}
+    added = []
+    members_dir = run.dir / "members"
+    if members_dir.is_dir():
+        for sub in sorted(members_dir.iterdir()):
+            if sub.is_dir() and sub.name not in known:
+                added.append(MemberTrace(id=sub.name, dir=sub))
+    run.members.extend(added)
+    run.members.sort(key=lambda m: m.id)
+    return added
+
+
+def load_run(name: str | Path) -> RunTrace:
+    """Read a whole run directory (``name`` is a path or a run id)."""
+    run_dir = resolve_run(str(name))
+    run = RunTrace(id=run_dir.resolve().name, dir=run_dir)
+    run.job = read_json(run_dir / "job.json") or {}
+    run.journal = read_journal(run_dir)
+    refresh_members(run)
+    for member in run.members:
+        read_new_events(member)
+        member.result = read_json(member.dir / "result.json")
+    return run

@@ -1,0 +1,346 @@
+"use strict";
+// Fleet trace page: renders the inlined run data; no network, no dependencies.
+(function () {
+  const DATA = JSON.parse(document.getElementById("fleet-data").textContent);
+  const RUN = DATA.run;
+  const MEMBERS = DATA.members;
+  const SVG = "http://www.w3.org/2000/svg";
+
+  function el(tag, attrs, ...kids) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.className = v;
+      else if (k === "text") node.textContent = v;
+      else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v === true ? "" : v);
+    }
+    for (const kid of kids.flat()) if (kid !== null && kid !== undefined) node.append(kid);
+    return node;
+  }
+  function sv(tag, attrs, ...kids) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) if (v !== null && v !== undefined) node.setAttribute(k, v);
+    for (const kid of kids) if (kid) node.append(kid);
+    return node;
+  }
+  function title(text) { const t = document.createElementNS(SVG, "title"); t.textContent = text; return t; }
+  function tok(n) {
+    if (n >= 1e6) return (n / 1e6).toFixed(1) + "M";
+    if (n >= 1e3) return (n / 1e3).toFixed(1) + "k";
+    return String(Math.round(n));
+  }
+  function dur(s) {
+    if (s >= 3600) return Math.floor(s / 3600) + "h" + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + "m";
+    if (s >= 60) return Math.floor(s / 60) + "m" + String(Math.floor(s % 60)).padStart(2, "0") + "s";
+    return s.toFixed(1) + "s";
+  }
+  const totalIn = (x) => x.input_tokens + x.cache_read_tokens + x.cache_write_tokens;
+  const pill = (status) => el("span", { class: "pill st-" + status, text: status });
+  const FAILED = new Set(["failed", "crashed", "timed_out", "cancelled", "incomplete"]);
+
+  // ---------- overview ----------
+  function cards() {
+    const t = RUN.totals;
+    const tin = t.input_tokens + t.cache_read_tokens + t.cache_write_tokens;
+    const st = Object.entries(RUN.statuses).map(([k, v]) => v + " " + k).join(", ");
+    const items = [
+      [MEMBERS.length, "members", st], [dur(RUN.duration), "wall time", RUN.finished ? "finished" : "running"],
+      [t.turns, "turns"], [t.tool_calls, "tool calls"], [tok(tin), "tokens in", "cached " + tok(t.cache_read_tokens)],
+      [tok(t.output_tokens), "tokens out"], [t.errors, "errors"], [t.offloads + " / " + t.compactions, "offloads / compactions"],
+      ["$" + t.cost_usd.toFixed(3), "est. cost"],
+    ];
+    const box = document.getElementById("cards");
+    for (const [v, l, sub] of items) box.append(el("div", { class: "card", title: sub || "" }, el("div", { class: "v", text: String(v) }), el("div", { class: "l", text: l })));
+  }
+
+  function legend(box, items) {
+    for (const [color, label] of items) box.append(el("span", {}, el("i", { style: "background:" + color }), label));
+  }
+
+  function ticks(span, width) {
+    const steps = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200];
+    const want = span / Math.max(2, Math.floor(width / 110));
+    return steps.find((s) => s >= want) || 3600 * Math.ceil(want / 3600);
+  }
+
+  function timeline() {
+    const box = document.getElementById("timeline");
+    box.textContent = "";
+    const W = Math.max(600, box.clientWidth || 1000);
+    const L = 150, R = 120, laneH = 26, top = 22;
+    const span = Math.max(RUN.duration, 1);
+    const x = (t) => L + (t / span) * (W - L - R);
+    const H = top + laneH * MEMBERS.length + 6;
+    const svg = sv("svg", { viewBox: `0 0 ${W} ${H}`, height: H, id: "timeline-svg" });
+    const axis = sv("g", { class: "axis" });
+    const step = ticks(span, W - L - R);
+    for (let t = 0; t <= span + 1e-9; t += step) {
+      axis.append(sv("line", { x1: x(t), x2: x(t), y1: top - 4, y2: H }));
+      axis.append(sv("text", { x: x(t), y: 12, "text-anchor": "middle" }, document.createTextNode(dur(t))));
+    }
+    svg.append(axis);
+    const slowest = MEMBERS.reduce((a, m) => (m.duration_s > a.duration_s ? m : a), MEMBERS[0] || { duration_s: 0 });
+    MEMBERS.forEach((m, i) => svg.append(lane(m, i, { x, top, laneH, W, L, slowest })));
+    box.append(svg);
+  }
+
+  function lane(m, i, g) {
+    const y = g.top + i * g.laneH;
+    const failed = FAILED.has(m.status);
+    const grp = sv("g", { class: "lane" + (failed ? " failed" : ""), "data-member": m.id, "data-status": m.status });
+    grp.addEventListener("click", () => openMember(m.id));
+    grp.append(sv("rect", { class: "lane-bg", x: 0, y, width: g.W, height: g.laneH }));
+    const dot = failed ? "#d64545" : m.status === "ok" ? "#2a9d63" : "#3b8fd6";
+    grp.append(sv("circle", { cx: 10, cy: y + g.laneH / 2, r: 4, fill: dot }));
+    grp.append(sv("text", { class: "lane-label", x: 20, y: y + g.laneH / 2 + 4 }, document.createTextNode(m.id + " " + (m.kind || ""))));
+    grp.append(sv("line", { x1: g.x(m.start), x2: g.x(m.end), y1: y + g.laneH / 2, y2: y + g.laneH / 2, stroke: "#d5dae4" }));
+    for (const t of m.turns_detail) {
+      for (const c of t.m) {
+        const w = Math.max(1, g.x(c.e) - g.x(c.s));
+        grp.append(sv("rect", { x: g.x(c.s), y: y + 5, width: w, height: 8, fill: "var(--model)", rx: 1 },
+          title(`${m.id} turn ${t.n}: model ${(c.e - c.s).toFixed(1)}s, ctx ${tok(c.ctx)}, out ${c.o}`)));
+      }
+      for (const tc of t.t) {
+        const end = tc.e === null ? tc.s : tc.e;
+        const w = Math.max(1, g.x(end) - g.x(tc.s));
+        grp.append(sv("rect", { x: g.x(tc.s), y: y + 14, width: w, height: 7, rx: 1, fill: tc.err ? "var(--tool-err)" : "var(--tool)" },
+          title(`${m.id} turn ${t.n}: ${tc.n} ${(end - tc.s).toFixed(1)}s${tc.err ? " (error)" : ""}`)));
+      }
+      for (const k of t.k) {
+        if (k.k === "compaction") grp.append(sv("path", { d: `M${g.x(k.ts)} ${y + 2} l4 6 l-4 6 l-4 -6 z`, fill: "var(--compact)" }, title(`compaction ${k.x}`)));
+        else if (k.k === "offload") grp.append(sv("path", { d: `M${g.x(k.ts)} ${y + 22} l4 -6 l-8 0 z`, fill: "var(--offload)" }, title(`offload ${k.x}`)));
+      }
+    }
+    const label = dur(m.duration_s) + (m.id === g.slowest.id && MEMBERS.length > 1 ? " slowest" : "");
+    if (failed) {
+      const xe = g.x(m.end);
+      grp.append(sv("path", { d: `M${xe - 5} ${y + 6} l10 10 M${xe + 5} ${y + 6} l-10 10`, stroke: "var(--fail)", "stroke-width": 2.5, class: "fail-mark" }, title(`${m.status}: ${m.reason}`)));
+    }
+    grp.append(sv("text", { x: g.x(m.end) + 9, y: y + g.laneH / 2 + 4, fill: failed ? "#d64545" : "#687083" }, document.createTextNode(failed ? m.status : label)));
+    return grp;
+  }
+
+  const COLS = [
+    ["member", "member", (m) => el("span", { class: "mono", text: m.id })],
+    ["kind", "kind", (m) => m.kind],
+    ["status", "status", (m) => pill(m.status)],
+    ["duration_s", "time", (m) => dur(m.duration_s), 1],
+    ["turns", "turns", (m) => m.turns, 1],
+    ["in", "in", (m) => tok(totalIn(m)), 1],
+    ["cache_read_tokens", "cached", (m) => tok(m.cache_read_tokens), 1],
+    ["output_tokens", "out", (m) => tok(m.output_tokens), 1],
+    ["tool_calls", "tools", (m) => m.tool_calls, 1],
+    ["errors", "errors", (m) => m.errors, 1],
+    ["offloads", "offloads", (m) => m.offloads, 1],
+    ["compactions", "compactions", (m) => m.compactions, 1],
+    ["cost_usd", "cost", (m) => "$" + m.cost_usd.toFixed(3) + (m.cost_estimated ? "*" : ""), 1],
+    ["reason", "reason", (m) => m.reason],
+  ];
+  let sortKey = "member", sortDir = 1;
+
+  function table() {
+    const tbl = document.getElementById("members");
+    tbl.textContent = "";
+    const head = el("tr", {}, COLS.map(([key, label, , num]) => el("th", { class: num ? "num" : "", text: label + (sortKey === key ? (sortDir > 0 ? " ▲" : " ▼") : ""),
+      onclick: () => { sortDir = sortKey === key ? -sortDir : 1; sortKey = key; table(); } })));
+    const val = (m) => (sortKey === "in" ? totalIn(m) : sortKey === "member" ? m.id : m[sortKey]);
+    const rows = [...MEMBERS].sort((a, b) => (val(a) > val(b) ? 1 : val(a) < val(b) ? -1 : 0) * sortDir);
+    const body = el("tbody", {}, rows.map((m) => el("tr", { "data-member": m.id, onclick: () => openMember(m.id) },
+      COLS.map(([key, , fn, num]) => el("td", { class: num ? "num" : key === "reason" ? "reason" : "" }, fn(m))))));
+    tbl.append(el("thead", {}, head), body);
+  }
+
+  // ---------- member view ----------
+  function cutNote(item, shownLen, total) {
+    if (!item.tr && !item.off) return null;
+    const where = item.off ? "offloaded; full text in " : "truncated; full text in ";
+    const size = total ? ` (${shownLen} of ${total} chars shown)` : "";
+    return el("div", { class: "cut" }, where, el("code", { text: item.ref || "" }), size);
+  }
+
+  function contextChart(m) {
+    const W = 620, H = 200, L = 48, R = 10, T = 12, B = 26;
+    const pts = [];
+    for (const t of m.turns_detail) for (const c of t.m) pts.push([t.n, c.ctx]);
+    const svg = sv("svg", { viewBox: `0 0 ${W} ${H}`, class: "ctx-chart" });
+    if (!pts.length) return el("div", { class: "empty", text: "no model calls" });
+    const maxT = Math.max(...pts.map((p) => p[0]), 1), maxY = Math.max(...pts.map((p) => p[1]), 1) * 1.08;
+    const x = (n) => L + ((n - 1) / Math.max(1, maxT - 1)) * (W - L - R);
+    const y = (v) => T + (1 - v / maxY) * (H - T - B);
+    const grid = sv("g", { class: "grid" });
+    for (let i = 0; i <= 4; i++) {
+      const v = (maxY * i) / 4;
+      grid.append(sv("line", { x1: L, x2: W - R, y1: y(v), y2: y(v) }));
+      grid.append(sv("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, document.createTextNode(tok(v))));
+    }
+    const tstep = ticks(maxT, W - L - R);
+    for (let n = 1; n <= maxT; n += n === 1 && tstep > 1 ? tstep - 1 : tstep) {
+      grid.append(sv("text", { x: x(n), y: H - 8, "text-anchor": "middle" }, document.createTextNode("t" + n)));
+    }
+    svg.append(grid);
+    const line = pts.map((p, i) => (i ? "L" : "M") + x(p[0]).toFixed(1) + " " + y(p[1]).toFixed(1)).join(" ");
+    svg.append(sv("path", { d: line + ` L${x(pts[pts.length - 1][0])} ${y(0)} L${x(pts[0][0])} ${y(0)} z`, fill: "rgba(79,124,240,.12)" }));
+    svg.append(sv("path", { d: line, fill: "none", stroke: "var(--model)", "stroke-width": 1.6 }));
+    for (const t of m.turns_detail) {
+      for (const k of t.k) {
+        if (k.k === "compaction") {
+          svg.append(sv("line", { x1: x(t.n), x2: x(t.n), y1: T, y2: H - B, stroke: "var(--compact)", "stroke-dasharray": "4 3", class: "mk-compaction" }, title(`turn ${t.n}: compaction ${k.x}`)));
+        } else if (k.k === "offload") {
+          const c = t.m[0];
+          svg.append(sv("circle", { cx: x(t.n), cy: y(c ? c.ctx : 0), r: 4, fill: "var(--offload)", class: "mk-offload" }, title(`turn ${t.n}: offload ${k.x}`)));
+        }
+      }
+    }
+    const lg = el("div", { class: "legend" });
+    legend(lg, [["var(--model)", "context sent"], ["var(--compact)", "compaction"], ["var(--offload)", "offload"]]);
+    return el("div", { class: "chart" }, el("div", { class: "panel-head" }, el("h3", { text: "Context size per turn" }), lg), svg);
+  }
+
+  function tokenChart(m) {
+    const parts = [["uncached in", m.input_tokens, "#7d95d8"], ["cache read", m.cache_read_tokens, "#b9c8ef"],
+      ["cache write", m.cache_write_tokens, "#5a6fae"], ["out", m.output_tokens, "#2aa876"]];
+    const sum = parts.reduce((a, p) => a + p[1], 0) || 1;
+    const W = 420, bar = sv("svg", { viewBox: `0 0 ${W} 34`, class: "tok-bar" });
+    let x0 = 0;
+    for (const [label, v, color] of parts) {
+      const w = (v / sum) * W;
+      bar.append(sv("rect", { x: x0, y: 4, width: Math.max(0, w), height: 24, fill: color }, title(`${label}: ${v}`)));
+      x0 += w;
+    }
+    const per = sv("svg", { viewBox: `0 0 ${W} 90`, class: "tok-turns" });
+    const calls = m.turns_detail.flatMap((t) => t.m);
+    const maxO = Math.max(1, ...calls.map((c) => c.o));
+    const bw = W / Math.max(1, calls.length);
+    calls.forEach((c, i) => per.append(sv("rect", { x: i * bw, y: 86 - (c.o / maxO) * 80, width: Math.max(0.5, bw - 0.5), height: (c.o / maxO) * 80, fill: "#2aa876" })));
+    const lg = el("div", { class: "legend" });
+    legend(lg, parts.map(([l, v, c]) => [c, `${l} ${tok(v)}`]));
+    return el("div", { class: "chart" }, el("h3", { text: "Token use" }), bar, lg,
+      el("div", { class: "meta", style: "margin-top:10px", text: `output tokens per model call (max ${tok(maxO)})` }), per);
+  }
+
+  function modelBlock(c) {
+    return el("div", { class: "block model" },
+      el("div", { class: "meta" }, el("b", { text: "model call" }), ` ${(c.e - c.s).toFixed(1)}s · ctx ${tok(c.ctx)} · in ${tok(c.i + c.cr + c.cw)} (cached ${tok(c.cr)}) · out ${c.o} · stop ${c.stop}` + (c.rt ? ` · ${c.rt} retries` : "")),
+      c.x ? el("details", { class: "sub" }, el("summary", { text: c.x.slice(0, 140) + (c.x.length > 140 ? "…" : "") }), el("pre", { text: c.x }), cutNote(c, c.x.length, 0)) : null);
+  }
+
+  function toolBlock(tc) {
+    const d = tc.e === null ? "no result" : (tc.e - tc.s).toFixed(1) + "s";
+    return el("div", { class: "block tool" + (tc.err ? " err" : "") },
+      el("details", { class: "sub tool-call" },
+        el("summary", {}, el("b", { class: "mono", text: tc.n }), ` ${d} · ${tc.oc} chars` + (tc.err ? " · error" : "") + (tc.off ? " · offloaded" : "")),
+        el("div", { class: "meta", text: "input" }), el("pre", { text: tc.in }),
+        el("div", { class: "meta", text: "result" + (tc.err ? " (error)" : "") }), el("pre", { class: "tool-output", text: tc.out }),
+        cutNote(tc, tc.out.length, tc.oc)));
+  }
+
+  function markBlock(k) {
+    if (k.k === "compaction") {
+      return el("div", { class: "block compaction" }, el("div", { class: "meta" }, el("b", { text: "compaction" }), " " + k.x + " · transcript ", el("span", { class: "path", text: k.p || "" })),
+        el("details", { class: "sub", open: true }, el("summary", { text: "summary" }), el("pre", { text: k.sm || "" })));
+    }
+    if (k.k === "screenshot") {
+      return el("div", { class: "block" }, el("div", { class: "meta" }, el("b", { text: "screenshot" }), " " + (k.x || "") + " · ", el("span", { class: "path", text: k.p })),
+        k.src ? el("a", { href: k.src, target: "_blank" }, el("img", { class: "shot", src: k.src, alt: "screenshot " + k.p, loading: "lazy" })) : null);
+    }
+    const cls = k.k === "offload" ? "offload" : k.k === "error" || k.k === "retry" ? "error" : "";
+    return el("div", { class: "block " + cls }, el("div", { class: "meta" }, el("b", { text: k.k }), " " + k.x + (k.p && k.k !== "offload" ? " · " + k.p : "")));
+  }
+
+  function turnNode(t) {
+    const kinds = new Set(t.k.map((k) => k.k));
+    const err = t.t.some((x) => x.err) || kinds.has("error");
+    const ctx = t.m.length ? "ctx " + tok(t.m[0].ctx) : "";
+    const badges = ["offload", "compaction", "screenshot", "error", "retry", "clip"].filter((k) => kinds.has(k)).map((k) => el("span", { class: "badge b-" + k, text: k }));
+    if (t.t.some((x) => x.err)) badges.push(el("span", { class: "badge b-error", text: "tool error" }));
+    const node = el("details", { class: "turn" + (err ? " has-error" : ""), "data-turn": t.n },
+      el("summary", {}, el("span", { class: "tn", text: "turn " + t.n }), el("span", { class: "tdur", text: dur(t.e - t.s) }),
+        el("span", { class: "tctx", text: ctx }), el("span", { class: "tools-sum", text: t.t.map((x) => x.n).join(", ") }), badges));
+    node.addEventListener("toggle", () => {
+      if (!node.open || node.dataset.filled) return;
+      node.dataset.filled = "1";
+      node.append(el("div", { class: "turn-body" }, t.m.map(modelBlock), t.t.map(toolBlock), t.k.map(markBlock)));
+    });
+    node._search = (t.t.map((x) => x.n + " " + x.in + " " + x.out).join(" ") + " " + t.m.map((c) => c.x).join(" ") + " " + [...kinds].join(" ")).toLowerCase();
+    node._flag = err || kinds.has("offload") || kinds.has("compaction");
+    return node;
+  }
+
+  function turnsPanel(m) {
+    const list = el("div", { id: "turns" }, m.turns_detail.map(turnNode));
+    const search = el("input", { type: "search", placeholder: "filter turns (tool, text, error…)" });
+    const only = el("input", { type: "checkbox" });
+    const apply = () => {
+      const q = search.value.trim().toLowerCase();
+      for (const n of list.children) n.hidden = (q && !n._search.includes(q)) || (only.checked && !n._flag);
+    };
+    search.addEventListener("input", apply);
+    only.addEventListener("change", apply);
+    const setAll = (open) => () => { for (const n of list.children) if (!n.hidden) n.open = open; };
+    const bar = el("div", { class: "toolbar" }, search, el("label", { class: "chk" }, only, "only errors, offloads, compactions"),
+      el("button", { onclick: setAll(true), text: "expand all" }), el("button", { onclick: setAll(false), text: "collapse all" }));
+    return el("div", { class: "panel" }, el("div", { class: "panel-head" }, el("h2", { text: `Turns (${m.turns_detail.length})` })), bar, list);
+  }
+
+  function openMember(id, push = true) {
+    const m = MEMBERS.find((x) => x.id === id);
+    if (!m) return;
+    if (push) history.pushState(null, "", "#member=" + encodeURIComponent(id));
+    document.getElementById("overview").hidden = true;
+    const view = document.getElementById("member-view");
+    view.hidden = false;
+    view.textContent = "";
+    view.dataset.member = id;
+    const tin = totalIn(m);
+    const stats = [[m.turns, "turns"], [dur(m.duration_s), "duration"], [m.tool_calls, "tool calls"], [m.errors, "errors"],
+      [tok(tin), "tokens in"], [tok(m.cache_read_tokens), "cached"], [tok(m.output_tokens), "tokens out"],
+      [m.offloads, "offloads"], [m.compactions, "compactions"], ["$" + m.cost_usd.toFixed(3), "cost"]];
+    view.append(...[
+      el("div", { class: "member-head" }, el("h2", { text: m.id }), pill(m.status), el("span", { class: "meta", text: `${m.kind} · ${m.model} · ${m.dir}` })),
+      el("div", { class: "task", text: m.task }),
+      m.reason ? el("div", { class: "reason-box", text: m.reason }) : null,
+      el("div", { class: "cards" }, stats.map(([v, l]) => el("div", { class: "card" }, el("div", { class: "v", text: String(v) }), el("div", { class: "l", text: l })))),
+      el("div", { class: "panel charts" }, contextChart(m), tokenChart(m)),
+      m.pre.length ? el("div", { class: "panel" }, el("h3", { text: "Before the first turn" }), m.pre.map(markBlock)) : null,
+      turnsPanel(m),
+      el("div", { class: "panel result" }, el("h2", { text: "Final result" }), m.result ? el("pre", { id: "final-result", text: m.result }) : el("div", { class: "empty", text: "no result (" + m.status + ")" }))].filter(Boolean));
+    crumbs(m.id);
+    window.scrollTo(0, 0);
+  }
+
+  function showOverview(push = true) {
+    if (push) history.pushState(null, "", "#");
+    document.getElementById("member-view").hidden = true;
+    document.getElementById("overview").hidden = false;
+    crumbs(null);
+  }
+
+  function crumbs(id) {
+    const nav = document.getElementById("crumbs");
+    nav.textContent = "";
+    nav.append(el("a", { onclick: () => showOverview(), text: "Overview" }));
+    if (id) {
+      const i = MEMBERS.findIndex((m) => m.id === id);
+      if (i > 0) nav.append(el("a", { onclick: () => openMember(MEMBERS[i - 1].id), text: "← " + MEMBERS[i - 1].id }));
+      if (i < MEMBERS.length - 1) nav.append(el("a", { onclick: () => openMember(MEMBERS[i + 1].id), text: MEMBERS[i + 1].id + " →" }));
+    }
+  }
+
+  function route() {
+    const match = location.hash.match(/member=([^&]+)/);
+    if (match) openMember(decodeURIComponent(match[1]), false);
+    else showOverview(false);
+  }
+
+  document.getElementById("run-title").textContent = `${RUN.id} · ${RUN.finished ? "finished" : "running"} · ${RUN.dir}`;
+  cards();
+  legend(document.getElementById("tl-legend"), [["var(--model)", "model call"], ["var(--tool)", "tool call"], ["var(--tool-err)", "tool error"],
+    ["var(--compact)", "compaction"], ["var(--offload)", "offload"], ["var(--fail)", "failed member"]]);
+  timeline();
+  table();
+  let resizeTimer = 0;
+  window.addEventListener("resize", () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(timeline, 150); });
+  window.addEventListener("popstate", route);
+  route();
+})();

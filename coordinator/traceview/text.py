@@ -1,0 +1,180 @@
+"""Plain-text views for the terminal: the run table, a member's turns, live event lines."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from coordinator.traceview.detail import MemberDetail, ToolView, TurnView
+from coordinator.traceview.rollup import MemberRollup, RunRollup, compact_json
+from subagents.trace import (
+    Compaction,
+    ErrorEvent,
+    MemberEnd,
+    MemberStart,
+    Messages,
+    ModelCall,
+    Offload,
+    Screenshot,
+    ToolCall,
+    ToolResult,
+)
+
+
+def human_tokens(n: float) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1_000:
+        return f"{n / 1e3:.1f}k"
+    return str(int(n))
+
+
+def human_duration(s: float) -> str:
+    if s >= 3600:
+        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    if s >= 60:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{s:.1f}s"
+
+
+def one_line(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+_COLUMNS = ("MEMBER", "KIND", "STATUS", "TIME", "TURNS", "IN", "CACHED", "OUT", "TOOLS",
+            "ERR", "OFFL", "COMP", "COST", "REASON")  # fmt: skip
+
+
+def _row(r: MemberRollup) -> list[str]:
+    cost = f"${r.cost_usd:.3f}" + ("*" if r.cost_estimated else "")
+    return [
+        r.member, r.kind, r.status, human_duration(r.duration_s), str(r.turns),
+        human_tokens(r.total_input), human_tokens(r.cache_read_tokens),
+        human_tokens(r.output_tokens), str(r.tool_calls), str(r.errors), str(r.offloads),
+        str(r.compactions), cost, one_line(r.reason, 60),
+    ]  # fmt: skip
+
+
+def format_run(roll: RunRollup) -> str:
+    """The run table: a header line, one row per member, and a legend."""
+    t = roll.totals
+    statuses = ", ".join(f"{n} {s}" for s, n in sorted(roll.statuses.items()))
+    total_in = (
+        t.get("input_tokens", 0) + t.get("cache_read_tokens", 0) + t.get("cache_write_tokens", 0)
+    )
+    head = (
+        f"run {roll.run}  {'finished' if roll.finished else 'RUNNING'}  "
+        f"{len(roll.members)} members ({statuses or 'none yet'})  wall {human_duration(roll.duration_s)}  "
+        f"in {human_tokens(total_in)} (cached {human_tokens(t.get('cache_read_tokens', 0))})  "
+        f"out {human_tokens(t.get('output_tokens', 0))}  cost ${t.get('cost_usd', 0):.3f}"
+    )
+    rows = [list(_COLUMNS), *(_row(r) for r in roll.members)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = [head, ""]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    lines.append("")
+    lines.append(
+        "IN counts every input token (uncached + cache read + cache write); * = estimated cost."
+    )
+    return "\n".join(lines)
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def _tool_lines(tool: ToolView, width: int) -> list[str]:
+    dur = f" {tool.end - tool.start:.1f}s" if tool.end is not None else " (no result)"
+    lines = [f"    -> {tool.tool} {one_line(tool.input, width - 20)}{dur}"]
+    if tool.end is not None:
+        state = "ERROR" if tool.is_error else "ok"
+        more = f"  [full: {tool.ref}]" if tool.truncated or tool.offloaded else ""
+        lines.append(
+            f"       <- {state} {tool.output_chars} chars: {one_line(tool.output, width - 40)}{more}"
+        )
+    return lines
+
+
+def _turn_lines(turn: TurnView, width: int) -> list[str]:
+    lines = [f"turn {turn.turn}  {_clock(turn.start)}  {human_duration(turn.end - turn.start)}"]
+    for call in turn.model_calls:
+        total_in = call.input_tokens + call.cache_read_tokens + call.cache_write_tokens
+        lines.append(
+            f"  model {call.model} {call.end - call.start:.1f}s  ctx {human_tokens(call.context_tokens)}  "
+            f"in {human_tokens(total_in)} (cached {human_tokens(call.cache_read_tokens)})  "
+            f"out {human_tokens(call.output_tokens)}  stop {call.stop_reason}"
+        )
+        if call.text:
+            lines.append(f"    says: {one_line(call.text, width - 10)}")
+    for tool in turn.tools:
+        lines.extend(_tool_lines(tool, width))
+    for mark in turn.marks:
+        if mark.kind in ("sandbox", "todos"):
+            continue
+        path = f"  [{mark.path}]" if mark.path else ""
+        lines.append(f"  [{mark.kind.upper()}] {one_line(mark.text, width - 30)}{path}")
+        if mark.kind == "compaction" and mark.summary:
+            lines.append(f"    summary: {one_line(mark.summary, width - 14)}")
+    return lines
+
+
+def format_member(detail: MemberDetail, *, width: int = 160) -> str:
+    """A member turn by turn, then its final result."""
+    r = detail.rollup
+    head = f"member {r.member} ({r.kind}, {r.model})  {r.status}"
+    if r.reason:
+        head += f": {r.reason}"
+    lines = [
+        head,
+        f"task: {one_line(detail.task, width - 6)}",
+        f"{r.turns} turns, {r.tool_calls} tool calls, {r.errors} errors, {r.offloads} offloads, "
+        f"{r.compactions} compactions, {human_duration(r.duration_s)}, ${r.cost_usd:.3f}",
+        "",
+    ]
+    for turn in detail.turns:
+        lines.extend(_turn_lines(turn, width))
+    lines.append("")
+    if detail.result is not None:
+        lines.append("result: " + compact_json(detail.result))
+    else:
+        lines.append("result: none")
+    return "\n".join(lines)
+
+
+def format_event(member: str, ev: Any, width: int = 160) -> str | None:
+    """One line for ``--follow``; None for events not worth a line (message deltas)."""
+    if isinstance(ev, Messages):
+        return None
+    head = f"{_clock(ev.ts)} {member:<8} t{ev.turn:<3} "
+    if isinstance(ev, MemberStart):
+        body = f"START {ev.kind} {ev.model}: {one_line(ev.task, 80)}"
+    elif isinstance(ev, MemberEnd):
+        body = (
+            f"END {ev.status} {ev.reason}".rstrip()
+            + f" ({ev.turns} turns, {human_duration(ev.duration_s)})"
+        )
+    elif isinstance(ev, ModelCall):
+        body = (
+            f"model {ev.latency_s:.1f}s ctx {human_tokens(ev.context_tokens)} out {ev.output_tokens} "
+            f"stop {ev.stop_reason}"
+        )
+    elif isinstance(ev, ToolCall):
+        body = f"-> {ev.tool} {one_line(compact_json(ev.input), 80)}"
+    elif isinstance(ev, ToolResult):
+        state = "ERROR" if ev.is_error else "ok"
+        body = (
+            f"<- {ev.tool} {state} {ev.output_chars or len(ev.output)} chars {ev.duration_s:.1f}s"
+        )
+    elif isinstance(ev, Offload):
+        body = f"OFFLOAD {ev.tokens} tokens -> {ev.path}"
+    elif isinstance(ev, Compaction):
+        body = f"COMPACTION {ev.tokens_before} -> {ev.tokens_after} tokens"
+    elif isinstance(ev, ErrorEvent):
+        body = f"ERROR {ev.error}: {ev.message}"
+    elif isinstance(ev, Screenshot):
+        body = f"screenshot {ev.path}"
+    else:
+        body = ev.type
+    return one_line(head + body, width)
