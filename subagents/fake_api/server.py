@@ -58,6 +58,7 @@ class FakeMessagesAPI:
         api_key: str | None = None,
         min_cache_tokens: int = 1024,
         model_name: str | None = None,
+        count_tokens: bool = True,
     ) -> None:
         self.script = Script(script)
         self.api_key = api_key
@@ -66,6 +67,8 @@ class FakeMessagesAPI:
         self.cache = PromptCache(min_tokens=min_cache_tokens)
         self.model_name = model_name
         """Model string put in responses (default: the requested one)."""
+        self.count_tokens = count_tokens
+        """False makes ``/v1/messages/count_tokens`` answer 404, like a server without it."""
         self.requests: list[dict[str, Any]] = []
         self.log: list[RecordedRequest] = []
         self._lock = threading.Lock()
@@ -172,7 +175,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if path == "/v1/messages":
             self._messages(entry)
-        elif path == "/v1/messages/count_tokens":
+        elif path == "/v1/messages/count_tokens" and self.api.count_tokens:
             self._count_tokens(entry)
         else:
             self._fail(entry, 404, "not_found_error", f"Not found: {path}")

@@ -1,0 +1,335 @@
+"""The real model adapter: the Anthropic Messages API through ``anthropic.AsyncAnthropic``.
+
+Design choices:
+
+- **Retries are ours, not the SDK's** (the client is built with ``max_retries=0``).
+  The SDK retries 408/409/429/5xx/529 invisibly: the harness could neither count
+  nor trace them. This module retries the same statuses, honouring ``retry-after-ms``
+  / ``retry-after`` and ``x-should-retry`` as the SDK does, plus what the SDK never
+  retries: an ``overloaded_error`` (or a dropped connection) arriving mid-stream
+  after HTTP 200 but before the first content delta. Each retry is a
+  :class:`subagents.trace.Retry` event and counts in ``ModelResponse.retries``.
+  Once a delta has arrived the call is not repeated (those tokens are billed); it
+  fails as a retryable :class:`ModelError` for the member to decide.
+- **Always streaming**: a long answer never hits the SDK's non-streaming timeout
+  guard, and the first-delta boundary above is observable.
+- **Prompt caching**: up to four ``cache_control`` breakpoints, never more - the
+  last tool, the last system block, and the last block of the latest turn plus
+  that of the previous turn (which guarantees a hit even when one turn appends more
+  than the API's 20-block lookback). Breakpoints the caller already placed count
+  against the four. The caller's request is never mutated: touched blocks are copied.
+- **Server-side context management** (``compact_20260112``, ``clear_tool_uses_20250919``)
+  goes through the beta endpoint with its beta header, only when the request asks.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anthropic
+import anyio
+from anthropic.types import Message
+
+from subagents.model_base import ModelError, ModelProfile, ModelRequest, ModelResponse
+from subagents.profiles import profile_for
+from subagents.trace import Retry, TraceWriter
+
+MAX_BREAKPOINTS = 4
+_EPHEMERAL = {"type": "ephemeral"}
+_CONTEXT_BETAS = {
+    "compact_20260112": "compact-2026-01-12",
+    "clear_tool_uses_20250919": "context-management-2025-06-27",
+}
+_RETRY_STATUSES = {408, 409, 429}
+_DELTA_EVENTS = {"content_block_delta", "text", "input_json", "thinking", "citation"}
+
+
+class _EarlyStreamFailure(Exception):
+    """Internal: the stream failed before any content arrived; safe to repeat."""
+
+
+class AnthropicModel:
+    """A Claude model (or any Anthropic-compatible server) behind the :class:`Model` seam."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_retries: int = 4,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        timeout_s: float = 600.0,
+        cache: bool = True,
+        trace: TraceWriter | None = None,
+        on_retry: Callable[[Retry], None] | None = None,
+        profile: ModelProfile | None = None,
+    ) -> None:
+        key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+        token = None if key else os.environ.get("ANTHROPIC_AUTH_TOKEN")
+        if not key and not token:
+            raise ModelError(
+                f"no API key for model {name!r}: set ANTHROPIC_API_KEY in the environment "
+                "(or choose an offline model such as 'offline' or 'replay:<trace.jsonl>')"
+            )
+        self.name = name
+        self.profile = profile or profile_for(name)
+        self.max_retries = max_retries
+        """Retries per call, HTTP errors and mid-stream overloads together."""
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.cache = cache
+        """Place prompt-caching breakpoints."""
+        self.trace = trace
+        self.on_retry = on_retry
+        self.client = anthropic.AsyncAnthropic(
+            api_key=key,
+            auth_token=token,
+            base_url=base_url or os.environ.get("ANTHROPIC_BASE_URL"),
+            max_retries=0,
+            timeout=timeout_s,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool (call before the event loop ends)."""
+        await self.client.close()
+
+    async def __aenter__(self) -> AnthropicModel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- the seam --------------------------------------------------------------
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        params = build_params(request, self.name, cache=self.cache)
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                message = await self._stream_once(params)
+                break
+            except (
+                _EarlyStreamFailure,
+                anthropic.APIStatusError,
+                anthropic.APIConnectionError,
+            ) as exc:
+                delay = self._retry_delay(exc, attempt)
+                if delay is None:
+                    raise self._as_model_error(exc, attempt) from exc
+                attempt += 1
+                self._report_retry(attempt, exc, delay)
+                await anyio.sleep(delay)
+        return ModelResponse(message=message, latency_s=time.monotonic() - started, retries=attempt)
+
+    async def count_tokens(self, request: ModelRequest) -> int | None:
+        """Input tokens as the API counts them; None if the endpoint is unavailable."""
+        params = build_params(request, self.name, cache=False)
+        fields = ("model", "messages", "system", "tools", "tool_choice")
+        body = {k: v for k, v in params.items() if k in fields}
+        try:
+            result = await self.client.messages.count_tokens(**body)
+        except (anthropic.APIError, ValueError):
+            return None
+        return int(result.input_tokens)
+
+    # -- one attempt -----------------------------------------------------------
+    async def _stream_once(self, params: dict[str, Any]) -> Message:
+        if "context_management" in params:
+            betas = sorted(
+                {
+                    _CONTEXT_BETAS.get(e.get("type"), "")
+                    for e in params["context_management"].get("edits", [])
+                }
+                - {""}
+            )
+            manager: Any = self.client.beta.messages.stream(**params, betas=betas)
+        else:
+            manager = self.client.messages.stream(**params)
+        saw_delta = False
+        try:
+            async with manager as stream:
+                async for event in stream:
+                    saw_delta = saw_delta or event.type in _DELTA_EVENTS
+                final = await stream.get_final_message()
+        except anthropic.APIStatusError as exc:
+            if exc.status_code == 200 and _error_type(exc) == "overloaded_error" and not saw_delta:
+                raise _EarlyStreamFailure(
+                    "overloaded_error mid-stream before the first delta"
+                ) from exc
+            raise
+        except anthropic.APIConnectionError as exc:
+            if not saw_delta:
+                raise _EarlyStreamFailure(f"connection lost before the first delta: {exc}") from exc
+            raise
+        return Message.model_validate(final.to_dict())
+
+    # -- retry policy ----------------------------------------------------------
+    def _retry_delay(self, exc: Exception, attempt: int) -> float | None:
+        """Seconds to wait before the next attempt, or None when not to retry."""
+        if attempt >= self.max_retries:
+            return None
+        backoff = min(self.max_backoff_s, self.backoff_s * 2**attempt)
+        jittered = backoff * (0.5 + random.random() / 2)
+        if isinstance(exc, _EarlyStreamFailure | anthropic.APIConnectionError):
+            return jittered
+        assert isinstance(exc, anthropic.APIStatusError)
+        headers = exc.response.headers
+        should = headers.get("x-should-retry")
+        if should == "false" or (
+            should != "true" and exc.status_code not in _RETRY_STATUSES and exc.status_code < 500
+        ):
+            return None
+        retry_after = _retry_after(headers)
+        if retry_after is not None and 0 <= retry_after <= 60:
+            return retry_after
+        return jittered
+
+    def _report_retry(self, attempt: int, exc: Exception, delay: float) -> None:
+        event = Retry(what="model_call", attempt=attempt, reason=_describe(exc), delay_s=delay)
+        if self.trace is not None:
+            self.trace.emit(event)
+        if self.on_retry is not None:
+            self.on_retry(event)
+
+    def _as_model_error(self, exc: Exception, retries: int) -> ModelError:
+        after = f" after {retries} retries" if retries else ""
+        if isinstance(exc, _EarlyStreamFailure):
+            return ModelError(f"{self.name}: {exc}{after}", retryable=True, status=529)
+        if isinstance(exc, anthropic.APIConnectionError):
+            return ModelError(
+                f"{self.name}: could not reach {self.client.base_url}{after}: {exc}",
+                retryable=True,
+            )
+        assert isinstance(exc, anthropic.APIStatusError)
+        status, detail = exc.status_code, _error_message(exc)
+        hints = {
+            401: "authentication failed: set ANTHROPIC_API_KEY to a valid key",
+            403: f"this API key may not use {self.name!r}; check the key's permissions",
+            404: f"model {self.name!r} or endpoint not found; check the model name",
+            413: "the request is too large; lower the context budget",
+        }
+        if status in hints:
+            return ModelError(f"{hints[status]} ({status}: {detail})", status=status)
+        if status == 400:
+            return ModelError(f"the API rejected the request (400): {detail}", status=400)
+        if status == 200:
+            return ModelError(
+                f"{self.name}: the stream failed after output began: {detail}",
+                retryable=True,
+                status=status,
+            )
+        retryable = status in _RETRY_STATUSES or status >= 500
+        return ModelError(
+            f"{self.name}: HTTP {status}{after}: {detail}", retryable=retryable, status=status
+        )
+
+
+# -- request building ----------------------------------------------------------
+def build_params(request: ModelRequest, model: str, *, cache: bool = True) -> dict[str, Any]:
+    """Messages API parameters for ``request``, with cache breakpoints when ``cache``."""
+    params: dict[str, Any] = {
+        "model": model,
+        "max_tokens": request.max_tokens,
+        "messages": list(request.messages),
+    }
+    if isinstance(request.system, str):
+        system = [{"type": "text", "text": request.system}] if request.system else []
+    else:
+        system = list(request.system)
+    if system:
+        params["system"] = system
+    if request.tools:
+        params["tools"] = list(request.tools)
+    if request.temperature is not None:
+        params["temperature"] = request.temperature
+    if request.tool_choice is not None:
+        params["tool_choice"] = request.tool_choice
+    if request.context_management is not None:
+        params["context_management"] = request.context_management
+    if cache:
+        place_breakpoints(params)
+    return params
+
+
+def place_breakpoints(params: dict[str, Any]) -> int:
+    """Add ``cache_control`` (copying touched blocks); returns the total breakpoints."""
+    used = _count_existing(params)
+    messages = params["messages"]
+    slots: dict[str, tuple[list[Any], int]] = {}
+    for name, index in (("latest", len(messages) - 1), ("previous", len(messages) - 3)):
+        if index >= 0:
+            messages[index] = _with_list_content(messages[index])
+            if messages[index]["content"]:
+                slots[name] = (messages[index]["content"], len(messages[index]["content"]) - 1)
+    for key in ("tools", "system"):
+        if params.get(key):
+            slots[key] = (params[key], len(params[key]) - 1)
+    # When fewer than four slots are free, the latest turn matters most, then the
+    # system prompt (whose prefix covers the tools), then the safety net.
+    for name in ("latest", "system", "previous", "tools"):
+        if name not in slots or used >= MAX_BREAKPOINTS:
+            continue
+        container, index = slots[name]
+        block = container[index]
+        if block.get("cache_control") or block.get("type") in ("thinking", "redacted_thinking"):
+            continue
+        if block.get("type") == "text" and not block.get("text"):
+            continue
+        container[index] = {**block, "cache_control": dict(_EPHEMERAL)}
+        used += 1
+    return used
+
+
+def _with_list_content(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, str):
+        blocks = [{"type": "text", "text": content}] if content else []
+        return {**message, "content": blocks}
+    return {**message, "content": list(content or [])}
+
+
+def _count_existing(params: dict[str, Any]) -> int:
+    blocks: list[Any] = [*params.get("tools", []), *params.get("system", [])]
+    for message in params["messages"]:
+        if isinstance(message.get("content"), list):
+            blocks += message["content"]
+    return sum(1 for b in blocks if isinstance(b, dict) and b.get("cache_control"))
+
+
+# -- error details -------------------------------------------------------------
+def _error_type(exc: anthropic.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("type", ""))
+    return ""
+
+
+def _error_message(exc: anthropic.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", "")) or str(exc)
+    return str(exc)
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, anthropic.APIStatusError):
+        return f"HTTP {exc.status_code} {_error_type(exc) or 'error'}: {_error_message(exc)}"
+    return str(exc)
+
+
+def _retry_after(headers: Any) -> float | None:
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return float(value) / scale
+        except ValueError:
+            continue  # an HTTP date: fall back to our own backoff
+    return None
