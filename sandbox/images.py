@@ -332,3 +332,35 @@ def ensure_images(
     finally:
         if owned:
             client.close()
+
+
+def prune_superseded(client: docker.DockerClient) -> tuple[list[str], list[str]]:
+    """Remove ``fleet-*`` tags that current inputs no longer give; (removed, kept in use).
+
+    Only tags Fleet built (labelled ``fleet.image``) of declared repositories are
+    touched, never with force: a tag a container still uses is kept.
+    """
+    current = set(current_refs().values())
+    repos = {d.repository for d in IMAGES}
+    removed: list[str] = []
+    kept: list[str] = []
+    # Children first, so a parent's layers are no longer referenced when it goes.
+    order = {d.repository: i for i, d in enumerate(IMAGES)}
+    stale = [
+        tag
+        for image in client.images.list(filters={"label": LABEL_IMAGE})
+        for tag in image.tags
+        if tag.split(":", 1)[0] in repos and tag not in current
+    ]
+    for tag in sorted(stale, key=lambda t: -order[t.split(":", 1)[0]]):
+        try:
+            client.images.remove(tag, noprune=False)
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:
+                kept.append(tag)
+                continue
+            if not isinstance(exc, docker.errors.ImageNotFound):
+                raise SandboxUnavailable(f"removing {tag} failed: {exc.explanation}") from None
+        else:
+            removed.append(tag)
+    return removed, kept

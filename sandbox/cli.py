@@ -1,0 +1,166 @@
+"""``fleet setup`` and ``fleet images build|ls|prune``; also wires ``fleet sandbox``.
+
+``fleet setup`` makes a machine ready and is what ``make test`` and ``make demo`` run
+first: a reachable Docker engine (installed and started when absent and we are
+root), then every image built or confirmed up to date. When all is done it costs
+one ping and one inspect per image, and prints one line.
+
+Exit codes: 0 ready, 1 a build failed, 2 the engine is unavailable or the input is
+bad (one paragraph on stderr saying what to do, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+from .errors import SandboxUnavailable
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``setup`` and ``images`` (and ``sandbox``, when its module exists)."""
+    setup = subparsers.add_parser(
+        "setup",
+        help="make this machine ready: Docker engine and images",
+        description="Check (install and start, as root) the Docker engine, then build "
+        "every image that is missing or out of date. Fast when everything is done.",
+    )
+    setup.set_defaults(func=cmd_setup)
+
+    images = subparsers.add_parser("images", help="build and list Fleet's images")
+    sub = images.add_subparsers(dest="images_command", metavar="ACTION", required=True)
+    build = sub.add_parser(
+        "build",
+        help="build images that are missing or out of date",
+        description="Build Fleet's images (and their parents) whose build inputs changed. "
+        "An unchanged image is never rebuilt.",
+    )
+    build.add_argument("names", nargs="*", metavar="NAME", help="images to build (default: all)")
+    ca = build.add_mutually_exclusive_group()
+    ca.add_argument(
+        "--extra-ca",
+        type=Path,
+        metavar="FILE",
+        help="PEM bundle of extra CA certificates (a TLS-intercepting proxy's) to trust in "
+        "every image and build; remembered for later builds",
+    )
+    ca.add_argument(
+        "--no-extra-ca", action="store_true", help="forget a remembered extra CA bundle"
+    )
+    build.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    build.set_defaults(func=cmd_images_build)
+    ls = sub.add_parser("ls", help="list images: reference, size, up to date or not")
+    ls.set_defaults(func=cmd_images_ls)
+    prune = sub.add_parser("prune", help="remove superseded fleet-* image tags not in use")
+    prune.set_defaults(func=cmd_images_prune)
+
+    # ``fleet sandbox ls|gc`` lives in its own module; wire it when it is there.
+    try:
+        boxes_cli = importlib.import_module("sandbox.boxes_cli")
+    except ModuleNotFoundError as exc:
+        if exc.name != "sandbox.boxes_cli":
+            raise
+    else:
+        boxes_cli.register(subparsers)
+
+
+def say(line: str) -> None:
+    print(f"fleet: {line}", file=sys.stderr, flush=True)
+
+
+def fail(exc: BaseException, code: int) -> int:
+    print(f"fleet: {exc}", file=sys.stderr, flush=True)
+    return code
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    from .engine import ensure_engine
+    from .images import ensure_images
+
+    started = time.monotonic()
+    try:
+        client = ensure_engine(say)
+    except SandboxUnavailable as exc:
+        return fail(exc, 2)
+    try:
+        refs = ensure_images(None, client=client, say=say)
+    except SandboxUnavailable as exc:
+        return fail(exc, 1)
+    finally:
+        client.close()
+    say(f"ready: Docker engine up, {len(refs)} images current ({time.monotonic() - started:.1f} s)")
+    return 0
+
+
+def cmd_images_build(args: argparse.Namespace) -> int:
+    from .engine import connect
+    from .images import build_order, ensure_images, save_extra_ca
+
+    try:
+        build_order(args.names or None)  # unknown names are bad input: exit 2
+        if args.extra_ca is not None or args.no_extra_ca:
+            bundle = save_extra_ca(None if args.no_extra_ca else args.extra_ca)
+            say(f"extra CA bundle: {_count_certs(bundle)} certificate(s) in force")
+        client = connect()
+    except SandboxUnavailable as exc:
+        return fail(exc, 2)
+    started = time.monotonic()
+    try:
+        refs = ensure_images(args.names or None, client=client, force=args.force, say=say)
+    except SandboxUnavailable as exc:
+        return fail(exc, 1)
+    finally:
+        client.close()
+    for ref in refs.values():
+        print(ref)
+    say(f"images current ({time.monotonic() - started:.1f} s)")
+    return 0
+
+
+def _count_certs(bundle: bytes) -> int:
+    return bundle.count(b"-----BEGIN CERTIFICATE-----")
+
+
+def cmd_images_ls(args: argparse.Namespace) -> int:
+    from .engine import connect
+    from .images import status
+
+    try:
+        client = connect()
+    except SandboxUnavailable as exc:
+        return fail(exc, 2)
+    try:
+        rows = status(client)
+    finally:
+        client.close()
+    print(f"{'NAME':<10} {'REFERENCE':<28} {'STATE':<10} {'SIZE':>9}  SUPERSEDED")
+    for row in rows:
+        state = "current" if row.built else "missing"
+        size = f"{row.size / 2**20:.0f} MiB" if row.size is not None else "-"
+        print(f"{row.name:<10} {row.ref:<28} {state:<10} {size:>9}  {len(row.stale_tags)}")
+    missing = [r.name for r in rows if not r.built]
+    if missing:
+        say(f"not built or out of date: {', '.join(missing)}; run 'fleet images build'")
+    return 0
+
+
+def cmd_images_prune(args: argparse.Namespace) -> int:
+    from .engine import connect
+    from .images import prune_superseded
+
+    try:
+        client = connect()
+    except SandboxUnavailable as exc:
+        return fail(exc, 2)
+    try:
+        removed, kept = prune_superseded(client)
+    finally:
+        client.close()
+    for ref in removed:
+        print(f"removed {ref}")
+    for ref in kept:
+        say(f"kept {ref}: a container still uses it")
+    return 0

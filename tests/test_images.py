@@ -1,0 +1,320 @@
+"""Fleet's images: tags follow the build inputs, builds are incremental, and the
+coding, browser and base images do what boxes rely on - against the real engine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+from conftest import missing_dependency
+
+from coordinator.cli import main as fleet_main
+from sandbox import images as images_mod
+from sandbox.errors import SandboxUnavailable
+from sandbox.images import (
+    ImageDef,
+    current_refs,
+    ensure_images,
+    image_ref,
+    input_hash,
+    save_extra_ca,
+    split_pem,
+)
+
+SECURE = {
+    "cap_drop": ["ALL"],
+    "security_opt": ["no-new-privileges"],
+    "init": True,
+    "pids_limit": 256,
+    "mem_limit": "1g",
+}
+
+
+def _context(tmp_path: Path, dockerfile: str = "ARG BASE\nFROM ${BASE}\n") -> Path:
+    ctx = tmp_path / f"ctx-{uuid.uuid4().hex[:6]}"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(dockerfile)
+    (ctx / "tool.sh").write_text("#!/bin/sh\necho hi\n")
+    return ctx
+
+
+def _probe_defs(ctx: Path, *, name: str = "probe") -> tuple[ImageDef, ...]:
+    """The real root and base images plus one small test image built on the base."""
+    real = images_mod.image_defs()
+    return (real["rootfs"], real["base"], ImageDef(name=name, directory=str(ctx), parent="base"))
+
+
+@pytest.fixture
+def probe_name(docker_client: docker.DockerClient) -> Iterator[str]:
+    """A throwaway image name; every tag of its repository is removed afterwards."""
+    name = f"testprobe-{uuid.uuid4().hex[:8]}"
+    yield name
+    for image in docker_client.images.list(name=f"fleet-{name}"):
+        for tag in image.tags:
+            docker_client.images.remove(tag, force=True)
+
+
+# ---------------------------------------------------------------- tags
+
+
+def test_tag_is_stable_and_changes_with_every_input(tmp_path: Path) -> None:
+    ctx = _context(tmp_path)
+    defn = ImageDef(name="probe", directory=str(ctx), parent="base")
+    first = input_hash(defn, "aaaa", b"")
+    assert first == input_hash(defn, "aaaa", b""), "same inputs must give the same tag"
+    assert len(first) == 12
+
+    seen = {first}
+
+    def changed(tag: str) -> None:
+        assert tag not in seen, "a changed build input must change the tag"
+        seen.add(tag)
+
+    changed(input_hash(defn, "bbbb", b""))  # parent's tag
+    (ctx / "Dockerfile").write_text("ARG BASE\nFROM ${BASE}\nRUN true\n")
+    changed(input_hash(defn, "aaaa", b""))  # Dockerfile
+    (ctx / "tool.sh").chmod(0o755)
+    changed(input_hash(defn, "aaaa", b""))  # a file's executable bit
+    (ctx / "sub").mkdir()
+    (ctx / "sub" / "data.txt").write_text("x")
+    changed(input_hash(defn, "aaaa", b""))  # a new context file
+    with_ca = defn.model_copy(update={"extra_ca": True})
+    cert = _self_signed_pem(tmp_path)
+    changed(input_hash(with_ca, "aaaa", b""))
+    changed(input_hash(with_ca, "aaaa", cert))  # the extra CA bundle
+    # The CA only counts for images that take it (children inherit it via the parent tag).
+    assert input_hash(defn, "aaaa", cert) == input_hash(defn, "aaaa", b"")
+
+
+def test_child_tag_follows_parent_inputs(tmp_path: Path, monkeypatch) -> None:
+    parent_ctx, child_ctx = _context(tmp_path), _context(tmp_path)
+    defs = (
+        ImageDef(name="p", directory=str(parent_ctx)),
+        ImageDef(name="c", directory=str(child_ctx), parent="p"),
+    )
+    monkeypatch.setattr(images_mod, "IMAGES", defs)
+    before = current_refs()
+    assert before == current_refs()
+    (parent_ctx / "Dockerfile").write_text("FROM scratch\n")
+    after = current_refs()
+    assert after["p"] != before["p"] and after["c"] != before["c"]
+    assert after["c"].startswith("fleet-c:")
+
+
+def test_helper_files_are_hashed_and_missing_ones_skipped(tmp_path: Path) -> None:
+    ctx = _context(tmp_path)
+    helper = tmp_path / "helper.py"
+    defn = ImageDef(name="probe", directory=str(ctx), files=(str(helper),))
+    without = input_hash(defn, None, b"")
+    assert [rel for rel, _ in images_mod.context_files(defn)] == ["Dockerfile", "tool.sh"]
+    helper.write_text("print('hi')\n")
+    assert input_hash(defn, None, b"") != without
+    assert "fleet/helper.py" in [rel for rel, _ in images_mod.context_files(defn)]
+
+
+def test_unknown_image_names_what_exists() -> None:
+    with pytest.raises(SandboxUnavailable, match=r"unknown image 'nope'.*coding"):
+        image_ref("nope")
+
+
+def test_image_ref_of_unbuilt_image_says_to_build(tmp_path, monkeypatch, docker_client) -> None:
+    monkeypatch.setattr(images_mod, "IMAGES", _probe_defs(_context(tmp_path)))
+    with pytest.raises(SandboxUnavailable, match="fleet images build"):
+        image_ref("probe", client=docker_client)
+
+
+# ---------------------------------------------------------------- builds
+
+
+def test_second_build_is_a_noop(images: dict[str, str], docker_client) -> None:
+    ids = {name: docker_client.images.get(ref).id for name, ref in images.items()}
+    lines: list[str] = []
+    again = ensure_images(None, client=docker_client, say=lines.append)
+    assert again == images
+    assert lines == [], f"an up-to-date build must not build anything: {lines}"
+    assert {name: docker_client.images.get(ref).id for name, ref in again.items()} == ids
+    for name, ref in images.items():
+        assert image_ref(name, client=docker_client) == ref
+
+
+def test_changed_input_builds_a_new_tag(
+    images, docker_client, tmp_path, monkeypatch, probe_name, run_id
+) -> None:
+    ctx = _context(tmp_path, "ARG BASE\nFROM ${BASE}\nCOPY tool.sh /probe/tool.sh\n")
+    monkeypatch.setattr(images_mod, "IMAGES", _probe_defs(ctx, name=probe_name))
+    lines: list[str] = []
+    first = ensure_images([probe_name], client=docker_client, say=lines.append)[probe_name]
+    assert any(line.startswith(f"building {first}") for line in lines)
+    assert first.startswith(f"fleet-{probe_name}:")
+
+    (ctx / "tool.sh").write_text("#!/bin/sh\necho changed\n")
+    lines.clear()
+    second = ensure_images([probe_name], client=docker_client, say=lines.append)[probe_name]
+    assert second != first
+    # Only the changed image is rebuilt; its parents are current.
+    assert [line for line in lines if line.startswith("building")] == [f"building {second}"]
+    code, out = _run_to_end(docker_client, second, "cat /probe/tool.sh", run_id)
+    assert code == 0 and "echo changed" in out
+
+    lines.clear()
+    assert ensure_images([probe_name], client=docker_client, say=lines.append)[probe_name] == second
+    assert lines == []
+
+
+# ---------------------------------------------------------------- extra CA
+
+
+def _self_signed_pem(tmp_path: Path) -> bytes:
+    if shutil.which("openssl") is None:
+        missing_dependency("openssl is needed to make a test certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / f"ca-{uuid.uuid4().hex[:6]}.pem"
+    subject = "/CN=Fleet Test Intercepting CA"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"),
+            *("-subj", subject, "-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert.read_bytes()
+
+
+def test_extra_ca_setting_is_validated_and_remembered(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("FLEET_CONFIG_DIR", str(tmp_path / "config"))
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello\n")
+    assert fleet_main(["images", "build", "--extra-ca", str(not_pem)]) == 2
+    err = capsys.readouterr().err
+    assert "no PEM certificate" in err and "Traceback" not in err
+    assert images_mod.saved_extra_ca() == b""
+
+    pem = _self_signed_pem(tmp_path)
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(b"junk before\n" + pem + pem)
+    assert len(split_pem(save_extra_ca(bundle))) == 2
+    assert images_mod.saved_extra_ca().count(b"BEGIN CERTIFICATE") == 2
+    assert current_refs(["base"]) != current_refs(["base"], extra_ca=b"")
+    save_extra_ca(None)
+    assert images_mod.saved_extra_ca() == b""
+
+
+def test_extra_ca_ends_up_in_the_trust_store(images, docker_client, tmp_path, run_id) -> None:
+    pem = _self_signed_pem(tmp_path)
+    ref = ensure_images(["base"], client=docker_client, extra_ca=pem)["base"]
+    assert ref != images["base"], "the CA bundle is a build input of the base image"
+    try:
+        # Two base64 lines of this freshly made key: unique to this certificate.
+        lines = pem.strip().splitlines()
+        script = (
+            f"grep -qF '{lines[1].decode()}' /etc/ssl/certs/ca-certificates.crt && "
+            f"grep -qF '{lines[-2].decode()}' /etc/ssl/certs/ca-certificates.crt && "
+            "test -L /etc/ssl/certs/extra-000.pem && echo bundle-ok; "
+            "ls /usr/local/share/ca-certificates/fleet/; echo PIP_CERT=$PIP_CERT"
+        )
+        code, out = _run_to_end(docker_client, ref, script, run_id)
+        assert code == 0 and "bundle-ok" in out, out
+        assert "extra-000.crt" in out
+        assert "PIP_CERT=/etc/ssl/certs/ca-certificates.crt" in out
+    finally:
+        try:
+            docker_client.images.remove(ref)
+        except docker.errors.APIError:
+            pass  # still in use by a concurrent build; prune removes it later
+
+
+# ---------------------------------------------------------------- image contents
+
+
+def _run_to_end(client, image: str, script: str, run_id: str, **kwargs) -> tuple[int, str]:
+    box = client.containers.run(
+        image,
+        ["sh", "-c", script],
+        detach=True,
+        network_mode="none",
+        labels={"fleet.run": run_id},
+        **SECURE,
+        **kwargs,
+    )
+    try:
+        code = box.wait(timeout=60)["StatusCode"]
+        return code, box.logs().decode()
+    finally:
+        box.remove(force=True)  # now, so the image can be removed before run_id teardown
+
+
+def test_coding_image_has_tools_and_runs_as_agent(images, docker_client, run_id) -> None:
+    script = (
+        "set -e; id -u; id -un; pwd; python3 --version; git --version; rg --version | head -1; "
+        "printf 'int main(void){return 7;}' > /workspace/t.c && gcc -o /workspace/t /workspace/t.c; "
+        "/workspace/t || echo gcc-exit=$?; ls /opt/fleet"
+    )
+    code, out = _run_to_end(docker_client, images["coding"], script, run_id)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[:3] == ["1000", "agent", "/workspace"]
+    assert "Python 3.11" in out and "git version" in out and "ripgrep" in out
+    assert "gcc-exit=7" in out, "gcc must compile and the result must run in /workspace"
+    helpers = [Path(p).name for p in images_mod.BOX_HELPERS if Path(p).is_file()]
+    for helper in helpers:
+        assert helper in lines, f"/opt/fleet must hold {helper}"
+
+
+def test_browser_serves_cdp_under_secure_flags(images, docker_client, run_id) -> None:
+    net = docker_client.networks.create(
+        f"fleet-{run_id}", internal=True, labels={"fleet.run": run_id}
+    )
+    box = docker_client.containers.run(
+        images["browser"],
+        detach=True,
+        user="1000",
+        read_only=True,
+        tmpfs={"/tmp": "size=256m"},
+        network=net.name,
+        environment={"FLEET_PROXY": "http://egress.invalid:3128"},
+        labels={"fleet.run": run_id},
+        **SECURE,
+    )
+    box.reload()
+    ip = box.attrs["NetworkSettings"]["Networks"][net.name]["IPAddress"]
+    version = _wait_for_json(f"http://{ip}:9223/json/version", box)
+    assert version["Browser"].startswith("Chrome/")
+    assert version["webSocketDebuggerUrl"].startswith(f"ws://{ip}:9223/devtools/browser/")
+
+    cmdlines = box.exec_run(
+        [
+            "python3",
+            "-c",
+            "import glob; [print(open(p).read().replace(chr(0), ' ')) "
+            "for p in glob.glob('/proc/[0-9]*/cmdline')]",
+        ]
+    ).output.decode()
+    assert "--proxy-server=http://egress.invalid:3128" in cmdlines
+    assert "--disable-quic" in cmdlines
+    assert box.exec_run(["id", "-u"]).output.strip() == b"1000"
+
+
+def _wait_for_json(url: str, box, timeout: float = 20.0) -> dict:
+    # Straight to the container's address: never through an environment proxy.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with opener.open(url, timeout=2) as resp:
+                return json.loads(resp.read())
+        except OSError as exc:
+            last = exc
+            time.sleep(0.2)
+    box.reload()
+    logs = box.logs(tail=20).decode(errors="replace")
+    pytest.fail(f"CDP never answered at {url} ({last}); box {box.status}; logs:\n{logs}")
