@@ -54,9 +54,8 @@ def cap_text(text: str, max_lines: int, max_bytes: int) -> tuple[str, str]:
     for line in lines[:max_lines]:
         raw = line.encode("utf-8")
         if size + len(raw) + 1 > max_bytes:
-            room = max_bytes - size - 1
-            if room > 0:
-                kept.append(raw[:room].decode("utf-8", errors="ignore"))
+            if not kept:  # one huge first line: keep its head rather than nothing
+                kept.append(raw[: max_bytes - 1].decode("utf-8", errors="ignore"))
             break
         kept.append(line)
         size += len(raw) + 1
@@ -79,6 +78,10 @@ def wrap_memory(body: str, note: str) -> str:
         parts.append(note)
     parts.append("</memory>")
     return "\n".join(parts)
+
+
+def _symlinks(directory: str, names: list[str]) -> set[str]:
+    return {n for n in names if os.path.islink(os.path.join(directory, n))}
 
 
 class MemoryStore:
@@ -120,7 +123,9 @@ class MemoryStore:
         if self.root.exists():
             shutil.rmtree(self.root)
         if self.host_dir.is_dir():
-            shutil.copytree(self.host_dir, self.root, symlinks=False)
+            # Symlinks are skipped, not followed: memory must never pull in host files
+            # from outside its directory.
+            shutil.copytree(self.host_dir, self.root, ignore=_symlinks)
         else:
             self.root.mkdir(parents=True)
 
@@ -146,8 +151,12 @@ class MemoryStore:
             raise ToolError("a path is required, e.g. /memories/notes.md")
         rel = path
         if rel == MEMORY_PREFIX or rel.startswith(MEMORY_PREFIX + "/"):
-            rel = rel[len(MEMORY_PREFIX) :]
-        rel = rel.lstrip("/")
+            rel = rel[len(MEMORY_PREFIX) :].lstrip("/")
+        elif rel.startswith("/"):
+            raise ToolError(
+                f"path {path!r} is outside the memory directory; memory paths start with "
+                f"{MEMORY_PREFIX}/, e.g. {MEMORY_PREFIX}/notes.md"
+            )
         root = self.root.resolve()
         full = (root / rel).resolve()
         if full != root and root not in full.parents:

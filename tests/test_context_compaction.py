@@ -1,0 +1,153 @@
+"""Compaction and todo recitation on message lists (box: in-memory fake).
+
+The end-to-end version, a scripted 60-step task through the real loop, the real
+``anthropic`` client, the fake Messages API and a real Docker box, is in
+tests/test_context_loop.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from context_fakes import MemoryBox, SummaryModel
+from test_context_offload import TASK, exchange
+
+from subagents.context import ContextConfig, ContextManager
+from subagents.context.compaction import DEFAULT_PROMPT, unmatched_tool_calls
+from subagents.context.todos import TodoItem
+from subagents.trace import TraceWriter, read_trace
+
+pytestmark = pytest.mark.anyio
+NEEDLE = "the staging database port is 48213"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def manager_for(
+    tmp_path: Path, config: ContextConfig, model: SummaryModel, *, todos: bool = True
+) -> tuple[ContextManager, MemoryBox, TraceWriter]:
+    box = MemoryBox()
+    trace = TraceWriter(tmp_path / "trace.jsonl", run="r", member="m")
+    manager = ContextManager(
+        config,
+        profile=model.profile,
+        model=model,
+        sandbox=box,
+        run_dir=tmp_path / "member",
+        trace=trace,
+        task=TASK,
+        memory_dir=None,
+        todos_enabled=todos,
+    )
+    return manager, box, trace
+
+
+def long_session(steps: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": TASK}]}]
+    for i in range(1, steps + 1):
+        result = f"step {i} output " + ("." * 500)
+        if i == 5:
+            result = f"config dump: {NEEDLE}. " + result
+        messages += exchange(i, "shell", result, {"command": f"echo step {i}"})
+    return messages
+
+
+async def test_compaction_keeps_task_verbatim_saves_transcript_and_todos(tmp_path: Path) -> None:
+    model = SummaryModel()
+    config = ContextConfig(budget_tokens=10_000)
+    manager, box, trace = manager_for(tmp_path, config, model)
+    manager.todos.replace([TodoItem(content="port the parser", status="in_progress")])
+    manager.note_files_written(["/workspace/a.py", "/workspace/big.py", "/workspace/gone.py"])
+    box.files["/workspace/a.py"] = b"print('a')\n"
+    box.files["/workspace/big.py"] = b"x = 1\n" * 5_000  # ~7,500 tokens: path only
+    messages = long_session(60)
+    await manager.prepare(messages, turn=61, system="sys", tools=[])
+
+    assert len(messages) == 1 and messages[0]["role"] == "user"
+    texts = [b["text"] for b in messages[0]["content"]]
+    assert texts[0] == TASK  # the goal, verbatim, first
+    summary = next(t for t in texts if "<compaction_summary" in t)
+    (event,) = [e for e in read_trace(trace.path) if e.type == "compaction"]
+    assert event.transcript_path in summary and model.summary in summary
+    assert event.tokens_before > manager.limits.trigger > event.tokens_after
+    assert any("[~] port the parser" in t for t in texts)
+    assert any(t.startswith('<file path="/workspace/a.py"') and "print('a')" in t for t in texts)
+    assert any("/workspace/big.py" in t and "tokens" in t and "x = 1" not in t for t in texts)
+    assert not any("gone.py" in t for t in texts)
+    assert unmatched_tool_calls(messages) == []
+
+    # The needle was summarized away but is in the transcript, in the box and on the host.
+    transcript = box.files[event.transcript_path].decode()
+    assert NEEDLE not in json.dumps(messages)
+    hits = [line for line in transcript.splitlines() if "48213" in line]
+    assert len(hits) == 1 and NEEDLE in json.loads(hits[0])["content"][0]["content"][0]["text"]
+    host = tmp_path / "member" / "transcripts" / Path(event.transcript_path).name
+    assert host.read_text() == transcript
+    assert len(transcript.splitlines()) == 121  # task + 60 exchanges, one message per line
+
+    # The summarizer read the session as text, with our structured prompt.
+    (request,) = model.requests
+    assert "step 5" in request.messages[0]["content"][0]["text"]
+    assert request.messages[0]["content"][1]["text"] == DEFAULT_PROMPT
+    assert not request.tools
+
+
+async def test_custom_instructions_replace_our_prompt(tmp_path: Path) -> None:
+    model = SummaryModel()
+    config = ContextConfig(budget_tokens=10_000, compaction_instructions="Only list open bugs.")
+    manager, _, _ = manager_for(tmp_path, config, model)
+    await manager.prepare(long_session(60), turn=61, system="", tools=[])
+    assert model.requests[0].messages[0]["content"][1]["text"] == "Only list open bugs."
+
+
+async def test_a_failed_summary_call_falls_back_and_the_run_goes_on(tmp_path: Path) -> None:
+    model = SummaryModel(fail=True)
+    manager, _, trace = manager_for(tmp_path, ContextConfig(budget_tokens=10_000), model)
+    messages = long_session(60)
+    await manager.prepare(messages, turn=61, system="", tools=[])
+    (event,) = [e for e in read_trace(trace.path) if e.type == "compaction"]
+    assert "produced mechanically" in event.summary and "echo step 60" in event.summary
+    assert messages[0]["content"][0]["text"] == TASK
+
+
+async def test_todos_are_recited_when_changed_and_every_few_turns(tmp_path: Path) -> None:
+    manager, _, trace = manager_for(tmp_path, ContextConfig(recite_every=3), SummaryModel())
+    (tool,) = manager.tools()
+    assert tool.name == "write_todos"
+    messages = long_session(2)
+    await manager.prepare(messages, turn=1, system="", tools=[])  # empty list: nothing
+    assert messages[-1]["content"][-1]["type"] == "tool_result"
+
+    items = [TodoItem(content="read code", status="completed"), TodoItem(content="fix bug")]
+    await tool.run(tool.Input(todos=items), None)  # type: ignore[arg-type]
+    recited_at = []
+    for turn in range(2, 10):
+        messages += exchange(100 + turn, "shell", "ok")
+        await manager.prepare(messages, turn=turn, system="", tools=[])
+        last = messages[-1]["content"][-1]
+        if last["type"] == "text":
+            assert "<todo_list done=1 total=2>" in last["text"] and "[ ] fix bug" in last["text"]
+            recited_at.append(turn)
+    assert recited_at == [2, 5, 8]
+    events = [e for e in read_trace(trace.path) if e.type == "todos"]
+    assert [e.recited for e in events] == [False, True, True, True]
+
+
+async def test_write_todos_refuses_two_items_in_progress(tmp_path: Path) -> None:
+    from subagents.tools.base import ToolError
+
+    manager, _, _ = manager_for(tmp_path, ContextConfig(), SummaryModel())
+    (tool,) = manager.tools()
+    both = [
+        TodoItem(content="a", status="in_progress"),
+        TodoItem(content="b", status="in_progress"),
+    ]
+    with pytest.raises(ToolError, match="at most one in_progress"):
+        await tool.run(tool.Input(todos=both), None)  # type: ignore[arg-type]
+    assert manager.todos.items == []
