@@ -71,6 +71,10 @@ from .spec import SandboxSpec, parse_size
 
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 _CODING_COMMAND = ["sleep", "infinity"]
+# Chromium skips its proxy for loopback and link-local (169.254/16) addresses unless
+# told otherwise; "<-loopback>" removes those implicit bypasses, so even the metadata
+# address goes to the proxy, which refuses it.
+_BROWSER_COMMAND = ["/opt/fleet/start-browser", "--proxy-bypass-list=<-loopback>"]
 
 
 class DockerSandbox(Sandbox):
@@ -418,6 +422,8 @@ class DockerBackend(SandboxBackend):
             spec.kind == "coding" or (spec.kind == "service" and not spec.image)
         ):
             command = _CODING_COMMAND  # a service box of a named image runs that image's server
+        elif command is None and spec.kind == "browser" and not spec.image:
+            command = _BROWSER_COMMAND
         args = (spec, image, labels, env, network, aliases, command, run, member)
         info = await anyio.to_thread.run_sync(self._create_sync, *args)
         box = DockerSandbox(self, info, spec, run, member)

@@ -1,0 +1,105 @@
+"""Browser boxes: CDP from the host, and egress only to allowlisted hosts through the proxy.
+
+All traffic stays on the run's own network: the allowlisted server is a service box,
+the "Docker host" is a server bound to the run network's gateway address, and the
+refused destinations are refused by the proxy before any packet leaves it.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from sandbox.docker import DockerBackend
+from sandbox.spec import NetworkPolicy, SandboxSpec
+
+pytestmark = [pytest.mark.docker, pytest.mark.chromium, pytest.mark.anyio, pytest.mark.slow]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def backend(docker_client, images) -> DockerBackend:
+    return DockerBackend(docker_client, images=images)
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"host-secret-page"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def host_server_factory() -> Iterator:
+    servers: list[http.server.HTTPServer] = []
+
+    def start(address: str) -> int:
+        server = http.server.HTTPServer((address, 0), _Hello)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server.server_address[1]
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_browser_reaches_only_allowlisted_hosts(
+    backend: DockerBackend, run_id: str, docker_client, host_server_factory
+) -> None:
+    from playwright.async_api import async_playwright
+
+    service = await backend.create(
+        SandboxSpec(kind="service"),
+        run=run_id,
+        member="docs",
+        command=["python3", "-m", "http.server", "8080", "--directory", "/workspace"],
+    )
+    await service.write_file("page.html", "<html><body><h1>allowed corpus page</h1></body></html>")
+    net = docker_client.api.inspect_network(f"fleet-run-{run_id}")
+    assert net["Internal"]
+    gateway = net["IPAM"]["Config"][0]["Gateway"]
+    host_port = host_server_factory(gateway)
+    # The gateway and the metadata address are even listed: the address check must hold.
+    policy = NetworkPolicy(egress="allowlist", allow=("docs:8080", gateway, "169.254.169.254"))
+    browser = await backend.create(
+        SandboxSpec(kind="browser", network=policy), run=run_id, member="b"
+    )
+    try:
+        endpoint = await browser.cdp_endpoint()
+        assert endpoint == f"http://{browser.ip}:9223"
+        async with async_playwright() as pw:
+            chromium = await pw.chromium.connect_over_cdp(endpoint)
+            page = await chromium.contexts[0].new_page()
+            resp = await page.goto("http://docs:8080/page.html")
+            assert resp is not None and resp.status == 200
+            assert await page.inner_text("h1") == "allowed corpus page"
+            for url in (
+                f"http://{gateway}:{host_port}/",
+                "http://169.254.169.254/latest/meta-data/",
+                "http://example.com/",
+            ):
+                resp = await page.goto(url)
+                assert resp is not None and resp.status == 403, url
+                assert "fleet egress proxy" in await page.content()
+            await chromium.close()
+        direct = await browser.exec(
+            ["python3", "-c", "import socket; socket.create_connection(('example.com', 80), 3)"]
+        )
+        assert direct.exit_code != 0
+    finally:
+        await browser.close()
+        await service.close()
