@@ -1,0 +1,217 @@
+"""What the model sees of a page: readable text, numbered elements, untrusted delimiters.
+
+The snapshot is taken from the DOM by one script run in the page: it numbers every
+visible interactive element (``e1``, ``e2``, ...) and marks it with a
+``data-fleet-ref`` attribute, so ``click{ref}`` and ``type{ref}`` find exactly the
+element the model saw, with no second heuristic. Each element is named the way an
+accessibility tree names it (``aria-label``, ``aria-labelledby``, ``<label>``,
+``alt``/``title``/``placeholder``, then its text) and given its ARIA role (explicit
+or implied by the tag). We compute this in the page rather than using Playwright's
+accessibility snapshot because we also need the ref marks on the live elements.
+
+Everything that came from a page is wrapped in ``<untrusted_page_content>`` with any
+copy of the closing tag inside the text defused, so a page cannot close the
+delimiter and talk to the model as the harness.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SNAPSHOT_JS = r"""
+(maxElements) => {
+  const old = document.querySelectorAll('[data-fleet-ref]');
+  old.forEach(e => e.removeAttribute('data-fleet-ref'));
+  const SEL = 'a[href], button, input:not([type=hidden]), select, textarea, summary, ' +
+    '[role=button], [role=link], [role=checkbox], [role=radio], [role=tab], ' +
+    '[role=menuitem], [role=textbox], [role=searchbox], [role=combobox], [role=switch], ' +
+    '[contenteditable=""], [contenteditable=true], [onclick]';
+  const visible = (el) => {
+    const r = el.getBoundingClientRect();
+    const s = getComputedStyle(el);
+    return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none';
+  };
+  const clean = (t) => (t || '').replace(/\s+/g, ' ').trim();
+  const role = (el) => {
+    const r = el.getAttribute('role');
+    if (r) return r;
+    const tag = el.tagName.toLowerCase();
+    if (tag === 'a') return 'link';
+    if (tag === 'select') return 'combobox';
+    if (tag === 'textarea') return 'textbox';
+    if (tag === 'summary') return 'button';
+    if (tag === 'input') {
+      const t = (el.getAttribute('type') || 'text').toLowerCase();
+      return ({checkbox: 'checkbox', radio: 'radio', submit: 'button', button: 'button',
+               reset: 'button', image: 'button', search: 'searchbox', range: 'slider'})[t]
+        || 'textbox';
+    }
+    return tag === 'button' ? 'button' : 'generic';
+  };
+  const name = (el) => {
+    const byAria = el.getAttribute('aria-label');
+    if (byAria) return clean(byAria);
+    const ids = el.getAttribute('aria-labelledby');
+    if (ids) {
+      const t = ids.split(/\s+/).map(i => document.getElementById(i))
+        .filter(Boolean).map(n => n.innerText).join(' ');
+      if (clean(t)) return clean(t);
+    }
+    if (el.labels && el.labels.length) return clean(el.labels[0].innerText);
+    const text = clean(el.innerText || el.textContent);
+    if (text) return text.slice(0, 120);
+    return clean(el.getAttribute('alt') || el.getAttribute('title') ||
+      el.getAttribute('placeholder') || el.value || el.getAttribute('name') || '');
+  };
+  const elements = [];
+  let n = 0;
+  for (const el of document.querySelectorAll(SEL)) {
+    if (!visible(el)) continue;
+    const href = el.getAttribute('href') || '';
+    const nm = name(el);
+    // Sphinx-style permalink marks add hundreds of one-character links; skip them.
+    if (href.startsWith('#') && nm.length <= 1) continue;
+    n += 1;
+    const ref = 'e' + n;
+    el.setAttribute('data-fleet-ref', ref);
+    if (elements.length < maxElements) {
+      const item = {ref, role: role(el), name: nm};
+      if (el.tagName === 'A' && el.href) item.href = el.href;
+      if ('value' in el && el.tagName !== 'BUTTON' && el.value && role(el) !== 'button')
+        item.value = String(el.value).slice(0, 80);
+      if (el.type === 'checkbox' || el.type === 'radio') item.checked = !!el.checked;
+      elements.push(item);
+    }
+  }
+  const main = document.querySelector('main, [role=main], article') || document.body;
+  return {
+    url: location.href, title: document.title,
+    text: main ? main.innerText : '', full_text: document.body ? document.body.innerText : '',
+    elements, total_elements: n,
+    scroll_y: Math.round(window.scrollY),
+    scroll_height: Math.round(document.documentElement.scrollHeight),
+    viewport_height: window.innerHeight,
+  };
+}
+"""
+
+LINKS_JS = r"""
+([max, mainOnly]) => {
+  const out = []; const seen = new Set();
+  const root = (mainOnly && document.querySelector('main, [role=main], article')) || document;
+  for (const a of root.querySelectorAll('a[href]')) {
+    const href = a.href; const text = (a.innerText || a.title || '').replace(/\s+/g, ' ').trim();
+    if (!href || href.startsWith('javascript:') || seen.has(href) || text.length <= 1) continue;
+    seen.add(href); out.push({text: text.slice(0, 120), href});
+    if (out.length >= max) break;
+  }
+  return {links: out, total: document.querySelectorAll('a[href]').length};
+}
+"""
+
+OPEN_TAG = "<untrusted_page_content"
+CLOSE_TAG = "</untrusted_page_content>"
+
+
+class Element(BaseModel):
+    """One interactive element of a snapshot."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ref: str
+    role: str
+    name: str
+    href: str | None = None
+    value: str | None = None
+    checked: bool | None = None
+
+
+class PageView(BaseModel):
+    """A page as read by :data:`SNAPSHOT_JS`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    title: str
+    text: str
+    """Readable main text (``main``/``article`` if present, else the body)."""
+    full_text: str
+    """The whole body text: what quotes are verified against."""
+    elements: list[Element] = Field(default_factory=list)
+    total_elements: int = 0
+    scroll_y: int = 0
+    scroll_height: int = 0
+    viewport_height: int = 0
+
+
+def defuse(text: str) -> str:
+    """Page text with any copy of the delimiter tags made inert."""
+    return text.replace("</untrusted_page_content", "<\\/untrusted_page_content").replace(
+        "<untrusted_page_content", "<\\untrusted_page_content"
+    )
+
+
+def untrusted(url: str, body: str, *, title: str = "") -> str:
+    """``body`` (page-derived) wrapped in the untrusted-content delimiters."""
+    attrs = f' url="{defuse(url)}"' + (f' title="{defuse(title)}"' if title else "")
+    attrs = attrs.replace("\n", " ")
+    return f"{OPEN_TAG}{attrs}>\n{defuse(body).rstrip()}\n{CLOSE_TAG}"
+
+
+def chunks(text: str, size: int) -> list[str]:
+    """``text`` cut into pieces of about ``size`` characters, at line breaks when possible."""
+    out: list[str] = []
+    rest = text.strip()
+    while rest:
+        if len(rest) <= size:
+            out.append(rest)
+            break
+        cut = rest.rfind("\n", size // 2, size)
+        cut = cut if cut > 0 else size
+        out.append(rest[:cut].rstrip())
+        rest = rest[cut:].lstrip()
+    return out or [""]
+
+
+def render_element(el: Element) -> str:
+    line = f'[{el.ref}] {el.role} "{el.name}"'
+    if el.href:
+        line += f" -> {el.href}"
+    if el.value:
+        line += f" value={el.value!r}"
+    if el.checked is not None:
+        line += " (checked)" if el.checked else " (unchecked)"
+    return line
+
+
+def render_snapshot(
+    view: PageView, *, chunk_chars: int, status: str = "", elements: bool = True
+) -> str:
+    """The model-facing snapshot: first text chunk plus numbered elements, delimited."""
+    parts = chunks(view.text, chunk_chars)
+    lines = []
+    head = f"Page text (chunk 1 of {len(parts)}"
+    head += "; call read with chunk=2.. for the rest)" if len(parts) > 1 else ")"
+    lines += [head + ":", parts[0], ""]
+    if elements:
+        more = view.total_elements - len(view.elements)
+        lines.append(f"Interactive elements ({view.total_elements}; use a ref with click/type):")
+        lines += [render_element(e) for e in view.elements]
+        if more > 0:
+            lines.append(f"... {more} more elements not listed (use links or find).")
+    scroll = f"Scroll: {view.scroll_y} of {max(view.scroll_height - view.viewport_height, 0)} px."
+    lines.append(scroll)
+    text = untrusted(view.url, "\n".join(lines), title=view.title)
+    return f"{status}\n{text}" if status else text
+
+
+def render_links(url: str, data: dict[str, Any]) -> str:
+    """The ``links`` tool's answer, delimited."""
+    links = data.get("links", [])
+    lines = [f"{i}. {link['text']} -> {link['href']}" for i, link in enumerate(links, 1)]
+    total = int(data.get("total", len(links)))
+    if total > len(links):
+        lines.append(f"({total} anchors on the page; duplicates and unnamed ones omitted)")
+    return untrusted(url, "\n".join(lines) or "(no links)")
