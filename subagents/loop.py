@@ -172,14 +172,19 @@ class AgentLoop:
 
     async def run(self) -> MemberOutcome:
         """Turns until a result or a limit; raises only SandboxCrashed, ModelError, cancel."""
-        with anyio.move_on_after(self.limits.deadline_s):
-            return await self._run()
-        return self.outcome(
-            "incomplete",
-            f"wall-clock deadline of {self.limits.deadline_s:g} s reached after "
-            f"{self.turn} turns and {self.tool_calls} tool calls",
-            limit="deadline",
-        )
+        try:
+            with anyio.move_on_after(self.limits.deadline_s):
+                return await self._run()
+            return self.outcome(
+                "incomplete",
+                f"wall-clock deadline of {self.limits.deadline_s:g} s reached after "
+                f"{self.turn} turns and {self.tool_calls} tool calls",
+                limit="deadline",
+            )
+        finally:
+            if self.kind.teardown is not None:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                    await self.kind.teardown(self.tool_ctx)
 
     async def _run(self) -> MemberOutcome:
         await self._start()

@@ -59,6 +59,8 @@ class Kind:
     """Runs once before the first model call (e.g. snapshot the workspace)."""
     finalize: Finalize | None = None
     """Turns an accepted submission into the final result (e.g. add the patch)."""
+    teardown: Setup | None = None
+    """Runs once when the member ends, however it ends (e.g. close a browser connection)."""
 
     @property
     def submit_schema(self) -> type[BaseModel]:
