@@ -158,3 +158,24 @@ def test_doomed_rule_is_ttl_or_run_over_unless_kept() -> None:
     ]
     assert len(reaper.doomed(boxes, {"live"}, now, everything=True)) == 5
     assert os.getpid()  # the live registry keys on pids; see test above
+
+
+async def test_cli_lists_boxes_and_gc_dry_run_names_orphans(
+    backend: DockerBackend, run_id: str
+) -> None:
+    import json
+    import sys
+
+    async with await backend.create(SandboxSpec(), run=run_id, member="cli"):
+        fleet = [sys.executable, "-m", "coordinator.cli"]
+        ls = await anyio.run_process(
+            [*fleet, "sandbox", "ls", "--run", run_id, "--json"], check=False
+        )
+        assert ls.returncode == 0, ls.stderr
+        rows = [json.loads(line) for line in ls.stdout.decode().splitlines()]
+        assert [(r["member"], r["run_live"]) for r in rows] == [("cli", True)]
+        reaper.mark_done(run_id)  # the owner is "gone": gc would now take the box
+        gc = await anyio.run_process([*fleet, "sandbox", "gc", "--dry-run"], check=False)
+        assert gc.returncode == 0, gc.stderr
+        assert f"would remove fleet-{run_id}-cli" in gc.stdout.decode()
+        assert [b.member for b in await backend.list_boxes(run=run_id)] == ["cli"]

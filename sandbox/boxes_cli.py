@@ -1,0 +1,86 @@
+"""``fleet sandbox ls`` and ``fleet sandbox gc``: see and clean up Fleet's boxes.
+
+``ls`` shows every Fleet container on the engine (boxes and egress proxies) with its
+run, member, kind, state, age, TTL and whether its run is still live. ``gc`` removes
+boxes whose run is over (its live marker is gone or names a dead process), boxes
+whose TTL has passed, and run networks left behind; ``--all`` removes every Fleet box
+and network; ``--dry-run`` only says what would go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from . import reaper
+from .errors import SandboxError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("sandbox", help="list and clean up Fleet's sandboxes")
+    sub = parser.add_subparsers(dest="sandbox_cmd", required=True)
+    ls = sub.add_parser("ls", help="list Fleet's boxes on this engine")
+    ls.add_argument("--run", help="only this run's boxes")
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.set_defaults(func=cmd_ls)
+    gc = sub.add_parser("gc", help="remove boxes whose run is over or whose TTL passed")
+    gc.add_argument("--all", action="store_true", help="remove every Fleet box and network")
+    gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    gc.set_defaults(func=cmd_gc)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from .engine import connect
+
+    try:
+        client = connect()
+        boxes = reaper.list_boxes(client, args.run)
+    except SandboxError as e:
+        print(f"fleet: {e}", file=sys.stderr)
+        return 1
+    live, now = reaper.live_runs(), time.time()
+    if args.json:
+        for box in boxes:
+            print(json.dumps({**box.model_dump(), "run_live": box.run in live}))
+        return 0
+    if not boxes:
+        print("no Fleet boxes on this engine")
+        return 0
+    header = f"{'NAME':<44} {'RUN':<20} {'MEMBER':<14} {'KIND':<8} {'STATE':<9} {'AGE':>6} {'TTL':>6} RUN-LIVE"
+    print(header)
+    for b in boxes:
+        ttl_left = b.created + b.ttl_s - now
+        ttl = "keep" if b.keep and ttl_left > 0 else _age(max(ttl_left, 0))
+        print(
+            f"{b.name[:44]:<44} {b.run[:20]:<20} {b.member[:14]:<14} {b.kind:<8} "
+            f"{b.status:<9} {_age(now - b.created):>6} {ttl:>6} {'yes' if b.run in live else 'no'}"
+        )
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from .engine import connect
+
+    try:
+        client = connect()
+        removed = reaper.gc(
+            client, reaper.live_runs(), now=time.time(), everything=args.all, dry_run=args.dry_run
+        )
+    except SandboxError as e:
+        print(f"fleet: {e}", file=sys.stderr)
+        return 1
+    verb = "would remove" if args.dry_run else "removed"
+    for box in removed:
+        print(f"{verb} {box.name} (run {box.run}, member {box.member})")
+    print(f"{verb} {len(removed)} box(es)")
+    return 0
