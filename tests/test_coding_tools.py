@@ -1,0 +1,126 @@
+"""Coding tools and custom command tools in a real Docker box (fleet-coding image)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from loop_support import writer
+
+from sandbox.docker import DockerBackend
+from sandbox.spec import SandboxSpec
+from subagents.tools.base import ToolContext, ToolOutput
+from subagents.tools.coding import coding_tools
+from subagents.tools.registry import CustomToolSpec, ParamSpec, ToolRegistry, build_custom_tool
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def ctx(docker_client, images, run_id: str, tmp_path: Path) -> AsyncIterator[ToolContext]:
+    backend = DockerBackend(docker_client, images=images)
+    box = await backend.create(SandboxSpec(), run=run_id, member="coder")
+    async with box:
+        yield ToolContext(sandbox=box, run_dir=tmp_path, trace=writer(tmp_path), member="coder")
+
+
+TEMPLATE = CustomToolSpec(
+    name="count_words",
+    description="Count the words of a text.",
+    command="printf '%s' {text} | wc -w",
+    parameters={"text": ParamSpec(description="The text.")},
+)
+
+
+@pytest.fixture
+def tools() -> ToolRegistry:
+    return ToolRegistry([*coding_tools(), build_custom_tool(TEMPLATE)])
+
+
+async def call(tools: ToolRegistry, ctx: ToolContext, name: str, **args: object) -> ToolOutput:
+    return await tools.call(name, args, ctx)
+
+
+async def test_write_then_read_numbered_lines_with_offset_and_limit(tools, ctx) -> None:
+    body = "".join(f"line {i}\n" for i in range(1, 31))
+    wrote = await call(tools, ctx, "write_file", path="src/notes.txt", content=body)
+    assert not wrote.is_error and wrote.files_written == ["/workspace/src/notes.txt"]
+    out = await call(tools, ctx, "read_file", path="src/notes.txt", offset=10, limit=5)
+    lines = out.text.splitlines()
+    assert lines[:5] == [f"{n:>6}\tline {n}" for n in range(10, 15)]
+    assert "lines 10-14 of 30" in lines[5] and "offset=15" in lines[5]
+    past = await call(tools, ctx, "read_file", path="src/notes.txt", offset=99)
+    assert past.is_error and "30 lines" in past.text
+
+
+async def test_edit_file_refuses_missing_and_non_unique_matches(tools, ctx) -> None:
+    await call(tools, ctx, "write_file", path="app.py", content="a = 1\nb = 1\nc = 2\n")
+    missing = await call(tools, ctx, "edit_file", path="app.py", old_string="d = 1", new_string="x")
+    assert missing.is_error and "not found" in missing.text and "0 matches" in missing.text
+    twice = await call(tools, ctx, "edit_file", path="app.py", old_string="= 1", new_string="= 9")
+    assert twice.is_error and "matches 2 places" in twice.text and "replace_all" in twice.text
+    unchanged = await ctx.sandbox.read_file("/workspace/app.py")
+    assert unchanged == b"a = 1\nb = 1\nc = 2\n"
+    one = await call(tools, ctx, "edit_file", path="app.py", old_string="c = 2", new_string="c = 3")
+    assert not one.is_error and "line 3" in one.text
+    every = await call(
+        tools, ctx, "edit_file", path="app.py", old_string="= 1", new_string="= 7", replace_all=True
+    )
+    assert not every.is_error and every.files_written == ["/workspace/app.py"]
+    assert await ctx.sandbox.read_file("/workspace/app.py") == b"a = 7\nb = 7\nc = 3\n"
+    nofile = await call(tools, ctx, "edit_file", path="nope.py", old_string="a", new_string="b")
+    assert nofile.is_error and "no such file" in nofile.text
+
+
+async def test_shell_reports_exit_code_and_keeps_partial_output_on_timeout(tools, ctx) -> None:
+    failed = await call(tools, ctx, "shell", command="echo out; echo err >&2; exit 3")
+    assert not failed.is_error  # a failing command is information for the model
+    assert failed.text.startswith("exit code 3") and "out" in failed.text and "err" in failed.text
+    slow = await call(tools, ctx, "shell", command="echo started; sleep 30", timeout_s=1)
+    assert "timed out after 1 s" in slow.text and "started" in slow.text
+
+
+async def test_glob_and_grep_find_files_and_lines(tools, ctx) -> None:
+    await call(tools, ctx, "write_file", path="pkg/a.py", content="def foo():\n    return 1\n")
+    await call(tools, ctx, "write_file", path="pkg/sub/b.py", content="x = foo()\n")
+    await call(tools, ctx, "write_file", path="README.md", content="foo docs\n")
+    found = await call(tools, ctx, "glob", pattern="**/*.py")
+    assert sorted(found.text.splitlines()) == ["/workspace/pkg/a.py", "/workspace/pkg/sub/b.py"]
+    hits = await call(tools, ctx, "grep", pattern=r"foo\(", glob="*.py")
+    assert sorted(hits.text.splitlines()) == [
+        "/workspace/pkg/a.py:1:def foo():",
+        "/workspace/pkg/sub/b.py:1:x = foo()",
+    ]
+    none = await call(tools, ctx, "grep", pattern="nothing_here")
+    assert not none.is_error and "no matches" in none.text
+    bad = await call(tools, ctx, "grep", pattern="(unclosed")
+    assert bad.is_error and "grep failed" in bad.text
+
+
+async def test_paths_outside_the_box_roots_are_refused(tools, ctx) -> None:
+    out = await call(tools, ctx, "read_file", path="/etc/passwd")
+    assert out.is_error and "outside" in out.text
+    up = await call(tools, ctx, "write_file", path="../../etc/x", content="x")
+    assert up.is_error and "outside" in up.text
+
+
+async def test_command_template_tool_quotes_arguments(tools, ctx) -> None:
+    out = await call(tools, ctx, "count_words", text="a b; touch /workspace/pwned")
+    assert not out.is_error and out.text.splitlines()[-2:] == ["stdout:", "4"]
+    listing = await call(tools, ctx, "shell", command="ls /workspace")
+    assert "pwned" not in listing.text
+    missing = await call(tools, ctx, "count_words")
+    assert missing.is_error and "text: Field required" in missing.text
+    schema = next(d for d in tools.definitions() if d["name"] == "count_words")["input_schema"]
+    assert schema["required"] == ["text"]
+
+
+def test_command_template_must_declare_its_placeholders() -> None:
+    with pytest.raises(ValueError, match="does not declare"):
+        CustomToolSpec(name="t", description="d", command="pytest {path}")

@@ -1,0 +1,83 @@
+"""A whole coding member: fake Messages API -> real anthropic client -> loop -> real box."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from loop_support import anthropic_model, events, writer
+
+from sandbox.docker import DockerBackend
+from subagents.fake_api import FakeMessagesAPI, reply, tool_use
+from subagents.member import MemberSpec, run_member
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio]
+
+CHECK = "python3 -c 'import calc; assert calc.add(2, 3) == 5; print(\"ok\")'"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def box(docker_client, images, run_id: str) -> AsyncIterator:
+    spec = MemberSpec(id="coder", kind="coding", task="t").sandbox_spec()
+    sandbox = await DockerBackend(docker_client, images=images).create(
+        spec, run=run_id, member="coder"
+    )
+    async with sandbox:
+        await sandbox.write_file("/workspace/calc.py", "def add(a, b):\n    return a - b\n")
+        await sandbox.write_file("/workspace/README.md", "calc\n")
+        init = await sandbox.exec(
+            "git init -q && git add -A && git -c user.name=u -c user.email=u@x commit -qm init"
+        )
+        assert init.ok, init.stderr
+        yield sandbox
+
+
+async def test_coding_member_fixes_a_bug_and_returns_the_patch(box, tmp_path: Path) -> None:
+    script = [
+        reply(tool_use("read_file", {"path": "calc.py"}), tool_use("grep", {"pattern": "def add"})),
+        tool_use(
+            "edit_file",
+            {"path": "calc.py", "old_string": "return a - b", "new_string": "return a + b"},
+        ),
+        tool_use("shell", {"command": CHECK}),
+        tool_use(
+            "submit_result",
+            {
+                "summary": "add() subtracted; now it adds.",
+                "tests_run": [CHECK],
+                "tests_passed": True,
+            },
+        ),
+    ]
+    spec = MemberSpec(
+        id="coder", kind="coding", task="Fix add() in calc.py.", inputs={"test": CHECK}
+    )
+    with FakeMessagesAPI(script) as api:
+        model = anthropic_model(api)
+        outcome = await run_member(
+            spec, sandbox=box, model=model, run_dir=tmp_path, trace=writer(tmp_path, "coder")
+        )
+        await model.aclose()
+    assert outcome.status == "ok", outcome.reason
+    result = outcome.result
+    assert result["files_changed"] == ["calc.py"]  # no __pycache__, no .git
+    assert "-    return a - b\n+    return a + b" in result["patch"]
+    assert result["verified"]["passed"] is True and result["verified"]["exit_code"] == 0
+    assert result["tests_passed"] is True and not result["patch_truncated"]
+    assert (tmp_path / "patch.diff").read_text() == result["patch"]
+    # The model saw the coding tools and a submit_result without a patch field.
+    tools = {t["name"]: t for t in api.requests[0]["tools"]}
+    assert {"shell", "read_file", "write_file", "edit_file", "glob", "grep"} <= set(tools)
+    assert "write_todos" in tools  # todos default on for coding
+    assert "patch" not in tools["submit_result"]["input_schema"]["properties"]
+    # The workspace's own repository was not touched by the baseline snapshot.
+    log = await box.exec("git log --oneline | wc -l; git status --porcelain")
+    assert log.stdout.split("\n")[:2] == ["1", " M calc.py"]
+    shell = [e for e in events(tmp_path / "trace.jsonl", "tool_result") if e.tool == "shell"]
+    assert shell and "ok" in shell[0].output and not shell[0].is_error
