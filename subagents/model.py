@@ -55,6 +55,8 @@ class _EarlyStreamFailure(Exception):
 class AnthropicModel:
     """A Claude model (or any Anthropic-compatible server) behind the :class:`Model` seam."""
 
+    offline = False
+
     def __init__(
         self,
         name: str,
