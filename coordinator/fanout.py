@@ -78,7 +78,8 @@ class Deps:
     """Host-local things a worker uses; never serialized (a node builds its own)."""
 
     backend: SandboxBackend
-    make_model: Callable[[str], Model]
+    make_model: Callable[..., Model]
+    """``make_model(name, kind=..., trace=...)`` (see :func:`subagents.models.make_model`)."""
     run_member: RunMemberFn | None = None
     """The harness; None means :func:`subagents.member.run_member`."""
     listeners: list[Callable[[Any], None]] = field(default_factory=list)
@@ -97,12 +98,10 @@ def to_member_spec(
     """The harness's spec for a job member (soft deadline 10% before the hard one)."""
     lim = job.limits
     inputs: dict[str, Any] = dict(job.inputs)
-    if job.kind == "browser":
-        inputs.setdefault("allowed_hosts", list(egress.allow))
-        if egress.search_url:
-            inputs.setdefault("search_url", egress.search_url)
+    if job.kind == "browser" and egress.search_url:
+        inputs.setdefault("browser", {"search_url": egress.search_url})
     if job.test:
-        inputs.setdefault("test_command", job.test)
+        inputs.setdefault("test", job.test)
     if job.result_schema:
         inputs.setdefault("result_schema", job.result_schema)
     sandbox: dict[str, Any] = job.sandbox.applied()
@@ -193,10 +192,20 @@ async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> Memb
             )
             if unit.repo:
                 await box.upload(Path(unit.repo), "/workspace")
-            model = deps.make_model(unit.spec.model)
-            outcome = await run_member(
-                unit.spec, sandbox=box, model=model, run_dir=Path(unit.member_dir), trace=trace
-            )
+            model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
+            try:
+                outcome = await run_member(
+                    unit.spec,
+                    sandbox=box,
+                    model=model,
+                    run_dir=Path(unit.member_dir),
+                    trace=trace,
+                )
+            finally:
+                aclose = getattr(model, "aclose", None)
+                if aclose is not None:
+                    with anyio.CancelScope(shield=True):
+                        await aclose()
             ended_by_harness = True
     except TimeoutError:
         outcome = _failed(unit, "timed_out", f"deadline of {unit.deadline_s:g}s passed", started)

@@ -83,7 +83,7 @@ def _run_dir(tmp_path: Path, run_id: str) -> RunDir:
 def _deps(images: dict[str, str], harness: ScriptedHarness, run: RunDir) -> Deps:
     return Deps(
         backend=DockerBackend(images=images),
-        make_model=lambda name: None,  # type: ignore[arg-type,return-value]
+        make_model=lambda name, **kw: None,  # type: ignore[arg-type,return-value]
         run_member=harness,
         journal=run.journal.append,
     )

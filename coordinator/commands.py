@@ -1,0 +1,325 @@
+"""The coordinator's commands: ``fleet run | research | code | resume | runs``.
+
+Exit codes, the same for every command: 0 the run met its quorum (failed members are
+still listed), 1 the run failed, 2 bad input (a one-paragraph message naming what
+was wrong, never a traceback), 130 interrupted (resumable with ``fleet resume``).
+
+``research`` and ``code`` are shorthands: they write the job file they stand for
+into the run directory (``job.toml``), so every run - however it was started - can
+be read, re-run and resumed the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from sandbox.errors import SandboxError
+from subagents.model_base import ModelError
+
+from .cli import UsageError
+from .driver import RunOptions, RunSummary, execute
+from .runs import RunDir, RunNotFound
+from .spec import Job, JobError, load_job, parse_job
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)  # a JSON string is a valid TOML basic string
+
+
+def _options(args: argparse.Namespace) -> RunOptions:
+    return RunOptions(tty=False if getattr(args, "plain", False) else None)
+
+
+def _go(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> RunSummary:
+    try:
+        return anyio.run(lambda: execute(run, job, opts, resume=resume))
+    except (SandboxError, ModelError) as exc:
+        run.journal.append("run_finished", status="failed", error=str(exc))
+        run.clear_live()
+        print(f"fleet: run {run.id} failed: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _start(job: Job, text: str, args: argparse.Namespace) -> RunSummary:
+    root = Path(args.output_dir) if getattr(args, "output_dir", None) else Path(job.output_dir)
+    run = RunDir.create(job, text, root=root)
+    print(f"fleet: run {run.id} ({job.member_count} members) in {run.path}", file=sys.stderr)
+    return _go(run, job, _options(args))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        job, text = load_job(args.job)
+    except JobError as exc:
+        raise UsageError(str(exc)) from None
+    return _start(job, text, args).exit_code
+
+
+def research_toml(
+    question: str, members: int, allow: list[str], model: str | None, search_url: str | None
+) -> str:
+    hosts = ["corpus", *[d for d in allow if d != "corpus"]]
+    lines = [f"name = {_toml_str('research')}"]
+    if model:
+        lines += ["", "[model]", f"name = {_toml_str(model)}"]
+    lines += ["", "[research]", f"question = {_toml_str(question)}", f"members = {members}"]
+    lines += ["", "[egress]", f"allow = [{', '.join(_toml_str(h) for h in hosts)}]"]
+    if search_url:
+        lines.append(f"search_url = {_toml_str(search_url)}")
+    return "\n".join(lines) + "\n"
+
+
+def _parse_flags(text: str, flags: dict[str, str]) -> Job:
+    """Validate a generated job; errors name the command-line flag, not the TOML field."""
+    try:
+        return parse_job(text, source="(command line)")
+    except JobError as exc:
+        msg = str(exc)
+        for field, flag in flags.items():
+            msg = msg.replace(f"  {field}", f"  {flag} ({field})")
+        raise UsageError(msg) from None
+
+
+def cmd_research(args: argparse.Namespace) -> int:
+    if not args.question.strip():
+        raise UsageError(
+            'the question is empty; e.g. fleet research "How does asyncio cancel tasks?"'
+        )
+    text = research_toml(
+        args.question, args.members, args.allow_domain or [], args.model, args.search_url
+    )
+    job = _parse_flags(
+        text,
+        {
+            "research.members": "--members",
+            "egress.allow": "--allow-domain",
+            "egress.search_url": "--search-url",
+            "model.name": "--model",
+        },
+    )
+    return _start(job, text, args).exit_code
+
+
+def cmd_code(args: argparse.Namespace) -> int:
+    repo = Path(args.repo).resolve()
+    if not repo.is_dir():
+        raise UsageError(
+            f"REPO {args.repo!r} is not a directory; give the path of the code to "
+            'work on, e.g. fleet code ./myproject "Add a --verbose flag"'
+        )
+    lines = [f"name = {_toml_str('code-' + (repo.name or 'repo'))}"]
+    if args.model:
+        lines += ["", "[model]", f"name = {_toml_str(args.model)}"]
+    lines += [
+        "",
+        "[[members]]",
+        'id = "coder"',
+        'kind = "coding"',
+        f"task = {_toml_str(args.task)}",
+        f"repo = {_toml_str(str(repo))}",
+    ]
+    if args.test:
+        lines.append(f"test = {_toml_str(args.test)}")
+    text = "\n".join(lines) + "\n"
+    job = _parse_flags(
+        text, {"members[0].task": "TASK", "members[0].test": "--test", "model.name": "--model"}
+    )
+    summary = _start(job, text, args)
+    outcome = summary.outcomes.get("coder")
+    patch = summary.run.path / "members" / "coder" / "patch.diff"
+    if outcome is None or outcome.status != "ok":
+        return summary.exit_code
+    result = outcome.result or {}
+    print(f"\nsummary: {result.get('summary', '')}")
+    files = result.get("files_changed") or []
+    print(f"files changed: {', '.join(files) if files else 'none'}")
+    if not patch.exists() or not patch.read_text(encoding="utf-8").strip():
+        print("no changes were made; nothing to apply")
+        return summary.exit_code
+    print(f"patch: {patch}")
+    if args.apply:
+        return _apply(repo, patch)
+    print(f"your repository is untouched; apply with: git -C {repo} apply {patch.resolve()}")
+    return summary.exit_code
+
+
+def _apply(repo: Path, patch: Path) -> int:
+    check = subprocess.run(
+        ["git", "apply", "--check", str(patch.resolve())], cwd=repo, capture_output=True, text=True
+    )
+    if check.returncode != 0:
+        print(
+            f"fleet: the patch does not apply to {repo} (changed since the run?):\n"
+            f"{check.stderr.strip()}",
+            file=sys.stderr,
+        )
+        return 1
+    subprocess.run(["git", "apply", str(patch.resolve())], cwd=repo, check=True)
+    print(f"applied to {repo}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    try:
+        run = RunDir.open(args.run, root=Path(args.output_dir))
+    except RunNotFound as exc:
+        raise UsageError(str(exc)) from None
+    owner = run.owner_pid()
+    if owner is not None:
+        raise UsageError(
+            f"run {run.id} is still running (pid {owner}); resume it once it ends "
+            "or after that process is gone"
+        )
+    job = run.job()
+    members = run.planned_members()
+    pending = run.pending_members(members or [], retry_failed=args.retry_failed)
+    if members is not None and not pending:
+        state = run.state()
+        print(
+            f"fleet: run {run.id} has nothing left to run ({state.status}); "
+            "use --retry-failed to run its failed members again",
+            file=sys.stderr,
+        )
+        return 0 if state.status == "succeeded" else 1
+    opts = _options(args)
+    opts.retry_failed = args.retry_failed
+    print(f"fleet: resuming {run.id} in {run.path}", file=sys.stderr)
+    return _go(run, job, opts, resume=True).exit_code
+
+
+def _age(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    rows: list[dict[str, Any]] = []
+    for run in RunDir.list(Path(args.output_dir)):
+        st = run.state()
+        try:
+            name = run.job().name
+        except (OSError, ValueError):
+            name = "?"
+        ok = sum(1 for s in st.members.values() if s == "ok")
+        rows.append(
+            {
+                "id": run.id,
+                "name": name,
+                "status": st.status,
+                "ok": ok,
+                "members": len(st.members),
+                "started": st.started or run.created,
+                "path": str(run.path),
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no runs under {args.output_dir}/")
+        return 0
+    width = max(len(r["id"]) for r in rows)
+    print(f"{'run':<{width}}  {'status':<11} {'ok':>5}  {'started':<16}  name")
+    for r in rows:
+        print(
+            f"{r['id']:<{width}}  {r['status']:<11} {r['ok']:>2}/{r['members']:<2}  "
+            f"{_age(r['started']):<16}  {r['name']}"
+        )
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--output-dir",
+        default=None,
+        metavar="DIR",
+        help="where run directories go (default: the job's output_dir, 'runs')",
+    )
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, e.g. 3") from None
+    if not 1 <= n <= 32:
+        raise argparse.ArgumentTypeError(f"{n} is out of range; give 1 to 32")
+    return n
+
+
+def register(subparsers: Any) -> None:
+    """Add the coordinator's commands to the ``fleet`` parser."""
+    p = subparsers.add_parser("run", help="run a job file (members, or a research question)")
+    p.add_argument("job", help="path of the job's TOML file")
+    _common(p)
+    p.set_defaults(func=cmd_run)
+
+    p = subparsers.add_parser(
+        "research", help="split a question across browser members and write a cited report"
+    )
+    p.add_argument("question")
+    p.add_argument(
+        "--members",
+        type=_positive,
+        default=3,
+        metavar="N",
+        help="sub-questions, one browser member each (default 3)",
+    )
+    p.add_argument(
+        "--allow-domain",
+        action="append",
+        metavar="D",
+        help="add a host browser members may reach (repeatable; the offline "
+        "corpus is always allowed)",
+    )
+    p.add_argument(
+        "--search-url",
+        metavar="URL",
+        help="search page with {query}, on an allowed host (default: the corpus)",
+    )
+    p.add_argument(
+        "--model",
+        metavar="M",
+        help="model (default: Claude when ANTHROPIC_API_KEY is set, else offline)",
+    )
+    _common(p)
+    p.set_defaults(func=cmd_research)
+
+    p = subparsers.add_parser(
+        "code", help="a coding member works on a copy of REPO and returns a patch"
+    )
+    p.add_argument("repo")
+    p.add_argument("task")
+    p.add_argument("--test", metavar="CMD", help="command that checks the work (in the box)")
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="apply the patch to REPO afterwards (default: REPO is untouched)",
+    )
+    p.add_argument("--model", metavar="M")
+    _common(p)
+    p.set_defaults(func=cmd_code)
+
+    p = subparsers.add_parser("resume", help="finish an interrupted or killed run")
+    p.add_argument("run", help="run id (or a unique prefix, or the run directory)")
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="also run members that ended failed, timed out or crashed",
+    )
+    p.add_argument("--output-dir", default="runs", metavar="DIR")
+    p.add_argument("--plain", action="store_true")
+    p.set_defaults(func=cmd_resume)
+
+    p = subparsers.add_parser("runs", help="list runs and their status")
+    p.add_argument("--output-dir", default="runs", metavar="DIR")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_runs)

@@ -1,0 +1,339 @@
+"""One run's life: plan, fan out, synthesize, journal - and the same for a resume.
+
+:func:`execute` is what ``fleet run``, ``fleet research``, ``fleet code`` and
+``fleet resume`` all call. A fresh run and a resumed one differ in two lines: a
+resume first reaps the dead run's boxes, and it runs only the members the journal
+shows without a final outcome (the plan is read back from ``members.json``, never
+redone, so the members and their ids are the same).
+
+Interruption: SIGINT/SIGTERM are received as events (not as ``KeyboardInterrupt``
+at an arbitrary instruction), cancel the fan-out scope, let every member release its
+box under a shield, then the run is journalled ``interrupted`` and can be resumed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+
+from sandbox import reaper
+from sandbox.base import Sandbox, SandboxBackend
+from sandbox.errors import SandboxUnavailable
+from sandbox.spec import SandboxSpec
+from subagents.member import MemberOutcome
+from subagents.model_base import Model, ModelError
+
+from .executor import Executor
+from .fanout import Deps, MemberUnit, fan_out, to_member_spec
+from .planner import plan
+from .progress import Progress
+from .runs import RunDir
+from .spec import Job, MemberJob
+from .synthesis import render_markdown, synthesize
+
+DEFAULT_REAL_MODEL = "claude-sonnet-5"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def resolve_model(name: str) -> str:
+    """``auto`` -> Claude when ANTHROPIC_API_KEY is set (``FLEET_MODEL`` picks which),
+    else the offline model."""
+    if name != "auto":
+        return name
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        return os.environ.get("FLEET_MODEL") or DEFAULT_REAL_MODEL
+    return "offline"
+
+
+def is_offline(model: Model | None) -> bool:
+    if model is None:
+        return True
+    name = model.profile.name
+    return (
+        bool(getattr(model, "offline", False))
+        or name == "offline"
+        or name.startswith(("offline:", "replay:"))
+    )
+
+
+def default_make_model(name: str, **options: Any) -> Model:
+    from subagents.models import make_model
+
+    return make_model(name, **options)
+
+
+@dataclass
+class RunOptions:
+    """How to run: where members run and what the user sees."""
+
+    backend: SandboxBackend | None = None
+    """Default: the Docker backend."""
+    make_model: Callable[..., Model] = default_make_model
+    executor: Executor[MemberUnit, MemberOutcome] | None = None
+    out: TextIO = field(default_factory=lambda: sys.stderr)
+    tty: bool | None = None
+    retry_failed: bool = False
+    """Resume: also run members that ended failed (not only unfinished ones)."""
+    handle_signals: bool = True
+
+
+@dataclass
+class RunSummary:
+    run: RunDir
+    status: str
+    """succeeded, failed or interrupted."""
+    exit_code: int
+    outcomes: dict[str, MemberOutcome]
+    report_path: Path | None = None
+
+
+def _backend(opts: RunOptions) -> SandboxBackend:
+    if opts.backend is None:
+        from sandbox.docker import DockerBackend
+
+        opts.backend = DockerBackend()
+    return opts.backend
+
+
+async def plan_members(
+    run: RunDir, job: Job, make_model: Callable[[str], Model]
+) -> list[MemberJob]:
+    """The run's members: explicit ones plus the research plan; saved once, reused after."""
+    saved = run.planned_members()
+    if saved is not None:
+        return saved
+    members = [m.model_copy(deep=True) for m in job.members]
+    if job.research is not None:
+        r = job.research
+        model = make_model(resolve_model(job.model.name))
+        try:
+            subs, planner = await plan(
+                r.question, r.members, model=None if is_offline(model) else model
+            )
+        finally:
+            aclose = getattr(model, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        taken = {m.id for m in members}
+        for i, q in enumerate(subs, 1):
+            mid = f"research-{i}"
+            while mid in taken:
+                mid += "x"
+            members.append(
+                MemberJob(
+                    id=mid, kind="browser", task=q, limits=r.limits, inputs={"question": r.question}
+                )
+            )
+        run.journal.append("plan", planner=planner, sub_questions=subs)
+    run.save_members(members)
+    return members
+
+
+async def start_corpus(backend: SandboxBackend, run_id: str) -> Sandbox:
+    """Fleet's offline corpus as a service box named ``corpus`` on the run's network."""
+    from sandbox.images import image_ref
+
+    image = await anyio.to_thread.run_sync(image_ref, "corpus")
+    box = await backend.create(
+        SandboxSpec(kind="service", image=image), run=run_id, member="corpus"
+    )
+    probe = "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/', timeout=2)"
+    for _ in range(100):
+        if (await box.exec(["python3", "-c", probe], timeout=5)).ok:
+            return box
+        await anyio.sleep(0.1)
+    await box.close()
+    raise SandboxUnavailable("the offline corpus box did not answer within 10 s")
+
+
+def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
+    out = []
+    for m in members:
+        spec = to_member_spec(
+            m,
+            model=resolve_model(m.model or job.model.name),
+            max_tokens=job.model.max_tokens,
+            egress=job.egress,
+            memory_root=Path(job.output_dir) / "memory",
+        )
+        out.append(
+            MemberUnit(
+                run_id=run.id,
+                member_dir=str(run.member_dir(spec.id)),
+                spec=spec,
+                retry=job.fanout.retry,
+                deadline_s=m.limits.deadline_s,
+                repo=m.repo,
+            )
+        )
+    return out
+
+
+def _load_outcome(run: RunDir, member: str) -> MemberOutcome | None:
+    data = run.result(member)
+    if data is None:
+        return None
+    try:
+        return MemberOutcome.model_validate(data)
+    except ValueError:
+        return None
+
+
+async def _watch_signals(scope: anyio.CancelScope, flag: list[int]) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            flag.append(signum)
+            scope.cancel()
+            return
+
+
+async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> RunSummary:
+    """Run (or resume) ``run``; never raises for a member's failure."""
+    backend = _backend(opts)
+    if resume:
+        reaped = await backend.remove_run(run.id)  # the dead run's boxes and network
+        run.journal.append("reaped", boxes=reaped)
+    run.mark_live()
+    reaper.mark_live(run.id)
+    run.journal.append("run_started", pid=os.getpid(), resume=resume)
+    members = await plan_members(run, job, opts.make_model)
+    pending = run.pending_members(members, retry_failed=opts.retry_failed) if resume else members
+    progress = Progress([m.id or "" for m in members], out=opts.out, tty=opts.tty)
+    for m in members:
+        if m not in pending:
+            progress.on_journal(
+                {
+                    "event": "member_finished",
+                    "member": m.id,
+                    "status": run.state().members.get(m.id or "", "ok"),
+                }
+            )
+
+    def journal(event: str, **fields: Any) -> None:
+        progress.on_journal(run.journal.append(event, **fields))
+
+    for m in pending:
+        journal("member_queued", member=m.id)
+    deps = Deps(
+        backend=backend, make_model=opts.make_model, listeners=[progress.on_event], journal=journal
+    )
+    units = _units(run, job, pending)
+    already_ok = sum(
+        1
+        for m in members
+        if m not in pending and (run.result(m.id or "") or {}).get("status") == "ok"
+    )
+    interrupted: list[int] = []
+    corpus: Sandbox | None = None
+    fanned = None
+    try:
+        async with anyio.create_task_group() as tg:
+            if opts.handle_signals:
+                tg.start_soon(_watch_signals, tg.cancel_scope, interrupted)
+            if progress.tty:
+                tg.start_soon(progress.run)
+            if any(u.spec.kind == "browser" for u in units) and "corpus" in job.egress.allow:
+                corpus = await start_corpus(backend, run.id)
+            fanned = await fan_out(
+                units,
+                deps,
+                max_parallel=job.fanout.max_parallel,
+                min_success=job.fanout.min_success,
+                fail_fast=job.fanout.fail_fast,
+                executor=opts.executor,
+                already_ok=already_ok,
+            )
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            if corpus is not None:
+                await corpus.close()
+            await backend.remove_run(run.id)
+    extra = fanned.outcomes if fanned else {}
+    return await _finish(run, job, members, progress, opts, extra, interrupted=bool(interrupted))
+
+
+async def _finish(
+    run: RunDir,
+    job: Job,
+    members: list[MemberJob],
+    progress: Progress,
+    opts: RunOptions,
+    extra: dict[str, MemberOutcome],
+    *,
+    interrupted: bool,
+) -> RunSummary:
+    # result.json is the record; members cancelled while queued have none, so the
+    # fan-out's own outcome (status cancelled, with its reason) fills the gap.
+    outcomes = {
+        m.id or "": o
+        for m in members
+        if (o := _load_outcome(run, m.id or "") or extra.get(m.id or ""))
+    }
+    if interrupted:
+        run.journal.append("run_interrupted", status="interrupted")
+        run.clear_live()
+        print(
+            progress.summary(str(run.path), f"interrupted: resume with 'fleet resume {run.id}'"),
+            file=opts.out,
+        )
+        return RunSummary(run, "interrupted", EXIT_INTERRUPTED, outcomes)
+    finished = [outcomes[m.id or ""] for m in members if m.id in outcomes]
+    ok = sum(1 for o in finished if o.status == "ok")
+    quorum = ok >= job.fanout.min_success
+    report_path = None
+    if job.synthesis.enabled and ok:
+        report_path = await write_report(run, job, members, finished, opts)
+    status = "succeeded" if quorum else "failed"
+    run.journal.append("run_finished", status=status, ok=ok, members=len(members))
+    run.clear_live()
+    verdict = f"{status}: {ok} of {len(members)} members ok (quorum {job.fanout.min_success})"
+    if report_path:
+        verdict += f"\nreport: {report_path}"
+    print(progress.summary(str(run.path), verdict), file=opts.out)
+    return RunSummary(run, status, EXIT_OK if quorum else EXIT_FAILED, outcomes, report_path)
+
+
+async def write_report(
+    run: RunDir, job: Job, members: list[MemberJob], outcomes: list[MemberOutcome], opts: RunOptions
+) -> Path:
+    """The analyst step over the members' results; writes report.json and report.md."""
+    name = resolve_model(job.synthesis.model or job.model.name)
+    model = opts.make_model(name)
+    question = job.research.question if job.research else ""
+    tasks = {m.id or "": m.task for m in members}
+    cap = job.synthesis.max_result_chars
+    try:
+        try:
+            analyst = None if is_offline(model) else model
+            report = await synthesize(
+                job.name,
+                question,
+                outcomes,
+                tasks,
+                model=analyst,
+                cap=cap,
+                instructions=job.synthesis.instructions,
+            )
+        except ModelError as exc:
+            # The members' work is not lost because the analyst failed: fall back to the
+            # offline analyst, and say so in the report and the journal.
+            run.journal.append("analyst_failed", reason=str(exc))
+            report = await synthesize(job.name, question, outcomes, tasks, model=None, cap=cap)
+            report.summary += f" (The analyst model {name} failed: {exc}.)"
+    finally:
+        aclose = getattr(model, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    (run.path / "report.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")
+    path = run.path / "report.md"
+    path.write_text(render_markdown(report), encoding="utf-8")
+    run.journal.append("report_written", analyst=report.analyst, claims=len(report.claims))
+    return path

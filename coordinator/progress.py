@@ -1,0 +1,186 @@
+"""Live progress: one row per member - status, turn, tokens in/out, elapsed, last action.
+
+Fed by two streams the run already produces: every member's trace events (a
+``TraceWriter`` listener) and the run journal (queued, started, retried, finished).
+On a terminal the table is redrawn in place with plain ANSI cursor moves (no extra
+dependency), at most a few times a second; anywhere else (a pipe, CI, a log file)
+it prints one plain line per state change, so logs stay readable and greppable.
+The final summary table and the run directory path are printed either way.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import anyio
+
+_DONE = {"ok", "failed", "timed_out", "crashed", "cancelled", "incomplete"}
+_COLOURS = {
+    "ok": "32",
+    "failed": "31",
+    "timed_out": "33",
+    "crashed": "31",
+    "cancelled": "90",
+    "incomplete": "33",
+    "retrying": "35",
+    "running": "36",
+}
+
+
+@dataclass
+class Row:
+    member: str
+    status: str = "queued"
+    turn: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    started: float | None = None
+    ended: float | None = None
+    last: str = ""
+    reason: str = ""
+    attempts: int = 0
+
+    def elapsed(self, now: float) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.ended or now) - self.started
+
+
+def _k(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+def _action(event: Any) -> str:
+    t = getattr(event, "type", "")
+    if t == "tool_call":
+        args = ", ".join(f"{v}" for v in list(event.input.values())[:1])
+        return f"{event.tool}({args[:40]})"
+    if t == "model_call":
+        return f"model -> {event.stop_reason or '?'}"
+    if t == "compaction":
+        return f"compacted {_k(event.tokens_before)} -> {_k(event.tokens_after)}"
+    if t == "offload":
+        return f"offloaded {_k(event.tokens)} tokens"
+    if t == "sandbox" and event.action in ("create", "close"):
+        return "box up" if event.action == "create" else "box removed"
+    if t == "tool_result" and event.is_error:
+        return f"{event.tool} error"
+    return ""
+
+
+@dataclass
+class Progress:
+    """The progress view of one run."""
+
+    members: list[str]
+    out: TextIO = field(default_factory=lambda: sys.stderr)
+    tty: bool | None = None
+    rows: dict[str, Row] = field(default_factory=dict)
+    _drawn: int = 0
+    _dirty: bool = True
+    _t0: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        if self.tty is None:
+            self.tty = bool(getattr(self.out, "isatty", lambda: False)())
+        for m in self.members:
+            self.rows.setdefault(m, Row(m))
+
+    # -- feeds -------------------------------------------------------------------------
+
+    def on_event(self, event: Any) -> None:
+        """TraceWriter listener."""
+        row = self.rows.setdefault(event.member, Row(event.member))
+        t = getattr(event, "type", "")
+        if t == "model_call":
+            row.turn = max(row.turn, event.turn)
+            row.tokens_in += event.input_tokens + event.cache_read_tokens + event.cache_write_tokens
+            row.tokens_out += event.output_tokens
+        what = _action(event)
+        if what:
+            row.last = what
+            self._dirty = True
+
+    def on_journal(self, entry: dict[str, Any]) -> None:
+        """Journal listener (member state changes)."""
+        m = entry.get("member")
+        if not m:
+            return
+        row = self.rows.setdefault(m, Row(m))
+        ev = entry["event"]
+        if ev == "member_started":
+            row.status, row.attempts = "running", entry.get("attempt", 1)
+            row.started = row.started or time.monotonic()
+            row.ended = None
+        elif ev == "member_retry":
+            row.status, row.reason = "retrying", entry.get("reason", "")
+        elif ev == "member_finished":
+            row.status, row.reason = entry["status"], entry.get("reason", "")
+            row.ended = time.monotonic()
+        else:
+            return
+        self._dirty = True
+        if not self.tty:
+            self._plain(row)
+
+    # -- output ------------------------------------------------------------------------
+
+    def _plain(self, row: Row) -> None:
+        now = time.monotonic()
+        line = f"[{now - self._t0:6.1f}s] {row.member}: {row.status}"
+        if row.status in _DONE or row.status == "retrying":
+            line += f" after {row.elapsed(now):.1f}s, {row.turn} turns, {_k(row.tokens_in)} in / {_k(row.tokens_out)} out"
+            if row.reason:
+                line += f" - {row.reason}"
+        if row.attempts > 1 and row.status == "running":
+            line += f" (attempt {row.attempts})"
+        print(line, file=self.out, flush=True)
+
+    def table(self, *, colour: bool = False) -> list[str]:
+        now = time.monotonic()
+        width = max([len(m) for m in self.rows] + [6])
+        head = f"{'member':<{width}}  {'status':<10} {'turn':>4} {'in':>7} {'out':>7} {'time':>7}  last action"
+        lines = [head]
+        for r in self.rows.values():
+            status = f"{r.status:<10}"
+            if colour and r.status in _COLOURS:
+                status = f"\x1b[{_COLOURS[r.status]}m{status}\x1b[0m"
+            last = r.reason if r.status in _DONE and r.status != "ok" else r.last
+            lines.append(
+                f"{r.member:<{width}}  {status} {r.turn:>4} {_k(r.tokens_in):>7} "
+                f"{_k(r.tokens_out):>7} {r.elapsed(now):>6.1f}s  {last[:60]}"
+            )
+        return lines
+
+    def draw(self) -> None:
+        """Redraw the table in place (terminal only)."""
+        if not self.tty or not self._dirty:
+            return
+        lines = self.table(colour=True)
+        buf = f"\x1b[{self._drawn}F" if self._drawn else ""
+        buf += "".join(f"\x1b[2K{line}\n" for line in lines)
+        self.out.write(buf)
+        self.out.flush()
+        self._drawn = len(lines)
+        self._dirty = False
+
+    async def run(self, interval: float = 0.25) -> None:
+        """Keep the table fresh until cancelled (the elapsed column ticks)."""
+        while True:
+            self._dirty = True
+            self.draw()
+            await anyio.sleep(interval)
+
+    def summary(self, run_dir: str, verdict: str) -> str:
+        """The final table, the verdict and where the run directory is."""
+        if self.tty:
+            self._dirty = True
+            self.draw()
+            lines = []
+        else:
+            lines = self.table()
+        lines += ["", verdict, f"run directory: {run_dir}"]
+        return "\n".join(lines)

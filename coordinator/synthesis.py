@@ -1,0 +1,362 @@
+"""The analyst step: a report built only from the members' structured results.
+
+The analyst never sees a transcript, a page or a tool output - only each member's
+result (findings with claims, source URLs and quotes; or a coding summary with its
+patch statistics), each cut to ``max_result_chars``. That keeps its context small
+whatever the members explored, and keeps the report's every claim traceable.
+
+Citations are checked, not trusted. The model analyst cites member claims by
+``member`` + ``claim`` index; the URL and quote of each citation are then taken from
+that member's result by the code, so a report can cite only sources a member actually
+returned, and a claim whose citations all fail to resolve is marked ``uncited``.
+Failed members are listed by the code too (with status and reason), never left to a
+model to remember. The offline analyst is deterministic and labelled as offline.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from subagents.member import MemberOutcome
+from subagents.model_base import Model, ModelError, ModelRequest
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Citation(_Strict):
+    member: str
+    """The member whose finding this is."""
+    claim: int | None = None
+    """Index of the claim in that member's findings (None: the member's summary)."""
+    url: str = ""
+    quote: str = ""
+
+
+class ReportClaim(_Strict):
+    text: str
+    citations: list[Citation] = Field(default_factory=list)
+    uncited: bool = False
+    """True when none of the analyst's citations resolved to a member's finding."""
+
+
+class MemberLine(_Strict):
+    member: str
+    kind: str
+    task: str
+    status: str
+    reason: str = ""
+
+
+class Report(_Strict):
+    """``report.json``: what the run found, with every claim citing its members."""
+
+    title: str
+    question: str = ""
+    analyst: str
+    """``offline`` or the analyst model's name."""
+    offline: bool
+    summary: str
+    claims: list[ReportClaim] = Field(default_factory=list)
+    open_questions: list[str] = Field(default_factory=list)
+    code: list[dict[str, Any]] = Field(default_factory=list)
+    """Coding members' results: summary, files changed, tests, patch path."""
+    members: list[MemberLine] = Field(default_factory=list)
+    failed: list[MemberLine] = Field(default_factory=list)
+
+
+def _cap(result: dict[str, Any] | None, limit: int) -> dict[str, Any]:
+    """A member result cut to ``limit`` characters of JSON (long strings first)."""
+    data = json.loads(json.dumps(result or {}, default=str))
+    if "patch" in data:  # the analyst reads the summary; the patch is on disk
+        data["patch"] = f"<{len(str(data['patch']))} chars, see patch.diff>"
+    text = json.dumps(data)
+    width = 2000
+    while len(text) > limit and width > 40:
+        data = _shorten(data, width)
+        text = json.dumps(data)
+        width //= 2
+    return data if len(text) <= limit else {"truncated": text[:limit]}
+
+
+def _shorten(value: Any, width: int) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= width else value[:width] + " [...]"
+    if isinstance(value, list):
+        return [_shorten(v, width) for v in value]
+    if isinstance(value, dict):
+        return {k: _shorten(v, width) for k, v in value.items()}
+    return value
+
+
+def digest(outcomes: list[MemberOutcome], tasks: dict[str, str], cap: int) -> list[dict[str, Any]]:
+    """What the analyst may see: per member, task, status and capped result."""
+    return [
+        {
+            "member": o.member,
+            "kind": o.kind,
+            "task": tasks.get(o.member, ""),
+            "status": o.status,
+            "reason": o.reason,
+            "result": _cap(o.result, cap) if o.status == "ok" else None,
+        }
+        for o in outcomes
+    ]
+
+
+def _lines(digests: list[dict[str, Any]]) -> tuple[list[MemberLine], list[MemberLine]]:
+    lines = [
+        MemberLine(**{k: d[k] for k in ("member", "kind", "task", "status", "reason")})
+        for d in digests
+    ]
+    return lines, [m for m in lines if m.status != "ok"]
+
+
+def _claims_of(d: dict[str, Any]) -> list[dict[str, Any]]:
+    claims = (d.get("result") or {}).get("claims") or []
+    return [c for c in claims if isinstance(c, dict) and c.get("text")]
+
+
+def _code_entry(d: dict[str, Any]) -> dict[str, Any]:
+    r = d.get("result") or {}
+    keep = ("summary", "files_changed", "tests_run", "tests_passed", "verified")
+    return {
+        "member": d["member"],
+        **{k: r[k] for k in keep if k in r},
+        "patch": f"members/{d['member']}/patch.diff",
+    }
+
+
+def offline_report(title: str, question: str, digests: list[dict[str, Any]]) -> Report:
+    """The deterministic analyst: findings gathered, de-duplicated and cited."""
+    members, failed = _lines(digests)
+    claims: list[ReportClaim] = []
+    seen: dict[str, ReportClaim] = {}
+    open_qs: list[str] = []
+    code = []
+    for d in digests:
+        if d["status"] != "ok":
+            continue
+        if d["kind"] == "coding":
+            code.append(_code_entry(d))
+        for i, c in enumerate(_claims_of(d)):
+            cite = Citation(
+                member=d["member"],
+                claim=i,
+                url=str(c.get("source_url", "")),
+                quote=str(c.get("quote", ""))[:300],
+            )
+            key = " ".join(str(c["text"]).lower().split())
+            if key in seen:
+                seen[key].citations.append(cite)
+                continue
+            seen[key] = ReportClaim(text=str(c["text"]), citations=[cite])
+            claims.append(seen[key])
+        for q in (d.get("result") or {}).get("open_questions") or []:
+            if isinstance(q, str) and q not in open_qs:
+                open_qs.append(q)
+    ok = len(members) - len(failed)
+    sources = {c.url for cl in claims for c in cl.citations if c.url}
+    summary = (
+        f"{ok} of {len(members)} members returned results: {len(claims)} distinct claims "
+        f"from {len(sources)} sources"
+        + (f" and {len(code)} code change(s)" if code else "")
+        + ". Assembled by the offline analyst (deterministic, no model): claims are the "
+        "members' own, grouped and cited, not re-worded."
+    )
+    return Report(
+        title=title,
+        question=question,
+        analyst="offline",
+        offline=True,
+        summary=summary,
+        claims=claims,
+        open_questions=open_qs,
+        code=code,
+        members=members,
+        failed=failed,
+    )
+
+
+_REPORT_TOOL = {
+    "name": "submit_report",
+    "description": "Submit the final report. Cite member claims by member id and claim index.",
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "summary": {"type": "string"},
+            "claims": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "text": {"type": "string"},
+                        "cites": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "member": {"type": "string"},
+                                    "claim": {"type": "integer"},
+                                },
+                                "required": ["member"],
+                            },
+                        },
+                    },
+                    "required": ["text", "cites"],
+                },
+            },
+            "open_questions": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["summary", "claims"],
+    },
+}
+
+
+def _resolve(cites: list[Any], digests: list[dict[str, Any]]) -> list[Citation]:
+    by_id = {d["member"]: d for d in digests if d["status"] == "ok"}
+    out = []
+    for c in cites:
+        if not isinstance(c, dict) or c.get("member") not in by_id:
+            continue
+        claims = _claims_of(by_id[c["member"]])
+        idx = c.get("claim")
+        if isinstance(idx, int) and 0 <= idx < len(claims):
+            src = claims[idx]
+            out.append(
+                Citation(
+                    member=c["member"],
+                    claim=idx,
+                    url=str(src.get("source_url", "")),
+                    quote=str(src.get("quote", ""))[:300],
+                )
+            )
+        elif idx is None:
+            out.append(Citation(member=c["member"]))
+    return out
+
+
+async def model_report(
+    title: str,
+    question: str,
+    digests: list[dict[str, Any]],
+    model: Model,
+    *,
+    instructions: str = "",
+    max_tokens: int = 4096,
+) -> Report:
+    """The analyst as a model call over the digests only; citations resolved by code."""
+    usable = [d for d in digests if d["status"] == "ok"]
+    prompt = (
+        f"Question or job: {question or title}\n\n"
+        "Members' structured results (JSON; each claim is indexed by its position):\n"
+        f"{json.dumps(usable, indent=1)}\n\n"
+        "Write a report that answers the question from these results only. Every claim "
+        "must cite the member claims it rests on ({member, claim}). Do not add facts "
+        "the members did not report."
+        + (f"\n\nAdditional instructions: {instructions}" if instructions else "")
+    )
+    request = ModelRequest(
+        system="You are the analyst of a research team. Answer only with submit_report.",
+        messages=[{"role": "user", "content": prompt}],
+        tools=[_REPORT_TOOL],
+        tool_choice={"type": "tool", "name": "submit_report"},
+        max_tokens=max_tokens,
+    )
+    response = await model.complete(request)
+    block = next(
+        (b for b in response.message.content if b.type == "tool_use" and b.name == "submit_report"),
+        None,
+    )
+    if block is None or not isinstance(block.input, dict):
+        raise ModelError("the analyst model did not call submit_report", retryable=False)
+    data: dict[str, Any] = block.input
+    claims = []
+    for c in data.get("claims") or []:
+        if isinstance(c, dict) and c.get("text"):
+            cites = _resolve(c.get("cites") or [], digests)
+            claims.append(ReportClaim(text=str(c["text"]), citations=cites, uncited=not cites))
+    members, failed = _lines(digests)
+    return Report(
+        title=title,
+        question=question,
+        analyst=model.profile.name,
+        offline=False,
+        summary=str(data.get("summary", "")),
+        claims=claims,
+        open_questions=[q for q in data.get("open_questions") or [] if isinstance(q, str)],
+        code=[_code_entry(d) for d in usable if d["kind"] == "coding"],
+        members=members,
+        failed=failed,
+    )
+
+
+def render_markdown(report: Report) -> str:
+    """``report.md``: the same content as ``report.json``, for people."""
+    out = [f"# {report.title}", ""]
+    if report.question:
+        out += [f"**Question:** {report.question}", ""]
+    label = "offline analyst (deterministic, no model)" if report.offline else report.analyst
+    out += [f"_Analyst: {label}._", "", "## Summary", "", report.summary, ""]
+    if report.claims:
+        out += ["## Findings", ""]
+        urls: dict[str, int] = {}
+        for claim in report.claims:
+            refs = []
+            for c in claim.citations:
+                tag = f"{c.member}#{c.claim}" if c.claim is not None else c.member
+                if c.url:
+                    n = urls.setdefault(c.url, len(urls) + 1)
+                    tag += f" [{n}]"
+                refs.append(tag)
+            mark = " _(uncited)_" if claim.uncited else ""
+            out.append(f"- {claim.text} ({'; '.join(refs) or 'no source'}){mark}")
+            quote = next((c.quote for c in claim.citations if c.quote), "")
+            if quote:
+                out.append(f"  > {quote}")
+        out.append("")
+        if urls:
+            out += ["### Sources", ""] + [f"[{n}] {u}" for u, n in urls.items()] + [""]
+    if report.code:
+        out += ["## Code changes", ""]
+        for c in report.code:
+            files = ", ".join(c.get("files_changed") or []) or "none"
+            out.append(
+                f"- **{c['member']}**: {c.get('summary', '')} (files: {files}; "
+                f"patch: `{c['patch']}`)"
+            )
+        out.append("")
+    if report.open_questions:
+        out += ["## Open questions", ""] + [f"- {q}" for q in report.open_questions] + [""]
+    out += ["## Members", "", "| member | kind | status | task / reason |", "|---|---|---|---|"]
+    for m in report.members:
+        detail = m.reason if m.status != "ok" else m.task
+        out.append(f"| {m.member} | {m.kind} | {m.status} | {detail.replace('|', '/')[:160]} |")
+    if report.failed:
+        out += [
+            "",
+            f"**{len(report.failed)} member(s) failed:** "
+            + "; ".join(f"{m.member} ({m.status}: {m.reason})" for m in report.failed),
+        ]
+    return "\n".join(out) + "\n"
+
+
+async def synthesize(
+    title: str,
+    question: str,
+    outcomes: list[MemberOutcome],
+    tasks: dict[str, str],
+    *,
+    model: Model | None,
+    cap: int,
+    instructions: str = "",
+) -> Report:
+    """The report: by ``model`` when it is a real model, else by the offline analyst."""
+    digests = digest(outcomes, tasks, cap)
+    if model is None or getattr(model, "offline", False):
+        return offline_report(title, question, digests)
+    return await model_report(title, question, digests, model, instructions=instructions)
