@@ -21,7 +21,7 @@ host uses that as a fallback when the long-lived stream broke.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import io
 import json
 import os
@@ -31,12 +31,17 @@ import stat
 import struct
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs startup time
+if TYPE_CHECKING:
+    import tarfile
+
 ROOTS = ("/workspace", "/tmp")
 _LEN = struct.Struct(">I")
+# Startup time is part of every box's cold start: binascii instead of base64 (which
+# pulls in re and enum), and tarfile only when a tree is copied.
 _MAX_FRAME = 256 * 1024 * 1024
 _out_lock = threading.Lock()
 _running: dict[int, int] = {}  # request id -> process group id, for "kill"
@@ -51,7 +56,15 @@ class Refused(Exception):
         self.code = code
 
 
-def _read_exact(stream: io.BufferedReader, n: int) -> bytes | None:
+def b64encode(data: bytes) -> str:
+    return binascii.b2a_base64(data, newline=False).decode()
+
+
+def b64decode(text: str) -> bytes:
+    return binascii.a2b_base64(text)
+
+
+def _read_exact(stream: io.BufferedIOBase, n: int) -> bytes | None:
     buf = b""
     while len(buf) < n:
         chunk = stream.read(n - len(buf))
@@ -61,7 +74,7 @@ def _read_exact(stream: io.BufferedReader, n: int) -> bytes | None:
     return buf
 
 
-def read_frame(stream: io.BufferedReader) -> dict | None:
+def read_frame(stream: io.BufferedIOBase) -> dict | None:
     head = _read_exact(stream, 4)
     if head is None:
         return None
@@ -72,7 +85,7 @@ def read_frame(stream: io.BufferedReader) -> dict | None:
     return None if body is None else json.loads(body)
 
 
-def write_frame(stream: io.BufferedWriter, msg: dict) -> None:
+def write_frame(stream: io.BufferedIOBase, msg: dict) -> None:
     body = json.dumps(msg, separators=(",", ":")).encode()
     with _out_lock:
         stream.write(_LEN.pack(len(body)) + body)
@@ -213,7 +226,7 @@ def op_exec(req: dict) -> dict:
     env.update(req.get("env") or {})
     limit = int(req.get("limit") or 1024 * 1024)
     timeout = req.get("timeout")
-    stdin_data = base64.b64decode(req["stdin"]) if req.get("stdin") else b""
+    stdin_data = b64decode(req["stdin"]) if req.get("stdin") else b""
     cwd = req.get("cwd") or "/workspace"
     oom_before = oom_kills()
     started = time.monotonic()
@@ -270,8 +283,8 @@ def _exec_reply(
 ) -> dict:
     return {
         "exit_code": code,
-        "stdout": base64.b64encode(out).decode(),
-        "stderr": base64.b64encode(err).decode(),
+        "stdout": b64encode(out),
+        "stderr": b64encode(err),
         "timed_out": timed_out,
         "truncated": truncated,
         "duration_s": time.monotonic() - started,
@@ -303,7 +316,7 @@ def op_read(req: dict) -> dict:
         raise Refused("not_found", f"{req['path']}: no such file") from e
     if len(data) > limit:
         return {"too_large": True, "size": st.st_size, "limit": limit}
-    return {"data": base64.b64encode(data).decode()}
+    return {"data": b64encode(data)}
 
 
 def _make_parents(real: str) -> None:
@@ -315,7 +328,7 @@ def _make_parents(real: str) -> None:
 def op_write(req: dict) -> dict:
     path = safe_path(req["path"])
     _make_parents(path)
-    data = base64.b64decode(req.get("data") or "")
+    data = b64decode(req.get("data") or "")
     tmp = f"{path}.fleet-{os.getpid()}-{req['id']}"
     with open(tmp, "wb") as f:
         f.write(data)
@@ -357,6 +370,8 @@ def op_list(req: dict) -> dict:
 
 
 def op_tar_out(req: dict) -> dict:
+    import tarfile
+
     path = safe_path(req["path"])
     if not os.path.exists(path):
         raise Refused("not_found", f"{req['path']}: no such file or directory")
@@ -366,7 +381,7 @@ def op_tar_out(req: dict) -> dict:
         tar.add(path, arcname=".", recursive=True)
     if buf.tell() > int(req.get("limit") or _MAX_FRAME // 2):
         raise Refused("too_large", f"{req['path']} is {buf.tell()} bytes as a tar archive")
-    return {"data": base64.b64encode(buf.getvalue()).decode()}
+    return {"data": b64encode(buf.getvalue())}
 
 
 def _check_member(member: tarfile.TarInfo, dest: str) -> None:
@@ -384,10 +399,12 @@ def _check_member(member: tarfile.TarInfo, dest: str) -> None:
 
 
 def op_tar_in(req: dict) -> dict:
+    import tarfile
+
     dest = safe_path(req["path"])
     os.makedirs(dest, exist_ok=True)
     dest = os.path.realpath(dest)
-    data = base64.b64decode(req["data"])
+    data = b64decode(req["data"])
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
         members = tar.getmembers()
         for member in members:
@@ -434,7 +451,7 @@ def handle(req: dict) -> dict:
         return {"id": rid, "ok": False, "error": "failed", "message": f"{type(e).__name__}: {e}"}
 
 
-def serve(inp: io.BufferedReader, out: io.BufferedWriter) -> None:
+def serve(inp: io.BufferedIOBase, out: io.BufferedIOBase) -> None:
     write_frame(out, {"id": 0, "ok": True, "ready": True, "pid": os.getpid()})
     while True:
         req = read_frame(inp)

@@ -56,6 +56,7 @@ from . import reaper
 from .agent_client import AgentStream, StreamBroken, one_shot
 from .base import BoxInfo, Command, ExecResult, FileInfo, Sandbox, SandboxBackend
 from .boxops import (
+    AGENT_ARGV,
     AGENT_PATH,
     agent_error,
     agent_source,
@@ -104,7 +105,7 @@ class DockerSandbox(Sandbox):
     async def start_agent(self) -> None:
         """Open the long-lived agent stream, or pick a fallback mode."""
         try:
-            sock = await anyio.to_thread.run_sync(self._open_exec, ["python3", AGENT_PATH])
+            sock = await anyio.to_thread.run_sync(self._open_exec, AGENT_ARGV)
             agent = AgentStream(sock)
             with anyio.fail_after(10):
                 await agent.request({"op": "ping"})
@@ -156,9 +157,9 @@ class DockerSandbox(Sandbox):
 
     async def _call_once(self, msg: dict, timeout: float | None) -> dict:
         if self.mode == "oneshot":
-            cmd = ["python3", AGENT_PATH, "--once"]
+            cmd = [*AGENT_ARGV, "--once"]
         else:
-            cmd = ["python3", "-c", agent_source(), "--once"]
+            cmd = ["python3", "-I", "-S", "-c", agent_source(), "--once"]
         sock = await anyio.to_thread.run_sync(self._open_exec, cmd)
         wait = None if timeout is None else timeout + 30
         reply, stderr = await anyio.to_thread.run_sync(lambda: one_shot(sock, msg, timeout=wait))
