@@ -95,6 +95,10 @@ class AnthropicModel:
             base_url=base_url or os.environ.get("ANTHROPIC_BASE_URL"),
             max_retries=0,
             timeout=timeout_s,
+            # The SDK's default pool closes itself from __del__ on whatever event loop
+            # runs at collection time; a model dropped without aclose() would then touch
+            # sockets of a finished loop. A plain pool is just collected.
+            http_client=anthropic.DefaultAsyncHttpxClient(),
         )
 
     async def aclose(self) -> None:

@@ -82,8 +82,8 @@ class FakeMessagesAPI:
         """Base URL for the client (``base_url=api.url``)."""
         if self._server is None:
             raise RuntimeError("the fake API is not running; use it as a context manager")
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}"
 
     def start(self) -> FakeMessagesAPI:
         handler = type("_BoundHandler", (_Handler,), {"api": self})
@@ -209,9 +209,9 @@ class _Handler(BaseHTTPRequestHandler):
         streaming = bool(body.get("stream"))
         if isinstance(answer, Fault):
             if answer.mid_stream and streaming:
-                message = self.api.build_message(body, Reply(content=[]))
+                started = self.api.build_message(body, Reply(content=[]))
                 error = {"type": answer.error_type, "message": answer.message}
-                self._stream(entry, stream_fault(message, error), error=answer.message)
+                self._stream(entry, stream_fault(started, error), error=answer.message)
             else:
                 self._fail(
                     entry,
@@ -221,11 +221,11 @@ class _Handler(BaseHTTPRequestHandler):
                     retry_after=answer.retry_after,
                 )
             return
-        message = self.api.build_message(body, answer)
+        final = self.api.build_message(body, answer)
         if streaming:
-            self._stream(entry, stream_message(message))
+            self._stream(entry, stream_message(final))
         else:
-            self._json(entry, 200, message)
+            self._json(entry, 200, final)
 
     # -- wire ------------------------------------------------------------------
     def _json(
