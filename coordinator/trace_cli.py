@@ -89,8 +89,9 @@ def _print_views(run, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
         roll = rollup_run(run)
         print(json.dumps(roll.model_dump(mode="json"), indent=2) if args.json else format_run(roll))
         return 0
-    member = next(m for m in run.members if m.id == args.member)
-    detail = member_detail(member, limit=args.limit, run_finished=run.finished)
+    index = next(i for i, m in enumerate(run.members) if m.id == args.member)
+    row = rollup_run(run).members[index]
+    detail = member_detail(run.members[index], limit=args.limit, rollup=row)
     print(
         json.dumps(detail.model_dump(mode="json"), indent=2) if args.json else format_member(detail)
     )

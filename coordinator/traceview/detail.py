@@ -164,11 +164,15 @@ def _model_view(ev: ModelCall, ref: str, limit: int) -> ModelCallView:
 
 
 def member_detail(
-    member: MemberTrace, *, limit: int = 2_000, run_finished: bool = True
+    member: MemberTrace, *, limit: int = 2_000, rollup: MemberRollup | None = None
 ) -> MemberDetail:
-    """Group a member's events by turn, cutting long contents to ``limit`` characters."""
+    """Group a member's events by turn, cutting long contents to ``limit`` characters.
+
+    ``rollup`` is the member's row from :func:`rollup_run` (which also reads the run's
+    journal); without it the row is computed from the member's own files.
+    """
     prefix = f"members/{member.id}"
-    detail = MemberDetail(rollup=rollup_member(member, run_finished=run_finished), dir=prefix)
+    detail = MemberDetail(rollup=rollup or rollup_member(member), dir=prefix)
     outcome = member.result or {}
     if isinstance(outcome.get("result"), dict):
         detail.result = outcome["result"]

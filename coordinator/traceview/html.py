@@ -125,8 +125,8 @@ def page_data(run: RunTrace, *, limit: int = 1_200, link_base: str = "") -> dict
     per_content = _content_limit(run, limit)
     images = _Images(run.dir, link_base)
     members = [
-        _member_data(member_detail(m, limit=per_content, run_finished=roll.finished), base, images)
-        for m in run.members
+        _member_data(member_detail(m, limit=per_content, rollup=row), base, images)
+        for m, row in zip(run.members, roll.members, strict=True)
     ]
     job = compact_json(run.job)
     return {

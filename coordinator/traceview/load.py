@@ -21,7 +21,9 @@ from subagents.trace import TraceEvent
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(TraceEvent)
 
-RUN_END_EVENTS = frozenset({"run_end", "run_finished", "run_done", "run_failed", "run_cancelled"})
+RUN_END_EVENTS = frozenset(
+    {"run_end", "run_finished", "run_interrupted", "run_failed", "run_cancelled"}
+)
 """Journal records (by their ``event``/``type``/``state`` value) that say the run is over."""
 
 
@@ -60,7 +62,35 @@ class RunTrace:
         """True once the run's end is recorded (journal) or its report is written."""
         if (self.dir / "report.md").exists() or (self.dir / "report.json").exists():
             return True
-        return any(_record_kind(rec) in RUN_END_EVENTS for rec in self.journal)
+        if any(_record_kind(rec) in RUN_END_EVENTS for rec in self.journal):
+            return True
+        return self._owner_dead()
+
+    def _owner_dead(self) -> bool:
+        """The coordinator that owned the run (``live.json``) is gone without an end record."""
+        live = read_json(self.dir / "live.json")
+        if not live or not isinstance(live.get("pid"), int):
+            return False
+        try:
+            os.kill(live["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def journal_outcomes(self) -> dict[str, tuple[str, str]]:
+        """Member id -> (last status, reason) as the journal records them."""
+        out: dict[str, tuple[str, str]] = {}
+        for rec in self.journal:
+            member, status = rec.get("member"), rec.get("status")
+            if (
+                isinstance(member, str)
+                and isinstance(status, str)
+                and _record_kind(rec).startswith("member_")
+            ):
+                out[member] = (status, str(rec.get("reason") or ""))
+        return out
 
 
 def _record_kind(rec: dict[str, Any]) -> str:
@@ -145,14 +175,20 @@ def read_journal(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def refresh_members(run: RunTrace) -> list[MemberTrace]:
-    """Pick up member directories created since the last look; return the new ones."""
+    """Pick up members seen since the last look (directories, or journal records of
+    members queued but not started yet); return the new ones."""
     known = {m.id for m in run.members}
     added = []
     members_dir = run.dir / "members"
-    if members_dir.is_dir():
-        for sub in sorted(members_dir.iterdir()):
-            if sub.is_dir() and sub.name not in known:
-                added.append(MemberTrace(id=sub.name, dir=sub))
+    ids = (
+        {sub.name for sub in members_dir.iterdir() if sub.is_dir()}
+        if members_dir.is_dir()
+        else set()
+    )
+    ids |= {rec["member"] for rec in run.journal if isinstance(rec.get("member"), str)}
+    for mid in sorted(ids - known):
+        if mid and "/" not in mid and mid not in (".", ".."):
+            added.append(MemberTrace(id=mid, dir=members_dir / mid))
     run.members.extend(added)
     run.members.sort(key=lambda m: m.id)
     return added

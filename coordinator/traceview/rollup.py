@@ -102,7 +102,9 @@ def _estimate_cost(r: MemberRollup) -> float:
     ) / 1e6
 
 
-def rollup_member(member: MemberTrace, *, run_finished: bool = True) -> MemberRollup:
+def rollup_member(
+    member: MemberTrace, *, run_finished: bool = True, journal: tuple[str, str] | None = None
+) -> MemberRollup:
     """Count one member's events into a rollup row."""
     r = MemberRollup(member=member.id)
     end_event: MemberEnd | None = None
@@ -139,13 +141,19 @@ def rollup_member(member: MemberTrace, *, run_finished: bool = True) -> MemberRo
         r.start = member.events[0].ts
         r.end = max(ev.ts for ev in member.events)
         r.duration_s = round(r.end - r.start, 3)
-    _apply_outcome(r, end_event, member.result, run_finished)
+    _apply_outcome(r, end_event, member.result, run_finished, journal)
     return r
 
 
 def _apply_outcome(
-    r: MemberRollup, end: MemberEnd | None, result: dict[str, Any] | None, run_finished: bool
+    r: MemberRollup,
+    end: MemberEnd | None,
+    result: dict[str, Any] | None,
+    run_finished: bool,
+    journal: tuple[str, str] | None,
 ) -> None:
+    # Precedence: the member's own end event, its result file, the coordinator's
+    # journal (a member whose box crashed may have no trace end at all), then a guess.
     if end is not None:
         r.status, r.reason = end.status, end.reason
         if end.duration_s:
@@ -153,6 +161,8 @@ def _apply_outcome(
         r.cost_usd = end.cost_usd
     elif result and isinstance(result.get("status"), str):
         r.status, r.reason = result["status"], str(result.get("reason") or "")
+    elif journal is not None:
+        r.status, r.reason = journal
     elif run_finished:
         r.status, r.reason = "incomplete", "the trace ends without a member_end event"
     if not r.cost_usd:
@@ -170,7 +180,10 @@ _SUMMED = (
 def rollup_run(run: RunTrace) -> RunRollup:
     """The run at a glance, members sorted by id."""
     finished = run.finished
-    rows = [rollup_member(m, run_finished=finished) for m in run.members]
+    outcomes = run.journal_outcomes()
+    rows = [
+        rollup_member(m, run_finished=finished, journal=outcomes.get(m.id)) for m in run.members
+    ]
     out = RunRollup(run=run.id, finished=finished, members=rows)
     with_events = [r for r in rows if r.start]
     if with_events:

@@ -1,0 +1,153 @@
+"""The trace page in real Chromium: loads clean, one lane per member, members open their turns."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tracegen
+from conftest import missing_dependency
+
+from coordinator.traceview import load_run
+from coordinator.traceview.html import write_page
+from coordinator.traceview.serve import make_server
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).parent / "artifacts"
+pytestmark = pytest.mark.chromium
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
+        missing_dependency(f"Chromium not found at {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-background-networking", "--disable-gpu",
+                  "--disable-component-update", "--no-first-run"],
+        )  # fmt: skip
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tracegen.Expected:
+    return tracegen.make_run(tmp_path_factory.mktemp("runs"), members=6, turns=14, seed=11)
+
+
+class Watched:
+    """A page plus every console error, page error, failed request and URL it asked for."""
+
+    def __init__(self, browser: Any) -> None:
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.problems: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.problems.append(m.text))
+        self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        self.page.on("requestfailed", lambda r: self.problems.append(f"failed: {r.url}"))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+
+
+def test_page_loads_clean_with_one_lane_per_member(
+    browser: Any, run: tracegen.Expected, tmp_path: Path
+) -> None:
+    out = tmp_path / "page.html"
+    size = write_page(load_run(run.run_dir), out)
+    assert size == out.stat().st_size
+    w = Watched(browser)
+    w.page.goto(out.as_uri())
+    w.page.wait_for_selector("#timeline-svg")
+    assert w.problems == []
+    # Self-contained: the page itself, then only inline data (embedded screenshots).
+    assert [u for u in w.requests if not u.startswith("data:")] == [out.as_uri()]
+    lanes = w.page.locator(".lane")
+    assert lanes.count() == len(run.members)
+    failed = [mid for mid, e in run.members.items() if e.status == "failed"]
+    assert (
+        w.page.locator(".lane.failed").evaluate_all("ls => ls.map(l => l.dataset.member)") == failed
+    )
+    assert w.page.locator(".lane.failed .fail-mark").count() == 1
+    assert w.page.locator("#members tbody tr").count() == len(run.members)
+    ARTIFACTS.mkdir(exist_ok=True)
+    w.page.screenshot(path=str(ARTIFACTS / "trace_overview.png"), full_page=True)
+    w.page.close()
+
+
+def test_clicking_a_member_opens_its_turns(
+    browser: Any, run: tracegen.Expected, tmp_path: Path
+) -> None:
+    out = tmp_path / "page.html"
+    write_page(load_run(run.run_dir), out)
+    w = Watched(browser)
+    w.page.goto(out.as_uri())
+    member = sorted(run.members)[0]
+    exp = run.members[member]
+    w.page.click(f'.lane[data-member="{member}"]')
+    view = w.page.locator("#member-view")
+    view.wait_for(state="visible")
+    assert not w.page.locator("#overview").is_visible()
+    turns = view.locator("details.turn")
+    assert turns.count() == exp.turns
+    # Markers in the context chart match the member's offloads and compactions.
+    assert view.locator(".ctx-chart .mk-compaction").count() == exp.compactions
+    assert view.locator(".ctx-chart .mk-offload").count() == exp.offloads
+    # Open a turn with a compaction: its summary is shown.
+    compacted = view.locator("details.turn:has(.b-compaction)").first
+    compacted.locator("summary").first.click()
+    assert "Session intent" in compacted.locator(".block.compaction pre").inner_text()
+    # Open an offloaded tool result: it says where the full text is.
+    offloaded = view.locator("details.turn:has(.b-offload)").first
+    offloaded.locator("summary").first.click()
+    call = offloaded.locator(".tool-call", has_text="offloaded").first
+    call.locator("summary").click()
+    assert f"members/{member}/offloads/" in call.locator(".cut").inner_text()
+    assert "Task.cancel()" in view.locator("#final-result").inner_text()
+    # Screenshots are embedded and actually decode.
+    shot_turn = view.locator("details.turn:has(.b-screenshot)").first
+    if exp.screenshots:
+        shot_turn.locator("summary").first.click()
+        img = shot_turn.locator("img.shot").first
+        img.wait_for()
+        assert img.evaluate("i => i.decode().then(() => i.naturalWidth)") == 320
+    assert w.problems == []
+    ARTIFACTS.mkdir(exist_ok=True)
+    w.page.screenshot(path=str(ARTIFACTS / "trace_member.png"), full_page=True)
+    # Back to the overview through history.
+    w.page.go_back()
+    w.page.locator("#overview").wait_for(state="visible")
+    w.page.close()
+
+
+def test_view_serves_the_page_and_run_files_on_loopback(
+    browser: Any, run: tracegen.Expected
+) -> None:
+    server = make_server(run.run_dir, 0)
+    host, port = server.server_address[:2]
+    assert host == "127.0.0.1"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        w = Watched(browser)
+        w.page.goto(f"http://127.0.0.1:{port}/#member=m02")
+        w.page.locator("#member-view").wait_for(state="visible")
+        assert w.page.locator("details.turn").count() == run.members["m02"].turns
+        shot = w.page.request.get(f"http://127.0.0.1:{port}/files/members/m01/trace.jsonl")
+        assert shot.ok and b'"member_start"' in shot.body()
+        escape = w.page.request.get(f"http://127.0.0.1:{port}/files/../../../etc/passwd")
+        assert escape.status == 404
+        assert (
+            w.page.request.get(f"http://127.0.0.1:{port}/files/%2e%2e/%2e%2e/etc/passwd").status
+            == 404
+        )
+        assert w.problems == []
+        w.page.close()
+    finally:
+        server.shutdown()
+        server.server_close()
