@@ -73,6 +73,10 @@ class ContextManager:
         self.files_written: list[str] = []
         """Paths the member wrote, most recent last, without repeats."""
         self.compactions = 0
+        self.offloads = 0
+        """Results offloaded (as they arrived, or later for being over budget)."""
+        self.clips = 0
+        """Write/edit inputs clipped to pointers."""
         self.peak_tokens = 0
         """Largest context :meth:`prepare` let through (for benches and traces)."""
         self._server_compactions_seen: set[int] = set()
@@ -108,6 +112,7 @@ class ContextManager:
         if not self.offloader.too_large(text):
             return text, None
         pointer, saved, tokens = await self.offloader.offload(call_id, tool, text)
+        self.offloads += 1
         self.trace.emit(Offload(call_id=call_id, path=saved.for_model, tokens=tokens))
         return pointer, saved.for_model
 
@@ -184,6 +189,7 @@ class ContextManager:
             return tokens
         for message in report.messages:
             self.counter.forget(message)
+        self.clips += len(report.call_ids)
         self.trace.emit(Clip(call_ids=report.call_ids, tokens_saved=report.tokens_saved, turn=turn))
         return self.estimate(messages, system, tools)
 
@@ -208,6 +214,7 @@ class ContextManager:
                 call_id, names.get(call_id, "tool"), text
             )
             block["content"] = pointer
+            self.offloads += 1
             self.counter.forget(messages[index])
             self.trace.emit(
                 Offload(
