@@ -14,7 +14,7 @@ from subagents.member import MemberSpec, run_member
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
-CHECK = "python3 -c 'import calc; assert calc.add(2, 3) == 5; print(\"ok\")'"
+CHECK = "python3 -B -c 'import calc; assert calc.add(2, 3) == 5; print(\"ok\")'"
 
 
 @pytest.fixture
@@ -45,7 +45,8 @@ async def test_coding_member_fixes_a_bug_and_returns_the_patch(box, tmp_path: Pa
             "edit_file",
             {"path": "calc.py", "old_string": "return a - b", "new_string": "return a + b"},
         ),
-        tool_use("shell", {"command": CHECK}),
+        # Importing first leaves a __pycache__ behind, which must not be in the patch.
+        tool_use("shell", {"command": f"python3 -c 'import calc' && {CHECK}"}),
         tool_use(
             "submit_result",
             {
@@ -81,3 +82,27 @@ async def test_coding_member_fixes_a_bug_and_returns_the_patch(box, tmp_path: Pa
     assert log.stdout.split("\n")[:2] == ["1", " M calc.py"]
     shell = [e for e in events(tmp_path / "trace.jsonl", "tool_result") if e.tool == "shell"]
     assert shell and "ok" in shell[0].output and not shell[0].is_error
+
+
+async def test_offline_coding_policy_applies_stated_edit_and_verifies(box, tmp_path: Path) -> None:
+    from subagents.models import make_model
+
+    spec = MemberSpec(
+        id="coder",
+        kind="coding",
+        task="Fix add(): replace `return a - b` with `return a + b` in `calc.py`.",
+        inputs={"test": CHECK},
+    )
+    model = make_model("offline", kind="coding")
+    outcome = await run_member(
+        spec, sandbox=box, model=model, run_dir=tmp_path, trace=writer(tmp_path, "coder")
+    )
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.offline
+    result = outcome.result
+    assert result["files_changed"] == ["calc.py"]
+    assert result["tests_passed"] is True and result["verified"]["passed"] is True
+    assert "Test exit codes: 1 -> 0." in result["summary"]
+    assert any("offline" in note for note in result["notes"])
+    starts = events(tmp_path / "trace.jsonl", "member_start")
+    assert starts[0].offline
