@@ -1,0 +1,191 @@
+"""OpenTelemetry export: GenAI spans and attributes, in memory, live, and over OTLP/HTTP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import tracegen
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from coordinator import otel
+from coordinator.traceview import load_run
+from subagents.trace import (
+    Compaction,
+    MemberEnd,
+    MemberStart,
+    ModelCall,
+    ToolCall,
+    ToolResult,
+    TraceWriter,
+    read_trace,
+)
+
+FLEET = str(Path(sys.executable).parent / "fleet")
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tracegen.Expected:
+    return tracegen.make_run(tmp_path_factory.mktemp("runs"), members=3, turns=5, seed=5)
+
+
+def _by_op(spans: list[Any], op: str) -> list[Any]:
+    return [s for s in spans if s.attributes.get("gen_ai.operation.name") == op]
+
+
+def test_spans_follow_the_genai_conventions(synthetic: tracegen.Expected) -> None:
+    exporter = InMemorySpanExporter()
+    count = otel.export_run(load_run(synthetic.run_dir), exporter=exporter)
+    spans = list(exporter.get_finished_spans())
+    assert count == len(spans)
+    (workflow,) = _by_op(spans, "invoke_workflow")
+    agents = {s.attributes["gen_ai.agent.name"]: s for s in _by_op(spans, "invoke_agent")}
+    assert sorted(agents) == sorted(synthetic.members)
+    for mid, exp in synthetic.members.items():
+        agent = agents[mid]
+        assert agent.parent.span_id == workflow.context.span_id
+        assert agent.attributes["gen_ai.agent.id"] == f"{synthetic.run_id}/{mid}"
+        chats = [s for s in _by_op(spans, "chat") if s.parent.span_id == agent.context.span_id]
+        tools = [
+            s for s in _by_op(spans, "execute_tool") if s.parent.span_id == agent.context.span_id
+        ]
+        assert len(chats) == exp.turns and len(tools) == exp.tool_calls
+        total_in = exp.input_tokens + exp.cache_read_tokens + exp.cache_write_tokens
+        assert sum(s.attributes["gen_ai.usage.input_tokens"] for s in chats) == total_in
+        assert sum(s.attributes["gen_ai.usage.output_tokens"] for s in chats) == exp.output_tokens
+        assert agent.attributes["gen_ai.usage.input_tokens"] == total_in
+        assert (
+            sum(s.attributes["gen_ai.usage.cache_read.input_tokens"] for s in chats)
+            == exp.cache_read_tokens
+        )
+        assert all(s.name == "chat claude-sonnet-4-5" for s in chats)
+        assert all(s.attributes["gen_ai.request.model"] == "claude-sonnet-4-5" for s in chats)
+        assert all(s.attributes["gen_ai.tool.call.id"].startswith(f"toolu_{mid}_") for s in tools)
+        assert all(s.name == "execute_tool " + s.attributes["gen_ai.tool.name"] for s in tools)
+        errors = [s for s in tools if s.status.status_code is StatusCode.ERROR]
+        failed_event = exp.status == "failed"
+        assert len(errors) == exp.errors - failed_event
+        names = [e.name for e in agent.events]
+        assert names.count("fleet.compaction") == exp.compactions
+        assert names.count("fleet.offload") == exp.offloads
+        assert (agent.status.status_code is StatusCode.ERROR) == (exp.status != "ok")
+        assert agent.start_time == int(exp.start * 1e9) and agent.end_time == int(exp.end * 1e9)
+    # Without --otel-content no message content leaves the machine.
+    content_keys = {
+        "gen_ai.output.messages",
+        "gen_ai.tool.call.arguments",
+        "gen_ai.tool.call.result",
+    }
+    assert not any(content_keys & set(s.attributes) for s in spans)
+
+
+def test_content_only_when_asked(synthetic: tracegen.Expected) -> None:
+    exporter = InMemorySpanExporter()
+    otel.export_run(load_run(synthetic.run_dir), exporter=exporter, content=True)
+    spans = list(exporter.get_finished_spans())
+    chat = _by_op(spans, "chat")[0]
+    tool = _by_op(spans, "execute_tool")[0]
+    assert "checking the next source" in chat.attributes["gen_ai.output.messages"]
+    assert tool.attributes["gen_ai.tool.call.arguments"].startswith("{")
+    assert "gen_ai.tool.call.result" in tool.attributes
+
+
+def test_live_listener_exports_while_the_member_runs(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    live = otel.LiveRun("live-run", otel.make_provider(exporter=exporter), start=100.0)
+    writer = TraceWriter(tmp_path / "trace.jsonl", run="live-run", member="m1")
+    writer.listeners.append(live.listener("m1"))
+    writer.emit(MemberStart(ts=100.0, kind="browser", task="t", model="claude-haiku-4-5"))
+    writer.emit(ModelCall(ts=102.0, turn=1, model="claude-haiku-4-5", input_tokens=10,
+                          cache_read_tokens=90, output_tokens=5, latency_s=1.5))  # fmt: skip
+    writer.emit(ToolCall(ts=102.1, turn=1, call_id="c1", tool="navigate", input={"url": "u"}))
+    # The chat span is exported as soon as the call is traced, not at the run's end.
+    assert [s.name for s in exporter.get_finished_spans()] == ["chat claude-haiku-4-5"]
+    writer.emit(
+        ToolResult(ts=103.0, turn=1, call_id="c1", tool="navigate", output="ok", duration_s=0.9)
+    )
+    writer.emit(Compaction(ts=103.5, turn=1, tokens_before=900, tokens_after=100, summary="s",
+                           transcript_path="transcripts/c1.jsonl"))  # fmt: skip
+    writer.emit(MemberEnd(ts=104.0, status="ok"))
+    writer.close()
+    live.close(105.0)
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {
+        "chat claude-haiku-4-5",
+        "execute_tool navigate",
+        "invoke_agent m1",
+        "invoke_workflow live-run",
+    }
+    chat = spans["chat claude-haiku-4-5"]
+    assert chat.attributes["gen_ai.usage.input_tokens"] == 100
+    assert (chat.start_time, chat.end_time) == (int(100.5e9), int(102e9))
+    assert spans["invoke_agent m1"].attributes["gen_ai.request.model"] == "claude-haiku-4-5"
+    assert [e.name for e in spans["invoke_agent m1"].events] == ["fleet.compaction"]
+    assert len(list(read_trace(tmp_path / "trace.jsonl"))) == 6
+
+
+class _Collector(BaseHTTPRequestHandler):
+    bodies: ClassVar[list[tuple[str, str, bytes]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.bodies.append((self.path, self.headers.get("Content-Type", ""), body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def collector() -> Iterator[tuple[str, list[tuple[str, str, bytes]]]]:
+    _Collector.bodies = []
+    server = HTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", _Collector.bodies
+    server.shutdown()
+    server.server_close()
+
+
+def test_cli_exports_to_an_otlp_http_collector(
+    synthetic: tracegen.Expected, collector: Any
+) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    url, bodies = collector
+    done = subprocess.run([FLEET, "trace", str(synthetic.run_dir), "--otlp", url],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert bodies and all(path == "/v1/traces" for path, _, _ in bodies)
+    spans = []
+    for _, ctype, body in bodies:
+        assert ctype == "application/x-protobuf"
+        req = ExportTraceServiceRequest.FromString(body)
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                spans.extend(ss.spans)
+    names = [s.name for s in spans]
+    exp = synthetic.members
+    assert names.count("invoke_workflow synthetic") == 1
+    assert sum(n.startswith("invoke_agent ") for n in names) == len(exp)
+    assert sum(n.startswith("chat ") for n in names) == sum(e.turns for e in exp.values())
+    assert sum(n.startswith("execute_tool ") for n in names) == sum(
+        e.tool_calls for e in exp.values()
+    )
+    attrs = {
+        kv.key: kv.value
+        for kv in spans[names.index(next(n for n in names if n.startswith("chat ")))].attributes
+    }
+    assert attrs["gen_ai.operation.name"].string_value == "chat"
+    assert attrs["gen_ai.usage.input_tokens"].int_value > 0
+    assert f"exported {len(spans)} spans" in done.stderr
