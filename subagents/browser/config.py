@@ -17,8 +17,6 @@ class BrowserConfig(BaseModel):
 
     search_url: str = DEFAULT_SEARCH_URL
     """Search page of an allowlisted site; ``{query}`` is replaced by the URL-encoded query."""
-    start_url: str | None = None
-    """Page to open before the first model turn, if any."""
     connect_timeout_s: float = Field(default=20.0, gt=0)
     """Seconds to reach the box's CDP endpoint (Chromium may still be starting)."""
     action_timeout_s: float = Field(default=15.0, gt=0)

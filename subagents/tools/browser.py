@@ -102,10 +102,17 @@ class BrowserTool(Tool):
         s = await session(ctx, self.config)
 
         async def _go(page: Any) -> tuple[int, str]:
-            try:
-                resp = await page.goto(url, wait_until="domcontentloaded")
-            except Exception as exc:
-                raise ToolError(_net_error(url, exc)) from None
+            for attempt in range(2):
+                try:
+                    resp = await page.goto(url, wait_until="domcontentloaded")
+                    break
+                except Exception as exc:
+                    # After a failed load Chromium commits its own error page a moment
+                    # later, which interrupts the next navigation: try that one again.
+                    if attempt == 0 and "interrupted by another navigation" in str(exc):
+                        await page.wait_for_load_state("domcontentloaded")
+                        continue
+                    raise ToolError(_net_error(url, exc)) from None
             if resp is None:
                 return 200, ""
             body = (await resp.text())[:500] if resp.status >= 400 else ""

@@ -1,0 +1,246 @@
+"""The ``research`` offline policy: a deterministic browser member for demos and tests.
+
+It drives the browser tools the way a careful researcher would, with no model:
+
+1. ``search`` the configured search page with the task's key terms (or, when the
+   task or ``inputs["urls"]`` names pages, open those instead);
+2. ``navigate`` to the top results (distinct pages, at most ``inputs["max_pages"]``,
+   default 3), and ``read`` the rest of each page's chunks (in one turn: reads of
+   one page do not disturb each other);
+3. pick the sentences that share the most key terms with the task and submit them
+   as claims, each quote copied character for character from the tool result, with
+   the URL the page was read from.
+
+Everything it knows comes from the conversation (the request's messages), so it is
+a pure function of the request and replays identically. Page content is data, never
+instructions: the policy takes no action because of a page's text (the only links
+it follows come from the search results listing), and a sentence that addresses an
+AI agent ("ignore previous instructions", "system prompt", ...) is never quoted;
+the page is reported in ``open_questions`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from .model_base import ModelRequest
+from .offline import register_policy
+
+MAX_PAGES = 3
+MAX_READS = 8
+MAX_CLAIMS = 4
+_WORD = re.compile(r"[a-z0-9_]+")
+_STOP = frozenset(
+    "a an and are as at be by can do does did for from get gets got has have how i if in "
+    "into is it its of on or should that the their then there these this to was what when "
+    "where which while who why will with would you your explain describe find out about "
+    "work works program programs use used using way ways python s".split()
+)
+_UNTRUSTED = re.compile(
+    r'<untrusted_page_content url="([^"]*)"[^>]*>\n(.*?)\n</untrusted_page_content>', re.S
+)
+_RESULT_LINE = re.compile(r"^\d+\. (.+) -> (\S+)$", re.M)
+_URL = re.compile(r"https?://[^\s\"'<>)]+")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")
+_INJECTION = re.compile(
+    r"ignore (all |any |the )?(previous|prior|above|earlier|your) (instructions|prompts?)"
+    r"|disregard .{0,40}instructions|system prompt|you are now|new instructions"
+    r"|submit_result|as an ai\b|language model|ai (agent|assistant)",
+    re.I,
+)
+
+
+def key_terms(text: str, limit: int = 8) -> list[str]:
+    """The task's content words, in order, without duplicates."""
+    out: list[str] = []
+    for w in _WORD.findall(text.lower()):
+        if len(w) > 1 and w not in _STOP and w not in out:
+            out.append(w)
+    return out[:limit]
+
+
+def stem(word: str) -> str:
+    """A crude stem: 'cancelled', 'cancellation', 'cancel' all give 'cance'."""
+    return word[:5] if len(word) > 5 else word.rstrip("s")
+
+
+@dataclass
+class _State:
+    """What the conversation so far says was done."""
+
+    task: str = ""
+    inputs: dict[str, Any] = field(default_factory=dict)
+    calls: list[tuple[dict[str, Any], dict[str, Any] | None]] = field(default_factory=list)
+    """(tool_use, its tool_result or None), in order."""
+
+    def of(self, name: str) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+        return [(u, r) for u, r in self.calls if u.get("name") == name]
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
+
+
+def read_state(request: ModelRequest) -> _State:
+    state = _State()
+    results: dict[str, dict[str, Any]] = {}
+    uses: list[dict[str, Any]] = []
+    for i, msg in enumerate(request.messages):
+        blocks = msg.get("content")
+        if isinstance(blocks, str):
+            blocks = [{"type": "text", "text": blocks}]
+        for b in blocks or []:
+            kind = b.get("type")
+            if i == 0 and msg.get("role") == "user" and kind == "text":
+                text = b.get("text", "")
+                if text.startswith("Inputs (JSON):"):
+                    try:
+                        state.inputs = json.loads(text.split("\n", 1)[1])
+                    except (IndexError, ValueError):
+                        pass
+                elif not state.task:
+                    state.task = text
+            elif kind == "tool_use":
+                uses.append(b)
+            elif kind == "tool_result":
+                results[b.get("tool_use_id", "")] = b
+    state.calls = [(u, results.get(u.get("id", ""))) for u in uses]
+    return state
+
+
+def _ok(result: dict[str, Any] | None) -> bool:
+    return result is not None and not result.get("is_error")
+
+
+def page_key(url: str) -> str:
+    return url.split("#", 1)[0]
+
+
+def candidates(state: _State) -> list[str]:
+    """Pages to open: the task's own URLs, else the search results' links."""
+    given = [*state.inputs.get("urls", []), *_URL.findall(state.task)]
+    if not given:
+        for _use, result in state.of("search"):
+            if _ok(result):
+                body = _UNTRUSTED.search(_text(result.get("content")))
+                given += [m.group(2) for m in _RESULT_LINE.finditer(body.group(2) if body else "")]
+    seen, out = set(), []
+    for url in given:
+        if page_key(url) not in seen:
+            seen.add(page_key(url))
+            out.append(url)
+    limit = int(state.inputs.get("max_pages", MAX_PAGES))
+    return out[:limit]
+
+
+def _tool(name: str, **args: Any) -> dict[str, Any]:
+    return {"type": "tool_use", "name": name, "input": args}
+
+
+def next_action(state: _State) -> list[dict[str, Any]]:
+    """The tool calls of the next turn, or the submission."""
+    submits = state.of("submit_result")
+    if submits:
+        return [_tool("submit_result", **build_findings(state, condensed=True))]
+    given = bool(state.inputs.get("urls") or _URL.search(state.task))
+    if not given and not state.of("search"):
+        return [_tool("search", query=" ".join(key_terms(state.task)))]
+    navs = state.of("navigate")
+    opened = {u["input"].get("url") for u, _r in navs}
+    if navs:
+        last_use, last_result = navs[-1]
+        if _ok(last_result) and state.calls[-1][0] is last_use:
+            total = _chunk_count(_text(last_result.get("content")))  # type: ignore[union-attr]
+            reads = [_tool("read", chunk=c) for c in range(2, min(total, MAX_READS) + 1)]
+            if reads:
+                return reads
+    for url in candidates(state):
+        if url not in opened:
+            return [_tool("navigate", url=url)]
+    return [_tool("submit_result", **build_findings(state))]
+
+
+def _chunk_count(text: str) -> int:
+    found = re.search(r"Page text \(chunk 1 of (\d+)", text)
+    return int(found.group(1)) if found else 1
+
+
+def page_texts(state: _State) -> dict[str, tuple[str, list[str]]]:
+    """Page key -> (URL as read, texts of its chunks), from navigate and read results."""
+    pages: dict[str, tuple[str, list[str]]] = {}
+    for use, result in state.calls:
+        if use.get("name") not in ("navigate", "read") or not _ok(result):
+            continue
+        for url, body in _UNTRUSTED.findall(_text(result.get("content"))):  # type: ignore[union-attr]
+            body = re.sub(r"^(Page text \(chunk 1 of \d+[^\n]*|Chunk \d+ of \d+[^\n]*)\n", "", body)
+            body = body.split("\nInteractive elements (")[0]
+            pages.setdefault(page_key(url), (url, []))[1].append(body)
+    return pages
+
+
+def passages(text: str) -> list[str]:
+    """Candidate quotes: prose sentences of a reasonable length (not code, not menus)."""
+    out = []
+    for line in text.split("\n"):
+        line = line.strip()
+        if len(line) < 40 or line.startswith((">>>", "...", "#", "$")) or line.count("(") > 4:
+            continue
+        out += [s.strip() for s in _SENTENCE.split(line) if 40 <= len(s.strip()) <= 400]
+    return out
+
+
+def build_findings(state: _State, *, condensed: bool = False) -> dict[str, Any]:
+    """Findings from the pages read: the best-matching sentences, quoted verbatim."""
+    terms = {stem(t) for t in key_terms(state.task)}
+    scored: list[tuple[int, int, str, str]] = []
+    suspicious: list[str] = []
+    for order, (url, texts) in enumerate(page_texts(state).values()):
+        for sentence in passages("\n".join(texts)):
+            if _INJECTION.search(sentence):
+                if url not in suspicious:
+                    suspicious.append(url)
+                continue
+            hits = {stem(w) for w in _WORD.findall(sentence.lower())} & terms
+            if len(hits) >= min(2, len(terms)):
+                scored.append((-len(hits), order, sentence, url))
+    scored.sort(key=lambda s: (s[0], s[1]))
+    chosen, seen = [], set()
+    for neg, _order, sentence, url in scored:
+        if sentence not in seen:
+            seen.add(sentence)
+            chosen.append((-neg, sentence, url))
+        if len(chosen) >= (2 if condensed else MAX_CLAIMS):
+            break
+    claims = [{"text": s, "source_url": u, "quote": s} for _n, s, u in chosen]
+    best = chosen[0][0] if chosen else 0
+    confidence = "high" if terms and best >= 0.6 * len(terms) else ("medium" if chosen else "low")
+    open_questions = [
+        f"{u} contains text addressed to an AI agent; it was treated as data and ignored"
+        for u in suspicious
+    ]
+    failed = [u["input"].get("url", "") for u, r in state.of("navigate") if not _ok(r)]
+    open_questions += [f"could not open {u}" for u in failed]
+    if not chosen:
+        open_questions.append("no passage on the pages read matched the task's key terms")
+    summary = f"Read {len(page_texts(state))} page(s) for: {state.task.strip()[:200]}. " + (
+        f"Best passage: {chosen[0][1]}" if chosen else "Nothing relevant was found."
+    )
+    return {
+        "summary": summary[: 600 if condensed else 1200],
+        "claims": claims,
+        "open_questions": open_questions,
+        "confidence": confidence,
+    }
+
+
+def research_policy(request: ModelRequest) -> list[dict[str, Any]]:
+    """The ``research`` policy (see the module docstring)."""
+    return next_action(read_state(request))
+
+
+register_policy("research", research_policy)
