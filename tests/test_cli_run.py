@@ -1,0 +1,277 @@
+"""``fleet run / code / resume / runs`` end to end: real boxes, the real harness, the real
+``anthropic`` client against the fake Messages API on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import remove_run
+from fleet_policies import coding_policy
+
+from coordinator.cli import main
+from coordinator.runs import RunDir
+from subagents.fake_api import FakeMessagesAPI
+from subagents.trace import read_trace
+
+pytestmark = pytest.mark.docker
+FLEET = [sys.executable, "-m", "coordinator.cli"]
+
+
+@pytest.fixture
+def fake_api(monkeypatch):
+    """Start a fake API; the coordinator's real model adapter is pointed at it."""
+
+    def start(policy: Any) -> FakeMessagesAPI:
+        api = FakeMessagesAPI(policy).start()
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        started.append(api)
+        return api
+
+    started: list[FakeMessagesAPI] = []
+    yield start
+    for api in started:
+        api.stop()
+
+
+@pytest.fixture
+def cleanup(docker_client):
+    """Run directories whose boxes are removed at teardown, whatever happened."""
+    roots: list[Path] = []
+    yield roots
+    for root in roots:
+        for run in RunDir.list(root):
+            remove_run(docker_client, run.id)
+
+
+def _boxes(docker_client: Any, run_id: str) -> list[Any]:
+    return docker_client.containers.list(all=True, filters={"label": f"fleet.run={run_id}"})
+
+
+def _member(mid: str, task: str, **extra: Any) -> str:
+    lines = ["[[members]]", f'id = "{mid}"', 'kind = "coding"', f"task = {json.dumps(task)}"]
+    lines += [f"{k} = {v}" for k, v in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _job(tmp_path: Path, members: str, *, fanout: str = "") -> Path:
+    text = f'name = "t"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "claude-sonnet-5"\n'
+    text += f"[fanout]\n{fanout}\n" + members
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def _kill_box_when_up(docker_client: Any, member: str, stop: threading.Event) -> None:
+    """Kill the first box of ``member`` a moment after it starts (the engine's own kill)."""
+    while not stop.is_set():
+        found = docker_client.containers.list(filters={"label": f"fleet.member={member}"})
+        if found:
+            time.sleep(1.0)
+            found[0].kill()
+            return
+        time.sleep(0.1)
+
+
+def test_five_members_three_failures_two_results_and_a_report(
+    tmp_path, images, docker_client, fake_api, cleanup, capsys
+):
+    fake_api(coding_policy(turns=3, latency_s=0.4))
+    cleanup.append(tmp_path / "runs")
+    members = (
+        _member("good-1", "List the files.")
+        + _member("good-2", "Print the date.")
+        + _member("rejected", "[bad-request] anything")
+        + _member("stuck", "[hang] anything", limits="{ deadline_s = 8 }")
+        + _member("victim", "Count the lines.")
+    )
+    job = _job(
+        tmp_path, members, fanout="max_parallel = 5\nmin_success = 2\nretry = { attempts = 1 }"
+    )
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_box_when_up, args=(docker_client, "victim", stop))
+    killer.start()
+    try:
+        code = main(["run", str(job), "--plain"])
+    finally:
+        stop.set()
+        killer.join()
+    assert code == 0  # quorum of 2 met; the failures are listed, not fatal
+    (run,) = RunDir.list(tmp_path / "runs")
+    status = {
+        m: run.result(m)["status"] for m in ("good-1", "good-2", "rejected", "stuck", "victim")
+    }
+    assert status == {
+        "good-1": "ok",
+        "good-2": "ok",
+        "rejected": "failed",
+        "stuck": "timed_out",
+        "victim": "crashed",
+    }
+    report = json.loads((run.path / "report.json").read_text())
+    assert {c["member"] for c in report["code"]} == {"good-1", "good-2"}
+    failed = {f["member"]: f["reason"] for f in report["failed"]}
+    assert set(failed) == {"rejected", "stuck", "victim"}
+    assert "model error" in failed["rejected"] and "prompt is too long" in failed["rejected"]
+    assert "deadline of 8s" in failed["stuck"]
+    assert "sandbox crashed" in failed["victim"]
+    md = (run.path / "report.md").read_text()
+    assert "3 member(s) failed" in md and "victim (crashed" in md
+    out = capsys.readouterr()
+    assert "succeeded: 2 of 5 members ok" in out.err
+    assert _boxes(docker_client, run.id) == []
+
+
+def _wait_for(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigkill_then_resume_reruns_only_unfinished_members(
+    tmp_path, images, docker_client, fake_api, cleanup
+):
+    api = fake_api(coding_policy(turns=3, latency_s=0.6))
+    cleanup.append(tmp_path / "runs")
+    members = "".join(_member(f"m{i}", f"Task number {i}.") for i in range(1, 6))
+    job = _job(tmp_path, members, fanout="max_parallel = 2\nmin_success = 5")
+    env = {**os.environ, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    proc = subprocess.Popen(
+        [*FLEET, "run", str(job), "--plain"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for(lambda: RunDir.list(tmp_path / "runs"), 30, "the run directory")
+        (run,) = RunDir.list(tmp_path / "runs")
+
+        def two_done_one_running() -> bool:
+            st = run.state()
+            done = [m for m, s in st.members.items() if s == "ok"]
+            return len(done) >= 2 and "running" in st.members.values()
+
+        _wait_for(two_done_one_running, 120, "two members finished and one running")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    before = run.state()
+    finished_before = {m for m, s in before.members.items() if s == "ok"}
+    assert before.status == "dead"
+    assert _boxes(docker_client, run.id), "a killed coordinator leaves its boxes behind"
+    # gc knows the run is over (its owner pid is dead) and removes them.
+    gc = subprocess.run([*FLEET, "sandbox", "gc"], env=env, capture_output=True, text=True)
+    assert gc.returncode == 0, gc.stderr
+    assert _boxes(docker_client, run.id) == []
+
+    resumed = subprocess.run(
+        [*FLEET, "resume", str(run.path), "--plain"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    after = run.state()
+    assert set(after.members.values()) == {"ok"} and len(after.members) == 5
+    assert after.status == "succeeded"
+    for m in finished_before:  # not run again: one start in the journal, one in the trace
+        assert after.starts[m] == 1
+        starts = [
+            e
+            for e in read_trace(run.path / "members" / m / "trace.jsonl")
+            if e.type == "member_start"
+        ]
+        assert len(starts) == 1
+    rerun = set(after.members) - finished_before
+    assert rerun and all(after.starts[m] >= 1 for m in rerun)
+    assert any(e["event"] == "reaped" for e in run.journal.read())
+    assert (run.path / "report.md").exists()
+    assert _boxes(docker_client, run.id) == []
+    listing = subprocess.run(
+        [*FLEET, "runs", "--output-dir", str(tmp_path / "runs")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.id in listing.stdout and "succeeded" in listing.stdout and "5/5" in listing.stdout
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def test_fleet_code_returns_a_patch_that_applies_to_the_untouched_repo(
+    tmp_path, images, docker_client, fake_api, cleanup, capsys
+):
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    (repo / "hello.py").write_text('print("hello world")\n')
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    fake_api(coding_policy())
+    out_dir = tmp_path / "runs"
+    cleanup.append(out_dir)
+    task = "Greet the fleet [edit:/workspace/hello.py:world:fleet]"
+    code = main(
+        [
+            "code",
+            str(repo),
+            task,
+            "--test",
+            "python3 hello.py",
+            "--model",
+            "claude-sonnet-5",
+            "--output-dir",
+            str(out_dir),
+            "--plain",
+        ]
+    )
+    assert code == 0
+    assert (repo / "hello.py").read_text() == 'print("hello world")\n'
+    assert _git(repo, "status", "--porcelain") == ""
+    (run,) = RunDir.list(out_dir)
+    patch = run.path / "members" / "coder" / "patch.diff"
+    result = run.result("coder")["result"]
+    assert result["files_changed"] == ["hello.py"]
+    assert result["verified"]["passed"] is True
+    printed = capsys.readouterr().out
+    assert "hello.py" in printed and str(patch) in printed
+    subprocess.run(["git", "apply", "--check", str(patch)], cwd=repo, check=True)
+    subprocess.run(["git", "apply", str(patch)], cwd=repo, check=True)
+    assert (repo / "hello.py").read_text() == 'print("hello fleet")\n'
+    # --apply does the same in one step.
+    _git(repo, "checkout", "--", "hello.py")
+    code = main(
+        [
+            "code",
+            str(repo),
+            task,
+            "--apply",
+            "--model",
+            "claude-sonnet-5",
+            "--output-dir",
+            str(out_dir),
+            "--plain",
+        ]
+    )
+    assert code == 0
+    assert (repo / "hello.py").read_text() == 'print("hello fleet")\n'
