@@ -107,7 +107,8 @@ def build_message(
     )
 
 
-def _as_blocks(answer: PolicyAnswer) -> tuple[list[dict[str, Any]], str | None]:
+def answer_blocks(answer: PolicyAnswer) -> tuple[list[dict[str, Any]], str | None]:
+    """A policy's answer as content dicts plus its stop_reason (None: decide from blocks)."""
     if isinstance(answer, Message):
         return [b.model_dump(exclude_none=True) for b in answer.content], answer.stop_reason
     items = answer if isinstance(answer, list) else [answer]
@@ -136,7 +137,7 @@ class OfflineModel:
         answer = self.policy(request)
         if inspect.isawaitable(answer):
             answer = await answer
-        blocks, stop_reason = _as_blocks(answer)
+        blocks, stop_reason = answer_blocks(answer)
         n = next(self._ids)
         for j, block in enumerate(blocks):
             if block.get("type") == "tool_use" and not block.get("id"):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -20,6 +23,7 @@ from subagents.fake_api import (
     text,
     tool_use,
 )
+from subagents.fake_api.__main__ import load_script
 
 pytestmark = pytest.mark.anyio
 USER = [{"role": "user", "content": "hello"}]
@@ -30,6 +34,12 @@ _OPEN: list[anthropic.AsyncAnthropic] = []
 
 def client(api: FakeMessagesAPI, retries: int = 2, key: str = "test") -> anthropic.AsyncAnthropic:
     c = anthropic.AsyncAnthropic(base_url=api.url, api_key=key, max_retries=retries)
+    _OPEN.append(c)
+    return c
+
+
+def client_at(url: str) -> anthropic.AsyncAnthropic:
+    c = anthropic.AsyncAnthropic(base_url=url, api_key="x", max_retries=0)
     _OPEN.append(c)
     return c
 
@@ -295,3 +305,30 @@ async def test_sync_client_works_too() -> None:
     with FakeMessagesAPI([tool_use("t", {"a": 1})]) as api:
         final = await anyio.to_thread.run_sync(call, api.url)
     assert final.content[0].input == {"a": 1}
+
+
+async def test_command_line_server_answers_with_an_offline_policy(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "subagents.fake_api", "--port", str(port)]
+    async with await anyio.open_process(command) as process:
+        try:
+            assert process.stderr is not None
+            banner = b""
+            with anyio.fail_after(20):
+                while b"\n" not in banner:
+                    banner += await process.stderr.receive()
+            assert b"fake Messages API on" in banner
+            c = client_at(f"http://127.0.0.1:{port}")
+            msg = await c.messages.create(model="m", max_tokens=9, messages=USER)
+            assert msg.content[0].text == "hello"  # the echo policy says the task back
+        finally:
+            process.terminate()
+    script = tmp_path / "script.json"
+    script.write_text('[{"fault": "overloaded"}, {"content": [{"type": "text", "text": "x"}]}]')
+    items = load_script(script)
+    assert items[0].status == 529 and items[1]["content"][0]["text"] == "x"
+    script.write_text('[{"fault": "nope"}]')
+    with pytest.raises(SystemExit, match="fault must be one of"):
+        load_script(script)

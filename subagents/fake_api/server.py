@@ -59,6 +59,7 @@ class FakeMessagesAPI:
         min_cache_tokens: int = 1024,
         model_name: str | None = None,
         count_tokens: bool = True,
+        port: int = 0,
     ) -> None:
         self.script = Script(script)
         self.api_key = api_key
@@ -73,6 +74,8 @@ class FakeMessagesAPI:
         self.log: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self._counter = 0
+        self.port = port
+        """Port to bind on 127.0.0.1; 0 picks a free one."""
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -87,7 +90,7 @@ class FakeMessagesAPI:
 
     def start(self) -> FakeMessagesAPI:
         handler = type("_BoundHandler", (_Handler,), {"api": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever,
