@@ -39,12 +39,12 @@ import anyio
 from pydantic import ValidationError
 
 from sandbox.base import Sandbox
-from sandbox.errors import SandboxCrashed
+from sandbox.errors import SandboxError
 
 from .model_base import Model, ModelProfile, ModelRequest
 from .result import SUBMIT_TOOL, ResultGate
 from .tools.base import Tool, ToolContext
-from .tools.registry import ToolRegistry, build_custom_tool
+from .tools.registry import BOX_GONE, ToolRegistry, build_custom_tool
 from .trace import Messages, ModelCall, ToolCall, ToolResult, TraceWriter
 
 if TYPE_CHECKING:
@@ -294,7 +294,7 @@ class AgentLoop:
     async def _run_tools(self, tool_uses: list[dict[str, Any]]) -> None:
         """Run every tool_use concurrently; append their results as one user message."""
         results: list[dict[str, Any]] = [{} for _ in tool_uses]
-        crashes: list[SandboxCrashed] = []
+        crashes: list[SandboxError] = []
         async with anyio.create_task_group() as tg:
             for i, block in enumerate(tool_uses):
                 tg.start_soon(self._one_tool, i, block, results, crashes, tg.cancel_scope)
@@ -307,7 +307,7 @@ class AgentLoop:
         i: int,
         block: dict[str, Any],
         results: list[dict[str, Any]],
-        crashes: list[SandboxCrashed],
+        crashes: list[SandboxError],
         group: anyio.CancelScope,
     ) -> None:
         call_id, name, raw = block["id"], block.get("name", ""), block.get("input")
@@ -326,7 +326,7 @@ class AgentLoop:
         started = time.monotonic()
         try:
             out = await self.registry.call(name, raw, self.tool_ctx)
-        except SandboxCrashed as exc:
+        except BOX_GONE as exc:
             # The box is gone: the siblings cannot succeed either.
             crashes.append(exc)
             group.cancel()

@@ -18,7 +18,8 @@ ok          ``submit_result`` was accepted; ``result`` holds it
 incomplete  a limit (turns, tokens, deadline) was reached, or the model
             stopped without a result after one reminder; ``progress`` says
             what was done
-crashed     the box died (``SandboxCrashed``); ``reason`` names why
+crashed     the box died (``SandboxCrashed``) or cannot be reached any more
+            (``SandboxClosed``, ``SandboxUnavailable``); ``reason`` names why
 failed      the model call failed for good (``retryable`` says whether a later
             attempt may succeed, e.g. overload) or the harness hit a bug
 cancelled   the caller cancelled the member (set by the caller's bookkeeping;
@@ -38,7 +39,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sandbox.base import Sandbox
-from sandbox.errors import SandboxCrashed
+from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxUnavailable
 from sandbox.spec import SandboxSpec
 
 from .context.config import ContextConfig
@@ -240,6 +241,8 @@ async def run_member(
         outcome = await loop.run()
     except SandboxCrashed as exc:
         outcome = _ended(spec, loop, "crashed", f"sandbox crashed: {exc.reason}", retryable=True)
+    except (SandboxClosed, SandboxUnavailable) as exc:
+        outcome = _ended(spec, loop, "crashed", f"sandbox unavailable: {exc}", retryable=True)
     except ModelError as exc:
         outcome = _ended(spec, loop, "failed", f"model error: {exc}", retryable=exc.retryable)
     except anyio.get_cancelled_exc_class():

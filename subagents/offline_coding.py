@@ -121,7 +121,8 @@ def coding_policy(request: ModelRequest) -> list[dict[str, Any]]:
 
 
 def _report(h: _History, test: str | None, edits: list[dict[str, Any]]) -> dict[str, Any]:
-    applied, refused = [], []
+    applied: list[str] = []
+    refused: list[str] = []
     files_seen = 0
     exits: list[int] = []
     for call in h.calls:

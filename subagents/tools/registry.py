@@ -6,8 +6,9 @@ the tool's pydantic schema, :class:`~subagents.tools.base.ToolError`, sandbox er
 such as :class:`~sandbox.errors.PathRefused`, a per-call timeout and any other
 exception all come back as an ``is_error`` :class:`ToolOutput` whose text says
 exactly what was wrong - the model can fix its call and the run goes on. The one
-exception is :class:`~sandbox.errors.SandboxCrashed`: a dead box cannot be fixed by
-the model, so it propagates and the member ends ``crashed``.
+exceptions are :data:`BOX_GONE` (``SandboxCrashed``, ``SandboxClosed``,
+``SandboxUnavailable``): a dead or unreachable box cannot be fixed by the model, so
+they propagate and the member ends ``crashed``.
 
 Jobs add their own tools with :class:`CustomToolSpec`:
 
@@ -31,11 +32,13 @@ from typing import Any, ClassVar, Literal
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from sandbox.errors import SandboxCrashed, SandboxError
+from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxUnavailable
 
 from .base import Tool, ToolContext, ToolError, ToolOutput
 
 _NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
+BOX_GONE = (SandboxCrashed, SandboxClosed, SandboxUnavailable)
+"""Errors no tool call can fix: the box is dead or unreachable, so the member ends."""
 _PARAM_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float, "boolean": bool}
 
 
@@ -101,7 +104,7 @@ class ToolRegistry:
     async def _run(self, tool: Tool, args: BaseModel, ctx: ToolContext) -> ToolOutput:
         try:
             out = await tool.run(args, ctx)
-        except SandboxCrashed:
+        except BOX_GONE:
             raise
         except ToolError as exc:
             return error_output(str(exc) or f"{tool.name} failed")
