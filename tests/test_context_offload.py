@@ -143,7 +143,7 @@ async def test_over_budget_offload_comes_before_compaction(tmp_path: Path) -> No
     sent = await manager.prepare(messages, turn=11, system="sys", tools=[])
     assert sent is messages
     after = manager.estimate(messages, "sys", [])
-    assert after <= manager.limits.clip_at
+    assert after <= manager.limits.offload_to
     offloads = events(trace, "offload")
     assert offloads and all(e.reason == "over_budget" for e in offloads)
     assert not [e for e in read_trace(trace.path) if e.type == "compaction"]

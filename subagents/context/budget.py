@@ -31,6 +31,8 @@ class Budget:
     """Past this, old write/edit inputs become pointers."""
     trigger: int
     """Past this, older results are offloaded, then (if still over) the context is compacted."""
+    offload_to: int
+    """Over-budget offloading stops once the context is under this."""
 
     @classmethod
     def from_config(cls, config: ContextConfig, context_window: int) -> Budget:
@@ -38,4 +40,5 @@ class Budget:
         trigger = int(tokens * config.compact_fraction)
         # Clipping is the cheapest mechanism: it must never act later than compaction.
         clip_at = min(int(tokens * config.clip_fraction), trigger)
-        return cls(tokens=tokens, clip_at=clip_at, trigger=trigger)
+        offload_to = min(int(tokens * config.offload_target_fraction), clip_at)
+        return cls(tokens=tokens, clip_at=clip_at, trigger=trigger, offload_to=offload_to)

@@ -36,6 +36,10 @@ class ContextConfig(BaseModel):
     """Each preview line is cut to this many characters (one-line JSON stays small)."""
     keep_recent_results: int = Field(default=3, ge=0)
     """The most recent tool results are never offloaded for being over budget."""
+    offload_target_fraction: float = Field(default=0.6, gt=0, le=1)
+    """Over-budget offloading goes on, oldest result first, until the context is under
+    this share of the budget: the gap to the trigger makes it act in batches, so the
+    cached prompt prefix it rewrites is rewritten rarely, not every turn."""
     old_result_min_tokens: int = Field(default=1_000, ge=0)
     """Older results smaller than this stay inline: their pointer would save little."""
 

@@ -196,10 +196,10 @@ class ContextManager:
     async def _offload_old(
         self, messages: list[dict], turn: int, system: Any, tools: list, tokens: int
     ) -> int:
-        """Offload older results, oldest first, until under the clip threshold."""
+        """Offload older results, oldest first, until under ``limits.offload_to``."""
         names: dict[str, str] | None = None
         for index, block in old_results(messages, self.config.keep_recent_results):
-            if tokens <= self.limits.clip_at:
+            if tokens <= self.limits.offload_to:
                 break
             text = result_text(block)
             if text is None or text.startswith(OFFLOAD_MARK):
