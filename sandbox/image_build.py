@@ -14,7 +14,7 @@ files under ``fleet/`` and, for the base, the extra CA certificates under
 build raises :class:`SandboxUnavailable` with the last lines of its log.
 
 Images whose parents are ready build concurrently (the coding and browser images
-spend most of their time waiting on the mirror), in threads, at most two at once.
+spend most of their time waiting on the mirror), in threads, at most three at once.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from .images import (
     split_pem,
 )
 
-MAX_PARALLEL_BUILDS = 2
+MAX_PARALLEL_BUILDS = 3
 LOG_TAIL_LINES = 15
 
 
