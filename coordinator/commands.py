@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from sandbox.errors import SandboxError
+from subagents.browser.corpus import CORPUS_ALLOW
 from subagents.model_base import ModelError
 
 from .cli import UsageError
@@ -66,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def research_toml(
     question: str, members: int, allow: list[str], model: str | None, search_url: str | None
 ) -> str:
-    hosts = ["corpus", *[d for d in allow if d != "corpus"]]
+    hosts = [CORPUS_ALLOW, *[d for d in allow if d != CORPUS_ALLOW]]
     lines = [f"name = {_toml_str('research')}"]
     if model:
         lines += ["", "[model]", f"name = {_toml_str(model)}"]

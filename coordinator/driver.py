@@ -25,8 +25,7 @@ import anyio
 
 from sandbox import reaper
 from sandbox.base import Sandbox, SandboxBackend
-from sandbox.errors import SandboxUnavailable
-from sandbox.spec import SandboxSpec
+from subagents.browser.corpus import CORPUS_MEMBER, start_corpus
 from subagents.member import MemberOutcome
 from subagents.model_base import Model, ModelError
 
@@ -136,21 +135,8 @@ async def plan_members(
     return members
 
 
-async def start_corpus(backend: SandboxBackend, run_id: str) -> Sandbox:
-    """Fleet's offline corpus as a service box named ``corpus`` on the run's network."""
-    from sandbox.images import image_ref
-
-    image = await anyio.to_thread.run_sync(image_ref, "corpus")
-    box = await backend.create(
-        SandboxSpec(kind="service", image=image), run=run_id, member="corpus"
-    )
-    probe = "import urllib.request as u; u.urlopen('http://127.0.0.1:8080/', timeout=2)"
-    for _ in range(100):
-        if (await box.exec(["python3", "-c", probe], timeout=5)).ok:
-            return box
-        await anyio.sleep(0.1)
-    await box.close()
-    raise SandboxUnavailable("the offline corpus box did not answer within 10 s")
+def _wants_corpus(job: Job) -> bool:
+    return any(h.split(":")[0] == CORPUS_MEMBER for h in job.egress.allow)
 
 
 def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
@@ -239,7 +225,7 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
                 tg.start_soon(_watch_signals, tg.cancel_scope, interrupted)
             if progress.tty:
                 tg.start_soon(progress.run)
-            if any(u.spec.kind == "browser" for u in units) and "corpus" in job.egress.allow:
+            if any(u.spec.kind == "browser" for u in units) and _wants_corpus(job):
                 corpus = await start_corpus(backend, run.id)
             fanned = await fan_out(
                 units,

@@ -201,8 +201,9 @@ class FanoutPolicy(_Strict):
 class Egress(_Strict):
     """Where browser members may connect (coding members never have a network)."""
 
-    allow: list[str] = Field(default_factory=lambda: ["corpus"])
-    """Host names browser boxes may reach; ``corpus`` is Fleet's offline corpus."""
+    allow: list[str] = Field(default_factory=lambda: ["corpus:8080"])
+    """Hosts (``name`` or ``name:port``) browser boxes may reach; ``corpus:8080`` is
+    Fleet's offline corpus, started for the run when it is listed."""
     search_url: str | None = None
     """Search page with ``{query}``, on an allowed host (default: the corpus search)."""
 
@@ -315,7 +316,7 @@ _EXAMPLES: dict[str, str] = {
     "backoff_s": "backoff_s = 1.0",
     "backoff_max_s": "backoff_max_s = 30",
     "on": 'on = ["crashed", "overloaded"]   # the task itself failing is never retried',
-    "allow": 'allow = ["corpus", "docs.python.org"]',
+    "allow": 'allow = ["corpus:8080", "docs.python.org"]',
     "search_url": 'search_url = "http://corpus:8080/search?q={query}"',
     "instructions": 'instructions = "Compare the approaches; name trade-offs"',
     "max_result_chars": "max_result_chars = 8000",
@@ -327,7 +328,7 @@ _SECTION_EXAMPLES: dict[str, str] = {
     "research": '[research]\nquestion = "How does asyncio cancel tasks?"\nmembers = 3',
     "fanout": "[fanout]\nmax_parallel = 4\nmin_success = 1",
     "retry": '[fanout.retry]\nattempts = 2\non = ["crashed", "overloaded"]',
-    "egress": '[egress]\nallow = ["corpus"]',
+    "egress": '[egress]\nallow = ["corpus:8080"]',
     "synthesis": '[synthesis]\ninstructions = "Focus on pitfalls"',
     "limits": "limits = { max_turns = 30, deadline_s = 600 }",
     "sandbox": 'sandbox = { memory = "1g", cpus = 1 }',

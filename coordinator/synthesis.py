@@ -63,6 +63,8 @@ class Report(_Strict):
     summary: str
     claims: list[ReportClaim] = Field(default_factory=list)
     open_questions: list[str] = Field(default_factory=list)
+    answers: list[dict[str, Any]] = Field(default_factory=list)
+    """Per ok member: its task (sub-question), its own summary and confidence."""
     code: list[dict[str, Any]] = Field(default_factory=list)
     """Coding members' results: summary, files changed, tests, patch path."""
     members: list[MemberLine] = Field(default_factory=list)
@@ -131,6 +133,22 @@ def _code_entry(d: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _answers(digests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for d in digests:
+        r = d.get("result") or {}
+        if d["status"] == "ok" and d["kind"] != "coding" and r.get("summary"):
+            out.append(
+                {
+                    "member": d["member"],
+                    "task": d["task"],
+                    "summary": str(r["summary"]),
+                    "confidence": r.get("confidence"),
+                }
+            )
+    return out
+
+
 def offline_report(title: str, question: str, digests: list[dict[str, Any]]) -> Report:
     """The deterministic analyst: findings gathered, de-duplicated and cited."""
     members, failed = _lines(digests)
@@ -177,6 +195,7 @@ def offline_report(title: str, question: str, digests: list[dict[str, Any]]) -> 
         claims=claims,
         open_questions=open_qs,
         code=code,
+        answers=_answers(digests),
         members=members,
         failed=failed,
     )
@@ -290,6 +309,7 @@ async def model_report(
         claims=claims,
         open_questions=[q for q in data.get("open_questions") or [] if isinstance(q, str)],
         code=[_code_entry(d) for d in usable if d["kind"] == "coding"],
+        answers=_answers(digests),
         members=members,
         failed=failed,
     )
@@ -321,6 +341,11 @@ def render_markdown(report: Report) -> str:
         out.append("")
         if urls:
             out += ["### Sources", ""] + [f"[{n}] {u}" for u, n in urls.items()] + [""]
+    if report.answers:
+        out += ["## What each member found", ""]
+        for a in report.answers:
+            conf = f" (confidence: {a['confidence']})" if a.get("confidence") is not None else ""
+            out += [f"**{a['member']}** - {a['task']}", "", f"{a['summary']}{conf}", ""]
     if report.code:
         out += ["## Code changes", ""]
         for c in report.code:
