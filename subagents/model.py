@@ -32,6 +32,7 @@ from typing import Any
 
 import anthropic
 import anyio
+import pydantic
 from anthropic.types import Message
 
 from subagents.model_base import ModelError, ModelProfile, ModelRequest, ModelResponse
@@ -173,7 +174,7 @@ class AnthropicModel:
             if not saw_delta:
                 raise _EarlyStreamFailure(f"connection lost before the first delta: {exc}") from exc
             raise
-        return Message.model_validate(final.to_dict())
+        return _as_message(final.to_dict())
 
     # -- retry policy ----------------------------------------------------------
     def _retry_delay(self, exc: Exception, attempt: int) -> float | None:
@@ -306,6 +307,15 @@ def _count_existing(params: dict[str, Any]) -> int:
         if isinstance(message.get("content"), list):
             blocks += message["content"]
     return sum(1 for b in blocks if isinstance(b, dict) and b.get("cache_control"))
+
+
+def _as_message(data: dict[str, Any]) -> Message:
+    """A plain ``Message``; beta-only blocks (a server-side ``compaction`` block) are
+    kept unvalidated so they dump back to the same dict the API expects next turn."""
+    try:
+        return Message.model_validate(data)
+    except pydantic.ValidationError:
+        return Message.construct(**data)
 
 
 # -- error details -------------------------------------------------------------

@@ -246,3 +246,14 @@ async def test_count_tokens_via_api_or_none() -> None:
     with FakeMessagesAPI([], count_tokens=False) as api:
         async with make(api) as model:
             assert await model.count_tokens(request()) is None
+
+
+async def test_server_side_compaction_block_round_trips() -> None:
+    answer = {"content": [{"type": "compaction", "content": "summary of earlier turns"},
+                          {"type": "text", "text": "continuing"}]}  # fmt: skip
+    edits = {"edits": [{"type": "compact_20260112"}]}
+    with FakeMessagesAPI([answer]) as api:
+        async with make(api) as model:
+            response = await model.complete(request(context_management=edits))
+    dumped = [b.model_dump(mode="json", exclude_none=True) for b in response.message.content]
+    assert dumped == answer["content"]
