@@ -151,3 +151,23 @@ async def test_write_todos_refuses_two_items_in_progress(tmp_path: Path) -> None
     with pytest.raises(ToolError, match="at most one in_progress"):
         await tool.run(tool.Input(todos=both), None)  # type: ignore[arg-type]
     assert manager.todos.items == []
+
+
+async def test_superseded_recitations_shrink_under_budget_pressure(tmp_path: Path) -> None:
+    from subagents.context.todos import SUPERSEDED
+
+    config = ContextConfig(budget_tokens=20_000, recite_every=1)
+    manager, _, _ = manager_for(tmp_path, config, SummaryModel())
+    manager.todos.replace([TodoItem(content="step " + "x" * 300)])
+    messages = long_session(1)
+    for turn in range(1, 6):
+        messages += exchange(200 + turn, "shell", "ok")
+        await manager.prepare(messages, turn=turn, system="", tools=[])
+    recited = [b["text"] for m in messages for b in m["content"] if b.get("type") == "text"][1:]
+    assert len(recited) == 5 and SUPERSEDED not in recited
+    messages += exchange(300, "shell", "y" * 70_000)  # push past clip_at (17,000 tokens)
+    await manager.prepare(messages, turn=6, system="", tools=[])
+    recited = [b["text"] for m in messages for b in m["content"] if b.get("type") == "text"][1:]
+    # The latest recitation at clip time (turn 5) and this turn's stay whole.
+    assert recited[:4] == [SUPERSEDED] * 4
+    assert "<todo_list" in recited[4] and "<todo_list" in recited[5]

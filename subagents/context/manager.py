@@ -184,13 +184,19 @@ class ContextManager:
         return messages
 
     def _clip(self, messages: list[dict], turn: int, system: Any, tools: list, tokens: int) -> int:
+        """Old write/edit inputs -> pointers; superseded todo recitations -> one line."""
         report = clip_old_writes(messages, self.config)
-        if not report.call_ids:
+        changed, saved = list(report.messages), report.tokens_saved
+        if self.todos is not None:
+            retired, retired_saved = self.todos.retire_old_recitals()
+            changed += retired
+            saved += retired_saved
+        if not changed:
             return tokens
-        for message in report.messages:
+        for message in changed:
             self.counter.forget(message)
         self.clips += len(report.call_ids)
-        self.trace.emit(Clip(call_ids=report.call_ids, tokens_saved=report.tokens_saved, turn=turn))
+        self.trace.emit(Clip(call_ids=report.call_ids, tokens_saved=saved, turn=turn))
         return self.estimate(messages, system, tools)
 
     async def _offload_old(
@@ -265,6 +271,7 @@ class ContextManager:
         self.counter.reset()
         if self.todos is not None:
             # The list is in the new context already: count from here.
+            self.todos.recitals = []
             self.todos.changed = False
             self.todos.last_recited_turn = turn
         after = self.estimate(messages, system, tools)

@@ -21,8 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..tools.base import Tool, ToolContext, ToolError, ToolOutput
 from ..trace import Todos, TraceWriter
+from .tokens import estimate_text
 
 TODO_TAG = "todo_list"
+SUPERSEDED = "(todo list shown here earlier; superseded by a later one)"
 _STATUS_MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]"}
 
 
@@ -45,6 +47,8 @@ class TodoState:
         self.changed = False
         self.last_recited_turn: int | None = None
         self.trace = trace
+        self.recitals: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        """(message, block) of each recitation still in the context, oldest first."""
 
     def replace(self, items: list[TodoItem]) -> None:
         self.items = list(items)
@@ -78,7 +82,9 @@ class TodoState:
         if isinstance(message.get("content"), str):
             message["content"] = [{"type": "text", "text": message["content"]}]
         text = "Current todo list (update it with write_todos as you progress):\n" + self.render()
-        message["content"].append({"type": "text", "text": text})
+        block = {"type": "text", "text": text}
+        message["content"].append(block)
+        self.recitals.append((message, block))
         self.changed = False
         self.last_recited_turn = turn
         if self.trace is not None:
@@ -86,6 +92,22 @@ class TodoState:
                 Todos(todos=[i.model_dump() for i in self.items], recited=True, turn=turn)
             )
         return message
+
+    def retire_old_recitals(self) -> tuple[list[dict[str, Any]], int]:
+        """Shrink every recitation but the latest to one line (they are superseded).
+
+        Returns the messages changed and the tokens saved. Called under budget
+        pressure only, since rewriting old blocks invalidates the cached prefix.
+        """
+        changed: list[dict[str, Any]] = []
+        saved = 0
+        for message, block in self.recitals[:-1]:
+            if block["text"] != SUPERSEDED:
+                saved += estimate_text(block["text"]) - estimate_text(SUPERSEDED)
+                block["text"] = SUPERSEDED
+                changed.append(message)
+        self.recitals = self.recitals[-1:]
+        return changed, saved
 
 
 class WriteTodosInput(BaseModel):
