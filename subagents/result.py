@@ -18,6 +18,7 @@ it whether a result was accepted.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -124,7 +125,10 @@ def truncate_to_cap(
             body = text.removesuffix(marker)
             _set(out, path, body[: len(body) // 2] + marker)
             continue
-        if not _drop_last_item(out):
+        # Drop a share of the biggest list's tail matching the excess, so a
+        # thousand-item list converges in a few rounds rather than one item per round.
+        total = size()
+        if not _drop_tail(out, (total - cap_tokens) / total):
             break
     return out
 
@@ -154,8 +158,9 @@ def _set(node: Any, path: tuple[Any, ...], value: Any) -> None:
     node[path[-1]] = value
 
 
-def _drop_last_item(node: Any) -> bool:
-    """Drop the last item of the longest list (by JSON size); False when none is left."""
+def _drop_tail(node: Any, fraction: float) -> bool:
+    """Drop about ``fraction`` of the biggest list's items (at least one) from its end;
+    False when no list has items left."""
     lists: list[list[Any]] = []
 
     def collect(n: Any) -> None:
@@ -171,5 +176,7 @@ def _drop_last_item(node: Any) -> bool:
     collect(node)
     if not lists:
         return False
-    max(lists, key=lambda lst: len(json.dumps(lst))).pop()
+    biggest = max(lists, key=lambda lst: len(json.dumps(lst)))
+    drop = max(1, math.ceil(len(biggest) * fraction))
+    del biggest[len(biggest) - drop :]
     return True

@@ -273,3 +273,11 @@ async def test_trace_spans_nest_member_turn_call(tmp_path: Path) -> None:
         elif e.type in ("messages",):
             assert e.parent == "m1" and e.span == f"m1/t{e.turn}"
     assert {e.type for e in evs} >= {"member_start", "model_call", "tool_call", "member_end"}
+
+
+async def test_empty_model_reply_is_nudged_and_the_next_request_stays_valid(
+    tmp_path: Path,
+) -> None:
+    outcome, api = await run_probe(tmp_path, [Reply(content=[]), submit(answer="ok")])
+    assert outcome.status == "ok"
+    assert [e.status for e in api.log if e.path == "/v1/messages"] == [200, 200]
