@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 Status = Literal["ok", "failed", "timed_out", "crashed", "cancelled", "incomplete"]
 LimitName = Literal["turns", "tokens", "deadline", "no_result"]
+FINISH_TIMEOUT_S = 60.0
+"""Longest wait for the memory save and result write when the member ends."""
 
 
 class _Strict(BaseModel):
@@ -260,7 +262,9 @@ async def run_member(
         )
         outcome = _ended(spec, loop, "failed", f"internal error: {type(exc).__name__}: {exc}")
     finally:
-        with anyio.CancelScope(shield=True):
+        # Shielded so a cancelled member still saves its memory and traces its end;
+        # bounded so a hung save cannot hold the caller's cancellation forever.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(FINISH_TIMEOUT_S):
             await _finish(spec, context, outcome, started, run_dir, trace)
     return outcome
 
