@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import io
 import re
-import secrets
 import tarfile
 import time
 import uuid
@@ -66,9 +65,10 @@ from .boxops import (
     exec_result,
     wait_cdp,
 )
+from .container import create_container
 from .errors import SandboxClosed, SandboxCrashed, SandboxSpecError, SandboxUnavailable
 from .network import RunNetworks, proxy_env
-from .spec import SandboxSpec, parse_size
+from .spec import SandboxSpec
 
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 _CODING_COMMAND = ["sleep", "infinity"]
@@ -426,7 +426,7 @@ class DockerBackend(SandboxBackend):
         elif command is None and spec.kind == "browser" and not spec.image:
             command = _BROWSER_COMMAND
         args = (spec, image, labels, env, network, aliases, command, run, member)
-        info = await anyio.to_thread.run_sync(self._create_sync, *args)
+        info = await anyio.to_thread.run_sync(create_container, self.client, *args)
         box = DockerSandbox(self, info, spec, run, member)
         try:
             await box.start_agent()
@@ -437,70 +437,6 @@ class DockerBackend(SandboxBackend):
                 await self.remove_container(box.id)
             raise
         return box
-
-    def _create_sync(
-        self,
-        spec: SandboxSpec,
-        image: str,
-        labels: dict[str, str],
-        env: dict[str, str],
-        network: str,
-        aliases: list[str],
-        command: list[str] | None,
-        run: str,
-        member: str,
-    ) -> dict:
-        api = self.client.api
-        mem = parse_size(spec.memory)
-        host_config = api.create_host_config(
-            network_mode=network,
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
-            read_only=True,
-            tmpfs={
-                "/tmp": f"rw,nosuid,nodev,size={parse_size(spec.tmpfs_size)},mode=1777",
-                "/workspace": (
-                    f"rw,nosuid,nodev,size={parse_size(spec.workspace_size)},"
-                    "uid=1000,gid=1000,mode=0755"
-                ),
-            },
-            pids_limit=spec.pids,
-            mem_limit=mem,
-            memswap_limit=mem,
-            nano_cpus=int(spec.cpus * 1e9),
-            init=True,
-        )
-        networking = None
-        if aliases:
-            endpoint = api.create_endpoint_config(aliases=aliases)
-            networking = api.create_networking_config({network: endpoint})
-        name = f"fleet-{run}-{member}-{secrets.token_hex(3)}"[:120]
-        try:
-            created = api.create_container(
-                image,
-                command,
-                name=name,
-                user="1000:1000",
-                environment=env,
-                labels=labels,
-                working_dir=spec.workdir,
-                host_config=host_config,
-                networking_config=networking,
-                hostname=member[:63],
-            )
-        except docker.errors.ImageNotFound:
-            raise SandboxUnavailable(
-                f"image {image!r} is not on this engine; build Fleet's images with "
-                f"'fleet images build' (or name an existing image in the spec)"
-            ) from None
-        except docker.errors.APIError as e:
-            raise SandboxUnavailable(f"the engine refused to create box {name}: {e}") from None
-        try:
-            api.start(created["Id"])
-        except docker.errors.APIError as e:
-            api.remove_container(created["Id"], force=True)
-            raise SandboxUnavailable(f"the engine could not start box {name}: {e}") from None
-        return api.inspect_container(created["Id"])
 
     async def remove_container(self, ident: str) -> None:
         def remove() -> None:

@@ -1,0 +1,84 @@
+"""The container a box is: every secure default of :class:`SandboxSpec` applied in one place.
+
+User 1000, all capabilities dropped, no-new-privileges, read-only root, tmpfs ``/tmp``
+(mode 1777) and a size-limited tmpfs ``/workspace`` owned by uid 1000 (see
+:mod:`sandbox.docker` for why tmpfs), pids limit, memory limit with swap equal to it
+(no swap on top), CPU quota, an init process reaping zombies, the given network
+(``none`` for coding boxes). Nothing from the host: no mounts, no Docker socket, no
+host environment - only ``env`` as given.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import docker
+import docker.errors
+
+from .errors import SandboxUnavailable
+from .spec import SandboxSpec, parse_size
+
+
+def create_container(
+    client: docker.DockerClient,
+    spec: SandboxSpec,
+    image: str,
+    labels: dict[str, str],
+    env: dict[str, str],
+    network: str,
+    aliases: list[str],
+    command: list[str] | None,
+    run: str,
+    member: str,
+) -> dict:
+    api = client.api
+    mem = parse_size(spec.memory)
+    host_config = api.create_host_config(
+        network_mode=network,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        read_only=True,
+        tmpfs={
+            "/tmp": f"rw,nosuid,nodev,size={parse_size(spec.tmpfs_size)},mode=1777",
+            "/workspace": (
+                f"rw,nosuid,nodev,size={parse_size(spec.workspace_size)},"
+                "uid=1000,gid=1000,mode=0755"
+            ),
+        },
+        pids_limit=spec.pids,
+        mem_limit=mem,
+        memswap_limit=mem,
+        nano_cpus=int(spec.cpus * 1e9),
+        init=True,
+    )
+    networking = None
+    if aliases:
+        endpoint = api.create_endpoint_config(aliases=aliases)
+        networking = api.create_networking_config({network: endpoint})
+    name = f"fleet-{run}-{member}-{secrets.token_hex(3)}"[:120]
+    try:
+        created = api.create_container(
+            image,
+            command,
+            name=name,
+            user="1000:1000",
+            environment=env,
+            labels=labels,
+            working_dir=spec.workdir,
+            host_config=host_config,
+            networking_config=networking,
+            hostname=member[:63],
+        )
+    except docker.errors.ImageNotFound:
+        raise SandboxUnavailable(
+            f"image {image!r} is not on this engine; build Fleet's images with "
+            f"'fleet images build' (or name an existing image in the spec)"
+        ) from None
+    except docker.errors.APIError as e:
+        raise SandboxUnavailable(f"the engine refused to create box {name}: {e}") from None
+    try:
+        api.start(created["Id"])
+    except docker.errors.APIError as e:
+        api.remove_container(created["Id"], force=True)
+        raise SandboxUnavailable(f"the engine could not start box {name}: {e}") from None
+    return api.inspect_container(created["Id"])
