@@ -356,6 +356,25 @@ def _dotted(loc: tuple[str | int, ...]) -> str:
     return out or "(top level)"
 
 
+def _known_fields(loc: tuple[str | int, ...]) -> str:
+    """The fields the table holding an unknown key does accept."""
+    sections: dict[str, type[BaseModel]] = {
+        "members": MemberJob,
+        "limits": Limits,
+        "sandbox": SandboxOverrides,
+        "memory": MemoryProfile,
+        "research": Research,
+        "fanout": FanoutPolicy,
+        "retry": RetryPolicy,
+        "egress": Egress,
+        "synthesis": Synthesis,
+        "model": ModelDefaults,
+    }
+    names = [p for p in loc[:-1] if isinstance(p, str)]
+    model = sections.get(names[-1], Job) if names else Job
+    return ", ".join(model.model_fields)
+
+
 def _example(loc: tuple[str | int, ...], error_type: str) -> str:
     names = [p for p in loc if isinstance(p, str)]
     last = names[-1] if names else ""
@@ -388,7 +407,9 @@ def describe_validation(exc: ValidationError, *, prefix: tuple[str | int, ...] =
             loc = loc + tuple(int(p) if p.isdigit() else p for p in cause.field.split("."))
         line = f"{_dotted(loc)}: {_words(err)}."
         example = _example(loc, err["type"])
-        if example:
+        if err["type"] == "extra_forbidden":
+            line += f"\n    known fields here: {_known_fields(loc)}"
+        elif example:
             example = example.replace("\n", "\n" + " " * 22)
             line += f"\n    example of right: {example}"
         problems.append(line)

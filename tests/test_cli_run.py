@@ -24,7 +24,7 @@ from subagents.fake_api import FakeMessagesAPI
 from subagents.trace import read_trace
 
 pytestmark = pytest.mark.docker
-FLEET = [sys.executable, "-m", "coordinator.cli"]
+FLEET = [str(Path(sys.executable).with_name("fleet"))]
 
 
 @pytest.fixture

@@ -1,0 +1,171 @@
+"""Job files: valid ones load; each kind of bad one exits 2 naming the field, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coordinator.cli import main
+from coordinator.spec import JobError, load_job, parse_job
+
+FLEET = str(Path(sys.executable).with_name("fleet"))
+GOOD = 'name = "ok"\n[[members]]\nkind = "coding"\ntask = "t"\n'
+
+# (what is wrong, job text, the field path the message must name, a word it must say)
+BAD = [
+    ("toml syntax", 'name = "unterminated\n', "(syntax)", "not valid TOML"),
+    ("unknown top-level key", GOOD + 'colour = "red"\n', "members[0].colour", "not a known field"),
+    (
+        "unknown section key",
+        'name = "x"\nbogus = 1\n[research]\nquestion = "q"\n',
+        "bogus",
+        "not a known field",
+    ),
+    (
+        "bad member kind",
+        'name = "x"\n[[members]]\nkind = "robot"\ntask = "t"\n',
+        "members[0].kind",
+        "'robot' is not allowed",
+    ),
+    ("missing task", 'name = "x"\n[[members]]\nkind = "coding"\n', "members[0].task", "required"),
+    (
+        "blank task",
+        'name = "x"\n[[members]]\nkind = "coding"\ntask = "   "\n',
+        "members[0].task",
+        "blank",
+    ),
+    ("no members and no research", 'name = "x"\n', "members", "no [[members]]"),
+    (
+        "duplicate member ids",
+        'name = "x"\n[[members]]\nid = "a"\nkind = "coding"\ntask = "t"\n'
+        '[[members]]\nid = "a"\nkind = "coding"\ntask = "u"\n',
+        "members[1].id",
+        "used twice",
+    ),
+    (
+        "zero parallelism",
+        'name = "x"\n[research]\nquestion = "q"\n[fanout]\nmax_parallel = 0\n',
+        "fanout.max_parallel",
+        "greater than or equal to 1",
+    ),
+    (
+        "quorum above member count",
+        'name = "x"\n[research]\nquestion = "q"\nmembers = 2\n[fanout]\nmin_success = 3\n',
+        "fanout.min_success",
+        "only 2 member",
+    ),
+    (
+        "retrying the task's own failure",
+        'name = "x"\n[research]\nquestion = "q"\n[fanout.retry]\non = ["failed"]\n',
+        "fanout.retry.on[0]",
+        "'failed' is not allowed",
+    ),
+    (
+        "bad memory size",
+        GOOD + 'sandbox = { memory = "lots" }\n',
+        "members[0].sandbox.memory",
+        "not a size",
+    ),
+    (
+        "bad egress host",
+        'name = "x"\n[research]\nquestion = "q"\n[egress]\nallow = ["a b"]\n',
+        "egress.allow",
+        "not a host name",
+    ),
+    (
+        "negative turn limit",
+        GOOD + "limits = { max_turns = -1 }\n",
+        "members[0].limits.max_turns",
+        "greater than or equal to 1",
+    ),
+    (
+        "repo on a browser member",
+        'name = "x"\n[[members]]\nkind = "browser"\ntask = "t"\nrepo = "."\n',
+        "members[0].repo",
+        "only for coding members",
+    ),
+    ("wrong type for a section", 'name = "x"\nresearch = "q"\n', "research", "valid dictionary"),
+    (
+        "too many research members",
+        'name = "x"\n[research]\nquestion = "q"\nmembers = 99\n',
+        "research.members",
+        "less than or equal to 32",
+    ),
+    (
+        "search URL without placeholder",
+        'name = "x"\n[research]\nquestion = "q"\n[egress]\nsearch_url = "http://corpus:8080/"\n',
+        "egress.search_url",
+        "{query}",
+    ),
+    (
+        "result schema not an object",
+        GOOD + 'result_schema = { type = "string" }\n',
+        "members[0].result_schema",
+        'type = "object"',
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "text", "field", "words"), BAD, ids=[b[0] for b in BAD])
+def test_bad_job_file_exits_2_naming_the_field(tmp_path, capsys, what, text, field, words):
+    if what == "unknown top-level key":
+        text = GOOD.replace('task = "t"\n', 'task = "t"\ncolour = "red"\n')
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"  {field}:" in err or f"  {field} " in err, err
+    assert words in err, err
+    if field != "(syntax)":
+        assert "example of right:" in err or "known fields here: " in err, err
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_missing_job_file_exits_2(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nope.toml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_repo_path_is_checked_relative_to_the_job_file(tmp_path):
+    (tmp_path / "job.toml").write_text(
+        'name = "x"\n[[members]]\nkind = "coding"\ntask = "t"\nrepo = "missing-dir"\n'
+    )
+    with pytest.raises(JobError) as err:
+        load_job(tmp_path / "job.toml")
+    assert "members[0].repo" in str(err.value) and "not a directory" in str(err.value)
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "job.toml").write_text(
+        'name = "x"\n[[members]]\nkind = "coding"\ntask = "t"\nrepo = "proj"\n'
+    )
+    job, _ = load_job(tmp_path / "job.toml")
+    assert job.members[0].repo == str((tmp_path / "proj").resolve())
+
+
+def test_a_mixed_job_gets_default_ids_and_policy():
+    job = parse_job(
+        'name = "mixed"\n[research]\nquestion = "q"\nmembers = 2\n'
+        '[[members]]\nkind = "coding"\ntask = "t"\n[[members]]\nkind = "browser"\ntask = "u"\n'
+    )
+    assert [m.id for m in job.members] == ["coding-1", "browser-2"]
+    assert job.member_count == 4
+    assert job.fanout.retry.on == ["crashed", "overloaded"]
+    assert job.egress.allow == ["corpus:8080"]
+
+
+def test_bad_input_through_the_real_entry_point_prints_no_traceback(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('name = "x"\n[[members]]\nkind = "robot"\ntask = "t"\n')
+    proc = subprocess.run([FLEET, "run", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "members[0].kind" in proc.stderr
+    proc = subprocess.run(
+        [FLEET, "research", "q", "--allow-domain", "bad host!"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "--allow-domain" in proc.stderr and "Traceback" not in proc.stderr
