@@ -171,3 +171,55 @@ async def test_superseded_recitations_shrink_under_budget_pressure(tmp_path: Pat
     # The latest recitation at clip time (turn 5) and this turn's stay whole.
     assert recited[:4] == [SUPERSEDED] * 4
     assert "<todo_list" in recited[4] and "<todo_list" in recited[5]
+
+
+async def test_summary_call_is_traced_and_counted(tmp_path: Path) -> None:
+    model = SummaryModel()
+    manager, _, trace = manager_for(tmp_path, ContextConfig(budget_tokens=10_000), model)
+    await manager.prepare(long_session(60), turn=61, system="", tools=[])
+    trace.close()
+    (call,) = [e for e in read_trace(trace.path) if e.type == "model_call"]
+    assert call.span == "m/t61/compaction" and call.input_tokens == 10 and call.output_tokens == 5
+    assert len(manager.summary_usage) == 1
+
+
+async def test_an_oversized_task_does_not_make_every_turn_compact(tmp_path: Path) -> None:
+    model = SummaryModel()
+    manager, _, _ = manager_for(tmp_path, ContextConfig(budget_tokens=10_000), model)
+    manager.task = "T" * 40_000  # 10,000 tokens: over the 9,000-token trigger on its own
+    messages = long_session(60)
+    for turn in range(61, 66):
+        messages += exchange(turn, "shell", "ok")
+        await manager.prepare(messages, turn=turn, system="", tools=[])
+    assert len(model.requests) == 1
+    messages += exchange(99, "shell", "z" * 4_000 * 4)  # grown by more than 10% of the budget
+    await manager.prepare(messages, turn=67, system="", tools=[])
+    assert len(model.requests) == 2
+
+
+async def test_server_side_compaction_is_passed_through_and_traced(tmp_path: Path) -> None:
+    config = ContextConfig(
+        budget_tokens=10_000, server_side="compact", compaction_instructions="Keep bugs."
+    )
+    model = SummaryModel()
+    manager, _, trace = manager_for(tmp_path, config, model)
+    assert manager.context_management() == {
+        "edits": [
+            {
+                "type": "compact_20260112",
+                "trigger": {"type": "input_tokens", "value": 9_000},
+                "instructions": "Keep bugs.",
+            }
+        ]
+    }
+    messages = long_session(60)
+    messages[-2]["content"].insert(0, {"type": "compaction", "content": "server summary"})
+    await manager.prepare(messages, turn=61, system="", tools=[])
+    await manager.prepare(messages, turn=61, system="", tools=[])
+    assert model.requests == [] and len(messages) == 121  # no local compaction
+    (event,) = [e for e in read_trace(trace.path) if e.type == "compaction"]
+    assert event.server_side and event.summary == "server summary"
+    clear = ContextConfig(server_side="clear_tool_uses")
+    edits = manager_for(tmp_path / "b", clear, model)[0].context_management()
+    assert edits is not None and edits["edits"][0]["type"] == "clear_tool_uses_20250919"
+    assert edits["edits"][0]["keep"] == {"type": "tool_uses", "value": 3}

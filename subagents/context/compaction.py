@@ -29,7 +29,7 @@ from typing import Any
 from sandbox.base import Sandbox
 from sandbox.errors import SandboxError
 
-from ..model_base import Model, ModelError, ModelRequest
+from ..model_base import Model, ModelError, ModelRequest, ModelResponse
 from .config import ContextConfig
 from .tokens import CHARS_PER_TOKEN, estimate_text
 
@@ -102,8 +102,8 @@ def _render_block(block: dict[str, Any], limit: int) -> str:
 
 async def summarize(
     model: Model, messages: list[dict[str, Any]], config: ContextConfig
-) -> tuple[str, bool]:
-    """The structured summary from the model; (text, True) or the fallback's (text, False)."""
+) -> tuple[str, ModelResponse | None]:
+    """The structured summary and the model's response (None when the fallback was used)."""
     prompt = config.compaction_instructions or DEFAULT_PROMPT
     transcript = render_transcript(messages, config.transcript_result_chars)
     request = ModelRequest(
@@ -122,13 +122,13 @@ async def summarize(
     try:
         response = await model.complete(request)
     except ModelError:
-        return fallback_summary(messages), False
+        return fallback_summary(messages), None
     text = "\n".join(
         getattr(b, "text", "") for b in response.message.content if getattr(b, "type", "") == "text"
     ).strip()
     if not text:
-        return fallback_summary(messages), False
-    return text, True
+        return fallback_summary(messages), response
+    return text, response
 
 
 def fallback_summary(messages: list[dict[str, Any]]) -> str:

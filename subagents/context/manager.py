@@ -19,9 +19,9 @@ import anyio
 
 from sandbox.base import Sandbox
 
-from ..model_base import Model, ModelProfile
+from ..model_base import Model, ModelProfile, ModelResponse
 from ..tools.base import Tool
-from ..trace import Clip, Compaction, Offload, TraceWriter
+from ..trace import Clip, Compaction, ModelCall, Offload, TraceWriter
 from . import compaction as comp
 from .budget import Budget
 from .clip import clip_old_writes
@@ -77,6 +77,11 @@ class ContextManager:
         """Results offloaded (as they arrived, or later for being over budget)."""
         self.clips = 0
         """Write/edit inputs clipped to pointers."""
+        self.summary_usage: list[Any] = []
+        """API usage of the compaction summary calls (the loop adds them to the member's)."""
+        self._compact_floor = 0
+        """No new compaction below this many tokens (set when one could not get under
+        the trigger, so an oversized task or memory cannot make every turn compact)."""
         self.peak_tokens = 0
         """Largest context :meth:`prepare` let through (for benches and traces)."""
         self._server_compactions_seen: set[int] = set()
@@ -174,8 +179,14 @@ class ContextManager:
             tokens = self._clip(messages, turn, system, tools, tokens)
         if tokens > self.limits.trigger:
             tokens = await self._offload_old(messages, turn, system, tools, tokens)
-        if tokens > self.limits.trigger and self.config.server_side != "compact":
+        if (
+            tokens > self.limits.trigger
+            and tokens > self._compact_floor
+            and self.config.server_side != "compact"
+        ):
             tokens = await self.compact(messages, turn=turn, system=system, tools=tools)
+            over = tokens > self.limits.trigger
+            self._compact_floor = tokens + self.budget // 10 if over else 0
         if self.todos is not None and self.todos.due(turn, self.config.recite_every):
             recited = self.todos.recite(messages, turn)
             if recited is not None:
@@ -250,7 +261,9 @@ class ContextManager:
             name,
             comp.transcript_jsonl(messages),
         )
-        summary, _ = await comp.summarize(self.model, messages, self.config)
+        summary, response = await comp.summarize(self.model, messages, self.config)
+        if response is not None:
+            self._trace_summary_call(response, turn)
         trigger = self.limits.trigger
         files = await comp.reread_files(
             self.sandbox,
@@ -285,6 +298,28 @@ class ContextManager:
             )
         )
         return after
+
+    def _trace_summary_call(self, response: ModelResponse, turn: int) -> None:
+        """The summary call costs tokens like any other: trace it and count it."""
+        usage = response.message.usage
+        self.summary_usage.append(usage)
+        span = f"{self.trace.member}/t{turn}"
+        self.trace.emit(
+            ModelCall(
+                span=f"{span}/compaction",
+                parent=span,
+                turn=turn,
+                model=response.message.model or self.model.profile.name,
+                stop_reason=response.message.stop_reason,
+                input_tokens=usage.input_tokens or 0,
+                output_tokens=usage.output_tokens or 0,
+                cache_read_tokens=usage.cache_read_input_tokens or 0,
+                cache_write_tokens=usage.cache_creation_input_tokens or 0,
+                latency_s=round(response.latency_s, 4),
+                retries=response.retries,
+                offline=response.offline,
+            )
+        )
 
     async def _current_memory(self) -> str:
         if self.memory is None:
