@@ -22,6 +22,7 @@ the page is reported in ``open_questions`` instead.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -197,7 +198,7 @@ def passages(text: str) -> list[str]:
 def build_findings(state: _State, *, condensed: bool = False) -> dict[str, Any]:
     """Findings from the pages read: the best-matching sentences, quoted verbatim."""
     terms = {stem(t) for t in key_terms(state.task)}
-    scored: list[tuple[int, int, str, str]] = []
+    found: list[tuple[set[str], int, str, str]] = []
     suspicious: list[str] = []
     for order, (url, texts) in enumerate(page_texts(state).values()):
         for sentence in passages("\n".join(texts)):
@@ -207,13 +208,23 @@ def build_findings(state: _State, *, condensed: bool = False) -> dict[str, Any]:
                 continue
             hits = {stem(w) for w in _WORD.findall(sentence.lower())} & terms
             if len(hits) >= min(2, len(terms)):
-                scored.append((-len(hits), order, sentence, url))
-    scored.sort(key=lambda s: (s[0], s[1]))
+                found.append((hits, order, sentence, url))
+    # Rare terms weigh more (IDF over the candidate sentences): "shield" says more
+    # about a sentence than "task" does on a page about tasks.
+    df = {t: sum(t in hits for hits, *_ in found) for t in terms}
+    weight = {t: math.log(1 + len(found) / (1 + n)) for t, n in df.items()}
+    scored = sorted(
+        (
+            (-sum(weight[t] for t in hits), order, sentence, url, len(hits))
+            for hits, order, sentence, url in found
+        ),
+        key=lambda s: (s[0], s[1]),
+    )
     chosen, seen = [], set()
-    for neg, _order, sentence, url in scored:
+    for _score, _order, sentence, url, n_hits in scored:
         if sentence not in seen:
             seen.add(sentence)
-            chosen.append((-neg, sentence, url))
+            chosen.append((n_hits, sentence, url))
         if len(chosen) >= (2 if condensed else MAX_CLAIMS):
             break
     claims = [{"text": s, "source_url": u, "quote": s} for _n, s, u in chosen]
