@@ -92,10 +92,12 @@ class _MemberSpans:
         self.member = member
         self.agent: Span | None = None
         self.tools: dict[str, Span] = {}
+        self.first_ts = 0.0
         self.last_ts = 0.0
+        self.done = False
         self.usage = [0, 0]
 
-    def _agent(self, ts: float, *, kind: str = "", model: str = "") -> Span:
+    def _agent(self, ts: float) -> Span:
         if self.agent is None:
             attrs = {
                 "gen_ai.operation.name": "invoke_agent",
@@ -105,33 +107,41 @@ class _MemberSpans:
                 "gen_ai.conversation.id": f"{self.live.run_id}/{self.member}",
                 "fleet.run.id": self.live.run_id,
             }
-            if kind:
-                attrs["gen_ai.agent.description"] = f"{kind} member"
-                attrs["fleet.member.kind"] = kind
-            if model:
-                attrs["gen_ai.request.model"] = model
+            # The member's span starts at its first event (box creation comes before
+            # member_start), so the span covers the sandbox's start-up too.
             self.agent = self.live.tracer.start_span(
                 f"invoke_agent {self.member}", context=self.live.context, kind=SpanKind.INTERNAL,
-                attributes=attrs, start_time=_ns(ts),
+                attributes=attrs, start_time=_ns(min(ts, self.first_ts or ts)),
             )  # fmt: skip
         return self.agent
 
     def __call__(self, ev: Any) -> None:
+        if self.done:
+            return  # e.g. the box's close after member_end: the member's span is over
+        self.first_ts = min(self.first_ts or ev.ts, ev.ts)
         self.last_ts = max(self.last_ts, ev.ts)
         if isinstance(ev, MemberStart):
-            self._agent(ev.ts, kind=ev.kind, model=ev.model)
+            agent = self._agent(ev.ts)
+            agent.set_attribute("gen_ai.agent.description", f"{ev.kind} member")
+            agent.set_attribute("fleet.member.kind", ev.kind)
+            agent.set_attribute("gen_ai.request.model", ev.model)
             return
-        agent = self._agent(ev.ts)
+        if isinstance(ev, ModelCall | ToolCall | ToolResult | MemberEnd):
+            agent = self._agent(ev.ts)
+        elif isinstance(ev, Offload | Compaction | Clip | Retry | ErrorEvent):
+            agent = self._agent(ev.ts)
+            agent.add_event(f"fleet.{ev.type}", attributes=_event_attrs(ev), timestamp=_ns(ev.ts))
+            return
+        else:
+            return  # sandbox actions, message deltas, todos: no span of their own
         if isinstance(ev, ModelCall):
             self._chat(agent, ev)
         elif isinstance(ev, ToolCall):
             self._tool_start(agent, ev)
         elif isinstance(ev, ToolResult):
             self._tool_end(ev)
-        elif isinstance(ev, MemberEnd):
+        else:
             self.finish(ev.ts, ev.status, ev.reason)
-        elif isinstance(ev, Offload | Compaction | Clip | Retry | ErrorEvent):
-            agent.add_event(f"fleet.{ev.type}", attributes=_event_attrs(ev), timestamp=_ns(ev.ts))
 
     def _chat(self, agent: Span, ev: ModelCall) -> None:
         total_in = ev.input_tokens + ev.cache_read_tokens + ev.cache_write_tokens
@@ -199,6 +209,7 @@ class _MemberSpans:
         self.tools.clear()
         if self.agent is None:
             return
+        self.done = True
         self.agent.set_attribute("gen_ai.usage.input_tokens", self.usage[0])
         self.agent.set_attribute("gen_ai.usage.output_tokens", self.usage[1])
         self.agent.set_attribute("fleet.member.status", status)

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.traceview.load import MemberTrace, RunTrace
+from subagents import profiles
 from subagents.model_base import ModelProfile
 from subagents.trace import (
     Clip,
@@ -31,7 +32,25 @@ from subagents.trace import (
     ToolResult,
 )
 
-_PRICES = ModelProfile(name="default")
+_DEFAULT_PRICES = ModelProfile(name="default")
+
+
+def _prices(model: str, offline: bool) -> ModelProfile:
+    """The harness's own price table for ``model``; offline models cost nothing.
+
+    Unknown names get the defaults here without :func:`profiles.profile_for`'s
+    warning: the run already warned once when it started, the viewer need not.
+    """
+    if offline:
+        return profiles.OFFLINE_PROFILE
+    key = model.lower()
+    if (
+        key == "offline"
+        or key.startswith(("offline:", "replay:"))
+        or any(key.startswith(prefix) for prefix in profiles.KNOWN_PROFILES)
+    ):
+        return profiles.profile_for(model)
+    return _DEFAULT_PRICES
 
 
 class _View(BaseModel):
@@ -71,7 +90,8 @@ class MemberRollup(_View):
     """Largest context sent to the model, in tokens."""
     cost_usd: float = 0.0
     cost_estimated: bool = False
-    """True when the harness recorded no cost and it was priced at default rates."""
+    """True when the harness recorded no cost and it was priced from the model profile
+    (Fleet's default rates for a model it does not know)."""
 
     @property
     def total_input(self) -> int:
@@ -92,8 +112,8 @@ class RunRollup(_View):
     statuses: dict[str, int] = Field(default_factory=dict)
 
 
-def _estimate_cost(r: MemberRollup) -> float:
-    p = _PRICES
+def _estimate_cost(r: MemberRollup, offline: bool) -> float:
+    p = _prices(r.model, offline)
     return (
         r.input_tokens * p.input_per_mtok
         + r.output_tokens * p.output_per_mtok
@@ -108,8 +128,10 @@ def rollup_member(
     """Count one member's events into a rollup row."""
     r = MemberRollup(member=member.id)
     end_event: MemberEnd | None = None
+    offline = False
     for ev in member.events:
         if isinstance(ev, ModelCall):
+            offline = offline or ev.offline
             r.turns += 1
             r.input_tokens += ev.input_tokens
             r.output_tokens += ev.output_tokens
@@ -142,6 +164,11 @@ def rollup_member(
         r.end = max(ev.ts for ev in member.events)
         r.duration_s = round(r.end - r.start, 3)
     _apply_outcome(r, end_event, member.result, run_finished, journal)
+    if not r.cost_usd:
+        r.cost_usd, r.cost_estimated = (
+            round(_estimate_cost(r, offline), 6),
+            r.turns > 0 and not offline,
+        )
     return r
 
 
@@ -165,9 +192,6 @@ def _apply_outcome(
         r.status, r.reason = journal
     elif run_finished:
         r.status, r.reason = "incomplete", "the trace ends without a member_end event"
-    if not r.cost_usd:
-        r.cost_usd, r.cost_estimated = _estimate_cost(r), r.turns > 0
-    r.cost_usd = round(r.cost_usd, 6)
 
 
 _SUMMED = (

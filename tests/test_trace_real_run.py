@@ -1,0 +1,125 @@
+"""`fleet trace` on a real run: `fleet research` through the coordinator, real boxes, the
+offline research model, then the rollup, the page in Chromium and the OTel export of it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import missing_dependency, remove_run
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from coordinator import otel
+from coordinator.runs import RunDir
+from coordinator.traceview import load_run, member_detail, rollup_run
+from coordinator.traceview.html import write_page
+from subagents.trace import ErrorEvent, ModelCall, ToolCall, ToolResult, read_trace
+
+pytestmark = [pytest.mark.docker, pytest.mark.chromium, pytest.mark.slow]
+FLEET = str(Path(sys.executable).parent / "fleet")
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+@pytest.fixture(scope="module")
+def real_run(
+    docker_client: Any, images: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("realruns")
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
+    }
+    try:
+        done = subprocess.run(
+            [FLEET, "research", "How do Python asyncio tasks get cancelled?", "--members", "2",
+             "--output-dir", str(root), "--plain"],
+            capture_output=True, text=True, timeout=600, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        (run,) = RunDir.list(root)
+        yield run.path
+    finally:
+        for run in RunDir.list(root):
+            remove_run(docker_client, run.id)
+
+
+def test_rollup_of_a_real_run_matches_its_traces_and_journal(real_run: Path) -> None:
+    roll = rollup_run(load_run(real_run))
+    assert roll.finished and roll.run == real_run.name
+    journal = {
+        e["member"]: e
+        for e in RunDir(real_run).journal.read()
+        if e.get("event") == "member_finished"
+    }
+    assert [r.member for r in roll.members] == sorted(journal)
+    for row in roll.members:
+        events = list(read_trace(real_run / "members" / row.member / "trace.jsonl"))
+        calls = [e for e in events if isinstance(e, ModelCall)]
+        assert row.status == journal[row.member]["status"] == "ok"
+        assert row.turns == len(calls) == journal[row.member]["turns"]
+        assert row.total_input == sum(
+            c.input_tokens + c.cache_read_tokens + c.cache_write_tokens for c in calls
+        )
+        assert (
+            row.output_tokens
+            == sum(c.output_tokens for c in calls)
+            == journal[row.member]["output_tokens"]
+        )
+        assert row.tool_calls == sum(isinstance(e, ToolCall) for e in events)
+        errors = sum(isinstance(e, ToolResult) and e.is_error for e in events)
+        assert row.errors == errors + sum(isinstance(e, ErrorEvent) for e in events)
+        assert row.cost_usd == 0 and not row.cost_estimated  # offline models bill nothing
+        detail = member_detail(next(m for m in load_run(real_run).members if m.id == row.member))
+        assert detail.turns[-1].tools[-1].tool == "submit_result"
+        assert detail.result is not None and detail.result["claims"]
+
+
+def test_page_of_a_real_run_in_chromium(real_run: Path, tmp_path: Path) -> None:
+    if not Path(CHROMIUM).exists():
+        missing_dependency(f"Chromium not found at {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    out = tmp_path / "real.html"
+    write_page(load_run(real_run), out)
+    roll = rollup_run(load_run(real_run))
+    problems: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"]
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.on("requestfailed", lambda r: problems.append(r.url))
+        page.goto(out.as_uri())
+        assert page.locator(".lane").count() == len(roll.members) == 2
+        first = roll.members[0]
+        page.click(f'#members tr[data-member="{first.member}"]')
+        assert page.locator("#member-view details.turn").count() == first.turns
+        page.locator("#member-view details.turn").last.locator("summary").click()
+        assert "submit_result" in page.locator("#member-view details.turn").last.inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "trace_real_run.png"), full_page=True)
+        browser.close()
+    assert problems == []
+
+
+def test_otel_export_of_a_real_run(real_run: Path) -> None:
+    exporter = InMemorySpanExporter()
+    run = load_run(real_run)
+    otel.export_run(run, exporter=exporter)
+    spans = exporter.get_finished_spans()
+    roll = rollup_run(run)
+    chats = [s for s in spans if s.attributes["gen_ai.operation.name"] == "chat"]
+    assert len(chats) == roll.totals["turns"]
+    assert {s.attributes["gen_ai.request.model"] for s in chats} == {"offline:research"}
+    agents = [s for s in spans if s.attributes["gen_ai.operation.name"] == "invoke_agent"]
+    assert sorted(s.attributes["gen_ai.agent.name"] for s in agents) == [
+        r.member for r in roll.members
+    ]
