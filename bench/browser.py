@@ -1,0 +1,161 @@
+"""Browser member benchmarks on the real engine with real Chromium and the corpus.
+
+Run: ``.venv/bin/python bench/browser.py [--rounds N]``. Measures
+
+* member start: browser box create (until CDP answers) + Playwright ``connect_over_cdp``;
+* snapshot latency of the ``snapshot`` tool on a large corpus page (library/stdtypes.html,
+  about 700 KB of HTML);
+* resident memory per browser box after it loaded that page (``docker stats``: usage
+  minus page cache);
+* wall time of 4 offline research members in parallel (each its own box) against one.
+
+Every box belongs to one run (``bench-<hex>``), removed at the end, Ctrl-C included.
+All traffic stays on that run's network (the corpus box) and 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import anyio  # noqa: E402
+
+from sandbox.docker import DockerBackend  # noqa: E402
+from sandbox.spec import NetworkPolicy, SandboxSpec  # noqa: E402
+from subagents.browser.config import BrowserConfig  # noqa: E402
+from subagents.browser.corpus import CORPUS_ALLOW, start_corpus  # noqa: E402
+from subagents.browser.session import BrowserSession  # noqa: E402
+from subagents.member import MemberSpec, run_member  # noqa: E402
+from subagents.models import make_model  # noqa: E402
+from subagents.tools.base import ToolContext  # noqa: E402
+from subagents.tools.browser import Snapshot, close_session, session  # noqa: E402
+from subagents.trace import TraceWriter  # noqa: E402
+
+LARGE_PAGE = "http://corpus:8080/library/stdtypes.html"
+TASK = "How does asyncio shield protect a task from cancellation?"
+SPEC = SandboxSpec(kind="browser", network=NetworkPolicy(egress="allowlist", allow=(CORPUS_ALLOW,)))
+
+
+def stats(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return statistics.median(ordered), p95
+
+
+def show(name: str, samples: list[float]) -> None:
+    med, p95 = stats(samples)
+    print(f"{name:<46} median {med * 1000:8.1f} ms   p95 {p95 * 1000:8.1f} ms   n={len(samples)}")
+
+
+async def member_start(backend: DockerBackend, run: str, rounds: int) -> None:
+    samples = []
+    for i in range(rounds):
+        t0 = time.perf_counter()
+        box = await backend.create(SPEC, run=run, member=f"start{i}")
+        s = await BrowserSession.open(box, BrowserConfig())
+        samples.append(time.perf_counter() - t0)
+        await s.close()
+        await box.close()
+    show("browser member start (box + CDP connect)", samples)
+
+
+def box_memory(backend: DockerBackend, box_id: str) -> float:
+    """Resident MiB of a box: cgroup usage minus page cache (what docker stats shows)."""
+    stats = backend.client.api.stats(box_id, stream=False)
+    mem = stats["memory_stats"]
+    inner = mem.get("stats", {})
+    cache = inner.get("total_inactive_file", inner.get("inactive_file", inner.get("cache", 0)))
+    return (mem["usage"] - cache) / 2**20
+
+
+async def snapshot_and_memory(backend: DockerBackend, run: str, rounds: int, tmp: Path) -> None:
+    box = await backend.create(SPEC, run=run, member="snap")
+    ctx = ToolContext(
+        sandbox=box,
+        run_dir=tmp,
+        trace=TraceWriter(tmp / "t.jsonl", run=run, member="snap"),
+        member="snap",
+    )
+    try:
+        s = await session(ctx, BrowserConfig())
+        await s.run("open", lambda p: p.goto(LARGE_PAGE, wait_until="load"), navigation=True)
+        tool = Snapshot(BrowserConfig())
+        samples, size = [], 0
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            size = len(await tool.run(tool.Input(), ctx))
+            samples.append(time.perf_counter() - t0)
+        show(f"snapshot of stdtypes.html ({size} chars out)", samples)
+        await anyio.sleep(1)
+        mib = await anyio.to_thread.run_sync(box_memory, backend, box.id)
+        print(f"{'resident memory of a browser box (page loaded)':<46} {mib:8.1f} MiB")
+    finally:
+        await close_session(ctx)
+        await box.close()
+
+
+async def one_member(backend: DockerBackend, run: str, name: str, tmp: Path) -> float:
+    t0 = time.perf_counter()
+    box = await backend.create(SPEC, run=run, member=name)
+    try:
+        run_dir = tmp / name
+        trace = TraceWriter(run_dir / "trace.jsonl", run=run, member=name)
+        spec = MemberSpec(id=name, kind="browser", task=TASK)
+        out = await run_member(
+            spec,
+            sandbox=box,
+            model=make_model("offline", kind="browser"),
+            run_dir=run_dir,
+            trace=trace,
+        )
+        trace.close()
+        if out.status != "ok":
+            raise RuntimeError(f"{name} ended {out.status}: {out.reason}")
+    finally:
+        await box.close()
+    return time.perf_counter() - t0
+
+
+async def parallel_ratio(backend: DockerBackend, run: str, tmp: Path, n: int = 4) -> None:
+    t0 = time.perf_counter()
+    await one_member(backend, run, "solo", tmp)
+    single = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(one_member, backend, run, f"par{i}", tmp)
+    par = time.perf_counter() - t0
+    print(
+        f"{n} research members in parallel vs 1: {par:.2f} s vs {single:.2f} s "
+        f"(ratio {par / single:.2f}; sequential would be about {n:.0f}.00)"
+    )
+
+
+async def main(rounds: int) -> None:
+    backend = DockerBackend()
+    run = f"bench-{uuid.uuid4().hex[:10]}"
+    try:
+        corpus = await start_corpus(backend, run)
+        with tempfile.TemporaryDirectory() as tmp:
+            await member_start(backend, run, rounds)
+            await snapshot_and_memory(backend, run, rounds * 2, Path(tmp))
+            await parallel_ratio(backend, run, Path(tmp))
+        await corpus.close()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await backend.remove_run(run)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    anyio.run(main, parser.parse_args().rounds)
