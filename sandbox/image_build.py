@@ -148,6 +148,9 @@ def _debootstrap_tarball(defn: ImageDef, tarball: Path, say: Say) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="fleet-rootfs-", dir=tarball.parent))
     root = workdir / "root"
     try:
+        # Seed Fleet's dpkg/apt config first: dpkg inside debootstrap then already
+        # skips fsync (force-unsafe-io) and docs.
+        _copy_overlay(defn, root)
         say(f"  {defn.name}: debootstrap {config['variant']} {config['suite']} (about 30 s)")
         cmd = [
             "debootstrap",
@@ -176,9 +179,7 @@ def _deb_cache() -> Path:
 
 def _finish_rootfs(defn: ImageDef, root: Path, config: dict) -> None:
     """Overlay Fleet's apt/dpkg config, write sources.list, drop what boxes never read."""
-    overlay = defn.path / "overlay"
-    if overlay.is_dir():
-        shutil.copytree(overlay, root, dirs_exist_ok=True)
+    _copy_overlay(defn, root)
     suite, mirror, security = config["suite"], config["mirror"], config["security_mirror"]
     (root / "etc/apt/sources.list").write_text(
         f"deb {mirror} {suite} main\n"
@@ -196,6 +197,12 @@ def _finish_rootfs(defn: ImageDef, root: Path, config: dict) -> None:
                     child.unlink()
         elif target.exists():
             target.unlink()
+
+
+def _copy_overlay(defn: ImageDef, root: Path) -> None:
+    overlay = defn.path / "overlay"
+    if overlay.is_dir():
+        shutil.copytree(overlay, root, dirs_exist_ok=True)
 
 
 def _run(cmd: list[str], what: str) -> None:
