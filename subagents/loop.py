@@ -253,7 +253,7 @@ class AgentLoop:
             max_tokens=min(self.limits.max_output_tokens, profile.max_output),
             temperature=None,
             tool_choice=None,
-            context_management=_server_side(self.spec.context.server_side),
+            context_management=self._context_management(),
         )
         response = await self.model.complete(request)
         message = response.message
@@ -290,6 +290,14 @@ class AgentLoop:
             {"role": "assistant", "content": content or [{"type": "text", "text": "(no output)"}]}
         )
         return content, message.stop_reason
+
+    def _context_management(self) -> dict[str, Any] | None:
+        """Server-side edits, as the context manager builds them (with their triggers).
+
+        The manager owns the budget, so it alone knows where the server should
+        compact or clear; a context without server-side support sends none."""
+        build = getattr(self.context, "context_management", None)
+        return build() if build is not None else None
 
     async def _run_tools(self, tool_uses: list[dict[str, Any]]) -> None:
         """Run every tool_use concurrently; append their results as one user message."""
@@ -420,15 +428,6 @@ class AgentLoop:
         state = getattr(self.context, "todos", None)
         items = getattr(state, "items", None) or []
         return [i.model_dump() if hasattr(i, "model_dump") else dict(i) for i in items]
-
-
-def _server_side(mode: str | None) -> dict[str, Any] | None:
-    """Messages API context-management edits for the job's server-side choice."""
-    if mode == "compact":
-        return {"edits": [{"type": "compact_20260112"}]}
-    if mode == "clear_tool_uses":
-        return {"edits": [{"type": "clear_tool_uses_20250919"}]}
-    return None
 
 
 def _short(raw: Any, limit: int = 80) -> str:
