@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,6 +211,7 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
     deps = Deps(
         backend=backend, make_model=opts.make_model, listeners=[progress.on_event], journal=journal
     )
+    live_otel = _live_otel(run.id, deps)
     units = _units(run, job, pending)
     already_ok = sum(
         1
@@ -242,8 +244,29 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
             if corpus is not None:
                 await corpus.close()
             await backend.remove_run(run.id)
+            if live_otel is not None:
+                await anyio.to_thread.run_sync(live_otel.close, time.time())
     extra = fanned.outcomes if fanned else {}
     return await _finish(run, job, members, progress, opts, extra, interrupted=bool(interrupted))
+
+
+def _live_otel(run_id: str, deps: Deps) -> Any:
+    """Live OpenTelemetry export when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``otel`` extra)."""
+    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return None
+    try:
+        from .otel import live_from_env
+    except ImportError as exc:
+        print(
+            f"fleet: OTEL_EXPORTER_OTLP_ENDPOINT is set but {exc.name} is missing; "
+            "install the 'otel' extra (pip install 'fleet[otel]') to export spans",
+            file=sys.stderr,
+        )
+        return None
+    live = live_from_env(run_id, start=time.time())
+    if live is not None:
+        deps.listeners.append(live)
+    return live
 
 
 async def _finish(

@@ -257,10 +257,23 @@ class LiveRun:
         )  # fmt: skip
         self.context = ot.set_span_in_context(self.span)
         self.members: dict[str, _MemberSpans] = {}
+        self.failures = 0
+        """Events the live export failed on (ignored so the run goes on)."""
 
     def listener(self, member: str) -> Callable[[Any], None]:
         """The callable to append to that member's ``TraceWriter.listeners``."""
         return self.members.setdefault(member, _MemberSpans(self, member))
+
+    def __call__(self, ev: Any) -> None:
+        """A listener for every member at once (events carry their member id).
+
+        Telemetry must never break a run: an exporter or SDK failure is swallowed
+        here, and the trace on disk stays the record.
+        """
+        try:
+            self.listener(ev.member)(ev)
+        except Exception:  # the run matters more than its telemetry
+            self.failures += 1
 
     def close(self, end: float, status: str = "ok") -> None:
         for spans in self.members.values():
@@ -270,12 +283,22 @@ class LiveRun:
             self.span.set_status(Status(StatusCode.ERROR, status))
         self.span.end(end_time=_ns(end))
         self.provider.force_flush()
+        self.provider.shutdown()
 
 
-def live_from_env(run_id: str, *, start: float, content: bool = False) -> LiveRun | None:
-    """A :class:`LiveRun` exporting to ``$OTEL_EXPORTER_OTLP_ENDPOINT``, or None if unset."""
+CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+"""The GenAI instrumentations' switch for message content; honoured by live export."""
+
+
+def live_from_env(run_id: str, *, start: float) -> LiveRun | None:
+    """A :class:`LiveRun` exporting to ``$OTEL_EXPORTER_OTLP_ENDPOINT``, or None if unset.
+
+    The SDK's exporter reads the endpoint (and headers, timeouts) from the standard
+    ``OTEL_EXPORTER_OTLP_*`` variables; content is included when ``$CONTENT_ENV`` is true.
+    """
     if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return None
+    content = os.environ.get(CONTENT_ENV, "").strip().lower() in ("1", "true", "yes")
     return LiveRun(run_id, make_provider(), start=start, content=content)
 
 
@@ -297,5 +320,4 @@ def export_run(
         count += bool(member.events)
     statuses = {ev.status for m in run.members for ev in m.events if isinstance(ev, MemberEnd)}
     live.close(end, "ok" if statuses <= {"ok"} else "partial")
-    provider.shutdown()
     return count

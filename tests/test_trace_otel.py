@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import tracegen
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from otlp_collector import Collector
 
 from coordinator import otel
 from coordinator.traceview import load_run
@@ -131,49 +130,22 @@ def test_live_listener_exports_while_the_member_runs(tmp_path: Path) -> None:
     assert len(list(read_trace(tmp_path / "trace.jsonl"))) == 6
 
 
-class _Collector(BaseHTTPRequestHandler):
-    bodies: ClassVar[list[tuple[str, str, bytes]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.bodies.append((self.path, self.headers.get("Content-Type", ""), body))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        return
-
-
 @pytest.fixture
-def collector() -> Iterator[tuple[str, list[tuple[str, str, bytes]]]]:
-    _Collector.bodies = []
-    server = HTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", _Collector.bodies
-    server.shutdown()
-    server.server_close()
+def collector() -> Iterator[Collector]:
+    server = Collector()
+    yield server
+    server.close()
 
 
 def test_cli_exports_to_an_otlp_http_collector(
-    synthetic: tracegen.Expected, collector: Any
+    synthetic: tracegen.Expected, collector: Collector
 ) -> None:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-    url, bodies = collector
-    done = subprocess.run([FLEET, "trace", str(synthetic.run_dir), "--otlp", url],
+    done = subprocess.run([FLEET, "trace", str(synthetic.run_dir), "--otlp", collector.url],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert bodies and all(path == "/v1/traces" for path, _, _ in bodies)
-    spans = []
-    for _, ctype, body in bodies:
-        assert ctype == "application/x-protobuf"
-        req = ExportTraceServiceRequest.FromString(body)
-        for rs in req.resource_spans:
-            for ss in rs.scope_spans:
-                spans.extend(ss.spans)
+    assert collector.posts
+    assert all(p == "/v1/traces" and t == "application/x-protobuf" for p, t, _ in collector.posts)
+    spans = collector.spans()
     names = [s.name for s in spans]
     exp = synthetic.members
     assert names.count("invoke_workflow synthetic") == 1

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from conftest import missing_dependency, remove_run
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otlp_collector import Collector
 
 from coordinator import otel
 from coordinator.runs import RunDir
@@ -28,13 +29,25 @@ ARTIFACTS = Path(__file__).parent / "artifacts"
 
 
 @pytest.fixture(scope="module")
+def collector() -> Iterator[Collector]:
+    server = Collector()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
 def real_run(
-    docker_client: Any, images: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+    docker_client: Any,
+    images: dict[str, str],
+    collector: Collector,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Path]:
+    """A finished offline research run, exported live to ``collector`` while it ran."""
     root = tmp_path_factory.mktemp("realruns")
     env = {
         k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
     }
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.url
     try:
         done = subprocess.run(
             [FLEET, "research", "How do Python asyncio tasks get cancelled?", "--members", "2",
@@ -123,3 +136,18 @@ def test_otel_export_of_a_real_run(real_run: Path) -> None:
     assert sorted(s.attributes["gen_ai.agent.name"] for s in agents) == [
         r.member for r in roll.members
     ]
+
+
+def test_live_otlp_export_during_the_run(real_run: Path, collector: Collector) -> None:
+    spans = collector.spans()
+    roll = rollup_run(load_run(real_run))
+    names = [s.name for s in spans]
+    assert names.count(f"invoke_workflow {real_run.name}") == 1
+    assert sorted(n for n in names if n.startswith("invoke_agent ")) == [
+        f"invoke_agent {r.member}" for r in roll.members
+    ]
+    assert sum(n.startswith("chat ") for n in names) == roll.totals["turns"]
+    assert sum(n.startswith("execute_tool ") for n in names) == roll.totals["tool_calls"]
+    # No content unless asked for.
+    keys = {kv.key for s in spans for kv in s.attributes}
+    assert "gen_ai.tool.call.arguments" not in keys and "gen_ai.usage.input_tokens" in keys

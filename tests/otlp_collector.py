@@ -1,0 +1,48 @@
+"""A tiny OTLP/HTTP trace collector on 127.0.0.1 for tests: it keeps what it is sent."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class Collector:
+    """Accepts ``POST /v1/traces`` (protobuf) and decodes the spans it received."""
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[str, str, bytes]] = []
+        posts = self.posts
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                posts.append((self.path, self.headers.get("Content-Type", ""), body))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def spans(self) -> list[Any]:
+        """Every span received, decoded from the OTLP protobuf bodies."""
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        out = []
+        for _, _, body in self.posts:
+            for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
+                for ss in rs.scope_spans:
+                    out.extend(ss.spans)
+        return out
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
