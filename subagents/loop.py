@@ -160,6 +160,8 @@ class AgentLoop:
         self.messages: list[dict[str, Any]] = []
         self.turn = 0
         self.usage = Usage()
+        self._summaries_counted = 0
+        """How many of the context's compaction summary calls are in ``usage``."""
         self.tool_calls = 0
         self.recent: deque[str] = deque(maxlen=8)
         self.last_text = ""
@@ -243,6 +245,7 @@ class AgentLoop:
         sent = await self.context.prepare(
             self.messages, turn=self.turn, system=self.system, tools=self.tool_defs
         )
+        self._count_summary_calls()
         profile = self.model.profile
         # model_construct: the messages were built by this loop (already valid); not
         # re-validating hundreds of dicts keeps harness CPU per turn flat.
@@ -290,6 +293,16 @@ class AgentLoop:
             {"role": "assistant", "content": content or [{"type": "text", "text": "(no output)"}]}
         )
         return content, message.stop_reason
+
+    def _count_summary_calls(self) -> None:
+        """Add the context's compaction summary calls to the member's usage.
+
+        They are model calls of this member like any other: they count toward the
+        token limit and the cost, and the outcome's totals match the traced calls."""
+        calls = getattr(self.context, "summary_usage", None) or []
+        for usage in calls[self._summaries_counted :]:
+            self.usage.add(usage, self.model.profile)
+        self._summaries_counted = len(calls)
 
     def _context_management(self) -> dict[str, Any] | None:
         """Server-side edits, as the context manager builds them (with their triggers).
@@ -404,6 +417,7 @@ class AgentLoop:
                 todos=self._todos(),
                 last_text=self.last_text,
             )
+        self._count_summary_calls()  # a compaction may precede a crash or a limit
         u = self.usage
         return MemberOutcome(
             member=self.spec.id,

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loop_support import anthropic_model, writer
+from loop_support import anthropic_model, events, writer
 
+from subagents.context.compaction import SUMMARY_SYSTEM
 from subagents.context.config import ContextConfig
-from subagents.fake_api import FakeMessagesAPI, Reply, tool_use
+from subagents.fake_api import FakeMessagesAPI, Reply, reply, text, tool_use
 from subagents.member import MemberOutcome, MemberSpec, run_member
 
 pytestmark = pytest.mark.anyio
@@ -87,3 +88,36 @@ async def test_server_side_clearing_keeps_the_configured_recent_tool_uses(tmp_pa
     _, api = await run_probe(tmp_path / "plain", [submit(answer="3")])
     assert "context_management" not in calls(api)[0].body
     assert "anthropic-beta" not in calls(api)[0].headers
+
+
+def _system(body: dict[str, Any]) -> str:
+    system = body.get("system", "")
+    return system if isinstance(system, str) else " ".join(b.get("text", "") for b in system)
+
+
+async def test_compaction_summary_calls_count_in_the_member_totals(tmp_path: Path) -> None:
+    summaries = turns = 0
+
+    def policy(body: dict[str, Any]) -> Any:
+        nonlocal summaries, turns
+        if SUMMARY_SYSTEM in _system(body):
+            summaries += 1
+            return text("## Session intent\nFind the answer.\n## Next steps\nSubmit.")
+        turns += 1
+        if turns < 6:
+            # Long reasoning each turn fills the small budget and forces a compaction.
+            return reply(text("thinking " * 700), tool_use("add", {"a": 1, "b": 2}))
+        return submit(answer="3")
+
+    config = ContextConfig(budget_tokens=4_000, compact_fraction=0.8)
+    outcome, _ = await run_probe(tmp_path, policy, context=config)
+    assert outcome.status == "ok", outcome.reason
+    assert summaries >= 1
+    calls = events(tmp_path / "trace.jsonl", "model_call")
+    assert sum(c.span.endswith("/compaction") for c in calls) == summaries
+    assert outcome.input_tokens == sum(c.input_tokens for c in calls)
+    assert outcome.output_tokens == sum(c.output_tokens for c in calls)
+    assert outcome.cache_read_tokens == sum(c.cache_read_tokens for c in calls)
+    assert outcome.cache_write_tokens == sum(c.cache_write_tokens for c in calls)
+    end = events(tmp_path / "trace.jsonl", "member_end")[-1]
+    assert end.input_tokens == outcome.input_tokens and end.cost_usd == outcome.cost_usd
