@@ -13,6 +13,7 @@ box under a shield, then the run is journalled ``interrupted`` and can be resume
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -136,6 +137,28 @@ async def plan_members(
     return members
 
 
+async def open_pools(
+    stack: contextlib.AsyncExitStack,
+    deps: Deps,
+    units: list[MemberUnit],
+    run_id: str,
+    max_parallel: int,
+) -> None:
+    """One warm pool per distinct box spec, sized to what the members will take."""
+    from sandbox.pool import SandboxPool
+
+    specs: dict[str, Any] = {}
+    for u in units:
+        spec = u.spec.sandbox_spec()
+        key = spec.model_dump_json()
+        specs[key] = spec
+        deps.demand[key] = deps.demand.get(key, 0) + 1
+    for key, spec in specs.items():
+        want = min(deps.demand[key], max_parallel)
+        pool = SandboxPool(deps.backend, spec, run=run_id, min_idle=want, max_size=max_parallel)
+        deps.pools[key] = await stack.enter_async_context(pool)
+
+
 def _wants_corpus(job: Job) -> bool:
     return any(h.split(":")[0] == CORPUS_MEMBER for h in job.egress.allow)
 
@@ -227,17 +250,21 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
                 tg.start_soon(_watch_signals, tg.cancel_scope, interrupted)
             if progress.tty:
                 tg.start_soon(progress.run)
-            if any(u.spec.kind == "browser" for u in units) and _wants_corpus(job):
-                corpus = await start_corpus(backend, run.id)
-            fanned = await fan_out(
-                units,
-                deps,
-                max_parallel=job.fanout.max_parallel,
-                min_success=job.fanout.min_success,
-                fail_fast=job.fanout.fail_fast,
-                executor=opts.executor,
-                already_ok=already_ok,
-            )
+            # The pools live inside the task group so they close before it is cancelled.
+            async with contextlib.AsyncExitStack() as stack:
+                if job.fanout.warm_pool:
+                    await open_pools(stack, deps, units, run.id, job.fanout.max_parallel)
+                if any(u.spec.kind == "browser" for u in units) and _wants_corpus(job):
+                    corpus = await start_corpus(backend, run.id)
+                fanned = await fan_out(
+                    units,
+                    deps,
+                    max_parallel=job.fanout.max_parallel,
+                    min_success=job.fanout.min_success,
+                    fail_fast=job.fanout.fail_fast,
+                    executor=opts.executor,
+                    already_ok=already_ok,
+                )
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):

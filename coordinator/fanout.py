@@ -32,6 +32,8 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox.base import Sandbox, SandboxBackend
 from sandbox.errors import SandboxCrashed, SandboxError
+from sandbox.pool import SandboxPool
+from sandbox.spec import SandboxSpec
 from subagents.member import Limits as MemberLimits
 from subagents.member import MemberOutcome, MemberSpec
 from subagents.model_base import Model, ModelError
@@ -86,6 +88,22 @@ class Deps:
     """Trace listeners (live progress); called with every trace event."""
     journal: Callable[..., Any] | None = None
     """``journal(event, **fields)``; None: no journal (a bare worker)."""
+    pools: dict[str, SandboxPool] = field(default_factory=dict)
+    """Warm pools by box spec (JSON); a member whose spec has one takes a box from it."""
+    demand: dict[str, int] = field(default_factory=dict)
+    """Members per box spec still to take a box; a pool keeps no more idle than this."""
+
+    async def acquire(self, spec: SandboxSpec, run: str, member: str) -> tuple[Sandbox, Any]:
+        """A fresh box for ``member`` (from a warm pool when there is one) and its pool."""
+        key = spec.model_dump_json()
+        pool = self.pools.get(key)
+        if pool is None:
+            return await self.backend.create(spec, run=run, member=member), None
+        box = await pool.acquire(member)
+        # Stop warming boxes nobody will take: the pool refills to min_idle.
+        self.demand[key] = max(0, self.demand.get(key, 0) - 1)
+        pool.min_idle = min(pool.min_idle, self.demand[key])
+        return box, pool
 
     def note(self, event: str, **fields: Any) -> None:
         if self.journal is not None:
@@ -156,14 +174,14 @@ def _failed(unit: MemberUnit, status: str, reason: str, started: float, **kw: An
     )
 
 
-async def _release(box: Sandbox | None, trace: TraceWriter) -> None:
+async def _release(box: Sandbox | None, trace: TraceWriter, pool: SandboxPool | None) -> None:
     """Remove the box whatever happened (shielded: cancellation must not leak boxes)."""
     if box is None:
         return
     with anyio.CancelScope(shield=True):
         t0 = time.monotonic()
         try:
-            await box.close()
+            await (pool.release(box) if pool is not None else box.close())
         except SandboxError:
             pass  # already gone (killed); gc removes any remains by label
         trace.emit(
@@ -178,13 +196,12 @@ async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> Memb
     run_member = deps.run_member or default_run_member
     started = time.monotonic()
     box: Sandbox | None = None
+    pool: SandboxPool | None = None
     ended_by_harness = False
     try:
         with anyio.fail_after(unit.deadline_s):
             t0 = time.monotonic()
-            box = await deps.backend.create(
-                unit.spec.sandbox_spec(), run=unit.run_id, member=unit.spec.id
-            )
+            box, pool = await deps.acquire(unit.spec.sandbox_spec(), unit.run_id, unit.spec.id)
             trace.emit(
                 SandboxEvent(
                     action="create", box=box.name, duration_s=round(time.monotonic() - t0, 3)
@@ -218,11 +235,11 @@ async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> Memb
     except ModelError as exc:
         outcome = _failed(unit, "failed", f"model error: {exc}", started, retryable=exc.retryable)
     except CANCELLED():
-        await _release(box, trace)
+        await _release(box, trace, pool)
         raise
     except Exception as exc:
         outcome = _failed(unit, "failed", f"raised {type(exc).__name__}: {exc}", started)
-    await _release(box, trace)
+    await _release(box, trace, pool)
     if not ended_by_harness:
         # The harness did not get to trace its end (it raised, hung or never started).
         trace.emit(

@@ -196,6 +196,9 @@ class FanoutPolicy(_Strict):
     """Cancel the remaining members at the first member that fails for good (after its
     retries). Without it a failure never touches a sibling."""
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    warm_pool: bool = True
+    """Start boxes ahead of need (while the plan is made and services start), so a
+    member takes a running box instead of waiting for one. A box is never reused."""
 
 
 class Egress(_Strict):
@@ -312,6 +315,7 @@ _EXAMPLES: dict[str, str] = {
     "max_parallel": "max_parallel = 4",
     "min_success": "min_success = 2        # at most the number of members",
     "fail_fast": "fail_fast = false",
+    "warm_pool": "warm_pool = true",
     "attempts": "attempts = 2",
     "backoff_s": "backoff_s = 1.0",
     "backoff_max_s": "backoff_max_s = 30",

@@ -72,15 +72,29 @@ def _job(tmp_path: Path, members: str, *, fanout: str = "") -> Path:
     return path
 
 
-def _kill_box_when_up(docker_client: Any, member: str, stop: threading.Event) -> None:
-    """Kill the first box of ``member`` a moment after it starts (the engine's own kill)."""
+def _kill_box_when_up(docker_client: Any, trace: Path, stop: threading.Event) -> None:
+    """Kill the member's box (named in its trace) a moment after it is handed over."""
     while not stop.is_set():
-        found = docker_client.containers.list(filters={"label": f"fleet.member={member}"})
-        if found:
+        names = (
+            [e.box for e in read_trace(trace) if e.type == "sandbox" and e.action == "create"]
+            if trace.exists()
+            else []
+        )
+        if names:
             time.sleep(1.0)
-            found[0].kill()
+            docker_client.containers.get(names[0]).kill()
             return
         time.sleep(0.1)
+
+
+def _glob_one(pattern: Path, stop: threading.Event) -> Path:
+    """The one path matching ``pattern`` once it exists (a run directory is made later)."""
+    while not stop.is_set():
+        found = list(Path("/").glob(str(pattern).lstrip("/")))
+        if found:
+            return found[0]
+        time.sleep(0.1)
+    return pattern
 
 
 def test_five_members_three_failures_two_results_and_a_report(
@@ -99,7 +113,10 @@ def test_five_members_three_failures_two_results_and_a_report(
         tmp_path, members, fanout="max_parallel = 5\nmin_success = 2\nretry = { attempts = 1 }"
     )
     stop = threading.Event()
-    killer = threading.Thread(target=_kill_box_when_up, args=(docker_client, "victim", stop))
+    victim_trace = tmp_path / "runs" / "*" / "members" / "victim" / "trace.jsonl"
+    killer = threading.Thread(
+        target=lambda: _kill_box_when_up(docker_client, _glob_one(victim_trace, stop), stop)
+    )
     killer.start()
     try:
         code = main(["run", str(job), "--plain"])
