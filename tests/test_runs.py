@@ -1,0 +1,136 @@
+"""Run directories: the journal survives kills, state is folded from it, resume picks
+the right members, and Ctrl-C leaves a resumable run with no boxes behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import remove_run
+from fleet_policies import coding_policy
+
+from coordinator.runs import RunDir, RunNotFound
+from coordinator.spec import parse_job
+from subagents.fake_api import FakeMessagesAPI
+
+FLEET = str(Path(sys.executable).with_name("fleet"))
+JOB = (
+    'name = "Journal test"\n[[members]]\nid = "a"\nkind = "coding"\ntask = "t"\n'
+    '[[members]]\nid = "b"\nkind = "coding"\ntask = "u"\n'
+    '[[members]]\nid = "c"\nkind = "coding"\ntask = "v"\n'
+)
+
+
+def _run(tmp_path: Path) -> RunDir:
+    job = parse_job(JOB)
+    return RunDir.create(job, JOB, root=tmp_path)
+
+
+def test_run_directory_holds_the_job_as_given_and_validated(tmp_path):
+    run = _run(tmp_path)
+    assert run.id.startswith("journal-test-")
+    assert (run.path / "job.toml").read_text() == JOB
+    assert run.job().members[1].id == "b"
+    assert run.journal.read()[0]["event"] == "run_created"
+    assert RunDir.open(run.id, root=tmp_path).path == run.path
+    assert RunDir.open(run.id[:-2], root=tmp_path).path == run.path  # unique prefix
+    with pytest.raises(RunNotFound, match="fleet runs"):
+        RunDir.open("nothing-like-it", root=tmp_path)
+
+
+def test_a_torn_last_journal_line_is_skipped(tmp_path):
+    run = _run(tmp_path)
+    run.journal.append("member_started", member="a", attempt=1)
+    with run.journal.path.open("a") as fh:
+        fh.write('{"ts": 1, "event": "member_fini')  # killed mid-write
+    events = [e["event"] for e in run.journal.read()]
+    assert events == ["run_created", "member_started"]
+
+
+def test_resume_runs_members_without_a_final_outcome(tmp_path):
+    run = _run(tmp_path)
+    members = run.job().members
+    run.journal.append("run_started", pid=999_999_999)
+    for m, status in (("a", "ok"), ("b", "failed"), ("c", "cancelled")):
+        run.journal.append("member_started", member=m, attempt=1)
+        run.journal.append("member_finished", member=m, status=status)
+    assert [m.id for m in run.pending_members(members)] == ["c"]
+    assert [m.id for m in run.pending_members(members, retry_failed=True)] == ["b", "c"]
+    run.journal.append("member_started", member="c", attempt=1)  # then SIGKILL
+    st = run.state()
+    assert st.members["c"] == "running" and st.starts["c"] == 2
+    assert st.status == "dead"  # running per the journal, but no live owner
+
+
+def test_live_owner_is_reported_until_cleared(tmp_path):
+    run = _run(tmp_path)
+    run.journal.append("run_started", pid=os.getpid())
+    run.mark_live()
+    assert run.owner_pid() == os.getpid() and run.state().status == "running"
+    run.clear_live()
+    assert run.owner_pid() is None and run.state().status == "dead"
+
+
+@pytest.mark.docker
+def test_ctrl_c_interrupts_removes_boxes_and_the_run_resumes(tmp_path, images, docker_client):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "ctrlc"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "claude-sonnet-5"\n'
+        + "".join(
+            f'[[members]]\nid = "m{i}"\nkind = "coding"\ntask = "Task {i}."\n' for i in range(3)
+        )
+    )
+    with FakeMessagesAPI(coding_policy(turns=4, latency_s=0.5)) as api:
+        env = {**os.environ, "ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api.url}
+        proc = subprocess.Popen(
+            [FLEET, "run", str(job), "--plain"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        run = None
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                runs = RunDir.list(tmp_path / "runs")
+                if runs and "running" in runs[0].state().members.values():
+                    run = runs[0]
+                    break
+                time.sleep(0.1)
+            assert run is not None, "no member started"
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 130, err
+            assert "Traceback" not in err and f"fleet resume {run.id}" in err
+            events = [e["event"] for e in run.journal.read()]
+            assert "run_interrupted" in events
+            st = run.state()
+            assert st.status == "interrupted"
+            assert "cancelled" in st.members.values()
+            assert (
+                docker_client.containers.list(all=True, filters={"label": f"fleet.run={run.id}"})
+                == []
+            )
+            resumed = subprocess.run(
+                [FLEET, "resume", run.id, "--output-dir", str(tmp_path / "runs"), "--plain"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert resumed.returncode == 0, resumed.stderr
+            assert set(run.state().members.values()) == {"ok"}
+            assert json.loads((run.path / "report.json").read_text())["failed"] == []
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            if run is not None:
+                remove_run(docker_client, run.id)
