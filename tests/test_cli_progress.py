@@ -1,0 +1,74 @@
+"""Live progress: plain lines off a terminal, an in-place ANSI table on one."""
+
+from __future__ import annotations
+
+import io
+
+from coordinator.progress import Progress
+from subagents.trace import MemberStart, ModelCall, ToolCall
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _feed(p: Progress) -> None:
+    p.on_journal({"event": "member_queued", "member": "a"})
+    p.on_journal({"event": "member_started", "member": "a", "attempt": 1})
+    p.on_event(MemberStart(member="a", kind="coding", task="t", model="m"))
+    p.on_event(
+        ModelCall(
+            member="a",
+            turn=2,
+            model="m",
+            input_tokens=1500,
+            output_tokens=40,
+            cache_read_tokens=500,
+        )
+    )
+    p.on_event(ToolCall(member="a", call_id="1", tool="shell", input={"command": "make test"}))
+    p.on_journal({"event": "member_retry", "member": "b", "reason": "sandbox crashed: killed"})
+    p.on_journal({"event": "member_finished", "member": "a", "status": "ok"})
+    p.on_journal(
+        {
+            "event": "member_finished",
+            "member": "b",
+            "status": "crashed",
+            "reason": "sandbox crashed: oom-killed",
+        }
+    )
+
+
+def test_plain_output_is_one_line_per_state_change():
+    out = io.StringIO()
+    p = Progress(["a", "b"], out=out)
+    assert p.tty is False
+    _feed(p)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 4
+    assert lines[0].endswith("a: running")
+    assert "b: retrying" in lines[1] and "sandbox crashed: killed" in lines[1]
+    assert "a: ok" in lines[2] and "2 turns, 2.0k in / 40 out" in lines[2]
+    assert "b: crashed" in lines[3] and "oom-killed" in lines[3]
+    assert "\x1b[" not in out.getvalue()
+    summary = p.summary("runs/x", "succeeded: 1 of 2 members ok")
+    assert "run directory: runs/x" in summary and "oom-killed" in summary
+
+
+def test_terminal_output_redraws_the_table_in_place():
+    out = FakeTTY()
+    p = Progress(["a", "b"], out=out)
+    assert p.tty is True
+    p.on_journal({"event": "member_started", "member": "a", "attempt": 1})
+    p.draw()
+    first = out.getvalue()
+    assert first.count("\x1b[2K") == 3  # header + two rows, each line cleared
+    assert "\x1b[3F" not in first  # nothing to move over yet
+    p.on_event(ToolCall(member="a", call_id="1", tool="shell", input={"command": "ls"}))
+    p.draw()
+    second = out.getvalue()[len(first) :]
+    assert second.startswith("\x1b[3F")  # cursor back up over the old table
+    assert "shell(ls)" in second and "\x1b[36mrunning" in second
+    p.draw()  # nothing changed: nothing written
+    assert out.getvalue()[len(first) + len(second) :] == ""
