@@ -217,10 +217,11 @@ def _add_to_turn(
         calls[ev.call_id] = tool
         view.tools.append(tool)
     elif isinstance(ev, ToolResult):
-        tool = calls.get(ev.call_id)
-        if tool is None:
-            tool = ToolView(call_id=ev.call_id, tool=ev.tool, start=ev.ts - ev.duration_s)
-            view.tools.append(tool)
+        found = calls.get(ev.call_id)
+        if found is None:
+            found = ToolView(call_id=ev.call_id, tool=ev.tool, start=ev.ts - ev.duration_s)
+            view.tools.append(found)
+        tool = found
         output, cut = clip_text(ev.output, limit)
         tool.end, tool.output, tool.output_chars = ev.ts, output, ev.output_chars or len(ev.output)
         tool.is_error, tool.offloaded = ev.is_error, ev.offloaded

@@ -61,8 +61,10 @@ def serve_forever(run_dir: Path, *, port: int) -> int:
         raise UsageError(
             f"cannot listen on 127.0.0.1:{port} ({exc.strerror}); try --port 0."
         ) from None
-    host, bound = server.server_address[:2]
-    print(f"serving run {run_dir.name} on http://{host}:{bound}/ (Ctrl-C to stop)", file=sys.stderr)
+    bound = server.server_address[1]
+    print(
+        f"serving run {run_dir.name} on http://127.0.0.1:{bound}/ (Ctrl-C to stop)", file=sys.stderr
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
