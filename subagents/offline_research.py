@@ -114,6 +114,10 @@ def read_state(request: ModelRequest) -> _State:
     return state
 
 
+def _result_text(result: dict[str, Any] | None) -> str:
+    return _text(result.get("content")) if result else ""
+
+
 def _ok(result: dict[str, Any] | None) -> bool:
     return result is not None and not result.get("is_error")
 
@@ -128,7 +132,7 @@ def candidates(state: _State) -> list[str]:
     if not given:
         for _use, result in state.of("search"):
             if _ok(result):
-                body = _UNTRUSTED.search(_text(result.get("content")))
+                body = _UNTRUSTED.search(_result_text(result))
                 given += [m.group(2) for m in _RESULT_LINE.finditer(body.group(2) if body else "")]
     seen, out = set(), []
     for url in given:
@@ -156,7 +160,7 @@ def next_action(state: _State) -> list[dict[str, Any]]:
     if navs:
         last_use, last_result = navs[-1]
         if _ok(last_result) and state.calls[-1][0] is last_use:
-            total = _chunk_count(_text(last_result.get("content")))  # type: ignore[union-attr]
+            total = _chunk_count(_result_text(last_result))
             reads = [_tool("read", chunk=c) for c in range(2, min(total, MAX_READS) + 1)]
             if reads:
                 return reads
@@ -177,7 +181,7 @@ def page_texts(state: _State) -> dict[str, tuple[str, list[str]]]:
     for use, result in state.calls:
         if use.get("name") not in ("navigate", "read") or not _ok(result):
             continue
-        for url, body in _UNTRUSTED.findall(_text(result.get("content"))):  # type: ignore[union-attr]
+        for url, body in _UNTRUSTED.findall(_result_text(result)):
             body = re.sub(r"^(Page text \(chunk 1 of \d+[^\n]*|Chunk \d+ of \d+[^\n]*)\n", "", body)
             body = body.split("\nInteractive elements (")[0]
             pages.setdefault(page_key(url), (url, []))[1].append(body)

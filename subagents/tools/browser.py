@@ -102,17 +102,20 @@ class BrowserTool(Tool):
         s = await session(ctx, self.config)
 
         async def _go(page: Any) -> tuple[int, str]:
-            for attempt in range(2):
+            for attempt in range(3):
                 try:
                     resp = await page.goto(url, wait_until="domcontentloaded")
                     break
                 except Exception as exc:
                     # After a failed load Chromium commits its own error page a moment
-                    # later, which interrupts the next navigation: try that one again.
-                    if attempt == 0 and "interrupted by another navigation" in str(exc):
-                        await page.wait_for_load_state("domcontentloaded")
+                    # later, which can interrupt the next navigation: try that one again.
+                    if attempt < 2 and "interrupted by another navigation" in str(exc):
+                        await anyio.sleep(0.2)
                         continue
-                    raise ToolError(_net_error(url, exc)) from None
+                    message = _net_error(url, exc)
+                    with anyio.move_on_after(2):  # let the error page commit first
+                        await page.wait_for_load_state("load")
+                    raise ToolError(message) from None
             if resp is None:
                 return 200, ""
             body = (await resp.text())[:500] if resp.status >= 400 else ""
@@ -300,7 +303,8 @@ class Find(BrowserTool):
         view = await self.view(ctx)
         parts = chunks(view.text, self.config.chunk_chars)
         needle = args.text.lower()
-        lines, total = [], 0
+        lines: list[str] = []
+        total = 0
         for i, part in enumerate(parts, 1):
             low = part.lower()
             at = low.find(needle)
