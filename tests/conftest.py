@@ -11,9 +11,10 @@ Stable interface, used by every test module:
     or out of date through ``sandbox.images.ensure_images`` (a no-op, well under a
     second, when everything is up to date).
 ``run_id`` (function)
-    A unique run id (``"test-<12 hex>"``). Label every container and network the test
-    creates with ``fleet.run=<run_id>``; at teardown every container and network with
-    that label is removed, whatever the test did.
+    A unique run id (``"test-<12 hex>"``), marked live for its duration (so a
+    concurrent ``fleet sandbox gc`` leaves its boxes alone). Label every container and
+    network the test creates with ``fleet.run=<run_id>``; at teardown every container
+    and network with that label is removed, whatever the test did.
 
 ``missing_dependency(reason)`` is the one rule for absent dependencies: skip locally,
 fail under ``CI=true``. Call it from your own fixtures (``from conftest import
@@ -64,9 +65,8 @@ def docker_client() -> Iterator[docker.DockerClient]:
 @pytest.fixture(scope="session")
 def images(docker_client: docker.DockerClient) -> dict[str, str]:
     """Every Fleet image, built when missing or out of date: name -> reference."""
-    from sandbox.images import ensure_images
-
     from sandbox.errors import SandboxUnavailable
+    from sandbox.images import ensure_images
 
     try:
         return ensure_images(None, client=docker_client)
@@ -77,9 +77,15 @@ def images(docker_client: docker.DockerClient) -> dict[str, str]:
 @pytest.fixture
 def run_id(docker_client: docker.DockerClient) -> Iterator[str]:
     """A unique run id; every container and network labelled with it is removed after."""
+    from sandbox.reaper import mark_done, mark_live
+
     rid = f"test-{uuid.uuid4().hex[:12]}"
-    yield rid
-    remove_run(docker_client, rid)
+    mark_live(rid)
+    try:
+        yield rid
+    finally:
+        remove_run(docker_client, rid)
+        mark_done(rid)
 
 
 def remove_run(client: docker.DockerClient, rid: str) -> None:
@@ -92,6 +98,9 @@ def remove_run(client: docker.DockerClient, rid: str) -> None:
             container.remove(force=True, v=True)
         except docker.errors.NotFound:
             pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: a removal is already in progress
+                raise
     for network in client.networks.list(filters=selector):
         try:
             network.remove()
