@@ -171,7 +171,7 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
             model=resolve_model(m.model or job.model.name),
             max_tokens=job.model.max_tokens,
             egress=job.egress,
-            memory_root=Path(job.output_dir) / "memory",
+            memory_root=run.path.parent / "memory",
         )
         out.append(
             MemberUnit(

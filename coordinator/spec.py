@@ -100,7 +100,7 @@ class MemoryProfile(_Strict):
     profile: str
     """Name of the memory profile; several members may share one."""
     dir: str | None = None
-    """Host directory holding it (default ``<output_dir>/memory/<profile>``)."""
+    """Host directory holding it (default ``<output_dir>/memory/<profile>``, beside the runs)."""
 
     @field_validator("profile")
     @classmethod

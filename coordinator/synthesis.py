@@ -179,12 +179,15 @@ def offline_report(title: str, question: str, digests: list[dict[str, Any]]) -> 
                 open_qs.append(q)
     ok = len(members) - len(failed)
     sources = {c.url for cl in claims for c in cl.citations if c.url}
+    found = []
+    if claims or not code:
+        found.append(f"{len(claims)} distinct claims from {len(sources)} sources")
+    if code:
+        found.append(f"{len(code)} code change(s)")
     summary = (
-        f"{ok} of {len(members)} members returned results: {len(claims)} distinct claims "
-        f"from {len(sources)} sources"
-        + (f" and {len(code)} code change(s)" if code else "")
-        + ". Assembled by the offline analyst (deterministic, no model): claims are the "
-        "members' own, grouped and cited, not re-worded."
+        f"{ok} of {len(members)} members returned results: {' and '.join(found)}. "
+        "Assembled by the offline analyst (deterministic, no model): the members' own "
+        "words, grouped and cited, not re-worded."
     )
     return Report(
         title=title,
@@ -336,7 +339,7 @@ def render_markdown(report: Report) -> str:
             mark = " _(uncited)_" if claim.uncited else ""
             out.append(f"- {claim.text} ({'; '.join(refs) or 'no source'}){mark}")
             quote = next((c.quote for c in claim.citations if c.quote), "")
-            if quote:
+            if quote and quote.strip() != claim.text.strip():
                 out.append(f"  > {quote}")
         out.append("")
         if urls:
