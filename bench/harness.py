@@ -12,6 +12,8 @@ Part 1 - harness CPU per turn at 10, 100 and 200 turns (target: <= 3 ms at 200).
 Part 2 - peak context and total input tokens, mechanisms off and on, for scripted
 tool-call tasks with large outputs (target: the peak never above the working-set
 budget with the mechanisms on).
+Part 3 - cost of one ``observe_usage`` (the per-turn token accounting) as the
+conversation grows: it must stay flat, not grow with the run.
 """
 
 from __future__ import annotations
@@ -354,6 +356,39 @@ def _counts(manager: ContextManager | None) -> tuple[int, int, int]:
     return (manager.offloads, manager.clips, manager.compactions)
 
 
+def part3(points: tuple[int, ...] = (10, 100, 200, 1_000)) -> list[str]:
+    """Median wall time of ``observe_usage`` over the 10 turns before each point."""
+    with tempfile.TemporaryDirectory() as tmp:
+        manager = ContextManager(
+            ContextConfig(),
+            profile=ModelProfile(name="bench", context_window=1_000_000),
+            model=ScriptedModel([], window=1_000_000),
+            sandbox=None,
+            run_dir=Path(tmp),
+            trace=TraceWriter(Path(tmp) / "trace.jsonl", run="bench", member="m"),
+            task="t",
+            memory_dir=None,
+            todos_enabled=False,
+        )
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": [{"type": "text", "text": "t"}]}
+        ]
+        times: list[float] = []
+        for turn in range(1, max(points) + 1):
+            messages.append({"role": "assistant", "content": [_use(f"c{turn}", "shell", {})]})
+            result = {"type": "tool_result", "tool_use_id": f"c{turn}", "content": "x" * 400}
+            messages.append({"role": "user", "content": [result]})
+            manager.estimate(messages, "s", [])
+            started = time.perf_counter()
+            manager.observe_usage({"input_tokens": 1_000}, messages, "s", [])
+            times.append(time.perf_counter() - started)
+    rows = ["| turns | messages | observe_usage, median (us) |", "|---:|---:|---:|"]
+    for n in points:
+        median = statistics.median(times[n - 10 : n]) * 1e6
+        rows.append(f"| {n} | {2 * n + 1} | {median:.1f} |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="runs per turn count (part 1)")
@@ -362,6 +397,8 @@ def main() -> None:
     print("\n".join(part1(args.repeats)))
     print("\nContext size, mechanisms off vs on (tokens by the local estimate)\n")
     print("\n".join(part2()))
+    print("\nToken accounting per turn (observe_usage) as the conversation grows\n")
+    print("\n".join(part3()))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,12 @@ Two ideas keep it cheap and honest:
 - Each message's estimate is cached by identity (plus its block count, which
   catches blocks appended in place). The mechanisms that rewrite a message call
   :meth:`TokenCounter.forget`, so the cache never serves a stale size.
+- The sum over the messages is kept too, as a running prefix total: the list
+  only grows at its end between rewrites, so each call adds the messages appended
+  since the last one instead of walking the whole conversation (constant work
+  per turn, however long the run). ``forget`` and ``reset`` drop the prefix; so
+  does a list whose message at the prefix's end is another object or has other
+  blocks now.
 - After every model call the API reports exactly how many input tokens the sent
   context had. That number anchors the next estimate: the size of the context is
   the anchored prefix (exact) plus the local estimate of the messages appended
@@ -80,6 +86,8 @@ class TokenCounter:
         # id from being reused by another object while the entry exists.
         self._cache: dict[int, tuple[dict[str, Any], int, int]] = {}
         self._fixed: dict[tuple[int, int], tuple[Any, int]] = {}
+        self._prefix: tuple[int, dict[str, Any], int, int] | None = None
+        """(length, its last message, that message's block count, sum of estimates)."""
         self._anchor: tuple[int, int, int] | None = None
         """(number of messages sent, id of the last one, API input tokens)."""
         self.ratio = 1.0
@@ -97,14 +105,17 @@ class TokenCounter:
         return tokens
 
     def forget(self, message: dict[str, Any]) -> None:
-        """A message was rewritten in place: drop its cached size and the anchor."""
+        """A message was rewritten in place: drop its cached size, the anchor and the
+        running total (the message may lie anywhere in it)."""
         self._cache.pop(id(message), None)
         self._anchor = None
+        self._prefix = None
 
     def reset(self) -> None:
         """The context was replaced (compaction): forget everything about the old one."""
         self._cache.clear()
         self._anchor = None
+        self._prefix = None
 
     def fixed(self, system: Any, tools: list[dict[str, Any]]) -> int:
         """Estimate of the system prompt and tool definitions (cached by identity)."""
@@ -123,7 +134,21 @@ class TokenCounter:
 
     def local(self, messages: list[dict[str, Any]], system: Any, tools: list[dict]) -> int:
         """Pure local estimate, unscaled."""
-        return self.fixed(system, tools) + sum(self.message(m) for m in messages)
+        return self.fixed(system, tools) + self.messages_total(messages)
+
+    def messages_total(self, messages: list[dict[str, Any]]) -> int:
+        """Sum of the messages' estimates: the running prefix plus what came after it."""
+        start = total = 0
+        prefix = self._prefix
+        if prefix is not None:
+            n, last, blocks, subtotal = prefix
+            if len(messages) >= n and messages[n - 1] is last and _blocks(last) == blocks:
+                start, total = n, subtotal
+        for m in messages[start:]:
+            total += self.message(m)
+        if messages:
+            self._prefix = (len(messages), messages[-1], _blocks(messages[-1]), total)
+        return total
 
     def observe(
         self, usage: Any, sent: list[dict[str, Any]], system: Any, tools: list[dict]
@@ -146,3 +171,8 @@ class TokenCounter:
             if len(messages) >= n and id(messages[n - 1]) == last_id:
                 return actual + sum(self.message(m) for m in messages[n:])
         return int(self.local(messages, system, tools) * self.ratio)
+
+
+def _blocks(message: dict[str, Any]) -> int:
+    content = message.get("content")
+    return len(content) if isinstance(content, list) else -1
