@@ -34,6 +34,7 @@ from sandbox.base import Sandbox, SandboxBackend
 from sandbox.errors import SandboxCrashed, SandboxError
 from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec
+from subagents.context.config import ContextConfig
 from subagents.member import Limits as MemberLimits
 from subagents.member import MemberOutcome, MemberSpec
 from subagents.model_base import Model, ModelError
@@ -144,6 +145,8 @@ def to_member_spec(
         ),
         sandbox=sandbox,
         memory_dir=memory_dir,
+        todos=job.todos,
+        context=ContextConfig.model_validate(job.context),
     )
 
 

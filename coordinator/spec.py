@@ -128,6 +128,11 @@ class MemberJob(_Strict):
     memory: MemoryProfile | None = None
     result_schema: dict[str, Any] | None = None
     """JSON Schema (an object) the result must also satisfy, beyond the kind's model."""
+    context: dict[str, Any] = Field(default_factory=dict)
+    """Context-management thresholds (``subagents.context.config.ContextConfig`` fields,
+    e.g. ``compact_fraction``, ``offload_result_tokens``); unset ones keep the defaults."""
+    todos: bool | None = None
+    """Todo list and its recitation on or off (default: on for coding, off for browser)."""
     repo: str | None = None
     """Coding members: host directory copied into the box (the original is untouched)."""
     test: str | None = None
@@ -152,6 +157,19 @@ class MemberJob(_Strict):
     def _schema_is_object(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is not None and v.get("type") != "object":
             raise ValueError('a result schema must be a JSON Schema with type = "object"')
+        return v
+
+    @field_validator("context")
+    @classmethod
+    def _context_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from subagents.context.config import ContextConfig
+
+        try:
+            ContextConfig.model_validate(v)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ValueError(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
         return v
 
     @model_validator(mode="after")
@@ -307,6 +325,8 @@ _EXAMPLES: dict[str, str] = {
     "pids": "pids = 256",
     "workspace_size": 'workspace_size = "2g"',
     "profile": 'memory = { profile = "python-docs" }',
+    "context": "context = { compact_fraction = 0.9, offload_result_tokens = 20000 }",
+    "todos": "todos = true",
     "result_schema": 'result_schema = { type = "object", properties = { answer = { type = "string" } } }',
     "repo": 'repo = "./my-project"   # coding members only',
     "test": 'test = "python -m pytest -q"',
