@@ -16,7 +16,7 @@ from loop_support import anthropic_model, events, writer
 from subagents.context.compaction import SUMMARY_SYSTEM
 from subagents.context.config import ContextConfig
 from subagents.fake_api import FakeMessagesAPI, Reply, reply, text, tool_use
-from subagents.member import MemberOutcome, MemberSpec, run_member
+from subagents.member import Limits, MemberOutcome, MemberSpec, run_member
 
 pytestmark = pytest.mark.anyio
 
@@ -121,3 +121,14 @@ async def test_compaction_summary_calls_count_in_the_member_totals(tmp_path: Pat
     assert outcome.cache_write_tokens == sum(c.cache_write_tokens for c in calls)
     end = events(tmp_path / "trace.jsonl", "member_end")[-1]
     assert end.input_tokens == outcome.input_tokens and end.cost_usd == outcome.cost_usd
+
+
+async def test_incomplete_outcome_lists_the_members_todos(tmp_path: Path) -> None:
+    todos = [
+        {"content": "add the numbers", "status": "completed"},
+        {"content": "check the sum", "status": "in_progress"},
+    ]
+    script = [tool_use("write_todos", {"todos": todos}), tool_use("add", {"a": 1, "b": 2})]
+    outcome, _ = await run_probe(tmp_path, script, todos=True, limits=Limits(max_turns=2))
+    assert outcome.status == "incomplete" and outcome.limit == "turns"
+    assert outcome.progress is not None and outcome.progress.todos == todos
