@@ -334,14 +334,18 @@ def ensure_images(
             client.close()
 
 
-def prune_superseded(client: docker.DockerClient) -> tuple[list[str], list[str]]:
+def prune_superseded(
+    client: docker.DockerClient, names: Iterable[str] | None = None
+) -> tuple[list[str], list[str]]:
     """Remove ``fleet-*`` tags that current inputs no longer give; (removed, kept in use).
 
-    Only tags Fleet built (labelled ``fleet.image``) of declared repositories are
-    touched, never with force: a tag a container still uses is kept.
+    Only tags Fleet built (labelled ``fleet.image``) of the declared repositories
+    (``names``, default all) are touched, never with force: a tag a container still
+    uses is kept.
     """
+    wanted = None if names is None else set(names)
     current = set(current_refs().values())
-    repos = {d.repository for d in IMAGES}
+    repos = {d.repository for d in build_order(wanted) if wanted is None or d.name in wanted}
     removed: list[str] = []
     kept: list[str] = []
     # Children first, so a parent's layers are no longer referenced when it goes.

@@ -170,6 +170,24 @@ def test_changed_input_builds_a_new_tag(
     assert lines == []
 
 
+def test_prune_removes_superseded_tags_but_not_ones_in_use(
+    images, docker_client, tmp_path, monkeypatch, probe_name, run_id
+) -> None:
+    ctx = _context(tmp_path, "ARG BASE\nFROM ${BASE}\nCOPY tool.sh /probe/tool.sh\n")
+    monkeypatch.setattr(images_mod, "IMAGES", _probe_defs(ctx, name=probe_name))
+    old = ensure_images([probe_name], client=docker_client)[probe_name]
+    (ctx / "tool.sh").write_text("#!/bin/sh\necho newer\n")
+    new = ensure_images([probe_name], client=docker_client)[probe_name]
+    user = docker_client.containers.create(old, ["true"], labels={"fleet.run": run_id})
+
+    assert images_mod.prune_superseded(docker_client, [probe_name]) == ([], [old])
+    user.remove()
+    assert images_mod.prune_superseded(docker_client, [probe_name]) == ([old], [])
+    assert not images_mod.image_exists(docker_client, old)
+    assert images_mod.image_exists(docker_client, new)
+    assert images_mod.image_exists(docker_client, images["base"])
+
+
 # ---------------------------------------------------------------- extra CA
 
 
