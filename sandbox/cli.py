@@ -138,7 +138,7 @@ def cmd_images_ls(args: argparse.Namespace) -> int:
         client.close()
     print(f"{'NAME':<10} {'REFERENCE':<28} {'STATE':<10} {'SIZE':>9}  SUPERSEDED")
     for row in rows:
-        state = "current" if row.built else "missing"
+        state = "current" if row.built else ("stale" if row.stale_tags else "missing")
         size = f"{row.size / 2**20:.0f} MiB" if row.size is not None else "-"
         print(f"{row.name:<10} {row.ref:<28} {state:<10} {size:>9}  {len(row.stale_tags)}")
     missing = [r.name for r in rows if not r.built]

@@ -146,6 +146,15 @@ def test_second_build_is_a_noop(images: dict[str, str], docker_client) -> None:
         assert image_ref(name, client=docker_client) == ref
 
 
+def test_images_ls_shows_every_image_current(images, capsys) -> None:
+    assert fleet_main(["images", "ls"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert set(rows) == set(images)
+    for name, ref in images.items():
+        assert rows[name][1:3] == [ref, "current"]
+        assert rows[name][4] == "MiB"
+
+
 def test_changed_input_builds_a_new_tag(
     images, docker_client, tmp_path, monkeypatch, probe_name, run_id
 ) -> None:
