@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import tarfile
 import time
 import urllib.request
 import uuid
@@ -195,6 +196,35 @@ def test_prune_removes_superseded_tags_but_not_ones_in_use(
     assert not images_mod.image_exists(docker_client, old)
     assert images_mod.image_exists(docker_client, new)
     assert images_mod.image_exists(docker_client, images["base"])
+
+
+def test_cached_rootfs_tarball_is_imported_without_debootstrap(
+    docker_client, tmp_path, monkeypatch, probe_name
+) -> None:
+    monkeypatch.setenv("FLEET_CACHE_DIR", str(tmp_path / "cache"))
+    config = tmp_path / "rootfs-def"
+    config.mkdir()
+    (config / "debootstrap.json").write_text("{}")
+    defn = ImageDef(name=probe_name, directory=str(config), builder="debootstrap")
+    monkeypatch.setattr(images_mod, "IMAGES", (defn,))
+    ref = current_refs()[probe_name]
+    # A cached root file system for exactly this tag: building must only import it.
+    store = tmp_path / "cache" / "rootfs"
+    store.mkdir(parents=True)
+    marker = tmp_path / "marker"
+    marker.write_text("from the cache\n")
+    with tarfile.open(store / f"{ref.split(':')[1]}.tar", "w") as tar:
+        tar.add(marker, arcname="etc/fleet-marker")
+    monkeypatch.setattr(
+        "sandbox.image_build._debootstrap_tarball",
+        lambda *a: pytest.fail("debootstrap ran although the tarball was cached"),
+    )
+
+    lines: list[str] = []
+    assert ensure_images(None, client=docker_client, say=lines.append) == {probe_name: ref}
+    attrs = docker_client.images.get(ref).attrs
+    assert attrs["Config"]["Labels"][images_mod.LABEL_IMAGE] == probe_name
+    assert any("importing" in line for line in lines)
 
 
 # ---------------------------------------------------------------- extra CA
