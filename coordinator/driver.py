@@ -181,6 +181,7 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
                 retry=job.fanout.retry,
                 deadline_s=m.limits.deadline_s,
                 repo=m.repo,
+                result_schema=m.result_schema,
             )
         )
     return out

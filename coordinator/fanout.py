@@ -38,9 +38,10 @@ from subagents.context.config import ContextConfig
 from subagents.member import Limits as MemberLimits
 from subagents.member import MemberOutcome, MemberSpec
 from subagents.model_base import Model, ModelError
-from subagents.trace import MemberEnd, Retry, SandboxEvent, TraceWriter
+from subagents.trace import ErrorEvent, MemberEnd, Retry, SandboxEvent, TraceWriter
 
 from .executor import Executor, LocalExecutor
+from .schema_check import problems as schema_problems
 from .spec import Egress, MemberJob, RetryPolicy
 
 CANCELLED = anyio.get_cancelled_exc_class
@@ -62,6 +63,8 @@ class MemberUnit(BaseModel):
     """Hard wall-clock limit of one attempt."""
     repo: str | None = None
     """Host directory copied into ``/workspace`` before the member starts (coding)."""
+    result_schema: dict[str, Any] | None = None
+    """Extra checks the member's result must pass (see :mod:`coordinator.schema_check`)."""
 
 
 class RunMemberFn(Protocol):
@@ -121,8 +124,6 @@ def to_member_spec(
         inputs.setdefault("browser", {"search_url": egress.search_url})
     if job.test:
         inputs.setdefault("test", job.test)
-    if job.result_schema:
-        inputs.setdefault("result_schema", job.result_schema)
     sandbox: dict[str, Any] = job.sandbox.applied()
     if job.kind == "browser":
         sandbox["network"] = {"egress": "allowlist", "allow": list(egress.allow)}
@@ -243,6 +244,12 @@ async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> Memb
     except Exception as exc:
         outcome = _failed(unit, "failed", f"raised {type(exc).__name__}: {exc}", started)
     await _release(box, trace, pool)
+    if outcome.status == "ok" and unit.result_schema:
+        wrong = schema_problems(outcome.result or {}, unit.result_schema)
+        if wrong:
+            reason = "result does not satisfy the job's result_schema: " + "; ".join(wrong[:5])
+            outcome = outcome.model_copy(update={"status": "failed", "reason": reason})
+            trace.emit(ErrorEvent(error="ResultSchema", message=reason))
     if not ended_by_harness:
         # The harness did not get to trace its end (it raised, hung or never started).
         trace.emit(

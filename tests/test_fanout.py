@@ -235,3 +235,27 @@ def test_concurrency_limit_queues_members(tmp_path, images, run_id, docker_clien
     res = anyio.run(lambda: fan_out(units, deps, max_parallel=2, min_success=4, fail_fast=False))
     assert res.quorum_met
     assert 1 <= peak <= 2
+
+
+def test_result_that_misses_the_job_schema_is_that_members_failure(
+    tmp_path, images, run_id, docker_client
+):
+    run = _run_dir(tmp_path, run_id)
+    harness = ScriptedHarness(docker_client)
+    units = _units(run, {"strict": "ok", "lenient": "ok"})
+    units[0].result_schema = {
+        "type": "object",
+        "required": ["said", "answer"],
+        "properties": {"said": {"type": "string", "minLength": 40}},
+    }
+    res = anyio.run(
+        lambda: fan_out(
+            units, _deps(images, harness, run), max_parallel=2, min_success=1, fail_fast=False
+        )
+    )
+    assert res.outcomes["lenient"].status == "ok"
+    strict = res.outcomes["strict"]
+    assert strict.status == "failed" and harness.calls["strict"] == 1  # not retried
+    assert "result.answer is required" in strict.reason
+    assert "result.said should have at least 40 characters" in strict.reason
+    assert run.result("strict")["status"] == "failed"
