@@ -43,6 +43,7 @@ from sandbox.errors import SandboxError
 
 from .model_base import Model, ModelProfile, ModelRequest
 from .result import SUBMIT_TOOL, ResultGate
+from .result_schema import extend_model, job_field_names
 from .tools.base import Tool, ToolContext
 from .tools.registry import BOX_GONE, ToolRegistry, build_custom_tool
 from .trace import Messages, ModelCall, ToolCall, ToolResult, TraceWriter
@@ -136,7 +137,15 @@ class AgentLoop:
             context,
         )
         self.limits = spec.limits
-        self.gate = ResultGate(kind.submit_schema, cap_tokens=self.limits.result_tokens)
+        job_schema = spec.job_result_schema()
+        submit_model, self.result_model = kind.submit_schema, kind.result_model
+        if job_schema is not None:
+            # The job's fields extend the kind's (subagents.result_schema says why).
+            submit_model = extend_model(submit_model, job_schema)
+            self.result_model = extend_model(self.result_model, job_schema)
+        self.job_fields = job_field_names(kind.submit_schema, job_schema)
+        """Job-only fields: kept aside while the kind finishes the result."""
+        self.gate = ResultGate(submit_model, cap_tokens=self.limits.result_tokens)
         self.tool_ctx = ToolContext(
             sandbox=sandbox,
             run_dir=run_dir,
@@ -218,8 +227,10 @@ class AgentLoop:
             await self.kind.setup(self.tool_ctx)
         memory = await self.context.start()
         blocks = [{"type": "text", "text": self.spec.task}]
-        if self.spec.inputs:
-            inputs = json.dumps(self.spec.inputs, indent=1, ensure_ascii=False, default=str)
+        # The job's result schema reaches the model as submit_result's schema.
+        shown = {k: v for k, v in self.spec.inputs.items() if k != "result_schema"}
+        if shown:
+            inputs = json.dumps(shown, indent=1, ensure_ascii=False, default=str)
             blocks.append({"type": "text", "text": f"Inputs (JSON):\n{inputs}"})
         if memory:
             blocks.append({"type": "text", "text": memory})
@@ -385,12 +396,16 @@ class AgentLoop:
     async def _accept(self) -> MemberOutcome:
         """The accepted submission, finished by the kind (e.g. the coding patch)."""
         data = dict(self.gate.accepted or {})
+        # A kind finishes its own fields only; the job's fields skip its hook.
+        job_values = {k: data.pop(k) for k in self.job_fields if k in data}
         if self.kind.finalize is not None:
             data = await self.kind.finalize(data, self.tool_ctx)
+        for key, value in job_values.items():
+            data.setdefault(key, value)
         if not self.gate.truncated:
             # A cut result may break length constraints; an uncut one must fit exactly.
             try:
-                data = self.kind.result_model.model_validate(data).model_dump(mode="json")
+                data = self.result_model.model_validate(data).model_dump(mode="json")
             except ValidationError as exc:
                 raise RuntimeError(
                     f"kind {self.kind.name!r} built an invalid result: {exc}"

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandbox.base import Sandbox
 from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxUnavailable
@@ -45,6 +45,7 @@ from sandbox.spec import SandboxSpec
 from .context.config import ContextConfig
 from .kinds import Kind, get_kind
 from .model_base import Model, ModelError
+from .result_schema import ResultSchema, extend_model, parse_result_schema
 from .tools.registry import CustomToolSpec
 from .trace import ErrorEvent, MemberEnd, MemberStart, TraceWriter
 
@@ -102,6 +103,10 @@ class MemberSpec(_Strict):
     """``write_todos`` and recitation on or off; None: the context config, then the kind."""
     context: ContextConfig = Field(default_factory=ContextConfig)
     """Budget, offload, clip, compaction and memory thresholds."""
+    result_schema: dict[str, Any] | None = None
+    """Job-defined result fields (a JSON Schema object, see
+    :mod:`subagents.result_schema`), added to the kind's result; None: use
+    ``inputs["result_schema"]`` if the job put it there, else none."""
 
     @field_validator("kind")
     @classmethod
@@ -114,6 +119,22 @@ class MemberSpec(_Strict):
     def _sandbox_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
         SandboxSpec(**v)
         return v
+
+    @model_validator(mode="after")
+    def _result_schema_fits_the_kind(self) -> MemberSpec:
+        schema = self.job_result_schema()
+        if schema is not None:
+            kind = get_kind(self.kind)
+            extend_model(kind.submit_schema, schema)  # raises naming a clashing field
+            extend_model(kind.result_model, schema)
+        return self
+
+    def job_result_schema(self) -> ResultSchema | None:
+        """The job's result fields: ``result_schema``, else ``inputs["result_schema"]``."""
+        raw = self.result_schema
+        if raw is None:
+            raw = self.inputs.get("result_schema")
+        return None if raw is None else parse_result_schema(raw)
 
     def sandbox_spec(self) -> SandboxSpec:
         """The box this member runs in: its kind's box with the overrides applied."""

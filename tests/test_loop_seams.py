@@ -7,11 +7,13 @@ and checks what the server received and what the member returned.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from loop_support import anthropic_model, events, writer
+from pydantic import ValidationError
 
 from subagents.context.compaction import SUMMARY_SYSTEM
 from subagents.context.config import ContextConfig
@@ -132,3 +134,109 @@ async def test_incomplete_outcome_lists_the_members_todos(tmp_path: Path) -> Non
     outcome, _ = await run_probe(tmp_path, script, todos=True, limits=Limits(max_turns=2))
     assert outcome.status == "incomplete" and outcome.limit == "turns"
     assert outcome.progress is not None and outcome.progress.todos == todos
+
+
+JOB_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string"},
+        "votes": {"type": "integer", "description": "How many sources agree."},
+        "share": {"type": "number"},
+        "confident": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "verdict": {"type": "string", "enum": ["yes", "no"]},
+    },
+    "required": ["answer", "votes", "verdict"],
+}
+
+
+def _submit_tool(request: dict[str, Any]) -> dict[str, Any]:
+    return next(t for t in request["tools"] if t["name"] == "submit_result")
+
+
+def _last_results(request: dict[str, Any]) -> list[dict[str, Any]]:
+    return [b for b in request["messages"][-1]["content"] if b.get("type") == "tool_result"]
+
+
+async def test_job_result_schema_extends_submit_result_and_is_enforced(tmp_path: Path) -> None:
+    script = [
+        submit(answer="42", votes="many", tags=[], verdict="maybe"),
+        submit(answer="42", votes=3, share=0.75, tags=["a", "b"], verdict="yes"),
+    ]
+    outcome, api = await run_probe(tmp_path, script, result_schema=JOB_SCHEMA)
+    schema = _submit_tool(api.requests[0])["input_schema"]
+    assert set(schema["properties"]) == {
+        "answer", "sources", "votes", "share", "confident", "tags", "verdict"
+    }  # fmt: skip
+    assert set(schema["required"]) == {"answer", "votes", "verdict"}
+    assert schema["properties"]["verdict"]["enum"] == ["yes", "no"]
+    assert schema["properties"]["votes"]["type"] == "integer"
+    assert schema["properties"]["votes"]["description"] == "How many sources agree."
+    assert schema["properties"]["tags"]["anyOf"][0] == {
+        "items": {"type": "string"},
+        "minItems": 1,
+        "type": "array",
+    }
+    [error] = _last_results(api.requests[1])
+    assert error["is_error"] is True
+    message = "".join(c["text"] for c in error["content"])
+    assert all(name in message for name in ("votes", "tags", "verdict", "submit_result"))
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.result == {
+        "answer": "42",
+        "sources": [],
+        "votes": 3,
+        "share": 0.75,
+        "confident": None,
+        "tags": ["a", "b"],
+        "verdict": "yes",
+    }
+
+
+async def test_result_schema_handed_over_in_inputs_like_the_coordinator_does(
+    tmp_path: Path,
+) -> None:
+    inputs = {"city": "Oslo", "result_schema": JOB_SCHEMA}
+    outcome, api = await run_probe(
+        tmp_path, [submit(answer="x"), submit(answer="x", votes=1, verdict="no")], inputs=inputs
+    )
+    [missing] = _last_results(api.requests[1])
+    assert missing["is_error"] and "votes" in missing["content"][0]["text"]
+    assert outcome.status == "ok" and outcome.result["votes"] == 1
+    first = json.dumps(api.requests[0]["messages"][0])
+    assert "Oslo" in first and "How many sources agree" not in first  # schema is the tool's
+
+
+def test_unsupported_or_clashing_result_schema_is_refused_naming_the_field() -> None:
+    nested = {"type": "object", "properties": {"where": {"type": "object"}}}
+    with pytest.raises(ValidationError, match=r"properties\.where\.type"):
+        MemberSpec(id="m1", kind="probe", task="t", result_schema=nested)
+    clash = {"type": "object", "properties": {"answer": {"type": "integer"}}}
+    with pytest.raises(ValidationError, match="'answer' has type integer"):
+        MemberSpec(id="m1", kind="probe", task="t", inputs={"result_schema": clash})
+    with pytest.raises(ValidationError, match="requires"):
+        MemberSpec(
+            id="m1",
+            kind="probe",
+            task="t",
+            result_schema={
+                "type": "object",
+                "properties": {"a": {"type": "string"}},
+                "required": ["b"],
+            },
+        )
+
+
+async def test_result_schema_may_require_the_kinds_own_fields(tmp_path: Path) -> None:
+    # The shape a job writes when it wants more of the kind's result: a kind field
+    # made required, a job field with a minimum length.
+    schema = {
+        "type": "object",
+        "required": ["said", "answer"],
+        "properties": {"said": {"type": "string", "minLength": 10}},
+    }
+    script = [submit(answer="a", said="short"), submit(answer="a", said="long enough now")]
+    outcome, api = await run_probe(tmp_path, script, result_schema=schema)
+    [short] = _last_results(api.requests[1])
+    assert short["is_error"] and "said" in short["content"][0]["text"]
+    assert outcome.status == "ok" and outcome.result["said"] == "long enough now"

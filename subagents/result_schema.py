@@ -1,0 +1,173 @@
+"""Job-defined result fields: a small JSON Schema subset, turned into pydantic fields.
+
+A job may ask every member for fields of its own (``MemberSpec.result_schema``, or
+``inputs["result_schema"]`` as the coordinator hands it over), e.g. a vote or a
+number the analyst wants in a fixed place::
+
+    {"type": "object",
+     "properties": {"answer": {"type": "string", "description": "One line."},
+                    "votes": {"type": "integer"},
+                    "tags": {"type": "array", "items": {"type": "string"}}},
+     "required": ["answer"]}
+
+Supported: an object whose properties are ``string`` (with ``enum``, ``minLength``,
+``maxLength``), ``number``, ``integer``, ``boolean`` or ``array`` of strings (with
+``minItems``, ``maxItems``), each with an optional ``description``, and a
+``required`` list (job properties, or fields the kind has anyway). Anything else
+(nested objects, formats, ``$ref``) is refused when the spec is validated, naming
+the property, rather than half-checked.
+
+Decision - the job's fields are *added* to the kind's result, never a replacement:
+the kind's fields are what its own machinery relies on (a coding member's patch, a
+browser member's claims with checked quotes), and the coordinator states a job
+schema as one the result must satisfy "beyond the kind's model". So the
+``submit_result`` input schema is the kind's submit model extended with the job's
+properties (one pydantic model built with :func:`pydantic.create_model`, so the
+tool schema and the validation can never disagree). A job property with the name
+of a kind field is accepted only when its type is one the kind's field already has
+(the kind's definition, at least as strict, is kept); a different type is refused.
+Optional job properties default to null.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+JsonType = Literal["string", "number", "integer", "boolean", "array"]
+_PY_TYPES: dict[str, Any] = {
+    "string": str,
+    "number": float,
+    "integer": int,
+    "boolean": bool,
+    "array": list[str],
+}
+EXAMPLE = (
+    '{"type": "object", "properties": {"answer": {"type": "string"}, '
+    '"tags": {"type": "array", "items": {"type": "string"}}}, "required": ["answer"]}'
+)
+
+
+class _Items(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["string"]
+    """Arrays hold strings only."""
+
+
+class PropertySchema(BaseModel):
+    """One job-defined result field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: JsonType
+    """string, number, integer, boolean or array (of strings)."""
+    description: str = ""
+    """Shown to the model in the submit_result schema."""
+    items: _Items | None = None
+    """For arrays: ``{"type": "string"}``."""
+    enum: list[str] | None = Field(default=None, min_length=1)
+    """Strings: the allowed values."""
+    # The constraint names keep JSON Schema's spelling: jobs write them that way.
+    minLength: int | None = Field(default=None, ge=0)
+    """Strings: fewest characters."""
+    maxLength: int | None = Field(default=None, ge=0)
+    """Strings: most characters."""
+    minItems: int | None = Field(default=None, ge=0)
+    """Arrays: fewest items."""
+    maxItems: int | None = Field(default=None, ge=0)
+    """Arrays: most items."""
+    title: str | None = None
+    """Accepted and ignored (JSON Schema habit)."""
+
+
+class ResultSchema(BaseModel):
+    """The supported subset of JSON Schema for a job's result fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["object"]
+    """Always ``object``."""
+    properties: dict[str, PropertySchema] = Field(default_factory=dict)
+    """Field name -> its schema."""
+    required: list[str] = Field(default_factory=list)
+    """Names that must be present: job properties or fields of the kind's result."""
+    additionalProperties: bool | None = None
+    """Accepted and ignored: submissions never take unknown fields."""
+    title: str | None = None
+    description: str | None = None
+
+
+def parse_result_schema(raw: Any) -> ResultSchema:
+    """``raw`` as a :class:`ResultSchema`; ValueError naming what is unsupported."""
+    try:
+        schema = ResultSchema.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'schema'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValueError(
+            f"unsupported result_schema ({problems}). Supported: an object whose properties "
+            f"are string, number, integer, boolean or array of strings, plus a required "
+            f"list, e.g. {EXAMPLE}"
+        ) from None
+    for name, prop in schema.properties.items():
+        if not name.isidentifier() or name.startswith("_"):
+            raise ValueError(f"result_schema property {name!r} must be a plain identifier")
+        if prop.type == "array" and prop.items is None:
+            raise ValueError(
+                f'result_schema property {name!r}: arrays need items = {{"type": "string"}}'
+            )
+        string_only = prop.enum or prop.minLength is not None or prop.maxLength is not None
+        array_only = prop.minItems is not None or prop.maxItems is not None
+        if (string_only and prop.type != "string") or (array_only and prop.type != "array"):
+            raise ValueError(f"result_schema property {name!r}: a constraint of another type")
+    return schema
+
+
+def extend_model(base: type[BaseModel], schema: ResultSchema) -> type[BaseModel]:
+    """``base`` plus the job's properties (see the module docstring for collisions)."""
+    kind_props = base.model_json_schema().get("properties", {})
+    unknown = [n for n in schema.required if n not in schema.properties and n not in kind_props]
+    if unknown:
+        raise ValueError(
+            f"result_schema requires {unknown}: neither job properties nor fields of the "
+            f"{base.__name__} result ({', '.join(kind_props)})"
+        )
+    fields: dict[str, Any] = {}
+    for name, prop in schema.properties.items():
+        if name in base.model_fields:
+            have = _json_types(kind_props.get(name, {}))
+            if prop.type not in have and not (prop.type == "number" and "integer" in have):
+                raise ValueError(
+                    f"result_schema property {name!r} has type {prop.type}, but the "
+                    f"{base.__name__} result already has {name!r} as {'/'.join(sorted(have))}; "
+                    "rename the job's field"
+                )
+            continue
+        py: Any = Literal[tuple(prop.enum)] if prop.enum else _PY_TYPES[prop.type]
+        limits = {
+            "description": prop.description or None,
+            "min_length": prop.minLength if prop.type == "string" else prop.minItems,
+            "max_length": prop.maxLength if prop.type == "string" else prop.maxItems,
+        }
+        if name in schema.required:
+            fields[name] = (py, Field(**limits))
+        else:
+            fields[name] = (py | None, Field(default=None, **limits))
+    return create_model(f"{base.__name__}WithJobFields", __base__=base, **fields)
+
+
+def job_field_names(base: type[BaseModel], schema: ResultSchema | None) -> list[str]:
+    """The job's properties that ``base`` does not already have."""
+    if schema is None:
+        return []
+    return [n for n in schema.properties if n not in base.model_fields]
+
+
+def _json_types(prop: dict[str, Any]) -> set[str]:
+    types = {prop["type"]} if isinstance(prop.get("type"), str) else set()
+    for option in prop.get("anyOf", []):
+        types |= _json_types(option)
+    return types
