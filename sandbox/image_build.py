@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -232,10 +233,11 @@ def build_dockerfile_image(
         ctx = Path(tmp)
         _assemble_context(defn, ctx, extra_ca)
         tag = ref.split(":", 1)[1]
+        buildargs = {**_proxy_args(), **({"BASE": parent} if parent else {})}
         stream = client.api.build(
             path=str(ctx),
             tag=ref,
-            buildargs={"BASE": parent} if parent else None,
+            buildargs=buildargs or None,
             labels={LABEL_IMAGE: defn.name, LABEL_INPUTS: tag},
             rm=True,
             forcerm=True,
@@ -243,6 +245,14 @@ def build_dockerfile_image(
             decode=True,
         )
         _follow_build(defn.name, ref, stream, say)
+
+
+def _proxy_args() -> dict[str, str]:
+    # Docker's predefined proxy build args: used by apt in RUN steps, kept out of the
+    # image and its history, and not part of the tag (where packages come through
+    # does not change what the image is).
+    names = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "FTP_PROXY")
+    return {n: os.environ[n] for name in names for n in (name, name.lower()) if os.environ.get(n)}
 
 
 def _assemble_context(defn: ImageDef, ctx: Path, extra_ca: bytes) -> None:
