@@ -267,7 +267,7 @@ async def run_unit(unit: MemberUnit, deps: Deps) -> MemberOutcome:
     """All attempts of one member, with retries and backoff; writes its result.json."""
     mdir = anyio.Path(unit.member_dir)
     await mdir.mkdir(parents=True, exist_ok=True)
-    trace = TraceWriter(mdir / "trace.jsonl", run=unit.run_id, member=unit.spec.id)
+    trace = TraceWriter(Path(mdir) / "trace.jsonl", run=unit.run_id, member=unit.spec.id)
     trace.listeners.extend(deps.listeners)
     attempt = 0
     try:

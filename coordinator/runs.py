@@ -20,6 +20,7 @@ member "has a result" exactly when that file exists, which is what resume checks
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -149,7 +150,7 @@ class RunDir:
         )
 
     @staticmethod
-    def list(root: Path) -> list[RunDir]:
+    def list(root: Path) -> builtins.list[RunDir]:
         if not root.is_dir():
             return []
         runs = [RunDir(d) for d in root.iterdir() if (d / "journal.jsonl").exists()]
@@ -168,11 +169,11 @@ class RunDir:
     def job(self) -> Job:
         return Job.model_validate_json((self.path / "job.json").read_text(encoding="utf-8"))
 
-    def save_members(self, members: list[MemberJob]) -> None:
+    def save_members(self, members: builtins.list[MemberJob]) -> None:
         data = json.dumps([m.model_dump(mode="json") for m in members], indent=2)
         _fsync_write(self.path / "members.json", data)
 
-    def planned_members(self) -> list[MemberJob] | None:
+    def planned_members(self) -> builtins.list[MemberJob] | None:
         p = self.path / "members.json"
         if not p.exists():
             return None
@@ -222,7 +223,7 @@ class RunDir:
     def state(self) -> RunState:
         st = RunState()
         for e in self.journal.read():
-            ev, m = e.get("event"), e.get("member")
+            ev, m = e.get("event"), str(e.get("member", ""))
             if ev == "run_started":
                 st.status, st.started = "running", st.started or e["ts"]
             elif ev in ("run_finished", "run_interrupted"):
@@ -243,8 +244,8 @@ class RunDir:
         return st
 
     def pending_members(
-        self, members: list[MemberJob], *, retry_failed: bool = False
-    ) -> list[MemberJob]:
+        self, members: builtins.list[MemberJob], *, retry_failed: bool = False
+    ) -> builtins.list[MemberJob]:
         """Members to run on resume: those the journal shows without a final outcome
         (never finished, or cancelled), plus the failed ones when asked."""
         last = self.state().members

@@ -190,6 +190,9 @@ class Research(_Strict):
     """Limits of each research member."""
 
 
+_RETRY_DEFAULT: tuple[RetryOn, ...] = ("crashed", "overloaded")
+
+
 class RetryPolicy(_Strict):
     """Which failures are tried again, and how often. The task failing never is."""
 
@@ -199,7 +202,7 @@ class RetryPolicy(_Strict):
     """Wait before the second try; doubles each further try."""
     backoff_max_s: float = Field(default=30.0, ge=0, le=3600)
     """Longest wait between tries."""
-    on: list[RetryOn] = Field(default_factory=lambda: ["crashed", "overloaded"])
+    on: list[RetryOn] = Field(default_factory=lambda: list(_RETRY_DEFAULT))
     """Failures that retry: ``crashed`` (box died), ``overloaded`` (model), ``timed_out``."""
 
 
@@ -407,7 +410,7 @@ def _example(loc: tuple[str | int, ...], error_type: str) -> str:
     return _EXAMPLES.get(last, "")
 
 
-def _words(err: dict[str, Any]) -> str:
+def _words(err: Any) -> str:
     kind, msg, value = err["type"], err["msg"], err.get("input")
     if kind == "extra_forbidden":
         return "is not a known field (check the spelling; unknown keys are refused)"

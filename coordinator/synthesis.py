@@ -351,11 +351,11 @@ def render_markdown(report: Report) -> str:
             out += [f"**{a['member']}** - {a['task']}", "", f"{a['summary']}{conf}", ""]
     if report.code:
         out += ["## Code changes", ""]
-        for c in report.code:
-            files = ", ".join(c.get("files_changed") or []) or "none"
+        for entry in report.code:
+            files = ", ".join(entry.get("files_changed") or []) or "none"
             out.append(
-                f"- **{c['member']}**: {c.get('summary', '')} (files: {files}; "
-                f"patch: `{c['patch']}`)"
+                f"- **{entry['member']}**: {entry.get('summary', '')} (files: {files}; "
+                f"patch: `{entry['patch']}`)"
             )
         out.append("")
     if report.open_questions:
