@@ -11,7 +11,7 @@ Dockerfile images are built with the Docker SDK's classic builder (the engine he
 has no BuildKit) from a temporary context: the image directory, the declared helper
 files under ``fleet/`` and, for the base, the extra CA certificates under
 ``fleet-ca/``. Output stays quiet except one progress line per build step; a failed
-build raises :class:`SandboxUnavailable` with the last lines of its log.
+build raises :class:`ImageBuildFailed` with the last lines of its log.
 
 Images whose parents are ready build concurrently (the coding and browser images
 spend most of their time waiting on the mirror), in threads, at most three at once.
@@ -38,6 +38,7 @@ from .errors import SandboxUnavailable
 from .images import (
     LABEL_IMAGE,
     LABEL_INPUTS,
+    ImageBuildFailed,
     ImageDef,
     Say,
     cache_dir,
@@ -135,7 +136,7 @@ def build_rootfs_image(defn: ImageDef, ref: str, *, client: docker.DockerClient,
     try:
         client.api.import_image(src=str(tarball), repository=repo, tag=tag, changes=changes)
     except docker.errors.APIError as exc:
-        raise SandboxUnavailable(f"docker import of {tarball} failed: {exc.explanation}") from None
+        raise ImageBuildFailed(f"docker import of {tarball} failed: {exc.explanation}") from None
 
 
 def _debootstrap_tarball(defn: ImageDef, tarball: Path, say: Say) -> None:
@@ -210,7 +211,7 @@ def _run(cmd: list[str], what: str) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-LOG_TAIL_LINES:])
-        raise SandboxUnavailable(
+        raise ImageBuildFailed(
             f"{what} failed (exit {proc.returncode}); check that Debian's mirror answers "
             f"over HTTP and try again. Last output:\n{tail}"
         )
@@ -279,7 +280,7 @@ def _follow_build(name: str, ref: str, stream, say: Say) -> None:
         for chunk in stream:
             if "error" in chunk:
                 tail.append(str(chunk["error"]).strip())
-                raise SandboxUnavailable(_build_failed(ref, tail))
+                raise ImageBuildFailed(_build_failed(ref, tail))
             text = str(chunk.get("stream", ""))
             for line in text.splitlines():
                 line = line.rstrip()
@@ -290,7 +291,7 @@ def _follow_build(name: str, ref: str, stream, say: Say) -> None:
                     say(f"  {name}: {line[:110]}")
     except docker.errors.APIError as exc:
         tail.append(str(exc.explanation))
-        raise SandboxUnavailable(_build_failed(ref, tail)) from None
+        raise ImageBuildFailed(_build_failed(ref, tail)) from None
 
 
 def _build_failed(ref: str, tail: deque[str]) -> str:

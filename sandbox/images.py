@@ -54,6 +54,12 @@ LABEL_INPUTS = "fleet.inputs"
 Say = Callable[[str], None]
 
 
+class ImageBuildFailed(SandboxUnavailable):
+    """A build ran and failed (a Dockerfile step, debootstrap, the import); the message
+    ends with the last lines of its output. Unlike plain :class:`SandboxUnavailable`
+    (no engine, no root) this is never an environment to skip over in tests."""
+
+
 class ImageDef(BaseModel):
     """One Fleet image, declared as data."""
 

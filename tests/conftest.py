@@ -9,7 +9,8 @@ Stable interface, used by every test module:
     ``dict[str, str]``: image name (``"base"``, ``"coding"``, ``"browser"``, ...) to
     its current reference (``"fleet-coding:1a2b3c4d5e6f"``). Builds whatever is missing
     or out of date through ``sandbox.images.ensure_images`` (a no-op, well under a
-    second, when everything is up to date).
+    second, when everything is up to date). A build that fails fails the test; a
+    build that cannot run here (no root for debootstrap) skips it, or fails under CI.
 ``run_id`` (function)
     A unique run id (``"test-<12 hex>"``), marked live for its duration (so a
     concurrent ``fleet sandbox gc`` leaves its boxes alone). Label every container and
@@ -66,11 +67,13 @@ def docker_client() -> Iterator[docker.DockerClient]:
 def images(docker_client: docker.DockerClient) -> dict[str, str]:
     """Every Fleet image, built when missing or out of date: name -> reference."""
     from sandbox.errors import SandboxUnavailable
-    from sandbox.images import ensure_images
+    from sandbox.images import ImageBuildFailed, ensure_images
 
     try:
         return ensure_images(None, client=docker_client)
-    except SandboxUnavailable as exc:
+    except ImageBuildFailed as exc:
+        pytest.fail(f"building Fleet's images failed: {exc}", pytrace=False)
+    except SandboxUnavailable as exc:  # e.g. the base image needs root to debootstrap
         missing_dependency(str(exc))
 
 

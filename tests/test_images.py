@@ -180,6 +180,18 @@ def test_changed_input_builds_a_new_tag(
     assert lines == []
 
 
+def test_failing_build_reports_its_last_output(
+    images, docker_client, tmp_path, monkeypatch, probe_name
+) -> None:
+    ctx = _context(tmp_path, "ARG BASE\nFROM ${BASE}\nRUN echo boom-from-step && false\n")
+    monkeypatch.setattr(images_mod, "IMAGES", _probe_defs(ctx, name=probe_name))
+    with pytest.raises(images_mod.ImageBuildFailed) as info:
+        ensure_images([probe_name], client=docker_client)
+    text = str(info.value)
+    assert "boom-from-step" in text and "fleet images build" in text
+    assert not images_mod.image_exists(docker_client, current_refs()[probe_name])
+
+
 def test_prune_removes_superseded_tags_but_not_ones_in_use(
     images, docker_client, tmp_path, monkeypatch, probe_name, run_id
 ) -> None:
