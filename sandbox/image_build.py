@@ -261,7 +261,9 @@ def _assemble_context(defn: ImageDef, ctx: Path, extra_ca: bytes) -> None:
     for rel, src in context_files(defn):
         dest = ctx / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dest)
+        shutil.copyfile(src, dest)
+        # Modes as the hash sees them (only the executable bit), readable by the box user.
+        dest.chmod(0o755 if src.stat().st_mode & 0o111 else 0o644)
     if defn.extra_ca:
         ca_dir = ctx / "fleet-ca"
         ca_dir.mkdir()
