@@ -1,0 +1,104 @@
+"""Planning and synthesis with a real model client (the fake Messages API) and offline.
+
+The analyst may cite only what members returned: citations are resolved by code
+from the members' results, a made-up one is dropped and its claim marked uncited,
+and failed members are listed by the code whatever the model says.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from coordinator.planner import offline_plan, plan
+from coordinator.synthesis import digest, render_markdown, synthesize
+from subagents.fake_api import FakeMessagesAPI, tool_use
+from subagents.member import MemberOutcome
+from subagents.model import AnthropicModel
+
+FINDINGS = {
+    "summary": "Tasks are cancelled with Task.cancel().",
+    "claims": [
+        {
+            "text": "cancel() requests cancellation",
+            "source_url": "http://corpus:8080/a.html",
+            "quote": "Request the Task to be cancelled.",
+        },
+        {
+            "text": "shield() protects an awaitable",
+            "source_url": "http://corpus:8080/b.html",
+            "quote": "Protect an awaitable object from being cancelled." + " pad" * 3000,
+        },
+    ],
+    "open_questions": ["What about TaskGroup?"],
+    "confidence": 0.8,
+}
+OUTCOMES = [
+    MemberOutcome(member="r1", kind="browser", status="ok", result=FINDINGS),
+    MemberOutcome(member="r2", kind="browser", status="crashed", reason="sandbox crashed: killed"),
+]
+TASKS = {"r1": "How are tasks cancelled?", "r2": "How does shield work?"}
+
+
+def test_offline_plan_is_deterministic_and_splits_clauses():
+    q = "How do asyncio tasks get cancelled, and how does shield work?"
+    first = offline_plan(q, 4)
+    assert first == offline_plan(q, 4) and len(set(first)) == 4
+    assert first[:2] == ["How do asyncio tasks get cancelled?", "How does shield work?"]
+
+
+def test_model_plan_goes_through_the_real_client():
+    subs = ["What does Task.cancel do?", "What does asyncio.shield do?"]
+    with FakeMessagesAPI([tool_use("submit_plan", {"sub_questions": subs})]) as api:
+
+        async def go():
+            async with AnthropicModel("claude-sonnet-5", api_key="k", base_url=api.url) as m:
+                return await plan("How does cancellation work?", 3, model=m)
+
+        got, planner = anyio.run(go)
+    assert planner == "claude-sonnet-5"
+    assert got[:2] == subs and len(got) == 3  # a short plan is topped up, not failed
+    assert api.requests[0]["tool_choice"] == {"type": "tool", "name": "submit_plan"}
+
+
+def test_analyst_sees_only_capped_results_and_citations_are_resolved_by_code():
+    answer = {
+        "summary": "Cancel with cancel(); protect with shield().",
+        "claims": [
+            {
+                "text": "Task.cancel() requests cancellation",
+                "cites": [{"member": "r1", "claim": 0}],
+            },
+            {"text": "A fact nobody found", "cites": [{"member": "r9", "claim": 4}]},
+        ],
+    }
+    with FakeMessagesAPI([tool_use("submit_report", answer)]) as api:
+
+        async def go():
+            async with AnthropicModel("claude-sonnet-5", api_key="k", base_url=api.url) as m:
+                return await synthesize("t", "q", OUTCOMES, TASKS, model=m, cap=1500)
+
+        report = anyio.run(go)
+    prompt = api.requests[0]["messages"][0]["content"][0]["text"]
+    assert "Request the Task to be cancelled." in prompt
+    assert "pad pad pad" in prompt and prompt.count("pad") < 600  # capped, not dropped
+    assert "r2" not in prompt  # a failed member contributes nothing to the analyst
+    good, bogus = report.claims
+    assert good.citations[0].url == "http://corpus:8080/a.html" and not good.uncited
+    assert bogus.citations == [] and bogus.uncited
+    assert [(f.member, f.reason) for f in report.failed] == [("r2", "sandbox crashed: killed")]
+    md = render_markdown(report)
+    assert "_(uncited)_" in md and "r2 (crashed: sandbox crashed: killed)" in md
+
+
+def test_offline_analyst_is_labelled_and_cites_member_urls():
+    report = anyio.run(lambda: synthesize("t", "q", OUTCOMES, TASKS, model=None, cap=8000))
+    assert report.offline and report.analyst == "offline"
+    assert [c.citations[0].url for c in report.claims] == [
+        "http://corpus:8080/a.html",
+        "http://corpus:8080/b.html",
+    ]
+    assert report.open_questions == ["What about TaskGroup?"]
+    md = render_markdown(report)
+    assert "offline analyst (deterministic, no model)" in md
+    assert "[1] http://corpus:8080/a.html" in md
+    assert digest(OUTCOMES, TASKS, 8000)[1]["result"] is None
