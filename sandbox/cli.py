@@ -50,7 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ca.add_argument(
         "--no-extra-ca", action="store_true", help="forget a remembered extra CA bundle"
     )
-    build.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    build.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild the named images (default: all) from scratch, picking up Debian's updates",
+    )
     build.set_defaults(func=cmd_images_build)
     ls = sub.add_parser("ls", help="list images: reference, size, up to date or not")
     ls.set_defaults(func=cmd_images_ls)

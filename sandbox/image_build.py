@@ -56,21 +56,23 @@ def build_images(
     order: list[ImageDef],
     *,
     client: docker.DockerClient,
-    force: bool,
+    forced: frozenset[str] = frozenset(),
     extra_ca: bytes,
     say: Say,
 ) -> dict[str, str]:
-    """Build the missing (or, with ``force``, all) images of ``order``; name -> ref."""
+    """Build the missing images of ``order``, and those in ``forced`` afresh; name -> ref."""
     refs = current_refs([d.name for d in order], extra_ca=extra_ca)
-    todo = [d for d in order if force or not image_exists(client, refs[d.name])]
+    todo = [d for d in order if d.name in forced or not image_exists(client, refs[d.name])]
     if not todo:
         return refs
     cache_dir().mkdir(parents=True, exist_ok=True)
     with open(cache_dir() / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same images
-        if not force:
-            todo = [d for d in todo if not image_exists(client, refs[d.name])]
-        _build_in_dependency_order(todo, refs, client=client, extra_ca=extra_ca, say=say)
+        # Another process may have built some while we waited for the lock.
+        todo = [d for d in todo if d.name in forced or not image_exists(client, refs[d.name])]
+        _build_in_dependency_order(
+            todo, refs, client=client, extra_ca=extra_ca, forced=forced, say=say
+        )
     return refs
 
 
@@ -80,6 +82,7 @@ def _build_in_dependency_order(
     *,
     client: docker.DockerClient,
     extra_ca: bytes,
+    forced: frozenset[str],
     say: Say,
 ) -> None:
     pending = {d.name: d for d in todo}
@@ -90,7 +93,8 @@ def _build_in_dependency_order(
             for name, defn in list(pending.items()):
                 if defn.parent not in busy:
                     del pending[name]
-                    fut = pool.submit(_build_one, defn, refs, client, extra_ca, say)
+                    fresh = name in forced
+                    fut = pool.submit(_build_one, defn, refs, client, extra_ca, fresh, say)
                     running[fut] = name
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
@@ -99,28 +103,39 @@ def _build_in_dependency_order(
 
 
 def _build_one(
-    defn: ImageDef, refs: dict[str, str], client: docker.DockerClient, extra_ca: bytes, say: Say
+    defn: ImageDef,
+    refs: dict[str, str],
+    client: docker.DockerClient,
+    extra_ca: bytes,
+    fresh: bool,
+    say: Say,
 ) -> None:
+    """Build one image; ``fresh`` bypasses the rootfs tarball and docker's layer cache."""
     ref = refs[defn.name]
     started = time.monotonic()
     say(f"building {ref}")
     if defn.builder == "debootstrap":
-        build_rootfs_image(defn, ref, client=client, say=say)
+        build_rootfs_image(defn, ref, client=client, fresh=fresh, say=say)
     else:
         parent = refs[defn.parent] if defn.parent else None
-        build_dockerfile_image(defn, ref, parent, client=client, extra_ca=extra_ca, say=say)
+        build_dockerfile_image(
+            defn, ref, parent, client=client, extra_ca=extra_ca, fresh=fresh, say=say
+        )
     say(f"built {ref} in {time.monotonic() - started:.0f} s")
 
 
 # ---------------------------------------------------------------- rootfs
 
 
-def build_rootfs_image(defn: ImageDef, ref: str, *, client: docker.DockerClient, say: Say) -> None:
-    """Import the cached rootfs tarball for ``ref``, debootstrapping it first if needed."""
+def build_rootfs_image(
+    defn: ImageDef, ref: str, *, client: docker.DockerClient, fresh: bool = False, say: Say
+) -> None:
+    """Import the cached rootfs tarball for ``ref``, debootstrapping it first if needed
+    (or always, when ``fresh``: that is how ``--force`` picks up Debian's updates)."""
     tag = ref.split(":", 1)[1]
     store = cache_dir() / "rootfs"
     tarball = store / f"{tag}.tar"
-    if not tarball.is_file():
+    if fresh or not tarball.is_file():
         store.mkdir(parents=True, exist_ok=True)
         _debootstrap_tarball(defn, tarball, say)
         for old in store.glob("*.tar"):
@@ -227,9 +242,10 @@ def build_dockerfile_image(
     *,
     client: docker.DockerClient,
     extra_ca: bytes,
+    fresh: bool = False,
     say: Say,
 ) -> None:
-    """Build ``ref`` from ``defn``'s directory with ``BASE=parent``."""
+    """Build ``ref`` from ``defn``'s directory with ``BASE=parent`` (no layer cache if ``fresh``)."""
     with tempfile.TemporaryDirectory(prefix=f"fleet-ctx-{defn.name}-") as tmp:
         ctx = Path(tmp)
         _assemble_context(defn, ctx, extra_ca)
@@ -243,6 +259,7 @@ def build_dockerfile_image(
             rm=True,
             forcerm=True,
             pull=False,
+            nocache=fresh,
             decode=True,
         )
         _follow_build(defn.name, ref, stream, say)

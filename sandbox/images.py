@@ -315,7 +315,9 @@ def ensure_images(
 ) -> dict[str, str]:
     """Build whatever of ``names`` (default: all) and their parents is missing or stale.
 
-    Returns name -> reference for the requested images and their parents. Blocking;
+    ``force`` rebuilds the named images (not their parents) from scratch: a fresh
+    debootstrap for the root, no layer cache for the others - how Debian's updates get
+    in, since a tag depends on the inputs, not the date. Returns name -> reference for the requested images and their parents. Blocking;
     a no-op (hashing plus one inspect per image) when everything is up to date.
     Concurrent callers on one machine serialize on a lock file, so two test sessions
     never build the same image twice.
@@ -327,11 +329,13 @@ def ensure_images(
         from .engine import connect
 
         client = connect()
+    order = build_order(names)
+    forced = frozenset(d.name for d in order) if names is None else frozenset(names)
     try:
         return build_images(
-            build_order(names),
+            order,
             client=client,
-            force=force,
+            forced=forced if force else frozenset(),
             extra_ca=saved_extra_ca() if extra_ca is None else extra_ca,
             say=say or (lambda _line: None),
         )

@@ -180,6 +180,20 @@ def test_changed_input_builds_a_new_tag(
     assert lines == []
 
 
+def test_force_rebuilds_only_the_named_image_afresh(
+    images, docker_client, tmp_path, monkeypatch, probe_name
+) -> None:
+    ctx = _context(tmp_path, "ARG BASE\nFROM ${BASE}\nRUN cat /proc/sys/kernel/random/uuid > /id\n")
+    monkeypatch.setattr(images_mod, "IMAGES", _probe_defs(ctx, name=probe_name))
+    ref = ensure_images([probe_name], client=docker_client)[probe_name]
+    before = docker_client.images.get(ref).id
+    lines: list[str] = []
+    again = ensure_images([probe_name], client=docker_client, force=True, say=lines.append)
+    assert again[probe_name] == ref, "same inputs, same tag"
+    assert docker_client.images.get(ref).id != before, "--force must not reuse the layer cache"
+    assert [line for line in lines if line.startswith("building")] == [f"building {ref}"]
+
+
 def test_failing_build_reports_its_last_output(
     images, docker_client, tmp_path, monkeypatch, probe_name
 ) -> None:
