@@ -6,7 +6,8 @@ the step. So many members can share one fake server, concurrently, in any order.
 
 Task markers: ``[hang]`` the model never answers in time; ``[bad-request]`` the API
 rejects the call for good (400); ``[edit:PATH:OLD:NEW]`` edit a file then submit;
-anything else: ``turns`` shell steps, then submit_result.
+``[slow]`` every answer takes at least a second; anything else: ``turns`` shell
+steps, then submit_result.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def coding_policy(*, turns: int = 3, latency_s: float = 0.0) -> Any:
     def policy(body: dict[str, Any]) -> Any:
         task = _first_user_text(body)
         step = _step(body)
+        delay = max(latency_s, 1.0) if "[slow]" in task else latency_s
         if "[hang]" in task:
             return tool_use("shell", {"command": "true"}, latency_s=3600)
         if "[bad-request]" in task:
@@ -47,16 +49,16 @@ def coding_policy(*, turns: int = 3, latency_s: float = 0.0) -> Any:
             return tool_use(
                 "edit_file",
                 {"path": path, "old_string": old, "new_string": new},
-                latency_s=latency_s,
+                latency_s=delay,
             )
         if not edit and step < turns:
             return tool_use(
-                "shell", {"command": f"echo step {step} && hostname"}, latency_s=latency_s
+                "shell", {"command": f"echo step {step} && hostname"}, latency_s=delay
             )
         return tool_use(
             "submit_result",
             {"summary": f"finished after {step} steps", "tests_run": [], "notes": []},
-            latency_s=latency_s,
+            latency_s=delay,
         )
 
     return policy

@@ -81,7 +81,7 @@ def _kill_box_when_up(docker_client: Any, trace: Path, stop: threading.Event) ->
             else []
         )
         if names:
-            time.sleep(1.0)
+            time.sleep(0.5)
             docker_client.containers.get(names[0]).kill()
             return
         time.sleep(0.1)
@@ -107,7 +107,7 @@ def test_five_members_three_failures_two_results_and_a_report(
         + _member("good-2", "Print the date.")
         + _member("rejected", "[bad-request] anything")
         + _member("stuck", "[hang] anything", limits="{ deadline_s = 8 }")
-        + _member("victim", "Count the lines.")
+        + _member("victim", "[slow] Count the lines.")
     )
     job = _job(
         tmp_path, members, fanout="max_parallel = 5\nmin_success = 2\nretry = { attempts = 1 }"
