@@ -113,6 +113,7 @@ def _build_one(
     """Build one image; ``fresh`` bypasses the rootfs tarball and docker's layer cache."""
     ref = refs[defn.name]
     started = time.monotonic()
+    replaced = _image_id(client, ref) if fresh else None
     say(f"building {ref}")
     if defn.builder == "debootstrap":
         build_rootfs_image(defn, ref, client=client, fresh=fresh, say=say)
@@ -122,6 +123,19 @@ def _build_one(
             defn, ref, parent, client=client, extra_ca=extra_ca, fresh=fresh, say=say
         )
     say(f"built {ref} in {time.monotonic() - started:.0f} s")
+    if replaced and replaced != _image_id(client, ref):
+        # The forced rebuild took the tag; drop the old image unless a box still uses it.
+        try:
+            client.images.remove(replaced)
+        except docker.errors.APIError:
+            pass
+
+
+def _image_id(client: docker.DockerClient, ref: str) -> str | None:
+    try:
+        return str(client.images.get(ref).id)
+    except docker.errors.ImageNotFound:
+        return None
 
 
 # ---------------------------------------------------------------- rootfs

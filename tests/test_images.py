@@ -59,9 +59,12 @@ def probe_name(docker_client: docker.DockerClient) -> Iterator[str]:
     """A throwaway image name; every tag of its repository is removed afterwards."""
     name = f"testprobe-{uuid.uuid4().hex[:8]}"
     yield name
-    for image in docker_client.images.list(name=f"fleet-{name}"):
-        for tag in image.tags:
-            docker_client.images.remove(tag, force=True)
+    # By label, so untagged leftovers (an image a forced rebuild replaced) go too.
+    for image in docker_client.images.list(filters={"label": f"{images_mod.LABEL_IMAGE}={name}"}):
+        try:
+            docker_client.images.remove(image.id, force=True)
+        except docker.errors.NotFound:
+            pass
 
 
 # ---------------------------------------------------------------- tags
@@ -192,6 +195,8 @@ def test_force_rebuilds_only_the_named_image_afresh(
     assert again[probe_name] == ref, "same inputs, same tag"
     assert docker_client.images.get(ref).id != before, "--force must not reuse the layer cache"
     assert [line for line in lines if line.startswith("building")] == [f"building {ref}"]
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(before)  # the replaced image is not left dangling
 
 
 def test_failing_build_reports_its_last_output(
