@@ -19,7 +19,8 @@ is an ``is_error`` result the model can act on, never the end of the run and nev
 the member's answer. A model that ends its turn without ``submit_result`` is
 reminded once, then the member ends ``incomplete``. Limits (turns, total tokens,
 wall-clock deadline) end the member ``incomplete`` with what it did, not with an
-exception. ``SandboxCrashed`` and ``ModelError`` propagate to :func:`run_member`,
+exception, after one closing call forcing ``submit_result`` whose answer becomes the
+outcome's ``partial_result`` (room for it is reserved: :mod:`subagents.closing`). ``SandboxCrashed`` and ``ModelError`` propagate to :func:`run_member`,
 which turns them into ``crashed`` / ``failed`` outcomes using :meth:`AgentLoop.outcome`.
 
 Span ids: member ``<id>``, turn ``<id>/t<n>``, model call ``<id>/t<n>/model``, tool
@@ -41,6 +42,8 @@ from pydantic import ValidationError
 from sandbox.base import Sandbox
 from sandbox.errors import SandboxError
 
+from . import closing
+from .closing import TRACE_OUTPUT_CHARS, Closer
 from .model_base import Model, ModelProfile, ModelRequest
 from .result import SUBMIT_TOOL, ResultGate
 from .result_schema import extend_model, job_field_names
@@ -66,8 +69,6 @@ NUDGE = (
     "submit_result: call it now with your result (if something is unfinished, say so "
     "in the result)."
 )
-TRACE_OUTPUT_CHARS = 2_000
-"""ToolResult events keep a preview; the full text is in the Messages event."""
 
 
 class ContextLike(Protocol):
@@ -176,6 +177,7 @@ class AgentLoop:
         self.last_text = ""
         self.nudged = False
         self.offline = False
+        self.closer = Closer(self)
 
     @property
     def turn_span(self) -> str:
@@ -183,28 +185,46 @@ class AgentLoop:
 
     async def run(self) -> MemberOutcome:
         """Turns until a result or a limit; raises only SandboxCrashed, ModelError, cancel."""
+        from .member import MemberOutcome
+
+        deadline = self.limits.deadline_s
+        deadline_at = anyio.current_time() + deadline
         try:
-            with anyio.move_on_after(self.limits.deadline_s):
-                return await self._run()
-            return self.outcome(
-                "incomplete",
-                f"wall-clock deadline of {self.limits.deadline_s:g} s reached after "
-                f"{self.turn} turns and {self.tool_calls} tool calls",
-                limit="deadline",
-            )
+            ended: MemberOutcome | tuple[LimitName, str] | None = None
+            # Part of the deadline is kept back for the closing call (subagents.closing).
+            with anyio.move_on_after(deadline - closing.deadline_reserve(deadline)):
+                ended = await self._run()
+            limit: LimitName
+            if isinstance(ended, MemberOutcome):
+                return ended
+            if ended is None:
+                limit, reason = (
+                    "deadline",
+                    (
+                        f"wall-clock deadline of {deadline:g} s reached after {self.turn} turns "
+                        f"and {self.tool_calls} tool calls"
+                    ),
+                )
+            else:
+                limit, reason = ended
+            partial = await self.closer.run(limit, deadline_at)
+            if partial is None:
+                reason += f"; no partial result ({self.closer.why_none})"
+            return self.outcome("incomplete", reason, limit=limit, partial=partial)
         finally:
             if self.kind.teardown is not None:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(10):
                     await self.kind.teardown(self.tool_ctx)
 
-    async def _run(self) -> MemberOutcome:
+    async def _run(self) -> MemberOutcome | tuple[LimitName, str]:
+        """The turns; a limit is returned as (limit, reason) for the closing call."""
         await self._start()
         while True:
             limit = self._limit_reached()
             if limit is not None:
-                return self.outcome("incomplete", limit[1], limit=limit[0])
+                return limit
             self.turn += 1
-            content, stop_reason = await self._call_model()
+            content, stop_reason = await self.call_model()
             tool_uses = [b for b in content if b.get("type") == "tool_use"]
             if not tool_uses:
                 if stop_reason == "pause_turn":
@@ -216,7 +236,7 @@ class AgentLoop:
                         limit="no_result",
                     )
                 self.nudged = True
-                self._append({"role": "user", "content": [{"type": "text", "text": NUDGE}]})
+                self.append({"role": "user", "content": [{"type": "text", "text": NUDGE}]})
                 continue
             await self._run_tools(tool_uses)
             if self.gate.accepted is not None:
@@ -234,29 +254,43 @@ class AgentLoop:
             blocks.append({"type": "text", "text": f"Inputs (JSON):\n{inputs}"})
         if memory:
             blocks.append({"type": "text", "text": memory})
-        self._append({"role": "user", "content": blocks})
+        self.append({"role": "user", "content": blocks})
 
     def _limit_reached(self) -> tuple[LimitName, str] | None:
         done = f"after {self.turn} turns and {self.tool_calls} tool calls"
         if self.turn >= self.limits.max_turns:
             return "turns", f"reached the limit of {self.limits.max_turns} turns ({done})"
         cap = self.limits.max_tokens
-        if cap is not None and self.usage.total >= cap:
-            return "tokens", f"used {self.usage.total} tokens of the {cap}-token limit ({done})"
+        if cap is not None and self.turn > 0:
+            # This turn and the closing call after it must both fit under the cap.
+            need = 2 * self.closer.next_context_tokens() + self.closer.output_bound()
+            if self.usage.total + need > cap:
+                return "tokens", (
+                    f"used {self.usage.total} tokens of the {cap}-token limit; another turn "
+                    f"(about {need // 2} tokens) and the closing call would not fit ({done})"
+                )
         return None
 
-    def _append(self, message: dict[str, Any]) -> None:
+    def append(self, message: dict[str, Any]) -> None:
         self.messages.append(message)
         self.trace.emit(
             Messages(span=self.turn_span, parent=self.spec.id, turn=self.turn, messages=[message])
         )
 
-    async def _call_model(self) -> tuple[list[dict[str, Any]], str | None]:
+    async def call_model(
+        self,
+        *,
+        tool_choice: dict[str, Any] | None = None,
+        max_tokens: int | None = None,
+        prepare: bool = True,
+    ) -> tuple[list[dict[str, Any]], str | None]:
         """One model call; appends and traces the assistant message."""
-        sent = await self.context.prepare(
-            self.messages, turn=self.turn, system=self.system, tools=self.tool_defs
-        )
-        self._count_summary_calls()
+        sent = self.messages
+        if prepare:
+            sent = await self.context.prepare(
+                self.messages, turn=self.turn, system=self.system, tools=self.tool_defs
+            )
+            self._count_summary_calls()
         profile = self.model.profile
         # model_construct: the messages were built by this loop (already valid); not
         # re-validating hundreds of dicts keeps harness CPU per turn flat.
@@ -264,9 +298,9 @@ class AgentLoop:
             system=self.system,
             messages=sent,
             tools=self.tool_defs,
-            max_tokens=min(self.limits.max_output_tokens, profile.max_output),
+            max_tokens=max_tokens or min(self.limits.max_output_tokens, profile.max_output),
             temperature=None,
-            tool_choice=None,
+            tool_choice=tool_choice,
             context_management=self._context_management(),
         )
         response = await self.model.complete(request)
@@ -300,7 +334,7 @@ class AgentLoop:
         if texts:
             self.last_text = texts[-1][-1_000:]
         # The API refuses an empty assistant message later in the conversation.
-        self._append(
+        self.append(
             {"role": "assistant", "content": content or [{"type": "text", "text": "(no output)"}]}
         )
         return content, message.stop_reason
@@ -332,7 +366,7 @@ class AgentLoop:
                 tg.start_soon(self._one_tool, i, block, results, crashes, tg.cancel_scope)
         if crashes:
             raise crashes[0]
-        self._append({"role": "user", "content": results})
+        self.append({"role": "user", "content": results})
 
     async def _one_tool(
         self,
@@ -395,13 +429,7 @@ class AgentLoop:
 
     async def _accept(self) -> MemberOutcome:
         """The accepted submission, finished by the kind (e.g. the coding patch)."""
-        data = dict(self.gate.accepted or {})
-        # A kind finishes its own fields only; the job's fields skip its hook.
-        job_values = {k: data.pop(k) for k in self.job_fields if k in data}
-        if self.kind.finalize is not None:
-            data = await self.kind.finalize(data, self.tool_ctx)
-        for key, value in job_values.items():
-            data.setdefault(key, value)
+        data = await self.finalize(dict(self.gate.accepted or {}))
         if not self.gate.truncated:
             # A cut result may break length constraints; an uncut one must fit exactly.
             try:
@@ -412,6 +440,17 @@ class AgentLoop:
                 ) from exc
         return self.outcome("ok", "", result=data)
 
+    async def finalize(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The kind's ``finalize`` on a submission (e.g. add the coding patch)."""
+        if self.kind.finalize is None:
+            return data
+        # A kind finishes its own fields only; the job's fields skip its hook.
+        job_values = {k: data.pop(k) for k in self.job_fields if k in data}
+        data = await self.kind.finalize(data, self.tool_ctx)
+        for key, value in job_values.items():
+            data.setdefault(key, value)
+        return data
+
     def outcome(
         self,
         status: Status,
@@ -420,6 +459,7 @@ class AgentLoop:
         limit: LimitName | None = None,
         retryable: bool = False,
         result: dict[str, Any] | None = None,
+        partial: dict[str, Any] | None = None,
     ) -> MemberOutcome:
         """The member's outcome as of now (also used for crashed / failed ends)."""
         from .member import MemberOutcome, Progress
@@ -440,6 +480,7 @@ class AgentLoop:
             status=status,
             reason=reason,
             result=result,
+            partial_result=partial,
             limit=limit,
             progress=progress,
             result_truncated=self.gate.truncated and status == "ok",

@@ -17,7 +17,8 @@ status      meaning
 ok          ``submit_result`` was accepted; ``result`` holds it
 incomplete  a limit (turns, tokens, deadline) was reached, or the model
             stopped without a result after one reminder; ``progress`` says
-            what was done
+            what was done, ``partial_result`` holds what the member submitted
+            in its closing call (limits only, when there was room for one)
 crashed     the box died (``SandboxCrashed``) or cannot be reached any more
             (``SandboxClosed``, ``SandboxUnavailable``); ``reason`` names why
 failed      the model call failed for good (``retryable`` says whether a later
@@ -66,11 +67,12 @@ class Limits(_Strict):
     """How far one member may go before it stops with a structured ``incomplete``."""
 
     max_turns: int = Field(default=30, ge=1, le=10_000)
-    """Model calls at most."""
+    """Regular model calls at most (then one closing call, see subagents.closing)."""
     max_tokens: int | None = Field(default=None, ge=1_000)
-    """Total tokens over all calls (input, cache and output) at most; None: no cap."""
+    """Total tokens over all calls (input, cache and output) at most; None: no cap.
+    A turn starts only when it and the closing call after it fit."""
     deadline_s: float = Field(default=600.0, gt=0)
-    """Wall-clock seconds for the whole member, tool calls included."""
+    """Wall-clock seconds for the whole member, tool calls and closing call included."""
     result_tokens: int = Field(default=2_000, ge=100)
     """Cap on the submitted result; over it the model is asked once to condense."""
     max_output_tokens: int = Field(default=8_192, ge=256)
@@ -171,6 +173,10 @@ class MemberOutcome(_Strict):
     """Why it ended this way, in words (empty for ``ok``)."""
     result: dict[str, Any] | None = None
     """The kind's result model, as JSON; only set when status is ``ok``."""
+    partial_result: dict[str, Any] | None = None
+    """``incomplete`` members only: the best partial result the member submitted in
+    the closing call after a limit stopped it (same schema as ``result``; it says
+    itself what is unfinished). Not a finished answer."""
     limit: LimitName | None = None
     """Which limit ended an ``incomplete`` member."""
     progress: Progress | None = None

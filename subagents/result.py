@@ -56,6 +56,8 @@ class ResultGate:
         self.truncated = False
         """True when the accepted result was cut to fit the cap."""
         self.attempts = 0
+        self.partial: dict[str, Any] | None = None
+        """A partial result taken by :meth:`take_partial` (a limit ended the member)."""
 
     def tool(self, description: str) -> Tool:
         """The ``submit_result`` tool for this gate (its schema is the result model)."""
@@ -87,6 +89,21 @@ class ResultGate:
         self.accepted = data
         note = " (truncated to the cap, marked)" if self.truncated else ""
         return ToolOutput(f"Result accepted{note}. Stop here; do not call more tools.")
+
+    def take_partial(self, raw: Any) -> ToolOutput:
+        """Judge the closing ``submit_result`` of a member a limit stopped.
+
+        Validated like any submission, but an oversized one is cut at once: there
+        is no further turn in which to condense it."""
+        try:
+            value = self.model.model_validate(raw if raw is not None else {})
+        except ValidationError as exc:
+            return ToolOutput(format_validation_error(SUBMIT_TOOL, exc), is_error=True)
+        data = value.model_dump(mode="json")
+        if self.estimate(json.dumps(data, ensure_ascii=False)) > self.cap_tokens:
+            data = truncate_to_cap(data, self.cap_tokens, self.estimate)
+        self.partial = data
+        return ToolOutput("Partial result recorded; the member ends incomplete.")
 
 
 class _SubmitTool(Tool):

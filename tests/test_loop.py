@@ -168,8 +168,11 @@ async def test_turn_limit_gives_incomplete_outcome_with_progress(tmp_path: Path)
         tmp_path, lambda req: tool_use("add", {"a": 1, "b": 1}), limits=Limits(max_turns=3)
     )
     assert outcome.status == "incomplete" and outcome.limit == "turns"
-    assert outcome.turns == 3 and len(api.requests) == 3
-    assert "3 turns" in outcome.reason
+    # Three turns, then the closing call forcing submit_result (this model ignores it).
+    assert outcome.turns == 4 and len(api.requests) == 4
+    assert api.requests[3]["tool_choice"] == {"type": "tool", "name": "submit_result"}
+    assert "3 turns" in outcome.reason and "did not call submit_result" in outcome.reason
+    assert outcome.partial_result is None
     assert outcome.progress.last_actions == ['add({"a": 1, "b": 1}) -> ok'] * 3
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["status"] == "incomplete" and saved["limit"] == "turns"
@@ -184,8 +187,11 @@ async def test_token_limit_gives_incomplete_outcome(tmp_path: Path) -> None:
         tmp_path, lambda req: heavy, limits=Limits(max_tokens=1_000, max_turns=50)
     )
     assert outcome.status == "incomplete" and outcome.limit == "tokens"
-    assert outcome.turns == 2 and len(api.requests) == 2
-    assert outcome.input_tokens >= 1_400
+    # A second 700-token turn plus a closing call cannot fit under 1,000 tokens, and
+    # the 280 tokens left leave no room for the closing call either.
+    assert outcome.turns == 1 and len(api.requests) == 1
+    assert outcome.input_tokens == 700 and outcome.partial_result is None
+    assert "no room" in outcome.reason
 
 
 async def test_deadline_gives_incomplete_outcome_and_stops_running_tools(tmp_path: Path) -> None:

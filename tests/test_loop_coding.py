@@ -10,7 +10,7 @@ from loop_support import anthropic_model, events, writer
 
 from sandbox.docker import DockerBackend
 from subagents.fake_api import FakeMessagesAPI, reply, tool_use
-from subagents.member import MemberSpec, run_member
+from subagents.member import Limits, MemberSpec, run_member
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
@@ -106,3 +106,29 @@ async def test_offline_coding_policy_applies_stated_edit_and_verifies(box, tmp_p
     assert any("offline" in note for note in result["notes"])
     starts = events(tmp_path / "trace.jsonl", "member_start")
     assert starts[0].offline
+
+
+async def test_turn_limit_partial_result_carries_the_patch_of_the_work_done(
+    box, tmp_path: Path
+) -> None:
+    edit = {"path": "calc.py", "old_string": "return a - b", "new_string": "return a + b"}
+    script = [
+        tool_use("edit_file", edit),
+        tool_use("submit_result", {"summary": "add() fixed; tests not run yet."}),
+    ]
+    spec = MemberSpec(
+        id="coder", kind="coding", task="Fix add() in calc.py.", limits=Limits(max_turns=1)
+    )
+    with FakeMessagesAPI(script) as api:
+        model = anthropic_model(api)
+        outcome = await run_member(
+            spec, sandbox=box, model=model, run_dir=tmp_path, trace=writer(tmp_path, "coder")
+        )
+        await model.aclose()
+    assert outcome.status == "incomplete" and outcome.limit == "turns"
+    assert api.requests[1]["tool_choice"] == {"type": "tool", "name": "submit_result"}
+    partial = outcome.partial_result
+    assert partial is not None and outcome.result is None
+    assert partial["summary"] == "add() fixed; tests not run yet."
+    assert partial["files_changed"] == ["calc.py"]
+    assert "+    return a + b" in partial["patch"]

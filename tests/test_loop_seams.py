@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from loop_support import anthropic_model, events, writer
 from pydantic import ValidationError
@@ -240,3 +241,81 @@ async def test_result_schema_may_require_the_kinds_own_fields(tmp_path: Path) ->
     [short] = _last_results(api.requests[1])
     assert short["is_error"] and "said" in short["content"][0]["text"]
     assert outcome.status == "ok" and outcome.result["said"] == "long enough now"
+
+
+FORCED = {"type": "tool", "name": "submit_result"}
+
+
+def forced_submit_or(regular: Any, **partial: Any) -> Any:
+    """A model that works with ``regular`` and answers a forced submit with ``partial``."""
+
+    def policy(body: dict[str, Any]) -> Any:
+        return submit(**partial) if body.get("tool_choice") == FORCED else regular
+
+    return policy
+
+
+def _text(message: dict[str, Any]) -> str:
+    return json.dumps(message["content"])
+
+
+async def test_turn_limit_closing_call_returns_the_best_partial_result(tmp_path: Path) -> None:
+    policy = forced_submit_or(
+        tool_use("add", {"a": 1, "b": 1}), answer="partial: 2 of 3 sums done", sources=["add"]
+    )
+    outcome, api = await run_probe(tmp_path, policy, limits=Limits(max_turns=3, result_tokens=300))
+    assert outcome.status == "incomplete" and outcome.limit == "turns"
+    assert outcome.result is None  # a partial result is never the answer
+    assert outcome.partial_result == {"answer": "partial: 2 of 3 sums done", "sources": ["add"]}
+    assert len(api.requests) == 4 and outcome.turns == 4
+    closing = api.requests[3]
+    assert closing["tool_choice"] == FORCED and closing["max_tokens"] == 1_300
+    assert "limit of this task has been reached" in _text(closing["messages"][-1])
+    assert [e.status for e in calls(api)] == [200] * 4  # the closing request is valid
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["status"] == "incomplete" and saved["partial_result"]["sources"] == ["add"]
+    model_calls = events(tmp_path / "trace.jsonl", "model_call")
+    assert len(model_calls) == 4
+    assert outcome.input_tokens == sum(c.input_tokens for c in model_calls)
+
+
+async def test_token_limit_keeps_room_for_the_closing_call(tmp_path: Path) -> None:
+    heavy = Reply(
+        content=[{"type": "tool_use", "id": "", "name": "add", "input": {"a": 1, "b": 2}}],
+        usage={"input_tokens": 2_000},
+    )
+    policy = forced_submit_or(heavy, answer="3, not yet checked twice")
+    outcome, api = await run_probe(tmp_path, policy, limits=Limits(max_tokens=20_000, max_turns=50))
+    assert outcome.status == "incomplete" and outcome.limit == "tokens"
+    assert outcome.partial_result == {"answer": "3, not yet checked twice", "sources": []}
+    assert api.requests[-1]["tool_choice"] == FORCED
+    assert 3 <= len(api.requests) < 10
+    total = outcome.input_tokens + outcome.output_tokens
+    total += outcome.cache_read_tokens + outcome.cache_write_tokens
+    assert total <= 20_000  # the cap holds, closing call included
+
+
+async def test_deadline_closing_call_answers_the_interrupted_tool_calls(tmp_path: Path) -> None:
+    policy = forced_submit_or(tool_use("sleep", {"seconds": 60}), answer="waited; no result yet")
+    started = anyio.current_time()
+    outcome, api = await run_probe(tmp_path, policy, limits=Limits(deadline_s=3.0))
+    assert anyio.current_time() - started < 6
+    assert outcome.status == "incomplete" and outcome.limit == "deadline"
+    assert outcome.partial_result == {"answer": "waited; no result yet", "sources": []}
+    closing = api.requests[-1]
+    assert closing["tool_choice"] == FORCED
+    last = closing["messages"][-1]
+    [interrupted] = [b for b in last["content"] if b["type"] == "tool_result"]
+    assert interrupted["is_error"] and "Not run" in _text(last)
+    assert calls(api)[-1].status == 200
+
+
+async def test_invalid_closing_submission_leaves_no_partial_result(tmp_path: Path) -> None:
+    policy = forced_submit_or(tool_use("add", {"a": 1, "b": 1}), answer=7, colour="red")
+    outcome, _ = await run_probe(tmp_path, policy, limits=Limits(max_turns=2))
+    assert outcome.status == "incomplete" and outcome.partial_result is None
+    assert "closing submission was invalid" in outcome.reason
+    [closing_result] = [
+        e for e in events(tmp_path / "trace.jsonl", "tool_result") if e.tool == "submit_result"
+    ]
+    assert closing_result.is_error and "answer" in closing_result.output
