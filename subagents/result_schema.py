@@ -147,15 +147,14 @@ def extend_model(base: type[BaseModel], schema: ResultSchema) -> type[BaseModel]
                 )
             continue
         py: Any = Literal[tuple(prop.enum)] if prop.enum else _PY_TYPES[prop.type]
-        limits = {
-            "description": prop.description or None,
-            "min_length": prop.minLength if prop.type == "string" else prop.minItems,
-            "max_length": prop.maxLength if prop.type == "string" else prop.maxItems,
-        }
-        if name in schema.required:
-            fields[name] = (py, Field(**limits))
-        else:
-            fields[name] = (py | None, Field(default=None, **limits))
+        text = prop.type == "string"
+        info = Field(
+            default=... if name in schema.required else None,
+            description=prop.description or None,
+            min_length=prop.minLength if text else prop.minItems,
+            max_length=prop.maxLength if text else prop.maxItems,
+        )
+        fields[name] = (py if name in schema.required else py | None, info)
     return create_model(f"{base.__name__}WithJobFields", __base__=base, **fields)
 
 
