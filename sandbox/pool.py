@@ -104,6 +104,9 @@ class SandboxPool:
                 except SandboxError as e:
                     self._live -= 1
                     self.last_error = e
+                    # Wake waiters: with room freed, acquire creates a box itself (and
+                    # reports the engine's error) instead of waiting for this loop.
+                    self._notify()
                     await anyio.sleep(1.0)  # engine trouble: do not spin
                     continue
                 self._idle.append(box)

@@ -149,13 +149,13 @@ def test_five_members_three_failures_two_results_and_a_report(
     assert _boxes(docker_client, run.id) == []
 
 
-def _wait_for(pred, timeout: float, what: str) -> None:
+def _wait_for(pred, timeout: float, what: str, describe=lambda: "") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
             return
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}: {describe()}")
 
 
 def test_sigkill_then_resume_reruns_only_unfinished_members(
@@ -171,9 +171,15 @@ def test_sigkill_then_resume_reruns_only_unfinished_members(
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        _wait_for(lambda: RunDir.list(tmp_path / "runs"), 30, "the run directory")
+        _wait_for(
+            lambda: RunDir.list(tmp_path / "runs"),
+            60,
+            "the run directory",
+            lambda: proc.stderr.read()[-3000:] if proc.poll() is not None else "running",
+        )
         (run,) = RunDir.list(tmp_path / "runs")
 
         def two_done_one_running() -> bool:
@@ -181,7 +187,12 @@ def test_sigkill_then_resume_reruns_only_unfinished_members(
             done = [m for m, s in st.members.items() if s == "ok"]
             return len(done) >= 2 and "running" in st.members.values()
 
-        _wait_for(two_done_one_running, 120, "two members finished and one running")
+        def describe() -> str:
+            if proc.poll() is not None:
+                return f"fleet exited {proc.returncode}: {proc.stderr.read()[-3000:]}"
+            return json.dumps(run.journal.read())[-3000:]
+
+        _wait_for(two_done_one_running, 120, "two members finished and one running", describe)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
