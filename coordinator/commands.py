@@ -27,8 +27,9 @@ from subagents.model_base import ModelError
 
 from .cli import UsageError
 from .driver import RunOptions, RunSummary, execute
+from .jobfile import JobError, load_job, parse_job
 from .runs import RunDir, RunNotFound
-from .spec import Job, JobError, load_job, parse_job
+from .spec import Job
 
 
 def _toml_str(s: str) -> str:

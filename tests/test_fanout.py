@@ -17,8 +17,9 @@ import anyio
 import pytest
 
 from coordinator.fanout import Deps, MemberUnit, fan_out
+from coordinator.jobfile import parse_job
 from coordinator.runs import RunDir
-from coordinator.spec import RetryPolicy, parse_job
+from coordinator.spec import RetryPolicy
 from sandbox.docker import DockerBackend
 from subagents.member import MemberOutcome, MemberSpec
 

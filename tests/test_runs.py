@@ -15,8 +15,8 @@ import pytest
 from conftest import remove_run
 from fleet_policies import coding_policy
 
+from coordinator.jobfile import parse_job
 from coordinator.runs import RunDir, RunNotFound
-from coordinator.spec import parse_job
 from subagents.fake_api import FakeMessagesAPI
 
 FLEET = str(Path(sys.executable).with_name("fleet"))

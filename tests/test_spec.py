@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli import main
-from coordinator.spec import JobError, load_job, parse_job
+from coordinator.jobfile import JobError, load_job, parse_job
 
 FLEET = str(Path(sys.executable).with_name("fleet"))
 GOOD = 'name = "ok"\n[[members]]\nkind = "coding"\ntask = "t"\n'

@@ -1,0 +1,214 @@
+"""Reading job files: TOML in, a validated :class:`~coordinator.spec.Job` out, or errors
+a person can act on.
+
+Why errors are rendered here and not by pydantic: a user editing a TOML file needs
+the dotted path of the field (``members[1].limits.max_turns``), what was wrong in
+words, and a line of TOML that would be right (or, for an unknown key, the keys that
+table does accept) - not a traceback or pydantic's internal error codes.
+:func:`load_job` raises :class:`JobError` carrying exactly that.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .spec import (
+    Egress,
+    FanoutPolicy,
+    FieldProblem,
+    Job,
+    Limits,
+    MemberJob,
+    MemoryProfile,
+    ModelDefaults,
+    Research,
+    RetryPolicy,
+    SandboxOverrides,
+    Synthesis,
+)
+
+# One line of TOML that would be right, by the field's last name.
+_EXAMPLES: dict[str, str] = {
+    "name": 'name = "asyncio-survey"',
+    "kind": 'kind = "browser"        # or "coding"',
+    "task": 'task = "Find how asyncio tasks are cancelled"',
+    "id": 'id = "cancel-docs"',
+    "inputs": 'inputs = { topic = "asyncio", depth = 2 }',
+    "model": 'model = "offline"      # or "claude-sonnet-4-5"',
+    "max_tokens": "max_tokens = 4096",
+    "max_turns": "max_turns = 30",
+    "deadline_s": "deadline_s = 600",
+    "result_tokens": "result_tokens = 2000",
+    "cpus": "cpus = 1.5",
+    "memory": 'memory = "1g"',
+    "pids": "pids = 256",
+    "workspace_size": 'workspace_size = "2g"',
+    "profile": 'memory = { profile = "python-docs" }',
+    "context": "context = { compact_fraction = 0.9, offload_result_tokens = 20000 }",
+    "todos": "todos = true",
+    "result_schema": 'result_schema = { type = "object", properties = { answer = { type = "string" } } }',
+    "repo": 'repo = "./my-project"   # coding members only',
+    "test": 'test = "python -m pytest -q"',
+    "question": 'question = "How does asyncio cancel tasks?"',
+    "members": '[[members]]\nkind = "coding"\ntask = "Add a --verbose flag"   (or a [research] table)',
+    "max_parallel": "max_parallel = 4",
+    "min_success": "min_success = 2        # at most the number of members",
+    "fail_fast": "fail_fast = false",
+    "warm_pool": "warm_pool = true",
+    "attempts": "attempts = 2",
+    "backoff_s": "backoff_s = 1.0",
+    "backoff_max_s": "backoff_max_s = 30",
+    "on": 'on = ["crashed", "overloaded"]   # the task itself failing is never retried',
+    "allow": 'allow = ["corpus:8080", "docs.python.org"]',
+    "search_url": 'search_url = "http://corpus:8080/search?q={query}"',
+    "instructions": 'instructions = "Compare the approaches; name trade-offs"',
+    "max_result_chars": "max_result_chars = 8000",
+    "output_dir": 'output_dir = "runs"',
+}
+
+_SECTION_EXAMPLES: dict[str, str] = {
+    "model": '[model]\nname = "offline"',
+    "research": '[research]\nquestion = "How does asyncio cancel tasks?"\nmembers = 3',
+    "fanout": "[fanout]\nmax_parallel = 4\nmin_success = 1",
+    "retry": '[fanout.retry]\nattempts = 2\non = ["crashed", "overloaded"]',
+    "egress": '[egress]\nallow = ["corpus:8080"]',
+    "synthesis": '[synthesis]\ninstructions = "Focus on pitfalls"',
+    "limits": "limits = { max_turns = 30, deadline_s = 600 }",
+    "sandbox": 'sandbox = { memory = "1g", cpus = 1 }',
+    "memory": 'memory = { profile = "python-docs" }',
+}
+
+
+class JobError(Exception):
+    """A job file that cannot be used; the message names each bad field."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        body = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"job file {source} is invalid:\n{body}")
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _known_fields(loc: tuple[str | int, ...]) -> str:
+    """The fields the table holding an unknown key does accept."""
+    sections: dict[str, type[BaseModel]] = {
+        "members": MemberJob,
+        "limits": Limits,
+        "sandbox": SandboxOverrides,
+        "memory": MemoryProfile,
+        "research": Research,
+        "fanout": FanoutPolicy,
+        "retry": RetryPolicy,
+        "egress": Egress,
+        "synthesis": Synthesis,
+        "model": ModelDefaults,
+    }
+    names = [p for p in loc[:-1] if isinstance(p, str)]
+    model = sections.get(names[-1], Job) if names else Job
+    return ", ".join(model.model_fields)
+
+
+def _example(loc: tuple[str | int, ...], error_type: str) -> str:
+    names = [p for p in loc if isinstance(p, str)]
+    last = names[-1] if names else ""
+    if error_type in {"model_type", "dict_type"} and last in _SECTION_EXAMPLES:
+        return _SECTION_EXAMPLES[last]
+    return _EXAMPLES.get(last, "")
+
+
+def _words(err: Any) -> str:
+    kind, msg, value = err["type"], err["msg"], err.get("input")
+    if kind == "extra_forbidden":
+        return "is not a known field (check the spelling; unknown keys are refused)"
+    if kind == "missing":
+        return "is required but missing"
+    if kind == "literal_error":
+        return f"{value!r} is not allowed; {msg[0].lower()}{msg[1:]}"
+    if kind == "value_error":
+        return msg.removeprefix("Value error, ")
+    msg = re.sub(r" or instance of \w+", "", msg)
+    return f"{msg[0].lower()}{msg[1:]} (got {value!r})"
+
+
+def describe_validation(exc: ValidationError, *, prefix: tuple[str | int, ...] = ()) -> list[str]:
+    """Each pydantic error as ``path: what was wrong. example: ...``."""
+    problems: list[str] = []
+    for err in exc.errors():
+        loc = prefix + tuple(err["loc"])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldProblem):
+            loc = loc + tuple(int(p) if p.isdigit() else p for p in cause.field.split("."))
+        line = f"{_dotted(loc)}: {_words(err)}."
+        example = _example(loc, err["type"])
+        if err["type"] == "extra_forbidden":
+            line += f"\n    known fields here: {_known_fields(loc)}"
+        elif example:
+            example = example.replace("\n", "\n" + " " * 22)
+            line += f"\n    example of right: {example}"
+        problems.append(line)
+    return problems
+
+
+def parse_job(text: str, *, source: str = "<job>") -> Job:
+    """Validate TOML text into a :class:`Job`; raises :class:`JobError`."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise JobError(
+            source,
+            [
+                f"(syntax): not valid TOML: {exc}.\n"
+                '    example of right: name = "survey"   (strings in double quotes)'
+            ],
+        ) from None
+    try:
+        return Job.model_validate(data)
+    except ValidationError as exc:
+        raise JobError(source, describe_validation(exc)) from None
+
+
+def load_job(path: str | Path) -> tuple[Job, str]:
+    """Read and validate a job file; returns the job and the file's text."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JobError(
+            str(p), ["(file): no such file; give the path of a .toml job file"]
+        ) from None
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
+        raise JobError(
+            str(p), [f"(file): cannot be read as UTF-8 text ({exc.__class__.__name__})"]
+        ) from None
+    job = parse_job(text, source=str(p))
+    base = p.resolve().parent
+    problems = []
+    for i, m in enumerate(job.members):
+        if m.repo is not None:
+            repo = (base / m.repo).resolve()
+            if not repo.is_dir():
+                problems.append(
+                    f"members[{i}].repo: {m.repo!r} is not a directory (paths are relative "
+                    f"to the job file).\n    example of right: {_EXAMPLES['repo']}"
+                )
+            m.repo = str(repo)
+        if m.memory is not None and m.memory.dir is not None:
+            m.memory.dir = str((base / m.memory.dir).resolve())
+    if problems:
+        raise JobError(str(p), problems)
+    return job, text
