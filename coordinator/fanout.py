@@ -8,9 +8,10 @@ Only ``fail_fast`` (at the first member that fails for good) or the user's Ctrl-
 cancel siblings.
 
 Deadlines. ``limits.deadline_s`` is the coordinator's *hard* wall-clock limit per
-attempt (status ``timed_out``). The harness gets a soft deadline 10% earlier, so a
-member that is merely slow stops itself with an ``incomplete`` result saying what
-it did; the hard limit is for members that hang (a stuck model call, a wedged box).
+attempt. The harness gets a soft deadline 10% earlier, so a member that is merely
+slow stops itself and reports what it did (its progress is kept in the outcome); the
+hard limit is for members that hang (a stuck model call, a wedged box). Either way
+the member's status is ``timed_out``: one event, one status.
 
 Retries. Only failures a second attempt can fix are retried, with exponential
 backoff: the box crashing (an OOM, a killed container, an engine hiccup) and the
@@ -228,6 +229,10 @@ async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> Memb
                     with anyio.CancelScope(shield=True):
                         await aclose()
             ended_by_harness = True
+            if outcome.status == "incomplete" and outcome.limit == "deadline":
+                # The harness noticed the (soft) deadline first; for the run it is the
+                # same event as the hard one, so one status: timed_out, its progress kept.
+                outcome = outcome.model_copy(update={"status": "timed_out"})
     except TimeoutError:
         outcome = _failed(unit, "timed_out", f"deadline of {unit.deadline_s:g}s passed", started)
     except SandboxCrashed as exc:

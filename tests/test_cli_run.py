@@ -140,7 +140,7 @@ def test_five_members_three_failures_two_results_and_a_report(
     failed = {f["member"]: f["reason"] for f in report["failed"]}
     assert set(failed) == {"rejected", "stuck", "victim"}
     assert "model error" in failed["rejected"] and "prompt is too long" in failed["rejected"]
-    assert "deadline of 8s" in failed["stuck"]
+    assert "deadline" in failed["stuck"]  # the harness's soft one (7.2 s) or the hard 8 s
     assert "sandbox crashed" in failed["victim"]
     md = (run.path / "report.md").read_text()
     assert "3 member(s) failed" in md and "victim (crashed" in md
