@@ -143,6 +143,13 @@ def cmd_code(args: argparse.Namespace) -> int:
     print(f"\nsummary: {result.get('summary', '')}")
     files = result.get("files_changed") or []
     print(f"files changed: {', '.join(files) if files else 'none'}")
+    verified = result.get("verified")
+    if isinstance(verified, dict):
+        verdict = "passed" if verified.get("passed") else "FAILED"
+        print(
+            f"test: {verified.get('command')} -> exit {verified.get('exit_code')} ({verdict}, "
+            "re-run by Fleet after the member finished)"
+        )
     if not patch.exists() or not patch.read_text(encoding="utf-8").strip():
         print("no changes were made; nothing to apply")
         return summary.exit_code
