@@ -45,3 +45,32 @@ def test_mixed_example_runs_offline_with_research_browser_and_coding_members(
     patch = (run.path / "members" / "coder" / "patch.diff").read_text()
     assert '+    return f"Hello, {name}, welcome!"' in patch
     assert (EXAMPLES / "sample-repo" / "greet.py").read_text() == original
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_fleet_research_front_door_runs_offline_and_writes_a_cited_report(
+    tmp_path, images, docker_client, monkeypatch, capsys
+):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    question = "How does asyncio.shield protect a task from cancellation?"
+    try:
+        code = main(
+            ["research", question, "--members", "2", "--output-dir", str(tmp_path), "--plain"]
+        )
+    finally:
+        for run in RunDir.list(tmp_path):
+            remove_run(docker_client, run.id)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    (run,) = RunDir.list(tmp_path)
+    assert f"run directory: {run.path}" in err and "succeeded: 2 of 2 members ok" in err
+    assert "[research]" in (run.path / "job.toml").read_text()  # the job it stood for
+    plan = next(e for e in run.journal.read() if e["event"] == "plan")
+    assert plan["planner"] == "offline" and len(plan["sub_questions"]) == 2
+    report = json.loads((run.path / "report.json").read_text())
+    assert report["question"] == question and report["claims"]
+    for claim in report["claims"]:
+        assert claim["citations"] and claim["citations"][0]["url"].startswith("http://corpus:8080/")
+    md = (run.path / "report.md").read_text()
+    assert "## Findings" in md and "### Sources" in md and "offline analyst" in md
