@@ -52,9 +52,7 @@ def coding_policy(*, turns: int = 3, latency_s: float = 0.0) -> Any:
                 latency_s=delay,
             )
         if not edit and step < turns:
-            return tool_use(
-                "shell", {"command": f"echo step {step} && hostname"}, latency_s=delay
-            )
+            return tool_use("shell", {"command": f"echo step {step} && hostname"}, latency_s=delay)
         return tool_use(
             "submit_result",
             {"summary": f"finished after {step} steps", "tests_run": [], "notes": []},
