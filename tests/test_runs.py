@@ -134,3 +134,16 @@ def test_ctrl_c_interrupts_removes_boxes_and_the_run_resumes(tmp_path, images, d
                 proc.kill()
             if run is not None:
                 remove_run(docker_client, run.id)
+
+
+def test_resume_refuses_a_run_that_is_still_running_and_unknown_runs(tmp_path, capsys):
+    from coordinator.cli import main
+
+    run = _run(tmp_path)
+    run.journal.append("run_started", pid=os.getpid())
+    run.mark_live()
+    assert main(["resume", str(run.path)]) == 2
+    assert "still running" in capsys.readouterr().err
+    assert main(["resume", "no-such-run", "--output-dir", str(tmp_path)]) == 2
+    assert "fleet runs" in capsys.readouterr().err
+    run.clear_live()
