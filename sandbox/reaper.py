@@ -76,6 +76,17 @@ def live_runs() -> set[str]:
     return {p.name for p in folder.iterdir() if _pid_alive(_read_pid(p))}
 
 
+def prune_stale_markers() -> int:
+    """Delete markers whose owner process is gone; returns how many."""
+    folder = fleet_home() / "live"
+    if not folder.is_dir():
+        return 0
+    stale = [p for p in folder.iterdir() if not _pid_alive(_read_pid(p))]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
+
+
 def box_labels(spec: SandboxSpec, run: str, member: str) -> dict[str, str]:
     return {
         **spec.labels,
@@ -191,4 +202,5 @@ def gc(
             if everything or run not in live:
                 if not _containers(client, run):
                     _remove_network(client, net)
+        prune_stale_markers()
     return victims

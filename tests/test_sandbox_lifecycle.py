@@ -179,3 +179,20 @@ async def test_cli_lists_boxes_and_gc_dry_run_names_orphans(
         assert gc.returncode == 0, gc.stderr
         assert f"would remove fleet-{run_id}-cli" in gc.stdout.decode()
         assert [b.member for b in await backend.list_boxes(run=run_id)] == ["cli"]
+
+
+def test_stale_live_markers_are_pruned_and_live_ones_kept() -> None:
+    reaper.mark_live("run-alive")
+    dead = subprocess_pid_that_exited()
+    reaper.mark_live("run-dead", pid=dead)
+    assert reaper.live_runs() == {"run-alive"}
+    assert reaper.prune_stale_markers() == 1
+    assert sorted(p.name for p in (reaper.fleet_home() / "live").iterdir()) == ["run-alive"]
+
+
+def subprocess_pid_that_exited() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
