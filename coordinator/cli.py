@@ -20,19 +20,36 @@ COMMAND_MODULES = (
     "coordinator.commands",
     "coordinator.trace_cli",
 )
+# Which module defines each top-level command. Only that module is imported for
+# a known command, so `fleet setup` or `fleet sandbox ls` does not pay for
+# importing the model client (about a second); `--help` imports them all.
+COMMAND_HOMES = {
+    "setup": "sandbox.cli",
+    "images": "sandbox.cli",
+    "sandbox": "sandbox.cli",
+    "run": "coordinator.commands",
+    "research": "coordinator.commands",
+    "code": "coordinator.commands",
+    "resume": "coordinator.commands",
+    "runs": "coordinator.commands",
+    "trace": "coordinator.trace_cli",
+    "view": "coordinator.trace_cli",
+}
 
 
 class UsageError(Exception):
     """Bad input from the user: printed as one paragraph, exit code 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``command``, only the module that defines it is loaded."""
     parser = argparse.ArgumentParser(
         prog="fleet",
         description="Fan agent jobs out to browser and coding subagents, each in its own box.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    home = COMMAND_HOMES.get(command or "")
+    for name in (home,) if home else COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -44,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
