@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.fleet-installed
 QUESTION ?= How do Python's asyncio tasks get cancelled, and how does a program shield work from cancellation?
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-deps lint bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
@@ -23,7 +23,14 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/fleet research "$(QUESTION)" --members 3
 
-test: setup
+# The trace page is tested in the host's Chromium (Debian's package), like a user's browser.
+test-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then echo "fleet: installing chromium for the trace page tests (one time)"; \
+	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
+	  else echo "fleet: the tests need Chromium; run 'sudo apt-get install chromium'" >&2; exit 2; fi; }
+
+test: setup test-deps
 	$(BIN)/python -m pytest -x -q
 
 lint: $(STAMP)
