@@ -4,8 +4,9 @@ Baked into every Fleet image at ``/opt/fleet/egress_proxy.py``; the host runs it
 one small container per run that has browser boxes. The proxy sits on the run's
 ``--internal`` network (where the browser boxes are) and on a normal bridge network
 (the way out). Chromium in a browser box is started with ``--proxy-server`` pointing
-here, and because the internal network has no route anywhere else, the proxy is the
-only path off the box.
+here. The internal network forwards nothing off its bridge, and the host firewall
+rules of :mod:`sandbox.firewall` refuse every connection a box opens to the host
+itself, so the proxy is the only path off the box for any program in it.
 
 It forwards plain HTTP (absolute-URI requests) and ``CONNECT`` tunnels, and only to
 hosts on the allowlist. The allowlist is checked on the name; then the name is
@@ -16,10 +17,11 @@ refused unless they lie in the run's own subnet (so an allowlisted service conta
 on the run's network can be reached by its DNS alias). The connection goes to the
 checked address, never to a second lookup, so DNS rebinding gains nothing.
 
-Why a proxy rather than host firewall rules: it needs no root on the host and no
-iptables state to leak or clean up, it is per run (its lifetime is the run's), it
-filters by host name (what a user writes in an allowlist) rather than by IP, and its
-decisions are logged one JSON line each on stderr (``docker logs``).
+Why a proxy for the allowlist rather than per-run host firewall rules: it is per run
+(its lifetime is the run's, nothing per run to leak on the host), it filters by host
+name (what a user writes in an allowlist) rather than by IP, and its decisions are
+logged one JSON line each on stderr (``docker logs``). Keeping boxes off the host
+itself is a fixed rule set on the host, independent of any run.
 
 Configuration (environment): ``FLEET_ALLOW`` comma-separated ``host``, ``host:port``
 or ``*.domain`` entries; ``FLEET_LOCAL_NET`` the run network's CIDR;

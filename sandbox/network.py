@@ -12,15 +12,23 @@ per distinct allowlist in a run (usually one per run). Boxes get its address in
 ``FLEET_PROXY`` (and the usual ``http_proxy`` variables); the browser image's start
 script hands it to Chromium as ``--proxy-server``. The proxy refuses the Docker host
 (the gateways of both networks), 169.254.0.0/16, loopback and private addresses
-outside the run's subnet, and every host not on the allowlist. Why a proxy and not
-host firewall rules: see the proxy's module docstring (no root, no leaked iptables
-state, filtering by name).
+outside the run's subnet, and every host not on the allowlist. Why a proxy for
+egress: see the proxy's module docstring (filtering by name, per-run lifetime).
 
-A known limit, stated plainly: a process in a browser box that ignores the proxy can
-still open connections to the host's address on the internal bridge (the engine puts
-the gateway address on the host). Chromium always goes through the proxy; the
-harness drives browser boxes through Chromium only. Closing that path for arbitrary
-processes needs a host ``INPUT`` rule per bridge, which Fleet does not install.
+The host. An ``--internal`` network still hands every box a default route via the
+bridge's gateway address, which lives on the host, so a packet a box sends to any
+host address is delivered to the host's own ``INPUT`` chain (Docker's isolation rules
+only act on ``FORWARD``). Proxy settings bind only programs that honour them, so they
+cannot be what keeps ``curl`` or a raw socket run by ``exec`` off the host. That is
+the job of :mod:`sandbox.firewall`: every run network's bridge is named
+``fleet<hash>`` and one host chain rejects any connection a ``fleet*`` bridge opens
+to the host and forwards nothing off such a bridge; the host's own connections to
+boxes (CDP) and their replies still pass. The rules are installed before the
+network is created; when they cannot be (no root), creating the network fails with
+what to do, rather than quietly leaving the host open. Why not a design where a
+browser box's only peer is the proxy (an "edge" network per box): the gateway
+address is on every Docker bridge, edge or not, so the host stays reachable there
+too and the same rule is needed anyway; it would add a network per box for nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import anyio
 import docker
 import docker.errors
 
+from . import firewall
 from .errors import SandboxUnavailable
 
 PROXY_PORT = 3128
@@ -54,6 +63,7 @@ class RunNetworks:
     def __init__(self, client: docker.DockerClient) -> None:
         self._client = client
         self._locks: dict[str, anyio.Lock] = {}
+        self._guarded: set[str] = set()  # runs whose host rules this process has checked
 
     def _lock(self, key: str) -> anyio.Lock:
         return self._locks.setdefault(key, anyio.Lock())
@@ -61,6 +71,10 @@ class RunNetworks:
     async def ensure_network(self, run: str) -> dict:
         """The run network's attributes (created when missing)."""
         async with self._lock(f"net:{run}"):
+            if run not in self._guarded:
+                # Before the network exists (or is reused): a bridge never lacks its rules.
+                await anyio.to_thread.run_sync(firewall.ensure_host_rules)
+                self._guarded.add(run)
             return await anyio.to_thread.run_sync(self._ensure_network_sync, run)
 
     def _ensure_network_sync(self, run: str) -> dict:
@@ -72,7 +86,12 @@ class RunNetworks:
         labels = {"fleet.run": run, "fleet.kind": "network", "fleet.created": f"{time.time():.3f}"}
         try:
             self._client.api.create_network(
-                name, driver="bridge", internal=True, labels=labels, check_duplicate=True
+                name,
+                driver="bridge",
+                internal=True,
+                labels=labels,
+                check_duplicate=True,
+                options={"com.docker.network.bridge.name": firewall.bridge_name(name)},
             )
         except docker.errors.APIError as e:
             raise SandboxUnavailable(

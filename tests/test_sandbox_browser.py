@@ -103,3 +103,82 @@ async def test_browser_reaches_only_allowlisted_hosts(
     finally:
         await browser.close()
         await service.close()
+
+
+_CONNECT = """
+import json, socket, sys
+out = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), 3).close()
+        out[target] = "connected"
+    except OSError as e:
+        out[target] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+class _Listener:
+    """A raw TCP listener on one of this machine's addresses that counts accepted peers."""
+
+    def __init__(self, address: str) -> None:
+        import socket
+
+        self.sock = socket.create_server((address, 0))
+        self.address = f"{address}:{self.sock.getsockname()[1]}"
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+
+async def test_box_processes_cannot_reach_the_host_or_leave_the_run_network(
+    backend: DockerBackend, run_id: str, docker_client
+) -> None:
+    """A raw socket from exec (no proxy involved) reaches the run's peers, never the host."""
+    service = await backend.create(
+        SandboxSpec(kind="service"),
+        run=run_id,
+        member="docs",
+        command=["python3", "-m", "http.server", "8080", "--directory", "/workspace"],
+    )
+    policy = NetworkPolicy(egress="allowlist", allow=("docs:8080",))
+    browser = await backend.create(
+        SandboxSpec(kind="browser", network=policy), run=run_id, member="b"
+    )
+    net_name = f"fleet-run-{run_id}"
+    net = docker_client.api.inspect_network(net_name)
+    gateway = net["IPAM"]["Config"][0]["Gateway"]
+    docker0 = docker_client.api.inspect_network("bridge")["IPAM"]["Config"][0]["Gateway"]
+    listeners = [_Listener(gateway), _Listener(docker0)]
+    (proxy,) = docker_client.api.containers(
+        filters={"label": [f"fleet.run={run_id}", "fleet.kind=proxy"]}
+    )
+    proxy_nets = proxy["NetworkSettings"]["Networks"]
+    proxy_inside = proxy_nets[net_name]["IPAddress"]
+    proxy_outside = proxy_nets["bridge"]["IPAddress"]
+    try:
+        peers = [f"{service.ip}:8080", f"{proxy_inside}:3128"]
+        blocked = [*(lis.address for lis in listeners), f"{proxy_outside}:3128"]
+        res = await browser.exec(["python3", "-c", _CONNECT, *peers, *blocked], timeout=30)
+        import json
+
+        seen = json.loads(res.stdout)
+        assert all(seen[p] == "connected" for p in peers), seen
+        assert all(seen[b] != "connected" for b in blocked), seen
+        assert [lis.accepted for lis in listeners] == [0, 0]
+        # The host still opens connections to the box (that is how CDP gets out).
+        assert (await browser.cdp_endpoint()).startswith(f"http://{browser.ip}:")
+    finally:
+        for lis in listeners:
+            lis.sock.close()
+        await browser.close()
+        await service.close()
