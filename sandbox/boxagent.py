@@ -384,35 +384,69 @@ def op_tar_out(req: dict) -> dict:
     return {"data": b64encode(buf.getvalue())}
 
 
-def _check_member(member: tarfile.TarInfo, dest: str) -> None:
-    target = os.path.realpath(os.path.join(dest, member.name))
-    if not (target == dest or target.startswith(dest + "/")):
-        raise Refused("path_refused", f"archive entry {member.name!r} leaves {dest}")
-    if member.issym() or member.islnk():
-        link = os.path.join(os.path.dirname(target), member.linkname)
-        if member.islnk():
-            link = os.path.join(dest, member.linkname)
-        if not _inside_roots(os.path.realpath(link)):
-            raise Refused("path_refused", f"archive link {member.name!r} points outside")
-    elif not (member.isfile() or member.isdir()):
+def _within(path: str, dest: str) -> bool:
+    real = os.path.realpath(path)
+    return real == dest or real.startswith(dest + "/")
+
+
+def _check_name(member: tarfile.TarInfo) -> None:
+    parts = member.name.replace("\\", "/").split("/")
+    if member.name.startswith("/") or ".." in parts:
+        raise Refused("path_refused", f"archive entry {member.name!r} is absolute or has '..'")
+    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
         raise Refused("path_refused", f"archive entry {member.name!r} is a device or fifo")
 
 
+def _check_on_disk(member: tarfile.TarInfo, dest: str) -> None:
+    """Checked against the disk as it is right before this entry is written.
+
+    Earlier entries may have planted symlinks, so a check of the whole archive up front
+    (on names alone) can be fooled; this one resolves what is really there now.
+    """
+    target = os.path.join(dest, member.name)
+    where = os.path.dirname(target) if member.issym() else target
+    if not _within(where, dest):
+        raise Refused("path_refused", f"archive entry {member.name!r} would land outside {dest}")
+    if member.issym() and not _within(os.path.join(os.path.dirname(target), member.linkname), dest):
+        raise Refused("path_refused", f"archive link {member.name!r} points outside {dest}")
+    if member.islnk():
+        if member.linkname.startswith("/") or ".." in member.linkname.split("/"):
+            raise Refused("path_refused", f"archive hard link {member.name!r} points outside")
+        if not _within(os.path.join(dest, member.linkname), dest):
+            raise Refused("path_refused", f"archive hard link {member.name!r} points outside")
+
+
 def op_tar_in(req: dict) -> dict:
+    """Unpack an archive under ``path``: nothing outside it is written or linked to."""
     import tarfile
 
     dest = safe_path(req["path"])
     os.makedirs(dest, exist_ok=True)
     dest = os.path.realpath(dest)
     data = b64decode(req["data"])
+    links: list[str] = []
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
         members = tar.getmembers()
         for member in members:
-            _check_member(member, dest)
-            member.uid, member.gid, member.uname, member.gname = -1, -1, "", ""
-            member.mode &= 0o777
-        for member in members:
-            tar.extract(member, dest, set_attrs=not member.issym())
+            _check_name(member)
+        try:
+            for member in members:
+                _check_on_disk(member, dest)
+                member.uid, member.gid, member.uname, member.gname = -1, -1, "", ""
+                member.mode &= 0o777
+                tar.extract(member, dest, set_attrs=not member.issym())
+                if member.issym():
+                    links.append(os.path.join(dest, member.name))
+            # A later entry can change what an earlier link resolves to ('b/..' with
+            # 'b' -> '.' arriving after it): every link is checked again at the end.
+            for link in links:
+                if not _within(link, dest):
+                    raise Refused("path_refused", f"archive link {link!r} points outside {dest}")
+        except Refused:
+            for link in links:  # the archive is refused: none of its links stay behind
+                if os.path.islink(link):
+                    os.unlink(link)
+            raise
     return {"entries": len(members)}
 
 

@@ -66,7 +66,13 @@ from .boxops import (
     wait_cdp,
 )
 from .container import create_container
-from .errors import SandboxClosed, SandboxCrashed, SandboxSpecError, SandboxUnavailable
+from .errors import (
+    PathRefused,
+    SandboxClosed,
+    SandboxCrashed,
+    SandboxSpecError,
+    SandboxUnavailable,
+)
 from .network import RunNetworks, proxy_env
 from .spec import SandboxSpec
 
@@ -295,9 +301,18 @@ class DockerSandbox(Sandbox):
         def unpack() -> None:
             local.mkdir(parents=True, exist_ok=True)
             with tarfile.open(fileobj=io.BytesIO(base64.b64decode(reply["data"]))) as tar:
+                # The box is not trusted: "data" refuses absolute names, '..', links out.
                 tar.extractall(local, filter="data")
 
-        await anyio.to_thread.run_sync(unpack)
+        try:
+            await anyio.to_thread.run_sync(unpack)
+        except tarfile.FilterError as e:
+            err = PathRefused(remote, ("the download's destination",))
+            err.args = (
+                f"sandbox {self.name}: {remote} holds {e}, which would leave {local} on the "
+                f"host; remove or replace that entry in the box (e.g. 'cp -L') and retry",
+            )
+            raise err from None
 
     async def _stat(self, remote: str) -> str:
         full = self.resolve(remote)
