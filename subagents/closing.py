@@ -194,7 +194,7 @@ class Closer:
         loop = self.loop
         span, parent, turn = f"{loop.turn_span}/{block.get('id', '')}", loop.turn_span, loop.turn
         call_id, raw = str(block.get("id", "")), block.get("input")
-        loop.tool_calls += 1
+        loop.calls.count += 1
         loop.trace.emit(
             ToolCall(
                 span=span,

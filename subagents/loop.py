@@ -7,12 +7,13 @@ Each turn is the same five steps, small enough to hold in one's head:
 2. ``model.complete`` - one Messages API call, traced as ``ModelCall`` plus the new
    assistant message (``Messages`` events carry only new messages, so a trace grows
    linearly with turns);
-3. every ``tool_use`` of the response runs *concurrently* in one task group - the
-   model asked for them together because they are independent, and a slow shell
-   command should not hold up three file reads;
-4. each result passes ``context.admit_tool_result`` (large ones are offloaded) and
-   all of them go back as one user message, every ``tool_use`` answered, in order;
+3. every ``tool_use`` of the response runs *concurrently*
+   (:mod:`subagents.tool_calls`: validation, errors as results, offloading);
+4. all results go back as one user message, every ``tool_use`` answered, in order;
 5. stop when ``submit_result`` was accepted.
+
+Token and cost sums and the ``ModelCall`` event live in :mod:`subagents.usage`, the
+closing call after a limit in :mod:`subagents.closing`.
 
 Failure policy: a tool's own failure (bad arguments, ``ToolError``, any exception)
 is an ``is_error`` result the model can act on, never the end of the run and never
@@ -20,19 +21,19 @@ the member's answer. A model that ends its turn without ``submit_result`` is
 reminded once, then the member ends ``incomplete``. Limits (turns, total tokens,
 wall-clock deadline) end the member ``incomplete`` with what it did, not with an
 exception, after one closing call forcing ``submit_result`` whose answer becomes the
-outcome's ``partial_result`` (room for it is reserved: :mod:`subagents.closing`). ``SandboxCrashed`` and ``ModelError`` propagate to :func:`run_member`,
+outcome's ``partial_result`` (room for it is reserved: :mod:`subagents.closing`).
+``SandboxCrashed`` and ``ModelError`` propagate to :func:`run_member`,
 which turns them into ``crashed`` / ``failed`` outcomes using :meth:`AgentLoop.outcome`.
 
 Span ids: member ``<id>``, turn ``<id>/t<n>``, model call ``<id>/t<n>/model``, tool
 call ``<id>/t<n>/<tool_use id>``; each event's ``parent`` is the enclosing span.
+Each is also a :meth:`TraceWriter.scope`, so events emitted by code that does not
+know the span (the adapter's retries, offloads, compaction) still carry it.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -40,16 +41,17 @@ import anyio
 from pydantic import ValidationError
 
 from sandbox.base import Sandbox
-from sandbox.errors import SandboxError
 
 from . import closing
-from .closing import TRACE_OUTPUT_CHARS, Closer
-from .model_base import Model, ModelProfile, ModelRequest
-from .result import SUBMIT_TOOL, ResultGate
+from .closing import Closer
+from .model_base import Model, ModelRequest
+from .result import ResultGate
 from .result_schema import extend_model, job_field_names
+from .tool_calls import ToolCalls
 from .tools.base import Tool, ToolContext
-from .tools.registry import BOX_GONE, ToolRegistry, build_custom_tool
-from .trace import Messages, ModelCall, ToolCall, ToolResult, TraceWriter
+from .tools.registry import ToolRegistry, build_custom_tool
+from .trace import Messages, TraceWriter
+from .usage import Usage, model_call_event
 
 if TYPE_CHECKING:
     from .kinds import Kind
@@ -85,35 +87,6 @@ class ContextLike(Protocol):
     ) -> tuple[str, str | None]: ...
     def note_files_written(self, paths: list[str]) -> None: ...
     async def finish(self) -> None: ...
-
-
-@dataclass
-class Usage:
-    """Tokens and cost summed over a member's model calls."""
-
-    input: int = 0
-    output: int = 0
-    cache_read: int = 0
-    cache_write: int = 0
-    cost_usd: float = 0.0
-
-    @property
-    def total(self) -> int:
-        return self.input + self.output + self.cache_read + self.cache_write
-
-    def add(self, usage: Any, profile: ModelProfile) -> None:
-        inp = usage.input_tokens or 0
-        out = usage.output_tokens or 0
-        cr = getattr(usage, "cache_read_input_tokens", None) or 0
-        cw = getattr(usage, "cache_creation_input_tokens", None) or 0
-        self.input, self.output = self.input + inp, self.output + out
-        self.cache_read, self.cache_write = self.cache_read + cr, self.cache_write + cw
-        self.cost_usd += (
-            inp * profile.input_per_mtok
-            + out * profile.output_per_mtok
-            + cr * profile.cache_read_per_mtok
-            + cw * profile.cache_write_per_mtok
-        ) / 1_000_000
 
 
 class AgentLoop:
@@ -172,16 +145,21 @@ class AgentLoop:
         self.usage = Usage()
         self._summaries_counted = 0
         """How many of the context's compaction summary calls are in ``usage``."""
-        self.tool_calls = 0
-        self.recent: deque[str] = deque(maxlen=8)
+        self.calls = ToolCalls(self.registry, self.tool_ctx, context=context, trace=trace)
         self.last_text = ""
         self.nudged = False
-        self.offline = False
+        self.offline = bool(getattr(model, "offline", False))
+        """Labelled from the model itself too: a member that failed before its first
+        call was still an offline member."""
         self.closer = Closer(self)
 
     @property
     def turn_span(self) -> str:
         return f"{self.spec.id}/t{self.turn}"
+
+    @property
+    def tool_calls(self) -> int:
+        return self.calls.count
 
     async def run(self) -> MemberOutcome:
         """Turns until a result or a limit; raises only SandboxCrashed, ModelError, cancel."""
@@ -238,7 +216,8 @@ class AgentLoop:
                 self.nudged = True
                 self.append({"role": "user", "content": [{"type": "text", "text": NUDGE}]})
                 continue
-            await self._run_tools(tool_uses)
+            results = await self.calls.run(tool_uses, turn=self.turn, turn_span=self.turn_span)
+            self.append({"role": "user", "content": results})
             if self.gate.accepted is not None:
                 return await self._accept()
 
@@ -287,9 +266,10 @@ class AgentLoop:
         """One model call; appends and traces the assistant message."""
         sent = self.messages
         if prepare:
-            sent = await self.context.prepare(
-                self.messages, turn=self.turn, system=self.system, tools=self.tool_defs
-            )
+            with self.trace.scope(self.turn_span, self.spec.id, self.turn):
+                sent = await self.context.prepare(
+                    self.messages, turn=self.turn, system=self.system, tools=self.tool_defs
+                )
             self._count_summary_calls()
         profile = self.model.profile
         # model_construct: the messages were built by this loop (already valid); not
@@ -303,31 +283,22 @@ class AgentLoop:
             tool_choice=tool_choice,
             context_management=self._context_management(),
         )
-        response = await self.model.complete(request)
+        span = f"{self.turn_span}/model"
+        with self.trace.scope(span, self.turn_span, self.turn):  # the adapter's retries
+            response = await self.model.complete(request)
         message = response.message
         self.offline = self.offline or response.offline
         self.usage.add(message.usage, profile)
         self.context.observe_usage(message.usage, sent)
         content = [b.model_dump(mode="json", exclude_none=True) for b in message.content]
-        usage = message.usage
         self.trace.emit(
-            ModelCall(
-                span=f"{self.turn_span}/model",
+            model_call_event(
+                response,
+                content,
+                span=span,
                 parent=self.turn_span,
                 turn=self.turn,
-                model=message.model or profile.name,
-                stop_reason=message.stop_reason,
-                input_tokens=usage.input_tokens or 0,
-                output_tokens=usage.output_tokens or 0,
-                cache_read_tokens=usage.cache_read_input_tokens or 0,
-                cache_write_tokens=usage.cache_creation_input_tokens or 0,
-                context_tokens=(usage.input_tokens or 0)
-                + (usage.cache_read_input_tokens or 0)
-                + (usage.cache_creation_input_tokens or 0),
-                latency_s=round(response.latency_s, 4),
-                retries=response.retries,
-                offline=response.offline,
-                content=content,
+                default_model=profile.name,
             )
         )
         texts = [b["text"] for b in content if b.get("type") == "text" and b.get("text")]
@@ -356,76 +327,6 @@ class AgentLoop:
         compact or clear; a context without server-side support sends none."""
         build = getattr(self.context, "context_management", None)
         return build() if build is not None else None
-
-    async def _run_tools(self, tool_uses: list[dict[str, Any]]) -> None:
-        """Run every tool_use concurrently; append their results as one user message."""
-        results: list[dict[str, Any]] = [{} for _ in tool_uses]
-        crashes: list[SandboxError] = []
-        async with anyio.create_task_group() as tg:
-            for i, block in enumerate(tool_uses):
-                tg.start_soon(self._one_tool, i, block, results, crashes, tg.cancel_scope)
-        if crashes:
-            raise crashes[0]
-        self.append({"role": "user", "content": results})
-
-    async def _one_tool(
-        self,
-        i: int,
-        block: dict[str, Any],
-        results: list[dict[str, Any]],
-        crashes: list[SandboxError],
-        group: anyio.CancelScope,
-    ) -> None:
-        call_id, name, raw = block["id"], block.get("name", ""), block.get("input")
-        span = f"{self.turn_span}/{call_id}"
-        self.tool_calls += 1
-        self.trace.emit(
-            ToolCall(
-                span=span,
-                parent=self.turn_span,
-                turn=self.turn,
-                call_id=call_id,
-                tool=name,
-                input=raw if isinstance(raw, dict) else {"_raw": raw},
-            )
-        )
-        started = time.monotonic()
-        try:
-            out = await self.registry.call(name, raw, self.tool_ctx)
-        except BOX_GONE as exc:
-            # The box is gone: the siblings cannot succeed either.
-            crashes.append(exc)
-            group.cancel()
-            return
-        text, offloaded = out.text or "(no output)", None
-        if not out.is_error and name != SUBMIT_TOOL:
-            text, offloaded = await self.context.admit_tool_result(call_id, name, text)
-        if out.files_written:
-            self.context.note_files_written(out.files_written)
-        result: dict[str, Any] = {
-            "type": "tool_result",
-            "tool_use_id": call_id,
-            "content": [{"type": "text", "text": text}, *out.attachments],
-        }
-        if out.is_error:
-            result["is_error"] = True
-        results[i] = result
-        self.recent.append(f"{name}({_short(raw)}) -> {'error' if out.is_error else 'ok'}")
-        self.trace.emit(
-            ToolResult(
-                span=span,
-                parent=self.turn_span,
-                turn=self.turn,
-                call_id=call_id,
-                tool=name,
-                is_error=out.is_error,
-                duration_s=round(time.monotonic() - started, 4),
-                output=text[:TRACE_OUTPUT_CHARS],
-                output_chars=len(text),
-                truncated=out.truncated,
-                offloaded=offloaded,
-            )
-        )
 
     async def _accept(self) -> MemberOutcome:
         """The accepted submission, finished by the kind (e.g. the coding patch)."""
@@ -468,7 +369,7 @@ class AgentLoop:
         if status != "ok":
             progress = Progress(
                 turns=self.turn,
-                last_actions=list(self.recent),
+                last_actions=list(self.calls.recent),
                 todos=self._todos(),
                 last_text=self.last_text,
             )
@@ -498,8 +399,3 @@ class AgentLoop:
         state = getattr(self.context, "todos", None)
         items = getattr(state, "items", None) or []
         return [i.model_dump() if hasattr(i, "model_dump") else dict(i) for i in items]
-
-
-def _short(raw: Any, limit: int = 80) -> str:
-    text = json.dumps(raw, ensure_ascii=False, default=str) if raw is not None else ""
-    return text if len(text) <= limit else text[: limit - 3] + "..."

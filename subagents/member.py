@@ -269,13 +269,19 @@ async def run_member(
         )
         outcome = await loop.run()
     except SandboxCrashed as exc:
-        outcome = _ended(spec, loop, "crashed", f"sandbox crashed: {exc.reason}", retryable=True)
+        outcome = _ended(
+            spec, loop, model, "crashed", f"sandbox crashed: {exc.reason}", retryable=True
+        )
     except (SandboxClosed, SandboxUnavailable) as exc:
-        outcome = _ended(spec, loop, "crashed", f"sandbox unavailable: {exc}", retryable=True)
+        outcome = _ended(
+            spec, loop, model, "crashed", f"sandbox unavailable: {exc}", retryable=True
+        )
     except ModelError as exc:
-        outcome = _ended(spec, loop, "failed", f"model error: {exc}", retryable=exc.retryable)
+        outcome = _ended(
+            spec, loop, model, "failed", f"model error: {exc}", retryable=exc.retryable
+        )
     except anyio.get_cancelled_exc_class():
-        outcome = _ended(spec, loop, "cancelled", "cancelled by the caller")
+        outcome = _ended(spec, loop, model, "cancelled", "cancelled by the caller")
         raise
     except Exception as exc:
         # A bug in a tool, a kind hook or the harness must not take siblings down:
@@ -287,7 +293,9 @@ async def run_member(
                 message="".join(traceback.format_exception(exc))[-4000:],
             )
         )
-        outcome = _ended(spec, loop, "failed", f"internal error: {type(exc).__name__}: {exc}")
+        outcome = _ended(
+            spec, loop, model, "failed", f"internal error: {type(exc).__name__}: {exc}"
+        )
     finally:
         # Shielded so a cancelled member still saves its memory and traces its end;
         # bounded so a hung save cannot hold the caller's cancellation forever.
@@ -332,18 +340,32 @@ async def _finish(
             cost_usd=outcome.cost_usd,
             duration_s=outcome.duration_s,
             result=outcome.result,
+            partial_result=outcome.partial_result,
+            limit=outcome.limit,
+            offline=outcome.offline,
         )
     )
 
 
 def _ended(
-    spec: MemberSpec, loop: Any, status: Status, reason: str, *, retryable: bool = False
+    spec: MemberSpec,
+    loop: Any,
+    model: Model,
+    status: Status,
+    reason: str,
+    *,
+    retryable: bool = False,
 ) -> MemberOutcome:
     """An outcome for a member that ended early, with whatever the loop had done."""
     if loop is not None:
         return loop.outcome(status, reason, retryable=retryable)
     return MemberOutcome(
-        member=spec.id, kind=spec.kind, status=status, reason=reason, retryable=retryable
+        member=spec.id,
+        kind=spec.kind,
+        status=status,
+        reason=reason,
+        retryable=retryable,
+        offline=_is_offline(model),
     )
 
 

@@ -5,6 +5,15 @@ Each member writes ``trace.jsonl`` in its run subdirectory. Events carry span id
 records only its *new* messages (deltas, never the whole context again), so a
 trace grows linearly with turns. Every event is a pydantic model with a ``type``
 discriminator; :func:`read_trace` parses a file back into those models.
+
+Every event carries its span ids, including events emitted by code that does not
+know where in the member it runs (the model adapter's retries, the context
+mechanisms, the coordinator's sandbox events): the loop opens a
+:meth:`TraceWriter.scope` for each turn, model call and tool call, and
+:meth:`TraceWriter.emit` fills an event's empty ``span``/``parent``/``turn`` from
+the innermost scope - or, outside every scope, with the member span (parent: the
+run). A context variable carries the scope, so concurrent tool calls (each its own
+task) never see each other's.
 """
 
 from __future__ import annotations
@@ -13,6 +22,8 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -56,6 +67,12 @@ class MemberEnd(_Event):
     cost_usd: float = 0.0
     duration_s: float = 0.0
     result: dict[str, Any] | None = None
+    partial_result: dict[str, Any] | None = None
+    """``incomplete`` members: what the closing call submitted (not an answer)."""
+    limit: str | None = None
+    """Which limit ended an ``incomplete`` member (turns, tokens, deadline, no_result)."""
+    offline: bool = False
+    """An offline model (replay, offline policy) produced this member's outcome."""
 
 
 class Messages(_Event):
@@ -187,6 +204,8 @@ TraceEvent = Annotated[
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(TraceEvent)
+_SCOPE: ContextVar[tuple[Any, str, str, int] | None] = ContextVar("fleet_trace_scope", default=None)
+"""(writer, span, parent, turn) of the innermost open scope in this task."""
 
 
 class TraceWriter:
@@ -201,11 +220,31 @@ class TraceWriter:
         self.listeners: list[Any] = []
         """Callables invoked with each event (live progress, OpenTelemetry)."""
 
+    @contextmanager
+    def scope(self, span: str, parent: str, turn: int) -> Iterator[None]:
+        """Events emitted inside (in this task and tasks it starts) without span ids
+        get these; the innermost scope wins."""
+        token = _SCOPE.set((self, span, parent, turn))
+        try:
+            yield
+        finally:
+            _SCOPE.reset(token)
+
     def emit(self, event: _Event) -> None:
         if not event.run:
             event.run = self.run
         if not event.member:
             event.member = self.member
+        if not event.span:
+            scope = _SCOPE.get()
+            if scope is not None and scope[0] is self:
+                _, event.span, parent, turn = scope
+                event.parent = event.parent or parent
+                event.turn = event.turn or turn
+            else:
+                event.span = self.member
+        if not event.parent and event.span == self.member:
+            event.parent = self.run
         self._fh.write(event.model_dump_json(exclude_none=True) + "\n")
         self._fh.flush()
         for listener in self.listeners:

@@ -274,6 +274,8 @@ async def test_turn_limit_closing_call_returns_the_best_partial_result(tmp_path:
     assert [e.status for e in calls(api)] == [200] * 4  # the closing request is valid
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["status"] == "incomplete" and saved["partial_result"]["sources"] == ["add"]
+    [end] = events(tmp_path / "trace.jsonl", "member_end")
+    assert end.partial_result == outcome.partial_result and end.limit == "turns"
     model_calls = events(tmp_path / "trace.jsonl", "model_call")
     assert len(model_calls) == 4
     assert outcome.input_tokens == sum(c.input_tokens for c in model_calls)

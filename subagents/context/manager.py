@@ -261,7 +261,9 @@ class ContextManager:
             name,
             comp.transcript_jsonl(messages),
         )
-        summary, response = await comp.summarize(self.model, messages, self.config)
+        span = f"{self.trace.member}/t{turn}"
+        with self.trace.scope(f"{span}/compaction", span, turn):  # the summary call's retries
+            summary, response = await comp.summarize(self.model, messages, self.config)
         if response is not None:
             self._trace_summary_call(response, turn)
         trigger = self.limits.trigger

@@ -1,0 +1,129 @@
+"""Running one response's tool calls: concurrently, each answered, each traced.
+
+The loop hands over the ``tool_use`` blocks of one model response; :class:`ToolCalls`
+runs them *concurrently* in one task group (the model asked for them together
+because they are independent, and a slow shell command should not hold up three
+file reads) and returns one ``tool_result`` per call, in the order asked - the API
+refuses a ``tool_use`` left without its result.
+
+What happens to one call, in order: ``ToolCall`` traced; arguments validated and the
+tool run by the registry (whose failures - bad arguments, ``ToolError``, any
+exception, a timeout - come back as ``is_error`` results the model can act on);
+a successful result other than ``submit_result`` passes ``context.admit_tool_result``
+(large ones are offloaded); files written are reported to the context; ``ToolResult``
+traced. Each call runs inside its own trace scope, so events emitted on its behalf
+(an offload, a sandbox event) carry its span.
+
+The one failure that stops the lot is :data:`~subagents.tools.registry.BOX_GONE`: a
+dead box fails every sibling too, so the group is cancelled and the error re-raised
+for the member to end ``crashed``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from sandbox.errors import SandboxError
+
+from .closing import TRACE_OUTPUT_CHARS
+from .result import SUBMIT_TOOL
+from .tools.base import ToolContext
+from .tools.registry import BOX_GONE, ToolRegistry
+from .trace import ToolCall, ToolResult, TraceWriter
+
+if TYPE_CHECKING:
+    from .loop import ContextLike
+
+
+class ToolCalls:
+    """Runs the tool calls of one member's responses; counts them and keeps the last few."""
+
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        ctx: ToolContext,
+        *,
+        context: ContextLike,
+        trace: TraceWriter,
+    ) -> None:
+        self.registry, self.ctx, self.context, self.trace = registry, ctx, context, trace
+        self.count = 0
+        """Tool calls made so far (the closing call's submission included)."""
+        self.recent: deque[str] = deque(maxlen=8)
+        """The latest calls as ``tool(args) -> ok|error``, oldest first (for progress)."""
+
+    async def run(
+        self, tool_uses: list[dict[str, Any]], *, turn: int, turn_span: str
+    ) -> list[dict[str, Any]]:
+        """Every call concurrently; their ``tool_result`` blocks in the order asked."""
+        results: list[dict[str, Any]] = [{} for _ in tool_uses]
+        crashes: list[SandboxError] = []
+        async with anyio.create_task_group() as tg:
+            for i, block in enumerate(tool_uses):
+                tg.start_soon(
+                    self._one, i, block, results, crashes, tg.cancel_scope, turn, turn_span
+                )
+        if crashes:
+            raise crashes[0]
+        return results
+
+    async def _one(
+        self,
+        i: int,
+        block: dict[str, Any],
+        results: list[dict[str, Any]],
+        crashes: list[SandboxError],
+        group: anyio.CancelScope,
+        turn: int,
+        turn_span: str,
+    ) -> None:
+        call_id, name, raw = block["id"], block.get("name", ""), block.get("input")
+        span = f"{turn_span}/{call_id}"
+        self.count += 1
+        ids = {"span": span, "parent": turn_span, "turn": turn, "call_id": call_id, "tool": name}
+        self.trace.emit(ToolCall(**ids, input=raw if isinstance(raw, dict) else {"_raw": raw}))
+        started = time.monotonic()
+        with self.trace.scope(span, turn_span, turn):
+            try:
+                out = await self.registry.call(name, raw, self.ctx)
+            except BOX_GONE as exc:
+                # The box is gone: the siblings cannot succeed either.
+                crashes.append(exc)
+                group.cancel()
+                return
+            text, offloaded = out.text or "(no output)", None
+            if not out.is_error and name != SUBMIT_TOOL:
+                text, offloaded = await self.context.admit_tool_result(call_id, name, text)
+            if out.files_written:
+                self.context.note_files_written(out.files_written)
+        result: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": call_id,
+            "content": [{"type": "text", "text": text}, *out.attachments],
+        }
+        if out.is_error:
+            result["is_error"] = True
+        results[i] = result
+        self.recent.append(f"{name}({short(raw)}) -> {'error' if out.is_error else 'ok'}")
+        self.trace.emit(
+            ToolResult(
+                **ids,
+                is_error=out.is_error,
+                duration_s=round(time.monotonic() - started, 4),
+                output=text[:TRACE_OUTPUT_CHARS],
+                output_chars=len(text),
+                truncated=out.truncated,
+                offloaded=offloaded,
+            )
+        )
+
+
+def short(raw: Any, limit: int = 80) -> str:
+    """A tool call's arguments as one short line."""
+    text = json.dumps(raw, ensure_ascii=False, default=str) if raw is not None else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
