@@ -78,6 +78,8 @@ from .spec import SandboxSpec
 
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 _CODING_COMMAND = ["sleep", "infinity"]
+# Base64 of stdin in plain mode rides in one environment variable (Linux: 128 KiB each).
+_PLAIN_STDIN_MAX = 96 * 1024
 # Chromium skips its proxy for loopback and link-local (169.254/16) addresses unless
 # told otherwise; "<-loopback>" removes those implicit bypasses, so even the metadata
 # address goes to the proxy, which refuses it.
@@ -225,15 +227,30 @@ class DockerSandbox(Sandbox):
 
     async def _exec_plain(self, req: dict) -> ExecResult:
         argv = req.get("argv") or ["/bin/sh", "-c", req["cmd"]]
+        env = dict(req.get("env") or {})
+        if req.get("stdin"):
+            # No agent to write stdin through: it travels in the environment, decoded by
+            # a shell in front of the command (inside the timeout, so it dies with it).
+            if len(req["stdin"]) > _PLAIN_STDIN_MAX:
+                raise SandboxUnavailable(
+                    f"sandbox {self.name}'s image has no python3, so stdin is limited to "
+                    f"{_PLAIN_STDIN_MAX * 3 // 4} bytes; write the data to a file first or "
+                    f"use a Fleet image"
+                )
+            env["FLEET_STDIN_B64"] = req["stdin"]
+            script = 'printf %s "$FLEET_STDIN_B64" | base64 -d | "$@"'
+            argv = ["/bin/sh", "-c", script, "fleet-stdin", *argv]
         if req.get("timeout"):
             argv = ["timeout", "-k", "2", str(req["timeout"]), *argv]
         started = time.monotonic()
-        container = self._backend.client.containers.get(self.id)
-        res = await anyio.to_thread.run_sync(
-            lambda: container.exec_run(
-                argv, workdir=req["cwd"], environment=req.get("env"), user="1000:1000", demux=True
+
+        def run() -> Any:
+            container = self._backend.client.containers.get(self.id)
+            return container.exec_run(
+                argv, workdir=req["cwd"], environment=env, user="1000:1000", demux=True
             )
-        )
+
+        res = await anyio.to_thread.run_sync(run)
         out, err = res.output
         return cap_output(res.exit_code, out or b"", err or b"", req["limit"], started)
 
