@@ -3,8 +3,10 @@
 ``ls`` shows every Fleet container on the engine (boxes and egress proxies) with its
 run, member, kind, state, age, TTL and whether its run is still live. ``gc`` removes
 boxes whose run is over (its live marker is gone or names a dead process), boxes
-whose TTL has passed, and run networks left behind; ``--all`` removes every Fleet box
-and network; ``--dry-run`` only says what would go.
+whose TTL has passed, and run networks left behind. ``--all`` also removes kept
+boxes, but never those of a live run (another process may be using them; gc says how
+many it spared) unless ``--include-live`` is given too; ``--dry-run`` only says what
+would go.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
     ls.set_defaults(func=cmd_ls)
     gc = sub.add_parser("gc", help="remove boxes whose run is over or whose TTL passed")
-    gc.add_argument("--all", action="store_true", help="remove every Fleet box and network")
+    gc.add_argument(
+        "--all", action="store_true", help="also remove kept boxes (live runs' boxes stay)"
+    )
+    gc.add_argument(
+        "--include-live",
+        action="store_true",
+        help="with --all: also remove boxes of runs that are still live (stops them)",
+    )
     gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     gc.set_defaults(func=cmd_gc)
 
@@ -71,10 +80,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     from .engine import connect
 
+    if args.include_live and not args.all:
+        print("fleet: --include-live only makes sense with --all", file=sys.stderr)
+        return 2
+    live, now = reaper.live_runs(), time.time()
     try:
         client = connect()
+        before = reaper.list_boxes(client)
         removed = reaper.gc(
-            client, reaper.live_runs(), now=time.time(), everything=args.all, dry_run=args.dry_run
+            client,
+            live,
+            now=now,
+            everything=args.all,
+            include_live=args.include_live,
+            dry_run=args.dry_run,
         )
     except SandboxError as e:
         print(f"fleet: {e}", file=sys.stderr)
@@ -83,4 +102,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for box in removed:
         print(f"{verb} {box.name} (run {box.run}, member {box.member})")
     print(f"{verb} {len(removed)} box(es)")
+    taken = {b.id for b in removed}
+    spared = [b for b in before if b.run in live and b.id not in taken]
+    if args.all and spared:
+        runs = sorted({b.run for b in spared})
+        print(
+            f"kept {len(spared)} box(es) of live run(s) {', '.join(runs)}; add --include-live "
+            f"to remove them too (their runs will fail)"
+        )
     return 0

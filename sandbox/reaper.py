@@ -10,7 +10,9 @@ exists and names a process that is still alive. The backend writes the marker wh
 run's first box is created and removes it in ``remove_run``; a coordinator killed
 with SIGKILL leaves a marker whose pid is dead, which counts as over. ``gc`` then
 removes: boxes whose run is over (unless kept for debugging), boxes whose TTL has
-passed (kept or not), and run networks with no live run and no containers.
+passed (kept or not), and run networks with no live run and no containers. Boxes of
+a live run are otherwise never touched - not even by ``--all`` - unless the caller
+says ``include_live``: on a shared engine, a live run is someone's work in progress.
 """
 
 from __future__ import annotations
@@ -173,13 +175,26 @@ def _containers(client: docker.DockerClient, run: str) -> list[dict]:
     return client.api.containers(all=True, filters={"label": f"{LABEL}={run}"})
 
 
-def doomed(boxes: list[BoxInfo], live: set[str], now: float, everything: bool) -> list[BoxInfo]:
-    """Which boxes gc removes (pure, so the rule is testable on its own)."""
+def doomed(
+    boxes: list[BoxInfo],
+    live: set[str],
+    now: float,
+    everything: bool,
+    *,
+    include_live: bool = False,
+) -> list[BoxInfo]:
+    """Which boxes gc removes (pure, so the rule is testable on its own).
+
+    ``everything`` also takes kept boxes whose TTL has not passed, but a live run's
+    boxes go only when their TTL has passed or ``include_live`` is given: on a shared
+    engine another process may be using them right now.
+    """
     out = []
     for box in boxes:
         expired = now > box.created + box.ttl_s
-        over = box.run not in live and not box.keep
-        if everything or expired or over:
+        is_live = box.run in live
+        over = not is_live and not box.keep
+        if expired or over or (everything and (include_live or not is_live)):
             out.append(box)
     return out
 
@@ -190,16 +205,19 @@ def gc(
     *,
     now: float,
     everything: bool = False,
+    include_live: bool = False,
     dry_run: bool = False,
 ) -> list[BoxInfo]:
     """Remove what :func:`doomed` picks, then networks left without a live run or boxes."""
-    victims = doomed(list_boxes(client), live, now, everything)
+    victims = doomed(list_boxes(client), live, now, everything, include_live=include_live)
     if not dry_run:
         for box in victims:
             _remove(client, box.id)
         for net in _networks(client):
             run = (net.get("Labels") or {}).get(LABEL, "")
-            if everything or run not in live:
+            # A live run's network may be empty for a moment, between its creation and
+            # its first box: removing it then would fail that run's create.
+            if include_live or run not in live:
                 if not _containers(client, run):
                     _remove_network(client, net)
         prune_stale_markers()

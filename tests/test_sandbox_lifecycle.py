@@ -156,7 +156,16 @@ def test_doomed_rule_is_ttl_or_run_over_unless_kept() -> None:
         ("dead", 990, False),
         ("dead", 900, True),
     ]
-    assert len(reaper.doomed(boxes, {"live"}, now, everything=True)) == 5
+    # --all takes kept boxes too, but a live run's box only once its TTL has passed...
+    everything = reaper.doomed(boxes, {"live"}, now, everything=True)
+    assert [(b.run, b.created) for b in everything] == [
+        ("live", 900),
+        ("dead", 990),
+        ("dead", 990),
+        ("dead", 900),
+    ]
+    # ...unless the caller asks for live runs' boxes as well.
+    assert len(reaper.doomed(boxes, {"live"}, now, everything=True, include_live=True)) == 5
     assert os.getpid()  # the live registry keys on pids; see test above
 
 
@@ -179,6 +188,23 @@ async def test_cli_lists_boxes_and_gc_dry_run_names_orphans(
         assert gc.returncode == 0, gc.stderr
         assert f"would remove fleet-{run_id}-cli" in gc.stdout.decode()
         assert [b.member for b in await backend.list_boxes(run=run_id)] == ["cli"]
+
+
+async def test_cli_gc_all_spares_live_runs_unless_told(backend: DockerBackend, run_id: str) -> None:
+    import sys
+
+    fleet = [sys.executable, "-m", "coordinator.cli", "sandbox", "gc"]
+    async with await backend.create(SandboxSpec(keep=True), run=run_id, member="busy"):
+        gc = await anyio.run_process([*fleet, "--all", "--dry-run"], check=False)
+        out = gc.stdout.decode()
+        assert gc.returncode == 0, gc.stderr
+        assert f"fleet-{run_id}-busy" not in out
+        assert f"live run(s) {run_id}" in out and "--include-live" in out
+        gc = await anyio.run_process([*fleet, "--all", "--include-live", "--dry-run"], check=False)
+        assert f"would remove fleet-{run_id}-busy" in gc.stdout.decode()
+        bad = await anyio.run_process([*fleet, "--include-live"], check=False)
+        assert bad.returncode == 2 and b"only makes sense with --all" in bad.stderr
+        assert [b.member for b in await backend.list_boxes(run=run_id)] == ["busy"]
 
 
 def test_stale_live_markers_are_pruned_and_live_ones_kept() -> None:
