@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +16,12 @@ import pytest
 import tracegen
 from conftest import missing_dependency
 
-from coordinator.traceview import load_run
+from coordinator.traceview import load_run, member_detail
 from coordinator.traceview.html import write_page
 from coordinator.traceview.serve import make_server
 
 CHROMIUM = "/usr/bin/chromium"
+FLEET = str(Path(sys.executable).parent / "fleet")
 ARTIFACTS = Path(__file__).parent / "artifacts"
 pytestmark = pytest.mark.chromium
 
@@ -151,3 +156,56 @@ def test_view_serves_the_page_and_run_files_on_loopback(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_fleet_view_command_loads_cut_texts_in_full(
+    browser: Any, run: tracegen.Expected, tmp_path: Path
+) -> None:
+    """The real `fleet view` process: loopback only, cut texts load in full on demand."""
+    proc = subprocess.Popen(
+        [FLEET, "view", str(run.run_dir), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stderr.readline() if proc.stderr else ""
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert match, f"no URL in {line!r}"
+        base = match.group(0)
+        member = sorted(run.members)[0]
+        w = Watched(browser)
+        w.page.goto(f"{base}#member={member}")
+        view = w.page.locator("#member-view")
+        view.wait_for(state="visible")
+        assert view.locator("details.turn").count() == run.members[member].turns
+        # The first tool result the page shows cut (not offloaded): load it in full.
+        detail = member_detail(load_run(run.run_dir).members[0], limit=1_200)
+        tool = next(x for t in detail.turns for x in t.tools if x.truncated and not x.offloaded)
+        turn = view.locator(f'details.turn[data-turn="{tool_turn(detail, tool)}"]')
+        turn.locator("summary").first.click()
+        call = turn.locator(".tool-call").nth(tool_index(detail, tool))
+        call.locator("summary").click()
+        out = call.locator("pre.tool-output")
+        assert len(out.inner_text()) == 1_200
+        call.locator("button.load-full").click()
+        w.page.wait_for_function("el => el.classList.contains('full')", arg=out.element_handle())
+        line_no = int(tool.ref.rsplit(":", 1)[1])
+        raw = (run.run_dir / tool.ref.rsplit(":", 1)[0]).read_text().splitlines()[line_no - 1]
+        assert out.text_content() == json.loads(raw)["output"]
+        # An offloaded result loads from its run-directory copy.
+        off = next(x for t in detail.turns for x in t.tools if x.offloaded)
+        body = w.page.request.get(base + "full/" + off.ref)
+        assert body.ok and body.text() == (run.run_dir / off.ref).read_text()
+        assert w.page.request.get(base + "full/../../etc/passwd:1").status == 404
+        assert w.problems == []
+        w.page.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) in (0, 130, -15)
+
+
+def tool_turn(detail: Any, tool: Any) -> int:
+    return next(t.turn for t in detail.turns if tool in t.tools)
+
+
+def tool_index(detail: Any, tool: Any) -> int:
+    return next(t.tools.index(tool) for t in detail.turns if tool in t.tools)

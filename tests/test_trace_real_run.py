@@ -4,6 +4,7 @@ offline research model, then the rollup, the page in Chromium and the OTel expor
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -117,6 +118,16 @@ def test_page_of_a_real_run_in_chromium(real_run: Path, tmp_path: Path) -> None:
         assert page.locator("#member-view details.turn").count() == first.turns
         page.locator("#member-view details.turn").last.locator("summary").click()
         assert "submit_result" in page.locator("#member-view details.turn").last.inner_text()
+        # The pages the browser member fetched are listed and their texts linked.
+        index = (real_run / "members" / first.member / "pages" / "index.jsonl").read_text()
+        fetched = [json.loads(line) for line in index.splitlines()]
+        rows = page.locator("#pages .page-row")
+        assert fetched and rows.count() == len(fetched)
+        assert fetched[0]["url"] in rows.first.inner_text()
+        href = rows.first.locator("a").get_attribute("href") or ""
+        assert (out.parent / href).resolve().read_text() == (
+            real_run / "members" / first.member / "pages" / fetched[0]["path"]
+        ).read_text()
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "trace_real_run.png"), full_page=True)
         browser.close()

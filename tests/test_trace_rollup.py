@@ -54,7 +54,9 @@ def test_member_detail_marks_offloads_and_compactions(synthetic: tracegen.Expect
     compactions = [m for m in marks if m.kind == "compaction"]
     exp = synthetic.members[member.id]
     assert len(offloads) == exp.offloads and len(compactions) == exp.compactions
-    assert all((synthetic.run_dir / detail.dir / m.path).is_file() for m in offloads + compactions)
+    # The trace records box paths (/tmp/fleet/offloads/...); views point at the run copy.
+    assert all(m.path.startswith(f"{detail.dir}/") for m in offloads + compactions)
+    assert all((synthetic.run_dir / m.path).is_file() for m in offloads + compactions)
     assert all(
         "Session intent" in c.summary and c.tokens_after < c.tokens_before for c in compactions
     )
@@ -65,7 +67,11 @@ def test_member_detail_marks_offloads_and_compactions(synthetic: tracegen.Expect
     cut = [x for x in tools if x.truncated]
     assert cut and all(x.ref.startswith(f"members/{member.id}/") for x in cut)
     offloaded = [x for x in tools if x.offloaded]
-    assert offloaded and all(x.ref.endswith(x.offloaded or "-") for x in offloaded)
+    assert offloaded and all(
+        x.ref == f"members/{member.id}/offloads/{(x.offloaded or '-').rsplit('/', 1)[-1]}"
+        and (synthetic.run_dir / x.ref).is_file()
+        for x in offloaded
+    )
     assert detail.result is not None and "summary" in detail.result
 
 

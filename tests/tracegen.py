@@ -41,6 +41,8 @@ from subagents.trace import (
 )
 
 BASE_TS = 1_760_000_000.0
+BOX_DIR = "/tmp/fleet"
+"""Where the harness keeps offloads and transcripts in a box (ContextConfig.box_dir)."""
 BROWSER_TOOLS = ("navigate", "snapshot", "click", "find", "read", "screenshot", "search")
 CODING_TOOLS = ("shell", "read_file", "write_file", "edit_file", "search")
 MODEL = "claude-sonnet-4-5"
@@ -284,7 +286,8 @@ class _MemberGen:
                 rel = f"offloads/{cid}.txt"
                 (self.dir / "offloads").mkdir(exist_ok=True)
                 (self.dir / rel).write_text(full, encoding="utf-8")
-                offloaded = rel
+                # The harness records the box copy's path (what the model was told).
+                offloaded = f"{BOX_DIR}/{rel}"
                 self.emit(
                     Offload(
                         ts=ts + dur,
@@ -292,7 +295,7 @@ class _MemberGen:
                         parent=f"{self.mid}/t{t}",
                         turn=t,
                         call_id=cid,
-                        path=rel,
+                        path=offloaded,
                         tokens=n_chars // 4,
                     )
                 )
@@ -375,7 +378,7 @@ class _MemberGen:
                 tokens_before=before,
                 tokens_after=after,
                 summary=summary,
-                transcript_path=rel,
+                transcript_path=f"{BOX_DIR}/{rel}",
             )
         )
         self.context = after

@@ -9,6 +9,7 @@ so every view can say where the full text is without copying it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,6 +75,10 @@ class ToolView(_View):
     is_error: bool = False
     offloaded: str | None = None
     ref: str = ""
+    """Where the full result is: the offloaded file, else the result's trace line."""
+    input_ref: str = ""
+    """The trace line of the call, where the full input is."""
+    input_truncated: bool = False
 
 
 class Mark(_View):
@@ -83,7 +88,7 @@ class Mark(_View):
     ts: float
     text: str = ""
     path: str = ""
-    """A file in the member directory (offloaded result, transcript, screenshot)."""
+    """A file (offloaded result, transcript, screenshot) relative to the run directory."""
     tokens_before: int = 0
     tokens_after: int = 0
     summary: str = ""
@@ -102,6 +107,26 @@ class TurnView(_View):
     marks: list[Mark] = Field(default_factory=list)
 
 
+class PageView(_View):
+    """A page text a browser member fetched (a line of its ``pages/index.jsonl``)."""
+
+    n: int = 0
+    url: str = ""
+    title: str = ""
+    chars: int = 0
+    ts: float = 0.0
+    path: str = ""
+    """The page text, relative to the run directory."""
+
+
+class FileView(_View):
+    """A file the member left in its directory (patch, transcript, offload, memory, ...)."""
+
+    path: str
+    """Relative to the run directory."""
+    bytes: int
+
+
 class MemberDetail(_View):
     """One member: its rollup, task, turns and final result."""
 
@@ -114,24 +139,103 @@ class MemberDetail(_View):
     result: dict[str, Any] | None = None
     dir: str = ""
     """The member directory, relative to the run directory."""
+    pages: list[PageView] = Field(default_factory=list)
+    """Pages a browser member fetched, in fetch order."""
+    files: list[FileView] = Field(default_factory=list)
+    """Other files in the member directory (at most :data:`MAX_FILES`), pages and
+    screenshots excepted (those are listed with their context)."""
 
 
-def _mark(ev: Any, ref: str, limit: int) -> Mark | None:
+MAX_FILES = 60
+"""Files listed per member: enough for patches, transcripts and offloads, bounded so a
+member that wrote thousands of offloads does not bloat the page."""
+
+
+_MEMBER_SUBDIRS = ("offloads", "transcripts", "screenshots", "pages", "memory")
+
+
+def member_file(prefix: str, path: str) -> str:
+    """``path`` as the trace records it, made relative to the run directory.
+
+    The harness records the path the *model* was given: the box copy
+    (``/tmp/fleet/offloads/003_read.txt``) when the box took it, else the host copy.
+    Both have a run-directory twin ``members/<id>/<subdir>/<name>``, which is the one
+    a person (or ``fleet view``) can open; a path already relative to the member
+    directory is kept as is.
+    """
+    if not path:
+        return ""
+    parts = path.replace("\\", "/").split("/")
+    if not path.startswith("/"):
+        return f"{prefix}/{path}"
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] in _MEMBER_SUBDIRS:
+            return f"{prefix}/" + "/".join(parts[i:])
+    return path
+
+
+def _pages(member: MemberTrace, prefix: str) -> list[PageView]:
+    try:
+        lines = (member.dir / "pages" / "index.jsonl").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line while the member is still writing
+        if not isinstance(rec, dict) or not isinstance(rec.get("path"), str):
+            continue
+        out.append(PageView(
+            n=int(rec.get("n") or 0), url=str(rec.get("url") or ""),
+            title=str(rec.get("title") or ""), chars=int(rec.get("chars") or 0),
+            ts=float(rec.get("ts") or 0.0), path=f"{prefix}/pages/{rec['path']}",
+        ))  # fmt: skip
+    return out
+
+
+def _files(member: MemberTrace, prefix: str) -> list[FileView]:
+    skip = {"pages", "screenshots"}
+    found: list[FileView] = []
+    try:
+        paths = sorted(member.dir.rglob("*"))
+    except OSError:
+        return found
+    for path in paths:
+        rel = path.relative_to(member.dir)
+        if rel.parts[0] in skip:
+            continue
+        try:
+            if not path.is_file():
+                continue
+            size = path.stat().st_size
+        except OSError:
+            continue
+        found.append(FileView(path=f"{prefix}/{rel.as_posix()}", bytes=size))
+        if len(found) >= MAX_FILES:
+            break
+    return found
+
+
+def _mark(ev: Any, ref: str, limit: int, prefix: str) -> Mark | None:
     if isinstance(ev, Offload):
         text = f"{ev.tokens} tokens ({ev.reason}) -> {ev.path}"
-        return Mark(kind="offload", ts=ev.ts, text=text, path=ev.path, ref=ref)
+        return Mark(kind="offload", ts=ev.ts, text=text, path=member_file(prefix, ev.path), ref=ref)
     if isinstance(ev, Compaction):
         summary, cut = clip_text(ev.summary, limit)
         side = " (server-side)" if ev.server_side else ""
         text = f"{ev.tokens_before} -> {ev.tokens_after} tokens{side}"
-        return Mark(kind="compaction", ts=ev.ts, text=text, path=ev.transcript_path,
+        return Mark(kind="compaction", ts=ev.ts, text=text,
+                    path=member_file(prefix, ev.transcript_path),
                     tokens_before=ev.tokens_before, tokens_after=ev.tokens_after,
                     summary=summary, truncated=cut, ref=ref)  # fmt: skip
     if isinstance(ev, Clip):
         text = f"{len(ev.call_ids)} old tool inputs clipped, {ev.tokens_saved} tokens saved"
         return Mark(kind="clip", ts=ev.ts, text=text, ref=ref)
     if isinstance(ev, Screenshot):
-        return Mark(kind="screenshot", ts=ev.ts, text=ev.url, path=ev.path, ref=ref)
+        return Mark(kind="screenshot", ts=ev.ts, text=ev.url, path=member_file(prefix, ev.path),
+                    ref=ref)  # fmt: skip
     if isinstance(ev, Todos):
         done = sum(1 for t in ev.todos if t.get("status") == "completed")
         text = f"{done}/{len(ev.todos)} done" + (", recited" if ev.recited else "")
@@ -144,7 +248,8 @@ def _mark(ev: Any, ref: str, limit: int) -> Mark | None:
     if isinstance(ev, ErrorEvent):
         return Mark(kind="error", ts=ev.ts, text=f"{ev.error}: {ev.message}"[:limit], ref=ref)
     if isinstance(ev, MemoryWrite):
-        return Mark(kind="memory", ts=ev.ts, text=ev.command, path=ev.path, ref=ref)
+        return Mark(kind="memory", ts=ev.ts, text=ev.command, path=member_file(prefix, ev.path),
+                    ref=ref)  # fmt: skip
     if isinstance(ev, SandboxEvent):
         return Mark(kind="sandbox", ts=ev.ts, text=f"{ev.action} {ev.box}".strip(), ref=ref)
     return None
@@ -190,7 +295,7 @@ def member_detail(
         if isinstance(ev, Messages):
             continue  # deltas duplicate the calls and results shown below
         if ev.turn <= 0 and not isinstance(ev, ModelCall | ToolCall | ToolResult):
-            mark = _mark(ev, ref, limit)
+            mark = _mark(ev, ref, limit, prefix)
             if mark is not None:
                 detail.preamble.append(mark)
             continue
@@ -199,6 +304,7 @@ def member_detail(
             view = turns[ev.turn] = TurnView(turn=ev.turn, start=ev.ts, end=ev.ts)
         _add_to_turn(view, ev, ref, limit, calls, prefix)
     detail.turns = [turns[k] for k in sorted(turns)]
+    detail.pages, detail.files = _pages(member, prefix), _files(member, prefix)
     return detail
 
 
@@ -212,8 +318,9 @@ def _add_to_turn(
     elif isinstance(ev, ToolCall):
         text, cut = clip_text(compact_json(ev.input), limit)
         tool = ToolView(
-            call_id=ev.call_id, tool=ev.tool, start=ev.ts, input=text, truncated=cut, ref=ref
-        )
+            call_id=ev.call_id, tool=ev.tool, start=ev.ts, input=text, ref=ref,
+            input_ref=ref, input_truncated=cut,
+        )  # fmt: skip
         calls[ev.call_id] = tool
         view.tools.append(tool)
     elif isinstance(ev, ToolResult):
@@ -225,11 +332,11 @@ def _add_to_turn(
         output, cut = clip_text(ev.output, limit)
         tool.end, tool.output, tool.output_chars = ev.ts, output, ev.output_chars or len(ev.output)
         tool.is_error, tool.offloaded = ev.is_error, ev.offloaded
-        tool.truncated = tool.truncated or cut or ev.truncated
+        tool.truncated = cut or ev.truncated
         # The full text lives in the offloaded file when there is one, else in the trace line.
-        tool.ref = f"{prefix}/{ev.offloaded}" if ev.offloaded else ref
+        tool.ref = member_file(prefix, ev.offloaded) if ev.offloaded else ref
     else:
-        mark = _mark(ev, ref, limit)
+        mark = _mark(ev, ref, limit, prefix)
         if mark is not None:
             view.marks.append(mark)
     view.end = max(view.end, ev.ts)

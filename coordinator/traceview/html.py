@@ -8,7 +8,9 @@ so a 16 x 200-turn run opens instantly. Size is bounded by a content budget: eac
 long text is cut to a per-content limit chosen so the whole page stays near
 ``budget`` bytes, and every cut text carries the path of its full version.
 Screenshots are embedded as data URIs while they fit an image budget, and linked
-(relative to the page) beyond it.
+(relative to the page) beyond it. Served by ``fleet view``, the same page loads any
+cut text in full on demand (``/full/<ref>``), so the page stays small and nothing is
+out of reach; the written file keeps the cut and links the file holding the rest.
 """
 
 from __future__ import annotations
@@ -56,9 +58,9 @@ class _Images:
         self.link_base = link_base
         self.left = IMAGE_BUDGET
 
-    def src(self, member_dir: str, path: str) -> str:
-        rel = path if Path(path).is_absolute() else f"{member_dir}/{path}"
-        full = Path(path) if Path(path).is_absolute() else self.run_dir / rel
+    def src(self, rel: str) -> str:
+        """``rel``: the screenshot's path relative to the run directory (or absolute)."""
+        full = Path(rel) if Path(rel).is_absolute() else self.run_dir / rel
         mime = _IMAGE_TYPES.get(full.suffix.lower())
         try:
             size = full.stat().st_size
@@ -71,14 +73,14 @@ class _Images:
         return self.link_base + rel
 
 
-def _mark(m: Mark, base: float, images: _Images, member_dir: str) -> dict[str, Any]:
+def _mark(m: Mark, base: float, images: _Images) -> dict[str, Any]:
     out: dict[str, Any] = {"k": m.kind, "ts": _r(m.ts, base), "x": m.text}
     if m.path:
         out["p"] = m.path
     if m.kind == "compaction":
         out |= {"b": m.tokens_before, "a": m.tokens_after, "sm": m.summary, "tr": m.truncated}
     if m.kind == "screenshot" and m.path:
-        out["src"] = images.src(member_dir, m.path)
+        out["src"] = images.src(m.path)
     if m.ref:
         out["ref"] = m.ref
     return out
@@ -99,10 +101,10 @@ def _member_data(d: MemberDetail, base: float, images: _Images) -> dict[str, Any
             {"n": x.tool, "id": x.call_id, "s": _r(x.start, base),
              "e": None if x.end is None else _r(x.end, base), "in": x.input, "out": x.output,
              "oc": x.output_chars, "tr": x.truncated, "err": x.is_error, "off": x.offloaded,
-             "ref": x.ref}
+             "ref": x.ref, "iref": x.input_ref, "itr": x.input_truncated}
             for x in t.tools
         ]  # fmt: skip
-        marks = [_mark(m, base, images, d.dir) for m in t.marks if m.kind != "sandbox"]
+        marks = [_mark(m, base, images) for m in t.marks if m.kind != "sandbox"]
         turns.append({"n": t.turn, "s": _r(t.start, base), "e": _r(t.end, base), "m": calls,
                       "t": tools, "k": marks})  # fmt: skip
     row = r.model_dump(mode="json")
@@ -113,13 +115,22 @@ def _member_data(d: MemberDetail, base: float, images: _Images) -> dict[str, Any
         "task": d.task,
         "dir": d.dir,
         "result": None if d.result is None else json.dumps(d.result, indent=2, ensure_ascii=False),
-        "pre": [_mark(m, base, images, d.dir) for m in d.preamble if m.kind != "sandbox"],
+        "pre": [_mark(m, base, images) for m in d.preamble if m.kind != "sandbox"],
         "turns_detail": turns,
-    }
+        "pages": [{"n": p.n, "u": p.url, "t": p.title, "c": p.chars, "ts": _r(p.ts, base),
+                   "p": p.path} for p in d.pages],
+        "files": [{"p": f.path, "b": f.bytes} for f in d.files],
+    }  # fmt: skip
 
 
-def page_data(run: RunTrace, *, limit: int = 1_200, link_base: str = "") -> dict[str, Any]:
-    """Everything the page shows, with times relative to the run's start."""
+def page_data(
+    run: RunTrace, *, limit: int = 1_200, link_base: str = "", served: bool = False
+) -> dict[str, Any]:
+    """Everything the page shows, with times relative to the run's start.
+
+    ``link_base`` prefixes run-relative paths in links; ``served`` tells the page that
+    ``fleet view`` answers ``/full/<ref>``, so cut texts can be loaded in full on demand.
+    """
     roll = rollup_run(run)
     base = roll.start
     per_content = _content_limit(run, limit)
@@ -134,7 +145,7 @@ def page_data(run: RunTrace, *, limit: int = 1_200, link_base: str = "") -> dict
             "id": roll.run, "finished": roll.finished, "start": base,
             "duration": roll.duration_s, "totals": roll.totals, "statuses": roll.statuses,
             "job": job if len(job) < 4_000 else job[:4_000] + "…",
-            "dir": str(run.dir), "limit": per_content,
+            "dir": str(run.dir), "limit": per_content, "lb": link_base, "served": served,
         },
         "members": members,
     }  # fmt: skip
@@ -148,10 +159,12 @@ def _asset(name: str) -> str:
     )
 
 
-def render_page(run: RunTrace, *, limit: int = 1_200, link_base: str = "") -> str:
+def render_page(
+    run: RunTrace, *, limit: int = 1_200, link_base: str = "", served: bool = False
+) -> str:
     """The page as one HTML string."""
-    data = json.dumps(page_data(run, limit=limit, link_base=link_base), ensure_ascii=False,
-                      separators=(",", ":"))  # fmt: skip
+    data = json.dumps(page_data(run, limit=limit, link_base=link_base, served=served),
+                      ensure_ascii=False, separators=(",", ":"))  # fmt: skip
     # Inside <script>, "</" could close the element early; "<\/" is the same JSON string.
     data = data.replace("</", "<\\/")
     page = _asset("viewer.html")

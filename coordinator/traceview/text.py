@@ -140,6 +140,12 @@ def format_member(detail: MemberDetail, *, width: int = 160) -> str:
         lines.append("result: " + compact_json(detail.result))
     else:
         lines.append("result: none")
+    if detail.pages:
+        lines.append(f"\npages fetched ({len(detail.pages)}):")
+        for page in detail.pages:
+            lines.append(
+                f"  {page.n:>3}  {page.path}  {page.chars} chars  {one_line(page.url, width - 50)}"
+            )
     return "\n".join(lines)
 
 

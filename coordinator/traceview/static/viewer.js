@@ -152,11 +152,30 @@
   }
 
   // ---------- member view ----------
-  function cutNote(item, shownLen, total) {
-    if (!item.tr && !item.off) return null;
-    const where = item.off ? "offloaded; full text in " : "truncated; full text in ";
+  const refFile = (ref) => (ref || "").replace(/:\d+$/, "");
+  const fileLink = (path, text) => el("a", { class: "path", href: RUN.lb + path, target: "_blank", text: text || path });
+
+  // A cut text says where its full version is (a link to the file); under `fleet view`
+  // it can also be loaded in place, so the page stays small yet nothing is out of reach.
+  function cutNote(item, shownLen, total, pre, ref, cut) {
+    ref = ref || item.ref;
+    if (!(cut === undefined ? item.tr || item.off : cut)) return null;
+    const where = item.off && cut === undefined ? "offloaded; full text in " : "truncated; full text in ";
     const size = total ? ` (${shownLen} of ${total} chars shown)` : "";
-    return el("div", { class: "cut" }, where, el("code", { text: item.ref || "" }), size);
+    const note = el("div", { class: "cut" }, where, fileLink(refFile(ref), ref), size);
+    if (RUN.served && pre) {
+      const btn = el("button", { class: "load-full", text: "load full text" });
+      btn.addEventListener("click", async () => {
+        btn.disabled = true;
+        const resp = await fetch("/full/" + ref.split("/").map(encodeURIComponent).join("/"));
+        if (!resp.ok) { btn.textContent = "not found (" + resp.status + ")"; return; }
+        pre.textContent = await resp.text();
+        pre.classList.add("full");
+        note.replaceChildren("full text from ", fileLink(refFile(ref), ref));
+      });
+      note.append(" ", btn);
+    }
+    return note;
   }
 
   function contextChart(m) {
@@ -220,32 +239,35 @@
   }
 
   function modelBlock(c) {
+    const pre = c.x ? el("pre", { text: c.x }) : null;
     return el("div", { class: "block model" },
       el("div", { class: "meta" }, el("b", { text: "model call" }), ` ${(c.e - c.s).toFixed(1)}s · ctx ${tok(c.ctx)} · in ${tok(c.i + c.cr + c.cw)} (cached ${tok(c.cr)}) · out ${c.o} · stop ${c.stop}` + (c.rt ? ` · ${c.rt} retries` : "")),
-      c.x ? el("details", { class: "sub" }, el("summary", { text: c.x.slice(0, 140) + (c.x.length > 140 ? "…" : "") }), el("pre", { text: c.x }), cutNote(c, c.x.length, 0)) : null);
+      c.x ? el("details", { class: "sub" }, el("summary", { text: c.x.slice(0, 140) + (c.x.length > 140 ? "…" : "") }), pre, cutNote(c, c.x.length, 0, pre)) : null);
   }
 
   function toolBlock(tc) {
     const d = tc.e === null ? "no result" : (tc.e - tc.s).toFixed(1) + "s";
+    const inPre = el("pre", { class: "tool-input", text: tc.in }), outPre = el("pre", { class: "tool-output", text: tc.out });
     return el("div", { class: "block tool" + (tc.err ? " err" : "") },
       el("details", { class: "sub tool-call" },
         el("summary", {}, el("b", { class: "mono", text: tc.n }), ` ${d} · ${tc.oc} chars` + (tc.err ? " · error" : "") + (tc.off ? " · offloaded" : "")),
-        el("div", { class: "meta", text: "input" }), el("pre", { text: tc.in }),
-        el("div", { class: "meta", text: "result" + (tc.err ? " (error)" : "") }), el("pre", { class: "tool-output", text: tc.out }),
-        cutNote(tc, tc.out.length, tc.oc)));
+        el("div", { class: "meta", text: "input" }), inPre, cutNote(tc, tc.in.length, 0, inPre, tc.iref, tc.itr),
+        el("div", { class: "meta", text: "result" + (tc.err ? " (error)" : "") }), outPre,
+        cutNote(tc, tc.out.length, tc.oc, outPre)));
   }
 
   function markBlock(k) {
     if (k.k === "compaction") {
-      return el("div", { class: "block compaction" }, el("div", { class: "meta" }, el("b", { text: "compaction" }), " " + k.x + " · transcript ", el("span", { class: "path", text: k.p || "" })),
-        el("details", { class: "sub", open: true }, el("summary", { text: "summary" }), el("pre", { text: k.sm || "" })));
+      const pre = el("pre", { text: k.sm || "" });
+      return el("div", { class: "block compaction" }, el("div", { class: "meta" }, el("b", { text: "compaction" }), " " + k.x + " · transcript ", k.p ? fileLink(k.p) : ""),
+        el("details", { class: "sub", open: true }, el("summary", { text: "summary" }), pre, cutNote(k, (k.sm || "").length, 0, pre, k.ref, k.tr)));
     }
     if (k.k === "screenshot") {
-      return el("div", { class: "block" }, el("div", { class: "meta" }, el("b", { text: "screenshot" }), " " + (k.x || "") + " · ", el("span", { class: "path", text: k.p })),
+      return el("div", { class: "block" }, el("div", { class: "meta" }, el("b", { text: "screenshot" }), " " + (k.x || "") + " · ", fileLink(k.p)),
         k.src ? el("a", { href: k.src, target: "_blank" }, el("img", { class: "shot", src: k.src, alt: "screenshot " + k.p, loading: "lazy" })) : null);
     }
     const cls = k.k === "offload" ? "offload" : k.k === "error" || k.k === "retry" ? "error" : "";
-    return el("div", { class: "block " + cls }, el("div", { class: "meta" }, el("b", { text: k.k }), " " + k.x + (k.p && k.k !== "offload" ? " · " + k.p : "")));
+    return el("div", { class: "block " + cls }, el("div", { class: "meta" }, el("b", { text: k.k }), " " + k.x, k.p ? [" · ", fileLink(k.p)] : null));
   }
 
   function turnNode(t) {
@@ -283,6 +305,41 @@
     return el("div", { class: "panel" }, el("div", { class: "panel-head" }, el("h2", { text: `Turns (${m.turns_detail.length})` })), bar, list);
   }
 
+  function size(b) { return b >= 1e6 ? (b / 1e6).toFixed(1) + " MB" : b >= 1e3 ? (b / 1e3).toFixed(1) + " kB" : b + " B"; }
+
+  function pagesPanel(m) {
+    if (!m.pages.length) return null;
+    const rows = m.pages.map((p) => el("tr", { class: "page-row" },
+      el("td", { class: "num", text: String(p.n) }), el("td", { class: "num", text: "+" + dur(p.ts) }),
+      el("td", {}, el("div", { text: p.t || "(no title)" }), el("div", { class: "meta mono", text: p.u })),
+      el("td", { class: "num", text: tok(p.c) + " chars" }), el("td", {}, fileLink(p.p, "page text"))));
+    return el("div", { class: "panel", id: "pages" }, el("div", { class: "panel-head" }, el("h2", { text: `Pages fetched (${m.pages.length})` }),
+      el("span", { class: "hint", text: "the texts quotes are checked against" })),
+    el("table", { class: "pages" }, el("tbody", {}, rows)));
+  }
+
+  function filesPanel(m) {
+    if (!m.files.length) return null;
+    return el("div", { class: "panel", id: "files" }, el("div", { class: "panel-head" }, el("h2", { text: `Files (${m.files.length})` }),
+      el("span", { class: "hint", text: "trace, result, patch, offloads, transcripts, memory" })),
+    el("div", { class: "file-list" }, m.files.map((f) => el("span", { class: "file" }, fileLink(f.p, f.p.slice(m.dir.length + 1)), el("span", { class: "meta", text: " " + size(f.b) })))));
+  }
+
+  // The final result: short fields as JSON, long multi-line texts (a patch, a report)
+  // each in their own block so they read as text, not as one escaped JSON line.
+  function resultPanel(m) {
+    const box = el("div", { id: "final-result" });
+    if (!m.result) return el("div", { class: "panel result" }, el("h2", { text: "Final result" }), el("div", { class: "empty", text: "no result (" + m.status + ")" }));
+    let obj = null;
+    try { obj = JSON.parse(m.result); } catch (e) { obj = null; }
+    const long = obj && typeof obj === "object" && !Array.isArray(obj)
+      ? Object.keys(obj).filter((k) => typeof obj[k] === "string" && obj[k].includes("\n") && obj[k].length > 120) : [];
+    const rest = obj && long.length ? Object.fromEntries(Object.entries(obj).filter(([k]) => !long.includes(k))) : null;
+    box.append(el("pre", { text: rest ? JSON.stringify(rest, null, 2) : m.result }));
+    for (const k of long) box.append(el("div", { class: "meta", text: k }), el("pre", { class: "result-text" + (/^diff |^--- /m.test(obj[k]) ? " diff" : ""), text: obj[k] }));
+    return el("div", { class: "panel result" }, el("h2", { text: "Final result" }), box);
+  }
+
   function openMember(id, push = true) {
     const m = MEMBERS.find((x) => x.id === id);
     if (!m) return;
@@ -304,7 +361,7 @@
       el("div", { class: "panel charts" }, contextChart(m), tokenChart(m)),
       m.pre.length ? el("div", { class: "panel" }, el("h3", { text: "Before the first turn" }), m.pre.map(markBlock)) : null,
       turnsPanel(m),
-      el("div", { class: "panel result" }, el("h2", { text: "Final result" }), m.result ? el("pre", { id: "final-result", text: m.result }) : el("div", { class: "empty", text: "no result (" + m.status + ")" }))].filter(Boolean));
+      resultPanel(m), pagesPanel(m), filesPanel(m)].filter(Boolean));
     crumbs(m.id);
     window.scrollTo(0, 0);
   }
