@@ -167,3 +167,116 @@ async def test_crashed_tab_is_an_error_then_recovers(
         await close_session(ctx)
         await box.close()
         await corpus.close()
+
+
+WIDGETS_PAGE = """<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">
+<title>Widgets</title></head><body><main><h1>Widgets</h1>
+<a href="/site/"><img src="/site/none.png" alt="Home page" width="20" height="20"></a>
+<button><span aria-hidden="true">&times;</span> Close</button>
+<input type="submit">
+<label for="qty">Quantity</label><input id="qty" type="number" value="3">
+<a href="/site/form.html" aria-hidden="true" tabindex="-1">Hidden duplicate</a>
+<span id="lbl">Search the docs</span><input aria-labelledby="lbl" type="text">
+<button disabled>Later</button>
+<select aria-label="Pick"><option value="a">Alpha</option><option value="b" selected>Beta</option>
+</select></main></body></html>
+"""
+
+
+async def test_snapshot_roles_and_names_come_from_the_accessibility_tree(
+    backend: DockerBackend, images: dict[str, str], run_id: str, tmp_path: Path
+) -> None:
+    """Names a screen reader would read (alt text, hidden parts skipped, implicit
+    button labels), roles such as spinbutton, aria-hidden elements left out."""
+    corpus = await corpus_box(backend, run_id, images)
+    await corpus.write_file("/workspace/site/widgets.html", WIDGETS_PAGE)
+    box = await backend.create(browser_spec(), run=run_id, member="b1")
+    ctx = tool_context(box, tmp_path, run_id, "b1")
+    call = Toolbox(ctx)
+    try:
+        out = await call("navigate", url=f"{CORPUS}/site/widgets.html")
+        assert not out.is_error, out.text
+        listing = out.text.split("Interactive elements (", 1)[1]
+        assert listing.startswith("7;"), listing
+        assert '[e1] link "Home page" -> http://corpus:8080/site/' in listing
+        assert '[e2] button "Close"' in listing
+        assert '[e3] button "Submit"' in listing
+        assert "[e4] spinbutton \"Quantity\" value='3'" in listing
+        assert "Hidden duplicate" not in listing and "[e5]" not in listing
+        assert '[e6] textbox "Search the docs"' in listing
+        assert '[e7] button "Later" (disabled)' in listing
+        assert "[e8] combobox \"Pick\" value='Beta'" in listing
+        # The refs the tree named still resolve for type and click.
+        out = await call("type", ref="e4", text="5")
+        assert "[e4] spinbutton \"Quantity\" value='5'" in out.text, out.text
+        out = await call("click", ref="e1")
+        assert not out.is_error and "Fleet research corpus" in out.text
+    finally:
+        await close_session(ctx)
+        await box.close()
+        await corpus.close()
+
+
+def _signal_chromium(sig: str) -> str:
+    return (
+        "import os, signal\n"
+        "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try:\n"
+        "        if b'chromium' in open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')[0]:\n"
+        f"            os.kill(int(p), signal.{sig})\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+
+
+async def test_frozen_browser_or_box_errors_within_the_action_timeout(
+    backend: DockerBackend, images: dict[str, str], run_id: str, tmp_path: Path, docker_client
+) -> None:
+    """A browser that stops answering is a prompt tool error, never a hang; a frozen
+    (paused) box ends the member as crashed, also promptly."""
+    import time
+
+    from sandbox.errors import SandboxCrashed
+    from subagents.browser.config import BrowserConfig
+    from subagents.browser.session import _GRACE_S
+
+    config = BrowserConfig(action_timeout_s=2, navigation_timeout_s=3, connect_timeout_s=3)
+    bound = config.navigation_timeout_s + _GRACE_S + 3  # the outer clock, plus slack
+    corpus = await corpus_box(backend, run_id, images)
+    box = await backend.create(browser_spec(), run=run_id, member="b1")
+    container = docker_client.containers.get(box.id)
+    ctx = tool_context(box, tmp_path, run_id, "b1")
+    call = Toolbox(ctx, config)
+    try:
+        # Chromium frozen before the lazy first connection: the connect gives up.
+        assert (await box.exec(["python3", "-c", _signal_chromium("SIGSTOP")])).ok
+        started = time.monotonic()
+        out = await call("navigate", url=f"{CORPUS}/site/")
+        assert time.monotonic() - started < bound
+        assert out.is_error and "could not connect to the browser" in out.text, out.text
+        assert (await box.exec(["python3", "-c", _signal_chromium("SIGCONT")])).ok
+        assert not (await call("navigate", url=f"{CORPUS}/site/")).is_error
+
+        # Frozen while connected: the action is abandoned with a clear error.
+        assert (await box.exec(["python3", "-c", _signal_chromium("SIGSTOP")])).ok
+        started = time.monotonic()
+        out = await call("snapshot")
+        assert time.monotonic() - started < bound
+        assert out.is_error and "did not finish within 2s" in out.text, out.text
+        assert (await box.exec(["python3", "-c", _signal_chromium("SIGCONT")])).ok
+        out = await call("snapshot")
+        assert not out.is_error and "Fleet research corpus" in out.text, out.text
+
+        # The whole box frozen: the member's box is reported gone, not waited on.
+        container.pause()
+        started = time.monotonic()
+        with pytest.raises(SandboxCrashed, match="paused"):
+            await call("snapshot")
+        assert time.monotonic() - started < bound
+    finally:
+        container.reload()
+        if container.status == "paused":
+            container.unpause()
+        await close_session(ctx)
+        await box.close()
+        await corpus.close()

@@ -27,13 +27,14 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
-from playwright.async_api import Browser, Page, Playwright, async_playwright
+from playwright.async_api import Browser, CDPSession, Page, Playwright, async_playwright
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from sandbox.base import Sandbox
 
 from ..tools.base import ToolError
+from .ax import ax_nodes, merge
 from .config import BrowserConfig
 from .dom import SNAPSHOT_JS, PageView
 
@@ -86,6 +87,7 @@ class BrowserSession:
         self._pw: Playwright | None = None
         self._browser: Browser | None = None
         self._page: Page | None = None
+        self._cdp: tuple[Page, CDPSession] | None = None
         self.page_crashed = False
 
     @classmethod
@@ -135,7 +137,7 @@ class BrowserSession:
 
     async def close(self) -> None:
         """Drop the CDP connection (the box and its Chromium are the backend's to remove)."""
-        browser, self._browser, self._page = self._browser, None, None
+        browser, self._browser, self._page, self._cdp = self._browser, None, None, None
         if browser is not None:
             with anyio.move_on_after(5), anyio.CancelScope(shield=True):
                 try:
@@ -168,7 +170,7 @@ class BrowserSession:
         return self._page
 
     async def _reconnect(self) -> None:
-        self._browser = None
+        self._browser, self._cdp = None, None
         try:
             await self._connect()
         except BrowserGone as exc:
@@ -208,12 +210,24 @@ class BrowserSession:
                 ) from None
             raise ToolError(f"{what} failed: {msg}") from None
 
+    async def _cdp_for(self, page: Page) -> CDPSession:
+        """A CDP session attached to ``page`` (one per tab, made on first use)."""
+        if self._cdp is None or self._cdp[0] is not page:
+            self._cdp = (page, await page.context.new_cdp_session(page))
+        return self._cdp[1]
+
     async def view(self) -> PageView:
-        """The current page read through :data:`SNAPSHOT_JS` (refs re-numbered)."""
+        """The current page: text and refs from :data:`SNAPSHOT_JS`, roles and names
+        from the accessibility tree (:mod:`subagents.browser.ax`)."""
         max_el = self.config.max_elements
 
         async def _read(page: Page) -> dict[str, Any]:
-            return await page.evaluate(SNAPSHOT_JS, max_el)
+            data = await page.evaluate(SNAPSHOT_JS, max_el)
+            listed = data["elements"]
+            elements = merge(listed, await ax_nodes(await self._cdp_for(page), len(listed)))
+            data["total_elements"] -= len(listed) - len(elements)
+            data["elements"] = elements
+            return data
 
         return PageView.model_validate(await self.run("snapshot", _read))
 
