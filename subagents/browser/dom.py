@@ -14,13 +14,16 @@ Why not list the whole accessibility tree: on a large documentation page
 2-9 s and Playwright's ``aria_snapshot`` about 0.6 s, against about 0.05 s for the
 script; asking the tree only for the listed elements keeps a snapshot fast.
 
-Everything that came from a page is wrapped in ``<untrusted_page_content>`` with any
-copy of the closing tag inside the text defused, so a page cannot close the
-delimiter and talk to the model as the harness.
+Everything that came from a page is wrapped in ``<untrusted_page_content>``. Any
+look-alike of either delimiter tag inside page text or attributes (any case, spaces
+or ``-``/``_`` between the words, invisible characters) has its ``<`` escaped, and
+quotes in the URL and title attributes are escaped, so a page can neither close the
+delimiter nor forge a new one and talk to the model as the harness.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -156,17 +159,26 @@ class PageView(BaseModel):
     viewport_height: int = 0
 
 
+_TAG_LOOKALIKE = re.compile(
+    r"[<\ufe64\uff1c](?=[\s\u200b-\u200f\u2060\ufeff]*/?[\s\u200b-\u200f\u2060\ufeff]*"
+    r"untrusted[\s_\-\u200b-\u200f\u2060\ufeff]*page[\s_\-\u200b-\u200f\u2060\ufeff]*content)",
+    re.IGNORECASE,
+)
+
+
 def defuse(text: str) -> str:
-    """Page text with any copy of the delimiter tags made inert."""
-    return text.replace("</untrusted_page_content", "<\\/untrusted_page_content").replace(
-        "<untrusted_page_content", "<\\untrusted_page_content"
-    )
+    """Page text with every look-alike of the delimiter tags made inert (its ``<`` as ``&lt;``)."""
+    return _TAG_LOOKALIKE.sub("&lt;", text)
+
+
+def _attr(value: str) -> str:
+    # Only quotes and line breaks: a URL must stay copyable as the model saw it.
+    return defuse(value).replace('"', "&quot;").replace("\n", " ")
 
 
 def untrusted(url: str, body: str, *, title: str = "") -> str:
     """``body`` (page-derived) wrapped in the untrusted-content delimiters."""
-    attrs = f' url="{defuse(url)}"' + (f' title="{defuse(title)}"' if title else "")
-    attrs = attrs.replace("\n", " ")
+    attrs = f' url="{_attr(url)}"' + (f' title="{_attr(title)}"' if title else "")
     return f"{OPEN_TAG}{attrs}>\n{defuse(body).rstrip()}\n{CLOSE_TAG}"
 
 
