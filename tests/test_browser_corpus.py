@@ -63,6 +63,31 @@ def test_quote_matching_is_verbatim_up_to_presentation() -> None:
     assert not quote_in("...", text)
 
 
+def test_quote_matching_flags_paraphrases_and_stitched_words() -> None:
+    text = (
+        "The shield() function protects an awaitable from cancellation. "
+        + "Unrelated prose about event loops and their policies. " * 40
+        + "If the task is cancelled, the await expression still raises CancelledError. "
+        "It doesn\u2019t cancel the inner task; soft\u00adhyphen and zero\u200bwidth stay invisible."
+    )
+    # Presentation differences pass: apostrophes, invisible characters, line breaks.
+    assert quote_in("It doesn't cancel the inner task;", text)
+    assert quote_in("soft-hyphen", text) is False  # a real hyphen is a different letter
+    assert quote_in("softhyphen and zerowidth stay\ninvisible.", text)
+    # Paraphrases do not: a word changed, a word dropped, words reordered.
+    assert not quote_in("The shield() function protects any awaitable from cancellation.", text)
+    assert not quote_in("The shield() function protects an awaitable from cancelling.", text)
+    assert not quote_in("The shield() protects an awaitable from cancellation.", text)
+    # An ellipsis omits a passage, not most of the page, and not between single words.
+    assert not quote_in("The ... shield ... cancellation", text)
+    assert not quote_in(
+        "The shield() function protects ... the await expression still raises", text
+    )
+    assert quote_in("If the task is cancelled, ... still raises CancelledError.", text)
+    # A literal "..." of the page is no ellipsis: quoted whole, it matches.
+    assert quote_in("Call f(...) first.", "Then: Call f(...) first. Done.")
+
+
 def test_verify_quote_uses_only_pages_the_member_fetched(tmp_path: Path) -> None:
     store = PageStore(tmp_path)
     store.record("http://corpus:8080/a.html", "A", "Alpha says the sky is green.")
@@ -73,6 +98,8 @@ def test_verify_quote_uses_only_pages_the_member_fetched(tmp_path: Path) -> None
     never = verify_quote("grass is blue", "http://corpus:8080/c.html", store)
     assert not never.verified and "never fetched" in never.note
     assert not verify_quote("grass is blue", "http://corpus:8080/a.html", store).verified
+    short = verify_quote("green", "http://corpus:8080/a.html", store)
+    assert not short.verified and "too short" in short.note
     # The same text fetched twice is kept once.
     assert store.record("http://corpus:8080/a.html#x", "A", "Alpha says the sky is green.") is None
     assert len(store.records()) == 2

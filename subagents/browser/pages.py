@@ -8,9 +8,12 @@ differ from what the member saw.
 
 Matching is verbatim up to presentation: Unicode is NFKC-normalised, typographic
 quotes and dashes become ASCII, and runs of whitespace collapse (``innerText``
-line-breaks are layout, not words). An ellipsis (``...`` or ``…``) inside a quote
-stands for omitted text: every piece must appear, in order. Letters, case and
-punctuation must otherwise match.
+line-breaks are layout, not words); soft hyphens and zero-width characters are
+dropped. An ellipsis (``...`` or ``…``) inside a quote stands for omitted text:
+every piece must appear, in order, each at least :data:`MIN_PIECE_CHARS` long and
+at most :data:`MAX_GAP_CHARS` after the previous one - otherwise "The ... shield
+... cancelled" would "quote" any page that has those words somewhere, which is a
+paraphrase, not a quote. Letters, case and punctuation must otherwise match.
 """
 
 from __future__ import annotations
@@ -36,7 +39,12 @@ _TRANSLATE = str.maketrans(
         "\u00b6": " ",
     }
 )
+_INVISIBLE = dict.fromkeys(map(ord, "\u00ad\u200b\u200c\u200d\u2060\ufeff"))
 _ELLIPSIS = re.compile(r"\s*(?:\.\.\.|\u2026)\s*")
+MIN_PIECE_CHARS = 10
+"""Shortest piece of an ellipsis quote (a word or two quote nothing)."""
+MAX_GAP_CHARS = 1_500
+"""Most text an ellipsis may stand for (about a long paragraph)."""
 
 
 class PageRecord(BaseModel):
@@ -56,7 +64,7 @@ class PageRecord(BaseModel):
 
 def normalize_text(text: str) -> str:
     """Text as compared for quotes (see the module docstring)."""
-    text = unicodedata.normalize("NFKC", text).translate(_TRANSLATE)
+    text = unicodedata.normalize("NFKC", text).translate(_TRANSLATE).translate(_INVISIBLE)
     return " ".join(text.split())
 
 
@@ -71,17 +79,35 @@ def normalize_url(url: str) -> str:
 
 def quote_in(quote: str, text: str) -> bool:
     """Whether ``quote`` occurs verbatim (as defined above) in ``text``."""
+    hay = normalize_text(text)
+    whole = normalize_text(quote)
+    if whole.strip(". \u2026") and whole in hay:
+        return True  # also a quote whose "..." is the page's own (``f(...)``)
     pieces = [normalize_text(p) for p in _ELLIPSIS.split(quote)]
     pieces = [p for p in pieces if p]
     if not pieces:
         return False
-    hay = normalize_text(text)
-    at = 0
-    for piece in pieces:
-        found = hay.find(piece, at)
+    if len(pieces) > 1 and any(len(p) < MIN_PIECE_CHARS for p in pieces):
+        return False
+    return any(_pieces_from(hay, pieces, start) for start in _all(hay, pieces[0]))
+
+
+def _all(hay: str, needle: str) -> list[int]:
+    out, at = [], hay.find(needle)
+    while at >= 0:
+        out.append(at)
+        at = hay.find(needle, at + 1)
+    return out
+
+
+def _pieces_from(hay: str, pieces: list[str], start: int) -> bool:
+    """The pieces in order from ``start``, each within MAX_GAP_CHARS of the last."""
+    end = start + len(pieces[0])
+    for piece in pieces[1:]:
+        found = hay.find(piece, end, end + MAX_GAP_CHARS + len(piece) + 1)
         if found < 0:
             return False
-        at = found + len(piece)
+        end = found + len(piece)
     return True
 
 
@@ -139,6 +165,11 @@ def verify_quote(quote: str, source_url: str, store: PageStore) -> QuoteCheck:
     pages = store.texts()
     if not quote.strip():
         return QuoteCheck(verified=False, note="empty quote")
+    if len(normalize_text(quote)) < MIN_PIECE_CHARS:
+        return QuoteCheck(
+            verified=False,
+            note=f"quote too short to support a claim (under {MIN_PIECE_CHARS} characters)",
+        )
     want = normalize_url(source_url)
     from_source = [(r, t) for r, t in pages if normalize_url(r.url) == want]
     if any(quote_in(quote, t) for _r, t in from_source):
