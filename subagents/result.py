@@ -71,7 +71,10 @@ class ResultGate:
         try:
             value = self.model.model_validate(raw if raw is not None else {})
         except ValidationError as exc:
-            return ToolOutput(format_validation_error(SUBMIT_TOOL, exc), is_error=True)
+            return ToolOutput(
+                format_validation_error(SUBMIT_TOOL, exc, self.model.model_json_schema()),
+                is_error=True,
+            )
         data = value.model_dump(mode="json")
         tokens = self.estimate(json.dumps(data, ensure_ascii=False))
         if tokens > self.cap_tokens:
@@ -98,7 +101,10 @@ class ResultGate:
         try:
             value = self.model.model_validate(raw if raw is not None else {})
         except ValidationError as exc:
-            return ToolOutput(format_validation_error(SUBMIT_TOOL, exc), is_error=True)
+            return ToolOutput(
+                format_validation_error(SUBMIT_TOOL, exc, self.model.model_json_schema()),
+                is_error=True,
+            )
         data = value.model_dump(mode="json")
         if self.estimate(json.dumps(data, ensure_ascii=False)) > self.cap_tokens:
             data = truncate_to_cap(data, self.cap_tokens, self.estimate)

@@ -116,7 +116,7 @@ async def test_command_template_tool_quotes_arguments(tools, ctx) -> None:
     listing = await call(tools, ctx, "shell", command="ls /workspace")
     assert "pwned" not in listing.text
     missing = await call(tools, ctx, "count_words")
-    assert missing.is_error and "text: Field required" in missing.text
+    assert missing.is_error and "- text: required argument missing; expected string" in missing.text
     schema = next(d for d in tools.definitions() if d["name"] == "count_words")["input_schema"]
     assert schema["required"] == ["text"]
 

@@ -82,6 +82,28 @@ async def test_several_tool_calls_in_one_response_run_concurrently(tmp_path: Pat
     assert [e.type for e in trace[:first_result]].count("tool_call") == 3
 
 
+async def test_bad_arguments_error_names_the_field_the_problem_and_the_expected_type(
+    tmp_path: Path,
+) -> None:
+    script = [
+        reply(
+            tool_use("add", {"a": "seven"}),
+            tool_use("add", {"a": 1, "b": 2, "c": 3}),
+            submit(answer=42, sources="web"),
+        ),
+        submit(answer="3"),
+    ]
+    outcome, api = await run_probe(tmp_path, script)
+    assert outcome.status == "ok" and outcome.result == {"answer": "3", "sources": []}
+    wrong_type, extra, bad_submit = (result_text(e) for e in tool_results(api.requests[1]))
+    assert "- a: Input should be a valid integer" in wrong_type
+    assert "expected integer (got 'seven')" in wrong_type
+    assert "- b: required argument missing; expected integer" in wrong_type
+    assert "- c: not an argument of add (its arguments: a, b)" in extra
+    assert "- answer: Input should be a valid string; expected string (got 42)" in bad_submit
+    assert "- sources: Input should be a valid list; expected array of string" in bad_submit
+
+
 async def test_tool_errors_and_bad_arguments_go_back_as_errors_and_the_run_goes_on(
     tmp_path: Path,
 ) -> None:

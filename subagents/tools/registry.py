@@ -42,17 +42,73 @@ BOX_GONE = (SandboxCrashed, SandboxClosed, SandboxUnavailable)
 _PARAM_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float, "boolean": bool}
 
 
-def format_validation_error(tool: str, exc: ValidationError) -> str:
-    """One line per problem: which field, what was wrong, what was given."""
+def format_validation_error(
+    tool: str, exc: ValidationError, schema: dict[str, Any] | None = None
+) -> str:
+    """One line per problem: which argument, what was wrong, the type expected (read
+    from the tool's input ``schema`` when given) and what was given."""
     lines = [f"Invalid arguments for {tool}: {exc.error_count()} problem(s)."]
+    names = list((schema or {}).get("properties", {}))
     for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "(arguments)"
+        loc = [p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function-")]
+        where = ".".join(str(p) for p in loc) or "(arguments)"
+        expected = _expected(schema, loc) if schema else None
+        hint = f"; expected {expected}" if expected else ""
+        if err["type"] == "missing":
+            lines.append(f"- {where}: required argument missing{hint}")
+            continue
+        if err["type"] == "extra_forbidden" and len(loc) == 1 and names:
+            lines.append(
+                f"- {where}: not an argument of {tool} (its arguments: {', '.join(names)})"
+            )
+            continue
         given = repr(err.get("input"))
         if len(given) > 80:
             given = given[:77] + "..."
-        lines.append(f"- {where}: {err['msg']} (got {given})")
+        lines.append(f"- {where}: {err['msg']}{hint} (got {given})")
     lines.append("Fix the arguments and call the tool again.")
     return "\n".join(lines)
+
+
+def _expected(schema: dict[str, Any], loc: list[Any]) -> str | None:
+    """The JSON type expected at ``loc`` in ``schema``, in words (None if unknown)."""
+    node: dict[str, Any] | None = schema
+    for part in loc:
+        node = _resolve(schema, node)
+        if node is None:
+            return None
+        if isinstance(part, int):
+            node = node.get("items")
+        else:
+            node = node.get("properties", {}).get(part)
+    return _describe_type(schema, _resolve(schema, node))
+
+
+def _resolve(root: dict[str, Any], node: dict[str, Any] | None) -> dict[str, Any] | None:
+    if node is not None and "$ref" in node:
+        return root.get("$defs", {}).get(str(node["$ref"]).rsplit("/", 1)[-1])
+    return node
+
+
+def _describe_type(root: dict[str, Any], node: dict[str, Any] | None, depth: int = 0) -> str | None:
+    if node is None or depth > 3:
+        return None
+    if "enum" in node:
+        return "one of " + ", ".join(repr(v) for v in node["enum"])
+    if "const" in node:
+        return repr(node["const"])
+    options = node.get("anyOf") or node.get("oneOf")
+    if options:
+        words = [_describe_type(root, _resolve(root, o), depth + 1) for o in options]
+        return " or ".join(w for w in words if w) or None
+    kind = node.get("type")
+    if kind == "array":
+        inner = _describe_type(root, _resolve(root, node.get("items")), depth + 1)
+        return f"array of {inner}" if inner else "array"
+    if kind == "object":
+        fields = list(node.get("properties", {}))
+        return f"object with {', '.join(fields)}" if fields else "object"
+    return str(kind) if kind else None
 
 
 def error_output(text: str) -> ToolOutput:
@@ -91,7 +147,7 @@ class ToolRegistry:
         try:
             args = tool.Input.model_validate(raw if raw is not None else {})
         except ValidationError as exc:
-            return error_output(format_validation_error(name, exc))
+            return error_output(format_validation_error(name, exc, tool.Input.model_json_schema()))
         with anyio.move_on_after(self.timeout_s) as scope:
             return await self._run(tool, args, ctx)
         if scope.cancelled_caught:
