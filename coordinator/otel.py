@@ -42,6 +42,7 @@ from subagents.trace import (
     ModelCall,
     Offload,
     Retry,
+    SandboxEvent,
     ToolCall,
     ToolResult,
 )
@@ -94,7 +95,7 @@ class _MemberSpans:
         self.tools: dict[str, Span] = {}
         self.first_ts = 0.0
         self.last_ts = 0.0
-        self.done = False
+        self.attempt = 1
         self.usage = [0, 0]
 
     def _agent(self, ts: float) -> Span:
@@ -107,18 +108,26 @@ class _MemberSpans:
                 "gen_ai.conversation.id": f"{self.live.run_id}/{self.member}",
                 "fleet.run.id": self.live.run_id,
             }
-            # The member's span starts at its first event (box creation comes before
-            # member_start), so the span covers the sandbox's start-up too.
+            attrs["fleet.member.attempt"] = self.attempt
+            # The member's span starts when its box started being created (the create
+            # event is written once the box is up, with how long that took), so the
+            # span covers the sandbox's start-up too.
             self.agent = self.live.tracer.start_span(
                 f"invoke_agent {self.member}", context=self.live.context, kind=SpanKind.INTERNAL,
                 attributes=attrs, start_time=_ns(min(ts, self.first_ts or ts)),
             )  # fmt: skip
+            self.live.agent_spans += 1
         return self.agent
 
     def __call__(self, ev: Any) -> None:
-        if self.done:
-            return  # e.g. the box's close after member_end: the member's span is over
-        self.first_ts = min(self.first_ts or ev.ts, ev.ts)
+        # A retried member writes each attempt to the same trace: every attempt gets
+        # its own invoke_agent span, ended by that attempt's member_end. Between
+        # attempts only the box's close comes, which starts nothing.
+        box = isinstance(ev, SandboxEvent)
+        if self.agent is None and box and ev.action != "create":
+            return
+        start = ev.ts - ev.duration_s if box and ev.action == "create" else ev.ts
+        self.first_ts = min(self.first_ts or start, start)
         self.last_ts = max(self.last_ts, ev.ts)
         if isinstance(ev, MemberStart):
             agent = self._agent(ev.ts)
@@ -209,7 +218,6 @@ class _MemberSpans:
         self.tools.clear()
         if self.agent is None:
             return
-        self.done = True
         self.agent.set_attribute("gen_ai.usage.input_tokens", self.usage[0])
         self.agent.set_attribute("gen_ai.usage.output_tokens", self.usage[1])
         self.agent.set_attribute("fleet.member.status", status)
@@ -218,6 +226,7 @@ class _MemberSpans:
             self.agent.set_status(Status(StatusCode.ERROR, reason or status))
         self.agent.end(end_time=_ns(ts))
         self.agent = None
+        self.first_ts, self.usage, self.attempt = 0.0, [0, 0], self.attempt + 1
 
 
 def _event_attrs(ev: Any) -> dict[str, Any]:
@@ -257,6 +266,8 @@ class LiveRun:
         )  # fmt: skip
         self.context = ot.set_span_in_context(self.span)
         self.members: dict[str, _MemberSpans] = {}
+        self.agent_spans = 0
+        """invoke_agent spans started (one per member attempt)."""
         self.failures = 0
         """Events the live export failed on (ignored so the run goes on)."""
 
@@ -309,7 +320,10 @@ def export_run(
     """Replay a run's traces as spans; return how many spans were exported."""
     provider = make_provider(endpoint=endpoint, exporter=exporter)
     stamps = [ev.ts for m in run.members for ev in m.events]
-    start, end = (min(stamps), max(stamps)) if stamps else (0.0, 0.0)
+    # A box's creation began before its event was written (the event carries how long).
+    starts = [ev.ts - ev.duration_s for m in run.members for ev in m.events
+              if isinstance(ev, SandboxEvent)]  # fmt: skip
+    start, end = (min(stamps + starts), max(stamps)) if stamps else (0.0, 0.0)
     live = LiveRun(run.id, provider, start=start, content=content)
     count = 1
     for member in run.members:
@@ -317,7 +331,7 @@ def export_run(
         for ev in member.events:
             listen(ev)
             count += isinstance(ev, ModelCall | ToolCall)
-        count += bool(member.events)
-    statuses = {ev.status for m in run.members for ev in m.events if isinstance(ev, MemberEnd)}
-    live.close(end, "ok" if statuses <= {"ok"} else "partial")
-    return count
+    # Each member's last end event decides (earlier ones are attempts that were retried).
+    last = {m.id: ev.status for m in run.members for ev in m.events if isinstance(ev, MemberEnd)}
+    live.close(end, "ok" if set(last.values()) <= {"ok"} else "partial")
+    return count + live.agent_spans

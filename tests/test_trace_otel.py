@@ -21,6 +21,8 @@ from subagents.trace import (
     MemberEnd,
     MemberStart,
     ModelCall,
+    Retry,
+    SandboxEvent,
     ToolCall,
     ToolResult,
     TraceWriter,
@@ -161,3 +163,53 @@ def test_cli_exports_to_an_otlp_http_collector(
     assert attrs["gen_ai.operation.name"].string_value == "chat"
     assert attrs["gen_ai.usage.input_tokens"].int_value > 0
     assert f"exported {len(spans)} spans" in done.stderr
+
+
+def test_a_retried_member_gets_one_sound_span_per_attempt(tmp_path: Path) -> None:
+    """Each attempt is its own invoke_agent span under the run, covering its box start-up;
+    the crashed one is an error, its open tool ends with it, the retry's calls are kept."""
+    run_dir = tmp_path / "retried-run"
+    writer = TraceWriter(run_dir / "members" / "m1" / "trace.jsonl", run="retried-run", member="m1")
+    box = {"box": "b1"}
+    writer.emit(SandboxEvent(ts=102.0, action="create", duration_s=2.0, **box))
+    writer.emit(MemberStart(ts=102.1, kind="coding", task="t", model="claude-haiku-4-5"))
+    writer.emit(ModelCall(ts=103.0, turn=1, model="claude-haiku-4-5", latency_s=0.5))
+    writer.emit(ToolCall(ts=103.1, turn=1, call_id="c1", tool="shell", input={"command": "x"}))
+    writer.emit(MemberEnd(ts=104.0, status="crashed", reason="sandbox crashed: oom"))
+    writer.emit(SandboxEvent(ts=104.5, action="close", **box))
+    writer.emit(Retry(ts=104.6, what="member", attempt=1, reason="sandbox crashed", delay_s=1.0))
+    writer.emit(SandboxEvent(ts=107.0, action="create", duration_s=1.0, **box))
+    writer.emit(MemberStart(ts=107.1, kind="coding", task="t", model="claude-haiku-4-5"))
+    writer.emit(ModelCall(ts=108.0, turn=1, model="claude-haiku-4-5", latency_s=0.5))
+    writer.emit(ToolCall(ts=108.1, turn=1, call_id="c2", tool="shell", input={"command": "x"}))
+    writer.emit(ToolResult(ts=108.5, turn=1, call_id="c2", tool="shell", output="ok"))
+    writer.emit(MemberEnd(ts=109.0, status="ok"))
+    writer.emit(SandboxEvent(ts=109.5, action="close", **box))
+    writer.close()
+    exporter = InMemorySpanExporter()
+    count = otel.export_run(load_run(run_dir), exporter=exporter)
+    spans = list(exporter.get_finished_spans())
+    assert count == len(spans) == 1 + 2 + 2 + 2
+    (run_span,) = _by_op(spans, "invoke_workflow")
+    agents = sorted(_by_op(spans, "invoke_agent"), key=lambda s: s.start_time)
+    assert [a.attributes["fleet.member.attempt"] for a in agents] == [1, 2]
+    assert [a.status.status_code for a in agents] == [StatusCode.ERROR, StatusCode.UNSET]
+    assert agents[0].attributes["fleet.member.status"] == "crashed"
+    # Box start-up included: the create event was written when the box was up.
+    assert agents[0].start_time == int(100e9) and agents[0].end_time == int(104e9)
+    assert agents[1].start_time == int(104.6e9) and agents[1].end_time == int(109e9)
+    assert [e.name for e in agents[1].events] == ["fleet.retry"]
+    assert run_span.start_time <= agents[0].start_time and run_span.end_time >= agents[1].end_time
+    assert run_span.status.status_code == StatusCode.UNSET  # the member ended ok at last
+    for parent in agents:
+        assert parent.parent is not None and parent.parent.span_id == run_span.context.span_id
+        kids = [s for s in spans if s.parent and s.parent.span_id == parent.context.span_id]
+        assert sorted(s.attributes["gen_ai.operation.name"] for s in kids) == [
+            "chat",
+            "execute_tool",
+        ]
+        assert all(parent.start_time <= k.start_time <= k.end_time <= parent.end_time for k in kids)
+    (open_tool,) = [
+        s for s in _by_op(spans, "execute_tool") if s.status.status_code == StatusCode.ERROR
+    ]
+    assert open_tool.attributes["gen_ai.tool.call.id"] == "c1"
