@@ -68,25 +68,45 @@ def _system(body: dict[str, Any]) -> str:
 
 
 class MigrationPolicy:
-    """60 shell steps (step 5 prints the needle), todos, then grep after compaction."""
+    """60 shell steps (step 5 prints the needle), todos, then grep after compaction.
+
+    The policy keeps no progress of its own: the step it runs next is read from
+    what the harness sent (the latest ``step N:`` output, or the summary's "Steps
+    1-N ran"), and the summary it writes is built from the messages it is asked to
+    summarize. So a compaction that lost the progress or the goal shows up as a
+    repeated or skipped step, or a wrong answer - the goal drift HARNESS.md warns of.
+    """
 
     def __init__(self) -> None:
-        self.step = 0
+        self.issued: list[int] = []
         self.transcript: str | None = None
         self.found: str | None = None
         self.summaries = 0
 
+    @staticmethod
+    def _done(messages: list[dict[str, Any]]) -> int:
+        """The last step the context shows as run (0 if none)."""
+        seen = [0]
+        for message in messages:
+            for chunk in _texts(message):
+                seen += [int(n) for n in re.findall(r"step (\d+): ", chunk)]
+                seen += [int(n) for n in re.findall(r"Steps 1-(\d+) ran", chunk)]
+        return max(seen)
+
     def __call__(self, body: dict[str, Any]) -> Any:
+        messages = body["messages"]
         if SUMMARY_SYSTEM in _system(body):
             self.summaries += 1
+            done = self._done(messages)
             return text(
                 "## Session intent\nRun the migration checklist and report the password.\n"
-                f"## Artifacts\nSteps 1-{self.step} ran.\n## Next steps\nContinue with step "
-                f"{self.step + 1}."
+                f"## Artifacts\nSteps 1-{done} ran.\n## Next steps\nContinue with step "
+                f"{done + 1}."
             )
-        messages = body["messages"]
         first = "\n".join(_texts(messages[0]))
         last = "\n".join(_texts(messages[-1]))
+        if TASK not in first:
+            return text("What should I be doing?")  # the goal is gone: drift
         match = re.search(r"saved at (\S+\.jsonl)", first)
         if match and self.transcript is None:
             self.transcript = match.group(1)
@@ -94,11 +114,12 @@ class MigrationPolicy:
         if self.transcript and self.found is None:
             hit = re.search(r"NEEDLE-[0-9]+", last)
             self.found = hit.group(0) if hit else "not found"
-        if self.step >= 60:
+        step = self._done(messages) + 1
+        if step > 60:
             return tool_use("submit_result", {"summary": f"Checklist done; password {self.found}."})
-        self.step += 1
-        shell = tool_use("shell", {"command": self._command(self.step)})
-        if self.step == 1:
+        self.issued.append(step)
+        shell = tool_use("shell", {"command": self._command(step)})
+        if step == 1:
             todos = [
                 {"content": "run the 60 checklist steps", "status": "in_progress"},
                 {"content": "report the rollout password", "status": "pending"},
@@ -135,7 +156,8 @@ async def test_sixty_step_task_survives_compaction_at_15_percent_of_the_window(
             outcome = await run_member(spec, sandbox=box, model=model, run_dir=run_dir, trace=trace)
     trace.close()
     assert outcome.status == "ok", outcome.reason
-    assert policy.step == 60 and policy.summaries >= 1
+    # Every step exactly once, in order: compaction lost neither progress nor goal.
+    assert policy.issued == list(range(1, 61)) and policy.summaries >= 1
     assert outcome.result is not None and NEEDLE in outcome.result["summary"]
 
     compactions = [e for e in read_trace(trace.path) if e.type == "compaction"]
