@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sandbox.errors import SandboxSpecError
 from sandbox.spec import NetworkPolicy, parse_size
 
 MemberKind = Literal["browser", "coding"]
@@ -231,8 +232,8 @@ class Egress(_Strict):
     def _hosts(cls, v: list[str]) -> list[str]:
         try:
             return list(NetworkPolicy(egress="allowlist", allow=tuple(v)).allow)
-        except ValidationError as exc:
-            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
+        except SandboxSpecError as exc:  # one (field, message) pair per problem
+            raise ValueError(exc.problems[0][1]) from None
 
     @field_validator("search_url")
     @classmethod

@@ -7,6 +7,9 @@ whose TTL has passed, and run networks left behind. ``--all`` also removes kept
 boxes, but never those of a live run (another process may be using them; gc says how
 many it spared) unless ``--include-live`` is given too; ``--dry-run`` only says what
 would go.
+
+Exit codes: 0 done, 2 the engine is unavailable (one paragraph saying what to do),
+1 another sandbox error.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import sys
 import time
 
 from . import reaper
-from .errors import SandboxError
+from .errors import SandboxError, SandboxUnavailable
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,7 +59,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         boxes = reaper.list_boxes(client, args.run)
     except SandboxError as e:
         print(f"fleet: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, SandboxUnavailable) else 1
     live, now = reaper.live_runs(), time.time()
     if args.json:
         for box in boxes:
@@ -97,7 +100,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         )
     except SandboxError as e:
         print(f"fleet: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, SandboxUnavailable) else 1
     verb = "would remove" if args.dry_run else "removed"
     for box in removed:
         print(f"{verb} {box.name} (run {box.run}, member {box.member})")

@@ -7,10 +7,11 @@ was wrong and what to do next. All of them derive from :class:`SandboxError`, so
 =====================  ==========================================================
 error                  raised when
 =====================  ==========================================================
-SandboxSpecError       a spec is invalid (unknown field, negative limit, unknown
-                       image); raised before anything is created
-SandboxUnavailable     the engine cannot be reached, an image is missing, or the
-                       box could not be created or started
+SandboxSpecError       a spec is invalid (unknown field, negative limit, bad size
+                       or host name); raised when the spec is built, one paragraph
+                       naming every bad field and the fields there are
+SandboxUnavailable     the engine cannot be reached, an image is unknown to the
+                       engine, or the box could not be created or started
 SandboxTimeout         a file or control operation (not ``exec``: a command that
                        runs past its timeout returns ``ExecResult.timed_out``)
                        did not finish in time

@@ -7,9 +7,18 @@ paths in a backend: a backend reads a :class:`SandboxSpec` and applies all of it
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .errors import SandboxSpecError
 
 BoxKind = Literal["coding", "browser", "service"]
 
@@ -29,10 +38,53 @@ def parse_size(text: str | int) -> int:
     return int(float(num) * mult)
 
 
-class NetworkPolicy(BaseModel):
-    """Where a box may connect to."""
+def spec_error(model: type[BaseModel], exc: ValidationError) -> SandboxSpecError:
+    """One paragraph naming every bad field, what was wrong, and the fields there are.
+
+    ``problems`` on the error keeps ``(field, message)`` pairs for callers that render
+    their own (the job-file reader).
+    """
+    problems: list[tuple[str, str]] = []
+    got: dict[str, str] = {}
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or model.__name__
+        inner = (err.get("ctx") or {}).get("error")
+        if isinstance(inner, SandboxSpecError) and hasattr(inner, "got"):
+            problems += [(f"{where}.{w}", m) for w, m in inner.problems]  # a nested model's
+            got.update({f"{where}.{w}": g for w, g in inner.got.items()})
+        elif err["type"] == "extra_forbidden":
+            problems.append((where, f"not a field of {model.__name__}"))
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append((where, msg))
+            got[where] = repr(err.get("input"))
+    text = "; ".join(f"{w}: {m}" + (f" (got {got[w]})" if w in got else "") for w, m in problems)
+    known = ", ".join(model.model_fields)
+    example = getattr(model, "_EXAMPLE", "")
+    error = SandboxSpecError(
+        f"invalid {model.__name__}: {text}. Its fields: {known}; e.g. {example}."
+    )
+    error.problems, error.got = problems, got  # type: ignore[attr-defined]
+    return error
+
+
+class _Strict(BaseModel):
+    """Direct construction raises :class:`SandboxSpecError` (a ``ValueError``), not
+    pydantic's multi-line error, so API users get the same one paragraph as the CLI."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __init__(self, /, **data: object) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise spec_error(type(self), exc) from None
+
+
+class NetworkPolicy(_Strict):
+    """Where a box may connect to."""
+
+    _EXAMPLE: ClassVar[str] = "NetworkPolicy(egress='allowlist', allow=('docs.python.org',))"
 
     egress: Literal["none", "allowlist"] = "none"
     """``none``: no network at all. ``allowlist``: the box sits on its run's internal
@@ -60,14 +112,15 @@ class NetworkPolicy(BaseModel):
         return self
 
 
-class SandboxSpec(BaseModel):
+class SandboxSpec(_Strict):
     """One box: image, limits, user, filesystem and network policy.
 
     Defaults are the secure ones: 1 CPU, 1 GiB memory, 256 pids, read-only root,
-    tmpfs ``/tmp``, a size-limited ``/workspace``, no network.
+    tmpfs ``/tmp``, a size-limited ``/workspace``, no network. Invalid input raises
+    :class:`~sandbox.errors.SandboxSpecError`.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    _EXAMPLE: ClassVar[str] = "SandboxSpec(kind='coding', cpus=1.0, memory='1g', pids=256)"
 
     kind: BoxKind = "coding"
     """What the box is for; picks the default image and how the box is started."""
