@@ -183,6 +183,23 @@ async def test_summary_call_is_traced_and_counted(tmp_path: Path) -> None:
     assert len(manager.summary_usage) == 1
 
 
+async def test_replay_of_a_trace_gives_the_recorded_summary_back(tmp_path: Path) -> None:
+    from subagents.offline import ReplayModel
+
+    manager, _, trace = manager_for(
+        tmp_path / "a", ContextConfig(budget_tokens=10_000), SummaryModel()
+    )
+    await manager.prepare(long_session(60), turn=61, system="", tools=[])
+    trace.close()
+    (recorded,) = [e.summary for e in read_trace(trace.path) if e.type == "compaction"]
+    replay = ReplayModel(trace.path)
+    again, _, trace2 = manager_for(tmp_path / "b", ContextConfig(budget_tokens=10_000), replay)
+    await again.prepare(long_session(60), turn=61, system="", tools=[])
+    trace2.close()
+    (replayed,) = [e.summary for e in read_trace(trace2.path) if e.type == "compaction"]
+    assert replayed == recorded and "Session intent" in recorded
+
+
 async def test_an_oversized_task_does_not_make_every_turn_compact(tmp_path: Path) -> None:
     model = SummaryModel()
     manager, _, _ = manager_for(tmp_path, ContextConfig(budget_tokens=10_000), model)

@@ -320,6 +320,10 @@ class ContextManager:
                 latency_s=round(response.latency_s, 4),
                 retries=response.retries,
                 offline=response.offline,
+                # The summary's words, so replay:<trace> gives the same summary back.
+                content=[
+                    b.model_dump(mode="json", exclude_none=True) for b in response.message.content
+                ],
             )
         )
 
