@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -50,17 +51,44 @@ def real_run(
     }
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.url
     try:
-        done = subprocess.run(
+        proc = subprocess.Popen(
             [FLEET, "research", "How do Python asyncio tasks get cancelled?", "--members", "2",
              "--output-dir", str(root), "--plain"],
-            capture_output=True, text=True, timeout=600, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
+        # `fleet trace --follow` on the run while it is running: it must exit by itself.
+        head = proc.stderr.readline() if proc.stderr else ""
+        match = re.search(r" in (\S+)$", head.strip())
+        assert match, head
+        follower = subprocess.Popen(
+            [FLEET, "trace", match.group(1), "--follow", "--interval", "0.2"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, head + out + err
+        followed, _ = follower.communicate(timeout=60)
+        FOLLOWED.append((follower.returncode, followed))
         (run,) = RunDir.list(root)
         yield run.path
     finally:
         for run in RunDir.list(root):
             remove_run(docker_client, run.id)
+
+
+FOLLOWED: list[tuple[int, str]] = []
+"""Exit code and output of `fleet trace --follow` run alongside the real run."""
+
+
+def test_follow_tails_a_real_run_and_exits_when_it_ends(real_run: Path) -> None:
+    (code, out), roll = FOLLOWED[0], rollup_run(load_run(real_run))
+    assert code == 0, out
+    for r in roll.members:
+        assert re.search(rf"{r.member}\s+t0\s+START browser", out), out
+        assert re.search(rf"{r.member}\s+t0\s+END ok", out), out
+        assert re.search(rf"{r.member}\s+t0\s+box create \d+\.\ds", out), out
+        assert len(re.findall(rf"{r.member}\s+t\d+\s+-> ", out)) == r.tool_calls
+    # It ends with the finished run's table.
+    assert re.search(rf"run {real_run.name}\s+finished", out.split("(Ctrl-C to stop)")[1])
 
 
 def test_rollup_of_a_real_run_matches_its_traces_and_journal(real_run: Path) -> None:

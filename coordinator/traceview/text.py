@@ -15,6 +15,7 @@ from subagents.trace import (
     Messages,
     ModelCall,
     Offload,
+    SandboxEvent,
     Screenshot,
     ToolCall,
     ToolResult,
@@ -181,6 +182,8 @@ def format_event(member: str, ev: Any, width: int = 160) -> str | None:
         body = f"ERROR {ev.error}: {ev.message}"
     elif isinstance(ev, Screenshot):
         body = f"screenshot {ev.path}"
+    elif isinstance(ev, SandboxEvent):
+        body = f"box {ev.action}" + (f" {ev.duration_s:.1f}s" if ev.duration_s else "")
     else:
         body = ev.type
     return one_line(head + body, width)
