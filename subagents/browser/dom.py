@@ -29,9 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 SNAPSHOT_JS = r"""
-(maxElements) => {
-  const old = document.querySelectorAll('[data-fleet-ref]');
-  old.forEach(e => e.removeAttribute('data-fleet-ref'));
+([maxElements, withElements]) => {
   const SEL = 'a[href], button, input:not([type=hidden]), select, textarea, summary, ' +
     '[role=button], [role=link], [role=checkbox], [role=radio], [role=tab], ' +
     '[role=menuitem], [role=textbox], [role=searchbox], [role=combobox], [role=switch], ' +
@@ -76,7 +74,10 @@ SNAPSHOT_JS = r"""
   const elements = [];
   const listed = [];
   let n = 0;
-  for (const el of document.querySelectorAll(SEL)) {
+  // Reading text only (read, find) leaves the refs of the last snapshot in place.
+  if (withElements) document.querySelectorAll('[data-fleet-ref]')
+    .forEach(e => e.removeAttribute('data-fleet-ref'));
+  for (const el of withElements ? document.querySelectorAll(SEL) : []) {
     if (!visible(el)) continue;
     const href = el.getAttribute('href') || '';
     const nm = name(el);

@@ -216,17 +216,20 @@ class BrowserSession:
             self._cdp = (page, await page.context.new_cdp_session(page))
         return self._cdp[1]
 
-    async def view(self) -> PageView:
+    async def view(self, *, elements: bool = True) -> PageView:
         """The current page: text and refs from :data:`SNAPSHOT_JS`, roles and names
-        from the accessibility tree (:mod:`subagents.browser.ax`)."""
+        from the accessibility tree (:mod:`subagents.browser.ax`); with
+        ``elements=False`` the text only (refs of the last snapshot stay valid)."""
         max_el = self.config.max_elements
 
         async def _read(page: Page) -> dict[str, Any]:
-            data = await page.evaluate(SNAPSHOT_JS, max_el)
+            data = await page.evaluate(SNAPSHOT_JS, [max_el, elements])
             listed = data["elements"]
-            elements = merge(listed, await ax_nodes(await self._cdp_for(page), len(listed)))
-            data["total_elements"] -= len(listed) - len(elements)
-            data["elements"] = elements
+            if not listed:
+                return data
+            named = merge(listed, await ax_nodes(await self._cdp_for(page), len(listed)))
+            data["total_elements"] -= len(listed) - len(named)
+            data["elements"] = named
             return data
 
         return PageView.model_validate(await self.run("snapshot", _read))

@@ -79,9 +79,9 @@ class BrowserTool(Tool):
     def __init__(self, config: BrowserConfig) -> None:
         self.config = config
 
-    async def view(self, ctx: ToolContext) -> PageView:
-        """Read the page and keep its text in ``pages/``."""
-        view = await (await session(ctx, self.config)).view()
+    async def view(self, ctx: ToolContext, *, elements: bool = True) -> PageView:
+        """Read the page (``elements=False``: its text only) and keep its text in ``pages/``."""
+        view = await (await session(ctx, self.config)).view(elements=elements)
         if view.url.startswith(("http://", "https://")):
             page_store(ctx).record(view.url, view.title, view.full_text)
         return view
@@ -89,7 +89,7 @@ class BrowserTool(Tool):
     async def snapshot_text(
         self, ctx: ToolContext, status: str = "", *, elements: bool = True
     ) -> str:
-        view = await self.view(ctx)
+        view = await self.view(ctx, elements=elements)
         return render_snapshot(
             view, chunk_chars=self.config.chunk_chars, status=status, elements=elements
         )
@@ -300,7 +300,7 @@ class Find(BrowserTool):
     max_matches: ClassVar[int] = 10
 
     async def run(self, args: FindInput, ctx: ToolContext) -> str:
-        view = await self.view(ctx)
+        view = await self.view(ctx, elements=False)
         parts = chunks(view.text, self.config.chunk_chars)
         needle = args.text.lower()
         lines: list[str] = []
@@ -332,7 +332,7 @@ class Read(BrowserTool):
     Input: ClassVar[type[BaseModel]] = ReadInput
 
     async def run(self, args: ReadInput, ctx: ToolContext) -> str:
-        view = await self.view(ctx)
+        view = await self.view(ctx, elements=False)
         parts = chunks(view.text, self.config.chunk_chars)
         if args.chunk > len(parts):
             raise ToolError(f"the page has {len(parts)} chunk(s); ask for chunk 1..{len(parts)}")
