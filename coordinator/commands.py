@@ -48,6 +48,13 @@ def _go(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> Run
         run.clear_live()
         print(f"fleet: run {run.id} failed: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        # Ctrl-C before the run's signal watcher was up (or a second one during cleanup):
+        # the run is still interrupted and resumable, not left looking dead.
+        run.journal.append("run_interrupted", status="interrupted")
+        run.clear_live()
+        print(f"fleet: interrupted: resume with 'fleet resume {run.id}'", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def _start(job: Job, text: str, args: argparse.Namespace) -> RunSummary:

@@ -205,27 +205,72 @@ async def _watch_signals(scope: anyio.CancelScope, flag: list[int]) -> None:
             return
 
 
+@dataclass
+class _Progressed:
+    """How far a run got before it ended or was interrupted (planning may not finish)."""
+
+    members: list[MemberJob] = field(default_factory=list)
+    progress: Progress | None = None
+    outcomes: dict[str, MemberOutcome] = field(default_factory=dict)
+
+
 async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> RunSummary:
-    """Run (or resume) ``run``; never raises for a member's failure."""
+    """Run (or resume) ``run``; never raises for a member's failure.
+
+    Ctrl-C is watched from the first line, so an interrupt while a resume reaps boxes
+    or while the planner runs leaves the run ``interrupted`` (resumable), not dead.
+    """
     backend = _backend(opts)
+    interrupted: list[int] = []
+    got = _Progressed()
+    async with anyio.create_task_group() as tg:
+        if opts.handle_signals:
+            tg.start_soon(_watch_signals, tg.cancel_scope, interrupted)
+        try:
+            await _run_members(run, job, opts, backend, got, tg, resume=resume)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await backend.remove_run(run.id)
+        tg.cancel_scope.cancel()
+    progress = got.progress or Progress([m.id or "" for m in got.members], out=opts.out, tty=False)
+    return await _finish(
+        run, job, got.members, progress, opts, got.outcomes, interrupted=bool(interrupted)
+    )
+
+
+def _progress(
+    run: RunDir, members: list[MemberJob], pending: list[MemberJob], opts: RunOptions
+) -> Progress:
+    """The progress table, members finished in an earlier life of the run shown as such."""
+    progress = Progress([m.id or "" for m in members], out=opts.out, tty=opts.tty)
+    done = run.state().members
+    for m in members:
+        if m not in pending:
+            status = done.get(m.id or "", "ok")
+            progress.on_journal({"event": "member_finished", "member": m.id, "status": status})
+    return progress
+
+
+async def _run_members(
+    run: RunDir,
+    job: Job,
+    opts: RunOptions,
+    backend: SandboxBackend,
+    got: _Progressed,
+    tg: Any,
+    *,
+    resume: bool,
+) -> None:
+    """Plan, then fan out; fills ``got`` as it goes (an interrupt may stop it anywhere)."""
     if resume:
         reaped = await backend.remove_run(run.id)  # the dead run's boxes and network
         run.journal.append("reaped", boxes=reaped)
     run.mark_live()
     reaper.mark_live(run.id)
     run.journal.append("run_started", pid=os.getpid(), resume=resume)
-    members = await plan_members(run, job, opts.make_model)
+    members = got.members = await plan_members(run, job, opts.make_model)
     pending = run.pending_members(members, retry_failed=opts.retry_failed) if resume else members
-    progress = Progress([m.id or "" for m in members], out=opts.out, tty=opts.tty)
-    for m in members:
-        if m not in pending:
-            progress.on_journal(
-                {
-                    "event": "member_finished",
-                    "member": m.id,
-                    "status": run.state().members.get(m.id or "", "ok"),
-                }
-            )
+    progress = got.progress = _progress(run, members, pending, opts)
 
     def journal(event: str, **fields: Any) -> None:
         progress.on_journal(run.journal.append(event, **fields))
@@ -242,40 +287,32 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
         for m in members
         if m not in pending and (run.result(m.id or "") or {}).get("status") == "ok"
     )
-    interrupted: list[int] = []
+    if progress.tty:
+        tg.start_soon(progress.run)
     corpus: Sandbox | None = None
-    fanned = None
     try:
-        async with anyio.create_task_group() as tg:
-            if opts.handle_signals:
-                tg.start_soon(_watch_signals, tg.cancel_scope, interrupted)
-            if progress.tty:
-                tg.start_soon(progress.run)
-            # The pools live inside the task group so they close before it is cancelled.
-            async with contextlib.AsyncExitStack() as stack:
-                if job.fanout.warm_pool:
-                    await open_pools(stack, deps, units, run.id, job.fanout.max_parallel)
-                if any(u.spec.kind == "browser" for u in units) and _wants_corpus(job):
-                    corpus = await start_corpus(backend, run.id)
-                fanned = await fan_out(
-                    units,
-                    deps,
-                    max_parallel=job.fanout.max_parallel,
-                    min_success=job.fanout.min_success,
-                    fail_fast=job.fanout.fail_fast,
-                    executor=opts.executor,
-                    already_ok=already_ok,
-                )
-            tg.cancel_scope.cancel()
+        # The pools close (their boxes removed) before the run's task group ends.
+        async with contextlib.AsyncExitStack() as stack:
+            if job.fanout.warm_pool:
+                await open_pools(stack, deps, units, run.id, job.fanout.max_parallel)
+            if any(u.spec.kind == "browser" for u in units) and _wants_corpus(job):
+                corpus = await start_corpus(backend, run.id)
+            fanned = await fan_out(
+                units,
+                deps,
+                max_parallel=job.fanout.max_parallel,
+                min_success=job.fanout.min_success,
+                fail_fast=job.fanout.fail_fast,
+                executor=opts.executor,
+                already_ok=already_ok,
+            )
+            got.outcomes = fanned.outcomes
     finally:
         with anyio.CancelScope(shield=True):
             if corpus is not None:
                 await corpus.close()
-            await backend.remove_run(run.id)
             if live_otel is not None:
                 await anyio.to_thread.run_sync(live_otel.close, time.time())
-    extra = fanned.outcomes if fanned else {}
-    return await _finish(run, job, members, progress, opts, extra, interrupted=bool(interrupted))
 
 
 def _live_otel(run_id: str, deps: Deps) -> Any:

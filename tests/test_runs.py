@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from fleet_policies import coding_policy
 
 from coordinator.jobfile import parse_job
 from coordinator.runs import RunDir, RunNotFound
-from subagents.fake_api import FakeMessagesAPI
+from subagents.fake_api import FakeMessagesAPI, tool_use
 
 FLEET = str(Path(sys.executable).with_name("fleet"))
 JOB = (
@@ -147,3 +148,48 @@ def test_resume_refuses_a_run_that_is_still_running_and_unknown_runs(tmp_path, c
     assert main(["resume", "no-such-run", "--output-dir", str(tmp_path)]) == 2
     assert "fleet runs" in capsys.readouterr().err
     run.clear_live()
+
+
+@pytest.mark.docker
+def test_ctrl_c_while_the_planner_thinks_leaves_an_interrupted_run(tmp_path, images, docker_client):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "plan-ctrlc"\noutput_dir = "{tmp_path / "runs"}"\n'
+        '[model]\nname = "claude-sonnet-5"\n[research]\nquestion = "How do tasks end?"\n'
+    )
+    asked = threading.Event()
+
+    def slow_planner(body: dict) -> object:
+        asked.set()
+        return tool_use("submit_plan", {"sub_questions": ["x" * 12]}, latency_s=3600)
+
+    with FakeMessagesAPI(slow_planner) as api:
+        env = {**os.environ, "ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api.url}
+        proc = subprocess.Popen(
+            [FLEET, "run", str(job), "--plain"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        run = None
+        try:
+            assert asked.wait(60), "the planner was never asked"
+            (run,) = RunDir.list(tmp_path / "runs")
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 130, err
+            assert "Traceback" not in err and f"fleet resume {run.id}" in err
+            st = run.state()
+            assert st.status == "interrupted"
+            assert run.planned_members() is None  # resume plans afresh
+            assert run.owner_pid() is None
+            assert (
+                docker_client.containers.list(all=True, filters={"label": f"fleet.run={run.id}"})
+                == []
+            )
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            if run is not None:
+                remove_run(docker_client, run.id)
