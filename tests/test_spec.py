@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,37 @@ BAD = [
         "members[0].result_schema",
         'type = "object"',
     ),
+    (
+        "words where a number goes",
+        GOOD + 'limits = { max_turns = "ten" }\n',
+        "members[0].limits.max_turns",
+        "valid integer",
+    ),
+    (
+        "model as a string, not a table",
+        'name = "x"\nmodel = "claude-sonnet-5"\n[research]\nquestion = "q"\n',
+        "model",
+        "valid dictionary",
+    ),
+    (
+        "[members] table instead of [[members]]",
+        'name = "x"\n[members]\nkind = "coding"\ntask = "t"\n',
+        "members",
+        "valid list",
+    ),
+    (
+        "negative parallelism",
+        'name = "x"\n[research]\nquestion = "q"\n[fanout]\nmax_parallel = -2\n',
+        "fanout.max_parallel",
+        "(got -2)",
+    ),
+    (
+        "retry as a bare number",
+        'name = "x"\n[research]\nquestion = "q"\n[fanout]\nretry = 3\n',
+        "fanout.retry",
+        "valid dictionary",
+    ),
+    ("empty file", "", "name", "required"),
 ]
 
 
@@ -169,3 +201,35 @@ def test_bad_input_through_the_real_entry_point_prints_no_traceback(tmp_path):
     )
     assert proc.returncode == 2
     assert "--allow-domain" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_model_that_cannot_be_used_is_bad_input_before_any_run(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    out = tmp_path / "runs"
+    proc = subprocess.run(
+        [
+            FLEET,
+            "research",
+            "How do tasks end?",
+            "--allow-domain",
+            "docs.python.org",
+            "--model",
+            "gpt-9",
+            "--output-dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip()
+    assert "\n" not in err and "Traceback" not in err  # one paragraph
+    assert err.startswith("fleet: --model (model.name): no API key for model 'gpt-9'")
+    assert "ANTHROPIC_API_KEY" in err
+    assert not out.exists()  # no run was started
+    job = tmp_path / "job.toml"
+    job.write_text(f'output_dir = "{out}"\n' + GOOD + 'model = "claude-sonnet-5"\n')
+    proc = subprocess.run([FLEET, "run", str(job)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and "members[0].model: no API key" in proc.stderr, proc.stderr
+    assert not out.exists()
