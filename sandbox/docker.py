@@ -146,7 +146,7 @@ class DockerSandbox(Sandbox):
             try:
                 return await self._agent.request(msg, rid)
             except StreamBroken as e:
-                await self._raise_if_dead()
+                await self._raise_if_dead(settle_s=1.0)
                 await self._restart_agent()
                 raise SandboxUnavailable(
                     f"the agent stream of sandbox {self.name} broke during a call ({e}); the box "
@@ -190,7 +190,15 @@ class DockerSandbox(Sandbox):
         if self._crashed:
             raise self._crashed
 
-    async def _raise_if_dead(self) -> None:
+    async def _raise_if_dead(self, settle_s: float = 0.0) -> None:
+        if settle_s:
+            # The agent's stream ending is usually the box dying (an OOM kill of its
+            # init takes the agent with it), but the engine records the exit a moment
+            # later: wait for it (bounded) so a dying box is not judged alive.
+            try:
+                await anyio.to_thread.run_sync(lambda: self._api.wait(self.id, timeout=settle_s))
+            except Exception:  # still running (the read timed out) or already gone
+                pass
         try:
             info = await anyio.to_thread.run_sync(self._api.inspect_container, self.id)
         except docker.errors.NotFound:

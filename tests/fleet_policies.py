@@ -6,8 +6,10 @@ the step. So many members can share one fake server, concurrently, in any order.
 
 Task markers: ``[hang]`` the model never answers in time; ``[bad-request]`` the API
 rejects the call for good (400); ``[edit:PATH:OLD:NEW]`` edit a file then submit;
-``[slow]`` every answer takes at least a second; anything else: ``turns`` shell
-steps, then submit_result.
+``[slow]`` every answer takes at least a second; ``[oom]`` the first command makes the
+box's main process the OOM killer's choice and then allocates past the box's memory
+limit, so the whole box dies (``oom-killed``); ``[oom-once]`` does that on the
+member's first attempt only; anything else: ``turns`` shell steps, then submit_result.
 """
 
 from __future__ import annotations
@@ -32,8 +34,21 @@ def _step(body: dict[str, Any]) -> int:
     return n
 
 
+# PID 1 (the box's init) gets the highest OOM score, the hog the lowest it may set, so
+# the kernel kills init and with it the box - a crash of the box, not of one command.
+# The box agent raises each command's score to 500 just after starting it: wait for
+# that write to land first, or it would undo the hog's own lowering.
+OOM_BOX = (
+    'i=0; while [ "$(cat /proc/$$/oom_score_adj)" != 500 ] && [ $i -lt 300 ]; '
+    "do i=$((i+1)); done; "
+    "echo 1000 > /proc/1/oom_score_adj; echo 0 > /proc/$$/oom_score_adj; "
+    "exec python3 -c 'x = bytearray(1 << 30)'"
+)
+
+
 def coding_policy(*, turns: int = 3, latency_s: float = 0.0) -> Any:
     """Each member runs ``turns`` shell commands in its box, then submits."""
+    first_attempts: set[str] = set()
 
     def policy(body: dict[str, Any]) -> Any:
         task = _first_user_text(body)
@@ -41,6 +56,9 @@ def coding_policy(*, turns: int = 3, latency_s: float = 0.0) -> Any:
         delay = max(latency_s, 1.0) if "[slow]" in task else latency_s
         if "[hang]" in task:
             return tool_use("shell", {"command": "true"}, latency_s=3600)
+        if step == 0 and ("[oom]" in task or ("[oom-once]" in task and task not in first_attempts)):
+            first_attempts.add(task)
+            return tool_use("shell", {"command": OOM_BOX}, latency_s=delay)
         if "[bad-request]" in task:
             return fault(400, "invalid_request_error", "prompt is too long: 999999 tokens")
         edit = re.search(r"\[edit:([^:\]]+):([^:\]]+):([^:\]]+)\]", task)

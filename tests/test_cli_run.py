@@ -149,6 +149,50 @@ def test_five_members_three_failures_two_results_and_a_report(
     assert _boxes(docker_client, run.id) == []
 
 
+def test_oom_killed_box_is_its_members_crash_and_a_killed_box_is_retried(
+    tmp_path, images, docker_client, fake_api, cleanup, capsys
+):
+    """Real harness, real boxes: one member's box is OOM-killed on every attempt, another's
+    only on its first; the sibling and the retried member finish, the run meets its quorum."""
+    fake_api(coding_policy(turns=2))
+    cleanup.append(tmp_path / "runs")
+    small = '{ memory = "64m" }'  # small enough that init, not the hog, is picked
+    members = (
+        _member("steady", "List the files.")
+        + _member("hog", "[oom] Load the whole data set.", sandbox=small)
+        + _member("flaky", "[oom-once] Count the lines.", sandbox=small)
+    )
+    job = _job(
+        tmp_path,
+        members,
+        fanout="max_parallel = 3\nmin_success = 2\nretry = { attempts = 2, backoff_s = 0.2 }",
+    )
+    code = main(["run", str(job), "--plain"])
+    assert code == 0, capsys.readouterr().err
+    (run,) = RunDir.list(tmp_path / "runs")
+    hog = run.result("hog")
+    assert hog["status"] == "crashed"
+    assert hog["reason"] == "sandbox crashed: oom-killed", hog["reason"]
+    assert run.result("steady")["status"] == "ok"
+    assert run.result("flaky")["status"] == "ok"
+    state = run.state()
+    assert state.starts == {"steady": 1, "hog": 2, "flaky": 2}
+    retries = {e["member"]: e for e in run.journal.read() if e["event"] == "member_retry"}
+    assert set(retries) == {"hog", "flaky"}
+    assert retries["flaky"]["reason"] == "sandbox crashed: oom-killed"
+    # The retried member's trace shows both attempts: two boxes, the first one dead.
+    trace = list(read_trace(run.path / "members" / "flaky" / "trace.jsonl"))
+    boxes = [e.box for e in trace if e.type == "sandbox" and e.action == "create"]
+    assert len(boxes) == 2 and boxes[0] != boxes[1]
+    assert [e.type for e in trace].count("member_start") == 2
+    report = json.loads((run.path / "report.json").read_text())
+    assert {f["member"]: f["reason"] for f in report["failed"]} == {
+        "hog": "sandbox crashed: oom-killed"
+    }
+    assert "succeeded: 2 of 3 members ok" in capsys.readouterr().err
+    assert _boxes(docker_client, run.id) == []
+
+
 def _wait_for(pred, timeout: float, what: str, describe=lambda: "") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
