@@ -19,6 +19,16 @@ Two sub-commands:
     fixtures) and, under ``/site/``, extra pages from ``--site`` directories (read
     on every request, so pages written into the box later are served too).
 
+What search covers: the documentation under ``--root`` only. Pages under ``/site/``
+are fixtures - the sample form and the landing page baked into the image, and pages
+a test writes into a running box to stage one scenario (an injection, a cookie jar)
+- and are deliberately left out: they are reached by URL, they would otherwise
+surface in research results, and a page written after start would need a live
+re-index. To search your own pages, serve them as the root instead: ``serve --root
+DIR --index FILE`` builds the index from ``DIR`` at start when ``FILE`` does not
+exist (the 530 pages of the Python documentation take about 11 s on a loaded 2-core
+machine), or build it once with ``index`` and keep the file.
+
 Why sections and BM25: a question such as "how does shield protect a task from
 cancellation" is answered by one section of one long page; ranking whole pages
 would send the reader to a 150 KB page and leave them to find the paragraph.
