@@ -43,7 +43,10 @@ def test_mixed_example_runs_offline_with_research_browser_and_coding_members(
     assert urls and all(u.startswith("http://corpus:8080/") for u in urls)
     assert report["code"][0]["files_changed"] == ["greet.py"]
     patch = (run.path / "members" / "coder" / "patch.diff").read_text()
-    assert '+    return f"Hello, {name}, welcome!"' in patch
+    assert '+    return f"Hello and welcome, {name}!"' in patch
+    # Fleet re-ran the example's own test on the member's work, and it passes.
+    verified = run.result("coder")["result"]["verified"]
+    assert verified["command"] == "python3 test_greet.py" and verified["passed"] is True
     assert (EXAMPLES / "sample-repo" / "greet.py").read_text() == original
 
 
