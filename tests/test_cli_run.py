@@ -193,6 +193,26 @@ def test_oom_killed_box_is_its_members_crash_and_a_killed_box_is_retried(
     assert _boxes(docker_client, run.id) == []
 
 
+def test_exit_code_of_the_real_fleet_process_is_0_on_quorum_and_1_below_it(
+    tmp_path, images, docker_client, fake_api, cleanup
+):
+    fake_api(coding_policy(turns=1))
+    cleanup.append(tmp_path / "runs")
+    members = _member("fine", "List the files.") + _member("rejected", "[bad-request] x")
+    for quorum, want in ((1, 0), (2, 1)):
+        job = _job(tmp_path, members, fanout=f"min_success = {quorum}")
+        proc = subprocess.run(
+            [*FLEET, "run", str(job), "--plain"], capture_output=True, text=True, timeout=180
+        )
+        assert proc.returncode == want, proc.stderr
+        assert "Traceback" not in proc.stderr
+        # Failed members are listed either way, with their reason.
+        row = next(ln for ln in proc.stderr.splitlines() if ln.startswith("rejected "))
+        assert "failed" in row and "model error" in row
+        verdict = "succeeded" if want == 0 else "failed"
+        assert f"{verdict}: 1 of 2 members ok (quorum {quorum})" in proc.stderr
+
+
 def _wait_for(pred, timeout: float, what: str, describe=lambda: "") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
