@@ -154,6 +154,8 @@ async def open_pools(
         specs[key] = spec
         deps.demand[key] = deps.demand.get(key, 0) + 1
     for key, spec in specs.items():
+        if spec.keep:
+            continue  # a pool's spare box would be kept too; these members get fresh boxes
         want = min(deps.demand[key], max_parallel)
         pool = SandboxPool(deps.backend, spec, run=run_id, min_idle=want, max_size=max_parallel)
         deps.pools[key] = await stack.enter_async_context(pool)
@@ -230,7 +232,7 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
             await _run_members(run, job, opts, backend, got, tg, resume=resume)
         finally:
             with anyio.CancelScope(shield=True):
-                await backend.remove_run(run.id)
+                await _remove_boxes(backend, run, opts)
         tg.cancel_scope.cancel()
     progress = got.progress or Progress([m.id or "" for m in got.members], out=opts.out, tty=False)
     return await _finish(
@@ -249,6 +251,22 @@ def _progress(
             status = done.get(m.id or "", "ok")
             progress.on_journal({"event": "member_finished", "member": m.id, "status": status})
     return progress
+
+
+async def _remove_boxes(backend: SandboxBackend, run: RunDir, opts: RunOptions) -> None:
+    """Remove whatever the run left on the engine - except boxes a member asked to keep
+    (``sandbox.keep``, for debugging), which stay with their network until
+    ``fleet sandbox gc --all``."""
+    kept = [b.name for b in await backend.list_boxes(run=run.id) if b.keep]
+    if not kept:
+        await backend.remove_run(run.id)
+        return
+    reaper.mark_done(run.id)  # the run is over: gc may remove anything not kept
+    run.journal.append("boxes_kept", boxes=kept)
+    print(
+        f"fleet: kept for debugging: {', '.join(kept)}; remove with 'fleet sandbox gc --all'",
+        file=opts.out,
+    )
 
 
 async def _run_members(

@@ -54,8 +54,10 @@ def cleanup(docker_client):
             remove_run(docker_client, run.id)
 
 
-def _boxes(docker_client: Any, run_id: str) -> list[Any]:
-    return docker_client.containers.list(all=True, filters={"label": f"fleet.run={run_id}"})
+def _boxes(docker_client: Any, run_id: str) -> list[dict[str, Any]]:
+    """The run's containers as the engine lists them (no per-box inspect, which races
+    with a box being removed at that moment)."""
+    return docker_client.api.containers(all=True, filters={"label": f"fleet.run={run_id}"})
 
 
 def _member(mid: str, task: str, **extra: Any) -> str:
@@ -211,6 +213,27 @@ def test_exit_code_of_the_real_fleet_process_is_0_on_quorum_and_1_below_it(
         assert "failed" in row and "model error" in row
         verdict = "succeeded" if want == 0 else "failed"
         assert f"{verdict}: 1 of 2 members ok (quorum {quorum})" in proc.stderr
+
+
+def test_a_box_the_job_asks_to_keep_outlives_the_run_and_only_that_one(
+    tmp_path, images, docker_client, cleanup, monkeypatch, capsys
+):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)  # the offline model will do
+    cleanup.append(tmp_path / "runs")
+    members = _member("kept", "List the files.", sandbox="{ keep = true }") + _member(
+        "plain", "List the files."
+    )
+    job = _job(tmp_path, members)
+    job.write_text(job.read_text().replace('"claude-sonnet-5"', '"offline"'))
+    assert main(["run", str(job), "--plain"]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+    left = _boxes(docker_client, run.id)
+    assert [c["Labels"]["fleet.member"] for c in left] == ["kept"]
+    assert left[0]["State"] == "running"  # ready to be inspected with docker exec
+    name = left[0]["Names"][0].lstrip("/")
+    kept = [e for e in run.journal.read() if e["event"] == "boxes_kept"]
+    assert kept and kept[0]["boxes"] == [name]
+    assert f"kept for debugging: {name}" in capsys.readouterr().err
 
 
 def _wait_for(pred, timeout: float, what: str, describe=lambda: "") -> None:
