@@ -3,6 +3,8 @@
 Exit codes, the same for every command: 0 the run met its quorum (failed members are
 still listed), 1 the run failed, 2 bad input (a one-paragraph message naming what
 was wrong, never a traceback), 130 interrupted (resumable with ``fleet resume``).
+``fleet code --test CMD`` also exits 1 when Fleet's own re-run of CMD on the member's
+work fails; such a patch is kept in the run directory but never applied.
 
 ``research`` and ``code`` are shorthands: they write the job file they stand for
 into the run directory (``job.toml``), so every run - however it was started - can
@@ -27,7 +29,7 @@ from subagents.browser.corpus import CORPUS_ALLOW
 from subagents.model_base import ModelError
 
 from .cli import UsageError
-from .driver import RunOptions, RunSummary, execute
+from .driver import EXIT_FAILED, RunOptions, RunSummary, execute
 from .jobfile import JobError, load_job, parse_job
 from .runs import RunDir, RunNotFound
 from .spec import Job
@@ -193,16 +195,22 @@ def cmd_code(args: argparse.Namespace) -> int:
     files = result.get("files_changed") or []
     print(f"files changed: {', '.join(files) if files else 'none'}")
     verified = result.get("verified")
+    failed_test = isinstance(verified, dict) and not verified.get("passed")
     if isinstance(verified, dict):
-        verdict = "passed" if verified.get("passed") else "FAILED"
+        verdict = "FAILED" if failed_test else "passed"
         print(
             f"test: {verified.get('command')} -> exit {verified.get('exit_code')} ({verdict}, "
             "re-run by Fleet after the member finished)"
         )
     if not patch.exists() or not patch.read_text(encoding="utf-8").strip():
         print("no changes were made; nothing to apply")
-        return summary.exit_code
+        return EXIT_FAILED if failed_test else summary.exit_code
     print(f"patch: {patch}")
+    if failed_test:
+        # --test is the user's gate: a patch that fails it is kept for reading, never
+        # applied, and the command fails so a script can tell.
+        print(f"the test fails with this patch; {repo} is untouched (not applied)")
+        return EXIT_FAILED
     if args.apply:
         return _apply(repo, patch)
     print(f"your repository is untouched; apply with: git -C {repo} apply {patch.resolve()}")
@@ -357,7 +365,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("repo")
     p.add_argument("task")
-    p.add_argument("--test", metavar="CMD", help="command that checks the work (in the box)")
+    p.add_argument(
+        "--test",
+        metavar="CMD",
+        help="command that checks the work, run in the box; if it fails after the "
+        "member's changes, exit 1 and nothing is applied",
+    )
     p.add_argument(
         "--apply",
         action="store_true",

@@ -390,3 +390,35 @@ def test_fleet_code_returns_a_patch_that_applies_to_the_untouched_repo(
     )
     assert code == 0
     assert (repo / "hello.py").read_text() == 'print("hello fleet")\n'
+
+
+def test_fleet_code_never_applies_a_patch_that_fails_the_test(
+    tmp_path, images, docker_client, fake_api, cleanup, capsys
+):
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    (repo / "hello.py").write_text('print("hello world")\n')
+    fake_api(coding_policy())
+    out_dir = tmp_path / "runs"
+    cleanup.append(out_dir)
+    code = main(
+        [
+            "code",
+            str(repo),
+            "Greet the fleet [edit:/workspace/hello.py:world:fleet]",
+            "--test",
+            "grep -q world hello.py",
+            "--apply",
+            "--model",
+            "claude-sonnet-5",
+            "--output-dir",
+            str(out_dir),
+            "--plain",
+        ]
+    )
+    assert code == 1
+    assert (repo / "hello.py").read_text() == 'print("hello world")\n'
+    printed = capsys.readouterr().out
+    assert "-> exit 1 (FAILED" in printed and "untouched (not applied)" in printed
+    (run,) = RunDir.list(out_dir)
+    assert '+print("hello fleet")' in (run.path / "members" / "coder" / "patch.diff").read_text()
