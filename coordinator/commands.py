@@ -31,6 +31,7 @@ from subagents.model_base import ModelError
 from .cli import UsageError
 from .driver import EXIT_FAILED, RunOptions, RunSummary, execute
 from .jobfile import JobError, load_job, parse_job
+from .repo_copy import RepoTooLarge, check_size
 from .runs import RunDir, RunNotFound
 from .spec import Job
 
@@ -167,6 +168,10 @@ def cmd_code(args: argparse.Namespace) -> int:
             f"REPO {args.repo!r} is not a directory; give the path of the code to "
             'work on, e.g. fleet code ./myproject "Add a --verbose flag"'
         )
+    try:
+        check_size(repo)
+    except RepoTooLarge as exc:
+        raise UsageError(str(exc)) from None
     lines = [f"name = {_toml_str('code-' + (repo.name or 'repo'))}"]
     if args.model:
         lines += ["", "[model]", f"name = {_toml_str(args.model)}"]

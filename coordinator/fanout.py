@@ -42,6 +42,7 @@ from subagents.model_base import Model, ModelError
 from subagents.trace import ErrorEvent, MemberEnd, Retry, SandboxEvent, TraceWriter
 
 from .executor import Executor, LocalExecutor
+from .repo_copy import RepoTooLarge, staged_copy
 from .schema_check import problems as schema_problems
 from .spec import Egress, MemberJob, RetryPolicy
 
@@ -194,6 +195,15 @@ async def _release(box: Sandbox | None, trace: TraceWriter, pool: SandboxPool | 
         )
 
 
+async def _upload_repo(box: Sandbox, repo: Path) -> None:
+    """Copy the project's files (not its virtualenv or caches) into ``/workspace``."""
+    staged = await anyio.to_thread.run_sync(staged_copy, repo)
+    try:
+        await box.upload(Path(staged.name), "/workspace")
+    finally:
+        await anyio.to_thread.run_sync(staged.cleanup)
+
+
 async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> MemberOutcome:
     """One attempt: box up, harness, box down. Never raises except on cancellation."""
     from subagents.member import run_member as default_run_member
@@ -213,7 +223,7 @@ async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> Memb
                 )
             )
             if unit.repo:
-                await box.upload(Path(unit.repo), "/workspace")
+                await _upload_repo(box, Path(unit.repo))
             model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
             try:
                 outcome = await run_member(
@@ -235,6 +245,8 @@ async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> Memb
                 outcome = outcome.model_copy(update={"status": "timed_out"})
     except TimeoutError:
         outcome = _failed(unit, "timed_out", f"deadline of {unit.deadline_s:g}s passed", started)
+    except RepoTooLarge as exc:
+        outcome = _failed(unit, "failed", str(exc), started)
     except SandboxCrashed as exc:
         outcome = _failed(
             unit, "crashed", f"sandbox crashed: {exc.reason}", started, retryable=True

@@ -1,0 +1,134 @@
+"""What of a coding member's ``repo`` goes into its box, and how.
+
+A user points ``fleet code`` at a project directory, which usually holds far more than
+the code: a virtualenv, ``node_modules``, build output, caches - hundreds of MB that
+the box cannot use (they are built for the host) and that would take the copy down.
+So, like ``git`` itself, Fleet copies what the project consists of:
+
+* in a git work tree, the files git would see - tracked ones plus untracked ones not
+  ignored (``git ls-files --cached --others --exclude-standard``) and not inside an
+  environment or cache directory - uncommitted edits included, so the patch applies
+  to the tree exactly as the user has it;
+* elsewhere, everything except well-known environment and cache directories.
+
+The selection is staged into a temporary directory (hard links where possible, so it
+costs no copy on the same file system) and that is uploaded; the original is never
+written to. A selection over :data:`MAX_COPY_BYTES` is refused with a message that
+says how to narrow it, instead of a box falling over halfway through the upload.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".venv",
+        "venv",
+        "node_modules",
+        "__pycache__",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".tox",
+        ".nox",
+    }
+)
+"""Directories whose untracked contents are never copied (environments, caches)."""
+MAX_COPY_BYTES = 256 * 1024 * 1024
+"""Largest selection copied into a box."""
+
+
+class RepoTooLarge(ValueError):
+    """The files to copy exceed :data:`MAX_COPY_BYTES`."""
+
+
+def _ls_files(repo: Path, *which: str) -> list[str] | None:
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(repo), "ls-files", "-z", *which], capture_output=True, check=False
+        )
+    except OSError:
+        return None  # no git on the host
+    if proc.returncode != 0:
+        return None
+    return [p for p in proc.stdout.decode("utf-8", "surrogateescape").split("\0") if p]
+
+
+def _git_files(repo: Path) -> list[str] | None:
+    """Paths git would see in ``repo`` (relative), or None when it is not a work tree.
+
+    Untracked files inside environment or cache directories stay out even when no
+    .gitignore names them (a fresh repo next to its .venv); tracked files always go in.
+    """
+    tracked = _ls_files(repo, "--cached")
+    if tracked is None:
+        return None
+    others = _ls_files(repo, "--others", "--exclude-standard") or []
+    return tracked + [p for p in others if not SKIP_DIRS.intersection(Path(p).parts)]
+
+
+def _walk_files(repo: Path) -> list[str]:
+    out = []
+    for root, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+        rel = Path(root).relative_to(repo)
+        out += [str(rel / f) for f in files]
+    return out
+
+
+def select_files(repo: Path) -> list[str]:
+    """The relative paths of ``repo`` that go into the box (see the module docstring)."""
+    found = _git_files(repo)
+    names = found if found is not None else _walk_files(repo)
+    # A tracked file deleted in the work tree, or a broken link, is not there to copy.
+    return [n for n in names if (repo / n).is_file() or (repo / n).is_symlink()]
+
+
+def check_size(repo: Path, names: list[str] | None = None) -> int:
+    """Bytes of the selection; raises :class:`RepoTooLarge` past the limit."""
+    total = 0
+    for name in select_files(repo) if names is None else names:
+        path = repo / name
+        total += 0 if path.is_symlink() else path.stat().st_size
+        if total > MAX_COPY_BYTES:
+            raise RepoTooLarge(
+                f"{repo} holds more than {MAX_COPY_BYTES // 2**20} MB of files to copy into "
+                "the box; point REPO at the project itself, or list bulky generated files "
+                "in .gitignore (ignored files are not copied)"
+            )
+    return total
+
+
+def stage(repo: Path, dest: Path) -> int:
+    """Link or copy the selected files of ``repo`` under ``dest``; returns their bytes."""
+    names = select_files(repo)
+    total = check_size(repo, names)
+    for name in names:
+        src, dst = repo / name, dest / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            dst.symlink_to(os.readlink(src))
+            continue
+        try:
+            os.link(src, dst)
+        except OSError:  # another file system, or links not allowed
+            shutil.copy2(src, dst)
+    return total
+
+
+def staged_copy(repo: Path) -> tempfile.TemporaryDirectory[str]:
+    """A temporary directory holding the selection of ``repo`` (remove it when done)."""
+    tmp = tempfile.TemporaryDirectory(prefix="fleet-repo-")
+    try:
+        stage(repo, Path(tmp.name))
+    except BaseException:
+        tmp.cleanup()
+        raise
+    return tmp
