@@ -180,3 +180,19 @@ def test_quoted_defaults_are_the_codes() -> None:
     ]
     missing = [e for e in expected if e not in readme]
     assert not missing, missing
+
+
+def test_every_command_and_flag_of_the_cli_is_in_the_readme_reference() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    reference = readme.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    missing = []
+    for name, sub in _subcommands(build_parser()).items():
+        nested = _subcommands(sub)
+        pairs = [(f"{name} {k}", p) for k, p in nested.items()] or [(name, sub)]
+        for full, parser in pairs:
+            if f"fleet {full}" not in reference:
+                missing.append(f"fleet {full}")
+            for flag in _options(parser) - {"-h", "--help"}:
+                if flag.startswith("--") and flag not in reference:
+                    missing.append(f"fleet {full} {flag}")
+    assert not missing, "the README's Commands section does not mention: " + ", ".join(missing)
