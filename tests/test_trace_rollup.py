@@ -157,3 +157,70 @@ def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
     row = rollup_run(load_run(tmp_path / "r")).members[0]
     assert (row.turns, row.input_tokens, row.output_tokens, row.status) == (1, 5, 7, "ok")
     assert row.cost_estimated
+
+
+@pytest.fixture(scope="module")
+def retried(tmp_path_factory: pytest.TempPathFactory) -> tracegen.Expected:
+    """m02's first attempt crashes and is retried; every box takes 2.5 s (m01's 5 s)."""
+    root = tmp_path_factory.mktemp("runs")
+    return tracegen.make_run(root, members=3, turns=5, seed=4, failed=0, retried=1, box_s=2.5)
+
+
+def test_times_include_box_start_up_and_run_wall_comes_from_the_journal(
+    retried: tracegen.Expected,
+) -> None:
+    roll = rollup_run(load_run(retried.run_dir))
+    for row in roll.members:
+        exp = retried.members[row.member]
+        assert row.start == pytest.approx(exp.start, abs=0.01)
+        assert row.duration_s == pytest.approx(exp.end - exp.start, abs=0.01)
+        assert row.box_s == pytest.approx(exp.box_s) and row.box_s >= 2.5
+        assert row.per_attempt[0].ready == pytest.approx(exp.start + (row.box_s / row.attempts))
+    # The run's wall time spans planning and synthesis too (journal), not just members.
+    assert roll.start == pytest.approx(retried.run_start)
+    assert roll.duration_s == pytest.approx(retried.run_end - retried.run_start, abs=0.01)
+    assert roll.duration_s > max(r.end for r in roll.members) - min(r.start for r in roll.members)
+
+
+def test_retried_member_shows_each_attempt(retried: tracegen.Expected) -> None:
+    run = load_run(retried.run_dir)
+    roll = rollup_run(run)
+    row = next(r for r in roll.members if r.member == "m02")
+    exp = retried.members["m02"]
+    assert (row.status, row.attempts, row.turns) == ("ok", 2, exp.turns)
+    assert [(a.status, a.reason) for a in row.per_attempt] == [
+        ("crashed", tracegen.CRASH),
+        ("ok", ""),
+    ]
+    for got, (_, _, start, end) in zip(row.per_attempt, exp.attempts, strict=True):
+        assert (got.start, got.end) == (pytest.approx(start), pytest.approx(end))
+    assert [a.turns for a in row.per_attempt] == [2, exp.turns - 2]
+    # The total covers both attempts and the back-off between them.
+    assert row.duration_s == pytest.approx(exp.end - exp.start, abs=0.01)
+    assert row.duration_s > sum(a.duration_s for a in row.per_attempt)
+    assert roll.totals["attempts"] == 4
+    # The member's turns are kept apart per attempt (each attempt counts from turn 1).
+    detail = member_detail(run.members[1], rollup=row)
+    assert [(t.attempt, t.turn) for t in detail.turns] == [(1, 1), (1, 2)] + [
+        (2, n) for n in range(1, exp.turns - 1)
+    ]
+
+
+def test_cli_shows_attempts_and_what_time_measures(
+    retried: tracegen.Expected, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["trace", str(retried.run_dir)]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[2].split()
+    assert header[:6] == ["MEMBER", "KIND", "STATUS", "ATT", "WALL", "BOX"]
+    m02 = next(ln.split() for ln in out.splitlines() if ln.startswith("m02"))
+    assert m02[2:4] == ["ok", "2"]
+    assert "WALL = from the member's first box starting to its last event" in out
+    assert main(["trace", str(retried.run_dir), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    row = next(r for r in data["members"] if r["member"] == "m02")
+    assert row["attempts"] == 2 and [a["status"] for a in row["per_attempt"]] == ["crashed", "ok"]
+    assert main(["trace", str(retried.run_dir), "m02"]) == 0
+    out = capsys.readouterr().out
+    assert f"attempt 1  crashed: {tracegen.CRASH}" in out
+    assert out.index("-- attempt 1 --") < out.index("-- attempt 2 --")

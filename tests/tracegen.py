@@ -65,7 +65,12 @@ class MemberExpected:
     compactions: int = 0
     screenshots: int = 0
     start: float = 0.0
+    """When its first box began being created."""
     end: float = 0.0
+    box_s: float = 0.0
+    """Seconds of box creation, all attempts."""
+    attempts: list[tuple[str, str, float, float]] = field(default_factory=list)
+    """(status, reason, start, end) of each attempt."""
 
 
 @dataclass
@@ -73,6 +78,10 @@ class Expected:
     run_id: str
     run_dir: Path
     members: dict[str, MemberExpected] = field(default_factory=dict)
+    run_start: float = 0.0
+    """The journal's run_created time."""
+    run_end: float = 0.0
+    """The journal's run_finished time (0 while running)."""
 
 
 def tiny_png(width: int, height: int, seed: int) -> bytes:
@@ -151,17 +160,23 @@ class _MemberGen:
         self.context = 3_000
         self.slow = 1.0
         """Multiplies model latency and tool durations (the slow member)."""
+        self.attempt_start = 0.0
+        self.attempt_box = 0.0
 
     def emit(self, event: Any) -> None:
         self.writer.emit(event)
 
-    def start(self, ts: float, task: str) -> None:
-        self.exp.start = ts
+    def start(self, ts: float, task: str, box_s: float = 0.3) -> float:
+        """An attempt: the box is created from ``ts`` (as the fan-out traces it, before
+        the harness's member_start), then the member starts; return when it did."""
+        self.exp.start = self.exp.start or ts
+        self.exp.box_s += box_s
+        self.attempt_start, self.attempt_box = ts, box_s
+        ts += box_s
+        self.emit(SandboxEvent(ts=ts, action="create", box=f"fleet-{self.mid}", duration_s=box_s))
         self.emit(MemberStart(ts=ts, kind=self.kind, task=task, model=MODEL, offline=True))
         self.emit(Messages(ts=ts, messages=[{"role": "user", "content": task}]))
-        self.emit(
-            SandboxEvent(ts=ts + 0.3, action="create", box=f"fleet-{self.mid}", duration_s=0.3)
-        )
+        return ts
 
     def turn(self, t: int, ts: float, *, final: bool, compact_at: int) -> float:
         """Emit turn ``t`` starting at ``ts``; return the time it ended."""
@@ -217,7 +232,7 @@ class _MemberGen:
         exp.output_tokens += out
         exp.cache_read_tokens += cache_read
         exp.cache_write_tokens += cache_write
-        exp.turns = t
+        exp.turns += 1  # model calls, all attempts
         self.emit(
             Messages(
                 ts=ts,
@@ -385,9 +400,18 @@ class _MemberGen:
         self.exp.compactions += 1
         return ts
 
+    def end_attempt(self, ts: float, status: str, reason: str) -> None:
+        """An attempt the fan-out retries: its end, its box removed, the retry noted."""
+        self.emit(MemberEnd(ts=ts, status=status, reason=reason, turns=self.exp.turns,
+                            duration_s=round(ts - self.attempt_start, 3)))  # fmt: skip
+        self.emit(SandboxEvent(ts=ts, action="close", box=f"fleet-{self.mid}", duration_s=0.2))
+        self.emit(Retry(ts=ts, what="member", attempt=len(self.exp.attempts) + 1, reason=reason))
+        self.exp.attempts.append((status, reason, self.attempt_start, ts))
+
     def end(self, ts: float, status: str, reason: str, result: dict[str, Any] | None) -> None:
         exp = self.exp
         exp.status, exp.reason, exp.end = status, reason, ts
+        exp.attempts.append((status, reason, self.attempt_start, ts))
         self.emit(SandboxEvent(ts=ts, action="close", box=f"fleet-{self.mid}", duration_s=0.2))
         cost = (
             exp.input_tokens * 3
@@ -406,7 +430,8 @@ class _MemberGen:
                 cache_read_tokens=exp.cache_read_tokens,
                 cache_write_tokens=exp.cache_write_tokens,
                 cost_usd=round(cost, 6),
-                duration_s=round(ts - exp.start, 3),
+                # The harness times its own part: box start-up is not in it.
+                duration_s=round(ts - self.attempt_start - self.attempt_box, 3),
                 result=result,
             )
         )
@@ -437,30 +462,42 @@ def make_run(
     run_id: str = "synthetic",
     failed: int | None = 1,
     running: bool = False,
+    retried: int | None = None,
+    box_s: float = 0.3,
 ) -> Expected:
     """Write a synthetic run directory under ``root/run_id`` and return what it holds.
 
     ``failed`` is the index of the member that dies with a model error (None: none);
     the last member is three times slower than the others. ``running=True`` leaves the
-    last member without its end event and the run without its report.
+    last member without its end event and the run without its report. ``retried`` is
+    the index of a member whose first attempt crashes after two turns and is retried
+    (None: none). Each box takes ``box_s`` seconds to create (the first member's
+    box twice that). The journal records what the coordinator's does: the run
+    created a little before the first member starts, and finished after the last.
     """
     run_dir = Path(root) / run_id
     (run_dir / "members").mkdir(parents=True, exist_ok=True)
     question = "How do Python's asyncio tasks get cancelled, and how is work shielded?"
     job = {"kind": "research", "question": question, "members": members, "model": MODEL}
     (run_dir / "job.json").write_text(json.dumps(job, indent=2), encoding="utf-8")
-    _journal(run_dir, [{"ts": BASE_TS, "event": "run_start", "run": run_id}])
-    exp = Expected(run_id=run_id, run_dir=run_dir)
+    exp = Expected(run_id=run_id, run_dir=run_dir, run_start=BASE_TS - 1.2)
+    _journal(run_dir, [
+        {"ts": BASE_TS - 1.2, "event": "run_created", "name": "synthetic", "members": members},
+        {"ts": BASE_TS - 1.0, "event": "run_started", "pid": 1, "resume": False},
+    ])  # fmt: skip
     for i in range(members):
         mid = f"m{i + 1:02d}"
         kind = "browser" if i % 3 != 2 else "coding"
         gen = _MemberGen(run_dir, run_id, mid, kind, seed * 1000 + i)
         ts = BASE_TS + i * 1.7
-        gen.start(ts, f"Research angle {i + 1}: {question}")
-        _journal(run_dir, [{"ts": ts, "event": "member_start", "member": mid}])
+        task = f"Research angle {i + 1}: {question}"
+        _journal(run_dir, [{"ts": ts, "event": "member_started", "member": mid, "attempt": 1}])
+        ts = gen.start(ts, task, box_s * 2 if i == 0 else box_s)
         n_turns = turns if i != failed else max(1, turns // 2)
         compact_at = max(8_000, int(1_700 * turns * 0.45))
         gen.slow = 3.0 if i == members - 1 and members > 1 else 1.0
+        if i == retried:
+            ts = _crashed_attempt(gen, run_dir, ts, task, box_s, compact_at)
         for t in range(1, n_turns + 1):
             final = i != failed and t == n_turns
             ts = gen.turn(t, ts, final=final, compact_at=compact_at)
@@ -470,42 +507,62 @@ def make_run(
             exp.members[mid].status = "running"
             continue
         if i == failed:
-            gen.emit(
-                Retry(ts=ts + 1, turn=n_turns, what="model", attempt=3, reason="overloaded_error")
-            )
-            gen.emit(
-                ErrorEvent(
-                    ts=ts + 2,
-                    turn=n_turns,
-                    error="ModelError",
-                    message="overloaded_error after 3 retries",
-                )
-            )
-            gen.exp.errors += 1
-            gen.end(ts + 2, "failed", "ModelError: overloaded_error after 3 retries", None)
+            _model_failure(gen, ts, n_turns)
         else:
-            result = {
-                "summary": f"Angle {i + 1}: tasks are cancelled with Task.cancel().",
-                "claims": [
-                    {
-                        "text": "cancel() requests cancellation",
-                        "source_url": "http://corpus.local/docs/page-1.html",
-                        "quote": "Request the Task to be cancelled.",
-                    }
-                ],
-                "open_questions": [],
-                "confidence": 0.8,
-            }
-            gen.end(ts + 0.5, "ok", "", result)
-        _journal(
-            run_dir,
-            [{"ts": gen.exp.end, "event": "member_end", "member": mid, "status": gen.exp.status}],
-        )
+            gen.end(ts + 0.5, "ok", "", _findings(i))
+        _journal(run_dir, [{"ts": gen.exp.end, "event": "member_finished", "member": mid,
+                            "status": gen.exp.status, "reason": gen.exp.reason,
+                            "attempts": len(gen.exp.attempts)}])  # fmt: skip
         exp.members[mid] = gen.exp
     if not running:
-        end = max(m.end for m in exp.members.values())
-        _journal(run_dir, [{"ts": end, "event": "run_end", "run": run_id, "status": "partial"}])
+        exp.run_end = max(m.end for m in exp.members.values()) + 0.9
+        _journal(run_dir, [{"ts": exp.run_end, "event": "run_finished", "status": "partial"}])
         (run_dir / "report.md").write_text(
             f"# Report\n\n{question}\n\nSynthetic run.\n", encoding="utf-8"
         )
     return exp
+
+
+CRASH = "sandbox crashed: oom-killed"
+
+
+def _crashed_attempt(
+    gen: _MemberGen, run_dir: Path, ts: float, task: str, box_s: float, compact_at: int
+) -> float:
+    """Two turns, then the box dies; the fan-out retries after a 1 s back-off.
+    Returns when the second attempt's member started (its turns count from 1 again)."""
+    for t in (1, 2):
+        ts = gen.turn(t, ts, final=False, compact_at=compact_at)
+    gen.end_attempt(ts + 0.1, "crashed", CRASH)
+    _journal(run_dir, [{"ts": ts + 0.1, "event": "member_retry", "member": gen.mid,
+                        "attempt": 1, "status": "crashed", "reason": CRASH, "delay_s": 1.0}])  # fmt: skip
+    ts += 1.1
+    _journal(run_dir, [{"ts": ts, "event": "member_started", "member": gen.mid, "attempt": 2}])
+    return gen.start(ts, task, box_s)
+
+
+def _model_failure(gen: _MemberGen, ts: float, turn: int) -> None:
+    gen.emit(Retry(ts=ts + 1, turn=turn, what="model", attempt=3, reason="overloaded_error"))
+    gen.emit(ErrorEvent(ts=ts + 2, turn=turn, error="ModelError",
+                        message="overloaded_error after 3 retries"))  # fmt: skip
+    gen.exp.errors += 1
+    gen.end(ts + 2, "failed", "ModelError: overloaded_error after 3 retries", None)
+
+
+def _findings(i: int) -> dict[str, Any]:
+    return {
+        "summary": f"Angle {i + 1}: tasks are cancelled with Task.cancel().",
+        "claims": [
+            {
+                "text": "cancel() requests cancellation",
+                "source_url": "http://corpus.local/docs/page-1.html",
+                "quote": "Request the Task to be cancelled.",
+            }
+        ],
+        "open_questions": [],
+        "confidence": 0.8,
+        "verified": {
+            "quotes_checked": 1,
+            "output_tail": "checked 1 quote\nall quotes found on their pages\nok",
+        },
+    }

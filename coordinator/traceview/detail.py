@@ -15,7 +15,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.traceview.load import MemberTrace
-from coordinator.traceview.rollup import MemberRollup, clip_text, compact_json, rollup_member
+from coordinator.traceview.rollup import (
+    MemberRollup,
+    clip_text,
+    compact_json,
+    rollup_member,
+    split_attempts,
+)
 from subagents.trace import (
     Clip,
     Compaction,
@@ -100,6 +106,8 @@ class TurnView(_View):
     """Everything that happened in one turn."""
 
     turn: int
+    attempt: int = 1
+    """Which attempt of the member (a retried member counts its turns from 1 again)."""
     start: float
     end: float
     model_calls: list[ModelCallView] = Field(default_factory=list)
@@ -281,9 +289,14 @@ def member_detail(
     outcome = member.result or {}
     if isinstance(outcome.get("result"), dict):
         detail.result = outcome["result"]
-    turns: dict[int, TurnView] = {}
+    turns: dict[tuple[int, int], TurnView] = {}
     calls: dict[str, ToolView] = {}
-    for ev, line in zip(member.events, member.lines, strict=True):
+    cuts = set(split_attempts(member.events))
+    attempt = 0
+    for i, (ev, line) in enumerate(zip(member.events, member.lines, strict=True)):
+        if i in cuts:
+            attempt += 1
+            calls = {}  # an offline model may reuse call ids in the next attempt
         ref = f"{prefix}/trace.jsonl:{line}"
         if isinstance(ev, MemberStart):
             detail.task, detail.config = ev.task, ev.config
@@ -299,9 +312,11 @@ def member_detail(
             if mark is not None:
                 detail.preamble.append(mark)
             continue
-        view = turns.get(ev.turn)
+        view = turns.get((attempt, ev.turn))
         if view is None:
-            view = turns[ev.turn] = TurnView(turn=ev.turn, start=ev.ts, end=ev.ts)
+            view = turns[(attempt, ev.turn)] = TurnView(
+                turn=ev.turn, attempt=attempt, start=ev.ts, end=ev.ts
+            )
         _add_to_turn(view, ev, ref, limit, calls, prefix)
     detail.turns = [turns[k] for k in sorted(turns)]
     detail.pages, detail.files = _pages(member, prefix), _files(member, prefix)

@@ -25,6 +25,8 @@ RUN_END_EVENTS = frozenset(
     {"run_end", "run_finished", "run_interrupted", "run_failed", "run_cancelled"}
 )
 """Journal records (by their ``event``/``type``/``state`` value) that say the run is over."""
+RUN_START_EVENTS = frozenset({"run_created", "run_started", "run_start"})
+"""Journal records that say the run (or a resume of it) began."""
 
 
 class RunNotFound(Exception):
@@ -81,16 +83,65 @@ class RunTrace:
 
     def journal_outcomes(self) -> dict[str, tuple[str, str]]:
         """Member id -> (last status, reason) as the journal records them."""
-        out: dict[str, tuple[str, str]] = {}
+        return {
+            mid: j.outcome for mid, j in self.member_journals().items() if j.outcome is not None
+        }
+
+    def member_journals(self) -> dict[str, MemberJournal]:
+        """Member id -> what the journal says about it (outcome, attempt starts, retries)."""
+        out: dict[str, MemberJournal] = {}
         for rec in self.journal:
-            member, status = rec.get("member"), rec.get("status")
-            if (
-                isinstance(member, str)
-                and isinstance(status, str)
-                and _record_kind(rec).startswith("member_")
-            ):
-                out[member] = (status, str(rec.get("reason") or ""))
+            member, kind = rec.get("member"), _record_kind(rec)
+            if not isinstance(member, str) or not kind.startswith("member_"):
+                continue
+            j = out.setdefault(member, MemberJournal())
+            ts, attempt, status = rec.get("ts"), rec.get("attempt"), rec.get("status")
+            reason = str(rec.get("reason") or "")
+            if kind == "member_started" and isinstance(ts, int | float):
+                j.starts[attempt if isinstance(attempt, int) else len(j.starts) + 1] = float(ts)
+            if kind == "member_retry" and isinstance(attempt, int) and isinstance(status, str):
+                j.retried[attempt] = (status, reason)
+            if isinstance(status, str) and kind != "member_retry":
+                j.outcome = (status, reason)
+            if isinstance(rec.get("attempts"), int):
+                j.attempts = rec["attempts"]
         return out
+
+    def span(self) -> tuple[float, float, float]:
+        """(start, end, active seconds) of the run as its journal records them.
+
+        The start is the first ``run_created``/``run_started`` record, the end the last
+        end record; active seconds add up each start-to-end stretch, so the time a run
+        lay interrupted before a resume is not counted. Zeros where a bound is missing
+        (an older run directory, a run still going).
+        """
+        start = end = active = 0.0
+        open_at: float | None = None
+        for rec in self.journal:
+            ts, kind = rec.get("ts"), _record_kind(rec)
+            if not isinstance(ts, int | float):
+                continue
+            if kind in RUN_START_EVENTS:
+                start = start or float(ts)
+                open_at = float(ts) if open_at is None else open_at
+            elif kind in RUN_END_EVENTS and open_at is not None:
+                active += float(ts) - open_at
+                end, open_at = float(ts), None
+        return start, end, round(active, 3)
+
+
+@dataclass
+class MemberJournal:
+    """One member as the coordinator's journal records it."""
+
+    outcome: tuple[str, str] | None = None
+    """(status, reason) of its last record that has a status."""
+    starts: dict[int, float] = field(default_factory=dict)
+    """Attempt number -> when the coordinator started it (``member_started``)."""
+    retried: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """Attempt number -> (status, reason) of an attempt that was retried."""
+    attempts: int = 0
+    """Attempts made, from ``member_finished`` (0 while it runs)."""
 
 
 def _record_kind(rec: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coordinator.traceview.load import MemberTrace, RunTrace
+from coordinator.traceview.load import MemberJournal, MemberTrace, RunTrace
 from subagents import profiles
 from subagents.model_base import ModelProfile
 from subagents.trace import (
@@ -27,6 +27,7 @@ from subagents.trace import (
     ModelCall,
     Offload,
     Retry,
+    SandboxEvent,
     Screenshot,
     ToolCall,
     ToolResult,
@@ -57,6 +58,27 @@ class _View(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class AttemptRollup(_View):
+    """One attempt of a member (a retried member has several)."""
+
+    n: int
+    """1-based attempt number."""
+    status: str = "running"
+    reason: str = ""
+    start: float = 0.0
+    """Unix time its box began being created (or its first event)."""
+    ready: float = 0.0
+    """Unix time its box was up (equals ``start`` when no box creation was traced)."""
+    end: float = 0.0
+    """Unix time of its last event."""
+    duration_s: float = 0.0
+    """``end - start``: box start-up included."""
+    box_s: float = 0.0
+    """Seconds spent creating its box."""
+    turns: int = 0
+    tool_calls: int = 0
+
+
 class MemberRollup(_View):
     """One member of a run at a glance."""
 
@@ -67,12 +89,20 @@ class MemberRollup(_View):
     """ok, failed, timed_out, crashed, cancelled, incomplete, or running (no end yet)."""
     reason: str = ""
     start: float = 0.0
-    """Unix time of the member's first event."""
+    """Unix time its first box began being created (or its first event)."""
     end: float = 0.0
     """Unix time of its last event."""
     duration_s: float = 0.0
+    """Wall seconds from ``start`` to ``end``: every attempt, its box start-up and the
+    back-off between attempts included."""
+    box_s: float = 0.0
+    """Seconds spent creating boxes, all attempts."""
+    attempts: int = 0
+    """Attempts made (1 unless the member was retried; 0 before it started)."""
+    per_attempt: list[AttemptRollup] = Field(default_factory=list)
+    """Each attempt's status, reason and times, in order."""
     turns: int = 0
-    """Model calls made."""
+    """Model calls made (all attempts)."""
     input_tokens: int = 0
     """Uncached input tokens."""
     output_tokens: int = 0
@@ -104,8 +134,12 @@ class RunRollup(_View):
     run: str
     finished: bool
     start: float = 0.0
+    """Unix time the run started (journal), else its first member's start."""
     end: float = 0.0
+    """Unix time the run ended (journal), else its last member event."""
     duration_s: float = 0.0
+    """Wall seconds of the run: its journal's start-to-end stretches (planning, members
+    and synthesis), else the span of its members."""
     members: list[MemberRollup] = Field(default_factory=list)
     totals: dict[str, float] = Field(default_factory=dict)
     """Sums of the members' counters (tokens, tool calls, errors, cost, ...)."""
@@ -122,13 +156,73 @@ def _estimate_cost(r: MemberRollup, offline: bool) -> float:
     ) / 1e6
 
 
+def split_attempts(events: list[Any]) -> list[int]:
+    """Where each attempt of a member begins: indexes into ``events`` (``[0]`` for one).
+
+    The fan-out writes every attempt to the same trace: box create, ``member_start``,
+    ..., ``member_end``, box close, then the next attempt's box create. A create or a
+    ``member_start`` opens a new attempt once the current one has ended, or when the
+    current one already had one (an attempt whose end was never written).
+    """
+    starts = [0] if events else []
+    ended = created = begun = False
+    for i, ev in enumerate(events):
+        create = isinstance(ev, SandboxEvent) and ev.action == "create"
+        begin = isinstance(ev, MemberStart)
+        if i and (create or begin) and (ended or (create and created) or (begin and begun)):
+            starts.append(i)
+            ended = created = begun = False
+        ended = ended or isinstance(ev, MemberEnd)
+        created, begun = created or create, begun or begin
+    return starts
+
+
+def _attempt(n: int, events: list[Any], journal: MemberJournal | None) -> AttemptRollup:
+    """One attempt's times and counts (status filled by the caller)."""
+    a = AttemptRollup(n=n, end=max(ev.ts for ev in events))
+    starts = [events[0].ts]
+    ready = events[0].ts
+    for ev in events:
+        if isinstance(ev, SandboxEvent) and ev.action == "create":
+            starts.append(ev.ts - ev.duration_s)
+            a.box_s += ev.duration_s
+            ready = ev.ts
+        elif isinstance(ev, ModelCall):
+            a.turns += 1
+        elif isinstance(ev, ToolCall):
+            a.tool_calls += 1
+        elif isinstance(ev, MemberEnd):
+            a.status, a.reason = ev.status, ev.reason
+            starts.append(ev.ts - ev.duration_s)
+    if journal is not None and n in journal.starts:
+        starts.append(journal.starts[n])
+    a.start = min(starts)
+    a.ready = max(ready, a.start)
+    a.box_s = round(a.box_s, 3)
+    a.duration_s = round(a.end - a.start, 3)
+    return a
+
+
+def _attempts(member: MemberTrace, journal: MemberJournal | None) -> list[AttemptRollup]:
+    cuts = split_attempts(member.events)
+    bounds = zip(cuts, [*cuts[1:], len(member.events)][: len(cuts)], strict=True)
+    out = [_attempt(n, member.events[i:j], journal) for n, (i, j) in enumerate(bounds, 1)]
+    for a in out[:-1]:
+        if a.status == "running":  # ended without a member_end, yet a later attempt came
+            a.status, a.reason = (journal.retried.get(a.n) if journal else None) or (
+                "incomplete",
+                "a later attempt started before this one traced its end",
+            )
+    return out
+
+
 def rollup_member(
-    member: MemberTrace, *, run_finished: bool = True, journal: tuple[str, str] | None = None
+    member: MemberTrace, *, run_finished: bool = True, journal: MemberJournal | None = None
 ) -> MemberRollup:
-    """Count one member's events into a rollup row."""
+    """Count one member's events into a rollup row (``journal``: its journal records)."""
     r = MemberRollup(member=member.id)
-    end_event: MemberEnd | None = None
     offline = False
+    ended_cost = 0.0
     for ev in member.events:
         if isinstance(ev, ModelCall):
             offline = offline or ev.offline
@@ -158,12 +252,18 @@ def rollup_member(
         elif isinstance(ev, MemberStart):
             r.kind, r.model = ev.kind, ev.model
         elif isinstance(ev, MemberEnd):
-            end_event = ev
-    if member.events:
-        r.start = member.events[0].ts
-        r.end = max(ev.ts for ev in member.events)
+            ended_cost += ev.cost_usd
+    r.per_attempt = _attempts(member, journal)
+    r.attempts = len(r.per_attempt)
+    if r.per_attempt:
+        r.start, r.end = r.per_attempt[0].start, max(a.end for a in r.per_attempt)
         r.duration_s = round(r.end - r.start, 3)
-    _apply_outcome(r, end_event, member.result, run_finished, journal)
+        r.box_s = round(sum(a.box_s for a in r.per_attempt), 3)
+    last = r.per_attempt[-1] if r.per_attempt else None
+    _apply_outcome(r, last, member.result, run_finished, journal)
+    if last is not None:
+        last.status, last.reason = r.status, r.reason
+    r.cost_usd = round(ended_cost, 6)
     if not r.cost_usd:
         r.cost_usd, r.cost_estimated = (
             round(_estimate_cost(r, offline), 6),
@@ -174,22 +274,20 @@ def rollup_member(
 
 def _apply_outcome(
     r: MemberRollup,
-    end: MemberEnd | None,
+    last: AttemptRollup | None,
     result: dict[str, Any] | None,
     run_finished: bool,
-    journal: tuple[str, str] | None,
+    journal: MemberJournal | None,
 ) -> None:
-    # Precedence: the member's own end event, its result file, the coordinator's
+    # Precedence: the last attempt's own end event, the result file, the coordinator's
     # journal (a member whose box crashed may have no trace end at all), then a guess.
-    if end is not None:
-        r.status, r.reason = end.status, end.reason
-        if end.duration_s:
-            r.duration_s = end.duration_s
-        r.cost_usd = end.cost_usd
+    # An earlier attempt's end never counts: that attempt was retried.
+    if last is not None and last.status != "running":
+        r.status, r.reason = last.status, last.reason
     elif result and isinstance(result.get("status"), str):
         r.status, r.reason = result["status"], str(result.get("reason") or "")
-    elif journal is not None:
-        r.status, r.reason = journal
+    elif journal is not None and journal.outcome is not None:
+        r.status, r.reason = journal.outcome
     elif run_finished:
         r.status, r.reason = "incomplete", "the trace ends without a member_end event"
 
@@ -197,16 +295,16 @@ def _apply_outcome(
 _SUMMED = (
     "turns", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
     "tool_calls", "errors", "offloads", "compactions", "clips", "retries", "screenshots",
-    "cost_usd",
+    "cost_usd", "attempts", "box_s",
 )  # fmt: skip
 
 
 def rollup_run(run: RunTrace) -> RunRollup:
     """The run at a glance, members sorted by id."""
     finished = run.finished
-    outcomes = run.journal_outcomes()
+    journals = run.member_journals()
     rows = [
-        rollup_member(m, run_finished=finished, journal=outcomes.get(m.id)) for m in run.members
+        rollup_member(m, run_finished=finished, journal=journals.get(m.id)) for m in run.members
     ]
     out = RunRollup(run=run.id, finished=finished, members=rows)
     with_events = [r for r in rows if r.start]
@@ -214,8 +312,14 @@ def rollup_run(run: RunTrace) -> RunRollup:
         out.start = min(r.start for r in with_events)
         out.end = max(r.end for r in with_events)
         out.duration_s = round(out.end - out.start, 3)
+    start, end, active = run.span()
+    if start:
+        out.start = min(start, out.start or start)
+        out.end = max(end, out.end)
+        out.duration_s = active if end else round(out.end - out.start, 3)
     out.totals = {k: sum(getattr(r, k) for r in rows) for k in _SUMMED}
     out.totals["cost_usd"] = round(out.totals["cost_usd"], 6)
+    out.totals["box_s"] = round(out.totals["box_s"], 3)
     for r in rows:
         out.statuses[r.status] = out.statuses.get(r.status, 0) + 1
     return out

@@ -43,14 +43,15 @@ def one_line(text: str, width: int) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
-_COLUMNS = ("MEMBER", "KIND", "STATUS", "TIME", "TURNS", "IN", "CACHED", "OUT", "TOOLS",
-            "ERR", "OFFL", "COMP", "COST", "REASON")  # fmt: skip
+_COLUMNS = ("MEMBER", "KIND", "STATUS", "ATT", "WALL", "BOX", "TURNS", "IN", "CACHED", "OUT",
+            "TOOLS", "ERR", "OFFL", "COMP", "COST", "REASON")  # fmt: skip
 
 
 def _row(r: MemberRollup) -> list[str]:
     cost = f"${r.cost_usd:.3f}" + ("*" if r.cost_estimated else "")
     return [
-        r.member, r.kind, r.status, human_duration(r.duration_s), str(r.turns),
+        r.member, r.kind, r.status, str(r.attempts), human_duration(r.duration_s),
+        human_duration(r.box_s), str(r.turns),
         human_tokens(r.total_input), human_tokens(r.cache_read_tokens),
         human_tokens(r.output_tokens), str(r.tool_calls), str(r.errors), str(r.offloads),
         str(r.compactions), cost, one_line(r.reason, 60),
@@ -67,6 +68,7 @@ def format_run(roll: RunRollup) -> str:
     head = (
         f"run {roll.run}  {'finished' if roll.finished else 'RUNNING'}  "
         f"{len(roll.members)} members ({statuses or 'none yet'})  wall {human_duration(roll.duration_s)}  "
+        f"(boxes {human_duration(t.get('box_s', 0))})  "
         f"in {human_tokens(total_in)} (cached {human_tokens(t.get('cache_read_tokens', 0))})  "
         f"out {human_tokens(t.get('output_tokens', 0))}  cost ${t.get('cost_usd', 0):.3f}"
     )
@@ -77,6 +79,8 @@ def format_run(roll: RunRollup) -> str:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     lines.append("")
     lines.append(
+        "ATT = attempts; WALL = from the member's first box starting to its last event "
+        "(box start-up, every attempt and back-off included); BOX = box start-up time; "
         "IN counts every input token (uncached + cache read + cache write); * = estimated cost."
     )
     return "\n".join(lines)
@@ -121,6 +125,20 @@ def _turn_lines(turn: TurnView, width: int) -> list[str]:
     return lines
 
 
+def _attempt_lines(r: MemberRollup) -> list[str]:
+    """One line per attempt when the member was retried (the last one is the outcome)."""
+    if r.attempts < 2:
+        return []
+    lines = [f"{r.attempts} attempts:"]
+    for a in r.per_attempt:
+        why = f": {a.reason}" if a.reason else ""
+        lines.append(
+            f"  attempt {a.n}  {a.status}{why}  {human_duration(a.duration_s)} "
+            f"(box {human_duration(a.box_s)}), {a.turns} turns"
+        )
+    return [*lines, ""]
+
+
 def format_member(detail: MemberDetail, *, width: int = 160) -> str:
     """A member turn by turn, then its final result."""
     r = detail.rollup
@@ -131,10 +149,16 @@ def format_member(detail: MemberDetail, *, width: int = 160) -> str:
         head,
         f"task: {one_line(detail.task, width - 6)}",
         f"{r.turns} turns, {r.tool_calls} tool calls, {r.errors} errors, {r.offloads} offloads, "
-        f"{r.compactions} compactions, {human_duration(r.duration_s)}, ${r.cost_usd:.3f}",
+        f"{r.compactions} compactions, wall {human_duration(r.duration_s)} "
+        f"(box start-up {human_duration(r.box_s)}), ${r.cost_usd:.3f}",
         "",
     ]
+    lines.extend(_attempt_lines(r))
+    attempt = 0
     for turn in detail.turns:
+        if r.attempts > 1 and turn.attempt != attempt:
+            attempt = turn.attempt
+            lines.append(f"-- attempt {attempt} --")
         lines.extend(_turn_lines(turn, width))
     lines.append("")
     if detail.result is not None:
