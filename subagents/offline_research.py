@@ -5,8 +5,9 @@ It drives the browser tools the way a careful researcher would, with no model:
 1. ``search`` the configured search page with the task's key terms (or, when the
    task or ``inputs["urls"]`` names pages, open those instead);
 2. ``navigate`` to the top results (distinct pages, at most ``inputs["max_pages"]``,
-   default 3), and ``read`` the rest of each page's chunks (in one turn: reads of
-   one page do not disturb each other);
+   default 3), and ``read`` the other chunks of each page (in one turn: reads of
+   one page do not disturb each other; at most ``MAX_READS`` chunks a page, counting
+   the one the snapshot showed - the section a search result points at);
 3. pick the sentences that share the most key terms with the task and submit them
    as claims, each quote copied character for character from the tool result, with
    the URL the page was read from.
@@ -160,8 +161,9 @@ def next_action(state: _State) -> list[dict[str, Any]]:
     if navs:
         last_use, last_result = navs[-1]
         if _ok(last_result) and state.calls[-1][0] is last_use:
-            total = _chunk_count(_result_text(last_result))
-            reads = [_tool("read", chunk=c) for c in range(2, min(total, MAX_READS) + 1)]
+            shown, total = _chunk_count(_result_text(last_result))
+            others = [c for c in range(1, total + 1) if c != shown][: MAX_READS - 1]
+            reads = [_tool("read", chunk=c) for c in others]
             if reads:
                 return reads
     for url in candidates(state):
@@ -170,9 +172,10 @@ def next_action(state: _State) -> list[dict[str, Any]]:
     return [_tool("submit_result", **build_findings(state))]
 
 
-def _chunk_count(text: str) -> int:
-    found = re.search(r"Page text \(chunk 1 of (\d+)", text)
-    return int(found.group(1)) if found else 1
+def _chunk_count(text: str) -> tuple[int, int]:
+    """(chunk shown, chunks in all) of a snapshot."""
+    found = re.search(r"Page text \(chunk (\d+) of (\d+)", text)
+    return (int(found.group(1)), int(found.group(2))) if found else (1, 1)
 
 
 def page_texts(state: _State) -> dict[str, tuple[str, list[str]]]:
@@ -182,7 +185,9 @@ def page_texts(state: _State) -> dict[str, tuple[str, list[str]]]:
         if use.get("name") not in ("navigate", "read") or not _ok(result):
             continue
         for url, body in _UNTRUSTED.findall(_result_text(result)):
-            body = re.sub(r"^(Page text \(chunk 1 of \d+[^\n]*|Chunk \d+ of \d+[^\n]*)\n", "", body)
+            body = re.sub(
+                r"^(Page text \(chunk \d+ of \d+[^\n]*|Chunk \d+ of \d+[^\n]*)\n", "", body
+            )
             body = body.split("\nInteractive elements (")[0]
             pages.setdefault(page_key(url), (url, []))[1].append(body)
     return pages

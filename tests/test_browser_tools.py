@@ -38,6 +38,12 @@ async def test_corpus_pages_search_form_and_screenshot(
         first = out.text.split("\n1. ", 1)[1].splitlines()[0]
         assert first.endswith("/library/asyncio-task.html#shielding-from-cancellation")
 
+        # Opening that result shows the section it points at, not the page's top.
+        out = await call("navigate", url=first.split(" -> ")[-1])
+        assert not out.is_error, out.text
+        assert "where #shielding-from-cancellation begins" in out.text, out.text[:600]
+        assert "Protect an awaitable object from being cancelled." in out.text
+
         # navigate + snapshot: readable text and numbered elements, delimited as untrusted.
         out = await call("navigate", url=f"{CORPUS}/library/asyncio-task.html")
         assert not out.is_error, out.text

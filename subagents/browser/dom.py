@@ -99,13 +99,21 @@ SNAPSHOT_JS = r"""
   // Handed to the accessibility-tree pass (by CDP object id); not enumerable.
   Object.defineProperty(window, '__fleetRefs', {value: listed, configurable: true, writable: true});
   const main = document.querySelector('main, [role=main], article') || document.body;
+  // The start of the part a URL fragment points at (a section of a long page).
+  let anchor = '';
+  if (location.hash.length > 1) {
+    let id = location.hash.slice(1);
+    try { id = decodeURIComponent(id); } catch (e) {}
+    const target = document.getElementById(id) || document.getElementsByName(id)[0];
+    if (target) anchor = (target.innerText || '').slice(0, 400);
+  }
   return {
     url: location.href, title: document.title,
     text: main ? main.innerText : '', full_text: document.body ? document.body.innerText : '',
     elements, total_elements: n,
     scroll_y: Math.round(window.scrollY),
     scroll_height: Math.round(document.documentElement.scrollHeight),
-    viewport_height: window.innerHeight,
+    viewport_height: window.innerHeight, anchor,
   };
 }
 """
@@ -158,6 +166,8 @@ class PageView(BaseModel):
     scroll_y: int = 0
     scroll_height: int = 0
     viewport_height: int = 0
+    anchor: str = ""
+    """Opening text of the element the URL's fragment names (empty without one)."""
 
 
 _TAG_LOOKALIKE = re.compile(
@@ -211,15 +221,43 @@ def render_element(el: Element) -> str:
     return line
 
 
+def anchor_chunk(parts: list[str], anchor: str) -> int:
+    """Index of the chunk where ``anchor`` (a section's opening text) begins, else 0.
+
+    The opening lines are matched up to whitespace and together, so a table of
+    contents that repeats only the heading does not count.
+    """
+    lines = [" ".join(line.split()) for line in anchor.splitlines()]
+    lines = [line for line in lines if line]
+    if len(lines) < 2:  # a heading alone also matches the table of contents
+        return 0
+    words = " ".join(lines[:3]).split()[:40]
+    pattern = re.compile(r"\s+".join(re.escape(w) for w in words))
+    for i, part in enumerate(parts):
+        if pattern.search(part):
+            return i
+    return 0
+
+
 def render_snapshot(
     view: PageView, *, chunk_chars: int, status: str = "", elements: bool = True
 ) -> str:
-    """The model-facing snapshot: first text chunk plus numbered elements, delimited."""
+    """The model-facing snapshot: one text chunk plus numbered elements, delimited.
+
+    The chunk is the first, or, when the URL has a fragment, the one where that part
+    of the page begins (a search result pointing into a long page lands there).
+    """
     parts = chunks(view.text, chunk_chars)
-    lines = []
-    head = f"Page text (chunk 1 of {len(parts)}"
-    head += "; call read with chunk=2.. for the rest)" if len(parts) > 1 else ")"
-    lines += [head + ":", parts[0], ""]
+    at = anchor_chunk(parts, view.anchor) if view.anchor else 0
+    fragment = view.url.split("#", 1)[1] if "#" in view.url else ""
+    head = f"Page text (chunk {at + 1} of {len(parts)}"
+    if at:
+        head += f", where #{fragment} begins; read other chunks with read chunk=N)"
+    elif len(parts) > 1:
+        head += "; call read with chunk=2.. for the rest)"
+    else:
+        head += ")"
+    lines = [head + ":", parts[at], ""]
     if elements:
         more = view.total_elements - len(view.elements)
         lines.append(f"Interactive elements ({view.total_elements}; use a ref with click/type):")
