@@ -196,3 +196,14 @@ def test_every_command_and_flag_of_the_cli_is_in_the_readme_reference() -> None:
                 if flag.startswith("--") and flag not in reference:
                     missing.append(f"fleet {full} {flag}")
     assert not missing, "the README's Commands section does not mention: " + ", ".join(missing)
+
+
+def test_no_inline_code_span_crosses_a_line_break() -> None:
+    # The command checks above read inline spans line by line; a span broken across
+    # lines would hide the command in it from them.
+    for doc in DOCS:
+        prose = FENCE.sub("", doc.read_text(encoding="utf-8"))
+        for line in prose.splitlines():
+            if line.startswith("    "):
+                continue
+            assert line.count("`") % 2 == 0, f"{doc.name}: a code span is cut at: {line!r}"
