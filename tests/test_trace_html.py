@@ -209,3 +209,92 @@ def tool_turn(detail: Any, tool: Any) -> int:
 
 def tool_index(detail: Any, tool: Any) -> int:
     return next(t.tools.index(tool) for t in detail.turns if tool in t.tools)
+
+
+@pytest.fixture(scope="module")
+def retried(tmp_path_factory: pytest.TempPathFactory) -> tracegen.Expected:
+    """m02's first attempt crashes and is retried; boxes take 2.5 s to start (m01's 5 s)."""
+    root = tmp_path_factory.mktemp("runs")
+    return tracegen.make_run(root, members=4, turns=6, seed=9, failed=2, retried=1, box_s=2.5)
+
+
+def js_dur(s: float) -> str:
+    """The page's duration format (under an hour)."""
+    return f"{int(s // 60)}m{int(s % 60):02d}s" if s >= 60 else f"{s:.1f}s"
+
+
+def test_lanes_show_box_start_up_and_each_attempt(
+    browser: Any, retried: tracegen.Expected, tmp_path: Path
+) -> None:
+    out = tmp_path / "page.html"
+    write_page(load_run(retried.run_dir), out)
+    w = Watched(browser)
+    w.page.goto(out.as_uri())
+    w.page.wait_for_selector("#timeline-svg")
+    # One box bar per attempt, each ending before that lane's first model call starts.
+    assert w.page.locator(".lane .box-bar").count() == 5
+    for mid in retried.members:
+        lane = w.page.locator(f'.lane[data-member="{mid}"]')
+        box_x = float(lane.locator(".box-bar").first.get_attribute("x") or "nan")
+        box_w = float(lane.locator(".box-bar").first.get_attribute("width") or "nan")
+        first_call = float(lane.locator('rect[fill="var(--model)"]').first.get_attribute("x") or 0)
+        assert box_w > 5 and box_x + box_w <= first_call + 0.5
+    # The retried attempt is marked on its lane (and is not a failed member).
+    assert w.page.locator('.lane[data-member="m02"] .attempt-fail').count() == 1
+    assert w.page.locator(".attempt-fail").count() == 1
+    assert w.page.locator('.lane[data-member="m02"]').get_attribute("data-status") == "ok"
+    # Wall time is the journal's run start to end, not the members' span.
+    wall = w.page.locator(".card", has_text="wall time").locator(".v").inner_text()
+    assert wall == js_dur(retried.run_end - retried.run_start)
+    heads = w.page.locator("#members th").all_inner_texts()
+    assert "attempts" in heads and "wall" in heads and "box" in heads
+    row = w.page.locator('#members tr[data-member="m02"] td')
+    assert row.nth(heads.index("attempts")).inner_text() == "2"
+    exp = retried.members["m02"]
+    assert row.nth(heads.index("wall")).inner_text() == js_dur(exp.end - exp.start)
+    assert w.problems == []
+    ARTIFACTS.mkdir(exist_ok=True)
+    w.page.screenshot(path=str(ARTIFACTS / "trace_attempts_overview.png"), full_page=True)
+    # The member: each attempt with its status and reason, turns grouped per attempt.
+    w.page.click('#members tr[data-member="m02"]')
+    view = w.page.locator("#member-view")
+    view.wait_for(state="visible")
+    rows = view.locator("#attempts tr.attempt-row")
+    assert rows.count() == 2
+    assert "crashed" in rows.nth(0).inner_text() and tracegen.CRASH in rows.nth(0).inner_text()
+    assert "ok" in rows.nth(1).inner_text()
+    assert view.locator(".attempt-head").count() == 2
+    assert view.locator('details.turn[data-attempt="1"]').count() == 2
+    assert view.locator("details.turn").count() == exp.turns
+    last = exp.attempts[-1]
+    card = view.locator(".card", has_text="last attempt").locator(".v").inner_text()
+    assert card == js_dur(last[3] - last[2])
+    assert w.problems == []
+    w.page.close()
+
+
+def test_nested_result_fields_read_as_a_tree(
+    browser: Any, retried: tracegen.Expected, tmp_path: Path
+) -> None:
+    out = tmp_path / "page.html"
+    write_page(load_run(retried.run_dir), out)
+    w = Watched(browser)
+    w.page.goto(out.as_uri() + "#member=m01")
+    result = w.page.locator("#final-result")
+    result.wait_for()
+    tail = result.locator('li[data-path="verified.output_tail"] pre.tree-text')
+    text = tail.inner_text()
+    assert text.startswith("test_000 PASSED\ntest_001 PASSED\n")
+    assert len(text) == 4_000 and "\\n" not in result.inner_text()
+    note = result.locator('li[data-path="verified.output_tail"] .cut').inner_text()
+    assert "members/m01/result.json" in note and "result.verified.output_tail" in note
+    assert "4000 of 6399 chars shown" in note
+    # Short nested scalars are inline, each under its own key; claims are a list of objects.
+    checked = result.locator('li[data-path="verified.quotes_checked"] .tv').inner_text()
+    assert checked == "1"
+    quote = result.locator('li[data-path="claims.0.quote"] .tv').inner_text()
+    assert quote == "Request the Task to be cancelled."
+    assert w.problems == []
+    ARTIFACTS.mkdir(exist_ok=True)
+    w.page.screenshot(path=str(ARTIFACTS / "trace_result_tree.png"), full_page=True)
+    w.page.close()

@@ -563,6 +563,7 @@ def _findings(i: int) -> dict[str, Any]:
         "confidence": 0.8,
         "verified": {
             "quotes_checked": 1,
-            "output_tail": "checked 1 quote\nall quotes found on their pages\nok",
+            # The first member's is long, so a view must cut it and say where the rest is.
+            "output_tail": "\n".join(f"test_{n:03d} PASSED" for n in range(400 if i == 0 else 3)),
         },
     }

@@ -24,12 +24,15 @@ from typing import Any
 
 from coordinator.traceview.detail import Mark, MemberDetail, member_detail
 from coordinator.traceview.load import RunTrace
-from coordinator.traceview.rollup import compact_json, rollup_run
+from coordinator.traceview.rollup import MemberRollup, compact_json, rollup_run
 
 TEXT_BUDGET = 3_200_000
 """Bytes of content text the page aims for (the 5 MB page limit minus structure)."""
 IMAGE_BUDGET = 900_000
 """Bytes of embedded screenshots (base64) before the rest are linked instead."""
+RESULT_TEXT_LIMIT = 4_000
+"""Characters kept of each string in a member's final result (one result per member, so
+a more generous cut than the per-event one); longer ones name ``result.json``."""
 MAX_EMBEDDED_IMAGE = 96_000
 """A screenshot file larger than this is always linked, never embedded."""
 _IMAGE_TYPES = {
@@ -86,7 +89,42 @@ def _mark(m: Mark, base: float, images: _Images) -> dict[str, Any]:
     return out
 
 
-def _member_data(d: MemberDetail, base: float, images: _Images) -> dict[str, Any]:
+def clip_result(value: Any, limit: int) -> tuple[Any, list[tuple[list[str | int], int]]]:
+    """``value`` with every string over ``limit`` characters cut, and the cuts made:
+    (path of keys and indexes to the string, its full length)."""
+    cuts: list[tuple[list[str | int], int]] = []
+
+    def walk(v: Any, path: list[str | int]) -> Any:
+        if isinstance(v, str) and len(v) > limit:
+            cuts.append((path, len(v)))
+            return v[:limit]
+        if isinstance(v, dict):
+            return {k: walk(x, [*path, str(k)]) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x, [*path, i]) for i, x in enumerate(v)]
+        return v
+
+    return walk(value, []), cuts
+
+
+def _attempts(r: MemberRollup, base: float) -> list[dict[str, Any]]:
+    return [
+        {"n": a.n, "st": a.status, "why": a.reason, "s": _r(a.start, base), "b": _r(a.ready, base),
+         "e": _r(a.end, base), "d": a.duration_s, "box": a.box_s, "turns": a.turns,
+         "tools": a.tool_calls}
+        for a in r.per_attempt
+    ]  # fmt: skip
+
+
+def _result(d: MemberDetail, run_dir: Path) -> dict[str, Any] | None:
+    if d.result is None:
+        return None
+    value, cuts = clip_result(d.result, RESULT_TEXT_LIMIT)
+    file = f"{d.dir}/result.json"
+    return {"v": value, "cuts": cuts, "file": file if (run_dir / file).is_file() else ""}
+
+
+def _member_data(d: MemberDetail, base: float, images: _Images, run_dir: Path) -> dict[str, Any]:
     r = d.rollup
     turns = []
     for t in d.turns:
@@ -105,16 +143,17 @@ def _member_data(d: MemberDetail, base: float, images: _Images) -> dict[str, Any
             for x in t.tools
         ]  # fmt: skip
         marks = [_mark(m, base, images) for m in t.marks if m.kind != "sandbox"]
-        turns.append({"n": t.turn, "s": _r(t.start, base), "e": _r(t.end, base), "m": calls,
-                      "t": tools, "k": marks})  # fmt: skip
-    row = r.model_dump(mode="json")
+        turns.append({"n": t.turn, "a": t.attempt, "s": _r(t.start, base), "e": _r(t.end, base),
+                      "m": calls, "t": tools, "k": marks})  # fmt: skip
+    row = r.model_dump(mode="json", exclude={"per_attempt"})
     row["start"], row["end"] = _r(r.start, base) if r.start else 0, _r(r.end, base) if r.end else 0
     return {
         "id": r.member,
         **row,
         "task": d.task,
         "dir": d.dir,
-        "result": None if d.result is None else json.dumps(d.result, indent=2, ensure_ascii=False),
+        "per_attempt": _attempts(r, base),
+        "result": _result(d, run_dir),
         "pre": [_mark(m, base, images) for m in d.preamble if m.kind != "sandbox"],
         "turns_detail": turns,
         "pages": [{"n": p.n, "u": p.url, "t": p.title, "c": p.chars, "ts": _r(p.ts, base),
@@ -136,14 +175,14 @@ def page_data(
     per_content = _content_limit(run, limit)
     images = _Images(run.dir, link_base)
     members = [
-        _member_data(member_detail(m, limit=per_content, rollup=row), base, images)
+        _member_data(member_detail(m, limit=per_content, rollup=row), base, images, run.dir)
         for m, row in zip(run.members, roll.members, strict=True)
     ]
     job = compact_json(run.job)
     return {
         "run": {
             "id": roll.run, "finished": roll.finished, "start": base,
-            "duration": roll.duration_s, "totals": roll.totals, "statuses": roll.statuses,
+            "duration": roll.duration_s, "end": _r(roll.end, base), "totals": roll.totals, "statuses": roll.statuses,
             "job": job if len(job) < 4_000 else job[:4_000] + "…",
             "dir": str(run.dir), "limit": per_content, "lb": link_base, "served": served,
         },
@@ -171,7 +210,7 @@ def render_page(
     title = f"Fleet run {run.id}".replace("&", "&amp;").replace("<", "&lt;")
     head, tail = page.split("{{DATA}}", 1)
     head = head.replace("{{TITLE}}", title).replace("/*{{CSS}}*/", _asset("viewer.css"))
-    tail = tail.replace("/*{{JS}}*/", _asset("viewer.js"))
+    tail = tail.replace("/*{{JS}}*/", _asset("tree.js") + "\n" + _asset("viewer.js"))
     return head + data + tail
 
 

@@ -45,7 +45,8 @@
     const tin = t.input_tokens + t.cache_read_tokens + t.cache_write_tokens;
     const st = Object.entries(RUN.statuses).map(([k, v]) => v + " " + k).join(", ");
     const items = [
-      [MEMBERS.length, "members", st], [dur(RUN.duration), "wall time", RUN.finished ? "finished" : "running"],
+      [MEMBERS.length, "members", st], [dur(RUN.duration), "wall time", (RUN.finished ? "finished" : "running") + "; run start to end, planning and synthesis included"],
+      [dur(t.box_s), "box start-up", "seconds spent creating boxes, all members and attempts"],
       [t.turns, "turns"], [t.tool_calls, "tool calls"], [tok(tin), "tokens in", "cached " + tok(t.cache_read_tokens)],
       [tok(t.output_tokens), "tokens out"], [t.errors, "errors"], [t.offloads + " / " + t.compactions, "offloads / compactions"],
       ["$" + t.cost_usd.toFixed(3), "est. cost"],
@@ -69,7 +70,8 @@
     box.textContent = "";
     const W = Math.max(600, box.clientWidth || 1000);
     const L = 150, R = 120, laneH = 26, top = 22;
-    const span = Math.max(RUN.duration, 1);
+    // The run's span: its journal's end, or a later member event (a run still going).
+    const span = Math.max(RUN.duration, RUN.end, ...MEMBERS.map((m) => m.end), 1);
     const x = (t) => L + (t / span) * (W - L - R);
     const H = top + laneH * MEMBERS.length + 6;
     const svg = sv("svg", { viewBox: `0 0 ${W} ${H}`, height: H, id: "timeline-svg" });
@@ -94,7 +96,19 @@
     const dot = failed ? "#d64545" : m.status === "ok" ? "#2a9d63" : "#3b8fd6";
     grp.append(sv("circle", { cx: 10, cy: y + g.laneH / 2, r: 4, fill: dot }));
     grp.append(sv("text", { class: "lane-label", x: 20, y: y + g.laneH / 2 + 4 }, document.createTextNode(m.id + " " + (m.kind || ""))));
-    grp.append(sv("line", { x1: g.x(m.start), x2: g.x(m.end), y1: y + g.laneH / 2, y2: y + g.laneH / 2, stroke: "#d5dae4" }));
+    // One segment per attempt: the box starting (its own bar), then the member's work;
+    // an attempt that was retried is marked where it ended.
+    for (const a of m.per_attempt) {
+      const last = a.n === m.per_attempt.length;
+      grp.append(sv("line", { class: "attempt-line", x1: g.x(a.s), x2: g.x(a.e), y1: y + g.laneH / 2, y2: y + g.laneH / 2, stroke: "#d5dae4" }));
+      if (a.b > a.s) grp.append(sv("rect", { class: "box-bar", x: g.x(a.s), y: y + 5, width: Math.max(1, g.x(a.b) - g.x(a.s)), height: 16, rx: 2, fill: "var(--box)" },
+        title(`${m.id} attempt ${a.n}: box start-up ${a.box.toFixed(1)}s`)));
+      if (!last) {
+        const xe = g.x(a.e);
+        grp.append(sv("path", { d: `M${xe - 4} ${y + 7} l8 8 M${xe + 4} ${y + 7} l-8 8`, stroke: "var(--tool-err)", "stroke-width": 2, class: "attempt-fail" },
+          title(`attempt ${a.n} ${a.st}: ${a.why} (retried)`)));
+      }
+    }
     for (const t of m.turns_detail) {
       for (const c of t.m) {
         const w = Math.max(1, g.x(c.e) - g.x(c.s));
@@ -125,7 +139,9 @@
     ["member", "member", (m) => el("span", { class: "mono", text: m.id })],
     ["kind", "kind", (m) => m.kind],
     ["status", "status", (m) => pill(m.status)],
-    ["duration_s", "time", (m) => dur(m.duration_s), 1],
+    ["attempts", "attempts", (m) => m.attempts, 1],
+    ["duration_s", "wall", (m) => dur(m.duration_s), 1],
+    ["box_s", "box", (m) => dur(m.box_s), 1],
     ["turns", "turns", (m) => m.turns, 1],
     ["in", "in", (m) => tok(totalIn(m)), 1],
     ["cache_read_tokens", "cached", (m) => tok(m.cache_read_tokens), 1],
@@ -276,7 +292,7 @@
     const ctx = t.m.length ? "ctx " + tok(t.m[0].ctx) : "";
     const badges = ["offload", "compaction", "screenshot", "error", "retry", "clip"].filter((k) => kinds.has(k)).map((k) => el("span", { class: "badge b-" + k, text: k }));
     if (t.t.some((x) => x.err)) badges.push(el("span", { class: "badge b-error", text: "tool error" }));
-    const node = el("details", { class: "turn" + (err ? " has-error" : ""), "data-turn": t.n },
+    const node = el("details", { class: "turn" + (err ? " has-error" : ""), "data-turn": t.n, "data-attempt": t.a },
       el("summary", {}, el("span", { class: "tn", text: "turn " + t.n }), el("span", { class: "tdur", text: dur(t.e - t.s) }),
         el("span", { class: "tctx", text: ctx }), el("span", { class: "tools-sum", text: t.t.map((x) => x.n).join(", ") }), badges));
     node.addEventListener("toggle", () => {
@@ -290,16 +306,28 @@
   }
 
   function turnsPanel(m) {
-    const list = el("div", { id: "turns" }, m.turns_detail.map(turnNode));
+    // A retried member counts turns from 1 in each attempt: a heading opens each attempt.
+    const heads = m.attempts > 1 ? new Map(m.per_attempt.map((a) => [a.n, a])) : new Map();
+    const nodes = [];
+    for (const t of m.turns_detail) {
+      const a = heads.get(t.a);
+      if (a) {
+        heads.delete(t.a);
+        nodes.push(el("div", { class: "attempt-head" + (a.n < m.attempts ? " retried" : ""), "data-attempt": a.n },
+          el("b", { text: "attempt " + a.n }), " ", pill(a.st), ` ${dur(a.d)} · ${a.turns} turns` + (a.why ? " · " + a.why : "")));
+      }
+      nodes.push(turnNode(t));
+    }
+    const list = el("div", { id: "turns" }, nodes);
     const search = el("input", { type: "search", placeholder: "filter turns (tool, text, error…)" });
     const only = el("input", { type: "checkbox" });
     const apply = () => {
       const q = search.value.trim().toLowerCase();
-      for (const n of list.children) n.hidden = (q && !n._search.includes(q)) || (only.checked && !n._flag);
+      for (const n of list.children) if (n._search !== undefined) n.hidden = (q && !n._search.includes(q)) || (only.checked && !n._flag);
     };
     search.addEventListener("input", apply);
     only.addEventListener("change", apply);
-    const setAll = (open) => () => { for (const n of list.children) if (!n.hidden) n.open = open; };
+    const setAll = (open) => () => { for (const n of list.children) if (!n.hidden && n.tagName === "DETAILS") n.open = open; };
     const bar = el("div", { class: "toolbar" }, search, el("label", { class: "chk" }, only, "only errors, offloads, compactions"),
       el("button", { onclick: setAll(true), text: "expand all" }), el("button", { onclick: setAll(false), text: "collapse all" }));
     return el("div", { class: "panel" }, el("div", { class: "panel-head" }, el("h2", { text: `Turns (${m.turns_detail.length})` })), bar, list);
@@ -325,18 +353,47 @@
     el("div", { class: "file-list" }, m.files.map((f) => el("span", { class: "file" }, fileLink(f.p, f.p.slice(m.dir.length + 1)), el("span", { class: "meta", text: " " + size(f.b) })))));
   }
 
-  // The final result: short fields as JSON, long multi-line texts (a patch, a report)
-  // each in their own block so they read as text, not as one escaped JSON line.
+  // Each attempt of a member: status, reason and times (the last one is the outcome).
+  function attemptsPanel(m) {
+    if (m.attempts < 2) return null;
+    const rows = m.per_attempt.map((a) => el("tr", { class: "attempt-row" + (a.n < m.attempts ? " retried" : ""), "data-attempt": a.n },
+      el("td", { class: "num", text: String(a.n) }), el("td", {}, pill(a.st)), el("td", { class: "num", text: "+" + dur(a.s) }),
+      el("td", { class: "num", text: dur(a.d) }), el("td", { class: "num", text: dur(a.box) }), el("td", { class: "num", text: String(a.turns) }),
+      el("td", { class: "reason", text: a.why || (a.n < m.attempts ? "retried" : "") })));
+    const head = el("tr", {}, ["attempt", "status", "started", "took", "box", "turns", "reason"].map((h, i) => el("th", { class: i && i < 6 && i !== 1 ? "num" : "", text: h })));
+    return el("div", { class: "panel", id: "attempts" }, el("div", { class: "panel-head" }, el("h2", { text: `Attempts (${m.attempts})` }),
+      el("span", { class: "hint", text: "the member was retried; its totals cover every attempt, the back-off between them included" })),
+    el("table", { class: "attempts" }, el("thead", {}, head), el("tbody", {}, rows)));
+  }
+
+  // The final result as a tree: nested fields readable (long texts as text blocks), each
+  // string the page cut naming result.json and the field, loadable in full under `fleet view`.
   function resultPanel(m) {
     const box = el("div", { id: "final-result" });
-    if (!m.result) return el("div", { class: "panel result" }, el("h2", { text: "Final result" }), el("div", { class: "empty", text: "no result (" + m.status + ")" }));
-    let obj = null;
-    try { obj = JSON.parse(m.result); } catch (e) { obj = null; }
-    const long = obj && typeof obj === "object" && !Array.isArray(obj)
-      ? Object.keys(obj).filter((k) => typeof obj[k] === "string" && obj[k].includes("\n") && obj[k].length > 120) : [];
-    const rest = obj && long.length ? Object.fromEntries(Object.entries(obj).filter(([k]) => !long.includes(k))) : null;
-    box.append(el("pre", { text: rest ? JSON.stringify(rest, null, 2) : m.result }));
-    for (const k of long) box.append(el("div", { class: "meta", text: k }), el("pre", { class: "result-text" + (/^diff |^--- /m.test(obj[k]) ? " diff" : ""), text: obj[k] }));
+    const r = m.result;
+    if (!r) return el("div", { class: "panel result" }, el("h2", { text: "Final result" }), el("div", { class: "empty", text: "no result (" + m.status + ")" }));
+    const cuts = new Map(r.cuts.map(([path, total]) => [path.join("\u0000"), total]));
+    const noteFor = (path, pre) => {
+      const total = cuts.get(path.join("\u0000"));
+      if (total === undefined) return null;
+      const field = path.map((k) => (typeof k === "number" ? `[${k}]` : "." + k)).join("").replace(/^\./, "");
+      const shown = pre ? pre.textContent.length : 0;
+      const note = el("div", { class: "cut" }, "truncated; full text in ", r.file ? fileLink(r.file) : "the member's trace", ` (field result.${field}, ${shown} of ${total} chars shown)`);
+      if (RUN.served && pre && r.file) {
+        const btn = el("button", { class: "load-full", text: "load full text" });
+        btn.addEventListener("click", async () => {
+          btn.disabled = true;
+          const resp = await fetch(RUN.lb + r.file);
+          if (!resp.ok) { btn.textContent = "not found (" + resp.status + ")"; return; }
+          pre.textContent = path.reduce((v, k) => (v == null ? v : v[k]), (await resp.json()).result);
+          pre.classList.add("full");
+          note.replaceChildren("full text from ", fileLink(r.file), ` (field result.${field})`);
+        });
+        note.append(" ", btn);
+      }
+      return note;
+    };
+    box.append(FleetTree.render(el, r.v, noteFor));
     return el("div", { class: "panel result" }, el("h2", { text: "Final result" }), box);
   }
 
@@ -350,7 +407,9 @@
     view.textContent = "";
     view.dataset.member = id;
     const tin = totalIn(m);
-    const stats = [[m.turns, "turns"], [dur(m.duration_s), "duration"], [m.tool_calls, "tool calls"], [m.errors, "errors"],
+    const lastA = m.per_attempt[m.per_attempt.length - 1];
+    const stats = [[m.turns, "turns"], [dur(m.duration_s), m.attempts > 1 ? "wall, all attempts" : "wall time"], [dur(m.box_s), "box start-up"],
+      ...(m.attempts > 1 ? [[m.attempts, "attempts"], [dur(lastA.d), "last attempt"]] : []), [m.tool_calls, "tool calls"], [m.errors, "errors"],
       [tok(tin), "tokens in"], [tok(m.cache_read_tokens), "cached"], [tok(m.output_tokens), "tokens out"],
       [m.offloads, "offloads"], [m.compactions, "compactions"], ["$" + m.cost_usd.toFixed(3), "cost"]];
     view.append(...[
@@ -358,6 +417,7 @@
       el("div", { class: "task", text: m.task }),
       m.reason ? el("div", { class: "reason-box", text: m.reason }) : null,
       el("div", { class: "cards" }, stats.map(([v, l]) => el("div", { class: "card" }, el("div", { class: "v", text: String(v) }), el("div", { class: "l", text: l })))),
+      attemptsPanel(m),
       el("div", { class: "panel charts" }, contextChart(m), tokenChart(m)),
       m.pre.length ? el("div", { class: "panel" }, el("h3", { text: "Before the first turn" }), m.pre.map(markBlock)) : null,
       turnsPanel(m),
@@ -393,7 +453,8 @@
   document.getElementById("run-title").textContent = `${RUN.id} · ${RUN.finished ? "finished" : "running"} · ${RUN.dir}`;
   cards();
   legend(document.getElementById("tl-legend"), [["var(--model)", "model call"], ["var(--tool)", "tool call"], ["var(--tool-err)", "tool error"],
-    ["var(--compact)", "compaction"], ["var(--offload)", "offload"], ["var(--fail)", "failed member"]]);
+    ["var(--box)", "box start-up"], ["var(--compact)", "compaction"], ["var(--offload)", "offload"], ["var(--tool-err)", "retried attempt (×)"],
+    ["var(--fail)", "failed member"]]);
   timeline();
   table();
   let resizeTimer = 0;
