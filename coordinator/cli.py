@@ -61,7 +61,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    # The interrupt guard covers building the parser too: a command's module may
+    # still be importing (the model client takes about a second) when Ctrl-C comes.
+    try:
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        print("fleet: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(argv: list[str]) -> int:
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
@@ -70,9 +79,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(func(args) or 0)
-    except KeyboardInterrupt:
-        print("fleet: interrupted", file=sys.stderr)
-        return 130
     except UsageError as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 2

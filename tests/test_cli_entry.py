@@ -27,3 +27,13 @@ def test_setup_does_not_import_the_model_client() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_ctrl_c_while_a_command_module_imports_prints_one_line(monkeypatch, capsys) -> None:
+    def interrupted(command=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["research", "q"]) == 130
+    err = capsys.readouterr().err
+    assert err == "fleet: interrupted\n"
