@@ -9,6 +9,10 @@ work fails; such a patch is kept in the run directory but never applied.
 ``research`` and ``code`` are shorthands: they write the job file they stand for
 into the run directory (``job.toml``), so every run - however it was started - can
 be read, re-run and resumed the same way.
+
+Before a run directory exists, :func:`coordinator.preflight.preflight` checks that
+every model the job names can be made and that the images its boxes need are built
+(building them when they can be), so a job that cannot start leaves no run behind.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ import json
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from subagents.model_base import ModelError
 from .cli import UsageError
 from .driver import EXIT_FAILED, RunOptions, RunSummary, execute
 from .jobfile import JobError, load_job, parse_job
+from .preflight import preflight
 from .repo_copy import RepoTooLarge, check_size
 from .runs import RunDir, RunNotFound
 from .spec import Job
@@ -61,44 +65,6 @@ def _go(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> Run
         raise SystemExit(130) from None
 
 
-def _model_fields(job: Job) -> dict[str, str]:
-    """Each distinct model the job will make (``auto`` resolved) -> the field naming it."""
-    from .driver import resolve_model
-
-    named = [("model.name", job.model.name)]
-    named += [(f"members[{i}].model", m.model) for i, m in enumerate(job.members) if m.model]
-    if job.synthesis.model:
-        named.append(("synthesis.model", job.synthesis.model))
-    out: dict[str, str] = {}
-    for where, name in named:
-        out.setdefault(resolve_model(name), where)
-    return out
-
-
-def check_models(job: Job, flags: dict[str, str] | None = None) -> None:
-    """Make (and close) every model the job names, so that a model that cannot be used
-    (no API key, a replay file that is not there) is bad input before a run exists -
-    not a run that fails after its boxes and planner have started."""
-    from .driver import default_make_model
-
-    async def probe(name: str) -> None:
-        with warnings.catch_warnings():
-            # An unknown model string is logged once as a plain line; not twice.
-            warnings.simplefilter("ignore")
-            model = default_make_model(name)
-        aclose = getattr(model, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-    for name, where in _model_fields(job).items():
-        try:
-            anyio.run(probe, name)
-        except ModelError as exc:
-            shown = (flags or {}).get(where)
-            field = f"{shown} ({where})" if shown else where
-            raise UsageError(f"{field}: {exc}") from None
-
-
 def _start(job: Job, text: str, args: argparse.Namespace) -> RunSummary:
     root = Path(args.output_dir) if getattr(args, "output_dir", None) else Path(job.output_dir)
     run = RunDir.create(job, text, root=root)
@@ -111,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         job, text = load_job(args.job)
     except JobError as exc:
         raise UsageError(str(exc)) from None
-    check_models(job)
+    preflight(job)
     return _start(job, text, args).exit_code
 
 
@@ -157,7 +123,7 @@ def cmd_research(args: argparse.Namespace) -> int:
             "model.name": "--model",
         },
     )
-    check_models(job, {"model.name": "--model"})
+    preflight(job, {"model.name": "--model"})
     return _start(job, text, args).exit_code
 
 
@@ -189,7 +155,7 @@ def cmd_code(args: argparse.Namespace) -> int:
     job = _parse_flags(
         text, {"members[0].task": "TASK", "members[0].test": "--test", "model.name": "--model"}
     )
-    check_models(job, {"model.name": "--model"})
+    preflight(job, {"model.name": "--model"})
     summary = _start(job, text, args)
     outcome = summary.outcomes.get("coder")
     patch = summary.run.path / "members" / "coder" / "patch.diff"
@@ -250,7 +216,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "or after that process is gone"
         )
     job = run.job()
-    check_models(job)
+    preflight(job)
     members = run.planned_members()
     pending = run.pending_members(members or [], retry_failed=args.retry_failed)
     if members is not None and not pending:

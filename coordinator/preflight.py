@@ -1,0 +1,159 @@
+"""Checks before a run exists: the job's models can be made and its images are built.
+
+Both run after the job file is validated and before any run directory is created,
+so a job that cannot start leaves nothing behind and says why in one paragraph
+(exit 2), instead of every member "crashing" the same way, being retried, and the
+run exiting 1 after its planner has spent model calls.
+
+Images. A job needs Fleet's image for each member kind it runs (unless a member
+names its own ``sandbox.image``), the default image for the egress proxy of any
+box on the run network (browser members), and the corpus image when browser
+members may reach ``corpus:8080``. When one of those is missing or out of date we
+*build it*, with a progress line saying so, rather than refuse:
+
+- the user asked to run a job, and building is exactly what they would be told to
+  do next; an image is a pure function of the files under ``images/`` (its tag is a
+  hash of them), so the build is what ``fleet images build`` would produce, and an
+  unchanged image is never rebuilt - the check costs one inspect per image;
+- ``make demo`` already builds them; this is the path of someone who ran
+  ``pip install`` and ``fleet run``, or pulled a change to ``images/``;
+- the cost is visible, not silent: a line before the build, one per build step.
+
+When the images cannot be built here - the Docker engine does not answer, the build
+inputs (``images/`` of a source checkout) are absent, the base image needs root for
+``debootstrap`` - that is exit 2 with one paragraph naming ``fleet setup`` and
+``fleet images build``. A build that starts and fails (a Dockerfile step, Debian's
+mirror) is exit 1 with the end of its log, as ``fleet images build`` does.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from typing import TextIO
+
+import anyio
+
+from sandbox.errors import SandboxUnavailable
+from subagents.browser.corpus import CORPUS_MEMBER
+from subagents.model_base import ModelError
+
+from .cli import UsageError
+from .spec import Job
+
+
+def preflight(job: Job, flags: dict[str, str] | None = None) -> None:
+    """Everything a run needs before it starts; raises :class:`UsageError` (exit 2)."""
+    check_models(job, flags)
+    check_images(job)
+
+
+# ---------------------------------------------------------------- models
+
+
+def _model_fields(job: Job) -> dict[str, str]:
+    """Each distinct model the job will make (``auto`` resolved) -> the field naming it."""
+    from .driver import resolve_model
+
+    named = [("model.name", job.model.name)]
+    named += [(f"members[{i}].model", m.model) for i, m in enumerate(job.members) if m.model]
+    if job.synthesis.model:
+        named.append(("synthesis.model", job.synthesis.model))
+    out: dict[str, str] = {}
+    for where, name in named:
+        out.setdefault(resolve_model(name), where)
+    return out
+
+
+def check_models(job: Job, flags: dict[str, str] | None = None) -> None:
+    """Make (and close) every model the job names, so that a model that cannot be used
+    (no API key, a replay file that is not there) is bad input before a run exists -
+    not a run that fails after its boxes and planner have started."""
+    from .driver import default_make_model
+
+    async def probe(name: str) -> None:
+        with warnings.catch_warnings():
+            # An unknown model string is logged once as a plain line; not twice.
+            warnings.simplefilter("ignore")
+            model = default_make_model(name)
+        aclose = getattr(model, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    for name, where in _model_fields(job).items():
+        try:
+            anyio.run(probe, name)
+        except ModelError as exc:
+            shown = (flags or {}).get(where)
+            field = f"{shown} ({where})" if shown else where
+            raise UsageError(f"{field}: {exc}") from None
+
+
+# ---------------------------------------------------------------- images
+
+
+def needed_images(job: Job) -> list[str]:
+    """Fleet's images the job's boxes will run on, in build order."""
+    from sandbox.images import image_defs
+
+    kinds = [m.kind for m in job.members if not m.sandbox.image]
+    browsers = job.research is not None or any(m.kind == "browser" for m in job.members)
+    if job.research is not None:
+        kinds.append("browser")
+    names = set(kinds)
+    if browsers:
+        names.add("coding")  # the run network's egress proxy runs on the default image
+        if any(h.split(":")[0] == CORPUS_MEMBER for h in job.egress.allow):
+            names.add("corpus")
+    return [n for n in image_defs() if n in names]
+
+
+def _say(out: TextIO) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        print(f"fleet: {line}", file=out, flush=True)
+
+    return say
+
+
+def check_images(job: Job, *, out: TextIO | None = None) -> dict[str, str]:
+    """Build the job's missing or out-of-date images, or :class:`UsageError` when they
+    cannot be built here; name -> reference. Blocking (a CLI step, before the run)."""
+    from sandbox.engine import connect
+    from sandbox.images import ImageBuildFailed, current_refs, ensure_images, image_exists
+
+    names = needed_images(job)
+    if not names:
+        return {}
+    out = out or sys.stderr
+    try:
+        client = connect()
+    except SandboxUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        refs = current_refs(names)
+        missing = [n for n in names if not image_exists(client, refs[n])]
+        if not missing:
+            return {n: refs[n] for n in names}
+        _say(out)(
+            f"image(s) {', '.join(refs[n] for n in missing)} not built yet (missing, or "
+            "out of date with images/); building them now - minutes the first time, "
+            "then only when images/ changes ('fleet images build' does this ahead of time)"
+        )
+        built = ensure_images(names, client=client, say=_say(out))
+    except ImageBuildFailed as exc:
+        print(f"fleet: building the job's images failed: {exc}", file=out, flush=True)
+        raise SystemExit(1) from None
+    except SandboxUnavailable as exc:
+        where = ""
+        if "does not exist" in str(exc):  # installed without the build inputs
+            where = ", from a Fleet source checkout (its images/ directory is the input)"
+        raise UsageError(
+            f"the job needs Fleet's image(s) {', '.join(names)}, which are not built (or are "
+            f"out of date with images/) and cannot be built here: {str(exc).rstrip('.')}. "
+            "Build them once with 'fleet setup' (as root; it also starts the Docker engine) "
+            f"or 'fleet images build'{where}, then run this again."
+        ) from None
+    finally:
+        client.close()
+    return {n: built[n] for n in names}
