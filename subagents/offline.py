@@ -10,7 +10,10 @@ behave as they would with a real model.
   where an answer is a ``Message``, a list of content blocks (dicts or SDK blocks)
   or one block. Policies live in a small registry (:func:`register_policy`,
   :func:`get_policy`) so kinds can ship their own (``research``, ``coding``); the
-  ``echo`` policy here is the trivial one tests use.
+  ``echo`` policy here is the trivial one tests use. The built-in kinds' policies
+  are imported on first use, so every name :func:`policy_names` lists resolves
+  whether or not the kind's module was imported first (the fake API server's
+  ``--policy research`` imports no kind).
 - :class:`ReplayModel` replays the ``ModelCall.content`` of a member's
   ``trace.jsonl`` in order, and fails clearly when the loop asks for more turns
   than were recorded (the run diverged from the recording).
@@ -18,6 +21,7 @@ behave as they would with a real model.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import itertools
 import threading
@@ -37,6 +41,12 @@ PolicyFn = Callable[[ModelRequest], PolicyAnswer | Awaitable[PolicyAnswer]]
 
 _POLICIES: dict[str, PolicyFn] = {}
 _POLICIES_LOCK = threading.Lock()
+# Modules that register the built-in kinds' policies. They are small (no browser or
+# SDK imports), but importing them eagerly here would be circular: they import this.
+_BUILTIN_POLICIES = {
+    "coding": "subagents.offline_coding",
+    "research": "subagents.offline_research",
+}
 
 
 def register_policy(name: str, fn: PolicyFn) -> PolicyFn:
@@ -49,15 +59,19 @@ def register_policy(name: str, fn: PolicyFn) -> PolicyFn:
 
 
 def policy_names() -> list[str]:
-    """Registered policy names, sorted."""
+    """Names :func:`get_policy` resolves (registered or built in), sorted."""
     with _POLICIES_LOCK:
-        return sorted(_POLICIES)
+        return sorted(set(_POLICIES) | set(_BUILTIN_POLICIES))
 
 
 def get_policy(name: str) -> PolicyFn:
     """The policy registered as ``name``; :class:`ModelError` naming the known ones if none."""
     with _POLICIES_LOCK:
         fn = _POLICIES.get(name)
+    if fn is None and name in _BUILTIN_POLICIES:
+        importlib.import_module(_BUILTIN_POLICIES[name])  # registers it at import
+        with _POLICIES_LOCK:
+            fn = _POLICIES.get(name)
     if fn is None:
         raise ModelError(
             f"no offline policy named {name!r}; registered: {', '.join(policy_names())} "

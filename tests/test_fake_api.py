@@ -332,3 +332,70 @@ async def test_command_line_server_answers_with_an_offline_policy(tmp_path: Path
     script.write_text('[{"fault": "nope"}]')
     with pytest.raises(SystemExit, match="fault must be one of"):
         load_script(script)
+
+
+async def _cli_answer(policy: str, task: str) -> anthropic.types.Message:
+    """Start the command-line server (a fresh interpreter, as a user does) on any free
+    port, read its URL from the banner, and ask it one question."""
+    command = [sys.executable, "-m", "subagents.fake_api", "--policy", policy, "--port", "0"]
+    async with await anyio.open_process(command) as process:
+        try:
+            assert process.stderr is not None
+            banner = b""
+            with anyio.fail_after(20):
+                while b"\n" not in banner:
+                    banner += await process.stderr.receive()
+            url = banner.decode().split("fake Messages API on ", 1)[1].split()[0]
+            assert f"ANTHROPIC_BASE_URL={url}" in banner.decode()
+            messages = [{"role": "user", "content": task}]
+            return await client_at(url).messages.create(model="m", max_tokens=50, messages=messages)
+        finally:
+            process.terminate()
+
+
+async def test_command_line_server_serves_the_kinds_policies() -> None:
+    """--policy research / coding work although no kind module was imported."""
+    research = await _cli_answer("research", "widget prices in Europe")
+    (search,) = [b for b in research.content if b.type == "tool_use"]
+    assert search.name == "search" and "widget" in search.input["query"]
+    coding = await _cli_answer("coding", "make the tests pass")
+    assert next(b.name for b in coding.content if b.type == "tool_use") == "glob"
+
+
+async def test_command_line_rejects_bad_input_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from subagents.fake_api.__main__ import main
+    from subagents.offline import policy_names
+
+    assert main(["--policy", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no offline policy named 'nope'" in err
+    assert all(name in err for name in policy_names())
+    assert {"coding", "echo", "research"} <= set(policy_names())
+    assert main(["--script", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing.json: cannot read the script" in err
+    (tmp_path / "bad.json").write_text('[{"fault": "nope"}]')
+    assert main(["--script", str(tmp_path / "bad.json")]) == 2
+    assert "fault must be one of" in capsys.readouterr().err
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err
+
+
+async def test_default_port_is_not_fleet_views(capsys: pytest.CaptureFixture[str]) -> None:
+    from coordinator.cli import build_parser
+    from subagents.fake_api.__main__ import main
+
+    view_port = build_parser("view").parse_args(["view", "some-run"]).port
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    default = int(help_text.split("port on 127.0.0.1 (default ", 1)[1].split(",")[0])
+    assert default != view_port and default != 0
+    assert "0 = any free port" in help_text

@@ -1,11 +1,16 @@
 """Serve the fake Messages API until interrupted, for trying a job without a real model.
 
-    python -m subagents.fake_api --port 8765 [--script replies.json] [--policy echo]
-    ANTHROPIC_BASE_URL=http://127.0.0.1:8765 ANTHROPIC_API_KEY=test fleet ...
+    python -m subagents.fake_api [--port 18080] [--script replies.json] [--policy echo]
+    ANTHROPIC_BASE_URL=http://127.0.0.1:18080 ANTHROPIC_API_KEY=test fleet ...
 
 A script file is a JSON list of message dicts (``{"content": [...]}``) and faults
 (``{"fault": "rate_limited" | "overloaded" | "server_error" | "overloaded_mid_stream"}``).
 Without one, every request is answered by an offline policy (default ``echo``).
+
+The default port is fixed (18080), so the ``ANTHROPIC_BASE_URL`` line above can be
+typed once, and kept clear of ``fleet view``'s 8765 so both run side by side;
+``--port 0`` takes any free port (the banner prints the URL). Bad input - an unknown
+policy, an unreadable script, a busy port - is one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -34,10 +39,23 @@ _FAULTS = {
 }
 
 
+PROG = "python -m subagents.fake_api"
+DEFAULT_PORT = 18080
+"""Not 8765, which ``fleet view`` serves on by default."""
+
+
 def load_script(path: Path) -> list[ScriptItem]:
     """Parse a script file; a bad item names its index and what is allowed."""
+    try:
+        listed = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SystemExit(f"{path}: cannot read the script ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise SystemExit(f"{path}: not JSON ({exc}); give a JSON list of replies") from None
+    if not isinstance(listed, list):
+        raise SystemExit(f'{path}: expected a JSON list, e.g. [{{"content": [...]}}]')
     items: list[ScriptItem] = []
-    for i, raw in enumerate(json.loads(path.read_text(encoding="utf-8"))):
+    for i, raw in enumerate(listed):
         if isinstance(raw, dict) and "fault" in raw:
             if raw["fault"] not in _FAULTS:
                 raise SystemExit(f"{path}: item {i}: fault must be one of {', '.join(_FAULTS)}")
@@ -65,15 +83,55 @@ def policy_answer(name: str) -> Any:
     return answer
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m subagents.fake_api", description=__doc__)
-    parser.add_argument("--port", type=int, default=8765)
+def _parser() -> argparse.ArgumentParser:
+    from subagents.offline import policy_names
+
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port on 127.0.0.1 (default {DEFAULT_PORT}, not fleet view's 8765; "
+        "0 = any free port, the URL is printed)",
+    )
     parser.add_argument("--script", type=Path, help="JSON list of replies and faults")
-    parser.add_argument("--policy", default="echo", help="offline policy when no script")
-    args = parser.parse_args(argv)
-    script = load_script(args.script) if args.script else policy_answer(args.policy)
-    api = FakeMessagesAPI(script, port=args.port).start()
-    print(f"fake Messages API on {api.url} (Ctrl-C to stop)", file=sys.stderr)
+    parser.add_argument(
+        "--policy",
+        default="echo",
+        help=f"offline policy when no script: {', '.join(policy_names())} (default echo)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from subagents.offline import policy_names
+
+    args = _parser().parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        return _fail(f"--port {args.port} is not a TCP port; use 0-65535, e.g. --port 0")
+    if args.script is None and args.policy not in policy_names():
+        return _fail(
+            f"no offline policy named {args.policy!r}; use one of: {', '.join(policy_names())}"
+        )
+    try:
+        script = load_script(args.script) if args.script else policy_answer(args.policy)
+    except SystemExit as exc:  # load_script's messages are already one line
+        return _fail(str(exc))
+    try:
+        api = FakeMessagesAPI(script, port=args.port).start()
+    except OSError as exc:
+        return _fail(
+            f"cannot listen on 127.0.0.1:{args.port} ({exc.strerror or exc}); "
+            "pick another --port, or --port 0 for any free one"
+        )
+    print(
+        f"fake Messages API on {api.url} (Ctrl-C to stop); use it with "
+        f"ANTHROPIC_BASE_URL={api.url} ANTHROPIC_API_KEY=test",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         while True:
             time.sleep(3600)
@@ -81,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         api.stop()
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
