@@ -180,8 +180,11 @@ def _failed(unit: MemberUnit, status: str, reason: str, started: float, **kw: An
     )
 
 
-async def _release(box: Sandbox | None, trace: TraceWriter, pool: SandboxPool | None) -> None:
-    """Remove the box whatever happened (shielded: cancellation must not leak boxes)."""
+async def _release(
+    box: Sandbox | None, trace: TraceWriter, pool: SandboxPool | None, *, keep: bool
+) -> None:
+    """Remove the box whatever happened (shielded: cancellation must not leak boxes);
+    a box whose spec says ``keep`` is only let go, and traced as ``keep``, not ``close``."""
     if box is None:
         return
     with anyio.CancelScope(shield=True):
@@ -190,8 +193,9 @@ async def _release(box: Sandbox | None, trace: TraceWriter, pool: SandboxPool | 
             await (pool.release(box) if pool is not None else box.close())
         except SandboxError:
             pass  # already gone (killed); gc removes any remains by label
+        action = "keep" if keep and pool is None else "close"
         trace.emit(
-            SandboxEvent(action="close", box=box.name, duration_s=round(time.monotonic() - t0, 3))
+            SandboxEvent(action=action, box=box.name, duration_s=round(time.monotonic() - t0, 3))
         )
 
 
@@ -213,10 +217,13 @@ async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> Memb
     box: Sandbox | None = None
     pool: SandboxPool | None = None
     ended_by_harness = False
+    keep = False
     try:
         with anyio.fail_after(unit.deadline_s):
             t0 = time.monotonic()
-            box, pool = await deps.acquire(unit.spec.sandbox_spec(), unit.run_id, unit.spec.id)
+            box_spec = unit.spec.sandbox_spec()
+            keep = box_spec.keep
+            box, pool = await deps.acquire(box_spec, unit.run_id, unit.spec.id)
             trace.emit(
                 SandboxEvent(
                     action="create", box=box.name, duration_s=round(time.monotonic() - t0, 3)
@@ -256,11 +263,11 @@ async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> Memb
     except ModelError as exc:
         outcome = _failed(unit, "failed", f"model error: {exc}", started, retryable=exc.retryable)
     except CANCELLED():
-        await _release(box, trace, pool)
+        await _release(box, trace, pool, keep=keep)
         raise
     except Exception as exc:
         outcome = _failed(unit, "failed", f"raised {type(exc).__name__}: {exc}", started)
-    await _release(box, trace, pool)
+    await _release(box, trace, pool, keep=keep)
     if outcome.status == "ok" and unit.result_schema:
         wrong = schema_problems(outcome.result or {}, unit.result_schema)
         if wrong:

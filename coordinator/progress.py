@@ -40,6 +40,8 @@ class Row:
     started: float | None = None
     ended: float | None = None
     last: str = ""
+    whole: bool = False
+    """Show ``last`` uncut: it names a kept box, which the user will want to copy."""
     reason: str = ""
     attempts: int = 0
 
@@ -64,7 +66,9 @@ def _action(event: Any) -> str:
         return f"compacted {_k(event.tokens_before)} -> {_k(event.tokens_after)}"
     if t == "offload":
         return f"offloaded {_k(event.tokens)} tokens"
-    if t == "sandbox" and event.action in ("create", "close"):
+    if t == "sandbox" and event.action in ("create", "close", "keep"):
+        if event.action == "keep":
+            return f"box kept: {event.box}"
         return "box up" if event.action == "create" else "box removed"
     if t == "tool_result" and event.is_error:
         return f"{event.tool} error"
@@ -102,6 +106,7 @@ class Progress:
         what = _action(event)
         if what:
             row.last = what
+            row.whole = t == "sandbox" and event.action == "keep"
             self._dirty = True
 
     def on_journal(self, entry: dict[str, Any]) -> None:
@@ -149,9 +154,11 @@ class Progress:
             if colour and r.status in _COLOURS:
                 status = f"\x1b[{_COLOURS[r.status]}m{status}\x1b[0m"
             last = r.reason if r.status in _DONE and r.status != "ok" else r.last
+            if not (r.whole and last is r.last):
+                last = last[:60]
             lines.append(
                 f"{r.member:<{width}}  {status} {r.turn:>4} {_k(r.tokens_in):>7} "
-                f"{_k(r.tokens_out):>7} {r.elapsed(now):>6.1f}s  {last[:60]}"
+                f"{_k(r.tokens_out):>7} {r.elapsed(now):>6.1f}s  {last}"
             )
         return lines
 

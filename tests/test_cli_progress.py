@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 from coordinator.progress import Progress
-from subagents.trace import MemberStart, ModelCall, ToolCall
+from subagents.trace import MemberStart, ModelCall, SandboxEvent, ToolCall
 
 
 class FakeTTY(io.StringIO):
@@ -72,3 +72,16 @@ def test_terminal_output_redraws_the_table_in_place():
     assert "shell(ls)" in second and "\x1b[36mrunning" in second
     p.draw()  # nothing changed: nothing written
     assert out.getvalue()[len(first) + len(second) :] == ""
+
+
+def test_a_kept_box_is_named_whole_in_the_last_action_column():
+    name = "fleet-research-20260101-120000-abcd-research-12-0a1b2c"
+    p = Progress(["kept", "gone"], out=io.StringIO())
+    for member, action in (("kept", "keep"), ("gone", "close")):
+        p.on_journal({"event": "member_started", "member": member, "attempt": 1})
+        p.on_event(SandboxEvent(member=member, action="create", box=f"{name}-{member}"))
+        p.on_event(SandboxEvent(member=member, action=action, box=f"{name}-{member}"))
+        p.on_journal({"event": "member_finished", "member": member, "status": "ok"})
+    rows = {ln.split()[0]: ln for ln in p.table()[1:]}
+    assert rows["kept"].endswith(f"box kept: {name}-kept")  # longer than the column's 60
+    assert rows["gone"].endswith("box removed")

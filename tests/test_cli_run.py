@@ -233,7 +233,14 @@ def test_a_box_the_job_asks_to_keep_outlives_the_run_and_only_that_one(
     name = left[0]["Names"][0].lstrip("/")
     kept = [e for e in run.journal.read() if e["event"] == "boxes_kept"]
     assert kept and kept[0]["boxes"] == [name]
-    assert f"kept for debugging: {name}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"kept for debugging: {name}" in err
+    # The progress table's last action says which box was kept, not that it was removed.
+    rows = {ln.split()[0]: ln for ln in err.splitlines() if ln.startswith(("kept ", "plain "))}
+    assert rows["kept"].endswith(f"box kept: {name}"), rows
+    assert rows["plain"].endswith("box removed"), rows
+    trace = list(read_trace(run.path / "members" / "kept" / "trace.jsonl"))
+    assert [(e.action, e.box) for e in trace if e.type == "sandbox"][-1] == ("keep", name)
 
 
 def _wait_for(pred, timeout: float, what: str, describe=lambda: "") -> None:
