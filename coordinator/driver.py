@@ -32,12 +32,13 @@ from subagents.member import MemberOutcome
 from subagents.model_base import Model, ModelError
 
 from .executor import Executor
-from .fanout import Deps, MemberUnit, fan_out, to_member_spec
+from .fanout import fan_out, to_member_spec
 from .planner import plan
 from .progress import Progress
 from .runs import RunDir
 from .spec import Job, MemberJob
 from .synthesis import render_markdown, synthesize
+from .worker import Deps, MemberUnit
 
 DEFAULT_REAL_MODEL = "claude-sonnet-5"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130

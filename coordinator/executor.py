@@ -5,8 +5,9 @@ its outcome out); the executor only decides *where and when* each unit runs. Tod
 that is :class:`LocalExecutor`, one anyio task group on this host with a capacity
 limiter as the queue. A cluster executor (Ray first, see DESIGN.md) implements the
 same :meth:`Executor.map` by shipping each unit to a node; nothing else in the
-coordinator changes, because the fan-out policy (deadlines, retries, quorum,
-fail-fast) lives in :mod:`coordinator.fanout` and only talks to this seam.
+coordinator changes, because the fan-out policy (quorum, fail-fast) lives in
+:mod:`coordinator.fanout`, one member's deadline and retries in
+:mod:`coordinator.worker`, and both only talk to this seam.
 
 Contract for ``worker``: it records its own failures in the outcome it returns and
 raises only on cancellation. The executor still guards against a worker that
