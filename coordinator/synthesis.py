@@ -11,6 +11,7 @@ that member's result by the code, so a report can cite only sources a member act
 returned, and a claim whose citations all fail to resolve is marked ``uncited``.
 Failed members are listed by the code too (with status and reason), never left to a
 model to remember. The offline analyst is deterministic and labelled as offline.
+The report itself (``report.json``, ``report.md``) is :mod:`coordinator.report`.
 
 Members' results are untrusted data. Their claims, quotes and summaries are text a
 member copied from web pages (or a repository) - a page can plant "ignore previous
@@ -27,58 +28,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from subagents.browser.dom import CLOSE_TAG, OPEN_TAG, untrusted
 from subagents.member import MemberOutcome
 from subagents.model_base import Model, ModelError, ModelRequest
 
+from .report import Citation, MemberLine, Report, ReportClaim, render_markdown
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Citation(_Strict):
-    member: str
-    """The member whose finding this is."""
-    claim: int | None = None
-    """Index of the claim in that member's findings (None: the member's summary)."""
-    url: str = ""
-    quote: str = ""
-
-
-class ReportClaim(_Strict):
-    text: str
-    citations: list[Citation] = Field(default_factory=list)
-    uncited: bool = False
-    """True when none of the analyst's citations resolved to a member's finding."""
-
-
-class MemberLine(_Strict):
-    member: str
-    kind: str
-    task: str
-    status: str
-    reason: str = ""
-
-
-class Report(_Strict):
-    """``report.json``: what the run found, with every claim citing its members."""
-
-    title: str
-    question: str = ""
-    analyst: str
-    """``offline`` or the analyst model's name."""
-    offline: bool
-    summary: str
-    claims: list[ReportClaim] = Field(default_factory=list)
-    open_questions: list[str] = Field(default_factory=list)
-    answers: list[dict[str, Any]] = Field(default_factory=list)
-    """Per ok member: its task (sub-question), its own summary and confidence."""
-    code: list[dict[str, Any]] = Field(default_factory=list)
-    """Coding members' results: summary, files changed, tests, patch path."""
-    members: list[MemberLine] = Field(default_factory=list)
-    failed: list[MemberLine] = Field(default_factory=list)
+__all__ = ["Report", "digest", "model_report", "offline_report", "render_markdown", "synthesize"]
 
 
 def _cap(result: dict[str, Any] | None, limit: int) -> dict[str, Any]:
@@ -352,61 +308,6 @@ async def model_report(
         members=members,
         failed=failed,
     )
-
-
-def render_markdown(report: Report) -> str:
-    """``report.md``: the same content as ``report.json``, for people."""
-    out = [f"# {report.title}", ""]
-    if report.question:
-        out += [f"**Question:** {report.question}", ""]
-    label = "offline analyst (deterministic, no model)" if report.offline else report.analyst
-    out += [f"_Analyst: {label}._", "", "## Summary", "", report.summary, ""]
-    if report.claims:
-        out += ["## Findings", ""]
-        urls: dict[str, int] = {}
-        for claim in report.claims:
-            refs = []
-            for c in claim.citations:
-                tag = f"{c.member}#{c.claim}" if c.claim is not None else c.member
-                if c.url:
-                    n = urls.setdefault(c.url, len(urls) + 1)
-                    tag += f" [{n}]"
-                refs.append(tag)
-            mark = " _(uncited)_" if claim.uncited else ""
-            out.append(f"- {claim.text} ({'; '.join(refs) or 'no source'}){mark}")
-            quote = next((c.quote for c in claim.citations if c.quote), "")
-            if quote and quote.strip() != claim.text.strip():
-                out.append(f"  > {quote}")
-        out.append("")
-        if urls:
-            out += ["### Sources", ""] + [f"[{n}] {u}" for u, n in urls.items()] + [""]
-    if report.answers:
-        out += ["## What each member found", ""]
-        for a in report.answers:
-            conf = f" (confidence: {a['confidence']})" if a.get("confidence") is not None else ""
-            out += [f"**{a['member']}** - {a['task']}", "", f"{a['summary']}{conf}", ""]
-    if report.code:
-        out += ["## Code changes", ""]
-        for entry in report.code:
-            files = ", ".join(entry.get("files_changed") or []) or "none"
-            out.append(
-                f"- **{entry['member']}**: {entry.get('summary', '')} (files: {files}; "
-                f"patch: `{entry['patch']}`)"
-            )
-        out.append("")
-    if report.open_questions:
-        out += ["## Open questions", ""] + [f"- {q}" for q in report.open_questions] + [""]
-    out += ["## Members", "", "| member | kind | status | task / reason |", "|---|---|---|---|"]
-    for m in report.members:
-        detail = m.reason if m.status != "ok" else m.task
-        out.append(f"| {m.member} | {m.kind} | {m.status} | {detail.replace('|', '/')[:160]} |")
-    if report.failed:
-        out += [
-            "",
-            f"**{len(report.failed)} member(s) failed:** "
-            + "; ".join(f"{m.member} ({m.status}: {m.reason})" for m in report.failed),
-        ]
-    return "\n".join(out) + "\n"
 
 
 async def synthesize(

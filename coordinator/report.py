@@ -1,0 +1,115 @@
+"""The run's report: what ``report.json`` holds and how ``report.md`` shows it.
+
+:class:`Report` is the contract between the analyst step
+(:mod:`coordinator.synthesis`, which fills it) and its readers (``report.json`` on
+disk, ``report.md`` for people, ``fleet trace``). Every claim carries the member
+citations the code resolved; failed members are listed with their reasons.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Citation(_Strict):
+    member: str
+    """The member whose finding this is."""
+    claim: int | None = None
+    """Index of the claim in that member's findings (None: the member's summary)."""
+    url: str = ""
+    quote: str = ""
+
+
+class ReportClaim(_Strict):
+    text: str
+    citations: list[Citation] = Field(default_factory=list)
+    uncited: bool = False
+    """True when none of the analyst's citations resolved to a member's finding."""
+
+
+class MemberLine(_Strict):
+    member: str
+    kind: str
+    task: str
+    status: str
+    reason: str = ""
+
+
+class Report(_Strict):
+    """``report.json``: what the run found, with every claim citing its members."""
+
+    title: str
+    question: str = ""
+    analyst: str
+    """``offline`` or the analyst model's name."""
+    offline: bool
+    summary: str
+    claims: list[ReportClaim] = Field(default_factory=list)
+    open_questions: list[str] = Field(default_factory=list)
+    answers: list[dict[str, Any]] = Field(default_factory=list)
+    """Per ok member: its task (sub-question), its own summary and confidence."""
+    code: list[dict[str, Any]] = Field(default_factory=list)
+    """Coding members' results: summary, files changed, tests, patch path."""
+    members: list[MemberLine] = Field(default_factory=list)
+    failed: list[MemberLine] = Field(default_factory=list)
+
+
+def render_markdown(report: Report) -> str:
+    """``report.md``: the same content as ``report.json``, for people."""
+    out = [f"# {report.title}", ""]
+    if report.question:
+        out += [f"**Question:** {report.question}", ""]
+    label = "offline analyst (deterministic, no model)" if report.offline else report.analyst
+    out += [f"_Analyst: {label}._", "", "## Summary", "", report.summary, ""]
+    if report.claims:
+        out += ["## Findings", ""]
+        urls: dict[str, int] = {}
+        for claim in report.claims:
+            refs = []
+            for c in claim.citations:
+                tag = f"{c.member}#{c.claim}" if c.claim is not None else c.member
+                if c.url:
+                    n = urls.setdefault(c.url, len(urls) + 1)
+                    tag += f" [{n}]"
+                refs.append(tag)
+            mark = " _(uncited)_" if claim.uncited else ""
+            out.append(f"- {claim.text} ({'; '.join(refs) or 'no source'}){mark}")
+            quote = next((c.quote for c in claim.citations if c.quote), "")
+            if quote and quote.strip() != claim.text.strip():
+                out.append(f"  > {quote}")
+        out.append("")
+        if urls:
+            out += ["### Sources", ""] + [f"[{n}] {u}" for u, n in urls.items()] + [""]
+    if report.answers:
+        out += ["## What each member found", ""]
+        for a in report.answers:
+            conf = f" (confidence: {a['confidence']})" if a.get("confidence") is not None else ""
+            out += [f"**{a['member']}** - {a['task']}", "", f"{a['summary']}{conf}", ""]
+    if report.code:
+        out += ["## Code changes", ""]
+        for entry in report.code:
+            files = ", ".join(entry.get("files_changed") or []) or "none"
+            out.append(
+                f"- **{entry['member']}**: {entry.get('summary', '')} (files: {files}; "
+                f"patch: `{entry['patch']}`)"
+            )
+        out.append("")
+    if report.open_questions:
+        out += ["## Open questions", ""] + [f"- {q}" for q in report.open_questions] + [""]
+    out += ["## Members", "", "| member | kind | status | task / reason |", "|---|---|---|---|"]
+    for m in report.members:
+        detail = m.reason if m.status != "ok" else m.task
+        out.append(f"| {m.member} | {m.kind} | {m.status} | {detail.replace('|', '/')[:160]} |")
+    if report.failed:
+        out += [
+            "",
+            f"**{len(report.failed)} member(s) failed:** "
+            + "; ".join(f"{m.member} ({m.status}: {m.reason})" for m in report.failed),
+        ]
+    return "\n".join(out) + "\n"
