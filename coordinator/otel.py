@@ -15,6 +15,10 @@ One code path serves both uses: :class:`LiveRun` turns trace events into spans a
 replays a finished run's events through the same listener. Span times always come
 from the events' timestamps, so a replayed run has the same shape as a live one.
 
+An after-the-fact export to an OTLP endpoint builds the spans in memory, then
+:mod:`coordinator.otel_send` sends them and says what the collector accepted (or
+raises :class:`~coordinator.otel_send.ExportFailed`).
+
 Needs the ``otel`` extra (``opentelemetry-sdk``, ``opentelemetry-exporter-otlp-proto-http``).
 """
 
@@ -24,14 +28,15 @@ import json
 import os
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from opentelemetry import trace as ot
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from coordinator.otel_send import otlp_traces_url, send_spans
 from coordinator.traceview.load import RunTrace
 from subagents.trace import (
     Clip,
@@ -56,11 +61,6 @@ def _ns(ts: float) -> int:
     return int(ts * 1e9)
 
 
-def _otlp_traces_url(url: str) -> str:
-    """A base endpoint (``http://host:4318``) gets the OTLP/HTTP traces path appended."""
-    return url.rstrip("/") + "/v1/traces" if urlsplit(url).path in ("", "/") else url
-
-
 def make_provider(
     *, endpoint: str | None = None, exporter: SpanExporter | None = None
 ) -> TracerProvider:
@@ -72,9 +72,7 @@ def make_provider(
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
         target = (
-            OTLPSpanExporter(endpoint=_otlp_traces_url(endpoint))
-            if endpoint
-            else OTLPSpanExporter()
+            OTLPSpanExporter(endpoint=otlp_traces_url(endpoint)) if endpoint else OTLPSpanExporter()
         )
         provider.add_span_processor(BatchSpanProcessor(target))
     return provider
@@ -100,7 +98,7 @@ class _MemberSpans:
 
     def _agent(self, ts: float) -> Span:
         if self.agent is None:
-            attrs = {
+            attrs: dict[str, Any] = {
                 "gen_ai.operation.name": "invoke_agent",
                 "gen_ai.provider.name": PROVIDER_NAME,
                 "gen_ai.agent.id": f"{self.live.run_id}/{self.member}",
@@ -317,8 +315,21 @@ def export_run(
     run: RunTrace, *, endpoint: str | None = None, exporter: SpanExporter | None = None,
     content: bool = False,
 ) -> int:  # fmt: skip
-    """Replay a run's traces as spans; return how many spans were exported."""
-    provider = make_provider(endpoint=endpoint, exporter=exporter)
+    """Replay a run's traces as spans; return how many spans were exported.
+
+    With ``exporter`` every span goes to it as it ends. Otherwise they go to the OTLP/HTTP
+    ``endpoint`` (or the ``OTEL_EXPORTER_OTLP_*`` one): the count is what the collector
+    accepted, and :class:`ExportFailed` is raised when it did not accept them all.
+    """
+    if exporter is not None:
+        return _replay(run, exporter, content)
+    memory = InMemorySpanExporter()
+    _replay(run, memory, content)
+    return send_spans(memory.get_finished_spans(), endpoint)
+
+
+def _replay(run: RunTrace, exporter: SpanExporter, content: bool) -> int:
+    provider = make_provider(exporter=exporter)
     stamps = [ev.ts for m in run.members for ev in m.events]
     # A box's creation began before its event was written (the event carries how long).
     starts = [ev.ts - ev.duration_s for m in run.members for ev in m.events

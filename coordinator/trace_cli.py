@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from coordinator.traceview.detail import member_detail
 from coordinator.traceview.load import RunNotFound, load_run
@@ -77,7 +78,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         print(f"wrote {args.html} ({size / 1e6:.2f} MB)", file=sys.stderr)
         done = True
     if args.otlp:
-        _export_otlp(run, args.otlp, content=args.otel_content)
+        if not _export_otlp(run, args.otlp, content=args.otel_content):
+            return 1
         done = True
     if done:
         return 0
@@ -98,16 +100,29 @@ def _print_views(run, args: argparse.Namespace) -> int:  # type: ignore[no-untyp
     return 0
 
 
-def _export_otlp(run, endpoint: str, *, content: bool) -> None:  # type: ignore[no-untyped-def]
+def _export_otlp(run, endpoint: str, *, content: bool) -> bool:  # type: ignore[no-untyped-def]
+    """Export the run; False (after one line saying why) when the collector did not take it."""
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _usage(
+            f"--otlp {endpoint} is not an http(s) URL; give the collector's OTLP/HTTP "
+            "endpoint, e.g. --otlp http://127.0.0.1:4318."
+        )
     try:
         from coordinator import otel
+        from coordinator.otel_send import ExportFailed
     except ImportError as exc:
         raise _usage(
             f"OpenTelemetry export needs the 'otel' extra ({exc.name} is missing): "
             "pip install 'fleet[otel]'."
         ) from None
-    count = otel.export_run(run, endpoint=endpoint, content=content)
+    try:
+        count = otel.export_run(run, endpoint=endpoint, content=content)
+    except ExportFailed as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return False
     print(f"exported {count} spans to {endpoint}", file=sys.stderr)
+    return True
 
 
 def cmd_view(args: argparse.Namespace) -> int:

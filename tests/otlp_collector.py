@@ -8,9 +8,12 @@ from typing import Any
 
 
 class Collector:
-    """Accepts ``POST /v1/traces`` (protobuf) and decodes the spans it received."""
+    """Accepts ``POST /v1/traces`` (protobuf) and decodes the spans it received.
 
-    def __init__(self) -> None:
+    ``status`` is the HTTP status every post gets (a collector that refuses, e.g. 404).
+    """
+
+    def __init__(self, status: int = 200) -> None:
         self.posts: list[tuple[str, str, bytes]] = []
         posts = self.posts
 
@@ -18,7 +21,7 @@ class Collector:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 posts.append((self.path, self.headers.get("Content-Type", ""), body))
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
                 self.end_headers()

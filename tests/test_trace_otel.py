@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from opentelemetry.trace import StatusCode
 from otlp_collector import Collector
 
 from coordinator import otel
+from coordinator.otel_send import EXPORT_TIMEOUT_S
 from coordinator.traceview import load_run
 from subagents.trace import (
     Compaction,
@@ -162,7 +165,48 @@ def test_cli_exports_to_an_otlp_http_collector(
     }
     assert attrs["gen_ai.operation.name"].string_value == "chat"
     assert attrs["gen_ai.usage.input_tokens"].int_value > 0
-    assert f"exported {len(spans)} spans" in done.stderr
+    # One line, the count the collector accepted; nothing else from the exporter.
+    assert done.stderr == f"exported {len(spans)} spans to {collector.url}\n"
+
+
+def test_cli_otlp_with_nothing_listening_fails_in_one_line(synthetic: tracegen.Expected) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        started = time.monotonic()
+        done = subprocess.run([FLEET, "trace", str(synthetic.run_dir), "--otlp", url],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        took = time.monotonic() - started
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1, done.stderr  # no exporter retry lines
+    line = done.stderr
+    assert line.startswith(f"fleet: OTLP export to {url}/v1/traces failed: connection refused")
+    assert "0 of " in line and "collector is running there" in line
+    assert "exported" not in line and not done.stdout
+    assert took < 4 * EXPORT_TIMEOUT_S  # gives up, does not hang
+
+
+def test_cli_otlp_refused_by_the_collector_fails_in_one_line(
+    synthetic: tracegen.Expected,
+) -> None:
+    refusing = Collector(status=404)
+    try:
+        done = subprocess.run([FLEET, "trace", str(synthetic.run_dir), "--otlp", refusing.url],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        refusing.close()
+    assert len(refusing.posts) == 1  # a 404 is not retried
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"OTLP export to {refusing.url}/v1/traces failed: HTTP 404" in done.stderr
+    assert "0 of " in done.stderr
+
+
+def test_cli_otlp_needs_an_http_url(synthetic: tracegen.Expected) -> None:
+    done = subprocess.run([FLEET, "trace", str(synthetic.run_dir), "--otlp", "127.0.0.1:4318"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert "is not an http(s) URL" in done.stderr and "--otlp http://" in done.stderr
 
 
 def test_a_retried_member_gets_one_sound_span_per_attempt(tmp_path: Path) -> None:
