@@ -1,17 +1,10 @@
 """The Docker backend: one container per box, driven through an in-box agent.
 
-Exec path. ``docker exec`` costs about 55 ms a call here (engine, containerd and runc
-each take their turn). Each box instead runs ONE long-lived ``docker exec -i python3
-/opt/fleet/boxagent.py``; requests travel as framed JSON over that exec's hijacked
-socket (:mod:`sandbox.agent_client`) and many run at once, tagged by id. A round trip
-costs about a millisecond. The agent enforces the timeout and the output cap inside
-the box (new session per command, ``killpg`` on timeout, head+tail capture), so the
-semantics do not depend on the host. Fallbacks, in order: when the stream breaks and
-the box still runs, the agent is restarted once; when that fails, each call runs the
-agent one-shot (``--once``) in its own ``docker exec``; when the image has no agent
-file the agent's source is passed with ``python3 -c``; when the image has no
-``python3``, ``exec`` becomes ``timeout -k`` in a plain ``docker exec`` with the cap
-applied on the host (and file operations say they need python3).
+Exec transport. How a request reaches the box - one long-lived in-box agent over a
+framed stream (about a millisecond a round trip, against 55 ms for ``docker exec``),
+its restart and fallbacks (one-shot agent, inline agent, plain ``docker exec``), and
+how a dead, removed or frozen box becomes :class:`SandboxCrashed` - lives in
+:mod:`sandbox.transport`. This module holds the Sandbox API and the backend.
 
 Filesystem. The root is read-only; ``/tmp`` is a tmpfs (``tmpfs_size``, mode 1777)
 and ``/workspace`` is a tmpfs owned by uid 1000 with ``workspace_size`` as its size
@@ -24,8 +17,8 @@ memory limit, which is the safe direction. Paths are checked twice: on the host
 in ``/workspace`` pointing at ``/etc`` is refused.
 
 OOM. A box whose main process dies raises :class:`SandboxCrashed` naming the reason
-(``oom-killed`` from ``State.OOMKilled``, ``killed``, ``exited(N)``, ``removed``) on
-the next call. When the OOM killer kills a command but the box lives on (the usual
+(``oom-killed`` from ``State.OOMKilled``, ``killed``, ``exited(N)``, ``removed``,
+``paused``) on the next call. When the OOM killer kills a command but the box lives on (the usual
 case: commands get a higher ``oom_score_adj`` than the agent), the agent sees the
 memory cgroup's ``oom_kill`` counter rise during the command and the result carries
 ``oom_killed=True`` (exit code 137). With several commands running at once the flag
@@ -45,41 +38,27 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import anyio
 import docker
 import docker.errors
 
 from . import reaper
-from .agent_client import AgentStream, StreamBroken, one_shot
 from .base import BoxInfo, Command, ExecResult, FileInfo, Sandbox, SandboxBackend
-from .boxops import (
-    AGENT_ARGV,
-    AGENT_PATH,
-    agent_error,
-    agent_source,
-    cap_output,
-    crash_reason,
-    exec_request,
-    exec_result,
-    wait_cdp,
-)
+from .boxops import agent_error, exec_request, exec_result, wait_cdp
 from .container import create_container
 from .errors import (
     PathRefused,
     SandboxClosed,
-    SandboxCrashed,
     SandboxSpecError,
     SandboxUnavailable,
 )
 from .network import RunNetworks, proxy_env
 from .spec import SandboxSpec
+from .transport import BoxTransport
 
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 _CODING_COMMAND = ["sleep", "infinity"]
-# Base64 of stdin in plain mode rides in one environment variable (Linux: 128 KiB each).
-_PLAIN_STDIN_MAX = 96 * 1024
 # Chromium skips its proxy for loopback and link-local (169.254/16) addresses unless
 # told otherwise; "<-loopback>" removes those implicit bypasses, so even the metadata
 # address goes to the proxy, which refuses it.
@@ -93,7 +72,6 @@ class DockerSandbox(Sandbox):
         self, backend: DockerBackend, info: dict, spec: SandboxSpec, run: str, member: str
     ):
         self._backend = backend
-        self._api = backend.client.api
         self.id = info["Id"]
         self.name = info["Name"].lstrip("/")
         self.spec = spec
@@ -101,112 +79,30 @@ class DockerSandbox(Sandbox):
         self.member = member
         nets = info["NetworkSettings"]["Networks"]
         self.ip = next((n["IPAddress"] for n in nets.values() if n.get("IPAddress")), None)
-        self.mode = "agent"
-        self._agent: AgentStream | None = None
-        self._crashed: SandboxCrashed | None = None
+        self.transport = BoxTransport(backend.client, self.id, self.name)
         self._closed = False
         self._cdp: str | None = None
-        self._restarts = 0
 
-    # ------------------------------------------------------------ agent plumbing
-
-    async def start_agent(self) -> None:
-        """Open the long-lived agent stream, or pick a fallback mode."""
-        try:
-            sock = await anyio.to_thread.run_sync(self._open_exec, AGENT_ARGV)
-            agent = AgentStream(sock)
-            with anyio.fail_after(10):
-                await agent.request({"op": "ping"})
-            self._agent, self.mode = agent, "agent"
-        except (StreamBroken, TimeoutError, docker.errors.APIError) as e:
-            await self._raise_if_dead()
-            self.mode = await self._pick_fallback(str(e))
-
-    def _open_exec(self, cmd: list[str]) -> Any:
-        exec_id = self._api.exec_create(self.id, cmd, stdin=True, user="1000:1000")["Id"]
-        return self._api.exec_start(exec_id, socket=True)
-
-    async def _pick_fallback(self, why: str) -> str:
-        code = await anyio.to_thread.run_sync(
-            lambda: self._api.exec_create(self.id, ["test", "-f", AGENT_PATH])["Id"]
-        )
-        await anyio.to_thread.run_sync(self._api.exec_start, code)
-        if (await anyio.to_thread.run_sync(self._api.exec_inspect, code))["ExitCode"] == 0:
-            return "oneshot"
-        probe = await anyio.to_thread.run_sync(
-            lambda: self._backend.client.containers.get(self.id).exec_run(["python3", "-c", "1"])
-        )
-        return "inline" if probe.exit_code == 0 else "plain"
+    @property
+    def mode(self) -> str:
+        """How calls reach the box: ``agent``, ``oneshot``, ``inline`` or ``plain``."""
+        return self.transport.mode
 
     async def _call(self, msg: dict, *, timeout: float | None = None) -> dict:
         """Send one request by the best path; raise crash/close errors first."""
         self._ensure_usable()
-        if self.mode == "agent" and self._agent is not None:
-            rid = self._agent.new_id()
-            try:
-                return await self._agent.request(msg, rid)
-            except StreamBroken as e:
-                await self._raise_if_dead(settle_s=1.0)
-                await self._restart_agent()
-                raise SandboxUnavailable(
-                    f"the agent stream of sandbox {self.name} broke during a call ({e}); the box "
-                    f"still runs and the agent was restarted: retry the call"
-                ) from None
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._agent.kill(rid)
-                raise
         if self.mode == "plain":
             raise SandboxUnavailable(
                 f"sandbox {self.name}'s image has no python3, which file operations need; "
                 f"use a Fleet image or one with python3"
             )
-        return await self._call_once(msg, timeout)
-
-    async def _call_once(self, msg: dict, timeout: float | None) -> dict:
-        if self.mode == "oneshot":
-            cmd = [*AGENT_ARGV, "--once"]
-        else:
-            cmd = ["python3", "-I", "-S", "-c", agent_source(), "--once"]
-        sock = await anyio.to_thread.run_sync(self._open_exec, cmd)
-        wait = None if timeout is None else timeout + 30
-        reply, stderr = await anyio.to_thread.run_sync(lambda: one_shot(sock, msg, timeout=wait))
-        if reply is None:
-            await self._raise_if_dead()
-            raise SandboxUnavailable(f"the agent in sandbox {self.name} gave no answer: {stderr}")
-        return reply
-
-    async def _restart_agent(self) -> None:
-        self._agent = None
-        if self._restarts >= 1:
-            self.mode = "oneshot"
-            return
-        self._restarts += 1
-        await self.start_agent()
+        return await self.transport.request(msg, timeout=timeout)
 
     def _ensure_usable(self) -> None:
         if self._closed:
             raise SandboxClosed(f"sandbox {self.name} was closed; create a new one")
-        if self._crashed:
-            raise self._crashed
-
-    async def _raise_if_dead(self, settle_s: float = 0.0) -> None:
-        if settle_s:
-            # The agent's stream ending is usually the box dying (an OOM kill of its
-            # init takes the agent with it), but the engine records the exit a moment
-            # later: wait for it (bounded) so a dying box is not judged alive.
-            try:
-                await anyio.to_thread.run_sync(lambda: self._api.wait(self.id, timeout=settle_s))
-            except Exception:  # still running (the read timed out) or already gone
-                pass
-        try:
-            info = await anyio.to_thread.run_sync(self._api.inspect_container, self.id)
-        except docker.errors.NotFound:
-            info = None
-        reason = crash_reason(info)
-        if reason is not None:
-            self._crashed = SandboxCrashed(self.name, *reason)
-            raise self._crashed
+        if self.transport.crashed:
+            raise self.transport.crashed
 
     # ------------------------------------------------------------ Sandbox API
 
@@ -224,43 +120,14 @@ class DockerSandbox(Sandbox):
         req = exec_request(cmd, timeout, cwd or self.spec.workdir, env, stdin, limit)
         if self.mode == "plain":
             self._ensure_usable()
-            return await self._exec_plain(req)
+            return await self.transport.exec_plain(req)
         reply = await self._call(req, timeout=timeout)
         if not reply.get("ok"):
             raise agent_error(reply, self.name)
         result = exec_result(reply)
         if result.exit_code == 137 and not result.oom_killed:
-            await self._raise_if_dead()
+            await self.transport.raise_if_dead()
         return result
-
-    async def _exec_plain(self, req: dict) -> ExecResult:
-        argv = req.get("argv") or ["/bin/sh", "-c", req["cmd"]]
-        env = dict(req.get("env") or {})
-        if req.get("stdin"):
-            # No agent to write stdin through: it travels in the environment, decoded by
-            # a shell in front of the command (inside the timeout, so it dies with it).
-            if len(req["stdin"]) > _PLAIN_STDIN_MAX:
-                raise SandboxUnavailable(
-                    f"sandbox {self.name}'s image has no python3, so stdin is limited to "
-                    f"{_PLAIN_STDIN_MAX * 3 // 4} bytes; write the data to a file first or "
-                    f"use a Fleet image"
-                )
-            env["FLEET_STDIN_B64"] = req["stdin"]
-            script = 'printf %s "$FLEET_STDIN_B64" | base64 -d | "$@"'
-            argv = ["/bin/sh", "-c", script, "fleet-stdin", *argv]
-        if req.get("timeout"):
-            argv = ["timeout", "-k", "2", str(req["timeout"]), *argv]
-        started = time.monotonic()
-
-        def run() -> Any:
-            container = self._backend.client.containers.get(self.id)
-            return container.exec_run(
-                argv, workdir=req["cwd"], environment=env, user="1000:1000", demux=True
-            )
-
-        res = await anyio.to_thread.run_sync(run)
-        out, err = res.output
-        return cap_output(res.exit_code, out or b"", err or b"", req["limit"], started)
 
     async def read_file(self, path: str, *, limit: int = 64 * 1024 * 1024) -> bytes:
         from .boxops import read_reply
@@ -354,7 +221,7 @@ class DockerSandbox(Sandbox):
         if self._cdp is None:
             url = f"http://{self.ip}:9223"
             if not await wait_cdp(url, 20.0):
-                await self._raise_if_dead()
+                await self.transport.raise_if_dead()
                 raise SandboxUnavailable(
                     f"Chromium in sandbox {self.name} did not open DevTools at {url} within "
                     f"20 s; see 'docker logs {self.name}'"
@@ -364,22 +231,18 @@ class DockerSandbox(Sandbox):
 
     def looks_alive(self) -> bool:
         """Without an engine call: not closed, not crashed, agent stream still open."""
-        if self._closed or self._crashed is not None:
-            return False
-        return self._agent is None or self._agent.alive()
+        return not self._closed and self.transport.alive()
 
     async def check(self) -> None:
         self._ensure_usable()
-        await self._raise_if_dead()
+        await self.transport.raise_if_dead()
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            if self._agent is not None:
-                self._agent.close()
-                self._agent = None
+            self.transport.close()
             if not self.spec.keep:
                 await self._backend.remove_container(self.id)
 
@@ -469,7 +332,7 @@ class DockerBackend(SandboxBackend):
         info = await anyio.to_thread.run_sync(create_container, self.client, *args)
         box = DockerSandbox(self, info, spec, run, member)
         try:
-            await box.start_agent()
+            await box.transport.start()
             if spec.kind == "browser":
                 await box.cdp_endpoint()
         except BaseException:

@@ -11,7 +11,7 @@ import docker
 import pytest
 
 from sandbox.docker import DockerBackend, DockerSandbox
-from sandbox.errors import SandboxUnavailable
+from sandbox.errors import SandboxCrashed, SandboxUnavailable
 from sandbox.spec import SandboxSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
@@ -28,8 +28,8 @@ def backend(docker_client, images) -> DockerBackend:
 
 
 async def _kill_agent(box: DockerSandbox, client: docker.DockerClient) -> None:
-    assert box._agent is not None
-    pid = (await box._agent.request({"op": "ping"}))["pid"]
+    assert box.transport.agent is not None
+    pid = (await box.transport.agent.request({"op": "ping"}))["pid"]
     res = client.containers.get(box.id).exec_run(["kill", "-9", str(pid)], user="1000:1000")
     assert res.exit_code == 0, res.output
 
@@ -95,3 +95,58 @@ async def test_an_image_without_python_gets_plain_docker_exec(
         await _semantics_hold(box)
         with pytest.raises(SandboxUnavailable, match="no python3"):
             await box.read_file("anything.txt")
+
+
+# ---------------------------------------------------------------- a box dying mid-path
+
+
+async def test_a_box_killed_as_its_agent_restarts_is_crashed_never_an_engine_error(
+    backend: DockerBackend, run_id: str, docker_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent dies, and the box dies the moment the agent is being restarted."""
+    api = docker_client.api
+    async with await backend.create(SandboxSpec(), run=run_id, member="c") as box:
+        real_start = api.exec_start
+        restarts: list[str] = []
+
+        def start_then_kill_the_box(exec_id, *args, **kwargs):
+            result = real_start(exec_id, *args, **kwargs)
+            if kwargs.get("socket") and not restarts:
+                restarts.append(exec_id)
+                api.kill(box.id)  # right after the restarted agent's exec began
+            return result
+
+        await _kill_agent(box, docker_client)
+        monkeypatch.setattr(api, "exec_start", start_then_kill_the_box)
+        with pytest.raises(SandboxCrashed) as err:
+            await box.exec("true")
+        assert restarts, "the agent restart must have been attempted"
+        assert err.value.reason == "killed"
+        with pytest.raises(SandboxCrashed, match="killed"):
+            await box.write_file("f.txt", "x")
+
+
+async def _oneshot_box(box: DockerSandbox, client: docker.DockerClient) -> None:
+    for _ in range(2):
+        await _kill_agent(box, client)
+        with pytest.raises(SandboxUnavailable, match="retry"):
+            await box.exec("true")
+    assert box.mode == "oneshot"
+
+
+@pytest.mark.parametrize("mode", ["oneshot", "plain"])
+async def test_a_dead_box_in_a_fallback_mode_is_crashed_never_an_engine_error(
+    backend: DockerBackend, run_id: str, docker_client, images, mode: str
+) -> None:
+    """Without the agent stream nothing notices the box died before the next engine call:
+    that call's 409 ('container is not running') must come out as the typed crash."""
+    spec = SandboxSpec() if mode == "oneshot" else SandboxSpec(image=images["base"])
+    async with await backend.create(spec, run=run_id, member="c") as box:
+        if mode == "oneshot":
+            await _oneshot_box(box, docker_client)
+        assert box.mode == mode
+        docker_client.api.kill(box.id)
+        with pytest.raises(SandboxCrashed) as err:
+            await box.exec("echo hi")
+        assert err.value.reason == "killed"
+        assert "docker" not in type(err.value).__module__

@@ -1,0 +1,222 @@
+"""How requests reach one Docker box: the exec transport under :class:`DockerSandbox`.
+
+:mod:`sandbox.docker` says *what* a box does (the Sandbox API, the backend); this
+module says *how* a request gets in and its answer out, and what a dead box looks like
+on the way.
+
+Paths, best first. ``docker exec`` costs about 55 ms a call here (engine, containerd
+and runc each take their turn). Each box instead runs ONE long-lived ``docker exec -i
+python3 /opt/fleet/boxagent.py``; requests travel as framed JSON over that exec's
+hijacked socket (:mod:`sandbox.agent_client`) and many run at once, tagged by id. A
+round trip costs about a millisecond. The agent enforces the timeout and the output cap
+inside the box (new session per command, ``killpg`` on timeout, head+tail capture), so
+the semantics do not depend on the host. Fallbacks, in order: when the stream breaks
+and the box still runs, the agent is restarted once (``agent``); when that fails, each
+call runs the agent one-shot (``--once``) in its own ``docker exec`` (``oneshot``); when
+the image has no agent file the agent's source is passed with ``python3 -c``
+(``inline``); when the image has no ``python3``, ``exec`` becomes ``timeout -k`` in a
+plain ``docker exec`` with the cap applied on the host (``plain``; file operations say
+they need python3).
+
+Dead boxes. Every engine call on the box goes through :meth:`BoxTransport.engine`: a
+Docker API error (a 409 "container is not running" from a box that died between two
+calls, a 404 from one that was removed) makes the transport re-inspect the container,
+and a box that is not running becomes :class:`SandboxCrashed` naming why (``killed``,
+``oom-killed``, ``exited(N)``, ``removed``, ``paused``). The first crash is recorded and
+raised again by every later call. An error on a box that still runs is
+:class:`SandboxUnavailable`. Nothing from the ``docker`` package reaches the caller.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+import docker
+import docker.errors
+
+from .agent_client import AgentStream, StreamBroken, one_shot
+from .base import ExecResult
+from .boxops import AGENT_ARGV, AGENT_PATH, agent_source, cap_output, crash_reason
+from .errors import SandboxCrashed, SandboxUnavailable
+
+T = TypeVar("T")
+
+# Base64 of stdin in plain mode rides in one environment variable (Linux: 128 KiB each).
+_PLAIN_STDIN_MAX = 96 * 1024
+
+
+class BoxTransport:
+    """The exec transport of one box: the agent stream, its fallbacks, crash detection."""
+
+    def __init__(self, client: docker.DockerClient, box_id: str, name: str) -> None:
+        self._client = client
+        self._api = client.api
+        self.id = box_id
+        self.name = name
+        self.mode = "agent"
+        """``agent``, ``oneshot``, ``inline`` or ``plain`` (see the module docstring)."""
+        self.agent: AgentStream | None = None
+        self.crashed: SandboxCrashed | None = None
+        """The box's death, once seen; every later call raises it again."""
+        self._restarts = 0
+
+    # ------------------------------------------------------------ engine calls
+
+    async def engine(self, fn: Callable[[], T]) -> T:
+        """Run one blocking engine call on a worker thread; a Docker API error becomes
+        :class:`SandboxCrashed` when the box is dead, else :class:`SandboxUnavailable`."""
+        try:
+            return await anyio.to_thread.run_sync(fn)
+        except docker.errors.APIError as e:
+            await self.raise_if_dead()
+            raise SandboxUnavailable(
+                f"the engine refused a call on sandbox {self.name}, which still runs "
+                f"({e.explanation or e}); retry, or see 'docker inspect {self.name}'"
+            ) from None
+
+    async def raise_if_dead(self, settle_s: float = 0.0) -> None:
+        """Re-inspect the container; record and raise :class:`SandboxCrashed` if it is
+        not running (``settle_s``: first wait that long for the engine to record an exit)."""
+        if settle_s:
+            # The agent's stream ending is usually the box dying (an OOM kill of its
+            # init takes the agent with it), but the engine records the exit a moment
+            # later: wait for it (bounded) so a dying box is not judged alive.
+            try:
+                await anyio.to_thread.run_sync(lambda: self._api.wait(self.id, timeout=settle_s))
+            except Exception:  # still running (the read timed out) or already gone
+                pass
+        try:
+            info = await anyio.to_thread.run_sync(self._api.inspect_container, self.id)
+        except docker.errors.NotFound:
+            info = None
+        except docker.errors.APIError as e:
+            raise SandboxUnavailable(
+                f"the engine could not say whether sandbox {self.name} still runs ({e}); "
+                f"check the engine with 'docker info' and retry"
+            ) from None
+        reason = crash_reason(info)
+        if reason is not None:
+            self.crashed = self.crashed or SandboxCrashed(self.name, *reason)
+            raise self.crashed
+
+    def _open_exec(self, cmd: list[str]) -> Any:
+        exec_id = self._api.exec_create(self.id, cmd, stdin=True, user="1000:1000")["Id"]
+        return self._api.exec_start(exec_id, socket=True)
+
+    # ------------------------------------------------------------ the agent
+
+    async def start(self) -> None:
+        """Open the long-lived agent stream, or pick a fallback mode."""
+        try:
+            sock = await self.engine(lambda: self._open_exec(AGENT_ARGV))
+            agent = AgentStream(sock)
+            with anyio.fail_after(10):
+                await agent.request({"op": "ping"})
+            self.agent, self.mode = agent, "agent"
+        except (StreamBroken, TimeoutError, SandboxUnavailable):
+            await self.raise_if_dead()
+            self.mode = await self._pick_fallback()
+
+    async def _pick_fallback(self) -> str:
+        def has_agent_file() -> bool:
+            code = self._api.exec_create(self.id, ["test", "-f", AGENT_PATH])["Id"]
+            self._api.exec_start(code)
+            return self._api.exec_inspect(code)["ExitCode"] == 0
+
+        if await self.engine(has_agent_file):
+            return "oneshot"
+        probe = await self.engine(
+            lambda: self._client.containers.get(self.id).exec_run(["python3", "-c", "1"])
+        )
+        return "inline" if probe.exit_code == 0 else "plain"
+
+    async def request(self, msg: dict, *, timeout: float | None = None) -> dict:
+        """One request by the best path (not ``plain``): the agent's reply."""
+        if self.mode == "agent" and self.agent is not None:
+            return await self._agent_request(self.agent, msg)
+        return await self._request_once(msg, timeout)
+
+    async def _agent_request(self, agent: AgentStream, msg: dict) -> dict:
+        rid = agent.new_id()
+        try:
+            return await agent.request(msg, rid)
+        except StreamBroken as e:
+            await self.raise_if_dead(settle_s=1.0)
+            await self._restart()
+            raise SandboxUnavailable(
+                f"the agent stream of sandbox {self.name} broke during a call ({e}); the box "
+                f"still runs and the agent was restarted: retry the call"
+            ) from None
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await agent.kill(rid)
+            raise
+
+    async def _restart(self) -> None:
+        self.agent = None
+        if self._restarts >= 1:
+            self.mode = "oneshot"
+            return
+        self._restarts += 1
+        await self.start()
+
+    async def _request_once(self, msg: dict, timeout: float | None) -> dict:
+        if self.mode == "oneshot":
+            cmd = [*AGENT_ARGV, "--once"]
+        else:
+            cmd = ["python3", "-I", "-S", "-c", agent_source(), "--once"]
+        sock = await self.engine(lambda: self._open_exec(cmd))
+        wait = None if timeout is None else timeout + 30
+        reply, stderr = await anyio.to_thread.run_sync(lambda: one_shot(sock, msg, timeout=wait))
+        if reply is None:
+            await self.raise_if_dead()
+            raise SandboxUnavailable(f"the agent in sandbox {self.name} gave no answer: {stderr}")
+        return reply
+
+    # ------------------------------------------------------------ plain docker exec
+
+    async def exec_plain(self, req: dict) -> ExecResult:
+        """``exec`` without python3 in the box: ``timeout -k`` in a plain ``docker exec``."""
+        argv = req.get("argv") or ["/bin/sh", "-c", req["cmd"]]
+        env = dict(req.get("env") or {})
+        if req.get("stdin"):
+            # No agent to write stdin through: it travels in the environment, decoded by
+            # a shell in front of the command (inside the timeout, so it dies with it).
+            if len(req["stdin"]) > _PLAIN_STDIN_MAX:
+                raise SandboxUnavailable(
+                    f"sandbox {self.name}'s image has no python3, so stdin is limited to "
+                    f"{_PLAIN_STDIN_MAX * 3 // 4} bytes; write the data to a file first or "
+                    f"use a Fleet image"
+                )
+            env["FLEET_STDIN_B64"] = req["stdin"]
+            script = 'printf %s "$FLEET_STDIN_B64" | base64 -d | "$@"'
+            argv = ["/bin/sh", "-c", script, "fleet-stdin", *argv]
+        if req.get("timeout"):
+            argv = ["timeout", "-k", "2", str(req["timeout"]), *argv]
+        started = time.monotonic()
+
+        def run() -> Any:
+            container = self._client.containers.get(self.id)
+            return container.exec_run(
+                argv, workdir=req["cwd"], environment=env, user="1000:1000", demux=True
+            )
+
+        res = await self.engine(run)
+        out, err = res.output
+        return cap_output(res.exit_code, out or b"", err or b"", req["limit"], started)
+
+    # ------------------------------------------------------------ state
+
+    def alive(self) -> bool:
+        """Without an engine call: no crash seen and the agent stream (if any) open."""
+        if self.crashed is not None:
+            return False
+        return self.agent is None or self.agent.alive()
+
+    def close(self) -> None:
+        if self.agent is not None:
+            self.agent.close()
+            self.agent = None
