@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import socket
 import struct
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -96,17 +98,32 @@ class AgentStream:
     def new_id(self) -> int:
         return next(self._ids)
 
-    async def request(self, msg: dict, rid: int | None = None) -> dict:
-        """Send one request and wait for its response; :class:`StreamBroken` on failure."""
+    async def request(
+        self,
+        msg: dict,
+        rid: int | None = None,
+        *,
+        watch: Callable[[], Awaitable[None]] | None = None,
+        every: float = 5.0,
+    ) -> dict:
+        """Send one request and wait for its response; :class:`StreamBroken` on failure.
+
+        ``watch`` is awaited every ``every`` seconds while the response is outstanding:
+        a frozen (paused) box keeps the stream open and silent, so only a look from the
+        outside can end the wait; ``watch`` ends it by raising.
+        """
         rid = rid if rid is not None else self.new_id()
         self._waiting.add(rid)
         try:
             await self._send(encode({**msg, "id": rid}))
             while rid not in self._done:
-                async with self._read_lock:
-                    if rid in self._done:
-                        break
-                    await self._read_some()
+                with anyio.move_on_after(every if watch else math.inf) as scope:
+                    async with self._read_lock:
+                        if rid in self._done:
+                            break
+                        await self._read_some()
+                if scope.cancelled_caught and watch is not None:
+                    await watch()
             return self._done.pop(rid)
         finally:
             self._waiting.discard(rid)

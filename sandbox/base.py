@@ -81,8 +81,11 @@ class Sandbox(abc.ABC):
     """One isolated box.
 
     Error contract: every method may raise :class:`~sandbox.errors.SandboxCrashed`
-    (the box died; the reason is named), :class:`~sandbox.errors.SandboxClosed`
-    and :class:`~sandbox.errors.SandboxUnavailable` (engine gone). File methods
+    (the box died, was removed or was paused; the reason is named; a crash is final:
+    a box paused and then unpaused stays crashed, ``reason == "paused"``),
+    :class:`~sandbox.errors.SandboxClosed` and :class:`~sandbox.errors.SandboxUnavailable`
+    (engine gone, or it refused a call on a box that still runs). No exception of the
+    engine's client library escapes. File methods
     raise :class:`~sandbox.errors.PathRefused` for paths outside
     :attr:`allowed_roots`, ``FileNotFoundError`` for missing paths and
     :class:`~sandbox.errors.OutputLimitExceeded` for reads over their limit.

@@ -11,14 +11,20 @@ SandboxSpecError       a spec is invalid (unknown field, negative limit, bad siz
                        or host name); raised when the spec is built, one paragraph
                        naming every bad field and the fields there are
 SandboxUnavailable     the engine cannot be reached, an image is unknown to the
-                       engine, or the box could not be created or started
+                       engine, the box could not be created or started, or the
+                       engine refused a call on a box that still runs (retry)
 SandboxTimeout         a file or control operation (not ``exec``: a command that
                        runs past its timeout returns ``ExecResult.timed_out``)
                        did not finish in time
 OutputLimitExceeded    a file read would return more than the allowed bytes
 PathRefused            a path resolves outside the box's allowed roots
-SandboxCrashed         the box died (OOM-killed, killed, exited); ``reason``
-                       names why; every later call on that box raises it again
+SandboxCrashed         the box died (OOM-killed, killed, exited), was removed, or
+                       was frozen (``docker pause``); ``reason`` names why; every
+                       later call on that box raises it again - a paused box stays
+                       crashed after ``docker unpause`` (its commands stopped
+                       mid-way, so its state cannot be trusted: use a new box).
+                       Any Docker API error on a box that is not running comes out
+                       as this, never as a ``docker`` exception
 SandboxClosed          the box was closed by its owner and is used again
 =====================  ==========================================================
 """
@@ -66,7 +72,8 @@ class PathRefused(SandboxError, PermissionError):
 
 class SandboxCrashed(SandboxError):
     """The box died; ``reason`` is one of ``oom-killed``, ``killed``, ``exited(N)``,
-    ``removed`` or ``unknown``, and ``detail`` carries what the engine said."""
+    ``removed`` or ``paused`` (frozen; final even after an unpause), and ``detail``
+    carries what the engine said."""
 
     def __init__(self, box: str, reason: str, detail: str = "") -> None:
         text = f"sandbox {box} crashed: {reason}"

@@ -25,6 +25,10 @@ and a box that is not running becomes :class:`SandboxCrashed` naming why (``kill
 ``oom-killed``, ``exited(N)``, ``removed``, ``paused``). The first crash is recorded and
 raised again by every later call. An error on a box that still runs is
 :class:`SandboxUnavailable`. Nothing from the ``docker`` package reaches the caller.
+
+Frozen boxes. A paused box keeps the agent's stream open and silent, so the in-box
+timeout cannot fire: while a request waits on the agent, the container's state is
+looked at every :data:`WATCH_S` seconds, and a paused box ends the wait as crashed.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ T = TypeVar("T")
 
 # Base64 of stdin in plain mode rides in one environment variable (Linux: 128 KiB each).
 _PLAIN_STDIN_MAX = 96 * 1024
+WATCH_S = 5.0
+"""Seconds between looks at the container while a request waits on the agent: the
+longest a call on a frozen (paused) box waits before it is reported crashed."""
 
 
 class BoxTransport:
@@ -142,7 +149,7 @@ class BoxTransport:
     async def _agent_request(self, agent: AgentStream, msg: dict) -> dict:
         rid = agent.new_id()
         try:
-            return await agent.request(msg, rid)
+            return await agent.request(msg, rid, watch=self.raise_if_dead, every=WATCH_S)
         except StreamBroken as e:
             await self.raise_if_dead(settle_s=1.0)
             await self._restart()

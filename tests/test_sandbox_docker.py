@@ -163,6 +163,35 @@ async def test_coding_box_has_no_network(box: DockerSandbox) -> None:
     assert conn.exit_code != 0
 
 
+async def test_paused_box_is_crashed_promptly_and_stays_unusable_after_unpause(
+    backend: DockerBackend, run_id: str, docker_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen box cannot run the in-box timeout: the call must not hang on it."""
+    import time
+
+    import anyio
+
+    from sandbox import transport
+
+    monkeypatch.setattr(transport, "WATCH_S", 0.5)
+    box = await backend.create(SandboxSpec(), run=run_id, member="frozen")
+    try:
+        docker_client.api.pause(box.id)
+        started = time.monotonic()
+        with anyio.fail_after(20), pytest.raises(SandboxCrashed) as err:
+            await box.exec("true", timeout=60)
+        assert time.monotonic() - started < 5
+        assert err.value.reason == "paused"
+        assert not box.looks_alive()
+        docker_client.api.unpause(box.id)
+        with pytest.raises(SandboxCrashed, match="paused"):
+            await box.read_file("x")
+    finally:
+        if docker_client.api.inspect_container(box.id)["State"]["Paused"]:
+            docker_client.api.unpause(box.id)
+        await box.close()
+
+
 async def test_host_environment_never_enters_the_box(
     backend: DockerBackend, run_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
