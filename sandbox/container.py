@@ -6,6 +6,13 @@ User 1000, all capabilities dropped, no-new-privileges, read-only root, tmpfs ``
 (no swap on top), CPU quota, an init process reaping zombies, the given network
 (``none`` for coding boxes). Nothing from the host: no mounts, no Docker socket, no
 host environment - only ``env`` as given.
+
+Both tmpfs mounts are ``exec`` (Docker's tmpfs default is ``noexec``): a coding task
+runs what it builds - a repo's ``./run-tests.sh``, a compiled test binary, a virtualenv's
+``bin/pip`` - and a test suite runs programs it writes under ``/tmp``. ``noexec`` would
+not contain anything anyway (``sh FILE``, ``python3 FILE`` and the dynamic loader run any
+readable file); the boundary is the non-root user, the dropped capabilities,
+no-new-privileges and ``nosuid``/``nodev``, which stay.
 """
 
 from __future__ import annotations
@@ -39,9 +46,9 @@ def create_container(
         security_opt=["no-new-privileges"],
         read_only=True,
         tmpfs={
-            "/tmp": f"rw,nosuid,nodev,size={parse_size(spec.tmpfs_size)},mode=1777",
+            "/tmp": f"rw,exec,nosuid,nodev,size={parse_size(spec.tmpfs_size)},mode=1777",
             "/workspace": (
-                f"rw,nosuid,nodev,size={parse_size(spec.workspace_size)},"
+                f"rw,exec,nosuid,nodev,size={parse_size(spec.workspace_size)},"
                 "uid=1000,gid=1000,mode=0755"
             ),
         },

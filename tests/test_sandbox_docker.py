@@ -163,6 +163,21 @@ async def test_coding_box_has_no_network(box: DockerSandbox) -> None:
     assert conn.exit_code != 0
 
 
+async def test_programs_built_or_written_in_the_box_can_run(box: DockerSandbox) -> None:
+    """A coding task builds and runs things: a script in the repo, a compiled test binary,
+    a program a test writes under /tmp. The writable mounts must allow exec."""
+    script = await box.exec(
+        "printf '#!/bin/sh\\necho script-ran\\n' > s.sh && chmod +x s.sh && ./s.sh"
+    )
+    assert script.stdout == "script-ran\n", script
+    built = await box.exec(
+        "printf 'int main(void){return 7;}' > t.c && cc -o t t.c && ./t; echo exit=$?"
+    )
+    assert built.stdout == "exit=7\n", built
+    in_tmp = await box.exec("cp s.sh /tmp/s.sh && /tmp/s.sh")
+    assert in_tmp.stdout == "script-ran\n", in_tmp
+
+
 async def test_paused_box_is_crashed_promptly_and_stays_unusable_after_unpause(
     backend: DockerBackend, run_id: str, docker_client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
