@@ -357,6 +357,43 @@ def test_coding_image_has_tools_and_runs_as_agent(images, docker_client, run_id)
         assert helper in lines, f"/opt/fleet must hold {helper}"
 
 
+_TINY_PROJECT = {
+    "pyproject.toml": (
+        '[project]\nname = "tiny"\nversion = "0.1"\n'
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+    ),
+    "src/tiny/__init__.py": "def two():\n    return 2\n",
+    "tests/test_tiny.py": "from tiny import two\n\ndef test_two():\n    assert two() == 2\n",
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_coding_box_runs_pytest_and_installs_a_project_offline(
+    images, docker_client, run_id, anyio_backend
+) -> None:
+    """``fleet code REPO TASK --test "python3 -m pytest -q"`` in a box with no network:
+    pytest is there, and a src-layout project installs into a venv without an index."""
+    from sandbox.docker import DockerBackend
+    from sandbox.spec import SandboxSpec
+
+    backend = DockerBackend(docker_client, images=images)
+    async with await backend.create(SandboxSpec(), run=run_id, member="coder") as box:
+        await box.write_file("test_one.py", "def test_one():\n    assert 1 + 1 == 2\n")
+        ran = await box.exec("python3 -m pytest -q test_one.py", timeout=60)
+        assert ran.ok and "1 passed" in ran.stdout, ran
+        for path, text in _TINY_PROJECT.items():
+            await box.write_file(f"tiny/{path}", text)
+        installed = await box.exec(
+            "python3 -m venv --system-site-packages /tmp/venv"
+            " && /tmp/venv/bin/pip install -q --no-index --no-build-isolation -e ."
+            " && /tmp/venv/bin/python -m pytest -q",
+            cwd="/workspace/tiny",
+            timeout=120,
+        )
+        assert installed.ok and "1 passed" in installed.stdout, installed
+
+
 def test_browser_serves_cdp_under_secure_flags(images, docker_client, run_id) -> None:
     net = docker_client.networks.create(
         f"fleet-{run_id}", internal=True, labels={"fleet.run": run_id}
