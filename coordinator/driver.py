@@ -249,8 +249,8 @@ def _progress(
     done = run.state().members
     for m in members:
         if m not in pending:
-            status = done.get(m.id or "", "ok")
-            progress.on_journal({"event": "member_finished", "member": m.id, "status": status})
+            mid = m.id or ""
+            progress.restore(mid, done.get(mid, "ok"), run.result(mid))
     return progress
 
 

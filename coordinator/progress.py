@@ -44,8 +44,12 @@ class Row:
     """Show ``last`` uncut: it names a kept box, which the user will want to copy."""
     reason: str = ""
     attempts: int = 0
+    recorded: float | None = None
+    """Duration recorded by an earlier life of the run (a resume shows it, not 0)."""
 
     def elapsed(self, now: float) -> float:
+        if self.recorded is not None:
+            return self.recorded
         if self.started is None:
             return 0.0
         return (self.ended or now) - self.started
@@ -131,6 +135,24 @@ class Progress:
         if not self.tty:
             self._plain(row)
 
+    def restore(self, member: str, status: str, outcome: dict[str, Any] | None) -> None:
+        """A member finished before a resume: show its recorded turns, tokens and time
+        (from its ``result.json``), marked as such, instead of an empty row."""
+        row = self.rows.setdefault(member, Row(member))
+        row.status = status
+        o = outcome or {}
+        row.turn = int(o.get("turns") or 0)
+        row.tokens_in = sum(
+            int(o.get(k) or 0) for k in ("input_tokens", "cache_read_tokens", "cache_write_tokens")
+        )
+        row.tokens_out = int(o.get("output_tokens") or 0)
+        row.recorded = float(o.get("duration_s") or 0.0)
+        row.reason = str(o.get("reason") or "")
+        row.last = "finished before the resume"
+        self._dirty = True
+        if not self.tty:
+            self._plain(row)
+
     # -- output ------------------------------------------------------------------------
 
     def _plain(self, row: Row) -> None:
@@ -140,6 +162,8 @@ class Progress:
             line += f" after {row.elapsed(now):.1f}s, {row.turn} turns, {_k(row.tokens_in)} in / {_k(row.tokens_out)} out"
             if row.reason:
                 line += f" - {row.reason}"
+            if row.recorded is not None:
+                line += " (finished before the resume)"
         if row.attempts > 1 and row.status == "running":
             line += f" (attempt {row.attempts})"
         print(line, file=self.out, flush=True)

@@ -85,3 +85,37 @@ def test_a_kept_box_is_named_whole_in_the_last_action_column():
     rows = {ln.split()[0]: ln for ln in p.table()[1:]}
     assert rows["kept"].endswith(f"box kept: {name}-kept")  # longer than the column's 60
     assert rows["gone"].endswith("box removed")
+
+
+def test_a_resume_shows_members_finished_before_it_with_their_recorded_figures(tmp_path):
+    """After a SIGKILL and ``fleet resume``, a member that had finished keeps its turns,
+    tokens and time (from its result.json) in the table, not ``ok 0 0 0 0.0s``."""
+    from coordinator.driver import RunOptions, _progress
+    from coordinator.jobfile import parse_job
+    from coordinator.runs import RunDir
+
+    text = 'name = "r"\n' + "".join(
+        f'[[members]]\nid = "{m}"\nkind = "coding"\ntask = "t"\n' for m in ("done", "todo")
+    )
+    job = parse_job(text)
+    run = RunDir.create(job, text, root=tmp_path)
+    run.journal.append("member_finished", member="done", status="ok")
+    outcome = {
+        "member": "done",
+        "status": "ok",
+        "turns": 3,
+        "input_tokens": 1200,
+        "cache_read_tokens": 300,
+        "output_tokens": 45,
+        "duration_s": 4.25,
+    }
+    run.write_result("done", outcome)
+    out = io.StringIO()
+    members = job.members
+    p = _progress(run, members, [members[1]], RunOptions(out=out, tty=False))
+    rows = {ln.split()[0]: ln.split() for ln in p.table()[1:]}
+    assert rows["done"][1:6] == ["ok", "3", "1.5k", "45", "4.2s"], rows["done"]
+    assert rows["todo"][1:6] == ["queued", "0", "0", "0", "0.0s"]
+    line = out.getvalue().strip()
+    assert "done: ok after 4.2s, 3 turns, 1.5k in / 45 out" in line
+    assert "before the resume" in line

@@ -320,6 +320,10 @@ def test_sigkill_then_resume_reruns_only_unfinished_members(
             if e.type == "member_start"
         ]
         assert len(starts) == 1
+    for m in finished_before:  # the table shows its recorded figures, not 0 turns in 0.0s
+        row = next(ln for ln in resumed.stderr.splitlines() if ln.startswith(f"{m} ")).split()
+        assert row[1] == "ok" and row[2] == str(run.result(m)["turns"]) != "0", row
+        assert row[5] != "0.0s", row
     rerun = set(after.members) - finished_before
     assert rerun and all(after.starts[m] >= 1 for m in rerun)
     assert any(e["event"] == "reaped" for e in run.journal.read())
