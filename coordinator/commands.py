@@ -48,21 +48,44 @@ def _options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(tty=False if getattr(args, "plain", False) else None)
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The errors inside (nested) exception groups, which task groups wrap them in."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
 def _go(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> RunSummary:
     try:
         return anyio.run(lambda: execute(run, job, opts, resume=resume))
-    except (SandboxError, ModelError) as exc:
-        run.journal.append("run_finished", status="failed", error=str(exc))
+    except (SandboxError, ModelError, BaseExceptionGroup) as exc:
+        # An engine that dies after the preflight surfaces from the run's task group,
+        # wrapped in an exception group: the user gets its message, not a traceback.
+        leaves = _leaves(exc)
+        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+            _interrupted(run)
+        if not all(isinstance(e, SandboxError | ModelError) for e in leaves):
+            raise
+        reason = "; ".join(dict.fromkeys(str(e) for e in leaves))
+        run.journal.append("run_finished", status="failed", error=reason)
         run.clear_live()
-        print(f"fleet: run {run.id} failed: {exc}", file=sys.stderr)
+        print(
+            f"fleet: run {run.id} failed: {reason}\nrun directory: {run.path} (once fixed, "
+            f"'fleet resume {run.id}' runs the members that did not finish)",
+            file=sys.stderr,
+        )
         raise SystemExit(1) from None
     except KeyboardInterrupt:
-        # Ctrl-C before the run's signal watcher was up (or a second one during cleanup):
-        # the run is still interrupted and resumable, not left looking dead.
-        run.journal.append("run_interrupted", status="interrupted")
-        run.clear_live()
-        print(f"fleet: interrupted: resume with 'fleet resume {run.id}'", file=sys.stderr)
-        raise SystemExit(130) from None
+        _interrupted(run)
+
+
+def _interrupted(run: RunDir) -> None:
+    """Ctrl-C before the run's signal watcher was up: the run is still interrupted and
+    resumable, not left looking dead."""
+    run.journal.append("run_interrupted", status="interrupted")
+    run.clear_live()
+    print(f"fleet: interrupted: resume with 'fleet resume {run.id}'", file=sys.stderr)
+    raise SystemExit(130) from None
 
 
 def _start(job: Job, text: str, args: argparse.Namespace) -> RunSummary:

@@ -193,3 +193,29 @@ def test_ctrl_c_while_the_planner_thinks_leaves_an_interrupted_run(tmp_path, ima
                 proc.kill()
             if run is not None:
                 remove_run(docker_client, run.id)
+
+
+def test_an_engine_gone_after_the_preflight_is_one_paragraph_and_exit_1(
+    tmp_path, monkeypatch, capsys
+):
+    """The engine's error surfaces from the run's task group wrapped in an exception
+    group; the user sees its message and the run directory, never a traceback."""
+    from coordinator.commands import _go
+    from coordinator.driver import RunOptions
+
+    text = (
+        'name = "gone"\n[model]\nname = "offline"\n[research]\n'
+        'question = "How does asyncio cancel tasks?"\nmembers = 1\n'
+        '[egress]\nallow = ["corpus:8080"]\n'
+    )
+    job = parse_job(text)
+    run = RunDir.create(job, text, root=tmp_path)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(SystemExit) as ended:
+        _go(run, job, RunOptions(tty=False, out=sys.stderr))
+    assert ended.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "ExceptionGroup" not in err
+    assert f"fleet: run {run.id} failed: the Docker engine is not reachable" in err
+    assert f"run directory: {run.path}" in err
+    assert run.state().status == "failed" and run.owner_pid() is None
