@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -82,6 +83,7 @@ def _go(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> Run
 def _interrupted(run: RunDir) -> None:
     """Ctrl-C before the run's signal watcher was up: the run is still interrupted and
     resumable, not left looking dead."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
     run.journal.append("run_interrupted", status="interrupted")
     run.clear_live()
     print(f"fleet: interrupted: resume with 'fleet resume {run.id}'", file=sys.stderr)

@@ -18,12 +18,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
+from anyio.abc import TaskStatus
 
 from sandbox import reaper
 from sandbox.base import Sandbox, SandboxBackend
@@ -200,12 +202,56 @@ def _load_outcome(run: RunDir, member: str) -> MemberOutcome | None:
         return None
 
 
-async def _watch_signals(scope: anyio.CancelScope, flag: list[int]) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            flag.append(signum)
-            scope.cancel()
-            return
+CLEANUP_S = 60.0
+"""Longest the run's cleanup (boxes, pools, corpus, proxy) may take after an interrupt;
+past it the run still ends, and ``fleet sandbox gc`` removes what is left."""
+
+
+@dataclass
+class _Signals:
+    """Ctrl-C and SIGTERM for the whole run. The first cancels ``scope`` (the work in
+    progress); later ones only say that cleanup is under way. The receiver stays open
+    until the run has ended: with it closed, a second Ctrl-C became a
+    ``KeyboardInterrupt`` raised inside the shielded cleanup, which once left the
+    process hung in a half-closed event loop."""
+
+    out: TextIO
+    scope: anyio.CancelScope | None = None
+    got: list[int] = field(default_factory=list)
+
+    async def watch(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                task_status.started()
+                async for signum in signals:
+                    self.got.append(signum)
+                    if len(self.got) == 1 and self.scope is not None:
+                        self.scope.cancel()
+                    elif len(self.got) == 2:
+                        print(
+                            f"fleet: still cleaning up (at most {CLEANUP_S:g}s), then the "
+                            "run ends interrupted; please wait",
+                            file=self.out,
+                            flush=True,
+                        )
+        finally:
+            if self.got:
+                # Closing the receiver restored Python's handler: one more Ctrl-C while
+                # the process exits would end it by KeyboardInterrupt, not exit 130.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@asynccontextmanager
+async def _cleanup(what: str, out: TextIO) -> AsyncIterator[None]:
+    """Shielded (an interrupt must not leak boxes) and bounded (nor hang the process)."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_S) as bound:
+        yield
+    if bound.cancelled_caught:
+        print(
+            f"fleet: {what} did not finish within {CLEANUP_S:g}s; "
+            "'fleet sandbox gc' removes whatever is left",
+            file=out,
+        )
 
 
 @dataclass
@@ -224,21 +270,27 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
     or while the planner runs leaves the run ``interrupted`` (resumable), not dead.
     """
     backend = _backend(opts)
-    interrupted: list[int] = []
     got = _Progressed()
-    async with anyio.create_task_group() as tg:
+    signals = _Signals(opts.out)
+    async with anyio.create_task_group() as guard:
         if opts.handle_signals:
-            tg.start_soon(_watch_signals, tg.cancel_scope, interrupted)
-        try:
-            await _run_members(run, job, opts, backend, got, tg, resume=resume)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await _remove_boxes(backend, run, opts)
-        tg.cancel_scope.cancel()
-    progress = got.progress or Progress([m.id or "" for m in got.members], out=opts.out, tty=False)
-    return await _finish(
-        run, job, got.members, progress, opts, got.outcomes, interrupted=bool(interrupted)
-    )
+            await guard.start(signals.watch)  # receiving before the run does anything
+        async with anyio.create_task_group() as tg:
+            signals.scope = tg.cancel_scope
+            if signals.got:  # Ctrl-C came before there was a scope to cancel
+                tg.cancel_scope.cancel()
+            try:
+                await _run_members(run, job, opts, backend, got, tg, resume=resume)
+            finally:
+                async with _cleanup("removing the run's boxes", opts.out):
+                    await _remove_boxes(backend, run, opts)
+            tg.cancel_scope.cancel()
+        progress = got.progress or Progress(
+            [m.id or "" for m in got.members], out=opts.out, tty=False
+        )
+        summary = await _finish(run, job, got.members, progress, opts, got.outcomes, signals)
+        guard.cancel_scope.cancel()
+    return summary
 
 
 def _progress(
@@ -310,7 +362,9 @@ async def _run_members(
         tg.start_soon(progress.run)
     corpus: Sandbox | None = None
     try:
-        # The pools close (their boxes removed) before the run's task group ends.
+        # The pools close (their boxes removed, shielded by the pool) before the run's
+        # task group ends; not under _cleanup's bound: a pool's own task group must be
+        # exited in the scope it was entered in.
         async with contextlib.AsyncExitStack() as stack:
             if job.fanout.warm_pool:
                 await open_pools(stack, deps, units, run.id, job.fanout.max_parallel)
@@ -327,9 +381,10 @@ async def _run_members(
             )
             got.outcomes = fanned.outcomes
     finally:
-        with anyio.CancelScope(shield=True):
+        async with _cleanup("removing the corpus box", opts.out):
             if corpus is not None:
                 await corpus.close()
+        async with _cleanup("sending the last spans", opts.out):
             if live_otel is not None:
                 await anyio.to_thread.run_sync(live_otel.close, time.time())
 
@@ -360,8 +415,7 @@ async def _finish(
     progress: Progress,
     opts: RunOptions,
     extra: dict[str, MemberOutcome],
-    *,
-    interrupted: bool,
+    signals: _Signals,
 ) -> RunSummary:
     # result.json is the record; members cancelled while queued have none, so the
     # fan-out's own outcome (status cancelled, with its reason) fills the gap.
@@ -370,7 +424,13 @@ async def _finish(
         for m in members
         if (o := _load_outcome(run, m.id or "") or extra.get(m.id or ""))
     }
-    if interrupted:
+    finished = [outcomes[m.id or ""] for m in members if m.id in outcomes]
+    ok = sum(1 for o in finished if o.status == "ok")
+    report_path = None
+    if not signals.got and job.synthesis.enabled and ok:
+        with anyio.CancelScope() as signals.scope:  # Ctrl-C stops the analyst too
+            report_path = await write_report(run, job, members, finished, opts)
+    if signals.got:
         run.journal.append("run_interrupted", status="interrupted")
         run.clear_live()
         print(
@@ -378,12 +438,7 @@ async def _finish(
             file=opts.out,
         )
         return RunSummary(run, "interrupted", EXIT_INTERRUPTED, outcomes)
-    finished = [outcomes[m.id or ""] for m in members if m.id in outcomes]
-    ok = sum(1 for o in finished if o.status == "ok")
     quorum = ok >= job.fanout.min_success
-    report_path = None
-    if job.synthesis.enabled and ok:
-        report_path = await write_report(run, job, members, finished, opts)
     status = "succeeded" if quorum else "failed"
     run.journal.append("run_finished", status=status, ok=ok, members=len(members))
     run.clear_live()

@@ -219,3 +219,67 @@ def test_an_engine_gone_after_the_preflight_is_one_paragraph_and_exit_1(
     assert f"fleet: run {run.id} failed: the Docker engine is not reachable" in err
     assert f"run directory: {run.path}" in err
     assert run.state().status == "failed" and run.owner_pid() is None
+
+
+def _corpus_box_created(docker_client, root: Path) -> bool:
+    runs = RunDir.list(root)
+    if not runs:
+        return False
+    found = docker_client.api.containers(
+        all=True, filters={"label": [f"fleet.run={runs[0].id}", "fleet.member=corpus"]}
+    )
+    return bool(found)
+
+
+def _run_started(docker_client, root: Path) -> bool:
+    runs = RunDir.list(root)
+    return bool(runs) and any(e["event"] == "run_started" for e in runs[0].journal.read())
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(
+    ("when", "gap"),
+    [(_run_started, 0.05), (_run_started, 0.5), (_corpus_box_created, 0.05)],
+    ids=["before-members", "before-members-then-at-exit", "during-corpus-start"],
+)
+def test_two_quick_ctrl_c_end_the_run_interrupted_with_no_boxes_left(
+    tmp_path, images, docker_client, when, gap
+):
+    """The second Ctrl-C arrives while the first one's cleanup runs (or as the process
+    exits): still exit 130 after an orderly end (final table, run directory), the run
+    interrupted and resumable, no box left, within a bounded time."""
+    root = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+    args = ["research", "How do asyncio tasks get cancelled?", "--members", "2", "--plain"]
+    proc = subprocess.Popen(
+        [FLEET, *args, "--output-dir", str(root)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    run = None
+    try:
+        deadline = time.monotonic() + 60
+        while not when(docker_client, root):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.02)
+        (run,) = RunDir.list(root)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        time.sleep(gap)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+        assert time.monotonic() - sent < 60
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err
+        assert f"interrupted: resume with 'fleet resume {run.id}'" in err
+        assert f"run directory: {run.path}" in err  # the orderly end, not a cut-short one
+        assert run.state().status == "interrupted" and run.owner_pid() is None
+        left = docker_client.api.containers(all=True, filters={"label": f"fleet.run={run.id}"})
+        assert left == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if run is not None:
+            remove_run(docker_client, run.id)
