@@ -4,7 +4,9 @@ With a real model the split is one forced tool call (``submit_plan``) whose sche
 asks for exactly N self-contained sub-questions; a plan that comes back short is
 topped up from the offline planner rather than failing the run. Offline, the split
 is deterministic: the question's own clauses first ("how are tasks cancelled, and
-how does shielding work?" is two questions already), then fixed research angles
+how does shielding work?" is two questions already; a clause that leans on the first
+one - "..., and how can a program refuse it?" - carries the first one along, since a
+member sees only its own sub-question), then fixed research angles
 (definitions, mechanics, pitfalls, examples...) applied to the question's topic.
 Deterministic means the demo and the tests plan the same members every time, and a
 resumed run could re-plan identically (it does not need to: the plan is saved).
@@ -68,10 +70,29 @@ def clauses(question: str) -> list[str]:
     return out
 
 
+_PRONOUN = re.compile(r"\b(?:it|its|they|them|their|this|these|those)\b", re.I)
+
+
+def with_subject(found: list[str]) -> list[str]:
+    """Later clauses that lean on the first one ("..., and how can a program refuse
+    it?") carry it along: a member sees only its own sub-question, and 'refuse it'
+    alone sends it to unrelated pages. A clause is carried when it has a pronoun
+    ("how does shield work?" names its own subject and stays as it is)."""
+    main = found[0]
+    out = [main]
+    for clause in found[1:]:
+        if _PRONOUN.search(clause):
+            clause = f"{clause} (This is about: {main})"
+        out.append(clause)
+    return out
+
+
 def offline_plan(question: str, n: int) -> list[str]:
     """Exactly ``n`` distinct sub-questions, deterministically."""
     plan: list[str] = []
     found = clauses(question)
+    if len(found) > 1:
+        found = with_subject(found)
     if len(found) > 1:
         plan.extend(found[:n])
     elif n == 1:

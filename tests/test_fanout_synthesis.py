@@ -41,6 +41,35 @@ OUTCOMES = [
 TASKS = {"r1": "How are tasks cancelled?", "r2": "How does shield work?"}
 
 
+def _subject_kept(sub: str, *words: str) -> bool:
+    return any(w.lower() in sub.lower() for w in words)
+
+
+def test_offline_plan_carries_the_subject_into_clauses_that_lean_on_it():
+    """A member sees only its sub-question: 'How can a program refuse it?' alone sends
+    it to unrelated pages, so the clause carries the one it leans on."""
+    nan = "How does Python's json module handle NaN, and how can a program refuse it?"
+    plan_ = offline_plan(nan, 2)
+    assert plan_[0] == "How does Python's json module handle NaN?"
+    assert plan_[1].startswith("How can a program refuse it?")
+    assert all(_subject_kept(s, "NaN") and _subject_kept(s, "json") for s in plan_), plan_
+    assert offline_plan(nan, 2) == plan_  # deterministic
+    demo = (
+        "How do Python's asyncio tasks get cancelled, and how does a program shield "
+        "work from cancellation?"
+    )
+    plan_ = offline_plan(demo, 3)
+    assert plan_[:2] == [
+        "How do Python's asyncio tasks get cancelled?",
+        "How does a program shield work from cancellation?",  # its own subject: untouched
+    ]
+    assert all(_subject_kept(s, "cancel") for s in plan_), plan_
+    single = offline_plan("How does asyncio.timeout work?", 3)
+    assert len(set(single)) == 3 and all("asyncio.timeout" in s for s in single), single
+    group = offline_plan("What is a TaskGroup, and how does it report errors?", 3)
+    assert all("TaskGroup" in s for s in group), group
+
+
 def test_offline_plan_is_deterministic_and_splits_clauses():
     q = "How do asyncio tasks get cancelled, and how does shield work?"
     first = offline_plan(q, 4)
