@@ -93,7 +93,8 @@ def _interrupted(run: RunDir) -> None:
 def _start(job: Job, text: str, args: argparse.Namespace) -> RunSummary:
     root = Path(args.output_dir) if getattr(args, "output_dir", None) else Path(job.output_dir)
     run = RunDir.create(job, text, root=root)
-    print(f"fleet: run {run.id} ({job.member_count} members) in {run.path}", file=sys.stderr)
+    count = f"{job.member_count} member{'' if job.member_count == 1 else 's'}"
+    print(f"fleet: run {run.id} ({count}) in {run.path}", file=sys.stderr)
     return _go(run, job, _options(args))
 
 
@@ -328,7 +329,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "research", help="split a question across browser members and write a cited report"
     )
-    p.add_argument("question")
+    p.add_argument("question", help="the research question, in quotes")
     p.add_argument(
         "--members",
         type=_positive,
@@ -359,8 +360,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "code", help="a coding member works on a copy of REPO and returns a patch"
     )
-    p.add_argument("repo")
-    p.add_argument("task")
+    p.add_argument("repo", help="directory of the code to work on (copied into the box)")
+    p.add_argument("task", help="what the coding member should do, in quotes")
     p.add_argument(
         "--test",
         metavar="CMD",
@@ -372,7 +373,11 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="apply the patch to REPO afterwards (default: REPO is untouched)",
     )
-    p.add_argument("--model", metavar="M")
+    p.add_argument(
+        "--model",
+        metavar="M",
+        help="model (default: Claude when ANTHROPIC_API_KEY is set, else offline)",
+    )
     _common(p)
     p.set_defaults(func=cmd_code)
 
@@ -383,11 +388,21 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="also run members that ended failed, timed out or crashed",
     )
-    p.add_argument("--output-dir", default="runs", metavar="DIR")
-    p.add_argument("--plain", action="store_true")
+    p.add_argument(
+        "--output-dir",
+        default="runs",
+        metavar="DIR",
+        help="where to look for the run (default runs)",
+    )
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     p.set_defaults(func=cmd_resume)
 
     p = subparsers.add_parser("runs", help="list runs and their status")
-    p.add_argument("--output-dir", default="runs", metavar="DIR")
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--output-dir",
+        default="runs",
+        metavar="DIR",
+        help="where run directories are (default runs)",
+    )
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(func=cmd_runs)

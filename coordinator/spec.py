@@ -171,7 +171,8 @@ class MemberJob(_Strict):
     @model_validator(mode="after")
     def _coding_fields(self) -> MemberJob:
         if self.kind != "coding" and (self.repo or self.test):
-            raise FieldProblem("repo", "'repo' and 'test' are only for coding members")
+            field = "repo" if self.repo else "test"
+            raise FieldProblem(field, f"'{field}' is only for coding members (kind = \"coding\")")
         return self
 
 

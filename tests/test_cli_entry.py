@@ -37,3 +37,27 @@ def test_ctrl_c_while_a_command_module_imports_prints_one_line(monkeypatch, caps
     assert cli.main(["research", "q"]) == 130
     err = capsys.readouterr().err
     assert err == "fleet: interrupted\n"
+
+
+def test_every_argument_of_the_run_commands_says_what_it_is_for() -> None:
+    parser = cli.build_parser("run")
+    action = next(a for a in parser._actions if a.dest == "command")
+    for name in ("run", "research", "code", "resume", "runs"):
+        for arg in action.choices[name]._actions:
+            if arg.dest != "help":
+                assert arg.help, f"fleet {name}: {arg.dest} has no help text"
+
+
+def test_the_first_line_counts_one_member_in_the_singular(tmp_path, monkeypatch, capsys) -> None:
+    import argparse
+
+    from coordinator import commands
+    from coordinator.jobfile import parse_job
+
+    monkeypatch.setattr(commands, "_go", lambda run, job, opts: run)
+    text = 'name = "one"\n[[members]]\nkind = "coding"\ntask = "t"\n'
+    args = argparse.Namespace(output_dir=str(tmp_path), plain=True)
+    commands._start(parse_job(text), text, args)
+    assert "(1 member) in" in capsys.readouterr().err
+    commands._start(parse_job(text + text.split("\n", 1)[1]), text, args)
+    assert "(2 members) in" in capsys.readouterr().err

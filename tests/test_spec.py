@@ -88,6 +88,12 @@ BAD = [
         "members[0].repo",
         "only for coding members",
     ),
+    (
+        "test command on a browser member",
+        'name = "x"\n[[members]]\nkind = "browser"\ntask = "t"\ntest = "make"\n',
+        "members[0].test",
+        "only for coding members",
+    ),
     ("wrong type for a section", 'name = "x"\nresearch = "q"\n', "research", "valid dictionary"),
     (
         "too many research members",
