@@ -31,46 +31,19 @@ from sandbox import reaper
 from sandbox.base import Sandbox, SandboxBackend
 from subagents.browser.corpus import CORPUS_MEMBER, start_corpus
 from subagents.member import MemberOutcome
-from subagents.model_base import Model, ModelError
+from subagents.model_base import Model
 
+from .analyst import write_report
 from .executor import Executor
 from .fanout import fan_out, to_member_spec
+from .model_choice import default_make_model, is_offline, resolve_model
 from .planner import plan
 from .progress import Progress
 from .runs import RunDir
 from .spec import Job, MemberJob
-from .synthesis import render_markdown, synthesize
 from .worker import Deps, MemberUnit
 
-DEFAULT_REAL_MODEL = "claude-sonnet-5"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-def resolve_model(name: str) -> str:
-    """``auto`` -> Claude when ANTHROPIC_API_KEY is set (``FLEET_MODEL`` picks which),
-    else the offline model."""
-    if name != "auto":
-        return name
-    if os.environ.get("ANTHROPIC_API_KEY"):
-        return os.environ.get("FLEET_MODEL") or DEFAULT_REAL_MODEL
-    return "offline"
-
-
-def is_offline(model: Model | None) -> bool:
-    if model is None:
-        return True
-    name = model.profile.name
-    return (
-        bool(getattr(model, "offline", False))
-        or name == "offline"
-        or name.startswith(("offline:", "replay:"))
-    )
-
-
-def default_make_model(name: str, **options: Any) -> Model:
-    from subagents.models import make_model
-
-    return make_model(name, **options)
 
 
 @dataclass
@@ -429,7 +402,7 @@ async def _finish(
     report_path = None
     if not signals.got and job.synthesis.enabled and ok:
         with anyio.CancelScope() as signals.scope:  # Ctrl-C stops the analyst too
-            report_path = await write_report(run, job, members, finished, opts)
+            report_path = await write_report(run, job, members, finished, opts.make_model)
     if signals.got:
         run.journal.append("run_interrupted", status="interrupted")
         run.clear_live()
@@ -447,41 +420,3 @@ async def _finish(
         verdict += f"\nreport: {report_path}"
     print(progress.summary(str(run.path), verdict), file=opts.out)
     return RunSummary(run, status, EXIT_OK if quorum else EXIT_FAILED, outcomes, report_path)
-
-
-async def write_report(
-    run: RunDir, job: Job, members: list[MemberJob], outcomes: list[MemberOutcome], opts: RunOptions
-) -> Path:
-    """The analyst step over the members' results; writes report.json and report.md."""
-    name = resolve_model(job.synthesis.model or job.model.name)
-    model = opts.make_model(name)
-    question = job.research.question if job.research else ""
-    tasks = {m.id or "": m.task for m in members}
-    cap = job.synthesis.max_result_chars
-    try:
-        try:
-            analyst = None if is_offline(model) else model
-            report = await synthesize(
-                job.name,
-                question,
-                outcomes,
-                tasks,
-                model=analyst,
-                cap=cap,
-                instructions=job.synthesis.instructions,
-            )
-        except ModelError as exc:
-            # The members' work is not lost because the analyst failed: fall back to the
-            # offline analyst, and say so in the report and the journal.
-            run.journal.append("analyst_failed", reason=str(exc))
-            report = await synthesize(job.name, question, outcomes, tasks, model=None, cap=cap)
-            report.summary += f" (The analyst model {name} failed: {exc}.)"
-    finally:
-        aclose = getattr(model, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    (run.path / "report.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")
-    path = run.path / "report.md"
-    path.write_text(render_markdown(report), encoding="utf-8")
-    run.journal.append("report_written", analyst=report.analyst, claims=len(report.claims))
-    return path

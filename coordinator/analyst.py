@@ -1,0 +1,58 @@
+"""The analyst step of a run: the members' structured results in, report.json and
+report.md out. A failing analyst model never loses the members' work: the offline
+analyst writes the report instead, and the report and the journal say so."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from subagents.member import MemberOutcome
+from subagents.model_base import Model, ModelError
+
+from .model_choice import is_offline, resolve_model
+from .runs import RunDir
+from .spec import Job, MemberJob
+from .synthesis import render_markdown, synthesize
+
+
+async def write_report(
+    run: RunDir,
+    job: Job,
+    members: list[MemberJob],
+    outcomes: list[MemberOutcome],
+    make_model: Callable[[str], Model],
+) -> Path:
+    """The analyst step over the members' results; writes report.json and report.md."""
+    name = resolve_model(job.synthesis.model or job.model.name)
+    model = make_model(name)
+    question = job.research.question if job.research else ""
+    tasks = {m.id or "": m.task for m in members}
+    cap = job.synthesis.max_result_chars
+    try:
+        try:
+            analyst = None if is_offline(model) else model
+            report = await synthesize(
+                job.name,
+                question,
+                outcomes,
+                tasks,
+                model=analyst,
+                cap=cap,
+                instructions=job.synthesis.instructions,
+            )
+        except ModelError as exc:
+            # The members' work is not lost because the analyst failed: fall back to the
+            # offline analyst, and say so in the report and the journal.
+            run.journal.append("analyst_failed", reason=str(exc))
+            report = await synthesize(job.name, question, outcomes, tasks, model=None, cap=cap)
+            report.summary += f" (The analyst model {name} failed: {exc}.)"
+    finally:
+        aclose = getattr(model, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    (run.path / "report.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")
+    path = run.path / "report.md"
+    path.write_text(render_markdown(report), encoding="utf-8")
+    run.journal.append("report_written", analyst=report.analyst, claims=len(report.claims))
+    return path
