@@ -22,10 +22,12 @@ import secrets
 import docker
 import docker.errors
 
+from .engine import on_engine
 from .errors import SandboxUnavailable
 from .spec import SandboxSpec, parse_size
 
 
+@on_engine
 def create_container(
     client: docker.DockerClient,
     spec: SandboxSpec,

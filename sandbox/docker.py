@@ -47,6 +47,7 @@ from . import reaper
 from .base import BoxInfo, Command, ExecResult, FileInfo, Sandbox, SandboxBackend
 from .boxops import agent_error, exec_request, exec_result, wait_cdp
 from .container import create_container
+from .engine import engine_calls
 from .errors import (
     PathRefused,
     SandboxClosed,
@@ -284,9 +285,10 @@ class DockerBackend(SandboxBackend):
             from .images import image_ref
 
             client = await self._ready()
-            self._images[kind] = await anyio.to_thread.run_sync(
-                lambda: image_ref(kind, client=client)
-            )
+            with engine_calls(client):
+                self._images[kind] = await anyio.to_thread.run_sync(
+                    lambda: image_ref(kind, client=client)
+                )
         return self._images[kind]
 
     async def create(
@@ -351,7 +353,8 @@ class DockerBackend(SandboxBackend):
                 if "already in progress" not in str(e):
                     raise
 
-        await anyio.to_thread.run_sync(remove)
+        with engine_calls(self.client):
+            await anyio.to_thread.run_sync(remove)
 
     async def list_boxes(self, *, run: str | None = None) -> list[BoxInfo]:
         await self._ready()

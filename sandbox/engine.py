@@ -10,15 +10,26 @@ engine that already answers, so a second run costs one ping.
 
 The engine is found the way the ``docker`` CLI finds it: ``DOCKER_HOST`` when set,
 else ``unix:///var/run/docker.sock``.
+
+An engine that dies later, after a client was made, shows up as a ``requests``
+connection error (or timeout) from whichever call comes next. :func:`engine_calls` is
+the one place that turns those into :class:`SandboxUnavailable` ("the engine at ...
+stopped answering"); every engine call site in the sandbox layer runs under it (the
+backend, the reaper, run networks, the box transport). Docker API errors - the engine
+answered and said no - pass through untouched, so a box that died while the engine is
+up still becomes ``SandboxCrashed`` where the caller decides that.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Concatenate, ParamSpec, TypeVar
 
 import docker
 import docker.errors
@@ -33,6 +44,8 @@ START_TIMEOUT_S = 30.0
 BUILD_TOOLS = (("debootstrap", "debootstrap"),)
 
 Say = Callable[[str], None]
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def engine_host() -> str:
@@ -72,6 +85,63 @@ def unreachable_message(url: str, exc: BaseException | None = None) -> str:
         f"or install it first ('apt-get install -y docker.io'); 'fleet setup' run as root does "
         f"both. If the engine lives elsewhere, set DOCKER_HOST (now {url})."
     )
+
+
+def engine_down(exc: BaseException | None) -> bool:
+    """Whether ``exc`` means the engine did not answer at all (not that it said no)."""
+    if exc is None or isinstance(exc, docker.errors.APIError):
+        return False  # an HTTP answer: the engine is up
+    if isinstance(
+        exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout | ConnectionError
+    ):
+        return True
+    if isinstance(exc, docker.errors.DockerException):
+        # The SDK wraps some transport failures (e.g. fetching the API version).
+        return engine_down(exc.__cause__ or exc.__context__)
+    return False
+
+
+def client_url(client: docker.DockerClient) -> str:
+    """The address ``client`` talks to, as ``DOCKER_HOST`` would spell it."""
+    adapter = getattr(client.api, "_custom_adapter", None)
+    socket_path = getattr(adapter, "socket_path", None)
+    if socket_path:  # the SDK rewrites unix URLs to http+docker://localhost
+        return f"unix://{socket_path}"
+    return str(getattr(client.api, "base_url", None) or engine_host())
+
+
+def gone_message(url: str, exc: BaseException) -> str:
+    """One paragraph: the engine at ``url`` stopped answering, and what to do about it."""
+    return (
+        f"the Docker engine at {url} stopped answering ({_short(exc)}). Start it again "
+        f"('fleet setup' as root does it, or 'setsid dockerd >{DOCKERD_LOG} 2>&1 &'), then "
+        f"retry; a run it cut short continues with 'fleet resume RUN'."
+    )
+
+
+@contextmanager
+def engine_calls(client: docker.DockerClient) -> Iterator[None]:
+    """Run engine calls on ``client``; an engine that does not answer becomes
+    :class:`SandboxUnavailable` (see the module docstring)."""
+    try:
+        yield
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        if not engine_down(exc):
+            raise
+        raise SandboxUnavailable(gone_message(client_url(client), exc)) from None
+
+
+def on_engine(
+    fn: Callable[Concatenate[docker.DockerClient, P], T],
+) -> Callable[Concatenate[docker.DockerClient, P], T]:
+    """Decorator: :func:`engine_calls` around ``fn(client, ...)``."""
+
+    @functools.wraps(fn)
+    def wrapper(client: docker.DockerClient, *args: P.args, **kwargs: P.kwargs) -> T:
+        with engine_calls(client):
+            return fn(client, *args, **kwargs)
+
+    return wrapper
 
 
 def _short(exc: BaseException) -> str:

@@ -42,6 +42,7 @@ import docker
 import docker.errors
 
 from . import firewall
+from .engine import engine_calls
 from .errors import SandboxUnavailable
 
 PROXY_PORT = 3128
@@ -75,7 +76,8 @@ class RunNetworks:
                 # Before the network exists (or is reused): a bridge never lacks its rules.
                 await anyio.to_thread.run_sync(firewall.ensure_host_rules)
                 self._guarded.add(run)
-            return await anyio.to_thread.run_sync(self._ensure_network_sync, run)
+            with engine_calls(self._client):
+                return await anyio.to_thread.run_sync(self._ensure_network_sync, run)
 
     def _ensure_network_sync(self, run: str) -> dict:
         name = network_name(run)
@@ -107,9 +109,10 @@ class RunNetworks:
         net = await self.ensure_network(run)
         name = proxy_name(run, allow)
         async with self._lock(f"proxy:{name}"):
-            return await anyio.to_thread.run_sync(
-                self._ensure_proxy_sync, run, net, name, list(allow), image, labels
-            )
+            with engine_calls(self._client):
+                return await anyio.to_thread.run_sync(
+                    self._ensure_proxy_sync, run, net, name, list(allow), image, labels
+                )
 
     def _ensure_proxy_sync(
         self, run: str, net: dict, name: str, allow: list[str], image: str, labels: dict

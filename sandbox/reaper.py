@@ -13,6 +13,10 @@ removes: boxes whose run is over (unless kept for debugging), boxes whose TTL ha
 passed (kept or not), and run networks with no live run and no containers. Boxes of
 a live run are otherwise never touched - not even by ``--all`` - unless the caller
 says ``include_live``: on a shared engine, a live run is someone's work in progress.
+
+The public engine functions run under :func:`sandbox.engine.on_engine`: an engine that
+stopped answering is :class:`~sandbox.errors.SandboxUnavailable`, for the backend and
+the ``fleet sandbox`` commands alike.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import docker
 import docker.errors
 
 from .base import BoxInfo
+from .engine import on_engine
 from .spec import SandboxSpec
 
 LABEL = "fleet.run"
@@ -125,6 +130,7 @@ def _info(c: dict) -> BoxInfo:
     )
 
 
+@on_engine
 def list_boxes(client: docker.DockerClient, run: str | None = None) -> list[BoxInfo]:
     """Fleet's containers (boxes and proxies), oldest first."""
     selector = f"{LABEL}={run}" if run else LABEL
@@ -159,6 +165,7 @@ def _remove_network(client: docker.DockerClient, net: dict) -> bool:
         return False  # still has endpoints: a later gc removes it
 
 
+@on_engine
 def remove_run(client: docker.DockerClient, run: str) -> int:
     """Remove every box of ``run`` (kept ones too), then its networks; returns box count."""
     count = 0
@@ -199,6 +206,7 @@ def doomed(
     return out
 
 
+@on_engine
 def gc(
     client: docker.DockerClient,
     live: set[str],

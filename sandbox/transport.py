@@ -24,7 +24,9 @@ calls, a 404 from one that was removed) makes the transport re-inspect the conta
 and a box that is not running becomes :class:`SandboxCrashed` naming why (``killed``,
 ``oom-killed``, ``exited(N)``, ``removed``, ``paused``). The first crash is recorded and
 raised again by every later call. An error on a box that still runs is
-:class:`SandboxUnavailable`. Nothing from the ``docker`` package reaches the caller.
+:class:`SandboxUnavailable`, and so is an engine that stopped answering
+(:func:`sandbox.engine.engine_calls`): a box is judged crashed only on the engine's
+word. Nothing from the ``docker`` or ``requests`` packages reaches the caller.
 
 Frozen boxes. A paused box keeps the agent's stream open and silent, so the in-box
 timeout cannot fire: while a request waits on the agent, the container's state is
@@ -44,6 +46,7 @@ import docker.errors
 from .agent_client import AgentStream, StreamBroken, one_shot
 from .base import ExecResult
 from .boxops import AGENT_ARGV, AGENT_PATH, agent_source, cap_output, crash_reason
+from .engine import engine_calls
 from .errors import SandboxCrashed, SandboxUnavailable
 
 T = TypeVar("T")
@@ -76,7 +79,8 @@ class BoxTransport:
         """Run one blocking engine call on a worker thread; a Docker API error becomes
         :class:`SandboxCrashed` when the box is dead, else :class:`SandboxUnavailable`."""
         try:
-            return await anyio.to_thread.run_sync(fn)
+            with engine_calls(self._client):
+                return await anyio.to_thread.run_sync(fn)
         except docker.errors.APIError as e:
             await self.raise_if_dead()
             raise SandboxUnavailable(
@@ -96,7 +100,8 @@ class BoxTransport:
             except Exception:  # still running (the read timed out) or already gone
                 pass
         try:
-            info = await anyio.to_thread.run_sync(self._api.inspect_container, self.id)
+            with engine_calls(self._client):
+                info = await anyio.to_thread.run_sync(self._api.inspect_container, self.id)
         except docker.errors.NotFound:
             info = None
         except docker.errors.APIError as e:

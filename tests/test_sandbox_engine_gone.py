@@ -1,0 +1,142 @@
+"""An engine that stops answering after the backend (or a box) was set up.
+
+The backend's client is pointed at a socket nobody listens on - the state a client is
+in once ``dockerd`` died - and every backend call must raise ``SandboxUnavailable``
+with the one-paragraph message, never a ``requests``/``docker`` exception. A box whose
+engine vanished is not called crashed: that word is kept for the engine's own verdict.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import anyio
+import docker
+import docker.errors
+import pytest
+import requests.exceptions
+
+from sandbox.docker import DockerBackend
+from sandbox.engine import engine_down
+from sandbox.errors import SandboxCrashed, SandboxUnavailable
+from sandbox.pool import SandboxPool
+from sandbox.spec import SandboxSpec
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def fleet_home(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("FLEET_HOME", str(tmp_path / "fleet-home"))
+
+
+@pytest.fixture
+def dead_client() -> Iterator[docker.DockerClient]:
+    """A client for a socket that does not exist (an explicit API version, so making it
+    does not call the engine - like a client made before the engine died)."""
+    client = docker.DockerClient(
+        base_url=f"unix:///tmp/fleet-dead-{uuid.uuid4().hex[:8]}.sock", version="1.41", timeout=5
+    )
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def dead_backend(dead_client: docker.DockerClient) -> DockerBackend:
+    # The image names are only looked up by the engine, which never answers here.
+    return DockerBackend(dead_client, images={"coding": "fleet-coding:gone"})
+
+
+def assert_gone(exc: BaseException, client: docker.DockerClient) -> None:
+    sock = client.api._custom_adapter.socket_path
+    text = str(exc)
+    assert type(exc) is SandboxUnavailable, repr(exc)
+    assert f"the Docker engine at unix://{sock} stopped answering" in text, text
+    assert "fleet setup" in text and "fleet resume" in text, text
+    assert "\n" not in text and exc.__cause__ is None and exc.__suppress_context__
+
+
+async def test_backend_calls_on_a_dead_engine_say_so(
+    dead_backend: DockerBackend, dead_client: docker.DockerClient
+) -> None:
+    calls = {
+        "list_boxes": lambda: dead_backend.list_boxes(),
+        "list_boxes(run)": lambda: dead_backend.list_boxes(run="r1"),
+        "remove_run": lambda: dead_backend.remove_run("r1"),
+        "gc": lambda: dead_backend.gc(live_runs=set()),
+        "create": lambda: dead_backend.create(SandboxSpec(), run="r1", member="m1"),
+        "remove_container": lambda: dead_backend.remove_container("0123456789ab"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(SandboxUnavailable) as info:
+            await call()
+        assert_gone(info.value, dead_client), name
+
+
+async def test_pool_refill_on_a_dead_engine_records_the_error_and_acquire_raises_it(
+    dead_backend: DockerBackend, dead_client: docker.DockerClient
+) -> None:
+    spec = SandboxSpec()
+    async with SandboxPool(dead_backend, spec, run="r1", min_idle=1, max_size=2) as pool:
+        with anyio.fail_after(10):
+            while pool.last_error is None:
+                await pool._changed.wait()  # the refill loop notifies after a failure
+        assert_gone(pool.last_error, dead_client)
+        with pytest.raises(SandboxUnavailable) as info:
+            await pool.acquire("m1")
+        assert_gone(info.value, dead_client)
+        assert pool.idle == 0
+
+
+def test_only_an_unanswered_call_counts_as_the_engine_gone() -> None:
+    assert engine_down(requests.exceptions.ConnectionError("Connection aborted."))
+    assert engine_down(requests.exceptions.ReadTimeout("read timed out"))
+    assert engine_down(ConnectionRefusedError(111, "refused"))
+    wrapped = docker.errors.DockerException("Error while fetching server API version")
+    wrapped.__cause__ = requests.exceptions.ConnectionError("refused")
+    assert engine_down(wrapped)
+    # The engine answered (and said no): that is the caller's to interpret.
+    assert not engine_down(docker.errors.NotFound("No such container"))
+    assert not engine_down(docker.errors.APIError("409 Conflict"))
+    assert not engine_down(docker.errors.DockerException("bad argument"))
+    assert not engine_down(ValueError("x"))
+
+
+@pytest.mark.docker
+async def test_a_box_whose_engine_vanished_is_unavailable_not_crashed(
+    docker_client: docker.DockerClient, images: dict[str, str], run_id: str, dead_client
+) -> None:
+    backend = DockerBackend(docker_client, images=images)
+    box = await backend.create(SandboxSpec(), run=run_id, member="m1")
+    try:
+        assert (await box.exec("true")).ok
+        real_client = box.transport._client
+        # The engine "dies": the transport's client no longer reaches it and the agent
+        # stream (a socket of the old engine) is gone.
+        box.transport._client, box.transport._api = dead_client, dead_client.api
+        box.transport.close()
+        with pytest.raises(SandboxUnavailable) as info:
+            await box.check()
+        assert_gone(info.value, dead_client)
+        with pytest.raises(SandboxUnavailable) as info:
+            await box.exec("true")
+        assert_gone(info.value, dead_client)
+        assert box.transport.crashed is None
+        # The engine "comes back": the box was never judged crashed, so it still works.
+        box.transport._client, box.transport._api = real_client, real_client.api
+        await box.check()
+        assert (await box.exec("echo back")).stdout.strip() == "back"
+        # A box that really died while the engine answers is still SandboxCrashed.
+        await anyio.to_thread.run_sync(lambda: docker_client.api.kill(box.id))
+        with pytest.raises(SandboxCrashed):
+            await box.check()
+    finally:
+        await box.close()
