@@ -283,11 +283,15 @@ async def _remove_boxes(backend: SandboxBackend, run: RunDir, opts: RunOptions) 
     """Remove whatever the run left on the engine - except boxes a member asked to keep
     (``sandbox.keep``, for debugging), which stay with their network until
     ``fleet sandbox gc --all``."""
-    kept = [b.name for b in await backend.list_boxes(run=run.id) if b.keep]
-    if not kept:
-        await backend.remove_run(run.id)
-        return
-    reaper.mark_done(run.id)  # the run is over: gc may remove anything not kept
+    try:
+        kept = [b.name for b in await backend.list_boxes(run=run.id) if b.keep]
+        if not kept:
+            await backend.remove_run(run.id)
+            return
+    finally:
+        # The run is over even when the engine is gone: gc may take what is left
+        # (anything not kept), and `fleet resume` marks the run live again.
+        reaper.mark_done(run.id)
     run.journal.append("boxes_kept", boxes=kept)
     print(
         f"fleet: kept for debugging: {', '.join(kept)}; remove with 'fleet sandbox gc --all'",

@@ -18,6 +18,7 @@ from fleet_policies import coding_policy
 
 from coordinator.jobfile import parse_job
 from coordinator.runs import RunDir, RunNotFound
+from sandbox import reaper
 from subagents.fake_api import FakeMessagesAPI, tool_use
 
 FLEET = str(Path(sys.executable).with_name("fleet"))
@@ -211,6 +212,7 @@ def test_an_engine_gone_after_the_preflight_is_one_paragraph_and_exit_1(
     job = parse_job(text)
     run = RunDir.create(job, text, root=tmp_path)
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    monkeypatch.setenv("FLEET_HOME", str(tmp_path / "fleet-home"))
     with pytest.raises(SystemExit) as ended:
         _go(run, job, RunOptions(tty=False, out=sys.stderr))
     assert ended.value.code == 1
@@ -219,6 +221,7 @@ def test_an_engine_gone_after_the_preflight_is_one_paragraph_and_exit_1(
     assert f"fleet: run {run.id} failed: the Docker engine is not reachable" in err
     assert f"run directory: {run.path}" in err
     assert run.state().status == "failed" and run.owner_pid() is None
+    assert run.id not in reaper.live_runs(), "a run that ended must not stay marked live"
 
 
 def _corpus_box_created(docker_client, root: Path) -> bool:
