@@ -19,7 +19,9 @@ from anthropic.types import Message
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.errors import SandboxCrashed
+from subagents.fake_api import FakeMessagesAPI
 from subagents.kinds import Kind, register_kind
+from subagents.member import MemberOutcome, MemberSpec, run_member
 from subagents.model_base import ModelProfile, ModelRequest, ModelResponse
 from subagents.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from subagents.trace import TraceWriter, read_trace
@@ -212,3 +214,22 @@ class NoopContext:
 
     async def finish(self) -> None:
         pass
+
+
+async def run_probe(
+    tmp_path: Path, script: Any, **spec: Any
+) -> tuple[MemberOutcome, FakeMessagesAPI]:
+    """Run one ``probe`` member against the fake Messages API through the real client."""
+    with FakeMessagesAPI(script) as api:
+        model = anthropic_model(api)
+        try:
+            outcome = await run_member(
+                MemberSpec(id="m1", kind="probe", task="Find the answer.", **spec),
+                sandbox=None,
+                model=model,
+                run_dir=tmp_path,
+                trace=writer(tmp_path),
+            )
+        finally:
+            await model.aclose()
+    return outcome, api

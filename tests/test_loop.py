@@ -12,12 +12,12 @@ from typing import Any
 
 import anyio
 import pytest
-from loop_support import anthropic_model, events, writer
+from loop_support import anthropic_model, events, run_probe, writer
 from pydantic import ValidationError
 
 from subagents.fake_api import FakeMessagesAPI, Reply, fault, reply, text, tool_use
 from subagents.loop import NUDGE
-from subagents.member import Limits, MemberOutcome, MemberSpec, run_member
+from subagents.member import Limits, MemberSpec, run_member
 from subagents.result import estimate_tokens
 from subagents.tools.registry import CustomToolSpec
 
@@ -27,24 +27,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-async def run_probe(
-    tmp_path: Path, script: Any, **spec: Any
-) -> tuple[MemberOutcome, FakeMessagesAPI]:
-    with FakeMessagesAPI(script) as api:
-        model = anthropic_model(api)
-        try:
-            outcome = await run_member(
-                MemberSpec(id="m1", kind="probe", task="Find the answer.", **spec),
-                sandbox=None,
-                model=model,
-                run_dir=tmp_path,
-                trace=writer(tmp_path),
-            )
-        finally:
-            await model.aclose()
-    return outcome, api
 
 
 def tool_results(request: dict[str, Any]) -> list[dict[str, Any]]:

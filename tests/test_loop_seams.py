@@ -13,13 +13,13 @@ from typing import Any
 
 import anyio
 import pytest
-from loop_support import anthropic_model, events, writer
+from loop_support import events, run_probe
 from pydantic import ValidationError
 
 from subagents.context.compaction import SUMMARY_SYSTEM
 from subagents.context.config import ContextConfig
 from subagents.fake_api import FakeMessagesAPI, Reply, reply, text, tool_use
-from subagents.member import Limits, MemberOutcome, MemberSpec, run_member
+from subagents.member import Limits, MemberSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -27,24 +27,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-async def run_probe(
-    tmp_path: Path, script: Any, **spec: Any
-) -> tuple[MemberOutcome, FakeMessagesAPI]:
-    with FakeMessagesAPI(script) as api:
-        model = anthropic_model(api)
-        try:
-            outcome = await run_member(
-                MemberSpec(id="m1", kind="probe", task="Find the answer.", **spec),
-                sandbox=None,
-                model=model,
-                run_dir=tmp_path,
-                trace=writer(tmp_path),
-            )
-        finally:
-            await model.aclose()
-    return outcome, api
 
 
 def submit(**fields: Any) -> Reply:
