@@ -29,6 +29,17 @@ JOB = (
 )
 
 
+def _fleet(args: list[str], api_url: str | None = None) -> subprocess.Popen[str]:
+    """Start the real `fleet` process: against the fake Messages API at ``api_url``, or
+    offline (no API key in its environment) when none is given."""
+    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+    if api_url:
+        env |= {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api_url}
+    return subprocess.Popen(
+        [FLEET, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
 def _run(tmp_path: Path) -> RunDir:
     job = parse_job(JOB)
     return RunDir.create(job, JOB, root=tmp_path)
@@ -89,14 +100,7 @@ def test_ctrl_c_interrupts_removes_boxes_and_the_run_resumes(tmp_path, images, d
         )
     )
     with FakeMessagesAPI(coding_policy(turns=4, latency_s=0.5)) as api:
-        env = {**os.environ, "ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api.url}
-        proc = subprocess.Popen(
-            [FLEET, "run", str(job), "--plain"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = _fleet(["run", str(job), "--plain"], api_url=api.url)
         run = None
         try:
             deadline = time.monotonic() + 60
@@ -121,14 +125,12 @@ def test_ctrl_c_interrupts_removes_boxes_and_the_run_resumes(tmp_path, images, d
                 docker_client.containers.list(all=True, filters={"label": f"fleet.run={run.id}"})
                 == []
             )
-            resumed = subprocess.run(
-                [FLEET, "resume", run.id, "--output-dir", str(tmp_path / "runs"), "--plain"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=300,
+            resumed = _fleet(
+                ["resume", run.id, "--output-dir", str(tmp_path / "runs"), "--plain"],
+                api_url=api.url,
             )
-            assert resumed.returncode == 0, resumed.stderr
+            _, resumed_err = resumed.communicate(timeout=300)
+            assert resumed.returncode == 0, resumed_err
             assert set(run.state().members.values()) == {"ok"}
             assert json.loads((run.path / "report.json").read_text())["failed"] == []
         finally:
@@ -165,14 +167,7 @@ def test_ctrl_c_while_the_planner_thinks_leaves_an_interrupted_run(tmp_path, ima
         return tool_use("submit_plan", {"sub_questions": ["x" * 12]}, latency_s=3600)
 
     with FakeMessagesAPI(slow_planner) as api:
-        env = {**os.environ, "ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api.url}
-        proc = subprocess.Popen(
-            [FLEET, "run", str(job), "--plain"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = _fleet(["run", str(job), "--plain"], api_url=api.url)
         run = None
         try:
             assert asked.wait(60), "the planner was never asked"
@@ -252,15 +247,8 @@ def test_two_quick_ctrl_c_end_the_run_interrupted_with_no_boxes_left(
     exits): still exit 130 after an orderly end (final table, run directory), the run
     interrupted and resumable, no box left, within a bounded time."""
     root = tmp_path / "runs"
-    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
     args = ["research", "How do asyncio tasks get cancelled?", "--members", "2", "--plain"]
-    proc = subprocess.Popen(
-        [FLEET, *args, "--output-dir", str(root)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _fleet([*args, "--output-dir", str(root)])
     run = None
     try:
         deadline = time.monotonic() + 60
