@@ -177,17 +177,13 @@ async def test_unanswered_tool_use_is_rejected() -> None:
     ("params", "needle"),
     [
         ({"messages": [{"role": "assistant", "content": "hi"}]}, "first message"),
-        (
-            {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
-            'multiple "user" roles in a row',
-        ),
         ({"messages": [{"role": "user", "content": ""}]}, "non-empty content"),
         ({"messages": [{"role": "user", "content": []}]}, "non-empty content"),
         ({"max_tokens": None}, "max_tokens: Field required"),
         ({"model": None}, "model: Field required"),
         ({"tools": [{"name": "bad name!", "input_schema": {}}]}, "tools.0.name"),
     ],
-    ids=["starts-with-assistant", "two-users", "empty-string", "empty-list", "no-max-tokens",
+    ids=["starts-with-assistant", "empty-string", "empty-list", "no-max-tokens",
          "no-model", "bad-tool-name"],
 )  # fmt: skip
 async def test_malformed_requests_get_invalid_request_error(
@@ -201,6 +197,74 @@ async def test_malformed_requests_get_invalid_request_error(
             await client(api).post("/v1/messages", body=body, cast_to=anthropic.types.Message)
     assert needle in str(info.value)
     assert info.value.body["error"]["type"] == "invalid_request_error"
+
+
+async def test_consecutive_same_role_messages_are_combined_into_one_turn() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def policy(body: dict[str, Any]) -> Any:
+        seen.append(body)
+        return text("ok")
+
+    messages = [
+        {"role": "user", "content": "first"},
+        {"role": "user", "content": [{"type": "text", "text": "second"}]},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_a", "name": "t", "input": {}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_a", "content": "x"}]},
+        {"role": "user", "content": "a reminder after the result"},
+    ]  # fmt: skip
+    with FakeMessagesAPI(policy) as api:
+        answer = await client(api).messages.create(model="m", max_tokens=10, messages=messages)
+    assert answer.content[0].text == "ok"
+    assert api.log[-1].status == 200 and api.requests[0]["messages"] == messages
+    turns = seen[0]["messages"]
+    assert [t["role"] for t in turns] == ["user", "assistant", "user"]
+    assert [b["text"] for b in turns[0]["content"]] == ["first", "second"]
+    assert [b["type"] for b in turns[2]["content"]] == ["tool_result", "text"]
+
+
+async def test_a_tool_result_two_user_turns_late_is_still_unmatched() -> None:
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_a", "name": "t", "input": {}}]},
+        {"role": "user", "content": "no result here"},
+        {"role": "assistant", "content": "thinking"},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_a", "content": "x"}]},
+    ]  # fmt: skip
+    with FakeMessagesAPI([text("never")]) as api:
+        with pytest.raises(anthropic.BadRequestError, match="without `tool_result`"):
+            await client(api).messages.create(model="m", max_tokens=10, messages=messages)
+
+
+async def test_models_list_and_get_answer_like_the_real_api() -> None:
+    from subagents.profiles import KNOWN_PROFILES
+
+    with FakeMessagesAPI([], api_key="k") as api:
+        c = client(api, key="k")
+        first = await c.models.list(limit=5)
+        assert len(first.data) == 5 and first.has_more and first.last_id == first.data[-1].id
+        listed = [m.id async for m in await c.models.list(limit=5)]  # follows after_id pages
+        assert listed == list(KNOWN_PROFILES)
+        back = await c.models.list(before_id=listed[7], limit=3)
+        assert [m.id for m in back.data] == listed[4:7] and back.has_more
+        haiku = await c.models.retrieve("claude-haiku-4-5")
+        assert (haiku.type, haiku.display_name) == ("model", "Claude Haiku 4.5")
+        assert (haiku.max_input_tokens, haiku.max_tokens) == (200_000, 64_000)
+        assert haiku.created_at.year == 1970  # unknown release date: the epoch, as the API allows
+        with pytest.raises(anthropic.NotFoundError) as missing:
+            await c.models.retrieve("claude-nonexistent-9")
+        assert missing.value.body["error"]["type"] == "not_found_error"
+        with pytest.raises(anthropic.BadRequestError, match="limit"):
+            await c.models.list(limit=0)
+        calls = len(api.log)
+        with pytest.raises(anthropic.AuthenticationError):
+            await client(api, key="wrong").models.list()
+    assert len(api.log) == calls + 1  # JSON errors, none of them retried
+    assert api.requests == []  # model listing is not a messages request
 
 
 def _cached_request(turns: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,7 +9,7 @@
 
 Modules: :mod:`.script` (what to answer), :mod:`.validate` (the API's 400 rules),
 :mod:`.sse` (streaming encoding), :mod:`.usage` (token estimate and prompt cache),
-:mod:`.server` (HTTP).
+:mod:`.models` (``GET /v1/models``), :mod:`.server` (HTTP).
 """
 
 from subagents.fake_api.script import (

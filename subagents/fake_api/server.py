@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from subagents.fake_api.models import ModelsError, get_model, list_models
 from subagents.fake_api.script import Fault, Policy, Reply, Script, ScriptExhausted, ScriptItem
 from subagents.fake_api.sse import stream_fault, stream_message
 from subagents.fake_api.usage import PromptCache, estimate_tokens
@@ -172,9 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             self._fail(entry, 400, "invalid_request_error", f"Invalid JSON body: {exc}")
             return
-        keys = {entry.headers.get("x-api-key"), entry.headers.get("authorization", "")[7:]}
-        if self.api.api_key is not None and self.api.api_key not in keys:
-            self._fail(entry, 401, "authentication_error", "invalid x-api-key")
+        if not self._authorized(entry):
             return
         if path == "/v1/messages":
             self._messages(entry)
@@ -182,6 +182,32 @@ class _Handler(BaseHTTPRequestHandler):
             self._count_tokens(entry)
         else:
             self._fail(entry, 404, "not_found_error", f"Not found: {path}")
+
+    def do_GET(self) -> None:
+        """The models endpoints; any other path is a JSON 404, as the API answers."""
+        path, _, query = self.path.partition("?")
+        entry = RecordedRequest(path=path, headers={k.lower(): v for k, v in self.headers.items()})
+        if not self._authorized(entry):
+            return
+        extra = self.api.model_name
+        try:
+            if path == "/v1/models":
+                self._json(entry, 200, list_models(urllib.parse.parse_qs(query), extra))
+            elif path.startswith("/v1/models/"):
+                model_id = urllib.parse.unquote(path.removeprefix("/v1/models/"))
+                self._json(entry, 200, get_model(model_id, extra))
+            else:
+                self._fail(entry, 404, "not_found_error", f"Not found: {path}")
+        except ModelsError as exc:
+            self._fail(entry, exc.status, exc.error_type, str(exc))
+
+    def _authorized(self, entry: RecordedRequest) -> bool:
+        """False (and a 401 sent) when a key is required and the request's differs."""
+        keys = {entry.headers.get("x-api-key"), entry.headers.get("authorization", "")[7:]}
+        if self.api.api_key is not None and self.api.api_key not in keys:
+            self._fail(entry, 401, "authentication_error", "invalid x-api-key")
+            return False
+        return True
 
     def _count_tokens(self, entry: RecordedRequest) -> None:
         try:
@@ -195,8 +221,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _messages(self, entry: RecordedRequest) -> None:
         body = entry.body
         try:
-            validate_messages_request(body)
-            answer = self.api.script.next(body)
+            # The script sees the conversation as the model would: same-role turns combined.
+            turns = validate_messages_request(body)
+            answer = self.api.script.next({**body, "messages": turns})
         except InvalidRequest as exc:
             self._fail(entry, 400, "invalid_request_error", str(exc))
             return

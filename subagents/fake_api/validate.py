@@ -4,6 +4,12 @@ Only the rules a harness can break by accident are checked (roles, tool_use /
 tool_result pairing, empty content, required fields, cache breakpoint count,
 tool names); each failure is one ``invalid_request_error`` message naming the
 offending path, as the real API does (``messages.2.content.0: ...``).
+
+Consecutive messages of one role are not an error: the real API combines them into
+one turn, so the fake does too (:func:`merge_turns`) and checks tool_use /
+tool_result pairing on the combined turns - a ``tool_result`` message followed by a
+separate user text message is one user turn, as the model sees it. Paths in pairing
+errors count combined turns; every other path counts the messages as sent.
 """
 
 from __future__ import annotations
@@ -19,8 +25,14 @@ class InvalidRequest(Exception):
     """The request breaks an API rule; the message is what the API would say."""
 
 
-def validate_messages_request(body: dict[str, Any], *, count_tokens: bool = False) -> None:
-    """Raise :class:`InvalidRequest` for a malformed ``/v1/messages`` body."""
+def validate_messages_request(
+    body: dict[str, Any], *, count_tokens: bool = False
+) -> list[dict[str, Any]]:
+    """Raise :class:`InvalidRequest` for a malformed ``/v1/messages`` body.
+
+    Returns the conversation as the model sees it: consecutive same-role messages
+    combined into one turn.
+    """
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise InvalidRequest("model: Field required")
     if not count_tokens:
@@ -40,8 +52,28 @@ def validate_messages_request(body: dict[str, Any], *, count_tokens: bool = Fals
     _check_roles(messages)
     for i, message in enumerate(messages):
         _check_content(i, message, last=i == len(messages) - 1)
-    _check_tool_pairing(messages)
+    turns = merge_turns(messages)
+    _check_tool_pairing(turns)
     _check_breakpoints(body)
+    return turns
+
+
+def merge_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive messages of one role as one message whose content is all their blocks."""
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        if turns and turns[-1]["role"] == message["role"]:
+            content = _as_blocks(turns[-1]["content"]) + _as_blocks(message["content"])
+            turns[-1] = {"role": message["role"], "content": content}
+        else:
+            turns.append(message)
+    return turns
+
+
+def _as_blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return list(content)
 
 
 def _check_system(system: Any) -> None:
@@ -87,19 +119,12 @@ def _check_tool_choice(choice: Any, names: set[str]) -> None:
 
 
 def _check_roles(messages: list[Any]) -> None:
-    previous = None
     for i, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
         if role not in ("user", "assistant"):
             raise InvalidRequest(f"messages.{i}.role: Input should be 'user' or 'assistant'")
         if i == 0 and role != "user":
             raise InvalidRequest('messages: first message must use the "user" role')
-        if role == previous:
-            raise InvalidRequest(
-                'messages: roles must alternate between "user" and "assistant", '
-                f'but found multiple "{role}" roles in a row'
-            )
-        previous = role
 
 
 def _check_content(i: int, message: dict[str, Any], *, last: bool) -> None:
