@@ -3,8 +3,9 @@
 Exit codes, the same for every command: 0 the run met its quorum (failed members are
 still listed), 1 the run failed, 2 bad input (a one-paragraph message naming what
 was wrong, never a traceback), 130 interrupted (resumable with ``fleet resume``).
-``fleet code --test CMD`` also exits 1 when Fleet's own re-run of CMD on the member's
-work fails; such a patch is kept in the run directory but never applied.
+When Fleet's own re-run of ``fleet code --test CMD`` fails on the member's work, the
+member is ``failed`` (so is the run: exit 1); its patch is kept in the run directory
+and printed, but never applied.
 
 ``research`` and ``code`` are shorthands: they write the job file they stand for
 into the run directory (``job.toml``), so every run - however it was started - can
@@ -185,9 +186,11 @@ def cmd_code(args: argparse.Namespace) -> int:
     summary = _start(job, text, args)
     outcome = summary.outcomes.get("coder")
     patch = summary.run.path / "members" / "coder" / "patch.diff"
-    if outcome is None or outcome.status != "ok":
-        return summary.exit_code
-    result = outcome.result or {}
+    if outcome is None or outcome.result is None:
+        return summary.exit_code  # no result at all: the run's summary said why
+    # A member whose test fails after its edit ends failed with its result kept:
+    # shown here like a passing one, then refused below.
+    result = outcome.result
     print(f"\nsummary: {result.get('summary', '')}")
     files = result.get("files_changed") or []
     print(f"files changed: {', '.join(files) if files else 'none'}")

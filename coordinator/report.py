@@ -55,7 +55,8 @@ class Report(_Strict):
     answers: list[dict[str, Any]] = Field(default_factory=list)
     """Per ok member: its task (sub-question), its own summary and confidence."""
     code: list[dict[str, Any]] = Field(default_factory=list)
-    """Coding members' results: summary, files changed, tests, patch path."""
+    """Coding members' changes: summary, files changed, tests, patch path, and
+    ``status`` (a ``failed`` entry is a patch whose test fails, kept for reading)."""
     members: list[MemberLine] = Field(default_factory=list)
     failed: list[MemberLine] = Field(default_factory=list)
 
@@ -95,9 +96,16 @@ def render_markdown(report: Report) -> str:
         out += ["## Code changes", ""]
         for entry in report.code:
             files = ", ".join(entry.get("files_changed") or []) or "none"
+            verified = entry.get("verified") or {}
+            failing = (
+                f" **Its test fails** (`{verified.get('command')}` exit "
+                f"{verified.get('exit_code')}): kept for reading, not a result."
+                if entry.get("status", "ok") != "ok"
+                else ""
+            )
             out.append(
                 f"- **{entry['member']}**: {entry.get('summary', '')} (files: {files}; "
-                f"patch: `{entry['patch']}`)"
+                f"patch: `{entry['patch']}`){failing}"
             )
         out.append("")
     if report.open_questions:

@@ -71,6 +71,9 @@ def digest(outcomes: list[MemberOutcome], tasks: dict[str, str], cap: int) -> li
             "status": o.status,
             "reason": o.reason,
             "result": _cap(o.result, cap) if o.status == "ok" else None,
+            # A failed member's kept result (a coding patch whose test fails): listed
+            # in the report's code changes as failing, never given to the analyst.
+            "kept": _cap(o.result, cap) if o.status != "ok" and o.result else None,
         }
         for o in outcomes
     ]
@@ -90,13 +93,23 @@ def _claims_of(d: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _code_entry(d: dict[str, Any]) -> dict[str, Any]:
-    r = d.get("result") or {}
+    r = d.get("result") or d.get("kept") or {}
     keep = ("summary", "files_changed", "tests_run", "tests_passed", "verified")
     return {
         "member": d["member"],
+        "status": d["status"],
         **{k: r[k] for k in keep if k in r},
         "patch": f"members/{d['member']}/patch.diff",
     }
+
+
+def _code_entries(digests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Coding members' changes: the ok ones, and those kept although their test fails."""
+    return [
+        _code_entry(d)
+        for d in digests
+        if d["kind"] == "coding" and (d["status"] == "ok" or d.get("kept"))
+    ]
 
 
 def _answers(digests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -121,12 +134,10 @@ def offline_report(title: str, question: str, digests: list[dict[str, Any]]) -> 
     claims: list[ReportClaim] = []
     seen: dict[str, ReportClaim] = {}
     open_qs: list[str] = []
-    code = []
+    code = _code_entries(digests)
     for d in digests:
         if d["status"] != "ok":
             continue
-        if d["kind"] == "coding":
-            code.append(_code_entry(d))
         for i, c in enumerate(_claims_of(d)):
             cite = Citation(
                 member=d["member"],
@@ -145,11 +156,12 @@ def offline_report(title: str, question: str, digests: list[dict[str, Any]]) -> 
                 open_qs.append(q)
     ok = len(members) - len(failed)
     sources = {c.url for cl in claims for c in cl.citations if c.url}
+    changes = sum(1 for c in code if c["status"] == "ok")
     found = []
-    if claims or not code:
+    if claims or not changes:
         found.append(f"{len(claims)} distinct claims from {len(sources)} sources")
-    if code:
-        found.append(f"{len(code)} code change(s)")
+    if changes:
+        found.append(f"{changes} code change(s)")
     summary = (
         f"{ok} of {len(members)} members returned results: {' and '.join(found)}. "
         "Assembled by the offline analyst (deterministic, no model): the members' own "
@@ -303,7 +315,7 @@ async def model_report(
         summary=str(data.get("summary", "")),
         claims=claims,
         open_questions=[q for q in data.get("open_questions") or [] if isinstance(q, str)],
-        code=[_code_entry(d) for d in usable if d["kind"] == "coding"],
+        code=_code_entries(digests),
         answers=_answers(digests),
         members=members,
         failed=failed,

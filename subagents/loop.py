@@ -329,7 +329,9 @@ class AgentLoop:
         return build() if build is not None else None
 
     async def _accept(self) -> MemberOutcome:
-        """The accepted submission, finished by the kind (e.g. the coding patch)."""
+        """The accepted submission, finished by the kind (e.g. the coding patch), and
+        judged by it: ``failed`` with the result kept when the kind says it is not a
+        success (a coding member's test failing after its edit)."""
         data = await self.finalize(dict(self.gate.accepted or {}))
         if not self.gate.truncated:
             # A cut result may break length constraints; an uncut one must fit exactly.
@@ -339,6 +341,9 @@ class AgentLoop:
                 raise RuntimeError(
                     f"kind {self.kind.name!r} built an invalid result: {exc}"
                 ) from exc
+        why = self.kind.judge(data) if self.kind.judge is not None else None
+        if why:
+            return self.outcome("failed", why, result=data)
         return self.outcome("ok", "", result=data)
 
     async def finalize(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -384,7 +389,7 @@ class AgentLoop:
             partial_result=partial,
             limit=limit,
             progress=progress,
-            result_truncated=self.gate.truncated and status == "ok",
+            result_truncated=self.gate.truncated and result is not None,
             retryable=retryable,
             turns=self.turn,
             input_tokens=u.input,

@@ -22,7 +22,9 @@ incomplete  a limit (turns, tokens, deadline) was reached, or the model
 crashed     the box died (``SandboxCrashed``) or cannot be reached any more
             (``SandboxClosed``, ``SandboxUnavailable``); ``reason`` names why
 failed      the model call failed for good (``retryable`` says whether a later
-            attempt may succeed, e.g. overload) or the harness hit a bug
+            attempt may succeed, e.g. overload), the harness hit a bug, or the
+            kind judged the accepted result a failure (a coding member's test
+            fails after its edit); then ``result`` is kept for reading
 cancelled   the caller cancelled the member (set by the caller's bookkeeping;
             ``run_member`` itself re-raises the cancellation)
 timed_out   reserved for callers that enforce their own outer deadline
@@ -172,7 +174,9 @@ class MemberOutcome(_Strict):
     reason: str = ""
     """Why it ended this way, in words (empty for ``ok``)."""
     result: dict[str, Any] | None = None
-    """The kind's result model, as JSON; only set when status is ``ok``."""
+    """The kind's result model, as JSON: set when status is ``ok``, and kept for a
+    ``failed`` member whose accepted result its kind judged a failure (a coding
+    member's patch and test run when the test fails). Only ``ok`` results count."""
     partial_result: dict[str, Any] | None = None
     """``incomplete`` members only: the best partial result the member submitted in
     the closing call after a limit stopped it (same schema as ``result``; it says

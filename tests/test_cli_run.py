@@ -433,3 +433,6 @@ def test_fleet_code_never_applies_a_patch_that_fails_the_test(
     assert "-> exit 1 (FAILED" in printed and "untouched (not applied)" in printed
     (run,) = RunDir.list(out_dir)
     assert '+print("hello fleet")' in (run.path / "members" / "coder" / "patch.diff").read_text()
+    # The member and the run failed, and every record says so.
+    assert run.state().status == "failed" and run.state().members["coder"] == "failed"
+    assert run.result("coder")["reason"].startswith("test failed after edit:")

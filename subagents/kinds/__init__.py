@@ -1,6 +1,6 @@
 """Member kinds: a kind is a system prompt, tools, a result model and defaults.
 
-A :class:`Kind` is plain data plus two optional hooks, so adding a kind is one small
+A :class:`Kind` is plain data plus a few optional hooks, so adding a kind is one small
 module that calls :func:`register_kind` at import. The built-in kinds (``coding``
 here, ``browser`` in its own module) are imported on first use by :func:`get_kind`,
 so importing this package stays cheap and a kind's heavy dependencies (Playwright)
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 ToolsFactory = Callable[["MemberSpec"], list[Tool]]
 Setup = Callable[[ToolContext], Awaitable[None]]
 Finalize = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
+Judge = Callable[[dict[str, Any]], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ class Kind:
     """Runs once before the first model call (e.g. snapshot the workspace)."""
     finalize: Finalize | None = None
     """Turns an accepted submission into the final result (e.g. add the patch)."""
+    judge: Judge | None = None
+    """Why a final result is not a success despite being accepted, or None when it is
+    one: what the harness measured outranks what the model said (a coding member
+    whose test fails after its edit ends ``failed``, its result kept)."""
     teardown: Setup | None = None
     """Runs once when the member ends, however it ends (e.g. close a browser connection)."""
 

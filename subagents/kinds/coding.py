@@ -8,7 +8,11 @@ what must not be taken on the model's word:
   directory under ``/tmp`` so a repository already in ``/workspace`` (its ``.git``,
   index and branches) is never touched, and its ``.gitignore`` is honoured.
 * when the job gave a ``test`` command (``inputs["test"]``) it is run once more after
-  the model submits, and ``verified`` records its real exit code.
+  the model submits, and ``verified`` records its real exit code. A test that fails
+  there makes the member ``failed`` ("test failed after edit: ..."), whatever the
+  model reported: the job's test is the job's definition of done. Its result - patch,
+  summary, the test's output - is kept, because a person wants to read a change that
+  almost worked, but nothing downstream takes it as a success.
 
 The full patch is also written to ``patch.diff`` in the member's run directory; the
 result keeps up to ``PATCH_CHARS`` of it (with a marker when cut), so one huge diff
@@ -144,6 +148,17 @@ async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any
     return result
 
 
+def failed_test(result: dict[str, Any]) -> str | None:
+    """The member's failure reason when the job's test, re-run by Fleet, fails."""
+    verified = result.get("verified")
+    if not isinstance(verified, dict) or verified.get("passed", True):
+        return None
+    return (
+        f"test failed after edit: {verified.get('command')!r} exit {verified.get('exit_code')} "
+        "(patch kept in patch.diff)"
+    )
+
+
 CODING = register_kind(
     Kind(
         name="coding",
@@ -159,5 +174,6 @@ CODING = register_kind(
         box_kind="coding",
         setup=snapshot_workspace,
         finalize=collect_patch,
+        judge=failed_test,
     )
 )

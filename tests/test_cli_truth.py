@@ -1,0 +1,111 @@
+"""One truth per run and member: the exit code, ``fleet runs``, ``result.json``, the
+journal, the report and ``fleet trace`` say the same thing about how a run and each
+of its members ended - checked through the real ``fleet`` process, offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import remove_run
+
+from coordinator.runs import RunDir
+from subagents.trace import read_trace
+
+pytestmark = pytest.mark.docker
+ROOT = Path(__file__).resolve().parent.parent
+FLEET = str(Path(sys.executable).with_name("fleet"))
+SAMPLE = ROOT / "examples" / "sample-repo"
+
+
+def fleet(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    """The real ``fleet`` process, offline (no API key in its environment)."""
+    base = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+    return subprocess.run(
+        [FLEET, *args], env=base | env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture
+def runs_dir(tmp_path, docker_client):
+    """An output directory whose runs' boxes are removed at teardown."""
+    out = tmp_path / "runs"
+    yield out
+    for run in RunDir.list(out):
+        remove_run(docker_client, run.id)
+
+
+def _coder(mid: str, task: str) -> str:
+    return (
+        f'[[members]]\nid = "{mid}"\nkind = "coding"\ntask = {json.dumps(task)}\n'
+        f'repo = "{SAMPLE}"\ntest = "python3 test_greet.py"\n'
+    )
+
+
+def _trace_status(run: RunDir, member: str) -> str:
+    ends = [e for e in read_trace(run.path / "members" / member / "trace.jsonl")]
+    return [e.status for e in ends if e.type == "member_end"][-1]
+
+
+def _runs_json(out: Path) -> dict[str, Any]:
+    listed = fleet("runs", "--output-dir", str(out), "--json")
+    return {r["id"]: r for r in json.loads(listed.stdout)}
+
+
+def test_a_coding_member_whose_test_fails_after_its_edit_is_failed_everywhere(
+    tmp_path, images, runs_dir
+):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'name = "two-coders"\n[model]\nname = "offline"\n[fanout]\nmin_success = 2\n'
+        + _coder("warm", "Replace `Hello, {name}!` with `Hello again, {name}!` in `greet.py`.")
+        + _coder("curt", "Replace `Hello, {name}!` with `Hi, {name}!` in `greet.py`.")
+    )
+    done = fleet("run", str(job), "--output-dir", str(runs_dir), "--plain")
+    assert done.returncode == 1, done.stderr
+    assert "failed: 1 of 2 members ok" in done.stderr
+    (run,) = RunDir.list(runs_dir)
+    # The member: failed with the reason, its patch and test run kept for reading.
+    outcome = run.result("curt")
+    assert outcome["status"] == "failed"
+    assert outcome["reason"].startswith("test failed after edit: 'python3 test_greet.py' exit 1")
+    assert outcome["result"]["verified"]["passed"] is False
+    assert '+    return f"Hi, {name}!"' in (run.path / "members/curt/patch.diff").read_text()
+    assert run.result("warm")["status"] == "ok"
+    # The journal, the trace, `fleet runs`, `fleet trace` and the report agree.
+    assert run.state().members == {"warm": "ok", "curt": "failed"}
+    assert _trace_status(run, "curt") == "failed"
+    listed = _runs_json(runs_dir)[run.id]
+    assert (listed["status"], listed["ok"], listed["members"]) == ("failed", 1, 2)
+    traced = json.loads(fleet("trace", str(run.path), "--json").stdout)
+    assert {m["member"]: m["status"] for m in traced["members"]} == {"curt": "failed", "warm": "ok"}
+    report = json.loads((run.path / "report.json").read_text())
+    assert [m["member"] for m in report["failed"]] == ["curt"]
+    assert {c["member"]: c["status"] for c in report["code"]} == {"warm": "ok", "curt": "failed"}
+    assert "**Its test fails**" in (run.path / "report.md").read_text()
+
+
+def test_the_docs_one_coder_example_passes_its_own_test(tmp_path, images, runs_dir):
+    text = (ROOT / "docs" / "job-files.md").read_text()
+    block = next(
+        m.group(1)
+        for m in re.finditer(r"```toml\n(.*?)```", text, re.S)
+        if 'name = "one-coder"' in m.group(1)
+    )
+    # The example names the sample repository relative to docs/.
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    job = tmp_path / "docs" / "one-coder.toml"
+    job.write_text(block)
+    done = fleet("run", str(job), "--output-dir", str(runs_dir), "--plain")
+    assert done.returncode == 0, done.stderr
+    (run,) = RunDir.list(runs_dir)
+    (outcome,) = run.results().values()
+    assert outcome["status"] == "ok" and outcome["result"]["verified"]["passed"] is True
