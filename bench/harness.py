@@ -41,7 +41,7 @@ from subagents.context.tokens import estimate_message, estimate_text
 from subagents.kinds import Kind, register_kind
 from subagents.loop import AgentLoop
 from subagents.member import Limits, MemberSpec
-from subagents.model_base import ModelProfile, ModelRequest, ModelResponse
+from subagents.model.base import ModelProfile, ModelRequest, ModelResponse
 from subagents.tools.base import Tool, ToolContext, ToolOutput
 from subagents.trace import TraceWriter
 
@@ -120,6 +120,8 @@ register_kind(
 class ScriptedModel:
     """Answers from a plan of tool calls, in-process; counts tokens like an API would."""
 
+    offline = False
+
     plan: list[list[tuple[str, dict[str, Any]]]]
     window: int
     profile: ModelProfile = field(init=False)
@@ -158,6 +160,9 @@ class ScriptedModel:
         return [_use(f"c{self.step}_{i}", name, args) for i, (name, args) in enumerate(calls)]
 
     async def count_tokens(self, request: ModelRequest) -> int | None:
+        return None
+
+    async def aclose(self) -> None:
         return None
 
 

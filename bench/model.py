@@ -14,8 +14,8 @@ from typing import Any
 import anyio
 
 from subagents.fake_api import FakeMessagesAPI, text, tool_use
-from subagents.model import AnthropicModel, build_params
-from subagents.model_base import ModelRequest
+from subagents.model.base import ModelRequest
+from subagents.model.claude import AnthropicModel, build_params
 
 TOOLS = [
     {"name": f"tool{i}", "description": "x" * 200, "input_schema": {"type": "object"}}

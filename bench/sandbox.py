@@ -36,7 +36,9 @@ def stats(samples: list[float]) -> tuple[float, float]:
 def show(name: str, samples: list[float], target_ms: float | None = None) -> float:
     med, p95 = stats(samples)
     goal = f"   target <= {target_ms:g} ms" if target_ms else ""
-    print(f"{name:<40} median {med * 1000:8.1f} ms   p95 {p95 * 1000:8.1f} ms   n={len(samples)}{goal}")
+    print(
+        f"{name:<40} median {med * 1000:8.1f} ms   p95 {p95 * 1000:8.1f} ms   n={len(samples)}{goal}"
+    )
     return med
 
 

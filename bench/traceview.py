@@ -39,7 +39,9 @@ def _timed(fn, repeat: int) -> list[float]:  # type: ignore[no-untyped-def]
 def _report(label: str, times: list[float]) -> None:
     times = sorted(times)
     p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
-    print(f"{label:<34} median {statistics.median(times):6.3f} s   p95 {p95:6.3f} s   (n={len(times)})")
+    print(
+        f"{label:<34} median {statistics.median(times):6.3f} s   p95 {p95:6.3f} s   (n={len(times)})"
+    )
 
 
 def main() -> int:
@@ -63,7 +65,10 @@ def main() -> int:
 
         _report("html page (load+render+write)", _timed(page, args.repeat))
         print(f"{'html page size':<34} {sizes[-1] / 1e6:.2f} MB")
-        _report("text rollup (load+rollup)", _timed(lambda: rollup_run(load_run(exp.run_dir)), args.repeat))
+        _report(
+            "text rollup (load+rollup)",
+            _timed(lambda: rollup_run(load_run(exp.run_dir)), args.repeat),
+        )
         try:
             from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from subagents.member import MemberOutcome
-from subagents.model_base import Model, ModelError
+from subagents.model import Model, ModelError, resolve_model
 
-from .model_choice import is_offline, resolve_model
 from .runs import RunDir
 from .spec import Job, MemberJob
 from .synthesis import render_markdown, synthesize
@@ -31,7 +30,7 @@ async def write_report(
     cap = job.synthesis.max_result_chars
     try:
         try:
-            analyst = None if is_offline(model) else model
+            analyst = None if model.offline else model
             report = await synthesize(
                 job.name,
                 question,
@@ -48,9 +47,7 @@ async def write_report(
             report = await synthesize(job.name, question, outcomes, tasks, model=None, cap=cap)
             report.summary += f" (The analyst model {name} failed: {exc}.)"
     finally:
-        aclose = getattr(model, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await model.aclose()
     (run.path / "report.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")
     path = run.path / "report.md"
     path.write_text(render_markdown(report), encoding="utf-8")

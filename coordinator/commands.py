@@ -31,7 +31,7 @@ import anyio
 
 from sandbox.errors import SandboxError
 from subagents.browser.corpus import CORPUS_ALLOW
-from subagents.model_base import ModelError
+from subagents.model.base import ModelError
 
 from .cli import UsageError
 from .driver import EXIT_FAILED, RunOptions, RunSummary, execute

@@ -31,12 +31,11 @@ from sandbox import reaper
 from sandbox.base import Sandbox, SandboxBackend
 from subagents.browser.corpus import CORPUS_MEMBER, start_corpus
 from subagents.member import MemberOutcome
-from subagents.model_base import Model
+from subagents.model import Model, make_model, resolve_model
 
 from .analyst import write_report
 from .executor import Executor
 from .fanout import fan_out, to_member_spec
-from .model_choice import default_make_model, is_offline, resolve_model
 from .planner import plan
 from .progress import Progress
 from .runs import RunDir
@@ -52,7 +51,7 @@ class RunOptions:
 
     backend: SandboxBackend | None = None
     """Default: the Docker backend."""
-    make_model: Callable[..., Model] = default_make_model
+    make_model: Callable[..., Model] = make_model
     executor: Executor[MemberUnit, MemberOutcome] | None = None
     out: TextIO = field(default_factory=lambda: sys.stderr)
     tty: bool | None = None
@@ -92,12 +91,10 @@ async def plan_members(
         model = make_model(resolve_model(job.model.name))
         try:
             subs, planner = await plan(
-                r.question, r.members, model=None if is_offline(model) else model
+                r.question, r.members, model=None if model.offline else model
             )
         finally:
-            aclose = getattr(model, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await model.aclose()
         taken = {m.id for m in members}
         for i, q in enumerate(subs, 1):
             mid = f"research-{i}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from subagents.model_base import Model, ModelError, ModelRequest
+from subagents.model.base import Model, ModelError, ModelRequest
 
 _ANGLES = (
     "What are the key concepts and definitions behind: {topic}?",
@@ -141,6 +141,6 @@ async def model_plan(question: str, n: int, model: Model, *, max_tokens: int = 2
 
 async def plan(question: str, n: int, *, model: Model | None) -> tuple[list[str], str]:
     """Sub-questions and who planned them (``offline`` or the model's name)."""
-    if model is None or getattr(model, "offline", False):
+    if model is None or model.offline:
         return offline_plan(question, n), "offline"
     return await model_plan(question, n, model), model.profile.name

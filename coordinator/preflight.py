@@ -37,7 +37,7 @@ import anyio
 
 from sandbox.errors import SandboxUnavailable
 from subagents.browser.corpus import CORPUS_MEMBER
-from subagents.model_base import ModelError
+from subagents.model import ModelError, make_model, resolve_model
 
 from .cli import UsageError
 from .spec import Job
@@ -54,8 +54,6 @@ def preflight(job: Job, flags: dict[str, str] | None = None) -> None:
 
 def _model_fields(job: Job) -> dict[str, str]:
     """Each distinct model the job will make (``auto`` resolved) -> the field naming it."""
-    from .driver import resolve_model
-
     named = [("model.name", job.model.name)]
     named += [(f"members[{i}].model", m.model) for i, m in enumerate(job.members) if m.model]
     if job.synthesis.model:
@@ -70,16 +68,13 @@ def check_models(job: Job, flags: dict[str, str] | None = None) -> None:
     """Make (and close) every model the job names, so that a model that cannot be used
     (no API key, a replay file that is not there) is bad input before a run exists -
     not a run that fails after its boxes and planner have started."""
-    from .driver import default_make_model
 
     async def probe(name: str) -> None:
         with warnings.catch_warnings():
             # An unknown model string is logged once as a plain line; not twice.
             warnings.simplefilter("ignore")
-            model = default_make_model(name)
-        aclose = getattr(model, "aclose", None)
-        if aclose is not None:
-            await aclose()
+            model = make_model(name)
+        await model.aclose()
 
     for name, where in _model_fields(job).items():
         try:

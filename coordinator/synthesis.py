@@ -30,7 +30,7 @@ from typing import Any
 
 from subagents.browser.dom import CLOSE_TAG, OPEN_TAG, untrusted
 from subagents.member import MemberOutcome
-from subagents.model_base import Model, ModelError, ModelRequest
+from subagents.model.base import Model, ModelError, ModelRequest
 
 from .report import Citation, MemberLine, Report, ReportClaim, render_markdown
 
@@ -334,6 +334,6 @@ async def synthesize(
 ) -> Report:
     """The report: by ``model`` when it is a real model, else by the offline analyst."""
     digests = digest(outcomes, tasks, cap)
-    if model is None or getattr(model, "offline", False):
+    if model is None or model.offline:
         return offline_report(title, question, digests)
     return await model_report(title, question, digests, model, instructions=instructions)

@@ -37,7 +37,7 @@ from sandbox.errors import SandboxCrashed, SandboxError
 from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec
 from subagents.member import MemberOutcome, MemberSpec
-from subagents.model_base import Model, ModelError
+from subagents.model.base import Model, ModelError
 from subagents.trace import ErrorEvent, MemberEnd, Retry, SandboxEvent, TraceWriter
 
 from .repo_copy import RepoTooLarge, staged_copy
@@ -85,7 +85,7 @@ class Deps:
 
     backend: SandboxBackend
     make_model: Callable[..., Model]
-    """``make_model(name, kind=..., trace=...)`` (see :func:`subagents.models.make_model`)."""
+    """``make_model(name, kind=..., trace=...)`` (see :func:`subagents.model.make_model`)."""
     run_member: RunMemberFn | None = None
     """The harness; None means :func:`subagents.member.run_member`."""
     listeners: list[Callable[[Any], None]] = field(default_factory=list)
@@ -204,10 +204,8 @@ async def attempt_once(unit: MemberUnit, deps: Deps, trace: TraceWriter) -> Memb
                     trace=trace,
                 )
             finally:
-                aclose = getattr(model, "aclose", None)
-                if aclose is not None:
-                    with anyio.CancelScope(shield=True):
-                        await aclose()
+                with anyio.CancelScope(shield=True):
+                    await model.aclose()
             ended_by_harness = True
             if outcome.status == "incomplete" and outcome.limit == "deadline":
                 # The harness noticed the (soft) deadline first; for the run it is the

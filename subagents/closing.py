@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .model_base import ModelError
+from .model.base import ModelError
 from .result import SUBMIT_TOOL, estimate_tokens
 from .trace import Messages, ToolCall, ToolResult
 

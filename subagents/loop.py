@@ -44,7 +44,7 @@ from sandbox.base import Sandbox
 
 from . import closing
 from .closing import Closer
-from .model_base import Model, ModelRequest
+from .model.base import Model, ModelRequest
 from .result import ResultGate
 from .result_schema import extend_model, job_field_names
 from .tool_calls import ToolCalls
@@ -148,7 +148,7 @@ class AgentLoop:
         self.calls = ToolCalls(self.registry, self.tool_ctx, context=context, trace=trace)
         self.last_text = ""
         self.nudged = False
-        self.offline = bool(getattr(model, "offline", False))
+        self.offline = model.offline
         """Labelled from the model itself too: a member that failed before its first
         call was still an offline member."""
         self.closer = Closer(self)

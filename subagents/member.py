@@ -47,7 +47,7 @@ from sandbox.spec import SandboxSpec
 
 from .context.config import ContextConfig
 from .kinds import Kind, get_kind
-from .model_base import Model, ModelError
+from .model.base import Model, ModelError
 from .result_schema import ResultSchema, extend_model, parse_result_schema
 from .tools.registry import CustomToolSpec
 from .trace import ErrorEvent, MemberEnd, MemberStart, TraceWriter
@@ -251,7 +251,7 @@ async def run_member(
             kind=spec.kind,
             task=spec.task,
             model=model.profile.name,
-            offline=_is_offline(model),
+            offline=model.offline,
             config={"limits": spec.limits.model_dump(), "todos": spec.todos_enabled()},
         )
     )
@@ -369,9 +369,5 @@ def _ended(
         status=status,
         reason=reason,
         retryable=retryable,
-        offline=_is_offline(model),
+        offline=model.offline,
     )
-
-
-def _is_offline(model: Model) -> bool:
-    return bool(getattr(model, "offline", False))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .model_base import ModelProfile, ModelResponse
+from .model.base import ModelProfile, ModelResponse
 from .trace import ModelCall
 
 

@@ -16,7 +16,7 @@ from sandbox.spec import NetworkPolicy, SandboxSpec
 from subagents.browser.config import BrowserConfig
 from subagents.browser.corpus import CORPUS_ALLOW, start_corpus
 from subagents.member import MemberOutcome, MemberSpec, run_member
-from subagents.model_base import Model
+from subagents.model.base import Model
 from subagents.tools.base import Tool, ToolContext, ToolOutput
 from subagents.tools.browser import browser_tools
 from subagents.trace import TraceWriter

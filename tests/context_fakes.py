@@ -17,7 +17,7 @@ from anthropic.types import Message
 from sandbox.base import ExecResult, FileInfo, Sandbox
 from sandbox.errors import OutputLimitExceeded, SandboxCrashed
 from sandbox.spec import SandboxSpec
-from subagents.model_base import ModelError, ModelProfile, ModelRequest, ModelResponse
+from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelResponse
 
 
 class MemoryBox(Sandbox):
@@ -96,6 +96,8 @@ def message(content: list[dict[str, Any]], *, input_tokens: int = 10) -> Message
 class SummaryModel:
     """Answers every request with ``summary`` (or raises ModelError when ``fail``)."""
 
+    offline = False
+
     def __init__(self, summary: str = "", *, window: int = 200_000, fail: bool = False) -> None:
         self.profile = ModelProfile(name="test-model", context_window=window)
         self.summary = summary or (
@@ -112,6 +114,9 @@ class SummaryModel:
         return ModelResponse(message=message([{"type": "text", "text": self.summary}]))
 
     async def count_tokens(self, request: ModelRequest) -> int | None:
+        return None
+
+    async def aclose(self) -> None:
         return None
 
 

@@ -22,7 +22,7 @@ from sandbox.errors import SandboxCrashed
 from subagents.fake_api import FakeMessagesAPI
 from subagents.kinds import Kind, register_kind
 from subagents.member import MemberOutcome, MemberSpec, run_member
-from subagents.model_base import ModelProfile, ModelRequest, ModelResponse
+from subagents.model.base import ModelProfile, ModelRequest, ModelResponse
 from subagents.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from subagents.trace import TraceWriter, read_trace
 
@@ -135,7 +135,7 @@ def lookup(city: str, year: int = 2024) -> dict[str, Any]:
 
 def anthropic_model(api: Any, name: str = "claude-sonnet-5") -> Any:
     """The real adapter (AsyncAnthropic inside) talking to the fake server."""
-    from subagents.model import AnthropicModel
+    from subagents.model.claude import AnthropicModel
 
     # Short backoff: the fake server's faults should not slow the tests down.
     return AnthropicModel(
@@ -176,6 +176,8 @@ def message(content: list[dict[str, Any]], *, input_tokens: int = 50) -> Message
 class ScriptedModel:
     """In-process model: ``policy(request, call_number) -> content blocks``."""
 
+    offline = True
+
     def __init__(self, policy: Any, *, window: int = 200_000) -> None:
         self.policy = policy
         self.calls = 0
@@ -186,6 +188,9 @@ class ScriptedModel:
         return ModelResponse(message=message(self.policy(request, self.calls)), offline=True)
 
     async def count_tokens(self, request: ModelRequest) -> int | None:
+        return None
+
+    async def aclose(self) -> None:
         return None
 
 

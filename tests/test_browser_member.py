@@ -23,7 +23,7 @@ from loop_support import anthropic_model
 
 from sandbox.docker import DockerBackend
 from subagents.fake_api import FakeMessagesAPI, tool_use
-from subagents.models import make_model
+from subagents.model.factory import make_model
 from subagents.trace import read_trace
 
 pytestmark = [pytest.mark.docker, pytest.mark.chromium, pytest.mark.anyio, pytest.mark.slow]

@@ -184,7 +184,7 @@ async def test_summary_call_is_traced_and_counted(tmp_path: Path) -> None:
 
 
 async def test_replay_of_a_trace_gives_the_recorded_summary_back(tmp_path: Path) -> None:
-    from subagents.offline import ReplayModel
+    from subagents.model.offline import ReplayModel
 
     manager, _, trace = manager_for(
         tmp_path / "a", ContextConfig(budget_tokens=10_000), SummaryModel()

@@ -10,7 +10,7 @@ import pytest
 from subagents.context import ContextConfig
 from subagents.context.manager import ContextManager
 from subagents.context.tokens import TokenCounter, estimate_message
-from subagents.model_base import ModelProfile
+from subagents.model.base import ModelProfile
 from subagents.trace import TraceWriter
 
 pytestmark = pytest.mark.anyio

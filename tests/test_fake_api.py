@@ -430,7 +430,7 @@ async def test_command_line_rejects_bad_input_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from subagents.fake_api.__main__ import main
-    from subagents.offline import policy_names
+    from subagents.model.offline import policy_names
 
     assert main(["--policy", "nope"]) == 2
     err = capsys.readouterr().err

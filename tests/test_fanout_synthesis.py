@@ -15,7 +15,7 @@ from coordinator.planner import offline_plan, plan
 from coordinator.synthesis import digest, render_markdown, synthesize
 from subagents.fake_api import FakeMessagesAPI, tool_use
 from subagents.member import MemberOutcome
-from subagents.model import AnthropicModel
+from subagents.model.claude import AnthropicModel
 
 FINDINGS = {
     "summary": "Tasks are cancelled with Task.cancel().",

@@ -85,7 +85,7 @@ async def test_coding_member_fixes_a_bug_and_returns_the_patch(box, tmp_path: Pa
 
 
 async def test_offline_coding_policy_applies_stated_edit_and_verifies(box, tmp_path: Path) -> None:
-    from subagents.models import make_model
+    from subagents.model.factory import make_model
 
     spec = MemberSpec(
         id="coder",

@@ -19,10 +19,10 @@ from loop_support import events, writer
 
 from subagents.fake_api import FakeMessagesAPI, overloaded, overloaded_mid_stream, reply, tool_use
 from subagents.member import MemberOutcome, MemberSpec, run_member
-from subagents.model import AnthropicModel
-from subagents.model_base import ModelRequest
-from subagents.models import make_model
-from subagents.offline import register_policy
+from subagents.model.base import ModelRequest
+from subagents.model.claude import AnthropicModel
+from subagents.model.factory import make_model
+from subagents.model.offline import register_policy
 
 pytestmark = pytest.mark.anyio
 

@@ -19,8 +19,8 @@ from subagents.fake_api import (
     text,
     tool_use,
 )
-from subagents.model import AnthropicModel, build_params
-from subagents.model_base import Model, ModelError, ModelRequest
+from subagents.model.base import Model, ModelError, ModelRequest
+from subagents.model.claude import AnthropicModel, build_params
 from subagents.trace import Retry, TraceWriter, read_trace
 
 pytestmark = pytest.mark.anyio

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from subagents import offline
 from subagents.fake_api import FakeMessagesAPI, reply, text, tool_use
-from subagents.model import AnthropicModel
-from subagents.model_base import Model, ModelError, ModelRequest
-from subagents.models import make_model
-from subagents.offline import OfflineModel, ReplayModel, get_policy, register_policy
-from subagents.profiles import UnknownModelWarning
+from subagents.model import offline, parse_model
+from subagents.model.base import Model, ModelError, ModelRequest
+from subagents.model.claude import AnthropicModel
+from subagents.model.factory import make_model
+from subagents.model.offline import OfflineModel, ReplayModel, get_policy, register_policy
+from subagents.model.profiles import UnknownModelWarning
 from subagents.trace import ModelCall, TraceWriter
 
 pytestmark = pytest.mark.anyio
@@ -139,3 +139,52 @@ def test_replay_of_a_missing_or_empty_trace_says_what_to_give(tmp_path: Path) ->
     empty.write_text("")
     with pytest.raises(ModelError, match="no model calls"):
         ReplayModel(empty)
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "canonical", "policy", "trace"),
+    [
+        ("offline", "offline", "offline", None, None),
+        (" offline:research ", "offline", "offline:research", "research", None),
+        (
+            "replay:runs/r/members/a/trace.jsonl",
+            "replay",
+            "replay:runs/r/members/a/trace.jsonl",
+            None,
+            "runs/r/members/a/trace.jsonl",
+        ),
+        ("claude-haiku-4-5", "claude", "claude-haiku-4-5", None, None),
+    ],
+)
+def test_a_model_string_is_parsed_once_into_a_typed_choice(
+    name: str, source: str, canonical: str, policy: str | None, trace: str | None
+) -> None:
+    choice = parse_model(name)
+    assert (choice.source, choice.name, choice.policy, choice.trace) == (
+        source,
+        canonical,
+        policy,
+        trace,
+    )
+    assert choice.offline is (source != "claude")
+
+
+@pytest.mark.parametrize("name", ["", "  ", "offline:", "replay:"])
+def test_a_model_string_that_names_nothing_is_refused(name: str) -> None:
+    with pytest.raises(ModelError):
+        parse_model(name)
+
+
+def test_auto_resolves_to_claude_only_with_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    assert parse_model("auto").source == "offline"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test")
+    monkeypatch.setenv("FLEET_MODEL", "claude-haiku-4-5")
+    assert parse_model("auto").name == "claude-haiku-4-5"
+
+
+async def test_every_model_states_offline_and_closes() -> None:
+    for model in (make_model("offline"), make_model("claude-haiku-4-5", api_key="t")):
+        assert isinstance(model.offline, bool)
+        await model.aclose()
+    assert make_model("offline").offline and not make_model("claude-haiku-4-5", api_key="t").offline

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from subagents.profiles import UnknownModelWarning, cost_usd, profile_for
+from subagents.model.profiles import UnknownModelWarning, cost_usd, profile_for
 
 
 @pytest.mark.parametrize(

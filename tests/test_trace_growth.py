@@ -9,7 +9,7 @@ import pytest
 from loop_support import ScriptedModel, events, writer
 
 from subagents.member import Limits, MemberSpec, run_member
-from subagents.model_base import ModelRequest
+from subagents.model.base import ModelRequest
 
 pytestmark = pytest.mark.anyio
 

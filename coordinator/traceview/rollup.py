@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.traceview.load import MemberJournal, MemberTrace, RunTrace
-from subagents import profiles
-from subagents.model_base import ModelProfile
+from subagents.model import profiles
+from subagents.model.base import ModelProfile
 from subagents.trace import (
     Clip,
     Compaction,

@@ -29,7 +29,7 @@ from typing import Any
 from sandbox.base import Sandbox
 from sandbox.errors import SandboxError
 
-from ..model_base import Model, ModelError, ModelRequest, ModelResponse
+from ..model.base import Model, ModelError, ModelRequest, ModelResponse
 from .config import ContextConfig
 from .tokens import CHARS_PER_TOKEN, estimate_text
 

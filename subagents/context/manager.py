@@ -19,7 +19,7 @@ import anyio
 
 from sandbox.base import Sandbox
 
-from ..model_base import Model, ModelProfile, ModelResponse
+from ..model.base import Model, ModelProfile, ModelResponse
 from ..tools.base import Tool
 from ..trace import Clip, Compaction, ModelCall, Offload, TraceWriter
 from . import compaction as comp

@@ -69,8 +69,8 @@ def load_script(path: Path) -> list[ScriptItem]:
 
 def policy_answer(name: str) -> Any:
     """A fake-server policy that asks the named offline policy."""
-    from subagents.model_base import ModelRequest
-    from subagents.offline import answer_blocks, get_policy
+    from subagents.model.base import ModelRequest
+    from subagents.model.offline import answer_blocks, get_policy
 
     policy = get_policy(name)
 
@@ -84,7 +84,7 @@ def policy_answer(name: str) -> Any:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from subagents.offline import policy_names
+    from subagents.model.offline import policy_names
 
     parser = argparse.ArgumentParser(
         prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -106,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from subagents.offline import policy_names
+    from subagents.model.offline import policy_names
 
     args = _parser().parse_args(argv)
     if not 0 <= args.port <= 65535:

@@ -25,7 +25,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import offline_research  # noqa: F401  (registers the 'research' offline policy)
 from ..browser.config import BrowserConfig
 from ..browser.pages import verify_quote
 from ..tools.base import ToolContext

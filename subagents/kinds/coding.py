@@ -26,7 +26,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import offline_coding  # noqa: F401  (registers the 'coding' offline policy)
 from ..tools.base import ToolContext
 from ..tools.coding import coding_tools
 from ..tools.registry import render_exec

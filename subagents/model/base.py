@@ -74,9 +74,16 @@ class ModelResponse(BaseModel):
 
 @runtime_checkable
 class Model(Protocol):
-    """Anything that answers Messages API requests."""
+    """Anything that answers Messages API requests.
+
+    ``offline`` and :meth:`aclose` are part of the seam, not optional extras: the
+    coordinator plans and writes reports without a model call when the model is
+    offline, and closes every model it made before its event loop ends.
+    """
 
     profile: ModelProfile
+    offline: bool
+    """True for offline models (replay, offline policies): never a real model's words."""
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One model turn. Raises :class:`ModelError` when retries are exhausted."""
@@ -84,6 +91,10 @@ class Model(Protocol):
 
     async def count_tokens(self, request: ModelRequest) -> int | None:
         """Input tokens of ``request`` as the provider counts them, or None if unknown."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the model holds (an HTTP pool); a no-op for offline models."""
         ...
 
 

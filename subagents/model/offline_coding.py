@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model_base import ModelRequest
+from .base import ModelRequest
 from .offline import register_policy
 
 _EDIT = re.compile(

@@ -1,6 +1,6 @@
 """Offline models: deterministic policies and trace replay, never a real model's words.
 
-Both implement the :class:`~subagents.model_base.Model` seam, answer every call with
+Both implement the :class:`~subagents.model.base.Model` seam, answer every call with
 ``offline=True`` and a model name starting with ``offline`` or ``replay:``, and bill
 nothing (their profile prices are zero). Usage is estimated locally with the same
 rule the loop uses (:mod:`subagents.context.tokens`), so budgets and compaction
@@ -32,8 +32,8 @@ from typing import Any
 from anthropic.types import Message
 
 from subagents.context.tokens import estimate_block, estimate_message, estimate_text
-from subagents.model_base import ModelError, ModelRequest, ModelResponse
-from subagents.profiles import offline_profile
+from subagents.model.base import ModelError, ModelRequest, ModelResponse
+from subagents.model.profiles import offline_profile
 from subagents.trace import ModelCall, read_trace
 
 PolicyAnswer = Message | list[Any] | dict[str, Any]
@@ -44,8 +44,8 @@ _POLICIES_LOCK = threading.Lock()
 # Modules that register the built-in kinds' policies. They are small (no browser or
 # SDK imports), but importing them eagerly here would be circular: they import this.
 _BUILTIN_POLICIES = {
-    "coding": "subagents.offline_coding",
-    "research": "subagents.offline_research",
+    "coding": "subagents.model.offline_coding",
+    "research": "subagents.model.offline_research",
 }
 
 
@@ -75,7 +75,7 @@ def get_policy(name: str) -> PolicyFn:
     if fn is None:
         raise ModelError(
             f"no offline policy named {name!r}; registered: {', '.join(policy_names())} "
-            "(a kind registers its own with subagents.offline.register_policy)"
+            "(a kind registers its own with subagents.model.offline.register_policy)"
         )
     return fn
 
@@ -168,6 +168,9 @@ class OfflineModel:
     async def count_tokens(self, request: ModelRequest) -> int | None:
         return estimate_input(request)
 
+    async def aclose(self) -> None:
+        """Nothing to release: an offline model holds no connection."""
+
 
 class ReplayModel:
     """Replays the model outputs recorded in a member's ``trace.jsonl``, in order."""
@@ -217,6 +220,9 @@ class ReplayModel:
 
     async def count_tokens(self, request: ModelRequest) -> int | None:
         return estimate_input(request)
+
+    async def aclose(self) -> None:
+        """Nothing to release: an offline model holds no connection."""
 
 
 def _task_text(request: ModelRequest) -> str:

@@ -17,7 +17,8 @@ import threading
 import warnings
 from typing import Any
 
-from subagents.model_base import ModelProfile
+from .base import ModelProfile
+from .choice import is_offline_name
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def offline_profile(name: str = "offline") -> ModelProfile:
 
 def profile_for(name: str) -> ModelProfile:
     """The profile of ``name``; unknown names get defaults and one warning per name."""
-    if name == "offline" or name.startswith(("offline:", "replay:")):
+    if is_offline_name(name):
         return offline_profile(name)
     key = _normalize(name)
     matches = [p for prefix, p in KNOWN_PROFILES.items() if key.startswith(prefix)]

@@ -35,8 +35,8 @@ import anyio
 import pydantic
 from anthropic.types import Message
 
-from subagents.model_base import ModelError, ModelProfile, ModelRequest, ModelResponse
-from subagents.profiles import profile_for
+from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelResponse
+from subagents.model.profiles import profile_for
 from subagents.trace import Retry, TraceWriter
 
 MAX_BREAKPOINTS = 4
