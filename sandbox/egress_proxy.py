@@ -23,6 +23,12 @@ name (what a user writes in an allowlist) rather than by IP, and its decisions a
 logged one JSON line each on stderr (``docker logs``). Keeping boxes off the host
 itself is a fixed rule set on the host, independent of any run.
 
+The address rule is one function, :func:`address_refusal`; :func:`entry_refusal`
+applies it to an allowlist entry before any run starts (``egress.allow`` and
+``NetworkPolicy.allow`` call it), so a host the proxy would always refuse -
+``localhost``, ``169.254.169.254``, a private or loopback literal, a port past 65535 -
+is an error in the job file rather than a member that fails at its first fetch.
+
 Configuration (environment): ``FLEET_ALLOW`` comma-separated ``host``, ``host:port``
 or ``*.domain`` entries; ``FLEET_LOCAL_NET`` the run network's CIDR;
 ``FLEET_DENY_IPS`` comma-separated extra addresses to refuse (the gateways);
@@ -42,6 +48,55 @@ import time
 
 _IDLE_S = 300.0
 _HEAD_LIMIT = 64 * 1024
+
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
+"""Loopback's names in every container's ``/etc/hosts``; ``*.localhost`` is loopback by
+RFC 6761 (or does not resolve at all): either way the proxy never gets anywhere."""
+
+
+def address_refusal(
+    ip: IPAddress,
+    local_net: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
+    deny_ips: frozenset[IPAddress] | set[IPAddress] = frozenset(),
+) -> str | None:
+    """None when the proxy may connect to ``ip``, else the reason it may not.
+
+    ``local_net`` is the run network (private addresses inside it are allowed);
+    ``deny_ips`` are the Docker host's addresses. Without them - before a run
+    exists - every private address is outside the run's network.
+    """
+    if ip in deny_ips:
+        return "the Docker host's gateway"
+    if ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified:
+        return "a loopback, link-local, multicast or unspecified address"
+    if ip.is_reserved:
+        return "a reserved address"
+    if local_net is not None and ip in local_net:
+        return None
+    if ip.is_private:
+        return "a private address outside the run's network"
+    return None
+
+
+def entry_refusal(entry: str) -> str | None:
+    """Why the allowlist entry ``name``, ``name:port`` or ``*.domain`` can never be
+    used through the proxy, or None. Judged without a run: a name that needs DNS is
+    not looked up (what it resolves to is checked when a box asks for it)."""
+    name, sep, port = entry.strip().lower().partition(":")
+    if sep and not (port.isdigit() and 1 <= int(port) <= 65535):
+        return f"port {port!r} is not a TCP port (1-65535)"
+    bare = name.removeprefix("*.").rstrip(".")
+    if bare in LOOPBACK_NAMES or bare.endswith(".localhost"):
+        return f"{bare} names the loopback address (RFC 6761), which the egress proxy refuses"
+    try:
+        ip = ipaddress.ip_address(bare)
+    except ValueError:
+        return None
+    why = address_refusal(ip)
+    return f"{bare} is {why}, which the egress proxy refuses" if why else None
 
 
 class Denied(Exception):
@@ -69,19 +124,9 @@ class Policy:
                 return True
         return False
 
-    def address_allowed(self, ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    def address_allowed(self, ip: IPAddress) -> str | None:
         """None when ``ip`` may be reached, else the reason it may not."""
-        if ip in self.deny_ips:
-            return "the Docker host's gateway"
-        if ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified:
-            return "a loopback, link-local, multicast or unspecified address"
-        if ip.is_reserved:
-            return "a reserved address"
-        if self.local_net is not None and ip in self.local_net:
-            return None
-        if ip.is_private:
-            return "a private address outside the run's network"
-        return None
+        return address_refusal(ip, self.local_net, self.deny_ips)
 
     def resolve(self, host: str, port: int) -> tuple[str, int]:
         """The address to connect to, or :class:`Denied`."""

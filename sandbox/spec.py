@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from .egress_proxy import entry_refusal
 from .errors import SandboxSpecError
 
 BoxKind = Literal["coding", "browser", "service"]
@@ -101,6 +102,12 @@ class NetworkPolicy(_Strict):
             if not _HOST_RE.match(h):
                 raise ValueError(
                     f"{host!r} is not a host name; write e.g. 'docs.python.org' or 'corpus:8080'"
+                )
+            why = entry_refusal(h)  # the proxy's own rule: it would refuse this host every time
+            if why:
+                raise ValueError(
+                    f"{host!r} can never be reached: {why}; list a host the boxes may reach, "
+                    "e.g. 'docs.python.org' or 'corpus:8080'"
                 )
             out.append(h)
         return tuple(out)

@@ -77,6 +77,30 @@ BAD = [
         "not a host name",
     ),
     (
+        "egress port past 65535",
+        'name = "x"\n[research]\nquestion = "q"\n[egress]\nallow = ["docs.python.org:70000"]\n',
+        "egress.allow",
+        "not a TCP port",
+    ),
+    (
+        "egress to localhost",
+        'name = "x"\n[research]\nquestion = "q"\n[egress]\nallow = ["localhost:8080"]\n',
+        "egress.allow",
+        "names the loopback address",
+    ),
+    (
+        "egress to the metadata address",
+        'name = "x"\n[research]\nquestion = "q"\n[egress]\nallow = ["169.254.169.254"]\n',
+        "egress.allow",
+        "link-local",
+    ),
+    (
+        "egress to a private literal",
+        'name = "x"\n[research]\nquestion = "q"\n[egress]\nallow = ["corpus:8080", "10.1.2.3"]\n',
+        "egress.allow",
+        "a private address",
+    ),
+    (
         "negative turn limit",
         GOOD + "limits = { max_turns = -1 }\n",
         "members[0].limits.max_turns",
@@ -207,6 +231,34 @@ def test_bad_input_through_the_real_entry_point_prints_no_traceback(tmp_path):
     )
     assert proc.returncode == 2
     assert "--allow-domain" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["localhost", "sub.localhost:80", "127.0.0.1", "169.254.169.254:80", "10.0.0.5", "0.0.0.0"],
+)
+def test_allowlist_entries_refused_when_read_are_the_ones_the_proxy_refuses(entry):
+    """The job check and the proxy apply one rule: what one refuses, the other does too."""
+    from sandbox.egress_proxy import Denied, Policy, entry_refusal
+
+    assert entry_refusal(entry)
+    host, _, port = entry.partition(":")
+    with pytest.raises(Denied, match="resolve"):  # to a refused address, or not at all
+        Policy([entry], local_net=None, deny_ips=[]).resolve(host, int(port or 80))
+
+
+def test_an_allowlist_the_proxy_always_refuses_is_bad_input_through_the_real_cli(tmp_path):
+    out = tmp_path / "runs"
+    for allow in ("169.254.169.254", "corpus:65536"):
+        proc = subprocess.run(
+            [FLEET, "research", "q", "--allow-domain", allow, "--output-dir", str(out)],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr and "--allow-domain" in proc.stderr
+        assert f"'{allow}' can never be reached" in proc.stderr
+    assert not out.exists()
 
 
 def test_a_model_that_cannot_be_used_is_bad_input_before_any_run(tmp_path):
