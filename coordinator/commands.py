@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from sandbox.errors import SandboxError
 from subagents.browser.corpus import CORPUS_ALLOW
 from subagents.model.base import ModelError
 
+from . import host_git
 from .cli import UsageError
 from .driver import EXIT_FAILED, RunOptions, RunSummary, execute
 from .jobfile import JobError, load_job, parse_job
@@ -218,17 +218,15 @@ def cmd_code(args: argparse.Namespace) -> int:
 
 
 def _apply(repo: Path, patch: Path) -> int:
-    check = subprocess.run(
-        ["git", "apply", "--check", str(patch.resolve())], cwd=repo, capture_output=True, text=True
-    )
-    if check.returncode != 0:
-        print(
-            f"fleet: the patch does not apply to {repo} (changed since the run?):\n"
-            f"{check.stderr.strip()}",
-            file=sys.stderr,
-        )
-        return 1
-    subprocess.run(["git", "apply", str(patch.resolve())], cwd=repo, check=True)
+    for check in (True, False):
+        done = host_git.apply(repo, patch, check=check)
+        if done.returncode != 0:
+            print(
+                f"fleet: the patch does not apply to {repo} (changed since the run?):\n"
+                f"{done.stderr.decode('utf-8', 'replace').strip()}",
+                file=sys.stderr,
+            )
+            return 1
     print(f"applied to {repo}")
     return 0
 

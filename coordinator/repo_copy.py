@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
+
+from . import host_git
 
 SKIP_DIRS = frozenset(
     {
@@ -51,9 +52,7 @@ class RepoTooLarge(ValueError):
 
 def _ls_files(repo: Path, *which: str) -> list[str] | None:
     try:
-        proc = subprocess.run(
-            ["git", "-C", str(repo), "ls-files", "-z", *which], capture_output=True, check=False
-        )
+        proc = host_git.git(repo, "ls-files", "-z", *which)
     except OSError:
         return None  # no git on the host
     if proc.returncode != 0:

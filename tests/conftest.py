@@ -16,6 +16,9 @@ Stable interface, used by every test module:
     concurrent ``fleet sandbox gc`` leaves its boxes alone). Label every container and
     network the test creates with ``fleet.run=<run_id>``; at teardown every container
     and network with that label is removed, whatever the test did.
+``cleanup`` (function)
+    A list to append output directories to; at teardown the boxes of every run under
+    them are removed, whatever happened (for tests that start whole runs).
 
 ``missing_dependency(reason)`` is the one rule for absent dependencies: skip locally,
 fail under ``CI=true``. Call it from your own fixtures (``from conftest import
@@ -27,6 +30,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import pytest
@@ -89,6 +93,18 @@ def run_id(docker_client: docker.DockerClient) -> Iterator[str]:
     finally:
         remove_run(docker_client, rid)
         mark_done(rid)
+
+
+@pytest.fixture
+def cleanup(docker_client: docker.DockerClient) -> Iterator[list[Path]]:
+    """Run directories whose boxes are removed at teardown, whatever happened."""
+    from coordinator.runs import RunDir
+
+    roots: list[Path] = []
+    yield roots
+    for root in roots:
+        for run in RunDir.list(root):
+            remove_run(docker_client, run.id)
 
 
 def remove_run(client: docker.DockerClient, rid: str) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import remove_run
 from fleet_policies import coding_policy
 
 from coordinator.cli import main
@@ -42,16 +41,6 @@ def fake_api(monkeypatch):
     yield start
     for api in started:
         api.stop()
-
-
-@pytest.fixture
-def cleanup(docker_client):
-    """Run directories whose boxes are removed at teardown, whatever happened."""
-    roots: list[Path] = []
-    yield roots
-    for root in roots:
-        for run in RunDir.list(root):
-            remove_run(docker_client, run.id)
 
 
 def _boxes(docker_client: Any, run_id: str) -> list[dict[str, Any]]:

@@ -1,0 +1,112 @@
+"""Repositories given to ``fleet code`` as users have them: hostile, oddly named, linked
+out, with attributes. Each goes through the real ``fleet`` process, a real coding box
+and the offline coding model, and ``--apply`` back onto the repository.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coordinator.runs import RunDir
+
+pytestmark = pytest.mark.docker
+FLEET = str(Path(sys.executable).with_name("fleet"))
+EDIT = "replace `world` with `fleet` in `greet.txt`"
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+    )
+
+
+def _commit_all(repo: Path) -> None:
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "init")
+
+
+def fleet_code(repo: Path, task: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The real ``fleet code`` process with the offline model."""
+    args = ["code", str(repo), task, "--model", "offline", "--output-dir", str(out)]
+    return subprocess.run(
+        [FLEET, *args, "--plain", *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _hostile_config(repo: Path, marks: Path) -> None:
+    """Every command git could be made to run from the repository's own files."""
+
+    def mark(name: str) -> str:
+        return f"touch {marks / name}; cat"
+
+    hooks = repo / "hooks"
+    hooks.mkdir()
+    for hook in (
+        "pre-commit",
+        "post-checkout",
+        "post-applypatch",
+        "pre-auto-gc",
+        "post-index-change",
+    ):
+        (hooks / hook).write_text(f"#!/bin/sh\ntouch {marks / hook}\n")
+        (hooks / hook).chmod(0o755)
+    (repo / ".gitattributes").write_text(
+        "*.txt filter=evil diff=evil merge=evil\n*.py filter=in=cluded\n"
+    )
+    (repo / "included.cfg").write_text(
+        f'[filter "in=cluded"]\n\tclean = {mark("included-clean")}\n'
+        f"\tsmudge = {mark('included-smudge')}\n\trequired = true\n"
+    )
+    settings = {
+        "core.fsmonitor": f"touch {marks / 'fsmonitor'}; false",
+        "core.hooksPath": str(hooks),
+        "core.sshCommand": mark("ssh"),
+        "core.pager": mark("pager"),
+        "core.editor": mark("editor"),
+        "diff.external": mark("diff-external"),
+        "filter.evil.clean": mark("clean"),
+        "filter.evil.smudge": mark("smudge"),
+        "filter.evil.process": mark("process"),
+        "filter.evil.required": "true",
+        "diff.evil.textconv": mark("textconv"),
+        "diff.evil.command": mark("diff-command"),
+        "merge.evil.driver": mark("merge"),
+        "include.path": str(repo / "included.cfg"),
+    }
+    for key, value in settings.items():
+        _git(repo, "config", key, value)
+
+
+def test_a_hostile_repository_runs_no_command_on_the_host_through_fleet_code_apply(
+    tmp_path, images, cleanup
+):
+    repo, marks, out = tmp_path / "proj", tmp_path / "marks", tmp_path / "runs"
+    repo.mkdir()
+    marks.mkdir()
+    cleanup.append(out)
+    (repo / "greet.txt").write_text("hello world\n")
+    (repo / "app.py").write_text("print(1)\n")
+    _commit_all(repo)
+    _hostile_config(repo, marks)
+    # The same config runs its commands under a plain git (the test's own premise).
+    probe = subprocess.run(["git", "-C", str(repo), "ls-files"], capture_output=True)
+    assert probe.returncode == 0 and (marks / "fsmonitor").exists()
+    (marks / "fsmonitor").unlink()
+
+    done = fleet_code(repo, EDIT, out, "--apply")
+    assert sorted(p.name for p in marks.iterdir()) == []
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"applied to {repo}" in done.stdout
+    assert (repo / "greet.txt").read_text() == "hello fleet\n"
+    (run,) = RunDir.list(out)
+    assert run.result("coder")["result"]["files_changed"] == ["greet.txt"]
