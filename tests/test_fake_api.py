@@ -241,7 +241,7 @@ async def test_a_tool_result_two_user_turns_late_is_still_unmatched() -> None:
 
 
 async def test_models_list_and_get_answer_like_the_real_api() -> None:
-    from subagents.profiles import KNOWN_PROFILES
+    from subagents.model.profiles import KNOWN_PROFILES
 
     with FakeMessagesAPI([], api_key="k") as api:
         c = client(api, key="k")

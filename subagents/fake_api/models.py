@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from subagents.profiles import KNOWN_PROFILES
+from subagents.model.profiles import KNOWN_PROFILES
 
 EPOCH = "1970-01-01T00:00:00Z"
 DEFAULT_LIMIT = 20
@@ -109,7 +109,8 @@ def _limit(query: dict[str, list[str]]) -> int:
 
 
 def _cursor(query: dict[str, list[str]], name: str, ids: list[str]) -> int | None:
-    value = (query.get(name) or [None])[-1]
+    values = query.get(name)
+    value = values[-1] if values else None
     if value is None:
         return None
     if value not in ids:
