@@ -30,11 +30,14 @@ test-deps:
 	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
 	  else echo "fleet: the tests need Chromium; run 'sudo apt-get install chromium'" >&2; exit 2; fi; }
 
-test: setup test-deps
+# Lint, format and types gate the tests: what a reviewer would check, CI checks first.
+test: setup test-deps lint
 	$(BIN)/python -m pytest -x -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: setup
 	$(BIN)/python bench/sandbox.py && $(BIN)/python bench/harness.py && $(BIN)/python bench/fanout.py

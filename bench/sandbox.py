@@ -104,9 +104,9 @@ async def bench_exec(backend: DockerBackend, run: str, rounds: int) -> None:
 async def bench_concurrent(backend: DockerBackend, run: str, rounds: int, n: int = 16) -> None:
     samples = []
     for r in range(rounds):
-        boxes = []
+        boxes: list = []
 
-        async def one(i: int, r: int = r) -> None:
+        async def one(i: int, r: int = r, boxes: list = boxes) -> None:
             box = await backend.create(SandboxSpec(), run=run, member=f"c{r}-{i}")
             await box.exec(["true"])
             boxes.append(box)

@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 
@@ -81,7 +81,7 @@ def _go(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> Run
         _interrupted(run)
 
 
-def _interrupted(run: RunDir) -> None:
+def _interrupted(run: RunDir) -> NoReturn:
     """Ctrl-C before the run's signal watcher was up: the run is still interrupted and
     resumable, not left looking dead."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short

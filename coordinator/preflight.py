@@ -96,7 +96,7 @@ def needed_images(job: Job) -> list[str]:
     browsers = job.research is not None or any(m.kind == "browser" for m in job.members)
     if job.research is not None:
         kinds.append("browser")
-    names = set(kinds)
+    names: set[str] = set(kinds)
     if browsers:
         names.add("coding")  # the run network's egress proxy runs on the default image
         if any(h.split(":")[0] == CORPUS_MEMBER for h in job.egress.allow):

@@ -234,7 +234,7 @@ class Egress(_Strict):
         try:
             return list(NetworkPolicy(egress="allowlist", allow=tuple(v)).allow)
         except SandboxSpecError as exc:  # one (field, message) pair per problem
-            raise ValueError(exc.problems[0][1]) from None
+            raise ValueError(exc.problems[0][1] if exc.problems else str(exc)) from None
 
     @field_validator("search_url")
     @classmethod

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import BinaryIO
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs startup time
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def b64decode(text: str) -> bytes:
     return binascii.a2b_base64(text)
 
 
-def _read_exact(stream: io.BufferedIOBase, n: int) -> bytes | None:
+def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
     buf = b""
     while len(buf) < n:
         chunk = stream.read(n - len(buf))
@@ -74,7 +75,7 @@ def _read_exact(stream: io.BufferedIOBase, n: int) -> bytes | None:
     return buf
 
 
-def read_frame(stream: io.BufferedIOBase) -> dict | None:
+def read_frame(stream: BinaryIO) -> dict | None:
     head = _read_exact(stream, 4)
     if head is None:
         return None
@@ -85,7 +86,7 @@ def read_frame(stream: io.BufferedIOBase) -> dict | None:
     return None if body is None else json.loads(body)
 
 
-def write_frame(stream: io.BufferedIOBase, msg: dict) -> None:
+def write_frame(stream: BinaryIO, msg: dict) -> None:
     body = json.dumps(msg, separators=(",", ":")).encode()
     with _out_lock:
         stream.write(_LEN.pack(len(body)) + body)
@@ -163,6 +164,7 @@ def oom_kills() -> int | None:
 
 
 def _feed_stdin(proc: subprocess.Popen, data: bytes) -> None:
+    assert proc.stdin is not None  # started with stdin=PIPE
     try:
         if data:
             proc.stdin.write(data)
@@ -204,7 +206,7 @@ def _pump(proc: subprocess.Popen, caps: dict, deadline: float | None) -> bool:
             wait = min(wait, max(deadline - now, 0.0))
         for key, _ in sel.select(wait):
             try:
-                chunk = os.read(key.fileobj.fileno(), 65536)
+                chunk = os.read(key.fd, 65536)
             except BlockingIOError:
                 continue
             if chunk:
@@ -266,7 +268,8 @@ def op_exec(req: dict) -> dict:
         with _running_lock:
             _running.pop(req["id"], None)
         for stream in (proc.stdout, proc.stderr):
-            stream.close()
+            if stream is not None:
+                stream.close()
     if code < 0:
         code = 128 - code
     if timed_out:
@@ -485,7 +488,7 @@ def handle(req: dict) -> dict:
         return {"id": rid, "ok": False, "error": "failed", "message": f"{type(e).__name__}: {e}"}
 
 
-def serve(inp: io.BufferedIOBase, out: io.BufferedIOBase) -> None:
+def serve(inp: BinaryIO, out: BinaryIO) -> None:
     write_frame(out, {"id": 0, "ok": True, "ready": True, "pid": os.getpid()})
     while True:
         req = read_frame(inp)

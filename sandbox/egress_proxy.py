@@ -141,7 +141,7 @@ class Policy:
             why = self.address_allowed(ip)
             if why:
                 raise Denied(f"{host} resolves to {ip}, {why}")
-        return infos[0][4][0], port
+        return str(infos[0][4][0]), port
 
 
 def log(**fields: object) -> None:

@@ -37,7 +37,23 @@ class SandboxError(Exception):
 
 
 class SandboxSpecError(SandboxError, ValueError):
-    """The sandbox spec (or a request built from it) is invalid."""
+    """The sandbox spec (or a request built from it) is invalid.
+
+    ``problems`` holds ``(field, message)`` pairs and ``got`` the rejected values by
+    field, for callers that render their own message (the job-file reader); both are
+    empty when the error was raised with a message only.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        problems: list[tuple[str, str]] | None = None,
+        got: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.problems: list[tuple[str, str]] = problems or []
+        self.got: dict[str, str] = got or {}
 
 
 class SandboxUnavailable(SandboxError):

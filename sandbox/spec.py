@@ -50,7 +50,7 @@ def spec_error(model: type[BaseModel], exc: ValidationError) -> SandboxSpecError
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or model.__name__
         inner = (err.get("ctx") or {}).get("error")
-        if isinstance(inner, SandboxSpecError) and hasattr(inner, "got"):
+        if isinstance(inner, SandboxSpecError) and inner.problems:
             problems += [(f"{where}.{w}", m) for w, m in inner.problems]  # a nested model's
             got.update({f"{where}.{w}": g for w, g in inner.got.items()})
         elif err["type"] == "extra_forbidden":
@@ -62,11 +62,11 @@ def spec_error(model: type[BaseModel], exc: ValidationError) -> SandboxSpecError
     text = "; ".join(f"{w}: {m}" + (f" (got {got[w]})" if w in got else "") for w, m in problems)
     known = ", ".join(model.model_fields)
     example = getattr(model, "_EXAMPLE", "")
-    error = SandboxSpecError(
-        f"invalid {model.__name__}: {text}. Its fields: {known}; e.g. {example}."
+    return SandboxSpecError(
+        f"invalid {model.__name__}: {text}. Its fields: {known}; e.g. {example}.",
+        problems=problems,
+        got=got,
     )
-    error.problems, error.got = problems, got  # type: ignore[attr-defined]
-    return error
 
 
 class _Strict(BaseModel):
