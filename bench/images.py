@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sandbox import images as images_mod
 from sandbox.engine import connect
+from sandbox.image_build import ensure_images
 
 
 def _quantiles(samples: list[float]) -> str:
@@ -35,12 +36,12 @@ def _quantiles(samples: list[float]) -> str:
 
 def noop_figures(n: int) -> None:
     client = connect()
-    images_mod.ensure_images(client=client)  # make sure the no-op case is what we time
+    ensure_images(client=client)  # make sure the no-op case is what we time
     ensure: list[float] = []
     ref: list[float] = []
     for _ in range(n):
         t = time.perf_counter()
-        images_mod.ensure_images(client=client)
+        ensure_images(client=client)
         ensure.append(time.perf_counter() - t)
         t = time.perf_counter()
         images_mod.image_ref("coding", client=client)
@@ -70,7 +71,7 @@ def cold_build() -> None:
                 print(f"  {time.perf_counter() - t0:6.1f} s  {line}", flush=True)
 
         try:
-            images_mod.ensure_images(client=client, say=say)
+            ensure_images(client=client, say=say)
             print(f"all {len(refs)} images from nothing: {time.perf_counter() - t0:.1f} s")
         finally:
             for ref in reversed(refs.values()):

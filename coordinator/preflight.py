@@ -115,7 +115,8 @@ def check_images(job: Job, *, out: TextIO | None = None) -> dict[str, str]:
     """Build the job's missing or out-of-date images, or :class:`UsageError` when they
     cannot be built here; name -> reference. Blocking (a CLI step, before the run)."""
     from sandbox.engine import connect
-    from sandbox.images import ImageBuildFailed, current_refs, ensure_images, image_exists
+    from sandbox.image_build import ensure_images
+    from sandbox.images import ImageBuildFailed, current_refs, image_exists
 
     names = needed_images(job)
     if not names:

@@ -82,7 +82,7 @@ def fail(exc: BaseException, code: int) -> int:
 
 def cmd_setup(args: argparse.Namespace) -> int:
     from .engine import ensure_engine
-    from .images import ensure_images
+    from .image_build import ensure_images
 
     started = time.monotonic()
     try:
@@ -101,7 +101,8 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 def cmd_images_build(args: argparse.Namespace) -> int:
     from .engine import connect
-    from .images import build_order, ensure_images, save_extra_ca
+    from .image_build import ensure_images
+    from .images import build_order, save_extra_ca
 
     try:
         build_order(args.names or None)  # unknown names are bad input: exit 2

@@ -1,5 +1,10 @@
 """How Fleet's images are built: the offline root file system and Dockerfile builds.
 
+:func:`ensure_images` is the entry point: it builds whichever of the images declared
+in :mod:`sandbox.images` (and their parents) are missing or out of date with their
+inputs. That module says what the images are and which tags their inputs give; this
+one makes them exist, so the import runs one way, from here to there.
+
 The root image comes from ``debootstrap --variant=minbase`` into a temporary
 directory (Debian's mirror over plain HTTP; no registry), trimmed (no apt lists,
 docs, man pages or locales; a dpkg config keeps later installs trimmed too), packed
@@ -27,29 +32,67 @@ import subprocess
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import docker
 import docker.errors
 
-from .engine import ensure_build_tools, is_root
+from .engine import Say, connect, ensure_build_tools, is_root
 from .errors import SandboxUnavailable
 from .images import (
     LABEL_IMAGE,
     LABEL_INPUTS,
     ImageBuildFailed,
     ImageDef,
-    Say,
+    build_order,
     cache_dir,
     context_files,
     current_refs,
     image_exists,
+    saved_extra_ca,
     split_pem,
 )
 
 MAX_PARALLEL_BUILDS = 3
 LOG_TAIL_LINES = 15
+
+
+def ensure_images(
+    names: Iterable[str] | None = None,
+    *,
+    client: docker.DockerClient | None = None,
+    force: bool = False,
+    extra_ca: bytes | None = None,
+    say: Say | None = None,
+) -> dict[str, str]:
+    """Build whatever of ``names`` (default: all) and their parents is missing or stale.
+
+    ``force`` rebuilds the named images (not their parents) from scratch: a fresh
+    debootstrap for the root, no layer cache for the others - how Debian's updates get
+    in, since a tag depends on the inputs, not the date. Returns name -> reference for
+    the requested images and their parents. Blocking; a no-op (hashing plus one
+    inspect per image) when everything is up to date. Concurrent callers on one
+    machine serialize on a lock file, so two test sessions never build the same image
+    twice.
+    """
+    owned = client is None
+    if client is None:
+        client = connect()
+    order = build_order(names)
+    forced = frozenset(d.name for d in order) if names is None else frozenset(names)
+    try:
+        return build_images(
+            order,
+            client=client,
+            forced=forced if force else frozenset(),
+            extra_ca=saved_extra_ca() if extra_ca is None else extra_ca,
+            say=say or (lambda _line: None),
+        )
+    finally:
+        if owned:
+            client.close()
 
 
 def build_images(

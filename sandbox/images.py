@@ -26,8 +26,10 @@ bundle in :func:`config_dir` (``--no-extra-ca`` forgets it); from then on it is 
 build input like any other, installed into the trust store of ``fleet-base`` (so of
 every image) and named by ``PIP_CERT``, ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``.
 
-:func:`ensure_images` and :func:`image_ref` are synchronous (they block on the
-Docker API); async callers run them through ``anyio.to_thread.run_sync``.
+:func:`image_ref` is synchronous (it blocks on the Docker API); async callers run it
+through ``anyio.to_thread.run_sync``. Building what is missing is
+:func:`sandbox.image_build.ensure_images`: this module only says what the images are
+and which tags their inputs give, so it imports nothing of the builder.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -50,8 +52,6 @@ BUILDER_VERSION = "1"
 """Bump when the build procedure itself changes what an image contains."""
 LABEL_IMAGE = "fleet.image"
 LABEL_INPUTS = "fleet.inputs"
-
-Say = Callable[[str], None]
 
 
 class ImageBuildFailed(SandboxUnavailable):
@@ -303,45 +303,6 @@ def status(client: docker.DockerClient) -> list[ImageStatus]:
             )
         )
     return out
-
-
-def ensure_images(
-    names: Iterable[str] | None = None,
-    *,
-    client: docker.DockerClient | None = None,
-    force: bool = False,
-    extra_ca: bytes | None = None,
-    say: Say | None = None,
-) -> dict[str, str]:
-    """Build whatever of ``names`` (default: all) and their parents is missing or stale.
-
-    ``force`` rebuilds the named images (not their parents) from scratch: a fresh
-    debootstrap for the root, no layer cache for the others - how Debian's updates get
-    in, since a tag depends on the inputs, not the date. Returns name -> reference for the requested images and their parents. Blocking;
-    a no-op (hashing plus one inspect per image) when everything is up to date.
-    Concurrent callers on one machine serialize on a lock file, so two test sessions
-    never build the same image twice.
-    """
-    from .image_build import build_images
-
-    owned = client is None
-    if client is None:
-        from .engine import connect
-
-        client = connect()
-    order = build_order(names)
-    forced = frozenset(d.name for d in order) if names is None else frozenset(names)
-    try:
-        return build_images(
-            order,
-            client=client,
-            forced=forced if force else frozenset(),
-            extra_ca=saved_extra_ca() if extra_ca is None else extra_ca,
-            say=say or (lambda _line: None),
-        )
-    finally:
-        if owned:
-            client.close()
 
 
 def prune_superseded(

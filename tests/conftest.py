@@ -8,7 +8,7 @@ Stable interface, used by every test module:
 ``images`` (session)
     ``dict[str, str]``: image name (``"base"``, ``"coding"``, ``"browser"``, ...) to
     its current reference (``"fleet-coding:1a2b3c4d5e6f"``). Builds whatever is missing
-    or out of date through ``sandbox.images.ensure_images`` (a no-op, well under a
+    or out of date through ``sandbox.image_build.ensure_images`` (a no-op, well under a
     second, when everything is up to date). A build that fails fails the test; a
     build that cannot run here (no root for debootstrap) skips it, or fails under CI.
 ``run_id`` (function)
@@ -71,7 +71,8 @@ def docker_client() -> Iterator[docker.DockerClient]:
 def images(docker_client: docker.DockerClient) -> dict[str, str]:
     """Every Fleet image, built when missing or out of date: name -> reference."""
     from sandbox.errors import SandboxUnavailable
-    from sandbox.images import ImageBuildFailed, ensure_images
+    from sandbox.image_build import ensure_images
+    from sandbox.images import ImageBuildFailed
 
     try:
         return ensure_images(None, client=docker_client)

@@ -21,10 +21,10 @@ from conftest import missing_dependency
 from coordinator.cli import main as fleet_main
 from sandbox import images as images_mod
 from sandbox.errors import SandboxUnavailable
+from sandbox.image_build import ensure_images
 from sandbox.images import (
     ImageDef,
     current_refs,
-    ensure_images,
     image_ref,
     input_hash,
     save_extra_ca,
