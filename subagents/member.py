@@ -222,6 +222,7 @@ def make_context(
         task=spec.task,
         memory_dir=spec.memory_dir,
         todos_enabled=spec.todos_enabled(),
+        box_tools=kind.file_tools,
     )
 
 

@@ -17,6 +17,7 @@ import pytest
 from conftest import remove_run
 
 from coordinator.runs import RunDir
+from subagents.fake_api import FakeMessagesAPI, tool_use
 from subagents.trace import read_trace
 
 pytestmark = pytest.mark.docker
@@ -109,3 +110,75 @@ def test_the_docs_one_coder_example_passes_its_own_test(tmp_path, images, runs_d
     (run,) = RunDir.list(runs_dir)
     (outcome,) = run.results().values()
     assert outcome["status"] == "ok" and outcome["result"]["verified"]["passed"] is True
+
+
+def _tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        b
+        for m in body.get("messages") or []
+        if m.get("role") == "user" and isinstance(m.get("content"), list)
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    ]
+
+
+def _text(block: dict[str, Any]) -> str:
+    content = block.get("content", "")
+    if isinstance(content, str):
+        return content
+    return "\n".join(c.get("text", "") for c in content if c.get("type") == "text")
+
+
+def reads_back_what_its_pointer_says(body: dict[str, Any]) -> Any:
+    """A browser member that searches, gets its result offloaded, then reads it back
+    with whatever tool the pointer names - as a model told only the pointer would."""
+    results = _tool_results(body)
+    if not results:
+        return tool_use("search", {"query": "asyncio shield cancellation"})
+    if len(results) == 1:
+        pointer = _text(results[0])
+        path = re.search(r"Full content: (\S+)", pointer)
+        tool = re.search(r"Read it in pieces \((\w+) with", pointer)
+        assert path and tool, pointer
+        return tool_use(tool.group(1), {"path": path.group(1), "pattern": "shield"})
+    return tool_use(
+        "submit_result",
+        {"summary": "read back", "claims": [], "open_questions": [], "confidence": "low"},
+    )
+
+
+@pytest.mark.chromium
+def test_a_browser_member_reads_back_its_offloaded_result_with_the_tool_its_pointer_names(
+    tmp_path, images, runs_dir
+):
+    api = FakeMessagesAPI(reads_back_what_its_pointer_says).start()
+    try:
+        job = tmp_path / "job.toml"
+        job.write_text(
+            'name = "offload-reader"\n[model]\nname = "claude-sonnet-5"\n'
+            '[[members]]\nid = "reader"\nkind = "browser"\n'
+            'task = "What does asyncio.shield protect?"\n'
+            "context = { offload_result_tokens = 300 }\n"
+        )
+        done = fleet(
+            "run",
+            str(job),
+            "--output-dir",
+            str(runs_dir),
+            "--plain",
+            ANTHROPIC_API_KEY="k",
+            ANTHROPIC_BASE_URL=api.url,
+        )
+    finally:
+        api.stop()
+    assert done.returncode == 0, done.stderr
+    # The member's last request (the analyst's comes after it).
+    last = next(b for b in reversed(api.requests) if len(_tool_results(b)) == 2)
+    pointer, read_back = (_text(b) for b in _tool_results(last))
+    assert "read_saved" in pointer and "read_file" not in pointer
+    tools = {t["name"] for t in last["tools"]}
+    assert "read_saved" in tools and "read_file" not in tools
+    assert not _tool_results(last)[1].get("is_error"), read_back
+    assert "containing 'shield'" in read_back and "shield" in read_back.lower()
+    (run,) = RunDir.list(runs_dir)
+    assert run.result("reader")["status"] == "ok"

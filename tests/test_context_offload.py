@@ -16,6 +16,7 @@ from subagents.context import ContextConfig, ContextManager
 from subagents.context.budget import Budget, working_set_budget
 from subagents.context.compaction import unmatched_tool_calls
 from subagents.context.tokens import TokenCounter, estimate_message
+from subagents.tools.base import ToolContext, ToolError
 from subagents.trace import TraceWriter, read_trace
 
 pytestmark = pytest.mark.anyio
@@ -29,7 +30,12 @@ def anyio_backend() -> str:
 
 
 def make_manager(
-    tmp_path: Path, config: ContextConfig | None = None, *, model: Any = None, window: int = 200_000
+    tmp_path: Path,
+    config: ContextConfig | None = None,
+    *,
+    model: Any = None,
+    window: int = 200_000,
+    box_tools: bool = True,
 ) -> tuple[ContextManager, MemoryBox, TraceWriter]:
     box = MemoryBox()
     trace = TraceWriter(tmp_path / "trace.jsonl", run="r", member="m")
@@ -43,6 +49,7 @@ def make_manager(
         task=TASK,
         memory_dir=None,
         todos_enabled=False,
+        box_tools=box_tools,
     )
     return manager, box, trace
 
@@ -130,6 +137,28 @@ async def test_offload_without_a_box_says_the_content_cannot_be_read_back(tmp_pa
     assert path is not None and path.startswith(str(tmp_path))
     assert "cannot read it back" in text
     assert Path(path).read_text() == "q" * 100_000  # noqa: ASYNC240
+
+
+async def test_a_member_without_file_tools_reads_back_only_its_own_saved_files(
+    tmp_path: Path,
+) -> None:
+    manager, box, _ = make_manager(tmp_path, box_tools=False)
+    (tool,) = manager.tools()
+    assert tool.name == "read_saved"
+    lines = [f"line {n}: " + ("needle" if n % 100 == 0 else "z" * 60) for n in range(1, 1_400)]
+    text, path = await manager.admit_tool_result("c1", "navigate", "\n".join(lines))
+    assert path == "offloads/0001-navigate-c1.txt" and "read_saved" in text
+    assert "read_file" not in text and not box.files  # no box copy it could not read
+    ctx = ToolContext(sandbox=box, run_dir=tmp_path / "member", trace=None, member="m")  # type: ignore[arg-type]
+    page = await tool.run(tool.Input(path=path, offset=100, limit=2), ctx)
+    assert page.splitlines()[1:] == ["   100\tline 100: needle", "   101\tline 101: " + "z" * 60]
+    found = await tool.run(tool.Input(path=path, pattern="NEEDLE", limit=3), ctx)
+    assert "13 line(s) containing 'NEEDLE'" in found and len(found.splitlines()) == 4
+    (tmp_path / "member" / "result.json").write_text("{}")
+    (tmp_path / "secret").write_text("no")
+    for other in ("result.json", "offloads/../result.json", "../secret", "/etc/passwd", "pages/x"):
+        with pytest.raises(ToolError, match=r"offloads/0001-navigate-c1\.txt"):
+            await tool.run(tool.Input(path=other), ctx)
 
 
 async def test_over_budget_offload_comes_before_compaction(tmp_path: Path) -> None:

@@ -204,6 +204,7 @@ def build_context(
     summary: str,
     transcript_path: str,
     number: int,
+    how_to_read: str = "Search it (grep) or read it in pieces.",
     todos: str,
     files: list[Reread],
 ) -> list[dict[str, Any]]:
@@ -219,8 +220,8 @@ def build_context(
                 "Your context was compacted to stay within its working budget. Summary of "
                 f"the work so far:\n\n{summary}\n\n"
                 f"The full transcript before this point is saved at {transcript_path} (JSONL, "
-                "one message per line). Search it (grep) or read it in pieces to recover any "
-                f"detail this summary left out.\n</{SUMMARY_TAG}>"
+                f"one message per line), to recover any detail this summary left out. "
+                f"{how_to_read}\n</{SUMMARY_TAG}>"
             ),
         }
     )

@@ -27,7 +27,8 @@ from .budget import Budget
 from .clip import clip_old_writes
 from .config import ContextConfig
 from .memory import MemoryStore, MemoryTool, cap_text, wrap_memory
-from .offload import OFFLOAD_MARK, Offloader, old_results, result_text, save_artifact, tool_names
+from .offload import OFFLOAD_MARK, Offloader, old_results, result_text, tool_names
+from .saved import ReadSaved
 from .todos import TodoState, WriteTodos
 from .tokens import TokenCounter, estimate_text
 
@@ -47,7 +48,10 @@ class ContextManager:
         task: str,
         memory_dir: Path | None,
         todos_enabled: bool,
+        box_tools: bool = True,
     ) -> None:
+        """``box_tools``: the member reads box files with its own tools (coding); when
+        False it gets ``read_saved`` for what this context saves for it (browser)."""
         self.config = config
         self.model = model
         self.sandbox = sandbox
@@ -57,7 +61,7 @@ class ContextManager:
         self.limits = Budget.from_config(config, profile.context_window)
         self.budget = self.limits.tokens
         self.counter = TokenCounter()
-        self.offloader = Offloader(config, sandbox, self.run_dir)
+        self.offloader = Offloader(config, sandbox, self.run_dir, box_tools=box_tools)
         self.todos = TodoState(trace) if todos_enabled else None
         self.memory = (
             MemoryStore(
@@ -91,8 +95,11 @@ class ContextManager:
     # -- setup and teardown ---------------------------------------------------------
 
     def tools(self) -> list[Tool]:
-        """The context tools this member gets: write_todos (if enabled), memory (if any)."""
+        """The context tools this member gets: write_todos (if enabled), memory (if any),
+        and read_saved when it has no file tools of its own to read back what is saved."""
         tools: list[Tool] = []
+        if not self.offloader.box_tools:
+            tools.append(ReadSaved(self.run_dir, max_chars=self.config.offload_result_tokens * 2))
         if self.todos is not None:
             tools.append(WriteTodos(self.todos))
         if self.memory is not None:
@@ -253,14 +260,7 @@ class ContextManager:
         before = self.estimate(messages, system, tools)
         self.compactions += 1
         name = f"compaction-{self.compactions:03d}.jsonl"
-        saved = await save_artifact(
-            self.sandbox,
-            self.run_dir,
-            self.config.box_dir,
-            "transcripts",
-            name,
-            comp.transcript_jsonl(messages),
-        )
+        saved = await self.offloader.save("transcripts", name, comp.transcript_jsonl(messages))
         span = f"{self.trace.member}/t{turn}"
         with self.trace.scope(f"{span}/compaction", span, turn):  # the summary call's retries
             summary, response = await comp.summarize(self.model, messages, self.config)
@@ -279,6 +279,7 @@ class ContextManager:
             summary=summary,
             transcript_path=saved.for_model,
             number=self.compactions,
+            how_to_read=saved.how_to_read or "It is outside your sandbox: you cannot read it.",
             todos=self.todos.render() if self.todos and self.todos.items else "",
             files=files,
         )

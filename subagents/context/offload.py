@@ -8,11 +8,15 @@ results beyond the most recent few are offloaded the same way, oldest first,
 before anything is summarized: a pointer loses nothing (the content is one read
 away), a summary does.
 
-Box files live under ``box_dir`` (``/tmp/fleet`` by default), outside
-``/workspace``, so a coding member's patch and file listings never include them.
-If the box cannot take the file (it crashed, or there is none), the pointer names
-the run-directory copy and says the agent cannot read it back, and the context is
-still relieved: the window matters more than the read-back.
+Every pointer names the tool that reads the file back, which depends on the
+member's kind. A kind with its own file tools (coding: ``read_file``, ``grep``) reads
+the box copy under ``box_dir`` (``/tmp/fleet`` by default, outside ``/workspace``, so
+a coding member's patch and file listings never include it). A kind without them
+(browser) gets ``read_saved`` (:mod:`subagents.context.saved`), which reads the
+run-directory copy and nothing else - so no box copy is written for it. If the box
+cannot take the file (it crashed, or there is none), the pointer names the
+run-directory copy and says the agent cannot read it back, and the context is still
+relieved: the window matters more than the read-back.
 """
 
 from __future__ import annotations
@@ -40,35 +44,64 @@ def safe_name(text: str, limit: int = 60) -> str:
     return _UNSAFE.sub("_", text)[:limit] or "x"
 
 
+READ_SAVED = "read_saved"
+"""The tool a member without file tools reads its saved files back with."""
+
+
 @dataclass
 class Saved:
-    """Where one artifact was written."""
+    """Where one artifact was written, and how its member reads it back."""
 
     host: Path
     """The run-directory copy."""
     box: str | None
-    """The box copy, or None when the box could not take it."""
+    """The box copy, or None when the box could not take it (or was not given it)."""
+    box_tools: bool = True
+    """The member reads box files with its own tools; False: with ``read_saved``."""
 
     @property
     def for_model(self) -> str:
+        """The path the member is told (and its trace records)."""
+        if not self.box_tools:
+            return f"{self.host.parent.name}/{self.host.name}"
         return self.box if self.box is not None else str(self.host)
+
+    @property
+    def how_to_read(self) -> str:
+        """One sentence naming the member's own tools for it; empty when it cannot."""
+        if not self.box_tools:
+            return (
+                f"Read it in pieces ({READ_SAVED} with its path, offset and limit) or "
+                f"search it ({READ_SAVED} with pattern) as needed."
+            )
+        if self.box is not None:
+            return "Read it in pieces (read_file with offset/limit) or search it (grep) as needed."
+        return ""
 
 
 async def save_artifact(
-    sandbox: Sandbox | None, run_dir: Path, box_dir: str, sub: str, name: str, data: str
+    sandbox: Sandbox | None,
+    run_dir: Path,
+    box_dir: str,
+    sub: str,
+    name: str,
+    data: str,
+    *,
+    box_tools: bool = True,
 ) -> Saved:
-    """Write ``data`` to ``run_dir/sub/name`` and to ``box_dir/sub/name`` in the box."""
+    """Write ``data`` to ``run_dir/sub/name`` and, for a member that reads it with its
+    own file tools, to ``box_dir/sub/name`` in the box."""
     host = run_dir / sub / name
     await anyio.to_thread.run_sync(_write_host, host, data)
     box_path: str | None = None
-    if sandbox is not None:
+    if sandbox is not None and box_tools:
         target = f"{box_dir.rstrip('/')}/{sub}/{name}"
         try:
             await sandbox.write_file(target, data.encode("utf-8"))
             box_path = target
         except (SandboxError, OSError):
             box_path = None
-    return Saved(host=host, box=box_path)
+    return Saved(host=host, box=box_path, box_tools=box_tools)
 
 
 def _write_host(path: Path, data: str) -> None:
@@ -84,11 +117,8 @@ def pointer_text(saved: Saved, text: str, tokens: int, config: ContextConfig) ->
         if len(line) > config.preview_line_chars:
             line = line[: config.preview_line_chars] + f"... [{len(line):,} chars in this line]"
         preview.append(line)
-    if saved.box is not None:
-        how = (
-            f"Full content: {saved.box}\n"
-            "Read it in pieces (read_file with offset/limit) or search it (grep) as needed."
-        )
+    if saved.how_to_read:
+        how = f"Full content: {saved.for_model}\n{saved.how_to_read}"
     else:
         how = (
             f"Full content was saved outside your sandbox ({saved.host}); you cannot read "
@@ -103,10 +133,19 @@ def pointer_text(saved: Saved, text: str, tokens: int, config: ContextConfig) ->
 class Offloader:
     """Saves results to the box and the run directory and builds their pointers."""
 
-    def __init__(self, config: ContextConfig, sandbox: Sandbox | None, run_dir: Path) -> None:
+    def __init__(
+        self,
+        config: ContextConfig,
+        sandbox: Sandbox | None,
+        run_dir: Path,
+        *,
+        box_tools: bool = True,
+    ) -> None:
         self.config = config
         self.sandbox = sandbox
         self.run_dir = run_dir
+        self.box_tools = box_tools
+        """The member reads box files with its own tools (else with ``read_saved``)."""
         self._seq = 0
 
     def too_large(self, text: str) -> bool:
@@ -116,11 +155,21 @@ class Offloader:
         """Save ``text``; returns (pointer text, where it was saved, its tokens)."""
         self._seq += 1
         name = f"{self._seq:04d}-{safe_name(tool, 40)}-{safe_name(call_id)}.txt"
-        saved = await save_artifact(
-            self.sandbox, self.run_dir, self.config.box_dir, "offloads", name, text
-        )
+        saved = await self.save("offloads", name, text)
         tokens = estimate_text(text)
         return pointer_text(saved, text, tokens, self.config), saved, tokens
+
+    async def save(self, sub: str, name: str, data: str) -> Saved:
+        """Save one artifact where this member can read it back."""
+        return await save_artifact(
+            self.sandbox,
+            self.run_dir,
+            self.config.box_dir,
+            sub,
+            name,
+            data,
+            box_tools=self.box_tools,
+        )
 
 
 def result_text(block: dict[str, Any]) -> str | None:

@@ -56,6 +56,9 @@ class Kind:
     """Whether the ``write_todos`` tool and recitation are on by default."""
     box_kind: BoxKind = "coding"
     """The sandbox kind a member of this kind runs in."""
+    file_tools: bool = False
+    """Its tools read and search box files (``read_file``, ``grep``), so a saved tool
+    result is pointed to in the box; False: the member gets ``read_saved`` instead."""
     setup: Setup | None = None
     """Runs once before the first model call (e.g. snapshot the workspace)."""
     finalize: Finalize | None = None

@@ -171,6 +171,7 @@ CODING = register_kind(
         ),
         todos=True,
         box_kind="coding",
+        file_tools=True,
         setup=snapshot_workspace,
         finalize=collect_patch,
         judge=failed_test,
