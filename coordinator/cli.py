@@ -41,6 +41,11 @@ class UsageError(Exception):
     """Bad input from the user: printed as one paragraph, exit code 2."""
 
 
+class CommandFailed(Exception):
+    """The command started and failed for a reason it has already explained in the
+    message (exit 1), e.g. an image build that broke."""
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; with ``command``, only the module that defines it is loaded."""
     parser = argparse.ArgumentParser(
@@ -82,6 +87,9 @@ def _dispatch(argv: list[str]) -> int:
     except UsageError as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return 2
+    except CommandFailed as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

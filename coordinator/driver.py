@@ -58,6 +58,10 @@ class RunOptions:
     retry_failed: bool = False
     """Resume: also run members that ended failed (not only unfinished ones)."""
     handle_signals: bool = True
+    on_event: list[Callable[[Any], None]] = field(default_factory=list)
+    """Called with every trace event of every member, as it happens."""
+    on_journal: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    """Called with every journal entry (member queued, started, finished, ...)."""
 
 
 @dataclass
@@ -318,12 +322,18 @@ async def _run_members(
     progress = got.progress = _progress(run, members, pending, opts)
 
     def journal(event: str, **fields: Any) -> None:
-        progress.on_journal(run.journal.append(event, **fields))
+        entry = run.journal.append(event, **fields)
+        progress.on_journal(entry)
+        for listener in opts.on_journal:
+            listener(entry)
 
     for m in pending:
         journal("member_queued", member=m.id)
     deps = Deps(
-        backend=backend, make_model=opts.make_model, listeners=[progress.on_event], journal=journal
+        backend=backend,
+        make_model=opts.make_model,
+        listeners=[progress.on_event, *opts.on_event],
+        journal=journal,
     )
     live_otel = _live_otel(run.id, deps)
     units = _units(run, job, pending)

@@ -10,6 +10,7 @@ table does accept) - not a traceback or pydantic's internal error codes.
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -212,3 +213,47 @@ def load_job(path: str | Path) -> tuple[Job, str]:
     if problems:
         raise JobError(str(p), problems)
     return job, text
+
+
+def render_toml(data: dict[str, Any]) -> str:
+    """A job (as JSON-ready data, e.g. ``job.model_dump(mode="json")``) as TOML text that
+    :func:`parse_job` reads back to the same job: kept as a run's ``job.toml`` when the
+    job did not come from a file. ``None`` values are left out (TOML has no null)."""
+    lines: list[str] = []
+    tables: list[str] = []
+    for key, value in data.items():
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            tables += ["", f"[{_toml_key(key)}]", *_toml_pairs(value)]
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for item in value:
+                tables += ["", f"[[{_toml_key(key)}]]", *_toml_pairs(item)]
+        else:
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    return "\n".join(lines + tables).strip() + "\n"
+
+
+def _toml_pairs(table: dict[str, Any]) -> list[str]:
+    return [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items() if v is not None]
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value if v is not None) + "]"
+    if isinstance(value, dict):
+        inner = ", ".join(
+            f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None
+        )
+        return "{ " + inner + " }" if inner else "{}"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")

@@ -39,14 +39,14 @@ from sandbox.errors import SandboxUnavailable
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.model import ModelError, make_model, resolve_model
 
-from .cli import UsageError
+from .cli import CommandFailed, UsageError
 from .spec import Job
 
 
-def preflight(job: Job, flags: dict[str, str] | None = None) -> None:
+def preflight(job: Job, flags: dict[str, str] | None = None, *, out: TextIO | None = None) -> None:
     """Everything a run needs before it starts; raises :class:`UsageError` (exit 2)."""
     check_models(job, flags)
-    check_images(job)
+    check_images(job, out=out)
 
 
 # ---------------------------------------------------------------- models
@@ -138,8 +138,7 @@ def check_images(job: Job, *, out: TextIO | None = None) -> dict[str, str]:
         )
         built = ensure_images(names, client=client, say=_say(out))
     except ImageBuildFailed as exc:
-        print(f"fleet: building the job's images failed: {exc}", file=out, flush=True)
-        raise SystemExit(1) from None
+        raise CommandFailed(f"building the job's images failed: {exc}") from None
     except SandboxUnavailable as exc:
         where = ""
         if "does not exist" in str(exc):  # installed without the build inputs

@@ -1,0 +1,206 @@
+"""Fleet as a library: a job in, a finished run out.
+
+    import coordinator as fleet
+
+    job = fleet.load("examples/research.toml")      # a path, TOML text, a dict or a Job
+    result = fleet.run(job, output_dir="runs", on_journal=print)
+    result.status, result.exit_code, result.run.path, result.report_path
+    result.outcomes["research-1"].result             # each member's validated result
+
+:func:`run` takes the same steps as ``fleet run`` - validate the job, check that its
+models can be made and its images exist (building missing ones), create the run
+directory, then plan, fan out and write the report - with three differences a
+program wants: it prints nothing unless asked (``echo``), it reports progress
+through callbacks (every trace event, every journal entry), and it raises typed
+errors instead of exiting:
+
+- :class:`~coordinator.jobfile.JobError`: the job is invalid (which field, what was
+  wrong, an example of right), before anything exists;
+- :class:`RunNotStarted`: the job is valid but cannot run here (no API key for its
+  model, no Docker engine, images that cannot be built); no run directory exists;
+- :class:`RunFailed`: the run started and its Docker engine (or model) went away;
+  the run directory and every finished member's result are kept, and
+  :func:`resume` runs what did not finish.
+
+A member failing is never an exception: it is that member's outcome, and the run's
+``status`` (``succeeded`` when the quorum was met, else ``failed``) says the rest.
+:func:`run_async` is the same inside an event loop that is already running (it does
+not install signal handlers; cancel its scope to stop the run, which then ends
+``interrupted`` with its boxes removed).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+from pydantic import ValidationError
+
+from sandbox.errors import SandboxError
+from subagents.model import ModelError
+
+from .cli import CommandFailed, UsageError
+from .driver import RunOptions, RunSummary, execute
+from .jobfile import JobError, describe_validation, load_job, parse_job, render_toml
+from .runs import RunDir
+from .spec import Job
+
+JobSource = Job | Mapping[str, Any] | str | os.PathLike[str]
+EventCallback = Callable[[Any], None]
+JournalCallback = Callable[[dict[str, Any]], None]
+
+
+class RunNotStarted(Exception):
+    """The job is valid but cannot run here; nothing was created. The message says
+    what to do (e.g. set ANTHROPIC_API_KEY, run ``fleet setup``)."""
+
+
+class RunFailed(Exception):
+    """The run started and could not go on (its engine or model went away); its
+    directory and finished members' results are kept: ``resume(run.path)``."""
+
+    def __init__(self, message: str, run: RunDir) -> None:
+        super().__init__(message)
+        self.run = run
+
+
+def load(source: JobSource) -> Job:
+    """A validated :class:`Job` from a job file's path, TOML text, a dict or a Job;
+    raises :class:`JobError` naming every bad field."""
+    job, _ = _load(source)
+    return job
+
+
+def _load(source: JobSource) -> tuple[Job, str]:
+    """The job and the TOML text its run keeps as ``job.toml``."""
+    if isinstance(source, Job):
+        job = source
+    elif isinstance(source, Mapping):
+        try:
+            job = Job.model_validate(dict(source))
+        except ValidationError as exc:
+            raise JobError("<dict>", describe_validation(exc)) from None
+    elif isinstance(source, str) and "\n" in source:
+        return parse_job(source, source="<text>"), source
+    else:
+        return load_job(Path(source))
+    return job, render_toml(job.model_dump(mode="json", exclude_defaults=True))
+
+
+def run(
+    job: JobSource,
+    *,
+    output_dir: str | os.PathLike[str] | None = None,
+    on_event: EventCallback | None = None,
+    on_journal: JournalCallback | None = None,
+    echo: bool = False,
+    options: RunOptions | None = None,
+) -> RunSummary:
+    """Validate, check and run ``job`` to the end; see the module docstring."""
+    return anyio.run(
+        lambda: run_async(
+            job,
+            output_dir=output_dir,
+            on_event=on_event,
+            on_journal=on_journal,
+            echo=echo,
+            options=options,
+        )
+    )
+
+
+async def run_async(
+    job: JobSource,
+    *,
+    output_dir: str | os.PathLike[str] | None = None,
+    on_event: EventCallback | None = None,
+    on_journal: JournalCallback | None = None,
+    echo: bool = False,
+    options: RunOptions | None = None,
+) -> RunSummary:
+    """:func:`run` inside a running event loop."""
+    parsed, text = _load(job)
+    opts = _options(options, on_event, on_journal, echo)
+    await _preflight(parsed, opts)
+    root = Path(output_dir) if output_dir is not None else Path(parsed.output_dir)
+    created = RunDir.create(parsed, text, root=root)
+    return await _execute(created, parsed, opts, resume=False)
+
+
+def resume(
+    run_ref: str | os.PathLike[str],
+    *,
+    output_dir: str | os.PathLike[str] | None = None,
+    on_event: EventCallback | None = None,
+    on_journal: JournalCallback | None = None,
+    echo: bool = False,
+    retry_failed: bool = False,
+    options: RunOptions | None = None,
+) -> RunSummary:
+    """Run the members of an earlier run that have no final outcome (also the failed
+    ones with ``retry_failed``); ``run_ref`` is a run directory, id or id prefix."""
+
+    async def go() -> RunSummary:
+        root = Path(output_dir) if output_dir is not None else None
+        found = RunDir.open(str(run_ref), root=root)
+        parsed = found.job()
+        opts = _options(options, on_event, on_journal, echo)
+        opts.retry_failed = retry_failed or opts.retry_failed
+        await _preflight(parsed, opts)
+        return await _execute(found, parsed, opts, resume=True)
+
+    return anyio.run(go)
+
+
+def _options(
+    options: RunOptions | None,
+    on_event: EventCallback | None,
+    on_journal: JournalCallback | None,
+    echo: bool,
+) -> RunOptions:
+    opts = options or RunOptions(handle_signals=False)
+    opts.out = sys.stderr if echo else io.StringIO()
+    opts.tty = False
+    if on_event is not None:
+        opts.on_event.append(on_event)
+    if on_journal is not None:
+        opts.on_journal.append(on_journal)
+    return opts
+
+
+async def _preflight(job: Job, opts: RunOptions) -> None:
+    from .preflight import preflight  # its checks run their own event loop: a thread
+
+    try:
+        await anyio.to_thread.run_sync(lambda: preflight(job, out=opts.out))
+    except (UsageError, CommandFailed) as exc:
+        raise RunNotStarted(str(exc)) from None
+
+
+async def _execute(run_dir: RunDir, job: Job, opts: RunOptions, *, resume: bool) -> RunSummary:
+    try:
+        return await execute(run_dir, job, opts, resume=resume)
+    except (SandboxError, ModelError, BaseExceptionGroup) as exc:
+        leaves = _leaves(exc)
+        if not all(isinstance(e, SandboxError | ModelError) for e in leaves):
+            raise
+        reason = "; ".join(dict.fromkeys(str(e) for e in leaves))
+        run_dir.journal.append("run_finished", status="failed", error=reason)
+        run_dir.clear_live()
+        raise RunFailed(
+            f"run {run_dir.id} failed: {reason} (its directory {run_dir.path} is kept; "
+            "resume it once fixed)",
+            run_dir,
+        ) from None
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The errors inside (nested) exception groups, which task groups wrap them in."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
