@@ -11,8 +11,9 @@ of the coding image on the internal network and on the engine's default bridge, 
 per distinct allowlist in a run (usually one per run). Boxes get its address in
 ``FLEET_PROXY`` (and the usual ``http_proxy`` variables); the browser image's start
 script hands it to Chromium as ``--proxy-server``. The proxy refuses the Docker host
-(the gateways of both networks), 169.254.0.0/16, loopback and private addresses
-outside the run's subnet, and every host not on the allowlist. Why a proxy for
+(the gateways of both networks, read by :func:`sandbox.host_addresses.bridge_gateways`
+even where the engine's description omits them), 169.254.0.0/16, loopback and
+private addresses outside the run's subnet, and every host not on the allowlist. Why a proxy for
 egress: see the proxy's module docstring (filtering by name, per-run lifetime).
 
 The host. An ``--internal`` network still hands every box a default route via the
@@ -44,6 +45,7 @@ import docker.errors
 from . import firewall
 from .engine import engine_calls
 from .errors import SandboxUnavailable
+from .host_addresses import bridge_gateways
 
 PROXY_PORT = 3128
 _EGRESS_NETWORK = "bridge"
@@ -127,13 +129,11 @@ class RunNetworks:
             pass
         config = net["IPAM"]["Config"][0]
         bridge = api.inspect_network(_EGRESS_NETWORK)
-        gateways = [config.get("Gateway", "")] + [
-            c.get("Gateway", "") for c in bridge["IPAM"].get("Config") or []
-        ]
+        gateways = bridge_gateways(net) + bridge_gateways(bridge)
         env = {
             "FLEET_ALLOW": ",".join(allow),
             "FLEET_LOCAL_NET": config["Subnet"],
-            "FLEET_DENY_IPS": ",".join(g for g in gateways if g),
+            "FLEET_DENY_IPS": ",".join(dict.fromkeys(gateways)),
             "FLEET_PROXY_PORT": str(PROXY_PORT),
         }
         host_config = api.create_host_config(

@@ -8,12 +8,14 @@ refused destinations are refused by the proxy before any packet leaves it.
 from __future__ import annotations
 
 import http.server
+import subprocess
 import threading
 from collections.abc import Iterator
 
 import pytest
 
 from sandbox.docker import DockerBackend
+from sandbox.firewall import bridge_name
 from sandbox.spec import NetworkPolicy, SandboxSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.chromium, pytest.mark.anyio, pytest.mark.slow]
@@ -27,6 +29,20 @@ def anyio_backend() -> str:
 @pytest.fixture
 def backend(docker_client, images) -> DockerBackend:
     return DockerBackend(docker_client, images=images)
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of a host interface as ``ip`` reports it: the engine's network
+    description may omit the gateway (a fresh Debian docker.io 20.10 does for docker0)."""
+    out = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "dev", name], capture_output=True, text=True, check=True
+    ).stdout
+    return out.split()[3].split("/")[0]
+
+
+def docker0_address(docker_client) -> str:
+    bridge = docker_client.api.inspect_network("bridge")
+    return interface_address(bridge["Options"].get("com.docker.network.bridge.name", "docker0"))
 
 
 class _Hello(http.server.BaseHTTPRequestHandler):
@@ -71,7 +87,7 @@ async def test_browser_reaches_only_allowlisted_hosts(
     await service.write_file("page.html", "<html><body><h1>allowed corpus page</h1></body></html>")
     net = docker_client.api.inspect_network(f"fleet-run-{run_id}")
     assert net["Internal"]
-    gateway = net["IPAM"]["Config"][0]["Gateway"]
+    gateway = interface_address(bridge_name(net["Name"]))
     host_port = host_server_factory(gateway)
     # The gateway and the metadata address are even listed, past the check that refuses
     # them in a job (model_construct skips it): the proxy's own address check must hold.
@@ -158,10 +174,8 @@ async def test_box_processes_cannot_reach_the_host_or_leave_the_run_network(
         SandboxSpec(kind="browser", network=policy), run=run_id, member="b"
     )
     net_name = f"fleet-run-{run_id}"
-    net = docker_client.api.inspect_network(net_name)
-    gateway = net["IPAM"]["Config"][0]["Gateway"]
-    docker0 = docker_client.api.inspect_network("bridge")["IPAM"]["Config"][0]["Gateway"]
-    listeners = [_Listener(gateway), _Listener(docker0)]
+    gateway = interface_address(bridge_name(net_name))
+    listeners = [_Listener(gateway), _Listener(docker0_address(docker_client))]
     (proxy,) = docker_client.api.containers(
         filters={"label": [f"fleet.run={run_id}", "fleet.kind=proxy"]}
     )
@@ -185,3 +199,24 @@ async def test_box_processes_cannot_reach_the_host_or_leave_the_run_network(
             lis.sock.close()
         await browser.close()
         await service.close()
+
+
+async def test_the_proxy_refuses_the_default_bridge_address_even_when_the_engine_omits_it(
+    backend: DockerBackend, run_id: str, docker_client
+) -> None:
+    """On a fresh engine the default bridge's IPAM has no Gateway; docker0's address
+    must still be on the proxy's deny list (and be refused when a name resolves to it)."""
+    policy = NetworkPolicy(egress="allowlist", allow=("example.org",))
+    browser = await backend.create(
+        SandboxSpec(kind="browser", network=policy), run=run_id, member="b"
+    )
+    try:
+        (proxy,) = docker_client.api.containers(
+            filters={"label": [f"fleet.run={run_id}", "fleet.kind=proxy"]}
+        )
+        env = docker_client.api.inspect_container(proxy["Id"])["Config"]["Env"]
+        deny = next(e for e in env if e.startswith("FLEET_DENY_IPS=")).split("=", 1)[1]
+        assert docker0_address(docker_client) in deny.split(","), deny
+        assert interface_address(bridge_name(f"fleet-run-{run_id}")) in deny.split(","), deny
+    finally:
+        await browser.close()
