@@ -124,3 +124,41 @@ async def test_command_template_tool_quotes_arguments(tools, ctx) -> None:
 def test_command_template_must_declare_its_placeholders() -> None:
     with pytest.raises(ValueError, match="does not declare"):
         CustomToolSpec(name="t", description="d", command="pytest {path}")
+
+
+async def test_a_file_name_that_is_not_utf8_is_shown_escaped_and_usable_back(tools, ctx) -> None:
+    made = await call(
+        tools,
+        ctx,
+        "shell",
+        command="printf 'caf\\n' > $'caf\\xe9.txt' && printf 'b\\n' > 'back\\slash.txt'",
+    )
+    assert made.text.startswith("exit code 0"), made.text
+    found = await call(tools, ctx, "glob", pattern="*.txt")
+    assert sorted(found.text.splitlines()) == [
+        "/workspace/back\\\\slash.txt",
+        "/workspace/caf\\xe9.txt",
+    ]
+    # Each name goes back into the tools as it was shown.
+    read = await call(tools, ctx, "read_file", path="caf\\xe9.txt")
+    assert not read.is_error and "caf" in read.text and "/workspace/caf\\xe9.txt" in read.text
+    edit = await call(
+        tools, ctx, "edit_file", path="back\\\\slash.txt", old_string="b", new_string="c"
+    )
+    assert not edit.is_error, edit.text
+    assert await ctx.sandbox.read_file("/workspace/back\\slash.txt") == b"c\n"
+    wrote = await call(tools, ctx, "write_file", path="new\\xff.txt", content="n\n")
+    assert wrote.text.startswith("wrote /workspace/new\\xff.txt"), wrote.text
+    listed = await call(tools, ctx, "shell", command="ls -b *.txt")
+    assert "new\\377.txt" in listed.text and "caf\\351.txt" in listed.text
+    hits = await call(tools, ctx, "grep", pattern="^(caf|n)$", context=1)
+    assert sorted(hits.text.splitlines()) == [
+        "--",
+        "/workspace/caf\\xe9.txt:1:caf",
+        "/workspace/new\\xff.txt:1:n",
+    ]
+    # A name that reaches text any other way (an error message) is escaped as well.
+    gone = await call(tools, ctx, "read_file", path="/workspace/gone\\xfe")
+    assert gone.is_error and "gone\\xfe" in gone.text
+    for out in (found, read, edit, wrote, hits, gone):
+        out.text.encode("utf-8")  # what the trace and the Messages API need

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 from loop_support import anthropic_model, events, writer
 
 from sandbox.docker import DockerBackend
 from subagents.fake_api import FakeMessagesAPI, reply, tool_use
-from subagents.member import Limits, MemberSpec, run_member
+from subagents.member import Limits, MemberOutcome, MemberSpec, run_member
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
@@ -38,6 +41,19 @@ async def box(docker_client, images, run_id: str) -> AsyncIterator:
         yield sandbox
 
 
+async def scripted(
+    box: Any, run_dir: Path, spec: MemberSpec, script: list[Any]
+) -> tuple[MemberOutcome, FakeMessagesAPI]:
+    """Run ``spec`` in ``box`` with the fake API answering from ``script``."""
+    with FakeMessagesAPI(script) as api:
+        model = anthropic_model(api)
+        outcome = await run_member(
+            spec, sandbox=box, model=model, run_dir=run_dir, trace=writer(run_dir, "coder")
+        )
+        await model.aclose()
+    return outcome, api
+
+
 async def test_coding_member_fixes_a_bug_and_returns_the_patch(box, tmp_path: Path) -> None:
     script = [
         reply(tool_use("read_file", {"path": "calc.py"}), tool_use("grep", {"pattern": "def add"})),
@@ -59,12 +75,7 @@ async def test_coding_member_fixes_a_bug_and_returns_the_patch(box, tmp_path: Pa
     spec = MemberSpec(
         id="coder", kind="coding", task="Fix add() in calc.py.", inputs={"test": CHECK}
     )
-    with FakeMessagesAPI(script) as api:
-        model = anthropic_model(api)
-        outcome = await run_member(
-            spec, sandbox=box, model=model, run_dir=tmp_path, trace=writer(tmp_path, "coder")
-        )
-        await model.aclose()
+    outcome, api = await scripted(box, tmp_path, spec, script)
     assert outcome.status == "ok", outcome.reason
     result = outcome.result
     assert result["files_changed"] == ["calc.py"]  # no __pycache__, no .git
@@ -119,12 +130,7 @@ async def test_turn_limit_partial_result_carries_the_patch_of_the_work_done(
     spec = MemberSpec(
         id="coder", kind="coding", task="Fix add() in calc.py.", limits=Limits(max_turns=1)
     )
-    with FakeMessagesAPI(script) as api:
-        model = anthropic_model(api)
-        outcome = await run_member(
-            spec, sandbox=box, model=model, run_dir=tmp_path, trace=writer(tmp_path, "coder")
-        )
-        await model.aclose()
+    outcome, api = await scripted(box, tmp_path, spec, script)
     assert outcome.status == "incomplete" and outcome.limit == "turns"
     assert api.requests[1]["tool_choice"] == {"type": "tool", "name": "submit_result"}
     partial = outcome.partial_result
@@ -132,3 +138,28 @@ async def test_turn_limit_partial_result_carries_the_patch_of_the_work_done(
     assert partial["summary"] == "add() fixed; tests not run yet."
     assert partial["files_changed"] == ["calc.py"]
     assert "+    return a + b" in partial["patch"]
+
+
+async def test_a_file_name_that_is_not_utf8_goes_through_tools_and_into_the_patch(
+    box, tmp_path: Path
+) -> None:
+    made = await box.exec("printf 'old\\n' > $'caf\\xe9.txt'")
+    assert made.ok, made.stderr
+    script = [
+        tool_use("glob", {"pattern": "*.txt"}),
+        tool_use("edit_file", {"path": "caf\\xe9.txt", "old_string": "old", "new_string": "new"}),
+        tool_use("submit_result", {"summary": "renamed nothing, changed a word."}),
+    ]
+    spec = MemberSpec(id="coder", kind="coding", task="Change the word in the odd file.")
+    outcome, api = await scripted(box, tmp_path, spec, script)
+    assert outcome.status == "ok", outcome.reason
+    # The model was shown the name in a form it used back, and the result says the same.
+    glob_result = api.requests[1]["messages"][-1]["content"][0]["content"][0]["text"]
+    assert glob_result == "/workspace/caf\\xe9.txt"
+    assert outcome.result["files_changed"] == ["caf\\xe9.txt"]
+    # The patch names the real bytes and applies to a copy of the original.
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / os.fsdecode(b"caf\xe9.txt")).write_bytes(b"old\n")
+    await anyio.run_process(["git", "apply", str(tmp_path / "patch.diff")], cwd=host)
+    assert (host / os.fsdecode(b"caf\xe9.txt")).read_bytes() == b"new\n"

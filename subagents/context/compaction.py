@@ -30,6 +30,7 @@ from sandbox.base import Sandbox
 from sandbox.errors import SandboxError
 
 from ..model.base import Model, ModelError, ModelRequest, ModelResponse
+from ..tools.names import show
 from .config import ContextConfig
 from .tokens import CHARS_PER_TOKEN, estimate_text
 
@@ -229,9 +230,9 @@ def build_context(
         blocks.append({"type": "text", "text": todos})
     for f in files:
         if f.text is None:
-            text = f"Recently modified file {f.path} ({f.note})."
+            text = f"Recently modified file {show(f.path)} ({f.note})."
         else:
-            text = f'<file path="{f.path}" recently_modified="true">\n{f.text}\n</file>'
+            text = f'<file path="{show(f.path)}" recently_modified="true">\n{f.text}\n</file>'
         blocks.append({"type": "text", "text": text})
     blocks.append({"type": "text", "text": CONTINUE_NOTE})
     return [{"role": "user", "content": blocks}]

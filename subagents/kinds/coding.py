@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..tools.base import ToolContext
 from ..tools.coding import coding_tools
+from ..tools.names import show
 from ..tools.registry import render_exec
 from . import Kind, register_kind
 
@@ -38,6 +39,7 @@ _GIT = (
     f"export GIT_DIR={BASELINE_GIT} GIT_WORK_TREE={WORKSPACE}; "
     "git -c user.name=fleet -c user.email=fleet@localhost -c core.autocrlf=false"
 )
+_NAMES = "/tmp/fleet-changed-names"
 _EXCLUDES = ".git\n__pycache__/\n*.pyc\n.pytest_cache/\n"
 
 SYSTEM_PROMPT = """\
@@ -48,7 +50,9 @@ of text), glob and grep.
 
 Work like this: look before you change (glob, grep, read_file); make the smallest \
 change that does the task; run the tests or a quick check after changing code; \
-read error output closely and fix the cause. Do not invent APIs: read the code.
+read error output closely and fix the cause. Do not invent APIs: read the code. A \
+file name that is not UTF-8 is shown with \\xNN for each such byte (and \\\\ for a \
+backslash in it): pass it to the tools as shown; in a shell command write it as $'...'.
 
 When done, call submit_result with a short summary, the test commands you ran and \
 whether they passed. The patch (a diff of /workspace) is collected for you: do not \
@@ -119,10 +123,17 @@ async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any
         )
         return result
     box = ctx.sandbox
-    names = await box.exec(
-        ["bash", "-c", f"{_GIT} add -A && {_GIT} diff --cached --name-only --no-renames"],
+    # Names as bytes (-z, through a file): one that is not UTF-8 is shown as the tools
+    # show it, not as git's octal quoting or a replacement character.
+    await box.exec(
+        [
+            "bash",
+            "-c",
+            f"{{ {_GIT} add -A && {_GIT} diff --cached --name-only -z --no-renames; }} > {_NAMES}",
+        ],
         timeout=300,
     )
+    names = (await box.read_file(_NAMES)).split(b"\0")
     diff = await box.exec(
         ["bash", "-c", f"{_GIT} diff --cached --no-color --no-renames"],
         timeout=300,
@@ -130,7 +141,7 @@ async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any
     )
     patch = diff.stdout
     (ctx.run_dir / "patch.diff").write_text(patch, encoding="utf-8")
-    result["files_changed"] = [n for n in names.stdout.splitlines() if n]
+    result["files_changed"] = [show(n.decode("utf-8", "surrogateescape")) for n in names if n]
     result["patch_truncated"] = len(patch) > PATCH_CHARS or diff.truncated
     result["patch"] = (
         patch

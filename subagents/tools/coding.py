@@ -14,6 +14,7 @@ tail kept, middle marked) so one runaway command cannot fill the host's memory.
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any, ClassVar
 
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox.base import Sandbox
 
 from .base import Tool, ToolContext, ToolError, ToolOutput
+from .names import parse, show
 from .registry import render_exec
 
 STREAM_CHARS = 200_000
@@ -52,6 +54,11 @@ def _box(ctx: ToolContext) -> Sandbox:
     return ctx.sandbox
 
 
+def _path(box: Sandbox, given: str) -> str:
+    """The box path the model means by ``given`` (shown names parsed back to bytes)."""
+    return box.resolve(parse(given))
+
+
 def _cap(text: str, limit: int = STREAM_CHARS) -> tuple[str, bool]:
     if len(text) <= limit:
         return text, False
@@ -79,7 +86,7 @@ class Shell(Tool):
 
     async def run(self, args: ShellInput, ctx: ToolContext) -> ToolOutput:
         box = _box(ctx)
-        cwd = box.resolve(args.cwd) if args.cwd else None
+        cwd = _path(box, args.cwd) if args.cwd else None
         res = await box.exec(args.command, timeout=args.timeout_s, cwd=cwd)
         out, cut1 = _cap(res.stdout)
         err, cut2 = _cap(res.stderr)
@@ -106,19 +113,21 @@ class ReadFile(Tool):
 
     async def run(self, args: ReadFileInput, ctx: ToolContext) -> ToolOutput:
         box = _box(ctx)
-        path = box.resolve(args.path)
+        path = _path(box, args.path)
         data = await _read(box, path, args.path)
         if b"\0" in data[:8192]:
-            raise ToolError(f"{path} is a binary file ({len(data)} bytes); inspect it with shell")
+            raise ToolError(
+                f"{show(path)} is a binary file ({len(data)} bytes); inspect it with shell"
+            )
         lines = data.decode("utf-8", errors="replace").splitlines()
         total = len(lines)
         if total == 0:
-            return ToolOutput(text=f"{path} is empty (0 lines)")
+            return ToolOutput(text=f"{show(path)} is empty (0 lines)")
         if args.offset > total:
-            raise ToolError(f"offset {args.offset} is past the end of {path} ({total} lines)")
+            raise ToolError(f"offset {args.offset} is past the end of {show(path)} ({total} lines)")
         end = min(total, args.offset + args.limit - 1)
         body = "\n".join(f"{n:>6}\t{_cut_line(lines[n - 1])}" for n in range(args.offset, end + 1))
-        note = f"{path}: lines {args.offset}-{end} of {total}"
+        note = f"{show(path)}: lines {args.offset}-{end} of {total}"
         if end < total:
             note += f"; call read_file with offset={end + 1} for more"
         return ToolOutput(text=f"{body}\n({note})")
@@ -134,9 +143,9 @@ async def _read(box: Sandbox, path: str, given: str) -> bytes:
     try:
         return await box.read_file(path, limit=READ_LIMIT_BYTES)
     except FileNotFoundError:
-        raise ToolError(f"no such file: {given} ({path}); use glob to find it") from None
+        raise ToolError(f"no such file: {given} ({show(path)}); use glob to find it") from None
     except IsADirectoryError:
-        raise ToolError(f"{path} is a directory; use glob or shell 'ls' to list it") from None
+        raise ToolError(f"{show(path)} is a directory; use glob or shell 'ls' to list it") from None
 
 
 class WriteFileInput(_In):
@@ -156,11 +165,12 @@ class WriteFile(Tool):
 
     async def run(self, args: WriteFileInput, ctx: ToolContext) -> ToolOutput:
         box = _box(ctx)
-        path = box.resolve(args.path)
+        path = _path(box, args.path)
         await box.write_file(path, args.content)
         n = args.content.count("\n") + (0 if args.content.endswith("\n") or not args.content else 1)
         size = len(args.content.encode())
-        return ToolOutput(text=f"wrote {path} ({size} bytes, {n} lines)", files_written=[path])
+        text = f"wrote {show(path)} ({size} bytes, {n} lines)"
+        return ToolOutput(text=text, files_written=[path])
 
 
 class EditFileInput(_In):
@@ -184,19 +194,19 @@ class EditFile(Tool):
 
     async def run(self, args: EditFileInput, ctx: ToolContext) -> ToolOutput:
         box = _box(ctx)
-        path = box.resolve(args.path)
+        path = _path(box, args.path)
         text = (await _read(box, path, args.path)).decode("utf-8", errors="surrogateescape")
         if args.old_string == args.new_string:
             raise ToolError("old_string and new_string are identical; nothing would change")
         count = text.count(args.old_string)
         if count == 0:
             raise ToolError(
-                f"old_string not found in {path} (0 matches). Read the file again and copy "
+                f"old_string not found in {show(path)} (0 matches). Read the file again and copy "
                 "the exact text, including indentation and line breaks."
             )
         if count > 1 and not args.replace_all:
             raise ToolError(
-                f"old_string is not unique in {path}: it matches {count} places. Include "
+                f"old_string is not unique in {show(path)}: it matches {count} places. Include "
                 "more surrounding lines to pick one, or set replace_all=true to change all."
             )
         start_line = text[: text.index(args.old_string)].count("\n") + 1
@@ -209,7 +219,8 @@ class EditFile(Tool):
         )
         snippet = "\n".join(f"{n:>6}\t{_cut_line(lines[n - 1])}" for n in shown)
         what = f"{count} places" if count > 1 else f"line {start_line}"
-        return ToolOutput(text=f"edited {path} ({what}); now:\n{snippet}", files_written=[path])
+        text = f"edited {show(path)} ({what}); now:\n{snippet}"
+        return ToolOutput(text=text, files_written=[path])
 
 
 class GlobInput(_In):
@@ -228,7 +239,7 @@ class Glob(Tool):
 
     async def run(self, args: GlobInput, ctx: ToolContext) -> ToolOutput:
         box = _box(ctx)
-        root = box.resolve(args.path)
+        root = _path(box, args.path)
         res = await box.exec(
             ["python3", "-c", _GLOB_PY, root, args.pattern, str(args.limit)], timeout=60
         )
@@ -236,10 +247,10 @@ class Glob(Tool):
             raise ToolError(f"glob failed: {res.stderr.strip()[-500:] or res.stdout[-500:]}")
         found: dict[str, Any] = json.loads(res.stdout)
         if not found["paths"]:
-            return ToolOutput(text=f"no files match {args.pattern!r} under {root}")
+            return ToolOutput(text=f"no files match {args.pattern!r} under {show(root)}")
         more = found["total"] - len(found["paths"])
         tail = f"\n({more} more not shown; narrow the pattern)" if more > 0 else ""
-        return ToolOutput(text="\n".join(found["paths"]) + tail)
+        return ToolOutput(text="\n".join(show(p) for p in found["paths"]) + tail)
 
 
 class GrepInput(_In):
@@ -265,16 +276,9 @@ class Grep(Tool):
 
     async def run(self, args: GrepInput, ctx: ToolContext) -> ToolOutput:
         box = _box(ctx)
-        root = box.resolve(args.path)
-        argv = [
-            "rg",
-            "--line-number",
-            "--no-heading",
-            "--color",
-            "never",
-            "--max-count",
-            str(args.max_count),
-        ]
+        root = _path(box, args.path)
+        # JSON, because it carries a path or line that is not UTF-8 as bytes.
+        argv = ["rg", "--json", "--max-count", str(args.max_count)]
         if args.ignore_case:
             argv.append("--ignore-case")
         if args.context:
@@ -284,11 +288,40 @@ class Grep(Tool):
         argv += ["--regexp", args.pattern, "--", root]
         res = await box.exec(argv, timeout=60)
         if res.exit_code == 1 and not res.stderr.strip():
-            return ToolOutput(text=f"no matches for {args.pattern!r} under {root}")
+            return ToolOutput(text=f"no matches for {args.pattern!r} under {show(root)}")
         if res.exit_code not in (0, 1) or res.timed_out:
             raise ToolError(f"grep failed (exit {res.exit_code}): {res.stderr.strip()[-500:]}")
-        out, cut = _cap(res.stdout)
-        return ToolOutput(text=out.rstrip("\n"), truncated=res.truncated or cut)
+        out, cut = _cap("\n".join(_grep_lines(res.stdout, separate=args.context > 0)))
+        return ToolOutput(text=out, truncated=res.truncated or cut)
+
+
+def _rg_data(value: dict[str, str]) -> str:
+    """A path or line of ripgrep's JSON: text, or bytes (surrogate-escaped)."""
+    if "text" in value:
+        return value["text"]
+    return base64.b64decode(value["bytes"]).decode("utf-8", "surrogateescape")
+
+
+def _grep_lines(stdout: str, *, separate: bool) -> list[str]:
+    """ripgrep's JSON as ``path:line:text`` (context lines ``path-line-text``, ``--``
+    between groups); a line cut by the output cap is skipped."""
+    lines: list[str] = []
+    last: tuple[str, int] | None = None
+    for raw in stdout.splitlines():
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            continue
+        if msg.get("type") not in ("match", "context"):
+            continue
+        data = msg["data"]
+        path, number = show(_rg_data(data["path"])), data["line_number"]
+        if separate and last is not None and last != (path, number - 1):
+            lines.append("--")
+        sep = ":" if msg["type"] == "match" else "-"
+        lines.append(f"{path}{sep}{number}{sep}{_rg_data(data['lines']).rstrip(chr(10))}")
+        last = (path, number)
+    return lines
 
 
 def coding_tools() -> list[Tool]:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxUnavailable
 
 from .base import Tool, ToolContext, ToolError, ToolOutput
+from .names import clean_text
 
 _NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
 BOX_GONE = (SandboxCrashed, SandboxClosed, SandboxUnavailable)
@@ -112,7 +113,7 @@ def _describe_type(root: dict[str, Any], node: dict[str, Any] | None, depth: int
 
 
 def error_output(text: str) -> ToolOutput:
-    return ToolOutput(text=text, is_error=True)
+    return ToolOutput(text=clean_text(text), is_error=True)
 
 
 class ToolRegistry:
@@ -168,7 +169,9 @@ class ToolRegistry:
             return error_output(f"{tool.name} failed: {exc}")
         except Exception as exc:
             return error_output(f"{tool.name} raised {type(exc).__name__}: {exc}")
-        return out if isinstance(out, ToolOutput) else ToolOutput(text=str(out))
+        out = out if isinstance(out, ToolOutput) else ToolOutput(text=str(out))
+        out.text = clean_text(out.text)  # a byte name in command output, from any tool
+        return out
 
 
 class ParamSpec(BaseModel):
