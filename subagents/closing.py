@@ -21,21 +21,21 @@ Room for it is reserved, not hoped for:
 
 The closing call goes out without ``context.prepare``: the context just fitted the
 previous call, and a compaction (another model call) is not worth it now.
+
+The loop makes the call - it is the member's last turn, in the loop's conversation -
+and this module decides everything about it, as values: whether there is room and
+how much (:func:`room`), the note and where it goes (:func:`closing_message`), and
+what the answer gave (:func:`read_answer`). It knows nothing of the loop.
 """
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
-from .model.base import ModelError
-from .result import SUBMIT_TOOL, estimate_tokens
-from .trace import Messages, ToolCall, ToolResult
+from .result import SUBMIT_TOOL, ResultGate
 
 if TYPE_CHECKING:
-    from .loop import AgentLoop
     from .member import LimitName
 
 RESERVE_FRACTION = 0.1
@@ -45,8 +45,6 @@ MIN_OUTPUT_TOKENS = 256
 EXTRA_OUTPUT_TOKENS = 1_000
 """Output allowed beyond the result cap (tool-call framing, a short thought)."""
 FORCE_SUBMIT = {"type": "tool", "name": SUBMIT_TOOL}
-TRACE_OUTPUT_CHARS = 2_000
-"""ToolResult events keep a preview; the full text is in the Messages event."""
 
 _WHAT = {
     "turns": "turn limit",
@@ -63,6 +61,40 @@ def deadline_reserve(deadline_s: float) -> float:
 def output_tokens(result_tokens: int, max_output: int) -> int:
     """Output bound of the closing call (the result cap plus framing)."""
     return min(result_tokens + EXTRA_OUTPUT_TOKENS, max_output)
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the closing call may take."""
+
+    max_tokens: int
+    """Its output bound."""
+    seconds: float
+    """Time left before the deadline."""
+
+
+def room(
+    *,
+    output_bound: int,
+    token_cap: int | None,
+    used_tokens: int,
+    context_tokens: int,
+    remaining_s: float,
+) -> Room | str:
+    """The closing call's room, or why there is none (then it is skipped).
+
+    ``output_bound`` is :func:`output_tokens` for the member; ``token_cap`` its
+    ``max_tokens`` limit, of which ``used_tokens`` are spent; ``context_tokens`` what
+    the call would send.
+    """
+    max_tokens = output_bound
+    if token_cap is not None:
+        max_tokens = min(max_tokens, token_cap - used_tokens - context_tokens)
+    if remaining_s <= 0:
+        return "the deadline had passed"
+    if max_tokens < MIN_OUTPUT_TOKENS:
+        return "the token limit left no room for a closing call"
+    return Room(max_tokens=max_tokens, seconds=remaining_s)
 
 
 def note(limit: LimitName) -> str:
@@ -111,109 +143,34 @@ def submitted(content: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-class Closer:
-    """Makes the closing call for one :class:`subagents.loop.AgentLoop`."""
+@dataclass(frozen=True)
+class Answer:
+    """What the closing call's response gave."""
 
-    def __init__(self, loop: AgentLoop) -> None:
-        self.loop = loop
-        self.why_none = ""
-        """Why the closing call gave no partial result (empty when it gave one)."""
+    call: dict[str, Any] | None
+    """Its ``submit_result`` call (None: the model made none)."""
+    text: str = ""
+    """The gate's answer to that call, as a tool result would carry it."""
+    is_error: bool = False
+    """The submission was refused."""
+    partial: dict[str, Any] | None = None
+    """The accepted partial result, before the kind's ``finalize``."""
+    why_none: str = ""
+    """Why there is no partial result (empty when there is one)."""
 
-    def next_context_tokens(self) -> int:
-        """Tokens the next call would send: the manager's estimate, else a local one."""
-        loop = self.loop
-        estimate = getattr(loop.context, "estimate", None)
-        if estimate is not None:
-            return int(estimate(loop.messages, loop.system, loop.tool_defs))
-        return estimate_tokens(
-            json.dumps([loop.system, loop.tool_defs, loop.messages], default=str)
+
+def read_answer(content: list[dict[str, Any]], gate: ResultGate) -> Answer:
+    """The closing call's ``submit_result``, checked by ``gate`` (cut to the cap, never
+    sent back to be condensed: there is no second chance)."""
+    call = submitted(content)
+    if call is None:
+        return Answer(call=None, why_none="the model did not call submit_result")
+    out = gate.take_partial(call.get("input"))
+    if out.is_error or gate.partial is None:
+        return Answer(
+            call=call,
+            text=out.text,
+            is_error=out.is_error,
+            why_none="the closing submission was invalid",
         )
-
-    def output_bound(self) -> int:
-        limits = self.loop.limits
-        return output_tokens(
-            limits.result_tokens, min(limits.max_output_tokens, self.loop.model.profile.max_output)
-        )
-
-    async def run(self, limit: LimitName, deadline_at: float) -> dict[str, Any] | None:
-        """One bounded, forced submit_result call; the partial result or None."""
-        loop = self.loop
-        max_tokens = self.output_bound()
-        if loop.limits.max_tokens is not None:
-            room = loop.limits.max_tokens - loop.usage.total - self.next_context_tokens()
-            max_tokens = min(max_tokens, room)
-        remaining = deadline_at - anyio.current_time()
-        if remaining <= 0:
-            self.why_none = "the deadline had passed"
-            return None
-        if max_tokens < MIN_OUTPUT_TOKENS:
-            self.why_none = "the token limit left no room for a closing call"
-            return None
-        with anyio.move_on_after(remaining):
-            try:
-                return await self._call(limit, max_tokens)
-            except ModelError as exc:
-                self.why_none = f"the closing call failed: {exc}"
-                return None
-        self.why_none = "the deadline passed during the closing call"
-        return None
-
-    async def _call(self, limit: LimitName, max_tokens: int) -> dict[str, Any] | None:
-        loop = self.loop
-        loop.turn += 1
-        message = closing_message(loop.messages, note(limit))
-        if message is None:  # the note went into the last user message: trace it alone
-            added = {"role": "user", "content": [loop.messages[-1]["content"][-1]]}
-            loop.trace.emit(
-                Messages(span=loop.turn_span, parent=loop.spec.id, turn=loop.turn, messages=[added])
-            )
-        else:
-            loop.append(message)
-        content, _ = await loop.call_model(
-            tool_choice=FORCE_SUBMIT, max_tokens=max_tokens, prepare=False
-        )
-        block = submitted(content)
-        if block is None:
-            self.why_none = "the model did not call submit_result"
-            return None
-        out = loop.gate.take_partial(block.get("input"))
-        self._trace_submit(block, out.text, out.is_error)
-        if out.is_error or loop.gate.partial is None:
-            self.why_none = "the closing submission was invalid"
-            return None
-        return await self._finish(dict(loop.gate.partial))
-
-    async def _finish(self, data: dict[str, Any]) -> dict[str, Any]:
-        """The kind's finalize on the partial result when it works; else it as is."""
-        try:
-            return await self.loop.finalize(dict(data))
-        except Exception:  # best effort: the partial result stands without it
-            return data
-
-    def _trace_submit(self, block: dict[str, Any], text: str, is_error: bool) -> None:
-        loop = self.loop
-        span, parent, turn = f"{loop.turn_span}/{block.get('id', '')}", loop.turn_span, loop.turn
-        call_id, raw = str(block.get("id", "")), block.get("input")
-        loop.calls.count += 1
-        loop.trace.emit(
-            ToolCall(
-                span=span,
-                parent=parent,
-                turn=turn,
-                call_id=call_id,
-                tool=SUBMIT_TOOL,
-                input=raw if isinstance(raw, dict) else {},
-            )
-        )
-        loop.trace.emit(
-            ToolResult(
-                span=span,
-                parent=parent,
-                turn=turn,
-                call_id=call_id,
-                tool=SUBMIT_TOOL,
-                is_error=is_error,
-                output=text[:TRACE_OUTPUT_CHARS],
-                output_chars=len(text),
-            )
-        )
+    return Answer(call=call, text=out.text, partial=dict(gate.partial))

@@ -12,8 +12,9 @@ Each turn is the same five steps, small enough to hold in one's head:
 4. all results go back as one user message, every ``tool_use`` answered, in order;
 5. stop when ``submit_result`` was accepted.
 
-Token and cost sums and the ``ModelCall`` event live in :mod:`subagents.usage`, the
-closing call after a limit in :mod:`subagents.closing`.
+Token and cost sums and the ``ModelCall`` event live in :mod:`subagents.usage`; the
+rules of the closing call after a limit in :mod:`subagents.closing` (the loop makes
+that call: it is the member's last turn).
 
 Failure policy: a tool's own failure (bad arguments, ``ToolError``, any exception)
 is an ``is_error`` result the model can act on, never the end of the run and never
@@ -43,9 +44,8 @@ from pydantic import ValidationError
 from sandbox.base import Sandbox
 
 from . import closing
-from .closing import Closer
-from .model.base import Model, ModelRequest
-from .result import ResultGate
+from .model.base import Model, ModelError, ModelRequest
+from .result import ResultGate, estimate_tokens
 from .result_schema import extend_model, job_field_names
 from .tool_calls import ToolCalls
 from .tools.base import Tool, ToolContext
@@ -151,7 +151,6 @@ class AgentLoop:
         self.offline = model.offline
         """Labelled from the model itself too: a member that failed before its first
         call was still an offline member."""
-        self.closer = Closer(self)
 
     @property
     def turn_span(self) -> str:
@@ -185,9 +184,9 @@ class AgentLoop:
                 )
             else:
                 limit, reason = ended
-            partial = await self.closer.run(limit, deadline_at)
+            partial, why_none = await self._close(limit, deadline_at)
             if partial is None:
-                reason += f"; no partial result ({self.closer.why_none})"
+                reason += f"; no partial result ({why_none})"
             return self.outcome("incomplete", reason, limit=limit, partial=partial)
         finally:
             if self.kind.teardown is not None:
@@ -242,7 +241,7 @@ class AgentLoop:
         cap = self.limits.max_tokens
         if cap is not None and self.turn > 0:
             # This turn and the closing call after it must both fit under the cap.
-            need = 2 * self.closer.next_context_tokens() + self.closer.output_bound()
+            need = 2 * self._next_context_tokens() + self._closing_output_bound()
             if self.usage.total + need > cap:
                 return "tokens", (
                     f"used {self.usage.total} tokens of the {cap}-token limit; another turn "
@@ -250,8 +249,70 @@ class AgentLoop:
                 )
         return None
 
+    async def _close(
+        self, limit: LimitName, deadline_at: float
+    ) -> tuple[dict[str, Any] | None, str]:
+        """The closing call after a limit, as :mod:`subagents.closing` rules it: one
+        bounded turn forcing submit_result. The partial result, or None and why."""
+        room = closing.room(
+            output_bound=self._closing_output_bound(),
+            token_cap=self.limits.max_tokens,
+            used_tokens=self.usage.total,
+            context_tokens=self._next_context_tokens(),
+            remaining_s=deadline_at - anyio.current_time(),
+        )
+        if isinstance(room, str):
+            return None, room
+        with anyio.move_on_after(room.seconds):
+            self.turn += 1
+            message = closing.closing_message(self.messages, closing.note(limit))
+            if message is None:  # the note went into the last user message: trace it alone
+                self._trace_messages(
+                    {"role": "user", "content": [self.messages[-1]["content"][-1]]}
+                )
+            else:
+                self.append(message)
+            try:
+                content, _ = await self.call_model(
+                    tool_choice=closing.FORCE_SUBMIT, max_tokens=room.max_tokens, prepare=False
+                )
+            except ModelError as exc:
+                return None, f"the closing call failed: {exc}"
+            answer = closing.read_answer(content, self.gate)
+            if answer.call is not None:
+                self.calls.record(
+                    answer.call,
+                    answer.text,
+                    is_error=answer.is_error,
+                    turn=self.turn,
+                    turn_span=self.turn_span,
+                )
+            if answer.partial is None:
+                return None, answer.why_none
+            try:
+                return await self.finalize(dict(answer.partial)), ""
+            except Exception:  # best effort: the partial result stands without it
+                return answer.partial, ""
+        return None, "the deadline passed during the closing call"
+
+    def _next_context_tokens(self) -> int:
+        """Tokens the next call would send: the context's estimate, else a local one."""
+        estimate = getattr(self.context, "estimate", None)
+        if estimate is not None:
+            return int(estimate(self.messages, self.system, self.tool_defs))
+        return estimate_tokens(
+            json.dumps([self.system, self.tool_defs, self.messages], default=str)
+        )
+
+    def _closing_output_bound(self) -> int:
+        max_output = min(self.limits.max_output_tokens, self.model.profile.max_output)
+        return closing.output_tokens(self.limits.result_tokens, max_output)
+
     def append(self, message: dict[str, Any]) -> None:
         self.messages.append(message)
+        self._trace_messages(message)
+
+    def _trace_messages(self, message: dict[str, Any]) -> None:
         self.trace.emit(
             Messages(span=self.turn_span, parent=self.spec.id, turn=self.turn, messages=[message])
         )

@@ -30,7 +30,6 @@ import anyio
 
 from sandbox.errors import SandboxError
 
-from .closing import TRACE_OUTPUT_CHARS
 from .result import SUBMIT_TOOL
 from .tools.base import ToolContext
 from .tools.registry import BOX_GONE, ToolRegistry
@@ -38,6 +37,9 @@ from .trace import ToolCall, ToolResult, TraceWriter
 
 if TYPE_CHECKING:
     from .loop import ContextLike
+
+TRACE_OUTPUT_CHARS = 2_000
+"""ToolResult events keep a preview; the full text is in the Messages event."""
 
 
 class ToolCalls:
@@ -84,9 +86,7 @@ class ToolCalls:
     ) -> None:
         call_id, name, raw = block["id"], block.get("name", ""), block.get("input")
         span = f"{turn_span}/{call_id}"
-        self.count += 1
-        ids = {"span": span, "parent": turn_span, "turn": turn, "call_id": call_id, "tool": name}
-        self.trace.emit(ToolCall(**ids, input=raw if isinstance(raw, dict) else {"_raw": raw}))
+        ids = self._called(block, turn, turn_span)
         started = time.monotonic()
         with self.trace.scope(span, turn_span, turn):
             try:
@@ -121,6 +121,32 @@ class ToolCalls:
                 offloaded=offloaded,
             )
         )
+
+    def record(
+        self, block: dict[str, Any], text: str, *, is_error: bool, turn: int, turn_span: str
+    ) -> None:
+        """Count and trace a call answered outside a response's batch: the closing
+        call's ``submit_result``, checked by the result gate (see subagents/closing.py)."""
+        ids = self._called(block, turn, turn_span)
+        self.trace.emit(
+            ToolResult(
+                **ids, is_error=is_error, output=text[:TRACE_OUTPUT_CHARS], output_chars=len(text)
+            )
+        )
+
+    def _called(self, block: dict[str, Any], turn: int, turn_span: str) -> dict[str, Any]:
+        """Count the call and trace its ``ToolCall``; the ids its ``ToolResult`` shares."""
+        call_id, raw = str(block.get("id", "")), block.get("input")
+        self.count += 1
+        ids = {
+            "span": f"{turn_span}/{call_id}",
+            "parent": turn_span,
+            "turn": turn,
+            "call_id": call_id,
+            "tool": block.get("name", ""),
+        }
+        self.trace.emit(ToolCall(**ids, input=raw if isinstance(raw, dict) else {"_raw": raw}))
+        return ids
 
 
 def short(raw: Any, limit: int = 80) -> str:
