@@ -394,6 +394,20 @@ async def test_coding_box_runs_pytest_and_installs_a_project_offline(
         assert installed.ok and "1 passed" in installed.stdout, installed
 
 
+@pytest.mark.parametrize("name", ["base", "coding", "browser", "corpus"])
+def test_images_hold_no_setuid_or_setgid_programs(images, docker_client, run_id, name) -> None:
+    """su, mount, passwd and the like lose their bits at build time (looked at as root)."""
+    out = docker_client.containers.run(
+        images[name],
+        ["find", "/", "-xdev", "-type", "f", "-perm", "/6000"],
+        user="0",
+        network_mode="none",
+        labels={"fleet.run": run_id},
+        remove=True,
+    )
+    assert out.decode() == "", f"fleet-{name} still has: {out.decode()}"
+
+
 def test_browser_serves_cdp_under_secure_flags(images, docker_client, run_id) -> None:
     net = docker_client.networks.create(
         f"fleet-{run_id}", internal=True, labels={"fleet.run": run_id}
