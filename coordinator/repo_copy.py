@@ -11,6 +11,10 @@ So, like ``git`` itself, Fleet copies what the project consists of:
   to the tree exactly as the user has it;
 * elsewhere, everything except well-known environment and cache directories.
 
+Symbolic links are copied as links and never followed: one that points outside the
+project (to a file elsewhere on this machine) is the same link in the box, dangling
+there, so the box sees the tree as it is and nothing outside it is copied.
+
 The selection is staged into a temporary directory (hard links where possible, so it
 costs no copy on the same file system) and that is uploaded; the original is never
 written to. A selection over :data:`MAX_COPY_BYTES` is refused with a message that
@@ -78,6 +82,9 @@ def _walk_files(repo: Path) -> list[str]:
     for root, dirs, files in os.walk(repo):
         dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
         rel = Path(root).relative_to(repo)
+        # A link to a directory is listed with the directories (and not followed): it
+        # is copied as the link it is, like a link to a file.
+        out += [str(rel / d) for d in dirs if os.path.islink(os.path.join(root, d))]
         out += [str(rel / f) for f in files]
     return out
 
@@ -86,7 +93,7 @@ def select_files(repo: Path) -> list[str]:
     """The relative paths of ``repo`` that go into the box (see the module docstring)."""
     found = _git_files(repo)
     names = found if found is not None else _walk_files(repo)
-    # A tracked file deleted in the work tree, or a broken link, is not there to copy.
+    # A tracked file deleted in the work tree is not there to copy; a link is a link.
     return [n for n in names if (repo / n).is_file() or (repo / n).is_symlink()]
 
 

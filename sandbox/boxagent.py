@@ -410,8 +410,6 @@ def _check_on_disk(member: tarfile.TarInfo, dest: str) -> None:
     where = os.path.dirname(target) if member.issym() else target
     if not _within(where, dest):
         raise Refused("path_refused", f"archive entry {member.name!r} would land outside {dest}")
-    if member.issym() and not _within(os.path.join(os.path.dirname(target), member.linkname), dest):
-        raise Refused("path_refused", f"archive link {member.name!r} points outside {dest}")
     if member.islnk():
         if member.linkname.startswith("/") or ".." in member.linkname.split("/"):
             raise Refused("path_refused", f"archive hard link {member.name!r} points outside")
@@ -419,8 +417,48 @@ def _check_on_disk(member: tarfile.TarInfo, dest: str) -> None:
             raise Refused("path_refused", f"archive hard link {member.name!r} points outside")
 
 
+def _points_out(member: tarfile.TarInfo, dest: str) -> bool:
+    target = os.path.join(dest, os.path.dirname(member.name), member.linkname)
+    return member.issym() and not _within(target, dest)
+
+
+def _through_link_out(member: tarfile.TarInfo, links_out: list[tarfile.TarInfo]) -> None:
+    """Refuse an entry whose path goes through a link that points outside (held back),
+    or a hard link to one (tarfile would make the held-back link there at once)."""
+    name = os.path.normpath(member.name)
+    target = os.path.normpath(member.linkname) if member.islnk() else None
+    for link in links_out:
+        held = os.path.normpath(link.name)
+        if name.startswith(held + "/") or (target and (target + "/").startswith(held + "/")):
+            raise Refused(
+                "path_refused",
+                f"archive entry {member.name!r} goes through "
+                f"link {link.name!r}, which points outside",
+            )
+
+
+def _make_links_out(members: list[tarfile.TarInfo], dest: str) -> None:
+    """Symlinks that point outside ``dest``, made once every other entry is written."""
+    for member in members:
+        path = os.path.join(dest, member.name)
+        if not _within(os.path.dirname(path), dest) or os.path.isdir(path):
+            raise Refused(
+                "path_refused",
+                f"archive link {member.name!r} would replace a directory or land outside",
+            )
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.lexists(path):
+            os.unlink(path)
+        os.symlink(member.linkname, path)
+
+
 def op_tar_in(req: dict) -> dict:
-    """Unpack an archive under ``path``: nothing outside it is written or linked to."""
+    """Unpack an archive under ``path``: nothing outside it is written.
+
+    A symlink that points outside ``path`` (a repository's link to a file elsewhere on
+    its host) is kept as the link it is - dangling in the box - but made last, after
+    every other entry, so nothing is ever written through it.
+    """
     import tarfile
 
     dest = safe_path(req["path"])
@@ -428,6 +466,7 @@ def op_tar_in(req: dict) -> dict:
     dest = os.path.realpath(dest)
     data = b64decode(req["data"])
     links: list[str] = []
+    links_out: list[tarfile.TarInfo] = []
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
         members = tar.getmembers()
         for member in members:
@@ -435,6 +474,10 @@ def op_tar_in(req: dict) -> dict:
         try:
             for member in members:
                 _check_on_disk(member, dest)
+                _through_link_out(member, links_out)
+                if _points_out(member, dest):
+                    links_out.append(member)
+                    continue
                 member.uid, member.gid, member.uname, member.gname = -1, -1, "", ""
                 member.mode &= 0o777
                 tar.extract(member, dest, set_attrs=not member.issym())
@@ -445,6 +488,7 @@ def op_tar_in(req: dict) -> dict:
             for link in links:
                 if not _within(link, dest):
                     raise Refused("path_refused", f"archive link {link!r} points outside {dest}")
+            _make_links_out(links_out, dest)
         except Refused:
             for link in links:  # the archive is refused: none of its links stay behind
                 if os.path.islink(link):

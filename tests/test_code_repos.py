@@ -110,3 +110,22 @@ def test_a_hostile_repository_runs_no_command_on_the_host_through_fleet_code_app
     assert (repo / "greet.txt").read_text() == "hello fleet\n"
     (run,) = RunDir.list(out)
     assert run.result("coder")["result"]["files_changed"] == ["greet.txt"]
+
+
+def test_links_pointing_out_of_the_repository_are_copied_as_links_not_a_crash(
+    tmp_path, images, cleanup
+):
+    repo, out = tmp_path / "proj", tmp_path / "runs"
+    repo.mkdir()
+    cleanup.append(out)
+    (repo / "greet.txt").write_text("hello world\n")
+    links = {"passwd": "/etc/passwd", "etc": "/etc", "up": "../../elsewhere", "in": "greet.txt"}
+    for name, target in links.items():
+        (repo / name).symlink_to(target)
+    # Fleet re-runs this in the box: every link is there, as the link it was.
+    test = " && ".join(f'test "$(readlink {n})" = {t}' for n, t in links.items())
+    done = fleet_code(repo, EDIT, out, "--apply", "--test", test)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(passed" in done.stdout and "attempt 2" not in done.stdout
+    assert (repo / "greet.txt").read_text() == "hello fleet\n"
+    assert {n: str((repo / n).readlink()) for n in links} == links

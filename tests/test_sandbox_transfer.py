@@ -73,14 +73,21 @@ HOSTILE = {
     "absolute name": [("f", "/tmp/abs-planted", "x")],
     "dot-dot name": [("f", "../dotdot-planted", "x")],
     "deep dot-dot": [("f", "a/../../dotdot2-planted", "x")],
+    "hard link out": [("h", "pw", "/etc/passwd")],
+    "write through a symlink out": [("l", "t", "/tmp"), ("f", "t/through-planted", "x")],
+    "hard link to a symlink out": [
+        ("l", "t", "/tmp"),
+        ("h", "h", "t"),
+        ("f", "h/hard-planted", "x"),
+    ],
+    "symlink then dot-dot through it": [("l", "d", "/workspace"), ("f", "d/../dd-planted", "x")],
+}
+LINKS_OUT = {
     "symlink out": [("l", "etc", "/etc")],
     "relative symlink out": [("l", "up", "../../../etc")],
-    "hard link out": [("h", "pw", "/etc/passwd")],
-    "write through a planted symlink": [("l", "t", "/tmp"), ("f", "t/through-planted", "x")],
     # Lexically 's/../../x' stays under /workspace while 's' is not on disk yet; once
     # 's' -> '.' exists, 'u' really points at /x: a check before extraction misses it.
     "chained symlinks": [("l", "s", "."), ("l", "u", "s/../../../x-planted")],
-    "symlink then dot-dot through it": [("l", "d", "/workspace"), ("f", "d/../dd-planted", "x")],
 }
 
 
@@ -98,19 +105,35 @@ async def test_hostile_archives_are_refused_and_nothing_lands_outside(
     assert stray.stdout == "", stray.stdout
 
 
-async def test_upload_of_a_tree_with_a_symlink_out_is_refused(
+@pytest.mark.parametrize("case", list(LINKS_OUT))
+async def test_symlinks_out_are_kept_as_links_and_nothing_is_written_through_them(
+    box: DockerSandbox, case: str
+) -> None:
+    dest = f"/workspace/in-{uuid.uuid4().hex[:6]}"
+    entries = [*LINKS_OUT[case], ("f", "after.txt", "x")]
+    reply = await box._call({"op": "tar_in", "path": dest, "data": _archive(*entries)})
+    assert reply["ok"] is True, reply
+    for _kind, name, target in LINKS_OUT[case]:
+        seen = await box.exec(["readlink", f"{dest}/{name}"])
+        assert seen.stdout.strip() == target
+    assert await box.read_file(f"{dest}/after.txt") == b"x"
+    stray = await box.exec("find / -xdev -name '*-planted' 2>/dev/null")
+    assert stray.stdout == "", stray.stdout
+
+
+async def test_upload_of_a_tree_keeps_a_symlink_out_dangling_and_never_follows_it(
     box: DockerSandbox, tmp_path: Path
 ) -> None:
     src = tmp_path / "tree"
     src.mkdir()
     (src / "ok.txt").write_text("fine\n")
     (src / "secrets").symlink_to("/etc")
-    with pytest.raises(PathRefused, match="secrets"):
-        await box.upload(src, "up1")
-    (src / "secrets").unlink()
     (src / "inner").symlink_to("ok.txt")
-    await box.upload(src, "up2")
-    assert await box.read_file("up2/inner") == b"fine\n"
+    await box.upload(src, "up1")
+    assert (await box.exec(["readlink", "up1/secrets"])).stdout == "/etc\n"
+    assert await box.read_file("up1/inner") == b"fine\n"
+    with pytest.raises(PathRefused, match="secrets"):
+        await box.read_file("up1/secrets/passwd")
 
 
 async def test_download_never_writes_outside_the_local_destination(
