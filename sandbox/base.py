@@ -120,8 +120,15 @@ class Sandbox(abc.ABC):
         """The bytes of a file in the box."""
 
     @abc.abstractmethod
-    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
-        """Create or replace a file (parents are created)."""
+    async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        """Create or replace a file whole (parents are created), as the box's user could.
+
+        A new file gets ``mode`` (default ``0o644``); a replaced file keeps its mode
+        unless ``mode`` is given. ``IsADirectoryError`` when ``path`` is a directory,
+        ``PermissionError`` when the box's user could not write it (a read-only file, a
+        directory it may not write in). A failed write leaves nothing behind: the old
+        file stays as it was and no temporary file remains.
+        """
 
     @abc.abstractmethod
     async def list_dir(self, path: str) -> list[FileInfo]:

@@ -329,14 +329,39 @@ def _make_parents(real: str) -> None:
 
 
 def op_write(req: dict) -> dict:
+    """Replace a file whole, as the box user could with a shell redirection.
+
+    The data goes to a temporary file beside the target, then is renamed over it, so a
+    reader never sees half a file. What a rename alone would get wrong is checked
+    first: a directory is refused (``is_dir``), a file the box user may not write
+    (``chmod 444``) is refused with ``permission`` although the rename would succeed
+    (the directory is writable), and an existing file keeps its mode unless the
+    request names one. The temporary file never outlives a failed write.
+    """
     path = safe_path(req["path"])
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise Refused("is_dir", f"{req['path']} is a directory")
+    if st is not None and not os.access(path, os.W_OK):
+        raise PermissionError(f"{req['path']} is not writable (mode {stat.S_IMODE(st.st_mode):o})")
     _make_parents(path)
     data = b64decode(req.get("data") or "")
+    if req.get("mode") is not None:
+        mode = int(req["mode"])
+    else:
+        mode = stat.S_IMODE(st.st_mode) if st is not None else 0o644
     tmp = f"{path}.fleet-{os.getpid()}-{req['id']}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, int(req.get("mode") or 0o644))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
     return {"size": len(data)}
 
 

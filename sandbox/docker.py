@@ -136,7 +136,7 @@ class DockerSandbox(Sandbox):
         reply = await self._call({"op": "read", "path": self.resolve(path), "limit": limit})
         return read_reply(reply, path, limit, self.name)
 
-    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+    async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         import base64
 
         raw = data.encode() if isinstance(data, str) else data

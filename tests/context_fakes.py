@@ -52,7 +52,7 @@ class MemoryBox(Sandbox):
             raise OutputLimitExceeded(f"{path} is over {limit}", limit=limit, size=len(data))
         return data
 
-    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+    async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         self._alive()
         self.files[self.resolve(path)] = data.encode() if isinstance(data, str) else data
 

@@ -103,6 +103,31 @@ async def test_binary_file_round_trip_and_listing(box: DockerSandbox, tmp_path: 
         await box.read_file("missing.txt")
 
 
+async def test_write_file_keeps_the_mode_and_refuses_what_the_box_user_could_not_write(
+    box: DockerSandbox,
+) -> None:
+    await box.exec(
+        "printf old > ro.txt && chmod 444 ro.txt && printf x > run.sh && chmod 750 run.sh"
+        " && mkdir adir locked && chmod 555 locked"
+    )
+    with pytest.raises(PermissionError) as err:
+        await box.write_file("ro.txt", "new")
+    assert not isinstance(err.value, PathRefused)
+    assert await box.read_file("ro.txt") == b"old"
+    await box.write_file("run.sh", "#!/bin/sh\necho kept\n")
+    assert (await box.exec("stat -c %a run.sh && ./run.sh")).stdout == "750\nkept\n"
+    await box.write_file("run.sh", "#!/bin/sh\n", mode=0o700)  # a mode given is applied
+    assert (await box.exec("stat -c %a run.sh")).stdout == "700\n"
+    with pytest.raises(IsADirectoryError):
+        await box.write_file("adir", "x")
+    with pytest.raises(PermissionError):
+        await box.write_file("locked/new.txt", "x")
+    await box.write_file("fresh.txt", "x")
+    assert (await box.exec("stat -c %a fresh.txt")).stdout == "644\n"
+    left = await box.exec("find /workspace -name '*.fleet-*'")
+    assert left.stdout == "", f"temporary files left behind: {left.stdout}"
+
+
 async def test_upload_and_download_trees(box: DockerSandbox, tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
