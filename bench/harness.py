@@ -1,409 +1,244 @@
-"""Harness benchmark: CPU per turn, and what the context mechanisms do to the window.
+"""Harness benchmark through the real client: CPU per turn, CPU before the first turn,
+tokens sent, prompt-cache reads.
 
-    .venv/bin/python bench/harness.py [--repeats N]
+    .venv/bin/python bench/harness.py [--repeats N] [--parts cpu,tokens]
 
-Everything runs in-process through the real :class:`subagents.loop.AgentLoop` and
-the real :class:`subagents.context.ContextManager` (trace written to disk, offloads
-written to the run directory). The model is a scripted in-process
-:class:`ScriptedModel` (no HTTP) and the tools are in-process too, so the CPU they
-use is measured separately and subtracted: what is left is the harness.
+A member runs as it does in a run: its own :class:`~subagents.model.claude.AnthropicModel`
+(the official ``anthropic`` client, streaming), :func:`~subagents.member.run_member` with
+the real loop and context manager, its trace and offloads written to disk, default
+job settings (``claude-sonnet-5``: a 1M window, so the 150,000-token working-set
+budget). The model is the fake Messages API running in *another process* (this
+script with ``--serve``), so what it costs is not counted; it answers from a plan
+named in the task, computes usage from what it received, and simulates the prompt
+cache (:class:`subagents.fake_api.PromptCache`). The tools run in-process; the CPU
+they use is measured and subtracted. What is left is the coordinator's CPU for the
+member: the loop, the context mechanisms, the trace and the client.
 
-Part 1 - harness CPU per turn at 10, 100 and 200 turns (target: <= 3 ms at 200).
-Part 2 - peak context and total input tokens, mechanisms off and on, for scripted
-tool-call tasks with large outputs (target: the peak never above the working-set
-budget with the mechanisms on).
-Part 3 - cost of one ``observe_usage`` (the per-turn token accounting) as the
-conversation grows: it must stay flat, not grow with the run.
+Part ``cpu`` - CPU per turn for members of 10, 100 and 200 turns (mostly 300-token
+results, a 3,000-token one every 10th turn): the whole member's CPU (model client
+made, every turn, the end) divided by its turns, median of ``--repeats`` members;
+and the CPU before the first turn (model client made, member set up, first request
+built), for the first member in the process and for later ones.
+
+Part ``tokens`` - total input tokens (uncached + cache read + cache write, summary
+calls included, as the fake API counts them), the peak context of one call, and
+the share of input read from the prompt cache, for 60 results of 15,000 tokens
+(just under the offload line), 60 of 25,000 (over it) and the 200-turn member.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import anyio
-from anthropic.types import Message
-from pydantic import BaseModel, ConfigDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from subagents.context import ContextConfig, ContextManager
+from context import METER  # registers the in-process "bench" kind
+
 from subagents.context.budget import working_set_budget
 from subagents.context.compaction import SUMMARY_SYSTEM
-from subagents.context.tokens import estimate_message, estimate_text
-from subagents.kinds import Kind, register_kind
-from subagents.loop import AgentLoop
-from subagents.member import Limits, MemberSpec
-from subagents.model.base import ModelProfile, ModelRequest, ModelResponse
-from subagents.tools.base import Tool, ToolContext, ToolOutput
-from subagents.trace import TraceWriter
+from subagents.context.config import ContextConfig
+from subagents.member import Limits, MemberOutcome, MemberSpec, run_member
+from subagents.model.base import ModelRequest, ModelResponse
+from subagents.model.factory import make_model
+from subagents.trace import Compaction, ModelCall, Offload, TraceWriter, read_trace
 
-LINE = "0123456789 abcdefghij klmnopqrst uvwxyz ABCDEFGHIJ KLMNOPQRST UVWXYZ 0123456789\n"
-"""80 characters = 20 tokens by the local estimate."""
-
-
-class Meter:
-    """CPU seconds spent in the model and the tools (to subtract from the total)."""
-
-    def __init__(self) -> None:
-        self.outside = 0.0
-
-    def __enter__(self) -> Meter:
-        self._t = time.process_time()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.outside += time.process_time() - self._t
+MODEL = "claude-sonnet-5"
+PLAN = re.compile(r"PLAN\[(\w+):(\d+):(\d+):(\w+)\]")
+"""``PLAN[kind:turns:size:nonce]`` in a member's task: what the fake model asks for."""
 
 
-METER = Meter()
+# -- the fake model, in its own process ------------------------------------------------
+def serve() -> None:
+    """Serve the plan policy on 127.0.0.1 until stdin closes; print the URL first."""
+    from subagents.fake_api import FakeMessagesAPI, text, tool_use
+
+    steps: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def policy(body: dict[str, Any]) -> Any:
+        system = body.get("system") or ""
+        if not isinstance(system, str):
+            system = "".join(b.get("text", "") for b in system)
+        if SUMMARY_SYSTEM in system:
+            return text("## Session intent\nbench\n## Next steps\ngo on")
+        found = PLAN.search(json.dumps(body["messages"][0]))
+        assert found is not None, "no PLAN[...] in the task"
+        kind, turns, size = found.group(1), int(found.group(2)), int(found.group(3))
+        with lock:
+            step = steps.get(found.group(0), 0)
+            steps[found.group(0)] = step + 1
+        if step >= turns - 1:
+            return tool_use("submit_result", {"summary": "done"})
+        if kind == "cpu":
+            size = 3_000 if step % 10 == 9 else 300
+        return tool_use("produce", {"tokens": size, "tag": f"turn {step}"})
+
+    api = FakeMessagesAPI(policy).start()
+    api.record = lambda entry: None  # type: ignore[method-assign]  # keep no bodies
+    print(api.url, flush=True)
+    sys.stdin.read()
+    api.stop()
 
 
-class ProduceInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    tokens: int
-    tag: str = ""
-
-
-class Produce(Tool):
-    """Returns ``tokens`` tokens of text (a log, a page, a listing)."""
-
-    name: ClassVar[str] = "produce"
-    description: ClassVar[str] = "Produce output of a given size."
-    Input: ClassVar[type[BaseModel]] = ProduceInput
-
-    async def run(self, args: ProduceInput, ctx: ToolContext) -> ToolOutput:
-        with METER:
-            body = LINE * max(1, args.tokens // 20)
-            return ToolOutput(text=f"{args.tag}\n{body}")
-
-
-class WriteInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str
-    content: str
-
-
-class BenchWrite(Tool):
-    name: ClassVar[str] = "write_file"
-    description: ClassVar[str] = "Write a file."
-    Input: ClassVar[type[BaseModel]] = WriteInput
-
-    async def run(self, args: WriteInput, ctx: ToolContext) -> ToolOutput:
-        with METER:
-            return ToolOutput(text=f"wrote {args.path}", files_written=[args.path])
-
-
-class BenchResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    summary: str
-
-
-register_kind(
-    Kind(
-        name="bench",
-        system_prompt="You are a benchmark agent. " + "Follow the plan. " * 50,
-        tools=lambda spec: [Produce(), BenchWrite()],
-        result_model=BenchResult,
-    )
-)
-
-
+# -- one member ---------------------------------------------------------------------
 @dataclass
-class ScriptedModel:
-    """Answers from a plan of tool calls, in-process; counts tokens like an API would."""
-
-    offline = False
-
-    plan: list[list[tuple[str, dict[str, Any]]]]
-    window: int
-    profile: ModelProfile = field(init=False)
-    step: int = 0
-    calls: int = 0
-    summary_calls: int = 0
-    input_tokens: list[int] = field(default_factory=list)
-    summary_input: int = 0
-
-    def __post_init__(self) -> None:
-        self.profile = ModelProfile(name="bench-model", context_window=self.window)
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        with METER:
-            tokens = estimate_text(str(request.system)) + sum(
-                estimate_message(m) for m in request.messages
-            )
-            tokens += sum(estimate_text(str(t)) for t in request.tools)
-            if request.system == SUMMARY_SYSTEM:
-                self.summary_calls += 1
-                self.summary_input += tokens
-                content = [
-                    {"type": "text", "text": "## Session intent\nbench\n## Next steps\ngo on"}
-                ]
-            else:
-                self.calls += 1
-                self.input_tokens.append(tokens)
-                content = self._next()
-            return ModelResponse(message=_message(content, tokens))
-
-    def _next(self) -> list[dict[str, Any]]:
-        if self.step >= len(self.plan):
-            return [_use(f"s{self.step}", "submit_result", {"summary": "done"})]
-        calls = self.plan[self.step]
-        self.step += 1
-        return [_use(f"c{self.step}_{i}", name, args) for i, (name, args) in enumerate(calls)]
-
-    async def count_tokens(self, request: ModelRequest) -> int | None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
+class Run:
+    outcome: MemberOutcome
+    cpu_s: float
+    """Coordinator CPU of the whole member, tools excluded."""
+    setup_cpu_s: float
+    """CPU from the start until the first request is handed to the client."""
+    peak: int
+    offloads: int
+    compactions: int
 
 
-def _use(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "tool_use", "id": f"toolu_{call_id}", "name": name, "input": args}
+_NONCE = iter(range(1, 1_000_000))
 
 
-def _message(content: list[dict[str, Any]], input_tokens: int) -> Message:
-    return Message.model_validate(
-        {
-            "id": "msg_bench",
-            "type": "message",
-            "role": "assistant",
-            "model": "bench-model",
-            "content": content,
-            "stop_reason": "tool_use",
-            "stop_sequence": None,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 20},
-        }
+async def run_one(kind: str, turns: int, size: int = 0) -> Run:
+    task = f"Run the benchmark plan. PLAN[{kind}:{turns}:{size}:n{next(_NONCE)}]"
+    spec = MemberSpec(
+        id="bench",
+        kind="bench",
+        task=task,
+        model=MODEL,
+        limits=Limits(max_turns=turns + 5, deadline_s=3_600),
+        context=ContextConfig(),
     )
-
-
-class NullContext:
-    """The mechanisms off: everything passes through untouched."""
-
-    todos = None
-
-    def tools(self) -> list[Tool]:
-        return []
-
-    async def start(self) -> str:
-        return ""
-
-    async def prepare(self, messages: list[dict], **kw: Any) -> list[dict]:
-        return messages
-
-    def observe_usage(self, usage: Any, sent_messages: list[dict]) -> None:
-        pass
-
-    async def admit_tool_result(self, call_id: str, tool: str, text: str) -> tuple[str, None]:
-        return text, None
-
-    def note_files_written(self, paths: list[str]) -> None:
-        pass
-
-    async def finish(self) -> None:
-        pass
-
-
-@dataclass
-class RunStats:
-    turns: int
-    harness_cpu_s: float
-    model: ScriptedModel
-    manager: ContextManager | None
-
-
-async def run_plan(
-    plan: list[list[tuple[str, dict[str, Any]]]],
-    *,
-    window: int,
-    on: bool,
-    config: ContextConfig | None = None,
-) -> RunStats:
-    model = ScriptedModel(plan, window)
+    first: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp)
-        spec = MemberSpec(
-            id="bench",
-            kind="bench",
-            task="Run the benchmark plan to the end.",
-            limits=Limits(max_turns=len(plan) + 5, deadline_s=3_600),
-            context=config or ContextConfig(),
-        )
-        trace = TraceWriter(run_dir / "trace.jsonl", run="bench", member="bench")
-        manager: ContextManager | None = None
-        context: Any = NullContext()
-        if on:
-            manager = ContextManager(
-                spec.context,
-                profile=model.profile,
-                model=model,
-                sandbox=None,
-                run_dir=run_dir,
-                trace=trace,
-                task=spec.task,
-                memory_dir=None,
-                todos_enabled=True,
-            )
-            context = manager
-        from subagents.kinds import get_kind
-
-        loop = AgentLoop(
-            spec,
-            get_kind("bench"),
-            model=model,
-            sandbox=None,
-            run_dir=run_dir,
-            trace=trace,
-            context=context,
-        )
+        trace = TraceWriter(Path(tmp) / "trace.jsonl", run="bench", member="bench")
         METER.outside = 0.0
         start = time.process_time()
-        outcome = await loop.run()
-        total = time.process_time() - start
+        model = make_model(spec.model, kind=spec.kind, trace=trace)
+        complete = model.complete
+
+        async def timed(request: ModelRequest) -> ModelResponse:
+            if not first:
+                first.append(time.process_time())
+            return await complete(request)
+
+        model.complete = timed  # type: ignore[method-assign]
+        try:
+            outcome = await run_member(
+                spec, sandbox=None, model=model, run_dir=Path(tmp), trace=trace
+            )
+        finally:
+            await model.aclose()
+        cpu = time.process_time() - start - METER.outside
         trace.close()
+        events = list(read_trace(Path(tmp) / "trace.jsonl"))
     assert outcome.status == "ok", outcome.reason
-    return RunStats(outcome.turns, total - METER.outside, model, manager)
+    calls = [e for e in events if isinstance(e, ModelCall)]
+    return Run(
+        outcome=outcome,
+        cpu_s=cpu,
+        setup_cpu_s=first[0] - start,
+        peak=max(c.context_tokens for c in calls),
+        offloads=sum(1 for e in events if isinstance(e, Offload)),
+        compactions=sum(1 for e in events if isinstance(e, Compaction)),
+    )
 
 
-def cpu_plan(turns: int) -> list[list[tuple[str, dict[str, Any]]]]:
-    """A coding-like mix: mostly 300-token outputs, a 3,000-token one every 10th turn."""
-    plan = []
-    for i in range(turns - 1):
-        size = 3_000 if i % 10 == 9 else 300
-        plan.append([("produce", {"tokens": size, "tag": f"turn {i}"})])
-    return plan
+def member(kind: str, turns: int, size: int = 0) -> Run:
+    return anyio.run(run_one, kind, turns, size)
 
 
-def part1(repeats: int) -> list[str]:
+# -- the parts ----------------------------------------------------------------------
+def part_cpu(repeats: int) -> list[str]:
+    first = member("cpu", 10)  # the first member in this process: one-time set-up
+    later: list[float] = []
     rows = [
-        "| turns | harness CPU per turn, median of runs (ms) | min (ms) | max (ms) |",
-        "|---:|---:|---:|---:|",
+        "| turns | CPU per turn, median (ms) | min | max | CPU before the first turn, median (ms) |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for turns in (10, 100, 200):
-        per_turn = []
-        for _ in range(repeats):
-            stats = anyio.run(partial(run_plan, cpu_plan(turns), window=200_000, on=True))
-            per_turn.append(stats.harness_cpu_s / stats.turns * 1_000)
+        runs = [member("cpu", turns) for _ in range(repeats)]
+        per_turn = [r.cpu_s / r.outcome.turns * 1_000 for r in runs]
+        setup = [r.setup_cpu_s * 1_000 for r in runs]
+        later += setup
         rows.append(
             f"| {turns} | {statistics.median(per_turn):.2f} | {min(per_turn):.2f} | "
-            f"{max(per_turn):.2f} |"
+            f"{max(per_turn):.2f} | {statistics.median(setup):.1f} |"
         )
+    rows.append("")
+    rows.append(
+        f"CPU before the first turn: first member in the process {first.setup_cpu_s * 1e3:.1f} ms "
+        f"(its whole 10 turns: {first.cpu_s * 1e3:.1f} ms), later members median "
+        f"{statistics.median(later):.1f} ms"
+    )
     return rows
 
 
-def large_outputs_plan() -> list[list[tuple[str, dict[str, Any]]]]:
-    """200 tool calls; sizes cycle 2k, 6k, 30k, 800, 12k tokens (every 5th over 20k)."""
-    sizes = [2_000, 6_000, 30_000, 800, 12_000]
-    return [[("produce", {"tokens": sizes[i % 5], "tag": f"call {i}"})] for i in range(200)]
-
-
-def under_threshold_plan() -> list[list[tuple[str, dict[str, Any]]]]:
-    """60 results of 15,000 tokens: each just under the 20,000-token offload threshold."""
-    return [[("produce", {"tokens": 15_000, "tag": f"page {i}"})] for i in range(60)]
-
-
-def writes_plan() -> list[list[tuple[str, dict[str, Any]]]]:
-    """100 writes of ~2,500-token files, each followed by a 1,000-token check."""
-    plan = []
-    for i in range(100):
-        plan.append([("write_file", {"path": f"/workspace/m{i}.py", "content": LINE * 125})])
-        plan.append([("produce", {"tokens": 1_000, "tag": f"check {i}"})])
-    return plan
-
-
-def small_results_plan() -> list[list[tuple[str, dict[str, Any]]]]:
-    """200 results of 900 tokens: too small to offload one by one, so compaction acts."""
-    return [[("produce", {"tokens": 900, "tag": f"step {i}"})] for i in range(200)]
-
-
-def part2() -> list[str]:
+def part_tokens() -> list[str]:
+    budget = working_set_budget(ContextConfig(), 1_000_000)
     rows = [
-        "| task | window | budget | mechanisms | peak context | total input | offloads | clips "
-        "| compactions | peak <= budget | harness CPU/turn |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|",
+        "| member | turns | total input tokens | peak context | budget | cache read share "
+        "| offloads | compactions |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     cases = [
-        ("200 calls, large outputs", large_outputs_plan, 200_000),
-        ("60 x 15,000-token results", under_threshold_plan, 1_000_000),
-        ("100 writes + 100 checks", writes_plan, 200_000),
-        ("200 calls, 900-token results", small_results_plan, 200_000),
+        ("60 results of 15,000 tokens", "size", 61, 15_000),
+        ("60 results of 25,000 tokens", "size", 61, 25_000),
+        ("200 turns, 300-token results", "cpu", 200, 0),
     ]
-    for name, make, window in cases:
-        budget = working_set_budget(ContextConfig(), window)
-        for on in (False, True):
-            stats = anyio.run(partial(run_plan, make(), window=window, on=on))
-            m = stats.model
-            peak = max(m.input_tokens)
-            total = sum(m.input_tokens) + m.summary_input
-            counts = _counts(stats.manager)
-            ok = "yes" if peak <= budget else "no"
-            if peak > window:
-                ok += " (over the window)"
-            rows.append(
-                f"| {name} | {window:,} | {budget:,} | {'on' if on else 'off'} | {peak:,} | "
-                f"{total:,} | {counts[0]} | {counts[1]} | {counts[2]} | {ok} | "
-                f"{stats.harness_cpu_s / stats.turns * 1_000:.2f} ms |"
-            )
-    return rows
-
-
-def _counts(manager: ContextManager | None) -> tuple[int, int, int]:
-    if manager is None:
-        return (0, 0, 0)
-    return (manager.offloads, manager.clips, manager.compactions)
-
-
-def part3(points: tuple[int, ...] = (10, 100, 200, 1_000)) -> list[str]:
-    """Median wall time of ``observe_usage`` over the 10 turns before each point."""
-    with tempfile.TemporaryDirectory() as tmp:
-        manager = ContextManager(
-            ContextConfig(),
-            profile=ModelProfile(name="bench", context_window=1_000_000),
-            model=ScriptedModel([], window=1_000_000),
-            sandbox=None,
-            run_dir=Path(tmp),
-            trace=TraceWriter(Path(tmp) / "trace.jsonl", run="bench", member="m"),
-            task="t",
-            memory_dir=None,
-            todos_enabled=False,
+    for name, kind, turns, size in cases:
+        run = member(kind, turns, size)
+        o = run.outcome
+        total = o.input_tokens + o.cache_read_tokens + o.cache_write_tokens
+        rows.append(
+            f"| {name} | {o.turns} | {total:,} | {run.peak:,} | {budget:,} | "
+            f"{o.cache_read_tokens / total:.0%} | {run.offloads} | {run.compactions} |"
         )
-        messages: list[dict[str, Any]] = [
-            {"role": "user", "content": [{"type": "text", "text": "t"}]}
-        ]
-        times: list[float] = []
-        for turn in range(1, max(points) + 1):
-            messages.append({"role": "assistant", "content": [_use(f"c{turn}", "shell", {})]})
-            result = {"type": "tool_result", "tool_use_id": f"c{turn}", "content": "x" * 400}
-            messages.append({"role": "user", "content": [result]})
-            manager.estimate(messages, "s", [])
-            started = time.perf_counter()
-            manager.observe_usage({"input_tokens": 1_000}, messages, "s", [])
-            times.append(time.perf_counter() - started)
-    rows = ["| turns | messages | observe_usage, median (us) |", "|---:|---:|---:|"]
-    for n in points:
-        median = statistics.median(times[n - 10 : n]) * 1e6
-        rows.append(f"| {n} | {2 * n + 1} | {median:.1f} |")
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="runs per turn count (part 1)")
+    parser.add_argument("--repeats", type=int, default=5, help="members per turn count (cpu)")
+    parser.add_argument("--parts", default="cpu,tokens", help="cpu, tokens or both")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    print("Harness CPU per turn (model and tool CPU excluded; mechanisms on, 200k window)\n")
-    print("\n".join(part1(args.repeats)))
-    print("\nContext size, mechanisms off vs on (tokens by the local estimate)\n")
-    print("\n".join(part2()))
-    print("\nToken accounting per turn (observe_usage) as the conversation grows\n")
-    print("\n".join(part3()))
+    if args.serve:
+        serve()
+        return
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        os.environ["ANTHROPIC_BASE_URL"] = server.stdout.readline().strip()
+        os.environ["ANTHROPIC_API_KEY"] = "bench-key"
+        parts = args.parts.split(",")
+        print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+        if "cpu" in parts:
+            print("Coordinator CPU per member turn (real anthropic client; tool CPU excluded)\n")
+            print("\n".join(part_cpu(args.repeats)))
+        if "tokens" in parts:
+            print("\nTokens sent (as the fake API counts them) and prompt-cache reads\n")
+            print("\n".join(part_tokens()))
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(timeout=10)
 
 
 if __name__ == "__main__":
