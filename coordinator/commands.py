@@ -202,7 +202,7 @@ def cmd_code(args: argparse.Namespace) -> int:
             f"test: {verified.get('command')} -> exit {verified.get('exit_code')} ({verdict}, "
             "re-run by Fleet after the member finished)"
         )
-    if not patch.exists() or not patch.read_text(encoding="utf-8").strip():
+    if not patch.exists() or not patch.read_bytes().strip():
         print("no changes were made; nothing to apply")
         return EXIT_FAILED if failed_test else summary.exit_code
     print(f"patch: {patch}")

@@ -129,3 +129,30 @@ def test_links_pointing_out_of_the_repository_are_copied_as_links_not_a_crash(
     assert "(passed" in done.stdout and "attempt 2" not in done.stdout
     assert (repo / "greet.txt").read_text() == "hello fleet\n"
     assert {n: str((repo / n).readlink()) for n in links} == links
+
+
+def test_gitattributes_cannot_hide_or_convert_a_change_and_apply_writes_the_bytes(
+    tmp_path, images, cleanup
+):
+    repo, out = tmp_path / "proj", tmp_path / "runs"
+    repo.mkdir()
+    cleanup.append(out)
+    before = {
+        "greet.md": b"hello world\n",
+        "crlf.txt": b"one\r\ntwo world\r\n",
+        "data.bin": b"\x00\x01 world \xff\xfe",
+        "latin.py": b"# caf\xe9 world\n",
+    }
+    for name, data in before.items():
+        (repo / name).write_bytes(data)
+    (repo / ".gitattributes").write_text("*.md binary\n*.txt text eol=crlf\n*.py diff=nope\n")
+    _commit_all(repo)
+    task = ", ".join(f"replace `world` with `fleet` in `{name}`" for name in before)
+    done = fleet_code(repo, task, out, "--apply")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = RunDir.list(out)
+    patch = (run.path / "members" / "coder" / "patch.diff").read_bytes()
+    assert b"-hello world\n+hello fleet\n" in patch  # text, whatever .gitattributes says
+    assert b"GIT binary patch" in patch and b"Binary files" not in patch
+    for name, data in before.items():
+        assert (repo / name).read_bytes() == data.replace(b"world", b"fleet"), name

@@ -7,6 +7,14 @@ what must not be taken on the model's word:
   snapshot taken before the first turn. The snapshot lives in a separate git
   directory under ``/tmp`` so a repository already in ``/workspace`` (its ``.git``,
   index and branches) is never touched, and its ``.gitignore`` is honoured.
+* the patch is of the files' bytes as they are, and nothing can hide a change from
+  it: the snapshot's own ``info/attributes`` (which beats the repository's
+  ``.gitattributes``) turns off filters, end-of-line and encoding conversion, and
+  leaves binary detection to git (so ``*.md binary`` cannot turn a text change into
+  "Binary files differ"); binary files travel as git binary patches; no textconv or
+  external diff runs, and no configuration outside the snapshot is read. The patch
+  is read back from the box as bytes (a file that is not UTF-8 stays intact), which
+  is what ``fleet code --apply`` applies byte for byte.
 * when the job gave a ``test`` command (``inputs["test"]``) it is run once more after
   the model submits, and ``verified`` records its real exit code. A test that fails
   there makes the member ``failed`` ("test failed after edit: ..."), whatever the
@@ -26,6 +34,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.errors import OutputLimitExceeded
+
 from ..tools.base import ToolContext
 from ..tools.coding import coding_tools
 from ..tools.names import show
@@ -36,10 +46,16 @@ WORKSPACE = "/workspace"
 BASELINE_GIT = "/tmp/fleet-baseline.git"
 PATCH_CHARS = 200_000
 _GIT = (
-    f"export GIT_DIR={BASELINE_GIT} GIT_WORK_TREE={WORKSPACE}; "
-    "git -c user.name=fleet -c user.email=fleet@localhost -c core.autocrlf=false"
+    f"export GIT_DIR={BASELINE_GIT} GIT_WORK_TREE={WORKSPACE} GIT_CONFIG_NOSYSTEM=1 "
+    "GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_NOSYSTEM=1; "
+    "git -c user.name=fleet -c user.email=fleet@localhost -c core.autocrlf=false "
+    "-c core.attributesFile=/dev/null"
 )
+_RAW_ATTRIBUTES = "* -text -filter -ident !eol !working-tree-encoding !diff\n"
 _NAMES = "/tmp/fleet-changed-names"
+_PATCH = "/tmp/fleet-patch.diff"
+PATCH_BYTES = 64 * 1024 * 1024
+"""Largest patch read back from the box."""
 _EXCLUDES = ".git\n__pycache__/\n*.pyc\n.pytest_cache/\n"
 
 SYSTEM_PROMPT = """\
@@ -103,8 +119,10 @@ async def snapshot_workspace(ctx: ToolContext) -> None:
     """Record /workspace as the baseline the patch is computed against."""
     if ctx.sandbox is None:
         return
+    info = f"{BASELINE_GIT}/info"
     script = (
-        f"{_GIT} init -q && printf {shlex.quote(_EXCLUDES)} > {BASELINE_GIT}/info/exclude && "
+        f"{_GIT} init -q && printf {shlex.quote(_EXCLUDES)} > {info}/exclude && "
+        f"printf {shlex.quote(_RAW_ATTRIBUTES)} > {info}/attributes && "
         f"{_GIT} add -A && {_GIT} commit -q --allow-empty --no-verify -m baseline"
     )
     res = await ctx.sandbox.exec(["bash", "-c", script], timeout=300)
@@ -123,26 +141,27 @@ async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any
         )
         return result
     box = ctx.sandbox
-    # Names as bytes (-z, through a file): one that is not UTF-8 is shown as the tools
-    # show it, not as git's octal quoting or a replacement character.
-    await box.exec(
-        [
-            "bash",
-            "-c",
-            f"{{ {_GIT} add -A && {_GIT} diff --cached --name-only -z --no-renames; }} > {_NAMES}",
-        ],
-        timeout=300,
+    # Through files, as bytes: a name or a line that is not UTF-8 arrives intact (a
+    # name is then shown as the tools show it, not in git's octal quoting).
+    diff = f"{_GIT} diff --cached --no-renames"
+    script = (
+        f"{{ {_GIT} add -A && {diff} --name-only -z; }} > {_NAMES}; "
+        f"{diff} --binary --no-color --no-ext-diff --no-textconv > {_PATCH}"
     )
+    await box.exec(["bash", "-c", script], timeout=300)
     names = (await box.read_file(_NAMES)).split(b"\0")
-    diff = await box.exec(
-        ["bash", "-c", f"{_GIT} diff --cached --no-color --no-renames"],
-        timeout=300,
-        output_limit=64 * 1024 * 1024,
-    )
-    patch = diff.stdout
-    (ctx.run_dir / "patch.diff").write_text(patch, encoding="utf-8")
     result["files_changed"] = [show(n.decode("utf-8", "surrogateescape")) for n in names if n]
-    result["patch_truncated"] = len(patch) > PATCH_CHARS or diff.truncated
+    too_large = False
+    try:
+        raw = await box.read_file(_PATCH, limit=PATCH_BYTES)
+    except OutputLimitExceeded as exc:
+        raw, too_large = b"", True
+        result.setdefault("notes", []).append(
+            f"patch not collected: {exc.size} bytes, over the {PATCH_BYTES}-byte limit"
+        )
+    (ctx.run_dir / "patch.diff").write_bytes(raw)
+    patch = raw.decode("utf-8", "replace")
+    result["patch_truncated"] = len(patch) > PATCH_CHARS or too_large
     result["patch"] = (
         patch
         if len(patch) <= PATCH_CHARS
