@@ -17,7 +17,8 @@ errors instead of exiting:
 - :class:`~coordinator.jobfile.JobError`: the job is invalid (which field, what was
   wrong, an example of right), before anything exists;
 - :class:`RunNotStarted`: the job is valid but cannot run here (no API key for its
-  model, no Docker engine, images that cannot be built); no run directory exists;
+  model, no Docker engine, images that cannot be built, an output directory that
+  cannot be made); no run directory exists;
 - :class:`RunFailed`: the run started and its Docker engine (or model) went away;
   the run directory and every finished member's result are kept, and
   :func:`resume` runs what did not finish.
@@ -47,7 +48,7 @@ from subagents.model import ModelError
 from .cli import CommandFailed, UsageError
 from .driver import RunOptions, RunSummary, execute
 from .jobfile import JobError, describe_validation, load_job, parse_job, render_toml
-from .runs import RunDir
+from .runs import RunDir, RunDirUnavailable, check_root
 from .spec import Job
 
 JobSource = Job | Mapping[str, Any] | str | os.PathLike[str]
@@ -126,9 +127,13 @@ async def run_async(
     """:func:`run` inside a running event loop."""
     parsed, text = _load(job)
     opts = _options(options, on_event, on_journal, echo)
-    await _preflight(parsed, opts)
     root = Path(output_dir) if output_dir is not None else Path(parsed.output_dir)
-    created = RunDir.create(parsed, text, root=root)
+    try:
+        check_root(root)  # at once, before images are built
+        await _preflight(parsed, opts)
+        created = RunDir.create(parsed, text, root=root)
+    except RunDirUnavailable as exc:
+        raise RunNotStarted(str(exc)) from None
     return await _execute(created, parsed, opts, resume=False)
 
 

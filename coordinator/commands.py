@@ -37,8 +37,7 @@ from .cli import UsageError
 from .driver import EXIT_FAILED, RunOptions, RunSummary, execute
 from .jobfile import JobError, load_job, parse_job
 from .preflight import preflight
-from .repo_copy import RepoTooLarge, check_size
-from .runs import RunDir, RunNotFound
+from .runs import RunDir, RunDirUnavailable, RunNotFound, check_root
 from .spec import Job
 
 
@@ -91,9 +90,21 @@ def _interrupted(run: RunDir) -> NoReturn:
     raise SystemExit(130) from None
 
 
-def _start(job: Job, text: str, args: argparse.Namespace) -> RunSummary:
+def _root(job: Job, args: argparse.Namespace) -> Path:
+    """Where the run directory goes; :class:`UsageError` when none can be made there."""
     root = Path(args.output_dir) if getattr(args, "output_dir", None) else Path(job.output_dir)
-    run = RunDir.create(job, text, root=root)
+    try:
+        check_root(root)
+    except RunDirUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    return root
+
+
+def _start(job: Job, text: str, args: argparse.Namespace) -> RunSummary:
+    try:
+        run = RunDir.create(job, text, root=_root(job, args))
+    except RunDirUnavailable as exc:
+        raise UsageError(str(exc)) from None
     count = f"{job.member_count} member{'' if job.member_count == 1 else 's'}"
     print(f"fleet: run {run.id} ({count}) in {run.path}", file=sys.stderr)
     return _go(run, job, _options(args))
@@ -104,6 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         job, text = load_job(args.job)
     except JobError as exc:
         raise UsageError(str(exc)) from None
+    _root(job, args)
     preflight(job)
     return _start(job, text, args).exit_code
 
@@ -150,6 +162,7 @@ def cmd_research(args: argparse.Namespace) -> int:
             "model.name": "--model",
         },
     )
+    _root(job, args)
     preflight(job, {"model.name": "--model"})
     return _start(job, text, args).exit_code
 
@@ -161,10 +174,6 @@ def cmd_code(args: argparse.Namespace) -> int:
             f"REPO {args.repo!r} is not a directory; give the path of the code to "
             'work on, e.g. fleet code ./myproject "Add a --verbose flag"'
         )
-    try:
-        check_size(repo)
-    except RepoTooLarge as exc:
-        raise UsageError(str(exc)) from None
     lines = [f"name = {_toml_str('code-' + (repo.name or 'repo'))}"]
     if args.model:
         lines += ["", "[model]", f"name = {_toml_str(args.model)}"]
@@ -182,7 +191,8 @@ def cmd_code(args: argparse.Namespace) -> int:
     job = _parse_flags(
         text, {"members[0].task": "TASK", "members[0].test": "--test", "model.name": "--model"}
     )
-    preflight(job, {"model.name": "--model"})
+    _root(job, args)
+    preflight(job, {"model.name": "--model", "members[0].repo": "REPO"})
     summary = _start(job, text, args)
     outcome = summary.outcomes.get("coder")
     patch = summary.run.path / "members" / "coder" / "patch.diff"

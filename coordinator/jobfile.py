@@ -49,6 +49,7 @@ _EXAMPLES: dict[str, str] = {
     "memory": 'memory = "1g"',
     "pids": "pids = 256",
     "workspace_size": 'workspace_size = "2g"',
+    "image": 'image = "python:3.12-slim"   # already on this engine; Fleet never pulls',
     "profile": 'memory = { profile = "python-docs" }',
     "context": "context = { compact_fraction = 0.9, offload_result_tokens = 20000 }",
     "todos": "todos = true",
@@ -165,18 +166,52 @@ def describe_validation(exc: ValidationError, *, prefix: tuple[str | int, ...] =
     return problems
 
 
+MAX_DEPTH = 32
+"""Deepest nesting of tables and arrays a job file may use (a result schema needs a few)."""
+
+
+def _too_deep(data: Any) -> str | None:
+    """The dotted path of the first value nested past :data:`MAX_DEPTH`, or None.
+
+    Iterative, so a hostile file cannot make the check itself run out of stack.
+    """
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
+    while stack:
+        value, loc = stack.pop()
+        if len(loc) > MAX_DEPTH:
+            return _dotted(loc[:6]) + "..."
+        if isinstance(value, dict):
+            stack += [(v, (*loc, k)) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, (*loc, i)) for i, v in enumerate(value)]
+    return None
+
+
+def _syntax_error(source: str, what: str, example: str = "") -> JobError:
+    line = f"(syntax): {what}."
+    if example:
+        line += f"\n    example of right: {example}"
+    return JobError(source, [line])
+
+
 def parse_job(text: str, *, source: str = "<job>") -> Job:
     """Validate TOML text into a :class:`Job`; raises :class:`JobError`."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
+        example = 'name = "survey"   (strings in double quotes)'
+        raise _syntax_error(source, f"not valid TOML: {exc}", example) from None
+    except RecursionError:  # the TOML reader recurses once per level of nesting
+        what = (
+            f"values are nested too deeply to read; tables and arrays nest at most {MAX_DEPTH} deep"
+        )
+        raise _syntax_error(source, what) from None
+    deep = _too_deep(data)
+    if deep is not None:
         raise JobError(
             source,
-            [
-                f"(syntax): not valid TOML: {exc}.\n"
-                '    example of right: name = "survey"   (strings in double quotes)'
-            ],
-        ) from None
+            [f"{deep}: nested more than {MAX_DEPTH} tables or arrays deep; flatten the value."],
+        )
     try:
         return Job.model_validate(data)
     except ValidationError as exc:

@@ -1,9 +1,17 @@
-"""Checks before a run exists: the job's models can be made and its images are built.
+"""Checks before a run exists: the job's repositories can be copied, its models can be
+made, and its images are there (Fleet's own are built when missing).
 
-Both run after the job file is validated and before any run directory is created,
+All run after the job file is validated and before any run directory is created,
 so a job that cannot start leaves nothing behind and says why in one paragraph
 (exit 2), instead of every member "crashing" the same way, being retried, and the
 run exiting 1 after its planner has spent model calls.
+
+Repositories. A coding member's ``repo`` is refused when it is the root of the file
+system, when its selection is past the copy limit, or when a file in it cannot be
+read: each would otherwise fail the member at its start, every try.
+
+A member's own image (``sandbox.image``) must already be on the engine: Fleet never
+pulls (no registry is assumed reachable) and cannot build someone else's image.
 
 Images. A job needs Fleet's image for each member kind it runs (unless a member
 names its own ``sandbox.image``), the default image for the egress proxy of any
@@ -31,6 +39,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import TextIO
 
 import anyio
@@ -40,13 +49,51 @@ from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.model import ModelError, make_model, resolve_model
 
 from .cli import CommandFailed, UsageError
+from .repo_copy import RepoTooLarge, check_size
 from .spec import Job
 
 
 def preflight(job: Job, flags: dict[str, str] | None = None, *, out: TextIO | None = None) -> None:
     """Everything a run needs before it starts; raises :class:`UsageError` (exit 2)."""
+    check_repos(job, flags)
     check_models(job, flags)
     check_images(job, out=out)
+
+
+def _field(where: str, flags: dict[str, str] | None) -> str:
+    """``members[0].repo``, or ``REPO (members[0].repo)`` when a flag stands for it."""
+    shown = (flags or {}).get(where)
+    return f"{shown} ({where})" if shown else where
+
+
+# ---------------------------------------------------------------- repositories
+
+
+def check_repos(job: Job, flags: dict[str, str] | None = None) -> None:
+    """Every coding member's ``repo`` can be copied into a box: not the root of the file
+    system, within the size limit, every selected file readable. Checked here, not when
+    the member starts, so a repo that can never be copied is bad input, not a member
+    that "crashes" and is retried."""
+    for i, member in enumerate(job.members):
+        if member.repo is None:
+            continue
+        repo = Path(member.repo)
+        field = _field(f"members[{i}].repo", flags)
+        if repo == Path(repo.anchor):
+            raise UsageError(
+                f"{field}: {repo} is the root of the file system, not a project; "
+                "point it at the project's own directory (e.g. ./my-project)"
+            )
+        try:
+            check_size(repo)
+        except RepoTooLarge as exc:
+            raise UsageError(f"{field}: {exc}") from None
+        except OSError as exc:
+            raise UsageError(
+                f"{field}: {exc.filename or repo} cannot be read ({exc.strerror or exc}); "
+                "only what this user can read is copied into the box: fix its permissions "
+                "or list it in .gitignore"
+            ) from None
 
 
 # ---------------------------------------------------------------- models
@@ -80,9 +127,7 @@ def check_models(job: Job, flags: dict[str, str] | None = None) -> None:
         try:
             anyio.run(probe, name)
         except ModelError as exc:
-            shown = (flags or {}).get(where)
-            field = f"{shown} ({where})" if shown else where
-            raise UsageError(f"{field}: {exc}") from None
+            raise UsageError(f"{_field(where, flags)}: {exc}") from None
 
 
 # ---------------------------------------------------------------- images
@@ -119,7 +164,8 @@ def check_images(job: Job, *, out: TextIO | None = None) -> dict[str, str]:
     from sandbox.images import ImageBuildFailed, current_refs, image_exists
 
     names = needed_images(job)
-    if not names:
+    own = {f"members[{i}].sandbox.image": m for i, m in enumerate(job.members) if m.sandbox.image}
+    if not names and not own:
         return {}
     out = out or sys.stderr
     try:
@@ -127,6 +173,17 @@ def check_images(job: Job, *, out: TextIO | None = None) -> dict[str, str]:
     except SandboxUnavailable as exc:
         raise UsageError(str(exc)) from None
     try:
+        for where, member in own.items():
+            ref = str(member.sandbox.image)
+            if not image_exists(client, ref):
+                raise UsageError(
+                    f"{where}: image {ref!r} is not on this Docker engine, and Fleet never "
+                    f"pulls images; build or load it first ('docker build -t {ref} DIR' or "
+                    f"'docker load -i FILE'), or leave sandbox.image out to use Fleet's "
+                    f"{member.kind} image"
+                )
+        if not names:
+            return {}
         refs = current_refs(names)
         missing = [n for n in names if not image_exists(client, refs[n])]
         if not missing:

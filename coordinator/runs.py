@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,33 @@ FINISHED = {"ok", "failed", "timed_out", "crashed", "incomplete"}
 
 class RunNotFound(Exception):
     """No run directory matches what the user gave."""
+
+
+class RunDirUnavailable(Exception):
+    """No run directory can be made where the job (or ``--output-dir``) says."""
+
+
+def check_root(root: Path) -> None:
+    """Raise :class:`RunDirUnavailable` when run directories cannot be made under ``root``.
+
+    Cheap and before anything else (images, models), so a bad output directory is
+    said at once; :meth:`RunDir.create` still reports what this could not foresee.
+    """
+    probe = Path(root).absolute()
+    while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        what = "exists and is not a directory" if probe.exists() else "is a broken link"
+        raise RunDirUnavailable(_cannot(root, f"{probe} {what}"))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise RunDirUnavailable(_cannot(root, f"{probe} is not writable by this user"))
+
+
+def _cannot(root: Path, why: str) -> str:
+    return (
+        f"cannot create run directories under {root}: {why}; give a directory Fleet "
+        "can write to (--output-dir DIR, or output_dir in the job file), e.g. --output-dir runs"
+    )
 
 
 def _fsync_write(path: Path, text: str) -> None:
@@ -125,11 +153,19 @@ class RunDir:
         root = Path(root or job.output_dir)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = root / f"{job.slug()}-{stamp}-{secrets.token_hex(2)}"
-        (path / "members").mkdir(parents=True)
+        check_root(root)
+        try:
+            (path / "members").mkdir(parents=True)
+        except OSError as exc:
+            raise RunDirUnavailable(_cannot(root, exc.strerror or str(exc))) from None
         run = cls(path)
-        (path / "job.toml").write_text(job_text, encoding="utf-8")
-        _fsync_write(path / "job.json", job.model_dump_json(indent=2))
-        run.journal.append("run_created", name=job.name, members=job.member_count)
+        try:
+            (path / "job.toml").write_text(job_text, encoding="utf-8")
+            _fsync_write(path / "job.json", job.model_dump_json(indent=2))
+            run.journal.append("run_created", name=job.name, members=job.member_count)
+        except OSError as exc:  # e.g. a full disk: leave no half-made run behind
+            shutil.rmtree(path, ignore_errors=True)
+            raise RunDirUnavailable(_cannot(root, exc.strerror or str(exc))) from None
         return run
 
     @classmethod

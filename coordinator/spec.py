@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sandbox.errors import SandboxSpecError
-from sandbox.spec import NetworkPolicy, parse_size
+from sandbox.spec import NetworkPolicy, check_image_reference, parse_size
 
 MemberKind = Literal["browser", "coding"]
 RetryOn = Literal["crashed", "overloaded", "timed_out"]
@@ -84,6 +84,11 @@ class SandboxOverrides(_Strict):
         if parse_size(v) < 4 * 1024 * 1024:
             raise ValueError(f"{v!r} is too small (at least '4m')")
         return v.strip().lower()
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        return check_image_reference(v)
 
     def applied(self) -> dict[str, Any]:
         """The overrides as ``SandboxSpec`` keyword arguments."""

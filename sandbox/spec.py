@@ -28,6 +28,54 @@ _HOST_RE = re.compile(
 )
 _SIZE_RE = re.compile(r"^\d+(\.\d+)?[kmgKMG]?$")
 
+# Docker's image reference grammar (distribution/reference): [domain/]path[:tag][@digest].
+_PATH_PART = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+_DOMAIN = re.compile(
+    r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+    r"(?::[0-9]+)?"
+)
+_TAG = re.compile(r"\w[\w.-]{0,127}", re.ASCII)
+_DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
+_IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def image_reference_problem(ref: str) -> str | None:
+    """Why ``ref`` is not a plain image reference (``name[:tag][@digest]`` or an image
+    id), or None. Plain only: a reference is handed to the engine as a name, so
+    anything else (spaces, options, upper case) fails there, box after box."""
+    if _IMAGE_ID.fullmatch(ref):
+        return None
+    name, at, digest = ref.partition("@")
+    slash, colon = name.rfind("/"), name.rfind(":")
+    tag = None
+    if colon > slash:
+        name, tag = name[:colon], name[colon + 1 :]
+    parts = name.split("/")
+    if len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0] == "localhost"):
+        domain, parts = parts[0], parts[1:]
+        if not _DOMAIN.fullmatch(domain):
+            return f"{domain!r} is not a registry host"
+    if len(name) > 255 or not all(_PATH_PART.fullmatch(p) for p in parts):
+        return "the name must be lowercase letters and digits separated by '/', '.', '_' or '-'"
+    if tag is not None and not _TAG.fullmatch(tag):
+        return f"{tag!r} is not a tag (letters, digits, '_', '.', '-'; at most 128)"
+    if at and not _DIGEST.fullmatch(digest):
+        return f"{digest!r} is not a digest (sha256:<hex>)"
+    return None
+
+
+def check_image_reference(ref: str | None) -> str | None:
+    """A field validator's body: ``ref`` unchanged, or ``ValueError`` saying what is wrong."""
+    if ref is None:
+        return None
+    why = image_reference_problem(ref)
+    if why:
+        raise ValueError(
+            f"{ref!r} is not a plain image reference: {why}; write name[:tag], "
+            "e.g. 'python:3.12-slim' or 'registry.example.org/team/tools:1.4'"
+        )
+    return ref
+
 
 def parse_size(text: str | int) -> int:
     """Bytes from ``"512m"``, ``"1g"``, ``"64k"`` or a plain integer."""
@@ -166,6 +214,11 @@ class SandboxSpec(_Strict):
         if parse_size(v) < 4 * 1024 * 1024:
             raise ValueError(f"{v!r} is too small; at least '4m'")
         return v.strip().lower()
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        return check_image_reference(v)
 
     @field_validator("labels")
     @classmethod

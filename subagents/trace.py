@@ -266,5 +266,5 @@ def read_trace(path: Path) -> Iterator[Any]:
                 continue
             try:
                 yield _ADAPTER.validate_python(json.loads(line))
-            except (json.JSONDecodeError, ValueError):
+            except (ValueError, RecursionError):  # not an event (or nested past the stack)
                 continue

@@ -89,6 +89,14 @@ def test_a_job_that_cannot_start_here_is_run_not_started_and_no_run_exists(
     assert capfd.readouterr().err == ""
 
 
+def test_an_output_directory_that_cannot_be_made_is_run_not_started(tmp_path, capfd):
+    (tmp_path / "afile").write_text("x")
+    job = _coding_job(tmp_path)
+    with pytest.raises(fleet.RunNotStarted, match="afile exists and is not a directory"):
+        fleet.run(job, output_dir=tmp_path / "afile" / "runs")
+    assert capfd.readouterr().err == ""
+
+
 def test_job_sources_agree_file_text_dict_and_job(tmp_path):
     path = EXAMPLES / "mixed.toml"
     from_file = fleet.load(path)

@@ -184,9 +184,20 @@ class ReplayModel:
                 f"replay trace not found: {self.path} (give the trace.jsonl of a member, "
                 "e.g. runs/<run-id>/members/<member-id>/trace.jsonl)"
             )
-        self.calls: list[ModelCall] = [e for e in read_trace(self.path) if e.type == "model_call"]
+        hint = (
+            "give the trace.jsonl of a member, e.g. runs/<run-id>/members/<member-id>/trace.jsonl"
+        )
+        try:
+            events = list(read_trace(self.path))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelError(
+                f"replay trace {self.path} cannot be read as a trace ({exc}); {hint}"
+            ) from None
+        self.calls: list[ModelCall] = [e for e in events if e.type == "model_call"]
         if not self.calls:
-            raise ModelError(f"replay trace {self.path} records no model calls")
+            raise ModelError(
+                f"replay trace {self.path} records no model calls (is it a member's trace?); {hint}"
+            )
         self.name = f"replay:{self.path}"
         self.profile = offline_profile(self.name)
         self.position = 0
