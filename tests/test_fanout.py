@@ -22,6 +22,7 @@ from coordinator.runs import RunDir
 from coordinator.spec import RetryPolicy
 from sandbox.docker import DockerBackend
 from subagents.member import MemberOutcome, MemberSpec
+from subagents.model import make_model
 
 pytestmark = pytest.mark.docker
 
@@ -84,7 +85,8 @@ def _run_dir(tmp_path: Path, run_id: str) -> RunDir:
 def _deps(images: dict[str, str], harness: ScriptedHarness, run: RunDir) -> Deps:
     return Deps(
         backend=DockerBackend(images=images),
-        make_model=lambda name, **kw: None,  # type: ignore[arg-type,return-value]
+        # The scripted harness never asks the model; the worker still makes and closes one.
+        make_model=lambda name, **kw: make_model("offline:echo"),
         run_member=harness,
         journal=run.journal.append,
     )
