@@ -26,7 +26,9 @@ class ExecResult(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     exit_code: int
-    """Exit status; 124 when the timeout killed it, 128+N when killed by signal N."""
+    """Exit status; 124 when the timeout killed it, 128+N when killed by signal N, 126
+    when the program could not be started (not executable, a directory), 127 when it
+    does not exist (see :meth:`Sandbox.exec`)."""
     stdout: str
     """Standard output, UTF-8 with replacement; head and tail kept when over the cap."""
     stderr: str
@@ -113,6 +115,13 @@ class Sandbox(abc.ABC):
 
         The timeout is enforced inside the box: its whole process group is killed
         and the output so far is returned with ``timed_out=True``.
+
+        A program that cannot be started is a result, never an exception, and the same
+        on every way a backend reaches the box, for an argv list and a shell string
+        alike: exit code 126 and a line on stderr that names the program and says
+        ``Permission denied`` when the file is not executable (or is a directory); 127
+        and a line naming it when it does not exist. An executable file with no ``#!`` line that is
+        not a binary runs with ``/bin/sh``, as a shell would run it.
         """
 
     @abc.abstractmethod

@@ -22,6 +22,7 @@ host uses that as a fallback when the long-lived stream broke.
 from __future__ import annotations
 
 import binascii
+import errno
 import io
 import json
 import os
@@ -222,6 +223,47 @@ def _shell_argv(cmd: str) -> list[str]:
     return [shell, "-c", cmd]
 
 
+class _NotStarted(Exception):
+    """The program could not be started; ``code`` is the shell's exit status for it."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _spawn(argv: list[str], cwd: str, env: dict) -> subprocess.Popen:
+    """Start ``argv`` in a new session, with a shell's exit statuses when it cannot be.
+
+    The contract of :meth:`Sandbox.exec`, the same as ``bash`` and ``docker exec`` with
+    ``timeout`` give on the other exec paths: 127 and ``PROG: No such file or
+    directory`` when the program (or the working directory) is missing, 126 and
+    ``PROG: Permission denied`` when it is not executable or is a directory. A file
+    that is executable but no binary and has no ``#!`` line runs with ``/bin/sh``, as
+    ``execvp`` (and so every shell) does.
+    """
+    popen = {
+        "cwd": cwd,
+        "env": env,
+        "stdin": subprocess.PIPE,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+        "start_new_session": True,
+        "close_fds": True,
+    }
+    try:
+        try:
+            return subprocess.Popen(argv, **popen)
+        except OSError as e:
+            if e.errno != errno.ENOEXEC:
+                raise
+            return subprocess.Popen(["/bin/sh", *argv], **popen)
+    except FileNotFoundError as e:
+        what = e.filename if e.filename == cwd else argv[0]
+        raise _NotStarted(127, f"{what}: No such file or directory\n") from None
+    except OSError as e:
+        raise _NotStarted(126, f"{argv[0]}: {e.strerror or e}\n") from None
+
+
 def op_exec(req: dict) -> dict:
     argv = req["argv"] if isinstance(req.get("argv"), list) else _shell_argv(req["cmd"])
     env = dict(os.environ)
@@ -233,22 +275,9 @@ def op_exec(req: dict) -> dict:
     oom_before = oom_kills()
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
-    except FileNotFoundError as e:
-        msg = f"{e.filename or argv[0]}: not found (cwd {cwd})\n"
-        return _exec_reply(127, b"", msg.encode(), False, False, started, False)
-    except OSError as e:
-        msg = f"cannot start {argv[0]}: {e}\n"
-        return _exec_reply(126, b"", msg.encode(), False, False, started, False)
+        proc = _spawn(argv, cwd, env)
+    except _NotStarted as e:
+        return _exec_reply(e.code, b"", e.message.encode(), False, False, started, False)
     try:
         # The command, not this agent, should be the OOM killer's first choice.
         with open(f"/proc/{proc.pid}/oom_score_adj", "w") as f:

@@ -206,8 +206,10 @@ class BoxTransport:
             env["FLEET_STDIN_B64"] = req["stdin"]
             script = 'printf %s "$FLEET_STDIN_B64" | base64 -d | "$@"'
             argv = ["/bin/sh", "-c", script, "fleet-stdin", *argv]
-        if req.get("timeout"):
-            argv = ["timeout", "-k", "2", str(req["timeout"]), *argv]
+        # Always through ``timeout`` (0: no limit): a program that cannot be started is
+        # then 126/127 with a message on stderr, as on the agent's paths, instead of the
+        # engine's "OCI runtime exec failed" on stdout.
+        argv = ["timeout", "-k", "2", str(req.get("timeout") or 0), *argv]
         started = time.monotonic()
 
         def run() -> Any:

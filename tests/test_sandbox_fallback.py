@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import docker
 import pytest
@@ -150,3 +150,49 @@ async def test_a_dead_box_in_a_fallback_mode_is_crashed_never_an_engine_error(
             await box.exec("echo hi")
         assert err.value.reason == "killed"
         assert "docker" not in type(err.value).__module__
+
+
+# ---------------------------------------------------------------- programs that cannot start
+
+
+@pytest.fixture(params=["agent", "oneshot", "inline", "plain"])
+async def box_in_each_mode(
+    request, backend: DockerBackend, run_id: str, docker_client, images
+) -> AsyncIterator[DockerSandbox]:
+    mode = request.param
+    if mode == "inline":
+        spec = SandboxSpec(image=request.getfixturevalue("image_without_agent"))
+    else:
+        spec = SandboxSpec(image=images["base"]) if mode == "plain" else SandboxSpec()
+    async with await backend.create(spec, run=run_id, member="c") as box:
+        if mode == "oneshot":
+            await _oneshot_box(box, docker_client)
+        assert box.mode == mode
+        yield box
+
+
+async def test_a_program_that_cannot_start_is_126_or_127_with_why_on_stderr_on_every_path(
+    box_in_each_mode: DockerSandbox,
+) -> None:
+    """The documented contract of Sandbox.exec, for argv lists and shell strings, with and
+    without a timeout, whichever way the box is reached."""
+    box = box_in_each_mode
+    made = await box.exec(
+        "printf '#!/bin/sh\\necho ran\\n' > notexec.sh && mkdir adir"
+        " && printf 'echo via-sh\\n' > noshebang && chmod +x noshebang"
+    )
+    assert made.ok, made
+    for timeout in (30.0, None):
+        for cmd in (["/workspace/notexec.sh"], "/workspace/notexec.sh", ["/workspace/adir"]):
+            res = await box.exec(cmd, timeout=timeout)
+            assert res.exit_code == 126, (box.mode, cmd, timeout, res)
+            program = cmd if isinstance(cmd, str) else cmd[0]
+            assert "Permission denied" in res.stderr and program in res.stderr, res
+            assert res.stdout == "", res
+        for cmd in (["/workspace/missing"], "/workspace/missing"):
+            res = await box.exec(cmd, timeout=timeout)
+            assert res.exit_code == 127 and "/workspace/missing" in res.stderr, res
+            assert res.stdout == "", res
+        # Executable, not a binary, no '#!': a shell runs it, and so does every path.
+        ran = await box.exec(["/workspace/noshebang"], timeout=timeout)
+        assert (ran.exit_code, ran.stdout) == (0, "via-sh\n"), (box.mode, ran)
