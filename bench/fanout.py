@@ -30,8 +30,8 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent / "tests")
 
 from fleet_policies import coding_policy  # noqa: E402
 
-from coordinator.driver import open_pools  # noqa: E402
 from coordinator.fanout import Deps, MemberUnit, fan_out  # noqa: E402
+from coordinator.node import open_pools  # noqa: E402
 from coordinator.spec import RetryPolicy  # noqa: E402
 from sandbox.docker import DockerBackend, new_run_id  # noqa: E402
 from sandbox.image_build import ensure_images  # noqa: E402

@@ -13,7 +13,6 @@ box under a shield, then the run is journalled ``interrupted`` and can be resume
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -28,19 +27,20 @@ import anyio
 from anyio.abc import TaskStatus
 
 from sandbox import reaper
-from sandbox.base import Sandbox, SandboxBackend
-from subagents.browser.corpus import CORPUS_MEMBER, start_corpus
+from sandbox.base import SandboxBackend
+from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.member import MemberOutcome
 from subagents.model import Model, make_model, resolve_model
 
 from .analyst import write_report
 from .executor import Executor
 from .fanout import fan_out, to_member_spec
+from .node import CLEANUP_S, LocalNodes, NodeDeps
 from .planner import plan
 from .progress import Progress
 from .runs import RunDir
 from .spec import Job, MemberJob
-from .worker import Deps, MemberUnit
+from .worker import MemberUnit, Nodes, Recorder, Services
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -74,12 +74,13 @@ class RunSummary:
     report_path: Path | None = None
 
 
-def _backend(opts: RunOptions) -> SandboxBackend:
+def _nodes(opts: RunOptions) -> Nodes:
+    """Where the run's members run: this host's engine, through ``opts.backend``."""
     if opts.backend is None:
         from sandbox.docker import DockerBackend
 
         opts.backend = DockerBackend()
-    return opts.backend
+    return LocalNodes(NodeDeps(backend=opts.backend, make_model=opts.make_model))
 
 
 async def plan_members(
@@ -112,30 +113,6 @@ async def plan_members(
         run.journal.append("plan", planner=planner, sub_questions=subs)
     run.save_members(members)
     return members
-
-
-async def open_pools(
-    stack: contextlib.AsyncExitStack,
-    deps: Deps,
-    units: list[MemberUnit],
-    run_id: str,
-    max_parallel: int,
-) -> None:
-    """One warm pool per distinct box spec, sized to what the members will take."""
-    from sandbox.pool import SandboxPool
-
-    specs: dict[str, Any] = {}
-    for u in units:
-        spec = u.spec.sandbox_spec()
-        key = spec.model_dump_json()
-        specs[key] = spec
-        deps.demand[key] = deps.demand.get(key, 0) + 1
-    for key, spec in specs.items():
-        if spec.keep:
-            continue  # a pool's spare box would be kept too; these members get fresh boxes
-        want = min(deps.demand[key], max_parallel)
-        pool = SandboxPool(deps.backend, spec, run=run_id, min_idle=want, max_size=max_parallel)
-        deps.pools[key] = await stack.enter_async_context(pool)
 
 
 def _wants_corpus(job: Job) -> bool:
@@ -174,11 +151,6 @@ def _load_outcome(run: RunDir, member: str) -> MemberOutcome | None:
         return MemberOutcome.model_validate(data)
     except ValueError:
         return None
-
-
-CLEANUP_S = 60.0
-"""Longest the run's cleanup (boxes, pools, corpus, proxy) may take after an interrupt;
-past it the run still ends, and ``fleet sandbox gc`` removes what is left."""
 
 
 @dataclass
@@ -243,7 +215,7 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
     Ctrl-C is watched from the first line, so an interrupt while a resume reaps boxes
     or while the planner runs leaves the run ``interrupted`` (resumable), not dead.
     """
-    backend = _backend(opts)
+    nodes = _nodes(opts)
     got = _Progressed()
     signals = _Signals(opts.out)
     async with anyio.create_task_group() as guard:
@@ -254,10 +226,10 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
             if signals.got:  # Ctrl-C came before there was a scope to cancel
                 tg.cancel_scope.cancel()
             try:
-                await _run_members(run, job, opts, backend, got, tg, resume=resume)
+                await _run_members(run, job, opts, nodes, got, tg, resume=resume)
             finally:
                 async with _cleanup("removing the run's boxes", opts.out):
-                    await _remove_boxes(backend, run, opts)
+                    await _remove_boxes(nodes, run, opts)
             tg.cancel_scope.cancel()
         progress = got.progress or Progress(
             [m.id or "" for m in got.members], out=opts.out, tty=False
@@ -280,19 +252,12 @@ def _progress(
     return progress
 
 
-async def _remove_boxes(backend: SandboxBackend, run: RunDir, opts: RunOptions) -> None:
-    """Remove whatever the run left on the engine - except boxes a member asked to keep
-    (``sandbox.keep``, for debugging), which stay with their network until
-    ``fleet sandbox gc --all``."""
-    try:
-        kept = [b.name for b in await backend.list_boxes(run=run.id) if b.keep]
-        if not kept:
-            await backend.remove_run(run.id)
-            return
-    finally:
-        # The run is over even when the engine is gone: gc may take what is left
-        # (anything not kept), and `fleet resume` marks the run live again.
-        reaper.mark_done(run.id)
+async def _remove_boxes(nodes: Nodes, run: RunDir, opts: RunOptions) -> None:
+    """Remove whatever the run left on every node - except boxes a member asked to keep
+    (``sandbox.keep``, for debugging), which stay until ``fleet sandbox gc --all``."""
+    kept = await nodes.remove_boxes(run.id)
+    if not kept:
+        return
     run.journal.append("boxes_kept", boxes=kept)
     print(
         f"fleet: kept for debugging: {', '.join(kept)}; remove with 'fleet sandbox gc --all'",
@@ -304,7 +269,7 @@ async def _run_members(
     run: RunDir,
     job: Job,
     opts: RunOptions,
-    backend: SandboxBackend,
+    nodes: Nodes,
     got: _Progressed,
     tg: Any,
     *,
@@ -312,7 +277,7 @@ async def _run_members(
 ) -> None:
     """Plan, then fan out; fills ``got`` as it goes (an interrupt may stop it anywhere)."""
     if resume:
-        reaped = await backend.remove_run(run.id)  # the dead run's boxes and network
+        reaped = await nodes.reap(run.id)  # the dead run's boxes and network
         run.journal.append("reaped", boxes=reaped)
     run.mark_live()
     reaper.mark_live(run.id)
@@ -329,12 +294,7 @@ async def _run_members(
 
     for m in pending:
         journal("member_queued", member=m.id)
-    deps = Deps(
-        backend=backend,
-        make_model=opts.make_model,
-        listeners=[progress.on_event, *opts.on_event],
-        journal=journal,
-    )
+    deps = Recorder(listeners=[progress.on_event, *opts.on_event], journal=journal)
     live_otel = _live_otel(run.id, deps)
     units = _units(run, job, pending)
     already_ok = sum(
@@ -344,16 +304,14 @@ async def _run_members(
     )
     if progress.tty:
         tg.start_soon(progress.run)
-    corpus: Sandbox | None = None
     try:
-        # The pools close (their boxes removed, shielded by the pool) before the run's
-        # task group ends; not under _cleanup's bound: a pool's own task group must be
-        # exited in the scope it was entered in.
-        async with contextlib.AsyncExitStack() as stack:
-            if job.fanout.warm_pool:
-                await open_pools(stack, deps, units, run.id, job.fanout.max_parallel)
-            if any(u.spec.kind == "browser" for u in units) and _wants_corpus(job):
-                corpus = await start_corpus(backend, run.id)
+        services = Services(
+            max_parallel=job.fanout.max_parallel,
+            warm_pool=job.fanout.warm_pool,
+            corpus=any(u.spec.kind == "browser" for u in units) and _wants_corpus(job),
+        )
+        serve = nodes.serve(run.id, units, services)
+        async with serve:
             fanned = await fan_out(
                 units,
                 deps,
@@ -361,19 +319,17 @@ async def _run_members(
                 min_success=job.fanout.min_success,
                 fail_fast=job.fanout.fail_fast,
                 executor=opts.executor,
+                nodes=nodes,
                 already_ok=already_ok,
             )
             got.outcomes = fanned.outcomes
     finally:
-        async with _cleanup("removing the corpus box", opts.out):
-            if corpus is not None:
-                await corpus.close()
         async with _cleanup("sending the last spans", opts.out):
             if live_otel is not None:
                 await anyio.to_thread.run_sync(live_otel.close, time.time())
 
 
-def _live_otel(run_id: str, deps: Deps) -> Any:
+def _live_otel(run_id: str, deps: Recorder) -> Any:
     """Live OpenTelemetry export when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``otel`` extra)."""
     if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return None

@@ -1,13 +1,12 @@
-"""The fan-out executor seam: where member units actually run.
+"""The fan-out executor seam: when member units run.
 
 A unit of work is serializable data in, serializable data out (a member's spec in,
-its outcome out); the executor only decides *where and when* each unit runs. Today
-that is :class:`LocalExecutor`, one anyio task group on this host with a capacity
-limiter as the queue. A cluster executor (Ray first, see DESIGN.md) implements the
-same :meth:`Executor.map` by shipping each unit to a node; nothing else in the
-coordinator changes, because the fan-out policy (quorum, fail-fast) lives in
-:mod:`coordinator.fanout`, one member's deadline and retries in
-:mod:`coordinator.worker`, and both only talk to this seam.
+its outcome out); the executor only decides *when* each unit runs: one anyio task
+group on the coordinator with a capacity limiter as the queue. *Where* each attempt
+of a member runs - its box and agent loop on this host, or on a cluster node - is
+:class:`coordinator.worker.Nodes`'s business, so the same executor serves both. The
+fan-out policy (quorum, fail-fast) lives in :mod:`coordinator.fanout`, one member's
+retries and record in :mod:`coordinator.worker`, and both only talk to these seams.
 
 Contract for ``worker``: it records its own failures in the outcome it returns and
 raises only on cancellation. The executor still guards against a worker that

@@ -1,9 +1,10 @@
 """Fan-out: many members at once, each one's failure recorded, never propagated.
 
 :func:`fan_out` hands every :class:`~coordinator.worker.MemberUnit` to the executor
-(:mod:`coordinator.executor`: a local task group today, a cluster later), which runs
-each with :func:`coordinator.worker.run_unit` - one member's box, harness, deadline
-and retries. A member that fails, times out or crashes is an outcome like any other;
+(:mod:`coordinator.executor`: a task group with a queue), which runs each with
+:func:`coordinator.worker.run_unit` - one member's retries and record - whose attempts
+run where :class:`~coordinator.worker.Nodes` puts them (this host, or a cluster's
+nodes). A member that fails, times out or crashes is an outcome like any other;
 its siblings go on. Only ``fail_fast`` (at the first member that fails for good) or
 the user's Ctrl-C cancel siblings; members that never got to run are ``cancelled``
 with the reason. The run's verdict is the quorum: ``min_success`` members ``ok``,
@@ -25,8 +26,9 @@ from subagents.member import Limits as MemberLimits
 from subagents.member import MemberOutcome, MemberSpec
 
 from .executor import Executor, LocalExecutor
+from .node import Deps, LocalNodes
 from .spec import Egress, MemberJob
-from .worker import Deps, MemberUnit, failed_outcome, run_unit
+from .worker import MemberUnit, Nodes, Recorder, failed_outcome, run_unit
 
 __all__ = ["Deps", "FanoutResult", "MemberUnit", "fan_out", "to_member_spec"]
 
@@ -82,19 +84,26 @@ class FanoutResult:
 
 async def fan_out(
     units: list[MemberUnit],
-    deps: Deps,
+    deps: Recorder,
     *,
     max_parallel: int,
     min_success: int,
     fail_fast: bool,
     executor: Executor[MemberUnit, MemberOutcome] | None = None,
+    nodes: Nodes | None = None,
     already_ok: int = 0,
 ) -> FanoutResult:
     """Run every unit; returns all outcomes and whether the quorum was met.
 
-    ``already_ok`` counts members that ended ``ok`` in an earlier life of the run
-    (resume), toward the quorum.
+    ``nodes`` is where attempts run; None: this host, with ``deps`` (then a
+    :class:`~coordinator.node.Deps`) as its node side. ``already_ok`` counts members
+    that ended ``ok`` in an earlier life of the run (resume), toward the quorum.
     """
+    if nodes is None:
+        if not isinstance(deps, Deps):
+            raise TypeError("fan_out without nodes runs on this host and needs a node.Deps")
+        nodes = LocalNodes(deps)
+    where = nodes
     outcomes: dict[str, MemberOutcome] = {}
     stopper: list[str] = []
 
@@ -111,7 +120,7 @@ async def fan_out(
         return False
 
     async def worker(unit: MemberUnit) -> MemberOutcome:
-        return await run_unit(unit, deps)
+        return await run_unit(unit, deps, where)
 
     executor = executor or LocalExecutor()
     await executor.map(units, worker, max_parallel=max_parallel, on_done=on_done)

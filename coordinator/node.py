@@ -1,0 +1,292 @@
+"""The node side of a run: what runs next to the boxes.
+
+A member's agent loop runs on the host that holds its box, because the box's exec
+stream, CDP port and run network are reachable only from there. This module is that
+side and nothing else: a node's :class:`NodeDeps` (its sandbox backend, warm pools,
+model factory and harness), :func:`run_attempt` (one attempt of one member: box up,
+harness, box down), and :func:`serving` (the node's share of a run's services: warm
+pools and the corpus box). It writes only into the member directory it is given and
+emits trace events through the :class:`~subagents.trace.TraceWriter` it is given;
+the journal, retries and ``result.json`` are the coordinator's
+(:mod:`coordinator.worker`).
+
+On one machine :class:`LocalNodes` runs attempts in this process against the member's
+own run directory. On a cluster (:mod:`coordinator.cluster`) the same functions run in
+a node's actor, against a scratch directory whose files go back to the coordinator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+
+from sandbox import reaper
+from sandbox.base import Sandbox, SandboxBackend
+from sandbox.errors import SandboxCrashed, SandboxError
+from sandbox.pool import SandboxPool
+from sandbox.spec import SandboxSpec
+from subagents.browser.corpus import start_corpus
+from subagents.member import MemberOutcome, MemberSpec
+from subagents.model.base import Model, ModelError
+from subagents.trace import ErrorEvent, MemberEnd, SandboxEvent, TraceWriter
+
+from .repo_copy import RepoTooLarge, staged_copy
+from .schema_check import problems as schema_problems
+from .worker import CANCELLED, MemberUnit, Nodes, Recorder, Services, Started, failed_outcome
+
+CLEANUP_S = 60.0
+"""Longest the run's cleanup (boxes, pools, corpus, proxy) may take after an interrupt;
+past it the run still ends, and ``fleet sandbox gc`` removes what is left."""
+
+
+class RunMemberFn(Protocol):
+    def __call__(
+        self,
+        spec: MemberSpec,
+        *,
+        sandbox: Sandbox | None,
+        model: Model,
+        run_dir: Path,
+        trace: TraceWriter,
+    ) -> Awaitable[MemberOutcome]: ...
+
+
+@dataclass(kw_only=True)
+class NodeDeps:
+    """What a node uses to run members; host-local, never shipped (a node builds its own)."""
+
+    backend: SandboxBackend
+    make_model: Callable[..., Model]
+    """``make_model(name, kind=..., trace=...)`` (see :func:`subagents.model.make_model`)."""
+    run_member: RunMemberFn | None = None
+    """The harness; None means :func:`subagents.member.run_member`."""
+    pools: dict[str, SandboxPool] = field(default_factory=dict)
+    """Warm pools by box spec (JSON); a member whose spec has one takes a box from it."""
+    demand: dict[str, int] = field(default_factory=dict)
+    """Members per box spec still to take a box; a pool keeps no more idle than this."""
+
+    async def acquire(self, spec: SandboxSpec, run: str, member: str) -> tuple[Sandbox, Any]:
+        """A fresh box for ``member`` (from a warm pool when there is one) and its pool."""
+        key = spec.model_dump_json()
+        pool = self.pools.get(key)
+        if pool is None:
+            return await self.backend.create(spec, run=run, member=member), None
+        box = await pool.acquire(member)
+        # Stop warming boxes nobody will take: the pool refills to min_idle.
+        self.demand[key] = max(0, self.demand.get(key, 0) - 1)
+        pool.min_idle = min(pool.min_idle, self.demand[key])
+        return box, pool
+
+
+@dataclass(kw_only=True)
+class Deps(NodeDeps, Recorder):
+    """A run on this host alone: the node's things and the coordinator's record in one."""
+
+
+async def _release(
+    box: Sandbox | None, trace: TraceWriter, pool: SandboxPool | None, *, keep: bool
+) -> None:
+    """Remove the box whatever happened (shielded: cancellation must not leak boxes);
+    a box whose spec says ``keep`` is only let go, and traced as ``keep``, not ``close``."""
+    if box is None:
+        return
+    with anyio.CancelScope(shield=True):
+        t0 = time.monotonic()
+        try:
+            await (pool.release(box) if pool is not None else box.close())
+        except SandboxError:
+            pass  # already gone (killed); gc removes any remains by label
+        action = "keep" if keep and pool is None else "close"
+        trace.emit(
+            SandboxEvent(action=action, box=box.name, duration_s=round(time.monotonic() - t0, 3))
+        )
+
+
+async def _upload_repo(box: Sandbox, repo: Path) -> None:
+    """Copy the project's files (not its virtualenv or caches) into ``/workspace``."""
+    staged = await anyio.to_thread.run_sync(staged_copy, repo)
+    try:
+        await box.upload(Path(staged.name), "/workspace")
+    finally:
+        await anyio.to_thread.run_sync(staged.cleanup)
+
+
+async def run_attempt(
+    unit: MemberUnit, deps: NodeDeps, trace: TraceWriter, *, member_dir: Path | None = None
+) -> MemberOutcome:
+    """One attempt: box up, harness, box down. Never raises except on cancellation.
+
+    ``member_dir`` is where the harness writes the member's files (default: the unit's
+    own run subdirectory; a cluster node passes a scratch directory).
+    """
+    from subagents.member import run_member as default_run_member
+
+    run_member = deps.run_member or default_run_member
+    started = time.monotonic()
+    box: Sandbox | None = None
+    pool: SandboxPool | None = None
+    ended_by_harness = False
+    keep = False
+    try:
+        with anyio.fail_after(unit.deadline_s):
+            t0 = time.monotonic()
+            box_spec = unit.spec.sandbox_spec()
+            keep = box_spec.keep
+            box, pool = await deps.acquire(box_spec, unit.run_id, unit.spec.id)
+            trace.emit(
+                SandboxEvent(
+                    action="create", box=box.name, duration_s=round(time.monotonic() - t0, 3)
+                )
+            )
+            if unit.repo:
+                await _upload_repo(box, Path(unit.repo))
+            model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
+            try:
+                outcome = await run_member(
+                    unit.spec,
+                    sandbox=box,
+                    model=model,
+                    run_dir=member_dir or Path(unit.member_dir),
+                    trace=trace,
+                )
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await model.aclose()
+            ended_by_harness = True
+            if outcome.status == "incomplete" and outcome.limit == "deadline":
+                # The harness noticed the (soft) deadline first; for the run it is the
+                # same event as the hard one, so one status: timed_out, its progress kept.
+                outcome = outcome.model_copy(update={"status": "timed_out"})
+    except TimeoutError:
+        outcome = failed_outcome(
+            unit, "timed_out", f"deadline of {unit.deadline_s:g}s passed", started
+        )
+    except RepoTooLarge as exc:
+        outcome = failed_outcome(unit, "failed", str(exc), started)
+    except SandboxCrashed as exc:
+        outcome = failed_outcome(
+            unit, "crashed", f"sandbox crashed: {exc.reason}", started, retryable=True
+        )
+    except SandboxError as exc:
+        outcome = failed_outcome(
+            unit, "crashed", f"sandbox unavailable: {exc}", started, retryable=True
+        )
+    except ModelError as exc:
+        outcome = failed_outcome(
+            unit, "failed", f"model error: {exc}", started, retryable=exc.retryable
+        )
+    except CANCELLED():
+        await _release(box, trace, pool, keep=keep)
+        raise
+    except Exception as exc:
+        outcome = failed_outcome(unit, "failed", f"raised {type(exc).__name__}: {exc}", started)
+    await _release(box, trace, pool, keep=keep)
+    if outcome.status == "ok" and unit.result_schema:
+        wrong = schema_problems(outcome.result or {}, unit.result_schema)
+        if wrong:
+            reason = "result does not satisfy the job's result_schema: " + "; ".join(wrong[:5])
+            outcome = outcome.model_copy(update={"status": "failed", "reason": reason})
+            trace.emit(ErrorEvent(error="ResultSchema", message=reason))
+    if not ended_by_harness:
+        # The harness did not get to trace its end (it raised, hung or never started).
+        trace.emit(
+            MemberEnd(
+                span=unit.spec.id,
+                status=outcome.status,
+                reason=outcome.reason,
+                duration_s=outcome.duration_s,
+            )
+        )
+    return outcome
+
+
+async def open_pools(
+    stack: contextlib.AsyncExitStack,
+    deps: NodeDeps,
+    units: list[MemberUnit],
+    run_id: str,
+    max_parallel: int,
+) -> None:
+    """One warm pool per distinct box spec, sized to what the members will take."""
+    specs: dict[str, Any] = {}
+    for u in units:
+        spec = u.spec.sandbox_spec()
+        key = spec.model_dump_json()
+        specs[key] = spec
+        deps.demand[key] = deps.demand.get(key, 0) + 1
+    for key, spec in specs.items():
+        if spec.keep:
+            continue  # a pool's spare box would be kept too; these members get fresh boxes
+        want = min(deps.demand[key], max_parallel)
+        pool = SandboxPool(deps.backend, spec, run=run_id, min_idle=want, max_size=max_parallel)
+        deps.pools[key] = await stack.enter_async_context(pool)
+
+
+@asynccontextmanager
+async def serving(
+    deps: NodeDeps, run_id: str, units: list[MemberUnit], services: Services
+) -> AsyncIterator[None]:
+    """A node's share of one run while its members run: warm pools, the corpus box.
+
+    The pools close (their boxes removed, shielded by the pool) when the block ends;
+    not under a time bound: a pool's own task group must be exited in the scope it was
+    entered in. The corpus box is removed shielded and bounded by :data:`CLEANUP_S`.
+    """
+    box: Sandbox | None = None
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            if services.warm_pool:
+                await open_pools(stack, deps, units, run_id, services.max_parallel)
+            if services.corpus:
+                box = await start_corpus(deps.backend, run_id)
+            yield
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_S):
+            if box is not None:
+                await box.close()
+
+
+async def remove_run_boxes(backend: SandboxBackend, run_id: str) -> list[str]:
+    """Remove what a run left on this node's engine, except boxes a member asked to
+    keep (``sandbox.keep``, for debugging), whose names are returned: they stay with
+    their network until ``fleet sandbox gc --all``."""
+    try:
+        kept = [b.name for b in await backend.list_boxes(run=run_id) if b.keep]
+        if not kept:
+            await backend.remove_run(run_id)
+        return kept
+    finally:
+        # The run is over even when the engine is gone: gc may take what is left
+        # (anything not kept), and `fleet resume` marks the run live again.
+        reaper.mark_done(run_id)
+
+
+class LocalNodes(Nodes):
+    """This host is the only node: attempts run in this process, on its engine."""
+
+    def __init__(self, deps: NodeDeps) -> None:
+        self.deps = deps
+
+    def serve(
+        self, run_id: str, units: list[MemberUnit], services: Services
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        return serving(self.deps, run_id, units, services)
+
+    async def attempt(
+        self, unit: MemberUnit, trace: TraceWriter, started: Started
+    ) -> MemberOutcome:
+        started("")
+        return await run_attempt(unit, self.deps, trace)
+
+    async def remove_boxes(self, run_id: str) -> list[str]:
+        return await remove_run_boxes(self.deps.backend, run_id)
+
+    async def reap(self, run_id: str) -> int:
+        return await self.deps.backend.remove_run(run_id)
