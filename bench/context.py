@@ -112,7 +112,7 @@ register_kind(
     Kind(
         name="bench",
         system_prompt="You are a benchmark agent. " + "Follow the plan. " * 50,
-        tools=lambda spec: [Produce(), BenchWrite()],
+        tools=lambda settings: [Produce(), BenchWrite()],
         result_model=BenchResult,
     )
 )

@@ -11,7 +11,8 @@ with the reason. The run's verdict is the quorum: ``min_success`` members ``ok``
 counting those that ended ``ok`` in an earlier life of a resumed run.
 
 :func:`to_member_spec` turns a job file's member into the harness's spec (the soft
-deadline, the browser's egress allowlist, the memory directory).
+deadline, the browser's egress allowlist and search page, the coding member's check
+command, the memory directory).
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+from subagents.browser.config import DEFAULT_SEARCH_URL, BrowserConfig
 from subagents.context.config import ContextConfig
+from subagents.kinds.coding import CodingSettings
 from subagents.member import Limits as MemberLimits
 from subagents.member import MemberOutcome, MemberSpec
 
@@ -38,11 +43,11 @@ def to_member_spec(
 ) -> MemberSpec:
     """The harness's spec for a job member (soft deadline 10% before the hard one)."""
     lim = job.limits
-    inputs: dict[str, Any] = dict(job.inputs)
-    if job.kind == "browser" and egress.search_url:
-        inputs.setdefault("browser", {"search_url": egress.search_url})
-    if job.test:
-        inputs.setdefault("test", job.test)
+    settings: BaseModel
+    if job.kind == "coding":
+        settings = CodingSettings(test=job.test)
+    else:
+        settings = BrowserConfig(search_url=egress.search_url or DEFAULT_SEARCH_URL)
     sandbox: dict[str, Any] = job.sandbox.applied()
     if job.kind == "browser":
         sandbox["network"] = {"egress": "allowlist", "allow": list(egress.allow)}
@@ -54,7 +59,8 @@ def to_member_spec(
         id=job.id or job.kind,
         kind=job.kind,
         task=job.task,
-        inputs=inputs,
+        settings=settings,
+        inputs=dict(job.inputs),
         model=model,
         limits=MemberLimits(
             max_turns=lim.max_turns,

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sandbox.errors import SandboxSpecError
 from sandbox.spec import NetworkPolicy, check_image_reference, parse_size
+from subagents.browser.config import BrowserConfig
 
 MemberKind = Literal["browser", "coding"]
 RetryOn = Literal["crashed", "overloaded", "timed_out"]
@@ -244,8 +245,14 @@ class Egress(_Strict):
     @field_validator("search_url")
     @classmethod
     def _query_placeholder(cls, v: str | None) -> str | None:
-        if v is not None and "{query}" not in v:
+        if v is None:
+            return v
+        if "{query}" not in v:
             raise ValueError("the search URL has no '{query}' placeholder")
+        try:  # the browser members' own rule, checked here so a bad URL stops no member
+            BrowserConfig(search_url=v)
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
         return v
 
 

@@ -125,10 +125,10 @@ class AgentLoop:
             run_dir=run_dir,
             trace=trace,
             member=spec.id,
-            state={"inputs": dict(spec.inputs)},
+            settings=spec.settings,
         )
         tools = [
-            *kind.tools(spec),
+            *kind.tools(spec.settings),
             *context.tools(),
             *(build_custom_tool(t) for t in spec.tools),
             self.gate.tool(kind.submit_description),
@@ -225,6 +225,9 @@ class AgentLoop:
             await self.kind.setup(self.tool_ctx)
         memory = await self.context.start()
         blocks = [{"type": "text", "text": self.spec.task}]
+        brief = self.kind.brief(self.spec.settings) if self.kind.brief is not None else None
+        if brief:
+            blocks.append({"type": "text", "text": brief})
         # The job's result schema reaches the model as submit_result's schema.
         shown = {k: v for k, v in self.spec.inputs.items() if k != "result_schema"}
         if shown:

@@ -39,14 +39,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sandbox.base import Sandbox
 from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxUnavailable
 from sandbox.spec import SandboxSpec
 
 from .context.config import ContextConfig
-from .kinds import Kind, get_kind
+from .kinds import Kind, NoSettings, get_kind, kind_settings
 from .model.base import Model, ModelError
 from .result_schema import ResultSchema, extend_model, parse_result_schema
 from .tools.registry import CustomToolSpec
@@ -83,6 +91,10 @@ class Limits(_Strict):
     """Host-side ceiling of one tool call (a shell command's own timeout is lower)."""
 
 
+def _default_settings(data: dict[str, Any]) -> BaseModel:
+    return kind_settings(data["kind"]) if "kind" in data else NoSettings()
+
+
 class MemberSpec(_Strict):
     """Everything one member needs, serializable: the unit of work."""
 
@@ -90,6 +102,10 @@ class MemberSpec(_Strict):
     """Member id: directory name, trace member id and box label."""
     kind: str
     """Member kind (``coding``, ``browser``); decides prompt, tools and result model."""
+    settings: SerializeAsAny[BaseModel] = Field(default_factory=_default_settings)
+    """The kind's own settings, an instance of its ``Kind.settings`` (a browser member's
+    ``BrowserConfig``, a coding member's ``CodingSettings``); the kind's defaults when
+    not given. For the harness and the kind's hooks: never shown to the model as data."""
     task: str = Field(min_length=1)
     """What the member must do; put verbatim at the start of its context."""
     inputs: dict[str, Any] = Field(default_factory=dict)
@@ -117,6 +133,12 @@ class MemberSpec(_Strict):
     def _known_kind(cls, v: str) -> str:
         get_kind(v)  # raises UnknownKind (a ValueError) naming the known kinds
         return v
+
+    @field_validator("settings", mode="before")
+    @classmethod
+    def _settings_of_the_kind(cls, v: Any, info: ValidationInfo) -> Any:
+        kind = info.data.get("kind")
+        return v if kind is None else kind_settings(kind, v)
 
     @field_validator("sandbox")
     @classmethod

@@ -121,7 +121,7 @@ PROBE = register_kind(
     Kind(
         name="probe",
         system_prompt="You are a probe.",
-        tools=lambda spec: [Rendezvous(), Add(), Boom(), Refuse(), Sleep(), Crash()],
+        tools=lambda settings: [Rendezvous(), Add(), Boom(), Refuse(), Sleep(), Crash()],
         result_model=Answer,
         box_kind="coding",
     )

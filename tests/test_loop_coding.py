@@ -13,6 +13,7 @@ from loop_support import anthropic_model, events, writer
 
 from sandbox.docker import DockerBackend
 from subagents.fake_api import FakeMessagesAPI, reply, tool_use
+from subagents.kinds.coding import CHECK_BRIEF, CodingSettings
 from subagents.member import Limits, MemberOutcome, MemberSpec, run_member
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
@@ -73,7 +74,7 @@ async def test_coding_member_fixes_a_bug_and_returns_the_patch(box, tmp_path: Pa
         ),
     ]
     spec = MemberSpec(
-        id="coder", kind="coding", task="Fix add() in calc.py.", inputs={"test": CHECK}
+        id="coder", kind="coding", task="Fix add() in calc.py.", settings=CodingSettings(test=CHECK)
     )
     outcome, api = await scripted(box, tmp_path, spec, script)
     assert outcome.status == "ok", outcome.reason
@@ -83,6 +84,9 @@ async def test_coding_member_fixes_a_bug_and_returns_the_patch(box, tmp_path: Pa
     assert result["verified"]["passed"] is True and result["verified"]["exit_code"] == 0
     assert result["tests_passed"] is True and not result["patch_truncated"]
     assert (tmp_path / "patch.diff").read_text() == result["patch"]
+    # The model was told the check command in words, not handed settings as data.
+    first = [b["text"] for b in api.requests[0]["messages"][0]["content"]]
+    assert first == ["Fix add() in calc.py.", CHECK_BRIEF + CHECK]
     # The model saw the coding tools and a submit_result without a patch field.
     tools = {t["name"]: t for t in api.requests[0]["tools"]}
     assert {"shell", "read_file", "write_file", "edit_file", "glob", "grep"} <= set(tools)
@@ -102,7 +106,7 @@ async def test_offline_coding_policy_applies_stated_edit_and_verifies(box, tmp_p
         id="coder",
         kind="coding",
         task="Fix add(): replace `return a - b` with `return a + b` in `calc.py`.",
-        inputs={"test": CHECK},
+        settings=CodingSettings(test=CHECK),
     )
     model = make_model("offline", kind="coding")
     outcome = await run_member(

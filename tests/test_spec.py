@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli import main
+from coordinator.fanout import to_member_spec
 from coordinator.jobfile import JobError, load_job, parse_job
+from subagents.browser.config import BrowserConfig
+from subagents.kinds.coding import CodingSettings
+from subagents.member import MemberSpec
 
 FLEET = str(Path(sys.executable).with_name("fleet"))
 GOOD = 'name = "ok"\n[[members]]\nkind = "coding"\ntask = "t"\n'
@@ -132,6 +136,12 @@ BAD = [
         "{query}",
     ),
     (
+        "search URL not http",
+        'name = "x"\n[research]\nquestion = "q"\n[egress]\nsearch_url = "ftp://corpus/?q={query}"\n',
+        "egress.search_url",
+        "http(s) URL",
+    ),
+    (
         "result schema not an object",
         GOOD + 'result_schema = { type = "string" }\n',
         "members[0].result_schema",
@@ -216,6 +226,29 @@ def test_a_mixed_job_gets_default_ids_and_policy():
     assert job.member_count == 4
     assert job.fanout.retry.on == ["crashed", "overloaded"]
     assert job.egress.allow == ["corpus:8080"]
+
+
+def test_a_job_member_reaches_the_harness_with_typed_kind_settings_apart_from_its_inputs(
+    tmp_path,
+):
+    job = parse_job(
+        'name = "x"\n[egress]\nsearch_url = "http://corpus:8080/find?q={query}"\n'
+        '[[members]]\nkind = "coding"\ntask = "t"\ntest = "pytest -q"\n'
+        'inputs = { topic = "asyncio" }\n[[members]]\nkind = "browser"\ntask = "u"\n'
+    )
+    coder, reader = (
+        to_member_spec(m, model="offline", max_tokens=4096, egress=job.egress, memory_root=tmp_path)
+        for m in job.members
+    )
+    # Inputs are the task's facts only; the kind's settings are not among them.
+    assert coder.inputs == {"topic": "asyncio"} and reader.inputs == {}
+    assert coder.settings == CodingSettings(test="pytest -q")
+    assert isinstance(reader.settings, BrowserConfig)
+    assert reader.settings.search_url == "http://corpus:8080/find?q={query}"
+    # A spec crosses to a worker as JSON and comes back typed.
+    for spec in (coder, reader):
+        again = MemberSpec.model_validate_json(spec.model_dump_json())
+        assert again == spec and type(again.settings) is type(spec.settings)
 
 
 def test_bad_input_through_the_real_entry_point_prints_no_traceback(tmp_path):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_SEARCH_URL = "http://corpus:8080/search?q={query}"
@@ -11,7 +9,7 @@ DEFAULT_SEARCH_URL = "http://corpus:8080/search?q={query}"
 
 
 class BrowserConfig(BaseModel):
-    """Settings of one browser member's session (from the member's ``inputs.browser``)."""
+    """Settings of one browser member's session (a browser member's ``MemberSpec.settings``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -41,9 +39,3 @@ class BrowserConfig(BaseModel):
                 f"e.g. {DEFAULT_SEARCH_URL!r}"
             )
         return v
-
-    @classmethod
-    def from_inputs(cls, inputs: dict[str, Any]) -> BrowserConfig:
-        """The config given in a member's ``inputs["browser"]`` (defaults if absent)."""
-        raw = inputs.get("browser") or {}
-        return cls.model_validate(raw)

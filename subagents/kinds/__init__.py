@@ -1,10 +1,16 @@
-"""Member kinds: a kind is a system prompt, tools, a result model and defaults.
+"""Member kinds: a kind is a system prompt, tools, a result model, settings and defaults.
 
 A :class:`Kind` is plain data plus a few optional hooks, so adding a kind is one small
-module that calls :func:`register_kind` at import. The built-in kinds (``coding``
-here, ``browser`` in its own module) are imported on first use by :func:`get_kind`,
-so importing this package stays cheap and a kind's heavy dependencies (Playwright)
-load only when a member of that kind runs.
+module that calls :func:`register_kind` at import. The built-in kinds (``coding`` in
+:mod:`subagents.kinds.coding`, ``browser`` in :mod:`subagents.kinds.browser`) are
+imported on first use by :func:`get_kind`, so importing this package stays cheap and
+a kind's heavy dependencies (Playwright) load only when a member of that kind runs.
+
+A kind's own settings (a browser member's session, a coding member's check command)
+are a pydantic model of its own, :attr:`Kind.settings`; a member carries them in
+``MemberSpec.settings``, typed, apart from the task's inputs. They are for the
+harness and the kind's hooks, not for the model: what the model should know of them
+the kind says in words (:attr:`Kind.brief`).
 
 ``submit_model`` is what the model fills in through ``submit_result``; ``result_model``
 is what the member returns. They differ when the harness, not the model, supplies
@@ -17,21 +23,26 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from sandbox.spec import BoxKind
 
 from ..tools.base import Tool, ToolContext
 
-if TYPE_CHECKING:
-    from ..member import MemberSpec
-
-ToolsFactory = Callable[["MemberSpec"], list[Tool]]
+ToolsFactory = Callable[[Any], list[Tool]]
+"""Builds a member's tools from its settings (an instance of the kind's ``settings``)."""
+Brief = Callable[[Any], "str | None"]
 Setup = Callable[[ToolContext], Awaitable[None]]
 Finalize = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
 Judge = Callable[[dict[str, Any]], "str | None"]
+
+
+class NoSettings(BaseModel):
+    """The settings of a kind that has none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 @dataclass(frozen=True)
@@ -43,7 +54,7 @@ class Kind:
     system_prompt: str
     """The kind's instructions; the loop appends the harness rules."""
     tools: ToolsFactory
-    """Builds the kind's tools for one member (may read the member's inputs)."""
+    """Builds the kind's tools for one member, from the member's settings."""
     result_model: type[BaseModel]
     """Schema of the member's final result."""
     submit_model: type[BaseModel] | None = None
@@ -69,6 +80,12 @@ class Kind:
     whose test fails after its edit ends ``failed``, its result kept)."""
     teardown: Setup | None = None
     """Runs once when the member ends, however it ends (e.g. close a browser connection)."""
+    settings: type[BaseModel] = NoSettings
+    """The model of a member's settings of this kind (``MemberSpec.settings``; the hooks
+    read them as ``ToolContext.settings``)."""
+    brief: Brief | None = None
+    """What the member's first message says of its settings, in words, or None: a
+    coding member is told the check command Fleet will run after it submits."""
 
     @property
     def submit_schema(self) -> type[BaseModel]:
@@ -101,6 +118,24 @@ def get_kind(name: str) -> Kind:
         known = sorted(set(_KINDS) | set(_BUILTIN))
         raise UnknownKind(f"unknown member kind {name!r}; use one of: {', '.join(known)}")
     return _KINDS[name]
+
+
+def kind_settings(kind: str, value: Any = None) -> BaseModel:
+    """``value`` as the settings of a ``kind`` member (its defaults when None).
+
+    Raises ValueError naming the kind's settings model when ``value`` is another
+    kind's settings or does not validate against it.
+    """
+    model = get_kind(kind).settings
+    if value is None:
+        return model()
+    if isinstance(value, model):
+        return value
+    if isinstance(value, BaseModel):
+        raise ValueError(
+            f"the settings of a {kind} member are {model.__name__}, not {type(value).__name__}"
+        )
+    return model.model_validate(value)
 
 
 def known_kinds() -> list[str]:

@@ -13,9 +13,9 @@ Page content is untrusted data. The system prompt says so, every page-derived to
 result is delimited as ``<untrusted_page_content>``, and the offline research policy
 ignores instructions found in pages.
 
-Configuration comes from ``inputs["browser"]`` (:class:`BrowserConfig`: search page,
-timeouts, chunk size); the CDP connection opens on the first browser tool call and
-closes in the kind's teardown. The box is a browser box on the run's internal network whose
+The member's settings are a :class:`BrowserConfig` (search page, timeouts, chunk
+size) in ``MemberSpec.settings``; the CDP connection opens on the first browser tool
+call and closes in the kind's teardown. The box is a browser box on the run's internal network whose
 egress allowlist defaults to the offline corpus (``corpus:8080``).
 """
 
@@ -100,10 +100,6 @@ class VerifiedFindings(Findings):
     """Distinct page texts this member read (kept in ``pages/``)."""
 
 
-def config_for(inputs: dict[str, Any]) -> BrowserConfig:
-    return BrowserConfig.from_inputs(inputs)
-
-
 async def verify_findings(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """The submitted findings with every quote checked against the fetched pages."""
     findings = Findings.model_validate(data)
@@ -125,10 +121,6 @@ async def verify_findings(data: dict[str, Any], ctx: ToolContext) -> dict[str, A
     return result.model_dump(mode="json")
 
 
-def _tools(spec: Any) -> list[Any]:
-    return browser_tools(config_for(spec.inputs))
-
-
 async def _teardown(ctx: ToolContext) -> None:
     try:
         await close_session(ctx)
@@ -140,7 +132,7 @@ BROWSER = register_kind(
     Kind(
         name="browser",
         system_prompt=SYSTEM_PROMPT,
-        tools=_tools,
+        tools=browser_tools,
         result_model=VerifiedFindings,
         submit_model=Findings,
         submit_description=(
@@ -150,5 +142,6 @@ BROWSER = register_kind(
         box_kind="browser",
         finalize=verify_findings,
         teardown=_teardown,
+        settings=BrowserConfig,
     )
 )

@@ -15,12 +15,15 @@ what must not be taken on the model's word:
   external diff runs, and no configuration outside the snapshot is read. The patch
   is read back from the box as bytes (a file that is not UTF-8 stays intact), which
   is what ``fleet code --apply`` applies byte for byte.
-* when the job gave a ``test`` command (``inputs["test"]``) it is run once more after
-  the model submits, and ``verified`` records its real exit code. A test that fails
-  there makes the member ``failed`` ("test failed after edit: ..."), whatever the
-  model reported: the job's test is the job's definition of done. Its result - patch,
-  summary, the test's output - is kept, because a person wants to read a change that
-  almost worked, but nothing downstream takes it as a success.
+* when the job gave a check command (:class:`CodingSettings` ``test``) it is run once
+  more after the model submits, and ``verified`` records its real exit code. A test
+  that fails there makes the member ``failed`` ("test failed after edit: ..."),
+  whatever the model reported: the job's test is the job's definition of done. Its
+  result - patch, summary, the test's output - is kept, because a person wants to
+  read a change that almost worked, but nothing downstream takes it as a success.
+
+The model is told the check command in words, with what Fleet does with it
+(:func:`check_brief`), so it can run the same check before it submits.
 
 The full patch is also written to ``patch.diff`` in the member's run directory; the
 result keeps up to ``PATCH_CHARS`` of it (with a marker when cut), so one huge diff
@@ -73,6 +76,31 @@ backslash in it): pass it to the tools as shown; in a shell command write it as 
 When done, call submit_result with a short summary, the test commands you ran and \
 whether they passed. The patch (a diff of /workspace) is collected for you: do not \
 paste code or diffs into the result."""
+
+
+CHECK_BRIEF = (
+    "The job's check command - Fleet runs it again in the box after you submit, and "
+    "the task counts as done only if it passes there:\n"
+)
+"""Opens the brief; the command follows it verbatim (the offline coding policy,
+subagents/model/offline_coding.py, reads it back by this opening)."""
+
+
+class CodingSettings(BaseModel):
+    """A coding member's settings (its ``MemberSpec.settings``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    test: str | None = None
+    """The job's check command, run again in the box after the member submits; when
+    it fails there the member ends ``failed``. None: no check."""
+
+
+def check_brief(settings: CodingSettings) -> str | None:
+    """The first message's words about the check command, when there is one."""
+    if settings.test is None or not settings.test.strip():
+        return None
+    return CHECK_BRIEF + settings.test
 
 
 class CodingReport(BaseModel):
@@ -167,8 +195,9 @@ async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any
         if len(patch) <= PATCH_CHARS
         else (patch[:PATCH_CHARS] + "\n[... patch cut; the full diff is in patch.diff ...]\n")
     )
-    test = ctx.state.get("inputs", {}).get("test")
-    if isinstance(test, str) and test.strip():
+    settings = ctx.settings
+    test = settings.test if isinstance(settings, CodingSettings) else None
+    if test is not None and test.strip():
         res = await box.exec(test, timeout=600)
         tail = render_exec(res.stdout[-3_000:], res.stderr[-2_000:], res.exit_code, res.timed_out)
         result["verified"] = VerifiedTests(
@@ -192,7 +221,7 @@ CODING = register_kind(
     Kind(
         name="coding",
         system_prompt=SYSTEM_PROMPT,
-        tools=lambda spec: coding_tools(),
+        tools=lambda settings: coding_tools(),
         result_model=CodingResult,
         submit_model=CodingReport,
         submit_description=(
@@ -205,5 +234,7 @@ CODING = register_kind(
         setup=snapshot_workspace,
         finalize=collect_patch,
         judge=failed_test,
+        settings=CodingSettings,
+        brief=check_brief,
     )
 )

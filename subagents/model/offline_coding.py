@@ -3,8 +3,9 @@
 No model writes code here, so the policy never pretends to: it does what can be done
 faithfully without one, through the same tools a model would call.
 
-1. look: ``glob`` the workspace and, when the job gave a test command
-   (``inputs["test"]``), run it - both in one turn (they are independent);
+1. look: ``glob`` the workspace and, when the job gave a check command (the coding
+   kind states it in the first message), run it - both in one turn (they are
+   independent);
 2. apply the edits the task states explicitly, one per turn, in the form
    ``replace `old` with `new` in `path``` (backticks or quotes);
 3. run the test command again after the last edit;
@@ -18,7 +19,6 @@ the request and replays identically.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +32,9 @@ _EDIT = re.compile(
     re.I | re.S,
 )
 _INPUTS = "Inputs (JSON):\n"
+_CHECK = "The job's check command - "
+"""How the coding kind's brief of the check command opens (subagents/kinds/coding.py);
+the command is what follows the brief's first line."""
 _EXIT = re.compile(r"^exit code (-?\d+)", re.M)
 
 
@@ -40,7 +43,8 @@ class _History:
     """What the conversation shows the member has done so far."""
 
     task: str = ""
-    inputs: dict[str, Any] = field(default_factory=dict)
+    test: str | None = None
+    """The job's check command, when the first message states one."""
     calls: list[dict[str, Any]] = field(default_factory=list)
     """tool_use blocks in order."""
     results: dict[str, tuple[str, bool]] = field(default_factory=dict)
@@ -65,9 +69,9 @@ def read_history(request: ModelRequest) -> _History:
             kind = b.get("type")
             if i == 0 and kind == "text":
                 text = b.get("text", "")
-                if text.startswith(_INPUTS):
-                    h.inputs = json.loads(text.removeprefix(_INPUTS))
-                elif not h.task:
+                if text.startswith(_CHECK) and "\n" in text:
+                    h.test = text.split("\n", 1)[1]
+                elif not h.task and not text.startswith(_INPUTS):
                     h.task = text
             elif kind == "tool_use":
                 h.calls.append(b)
@@ -94,7 +98,7 @@ def _tool(name: str, args: dict[str, Any]) -> dict[str, Any]:
 def coding_policy(request: ModelRequest) -> list[dict[str, Any]]:
     """The next step of the deterministic coding member (see the module docstring)."""
     h = read_history(request)
-    test = h.inputs.get("test") if isinstance(h.inputs.get("test"), str) else None
+    test = h.test
     names = [c.get("name") for c in h.calls]
     if not h.calls:
         first = [_tool("glob", {"pattern": "**/*"})]

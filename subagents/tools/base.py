@@ -47,6 +47,8 @@ class ToolContext:
     member: str
     state: dict[str, Any] = field(default_factory=dict)
     """Per-member mutable state shared by tools (todo list, browser page, ...)."""
+    settings: BaseModel | None = None
+    """The member's kind settings (``MemberSpec.settings``), for the kind's hooks."""
 
 
 class Tool(abc.ABC):
