@@ -7,6 +7,20 @@ User 1000, all capabilities dropped, no-new-privileges, read-only root, tmpfs ``
 (``none`` for coding boxes). Nothing from the host: no mounts, no Docker socket, no
 host environment - only ``env`` as given.
 
+Memory and disk. A tmpfs page is charged to the memory cgroup of whoever wrote it
+and, with no swap, can never be reclaimed: with the memory limit equal to
+``spec.memory``, filling the 1 GB workspace of a 1 GB box OOM-kills the writer (and
+every command after it) instead of failing with ENOSPC, and the reason reported is
+memory when the real one is disk. So the container's limit is ``spec.memory`` plus
+the size of every tmpfs (``/tmp``, ``/workspace`` and ``/dev/shm``, whose size is set
+explicitly for that): a full disk is ENOSPC with ``spec.memory`` still free for
+programs, and a program that allocates past ``spec.memory`` is OOM-killed and reported
+as such (``ExecResult.oom_killed``). The price is that a box whose disks are empty can
+hold that much more in programs; the host must have room for the sum, which is what
+the box could take anyway. A disk-backed workspace with a quota would keep the two
+apart, but the engine offers size limits on volumes only with xfs project quotas,
+which a default Debian host (ext4) does not have.
+
 Both tmpfs mounts are ``exec`` (Docker's tmpfs default is ``noexec``): a coding task
 runs what it builds - a repo's ``./run-tests.sh``, a compiled test binary, a virtualenv's
 ``bin/pip`` - and a test suite runs programs it writes under ``/tmp``. ``noexec`` would
@@ -24,7 +38,7 @@ import docker.errors
 
 from .engine import on_engine
 from .errors import SandboxUnavailable
-from .spec import SandboxSpec, parse_size
+from .spec import SHM_BYTES, SandboxSpec, parse_size
 
 
 @on_engine
@@ -41,7 +55,7 @@ def create_container(
     member: str,
 ) -> dict:
     api = client.api
-    mem = parse_size(spec.memory)
+    mem = spec.box_memory_bytes
     host_config = api.create_host_config(
         network_mode=network,
         cap_drop=["ALL"],
@@ -57,6 +71,7 @@ def create_container(
         pids_limit=spec.pids,
         mem_limit=mem,
         memswap_limit=mem,
+        shm_size=SHM_BYTES,
         nano_cpus=int(spec.cpus * 1e9),
         init=True,
     )

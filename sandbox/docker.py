@@ -10,9 +10,9 @@ Filesystem. The root is read-only; ``/tmp`` is a tmpfs (``tmpfs_size``, mode 177
 and ``/workspace`` is a tmpfs owned by uid 1000 with ``workspace_size`` as its size
 limit. tmpfs is chosen over a volume because it is the only size-limited writable
 mount the engine offers on overlay2/ext4 without xfs quotas, and it is fast and
-disappears with the box. Its pages count against the box's memory limit, so a full
-workspace leaves less room for processes: the workspace can never take more than the
-memory limit, which is the safe direction. Paths are checked twice: on the host
+disappears with the box. Its pages are charged as memory, so the container's memory
+limit counts the tmpfs sizes on top of ``spec.memory`` (:mod:`sandbox.container`): a
+full workspace is ENOSPC, not an OOM kill. Paths are checked twice: on the host
 (:meth:`Sandbox.resolve`) and in the box after symlinks are resolved, so a symlink
 in ``/workspace`` pointing at ``/etc`` is refused.
 
@@ -22,7 +22,9 @@ OOM. A box whose main process dies raises :class:`SandboxCrashed` naming the rea
 case: commands get a higher ``oom_score_adj`` than the agent), the agent sees the
 memory cgroup's ``oom_kill`` counter rise during the command and the result carries
 ``oom_killed=True`` (exit code 137). With several commands running at once the flag
-can land on a sibling that ran at the same moment; it never goes missing.
+can land on a sibling that ran at the same moment; it never goes missing. When the
+OOM killer ends the agent itself (a file operation too big for the box), the call's
+:class:`SandboxUnavailable` says the box ran out of memory, and the agent is restarted.
 
 Security defaults (from :class:`SandboxSpec`): user 1000, all capabilities dropped,
 no-new-privileges, read-only root, pids/memory (no swap)/CPU limits, an init process,

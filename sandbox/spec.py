@@ -26,6 +26,8 @@ BoxKind = Literal["coding", "browser", "service"]
 _HOST_RE = re.compile(
     r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:\d{1,5})?$"
 )
+SHM_BYTES = 64 * 1024 * 1024
+"""Size of a box's ``/dev/shm`` (Docker's default, set explicitly so the limit counts it)."""
 _SIZE_RE = re.compile(r"^\d+(\.\d+)?[kmgKMG]?$")
 
 # Docker's image reference grammar (distribution/reference): [domain/]path[:tag][@digest].
@@ -184,7 +186,9 @@ class SandboxSpec(_Strict):
     cpus: float = Field(default=1.0, gt=0, le=64)
     """CPU quota in cores."""
     memory: str = "1g"
-    """Memory limit (``512m``, ``1g``); swap is not added on top."""
+    """Memory for the box's programs (``512m``, ``1g``); swap is not added on top. The
+    box's memory limit is this plus what ``/tmp``, ``/workspace`` and ``/dev/shm`` can
+    hold (:attr:`box_memory_bytes`), so a full disk is a full disk, not an OOM kill."""
     pids: int = Field(default=256, ge=16, le=65536)
     """Maximum number of processes and threads in the box."""
     tmpfs_size: str = "256m"
@@ -238,3 +242,10 @@ class SandboxSpec(_Strict):
     @property
     def memory_bytes(self) -> int:
         return parse_size(self.memory)
+
+    @property
+    def box_memory_bytes(self) -> int:
+        """The box's memory limit: ``memory`` for programs plus the size of every tmpfs
+        mount (their pages are charged as memory; see :mod:`sandbox.container`)."""
+        tmpfs = parse_size(self.tmpfs_size) + parse_size(self.workspace_size) + SHM_BYTES
+        return self.memory_bytes + tmpfs

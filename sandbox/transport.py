@@ -72,6 +72,8 @@ class BoxTransport:
         self.crashed: SandboxCrashed | None = None
         """The box's death, once seen; every later call raises it again."""
         self._restarts = 0
+        self.oom_kills: int | None = None
+        """The memory cgroup's OOM-kill count when the agent last started (None: unknown)."""
 
     # ------------------------------------------------------------ engine calls
 
@@ -126,8 +128,9 @@ class BoxTransport:
             sock = await self.engine(lambda: self._open_exec(AGENT_ARGV))
             agent = AgentStream(sock)
             with anyio.fail_after(10):
-                await agent.request({"op": "ping"})
+                hello = await agent.request({"op": "ping"})
             self.agent, self.mode = agent, "agent"
+            self.oom_kills = hello.get("oom_kills")
         except (StreamBroken, TimeoutError, SandboxUnavailable):
             await self.raise_if_dead()
             self.mode = await self._pick_fallback()
@@ -157,7 +160,15 @@ class BoxTransport:
             return await agent.request(msg, rid, watch=self.raise_if_dead, every=WATCH_S)
         except StreamBroken as e:
             await self.raise_if_dead(settle_s=1.0)
+            before = self.oom_kills
             await self._restart()
+            if before is not None and (await self._oom_count() or 0) > before:
+                raise SandboxUnavailable(
+                    f"sandbox {self.name} ran out of memory during a call: the OOM killer "
+                    f"ended its agent (what programs hold plus what /tmp and /workspace "
+                    f"hold reached the box's memory limit); the box still runs and the "
+                    f"agent was restarted: retry with less in memory"
+                ) from None
             raise SandboxUnavailable(
                 f"the agent stream of sandbox {self.name} broke during a call ({e}); the box "
                 f"still runs and the agent was restarted: retry the call"
@@ -166,6 +177,18 @@ class BoxTransport:
             with anyio.CancelScope(shield=True):
                 await agent.kill(rid)
             raise
+
+    async def _oom_count(self) -> int | None:
+        """The box's OOM-kill count now (None when it cannot be read)."""
+        try:
+            if self.agent is not None:
+                with anyio.fail_after(10):
+                    reply = await self.agent.request({"op": "ping"})
+            else:
+                reply = await self._request_once({"op": "ping"}, 10)
+        except (StreamBroken, SandboxUnavailable, TimeoutError):
+            return None
+        return reply.get("oom_kills")
 
     async def _restart(self) -> None:
         self.agent = None

@@ -42,7 +42,7 @@ OOM_BOX = (
     'i=0; while [ "$(cat /proc/$$/oom_score_adj)" != 500 ] && [ $i -lt 300 ]; '
     "do i=$((i+1)); done; "
     "echo 1000 > /proc/1/oom_score_adj; echo 0 > /proc/$$/oom_score_adj; "
-    "exec python3 -c 'x = bytearray(1 << 30)'"
+    "exec python3 -c 'x = bytearray(4 << 30)'"
 )
 
 

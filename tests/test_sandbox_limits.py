@@ -62,3 +62,45 @@ async def test_workspace_fill_is_bounded(backend: DockerBackend, run_id: str) ->
         tmp = await box.exec("dd if=/dev/zero of=/tmp/fill bs=1M count=100", timeout=30)
         assert "No space left" in tmp.stderr
         assert (await box.exec("echo ok")).stdout == "ok\n"
+
+
+_TOUCH = "b = bytearray({mb} << 20); b[::4096] = b'x' * len(b[::4096]); print('held')"
+
+
+async def test_a_full_workspace_is_no_space_left_not_an_oom_kill_with_the_defaults(
+    backend: DockerBackend, run_id: str
+) -> None:
+    """tmpfs pages are memory: with the default 1 GB workspace and 1 GB of memory, filling
+    the disk must say ENOSPC, leave the programs their memory, and a real memory hog must
+    still be reported as memory."""
+    async with await backend.create(SandboxSpec(), run=run_id, member="filler") as box:
+        fill = await box.exec("head -c 3G /dev/zero > /workspace/fill", timeout=120)
+        assert fill.exit_code == 1 and "No space left on device" in fill.stderr, fill
+        assert not fill.oom_killed
+        tmp = await box.exec("head -c 1G /dev/zero > /tmp/fill", timeout=60)
+        assert "No space left on device" in tmp.stderr and not tmp.oom_killed, tmp
+        size = await box.exec("du -sm /workspace/fill /tmp/fill | cut -f1")
+        assert size.stdout.split() == ["1024", "256"], size
+        held = await box.exec(["python3", "-c", _TOUCH.format(mb=700)], timeout=60)
+        assert held.stdout == "held\n" and not held.oom_killed, held
+        hog = await box.exec(
+            ["python3", "-c", "chunks = []\nwhile True: chunks.append(bytearray(8 << 20))"],
+            timeout=60,
+        )
+        assert hog.oom_killed and hog.exit_code == 137, hog
+        assert (await box.exec("echo still-here")).stdout == "still-here\n"
+
+
+async def test_an_agent_killed_for_memory_says_memory(backend: DockerBackend, run_id: str) -> None:
+    """Reading a file that (with its copies in flight) does not fit the box's memory gets
+    the in-box agent itself OOM-killed: the error must say memory, not 'stream broke'."""
+    from sandbox.errors import SandboxUnavailable
+
+    spec = SandboxSpec(memory="64m", workspace_size="200m", tmpfs_size="16m")
+    async with await backend.create(spec, run=run_id, member="reader") as box:
+        made = await box.exec("head -c 190M /dev/urandom > big.bin", timeout=60)
+        assert made.ok, made
+        with pytest.raises(SandboxUnavailable, match="ran out of memory") as err:
+            await box.read_file("big.bin", limit=256 << 20)
+        assert "restarted" in str(err.value)
+        assert (await box.exec("echo still-here")).stdout == "still-here\n"
