@@ -40,8 +40,9 @@ from sandbox.spec import NetworkPolicy, SandboxSpec  # noqa: E402
 from subagents.browser.config import BrowserConfig  # noqa: E402
 from subagents.browser.corpus import CORPUS_ALLOW, start_corpus  # noqa: E402
 from subagents.browser.session import BrowserSession  # noqa: E402
-from subagents.member import MemberSpec, run_member  # noqa: E402
+from subagents.member import run_member  # noqa: E402
 from subagents.model.factory import make_model  # noqa: E402
+from subagents.spec import MemberSpec  # noqa: E402
 from subagents.tools.base import ToolContext  # noqa: E402
 from subagents.tools.browser import Snapshot, close_session, session  # noqa: E402
 from subagents.trace import TraceWriter  # noqa: E402

@@ -42,8 +42,8 @@ from subagents.context.compaction import SUMMARY_SYSTEM
 from subagents.context.tokens import estimate_message, estimate_text
 from subagents.kinds import Kind, register_kind
 from subagents.loop import AgentLoop
-from subagents.member import Limits, MemberSpec
 from subagents.model.base import ModelProfile, ModelRequest, ModelResponse
+from subagents.spec import Limits, MemberSpec
 from subagents.tools.base import Tool, ToolContext, ToolOutput
 from subagents.trace import TraceWriter
 

@@ -36,8 +36,8 @@ from coordinator.spec import RetryPolicy  # noqa: E402
 from sandbox.docker import DockerBackend, new_run_id  # noqa: E402
 from sandbox.image_build import ensure_images  # noqa: E402
 from subagents.fake_api import FakeMessagesAPI  # noqa: E402
-from subagents.member import Limits, MemberSpec  # noqa: E402
 from subagents.model.factory import make_model  # noqa: E402
+from subagents.spec import Limits, MemberSpec  # noqa: E402
 
 LATENCY_S = 0.5
 TURNS = 5

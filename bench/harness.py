@@ -51,9 +51,11 @@ from context import METER  # registers the in-process "bench" kind
 from subagents.context.budget import working_set_budget
 from subagents.context.compaction import SUMMARY_SYSTEM
 from subagents.context.config import ContextConfig
-from subagents.member import Limits, MemberOutcome, MemberSpec, run_member
+from subagents.member import run_member
 from subagents.model.base import ModelRequest, ModelResponse
 from subagents.model.factory import make_model
+from subagents.outcome import MemberOutcome
+from subagents.spec import Limits, MemberSpec
 from subagents.trace import Compaction, ModelCall, Offload, TraceWriter, read_trace
 
 MODEL = "claude-sonnet-5"

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from subagents.member import MemberOutcome
 from subagents.model import Model, ModelError, resolve_model
+from subagents.outcome import MemberOutcome
 
 from .runs import RunDir
 from .spec import Job, MemberJob

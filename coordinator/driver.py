@@ -29,8 +29,8 @@ from anyio.abc import TaskStatus
 from sandbox import reaper
 from sandbox.base import SandboxBackend
 from subagents.browser.corpus import CORPUS_MEMBER
-from subagents.member import MemberOutcome
 from subagents.model import Model, make_model, resolve_model
+from subagents.outcome import MemberOutcome
 
 from .analyst import write_report
 from .executor import Executor

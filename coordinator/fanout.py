@@ -27,8 +27,9 @@ from pydantic import BaseModel
 from subagents.browser.config import DEFAULT_SEARCH_URL, BrowserConfig
 from subagents.context.config import ContextConfig
 from subagents.kinds.coding import CodingSettings
-from subagents.member import Limits as MemberLimits
-from subagents.member import MemberOutcome, MemberSpec
+from subagents.outcome import MemberOutcome
+from subagents.spec import Limits as MemberLimits
+from subagents.spec import MemberSpec
 
 from .executor import Executor, LocalExecutor
 from .node import Deps, LocalNodes

@@ -33,8 +33,9 @@ from sandbox.errors import SandboxCrashed, SandboxError
 from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec
 from subagents.browser.corpus import start_corpus
-from subagents.member import MemberOutcome, MemberSpec
 from subagents.model.base import Model, ModelError
+from subagents.outcome import MemberOutcome
+from subagents.spec import MemberSpec
 from subagents.trace import ErrorEvent, MemberEnd, SandboxEvent, TraceWriter
 
 from .repo_copy import RepoTooLarge, staged_copy

@@ -29,8 +29,8 @@ import json
 from typing import Any
 
 from subagents.browser.dom import CLOSE_TAG, OPEN_TAG, untrusted
-from subagents.member import MemberOutcome
 from subagents.model.base import Model, ModelError, ModelRequest
+from subagents.outcome import MemberOutcome
 
 from .report import Citation, MemberLine, Report, ReportClaim, render_markdown
 

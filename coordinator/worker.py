@@ -38,7 +38,8 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ConfigDict
 
-from subagents.member import MemberOutcome, MemberSpec
+from subagents.outcome import MemberOutcome
+from subagents.spec import MemberSpec
 from subagents.trace import Retry, TraceWriter
 
 from .spec import RetryPolicy

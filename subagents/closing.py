@@ -31,12 +31,10 @@ what the answer gave (:func:`read_answer`). It knows nothing of the loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .outcome import LimitName
 from .result import SUBMIT_TOOL, ResultGate
-
-if TYPE_CHECKING:
-    from .member import LimitName
 
 RESERVE_FRACTION = 0.1
 RESERVE_MAX_S = 30.0

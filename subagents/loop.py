@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import anyio
 from pydantic import ValidationError
@@ -44,18 +44,18 @@ from pydantic import ValidationError
 from sandbox.base import Sandbox
 
 from . import closing
+from .context.base import ContextLike
+from .kinds import Kind
 from .model.base import Model, ModelError, ModelRequest
+from .outcome import LimitName, MemberOutcome, Progress, Status
 from .result import ResultGate, estimate_tokens
 from .result_schema import extend_model, job_field_names
+from .spec import MemberSpec
 from .tool_calls import ToolCalls
-from .tools.base import Tool, ToolContext
+from .tools.base import ToolContext
 from .tools.registry import ToolRegistry, build_custom_tool
 from .trace import Messages, TraceWriter
 from .usage import Usage, model_call_event
-
-if TYPE_CHECKING:
-    from .kinds import Kind
-    from .member import LimitName, MemberOutcome, MemberSpec, Status
 
 HARNESS_RULES = """\
 How you work here:
@@ -71,22 +71,6 @@ NUDGE = (
     "submit_result: call it now with your result (if something is unfinished, say so "
     "in the result)."
 )
-
-
-class ContextLike(Protocol):
-    """What the loop needs from :class:`subagents.context.manager.ContextManager`."""
-
-    def tools(self) -> list[Tool]: ...
-    async def start(self) -> str: ...
-    async def prepare(
-        self, messages: list[dict[str, Any]], *, turn: int, system: str, tools: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]: ...
-    def observe_usage(self, usage: Any, sent_messages: list[dict[str, Any]]) -> None: ...
-    async def admit_tool_result(
-        self, call_id: str, tool: str, text: str
-    ) -> tuple[str, str | None]: ...
-    def note_files_written(self, paths: list[str]) -> None: ...
-    async def finish(self) -> None: ...
 
 
 class AgentLoop:
@@ -162,8 +146,6 @@ class AgentLoop:
 
     async def run(self) -> MemberOutcome:
         """Turns until a result or a limit; raises only SandboxCrashed, ModelError, cancel."""
-        from .member import MemberOutcome
-
         deadline = self.limits.deadline_s
         deadline_at = anyio.current_time() + deadline
         try:
@@ -432,8 +414,6 @@ class AgentLoop:
         partial: dict[str, Any] | None = None,
     ) -> MemberOutcome:
         """The member's outcome as of now (also used for crashed / failed ends)."""
-        from .member import MemberOutcome, Progress
-
         progress = None
         if status != "ok":
             progress = Progress(

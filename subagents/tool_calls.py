@@ -24,19 +24,17 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
 from sandbox.errors import SandboxError
 
+from .context.base import ContextLike
 from .result import SUBMIT_TOOL
 from .tools.base import ToolContext
 from .tools.registry import BOX_GONE, ToolRegistry
 from .trace import ToolCall, ToolResult, TraceWriter
-
-if TYPE_CHECKING:
-    from .loop import ContextLike
 
 TRACE_OUTPUT_CHARS = 2_000
 """ToolResult events keep a preview; the full text is in the Messages event."""

@@ -21,8 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox.errors import SandboxCrashed
 from subagents.fake_api import FakeMessagesAPI
 from subagents.kinds import Kind, register_kind
-from subagents.member import MemberOutcome, MemberSpec, run_member
+from subagents.member import run_member
 from subagents.model.base import ModelProfile, ModelRequest, ModelResponse
+from subagents.outcome import MemberOutcome
+from subagents.spec import MemberSpec
 from subagents.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from subagents.trace import TraceWriter, read_trace
 

@@ -151,7 +151,8 @@ async def test_killed_box_crashes_only_its_member(
             docker_client.containers.get(boxes[victim].id).kill()
 
     async def one(name: str) -> None:
-        from subagents.member import MemberSpec, run_member
+        from subagents.member import run_member
+        from subagents.spec import MemberSpec
         from subagents.trace import TraceWriter
 
         run_dir = tmp_path / "members" / name

@@ -20,9 +20,10 @@ from sandbox.spec import SandboxSpec
 from subagents.context import ContextConfig
 from subagents.context.compaction import SUMMARY_SYSTEM, unmatched_tool_calls
 from subagents.fake_api import FakeMessagesAPI, fault, reply, text, tool_use
-from subagents.member import Limits, MemberSpec, run_member
+from subagents.member import run_member
 from subagents.model.base import ModelProfile
 from subagents.model.claude import AnthropicModel
+from subagents.spec import Limits, MemberSpec
 from subagents.trace import TraceWriter, read_trace
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]

@@ -21,8 +21,9 @@ from coordinator.jobfile import parse_job
 from coordinator.runs import RunDir
 from coordinator.spec import RetryPolicy
 from sandbox.docker import DockerBackend
-from subagents.member import MemberOutcome, MemberSpec
 from subagents.model import make_model
+from subagents.outcome import MemberOutcome
+from subagents.spec import MemberSpec
 
 pytestmark = pytest.mark.docker
 

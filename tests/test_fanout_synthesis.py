@@ -14,8 +14,8 @@ import anyio
 from coordinator.planner import offline_plan, plan
 from coordinator.synthesis import digest, render_markdown, synthesize
 from subagents.fake_api import FakeMessagesAPI, tool_use
-from subagents.member import MemberOutcome
 from subagents.model.claude import AnthropicModel
+from subagents.outcome import MemberOutcome
 
 FINDINGS = {
     "summary": "Tasks are cancelled with Task.cancel().",

@@ -17,8 +17,9 @@ from pydantic import ValidationError
 
 from subagents.fake_api import FakeMessagesAPI, Reply, fault, reply, text, tool_use
 from subagents.loop import NUDGE
-from subagents.member import Limits, MemberSpec, run_member
+from subagents.member import run_member
 from subagents.result import estimate_tokens
+from subagents.spec import Limits, MemberSpec
 from subagents.tools.registry import CustomToolSpec
 
 pytestmark = pytest.mark.anyio

@@ -21,7 +21,9 @@ from loop_support import anthropic_model, events, writer
 
 from sandbox.docker import DockerBackend, DockerSandbox
 from subagents.fake_api import FakeMessagesAPI, tool_use
-from subagents.member import Limits, MemberOutcome, MemberSpec, run_member
+from subagents.member import run_member
+from subagents.outcome import MemberOutcome
+from subagents.spec import Limits, MemberSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 

@@ -14,7 +14,9 @@ from loop_support import anthropic_model, events, writer
 from sandbox.docker import DockerBackend
 from subagents.fake_api import FakeMessagesAPI, reply, tool_use
 from subagents.kinds.coding import CHECK_BRIEF, CodingSettings
-from subagents.member import Limits, MemberOutcome, MemberSpec, run_member
+from subagents.member import run_member
+from subagents.outcome import MemberOutcome
+from subagents.spec import Limits, MemberSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 

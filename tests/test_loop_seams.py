@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from subagents.context.compaction import SUMMARY_SYSTEM
 from subagents.context.config import ContextConfig
 from subagents.fake_api import FakeMessagesAPI, Reply, reply, text, tool_use
-from subagents.member import Limits, MemberSpec
+from subagents.spec import Limits, MemberSpec
 
 pytestmark = pytest.mark.anyio
 

@@ -18,11 +18,13 @@ import pytest
 from loop_support import events, writer
 
 from subagents.fake_api import FakeMessagesAPI, overloaded, overloaded_mid_stream, reply, tool_use
-from subagents.member import MemberOutcome, MemberSpec, run_member
+from subagents.member import run_member
 from subagents.model.base import ModelRequest
 from subagents.model.claude import AnthropicModel
 from subagents.model.factory import make_model
 from subagents.model.offline import register_policy
+from subagents.outcome import MemberOutcome
+from subagents.spec import MemberSpec
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ from coordinator.fanout import to_member_spec
 from coordinator.jobfile import JobError, load_job, parse_job
 from subagents.browser.config import BrowserConfig
 from subagents.kinds.coding import CodingSettings
-from subagents.member import MemberSpec
+from subagents.spec import MemberSpec
 
 FLEET = str(Path(sys.executable).with_name("fleet"))
 GOOD = 'name = "ok"\n[[members]]\nkind = "coding"\ntask = "t"\n'

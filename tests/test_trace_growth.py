@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from loop_support import ScriptedModel, events, writer
 
-from subagents.member import Limits, MemberSpec, run_member
+from subagents.member import run_member
 from subagents.model.base import ModelRequest
+from subagents.spec import Limits, MemberSpec
 
 pytestmark = pytest.mark.anyio
 

@@ -1,0 +1,83 @@
+"""How one member ended: :class:`MemberOutcome`, JSON-ready, written to ``result.json``.
+
+=========== ===============================================================
+status      meaning
+=========== ===============================================================
+ok          ``submit_result`` was accepted; ``result`` holds it
+incomplete  a limit (turns, tokens, deadline) was reached, or the model
+            stopped without a result after one reminder; ``progress`` says
+            what was done, ``partial_result`` holds what the member submitted
+            in its closing call (limits only, when there was room for one)
+crashed     the box died (``SandboxCrashed``) or cannot be reached any more
+            (``SandboxClosed``, ``SandboxUnavailable``); ``reason`` names why
+failed      the model call failed for good (``retryable`` says whether a later
+            attempt may succeed, e.g. overload), the harness hit a bug, or the
+            kind judged the accepted result a failure (a coding member's test
+            fails after its edit); then ``result`` is kept for reading
+cancelled   the caller cancelled the member (set by the caller's bookkeeping;
+            ``run_member`` itself re-raises the cancellation)
+timed_out   reserved for callers that enforce their own outer deadline
+=========== ===============================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Status = Literal["ok", "failed", "timed_out", "crashed", "cancelled", "incomplete"]
+LimitName = Literal["turns", "tokens", "deadline", "no_result"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Progress(_Strict):
+    """What a member that did not finish got done (for the coordinator and a person)."""
+
+    turns: int = 0
+    """Model calls made."""
+    last_actions: list[str] = Field(default_factory=list)
+    """The most recent tool calls, oldest first (``tool(args) -> ok|error``)."""
+    todos: list[dict[str, Any]] = Field(default_factory=list)
+    """The member's todo list at the end, if it kept one."""
+    last_text: str = ""
+    """The model's last words (capped), which often say where it was."""
+
+
+class MemberOutcome(_Strict):
+    """How one member ended; JSON-ready, written to ``result.json``."""
+
+    member: str
+    """Member id."""
+    kind: str = ""
+    status: Status
+    reason: str = ""
+    """Why it ended this way, in words (empty for ``ok``)."""
+    result: dict[str, Any] | None = None
+    """The kind's result model, as JSON: set when status is ``ok``, and kept for a
+    ``failed`` member whose accepted result its kind judged a failure (a coding
+    member's patch and test run when the test fails). Only ``ok`` results count."""
+    partial_result: dict[str, Any] | None = None
+    """``incomplete`` members only: the best partial result the member submitted in
+    the closing call after a limit stopped it (same schema as ``result``; it says
+    itself what is unfinished). Not a finished answer."""
+    limit: LimitName | None = None
+    """Which limit ended an ``incomplete`` member."""
+    progress: Progress | None = None
+    """What was done, for members that did not finish."""
+    result_truncated: bool = False
+    """The result was over its cap even after condensing, and was cut (marked)."""
+    retryable: bool = False
+    """A later attempt may succeed (model overload, crashed box)."""
+    turns: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+    duration_s: float = 0.0
+    offline: bool = False
+    """True when an offline model (replay, offline policy) produced this outcome."""

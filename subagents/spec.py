@@ -1,0 +1,135 @@
+"""What one member is asked to do: :class:`MemberSpec`, the unit of work, and its
+:class:`Limits`.
+
+A spec is plain data, JSON-ready and validated when it is made, so it can cross to
+another process or node as it is: the kind's settings travel in it typed
+(``settings``), apart from the task's inputs. What comes back is a
+:class:`~subagents.outcome.MemberOutcome`; :func:`subagents.member.run_member` turns
+the one into the other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from sandbox.spec import SandboxSpec
+
+from .context.config import ContextConfig
+from .kinds import NoSettings, get_kind, kind_settings
+from .result_schema import ResultSchema, extend_model, parse_result_schema
+from .tools.registry import CustomToolSpec
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Limits(_Strict):
+    """How far one member may go before it stops with a structured ``incomplete``."""
+
+    max_turns: int = Field(default=30, ge=1, le=10_000)
+    """Regular model calls at most (then one closing call, see subagents.closing)."""
+    max_tokens: int | None = Field(default=None, ge=1_000)
+    """Total tokens over all calls (input, cache and output) at most; None: no cap.
+    A turn starts only when it and the closing call after it fit."""
+    deadline_s: float = Field(default=600.0, gt=0)
+    """Wall-clock seconds for the whole member, tool calls and closing call included."""
+    result_tokens: int = Field(default=2_000, ge=100)
+    """Cap on the submitted result; over it the model is asked once to condense."""
+    max_output_tokens: int = Field(default=8_192, ge=256)
+    """Output limit of one model call (never above the model's own limit)."""
+    tool_timeout_s: float = Field(default=600.0, gt=0)
+    """Host-side ceiling of one tool call (a shell command's own timeout is lower)."""
+
+
+def _default_settings(data: dict[str, Any]) -> BaseModel:
+    return kind_settings(data["kind"]) if "kind" in data else NoSettings()
+
+
+class MemberSpec(_Strict):
+    """Everything one member needs, serializable: the unit of work."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    """Member id: directory name, trace member id and box label."""
+    kind: str
+    """Member kind (``coding``, ``browser``); decides prompt, tools and result model."""
+    settings: SerializeAsAny[BaseModel] = Field(default_factory=_default_settings)
+    """The kind's own settings, an instance of its ``Kind.settings`` (a browser member's
+    ``BrowserConfig``, a coding member's ``CodingSettings``); the kind's defaults when
+    not given. For the harness and the kind's hooks: never shown to the model as data."""
+    task: str = Field(min_length=1)
+    """What the member must do; put verbatim at the start of its context."""
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    """Named facts handed over with the task (shown to the model as JSON)."""
+    model: str = "offline"
+    """Model string (a known model, ``offline`` or ``replay:<trace>``)."""
+    limits: Limits = Field(default_factory=Limits)
+    sandbox: dict[str, Any] = Field(default_factory=dict)
+    """``SandboxSpec`` fields overriding the kind's secure defaults."""
+    memory_dir: Path | None = None
+    """Host directory of the member's explicit memory; None: no memory."""
+    tools: list[CustomToolSpec] = Field(default_factory=list)
+    """Job-defined tools (command templates in the box, or host callables)."""
+    todos: bool | None = None
+    """``write_todos`` and recitation on or off; None: the context config, then the kind."""
+    context: ContextConfig = Field(default_factory=ContextConfig)
+    """Budget, offload, clip, compaction and memory thresholds."""
+    result_schema: dict[str, Any] | None = None
+    """Job-defined result fields (a JSON Schema object, see
+    :mod:`subagents.result_schema`), added to the kind's result; None: use
+    ``inputs["result_schema"]`` if the job put it there, else none."""
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        get_kind(v)  # raises UnknownKind (a ValueError) naming the known kinds
+        return v
+
+    @field_validator("settings", mode="before")
+    @classmethod
+    def _settings_of_the_kind(cls, v: Any, info: ValidationInfo) -> Any:
+        kind = info.data.get("kind")
+        return v if kind is None else kind_settings(kind, v)
+
+    @field_validator("sandbox")
+    @classmethod
+    def _sandbox_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
+        SandboxSpec(**v)
+        return v
+
+    @model_validator(mode="after")
+    def _result_schema_fits_the_kind(self) -> MemberSpec:
+        schema = self.job_result_schema()
+        if schema is not None:
+            kind = get_kind(self.kind)
+            extend_model(kind.submit_schema, schema)  # raises naming a clashing field
+            extend_model(kind.result_model, schema)
+        return self
+
+    def job_result_schema(self) -> ResultSchema | None:
+        """The job's result fields: ``result_schema``, else ``inputs["result_schema"]``."""
+        raw = self.result_schema
+        if raw is None:
+            raw = self.inputs.get("result_schema")
+        return None if raw is None else parse_result_schema(raw)
+
+    def sandbox_spec(self) -> SandboxSpec:
+        """The box this member runs in: its kind's box with the overrides applied."""
+        return SandboxSpec(**{"kind": get_kind(self.kind).box_kind, **self.sandbox})
+
+    def todos_enabled(self) -> bool:
+        for choice in (self.todos, self.context.todos):
+            if choice is not None:
+                return choice
+        return get_kind(self.kind).todos
