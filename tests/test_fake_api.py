@@ -63,6 +63,18 @@ async def stream(c: anthropic.AsyncAnthropic, **kw: Any) -> tuple[Any, list[Any]
         return await s.get_final_message(), events
 
 
+async def test_streams_keep_the_connection_open() -> None:
+    """The real API streams chunked over a kept-alive connection: a client making
+    turn after turn pays one TCP connect, not one per turn."""
+    with FakeMessagesAPI([text("one " * 20), text("two " * 20), text("three")]) as api:
+        c = client(api)
+        for expected in ("one", "two", "three"):
+            final, _ = await stream(c)
+            assert final.content[0].text.startswith(expected)
+        peers = {entry.peer for entry in api.log}
+        assert len(api.log) == 3 and len(peers) == 1, peers
+
+
 async def test_plain_text_json_and_stream() -> None:
     with FakeMessagesAPI([text("Hi there."), text("Streamed " * 10)]) as api:
         c = client(api)

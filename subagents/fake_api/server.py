@@ -41,6 +41,8 @@ class RecordedRequest(BaseModel):
     """HTTP status the server answered with."""
     error: str = ""
     """The error message sent back, if any."""
+    peer: str = ""
+    """The client's ``host:port``: requests over one kept-alive connection share it."""
 
 
 class FakeMessagesAPI:
@@ -165,6 +167,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
         entry = RecordedRequest(path=path, headers={k.lower(): v for k, v in self.headers.items()})
+        host, port = self.client_address[:2]
+        entry.peer = f"{host}:{port}"
         try:
             raw = self.rfile.read(int(self.headers.get("content-length") or 0))
             body = json.loads(raw or b"{}")
@@ -299,10 +303,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
-        # No length is known up front: the body ends when the connection closes.
-        self.send_header("connection", "close")
+        # Chunked, as the real API streams: the connection stays open for the next
+        # request (a client pays one TCP connect per member, not one per turn).
+        self.send_header("transfer-encoding", "chunked")
         self.end_headers()
-        self.close_connection = True
         for frame in frames:
-            self.wfile.write(frame)
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
             self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
