@@ -156,6 +156,46 @@ class MemoryWrite(_Event):
     path: str
 
 
+class MemoryFileSave(BaseModel):
+    """What a memory save did with one file of the profile."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    """Relative to the profile directory (``notes.md``)."""
+    action: Literal["written", "merged", "deleted", "renamed", "unchanged", "conflict", "refused"]
+    """written/deleted: nobody else had changed the file since the member loaded it;
+    merged: others had, and both sides' changes were combined; renamed: the member's
+    rename (its new name is saved as its own entry); unchanged: the profile already
+    held this version; conflict: both changed the same lines (or one deleted what the
+    other edited) - both kept, see ``detail``; refused: the path leads out of the
+    profile."""
+    detail: str = ""
+    merged_with: list[str] = Field(default_factory=list)
+    """Who saved this file since the member loaded it (``member (run RUN)``)."""
+
+
+class MemorySave(_Event):
+    """A member's memory changes applied to its profile (at the end of an attempt)."""
+
+    type: Literal["memory_save"] = "memory_save"
+    profile: str
+    """The profile directory on the host."""
+    key: str
+    """This attempt's save key (``run/member/token``); a key already in the profile's
+    ledger is not applied again."""
+    files: list[MemoryFileSave] = Field(default_factory=list)
+    already_saved: bool = False
+    """The profile's ledger already held this key: nothing was applied twice."""
+    error: str = ""
+    """The save failed (e.g. the profile stayed locked); ``files`` were not saved and
+    remain in the member's working copy (``members/<id>/memory/``)."""
+
+    @property
+    def conflicts(self) -> list[MemoryFileSave]:
+        return [f for f in self.files if f.action == "conflict"]
+
+
 class SandboxEvent(_Event):
     type: Literal["sandbox"] = "sandbox"
     action: str
@@ -197,6 +237,7 @@ TraceEvent = Annotated[
     | Compaction
     | Todos
     | MemoryWrite
+    | MemorySave
     | SandboxEvent
     | Retry
     | ErrorEvent

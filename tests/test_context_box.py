@@ -117,4 +117,4 @@ async def test_memory_copy_is_in_the_box_and_tool_edits_reach_it(
     ls = await box.exec(["ls", "/tmp/fleet/memory"])
     assert ls.stdout.split() == ["new.md"]
     await manager.finish()
-    assert sorted(p.name for p in memory.iterdir()) == ["new.md"]
+    assert sorted(p.name for p in memory.iterdir() if p.name != ".fleet") == ["new.md"]

@@ -113,7 +113,7 @@ class ContextManager:
         return await self.memory.start()
 
     async def finish(self) -> None:
-        """Save memory edits back to the host. Call it whatever the member's outcome."""
+        """Merge memory edits into the profile. Call it whatever the member's outcome."""
         if self.memory is not None:
             await self.memory.save()
 

@@ -1,24 +1,32 @@
 """Explicit per-member memory: files outside the window the agent reads and amends.
 
-A member gets memory only when its spec names a host directory; nothing is
-inherited implicitly from the coordinator or a sibling. At start the directory is
-copied to a working copy in the member's run directory (the authoritative copy
-while the member runs) and mirrored into the box under ``box_dir/memory`` so the
-agent can grep it with its own tools. The text loaded into the first message is
-capped (200 lines / 25 KB by default: persistent context is a standing cost on
-every turn) and wrapped as reference material that may be stale and ranks below
-the system prompt. The ``memory`` tool edits the working copy (and mirrors each
-edit into the box); :meth:`MemoryStore.save` writes the changed files back to the
-host directory when the member ends, whatever its status - the working copy is on
-the host, so even a crashed box loses no edit. Edits made with other tools inside
-the box are not saved: the tool is the one way to change memory, so every change
-is traced as a ``memory_write`` event.
+A member gets memory only when its spec names a host directory (a *profile*);
+nothing is inherited implicitly from the coordinator or a sibling. At start the
+profile is copied to a working copy in the member's run directory (the
+authoritative copy while the member runs) and mirrored into the box under
+``box_dir/memory`` so the agent can grep it with its own tools. The text loaded into
+the first message is capped (200 lines / 25 KB by default: persistent context is a
+standing cost on every turn) and wrapped as reference material that may be stale and
+ranks below the system prompt. The ``memory`` tool edits the working copy (and
+mirrors each edit into the box).
+
+When the member ends, whatever its status, :meth:`MemoryStore.save` applies its
+changes to the profile - not by copying its files over (several members share a
+profile, and that erased what a sibling saved meanwhile) but as a three-way merge
+per changed file against the profile as it is then, under the profile's lock; see
+:mod:`subagents.context.memory_profile` for the rules, conflicts, the ledger and
+what retries and resume do. The save is traced as one ``memory_save`` event (per
+file: written, merged and with whom, conflict and why), which the coordinator also
+enters in the run's journal. The working copy is on the host, so even a crashed box
+loses no edit. Edits made with other tools inside the box are not saved: the tool is
+the one way to change memory, so every change is traced as a ``memory_write`` event.
 """
 
 from __future__ import annotations
 
-import os
+import secrets
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -29,8 +37,9 @@ from sandbox.base import Sandbox
 from sandbox.errors import SandboxError
 
 from ..tools.base import Tool, ToolContext, ToolError, ToolOutput
-from ..trace import MemoryWrite, TraceWriter
+from ..trace import MemorySave, MemoryWrite, TraceWriter
 from .config import ContextConfig
+from .memory_profile import META, FileChange, load_profile, save_profile
 
 MEMORY_PREFIX = "/memories"
 Change = tuple[str, str, bytes | None]
@@ -80,10 +89,6 @@ def wrap_memory(body: str, note: str) -> str:
     return "\n".join(parts)
 
 
-def _symlinks(directory: str, names: list[str]) -> set[str]:
-    return {n for n in names if os.path.islink(os.path.join(directory, n))}
-
-
 class MemoryStore:
     """One member's memory: host directory, working copy, box mirror."""
 
@@ -104,10 +109,22 @@ class MemoryStore:
         self.box_root = f"{config.box_dir.rstrip('/')}/memory"
         self.dirty: set[str] = set()
         """Relative paths created, changed or removed since start."""
+        self.base: dict[str, bytes] = {}
+        """Every file as loaded (the base of the three-way merge at save)."""
+        self.origins: dict[str, str] = {}
+        """Renamed file -> the loaded file it came from."""
+        self.loaded_seq = 0
+        """Saves in the profile's ledger when it was loaded."""
+        run, member = (trace.run, trace.member) if trace is not None else ("", "")
+        self.run, self.member = run, member
+        self.key = ""
+        """This attempt's save key (``run/member/token``); set by :meth:`start`."""
 
     async def start(self) -> str:
-        """Copy the host directory in, mirror it into the box; returns the wrapped text."""
-        await anyio.to_thread.run_sync(self._copy_in)
+        """Load the profile, mirror it into the box; returns the wrapped text."""
+        loaded = await anyio.to_thread.run_sync(load_profile, self.host_dir, self.root)
+        self.base, self.loaded_seq = loaded.base, loaded.seq
+        self.key = f"{self.run}/{self.member}/{secrets.token_hex(6)}"
         if self.sandbox is not None:
             try:
                 await self.sandbox.upload(self.root, self.box_root)
@@ -118,16 +135,6 @@ class MemoryStore:
             return ""
         text, note = cap_text(body, self.config.memory_max_lines, self.config.memory_max_bytes)
         return wrap_memory(text, note)
-
-    def _copy_in(self) -> None:
-        if self.root.exists():
-            shutil.rmtree(self.root)
-        if self.host_dir.is_dir():
-            # Symlinks are skipped, not followed: memory must never pull in host files
-            # from outside its directory.
-            shutil.copytree(self.host_dir, self.root, ignore=_symlinks)
-        else:
-            self.root.mkdir(parents=True)
 
     def files(self) -> list[Path]:
         """Memory files, ``MEMORY.md`` first, then by path."""
@@ -164,6 +171,8 @@ class MemoryStore:
                 f"path {path!r} leaves the memory directory; use a path under "
                 f"{MEMORY_PREFIX}/, e.g. {MEMORY_PREFIX}/notes.md"
             )
+        if full != root and full.relative_to(root).parts[:1] == (META,):
+            raise ToolError(f"{MEMORY_PREFIX}/{META} is reserved for Fleet's bookkeeping")
         return full
 
     def rel(self, full: Path) -> str:
@@ -192,30 +201,55 @@ class MemoryStore:
             except (SandboxError, OSError):
                 pass  # the working copy is authoritative; the mirror is a convenience
 
-    async def save(self) -> list[str]:
-        """Write changed files back to the host directory; returns the paths written."""
-        return await anyio.to_thread.run_sync(self._save_sync)
+    def moved(self, src: str, dst: str) -> None:
+        """Remember that ``dst`` holds a loaded file renamed (maybe twice) from ``src``."""
+        origin = self.origins.pop(src, src if src in self.base else None)
+        if origin is not None and origin != dst:  # renamed back: an edit, not a rename
+            self.origins[dst] = origin
 
-    def _save_sync(self) -> list[str]:
-        written = []
+    def changes(self) -> list[FileChange]:
+        """What the member changed, per file: loaded version, final version, renames."""
         root = self.root.resolve()
+        renamed = {origin: dst for dst, origin in self.origins.items()}
+        out = []
         for rel in sorted(self.dirty):
-            src = root / rel
-            dst = self.host_dir / rel
-            if src.is_file():
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                tmp = dst.with_name(dst.name + ".fleet-tmp")
-                shutil.copyfile(src, tmp)
-                os.replace(tmp, dst)
-                written.append(rel)
-            elif not src.exists():
-                if dst.is_dir():
-                    shutil.rmtree(dst)
-                elif dst.exists():
-                    dst.unlink()
-                written.append(rel)
-        self.dirty.clear()
-        return written
+            path = root / rel
+            ours = path.read_bytes() if path.is_file() and not path.is_symlink() else None
+            origin = self.origins.get(rel)
+            base = self.base.get(origin or rel)
+            if ours is None and base is None:
+                continue  # a directory, or a file made and removed again
+            gone = renamed.get(rel) if ours is None else None
+            out.append(FileChange(rel, base, ours, origin=origin, renamed_to=gone))
+        return out
+
+    async def save(self) -> MemorySave | None:
+        """Apply the member's changes to the profile; returns the traced event (None:
+        nothing changed). Raises what made the save fail, after tracing it."""
+        changes = await anyio.to_thread.run_sync(self.changes)
+        if not changes:
+            return None
+        save = partial(
+            save_profile,
+            self.host_dir,
+            changes,
+            key=self.key,
+            run=self.run,
+            member=self.member,
+            loaded_seq=self.loaded_seq,
+        )
+        event = MemorySave(profile=str(self.host_dir), key=self.key)
+        try:
+            event.files, event.already_saved = await anyio.to_thread.run_sync(save)
+        except Exception as exc:  # traced here (journal, report), raised to the harness
+            event.error = f"{exc}; {len(changes)} changed file(s) not saved, kept in {self.root}"
+            raise
+        else:
+            self.dirty.clear()
+        finally:
+            if self.trace is not None:
+                self.trace.emit(event)
+        return event
 
 
 class MemoryInput(BaseModel):
@@ -335,9 +369,10 @@ class MemoryTool(Tool):
         if full.is_dir():
             for p in full.rglob("*"):
                 if p.is_file():
-                    self.store.dirty.add(self.store.rel(p))
+                    self.store.origins.pop(self.store.record(p), None)
             shutil.rmtree(full)
         else:
+            self.store.origins.pop(self.store.rel(full), None)
             full.unlink()
         changes.append(("delete", self.store.record(full), None))
         return f"deleted {MEMORY_PREFIX}/{self.store.rel(full)}"
@@ -353,6 +388,7 @@ class MemoryTool(Tool):
             raise ToolError(f"{args.new_path} already exists; delete it first or pick another")
         dst.parent.mkdir(parents=True, exist_ok=True)
         src.rename(dst)
+        self.store.moved(self.store.rel(src), self.store.rel(dst))
         changes.append(("rename", self.store.record(src), None))
         changes.append(("rename", self.store.record(dst), dst.read_bytes()))
         return f"renamed {args.old_path} to {MEMORY_PREFIX}/{self.store.rel(dst)}"
