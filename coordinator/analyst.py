@@ -10,6 +10,7 @@ from pathlib import Path
 from subagents.model import Model, ModelError, resolve_model
 from subagents.outcome import MemberOutcome
 
+from .report import memory_problems
 from .runs import RunDir
 from .spec import Job, MemberJob
 from .synthesis import render_markdown, synthesize
@@ -48,6 +49,7 @@ async def write_report(
             report.summary += f" (The analyst model {name} failed: {exc}.)"
     finally:
         await model.aclose()
+    report.memory = memory_problems(run.journal.read())
     (run.path / "report.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")
     path = run.path / "report.md"
     path.write_text(render_markdown(report), encoding="utf-8")

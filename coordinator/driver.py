@@ -38,6 +38,7 @@ from .fanout import fan_out, to_member_spec
 from .node import CLEANUP_S, LocalNodes, NodeDeps
 from .planner import plan
 from .progress import Progress
+from .report import memory_lines, memory_problems
 from .runs import RunDir
 from .spec import Job, MemberJob
 from .worker import MemberUnit, Nodes, Recorder, Services
@@ -383,6 +384,9 @@ async def _finish(
     run.journal.append("run_finished", status=status, ok=ok, members=len(members))
     run.clear_live()
     verdict = f"{status}: {ok} of {len(members)} members ok (quorum {job.fanout.min_success})"
+    problems = memory_problems(run.journal.read())
+    if problems:
+        verdict += "\nmemory: " + "\nmemory: ".join(memory_lines(problems))
     if report_path:
         verdict += f"\nreport: {report_path}"
     print(progress.summary(str(run.path), verdict), file=opts.out)

@@ -44,6 +44,7 @@ from subagents.trace import (
     ErrorEvent,
     MemberEnd,
     MemberStart,
+    MemorySave,
     ModelCall,
     Offload,
     Retry,
@@ -135,7 +136,7 @@ class _MemberSpans:
             return
         if isinstance(ev, ModelCall | ToolCall | ToolResult | MemberEnd):
             agent = self._agent(ev.ts)
-        elif isinstance(ev, Offload | Compaction | Clip | Retry | ErrorEvent):
+        elif isinstance(ev, Offload | Compaction | Clip | Retry | ErrorEvent | MemorySave):
             agent = self._agent(ev.ts)
             agent.add_event(f"fleet.{ev.type}", attributes=_event_attrs(ev), timestamp=_ns(ev.ts))
             return
@@ -237,6 +238,9 @@ def _event_attrs(ev: Any) -> dict[str, Any]:
         return {"fleet.tokens_saved": ev.tokens_saved, "fleet.calls": len(ev.call_ids)}
     if isinstance(ev, Retry):
         return {"fleet.what": ev.what, "fleet.attempt": ev.attempt, "fleet.reason": ev.reason}
+    if isinstance(ev, MemorySave):
+        return {"fleet.path": ev.profile, "fleet.files": len(ev.files),
+                "fleet.conflicts": len(ev.conflicts), "fleet.error": ev.error}  # fmt: skip
     return {"error.type": ev.error, "fleet.message": ev.message[:500]}
 
 

@@ -3,12 +3,15 @@
 :class:`Report` is the contract between the analyst step
 (:mod:`coordinator.synthesis`, which fills it) and its readers (``report.json`` on
 disk, ``report.md`` for people, ``fleet trace``). Every claim carries the member
-citations the code resolved; failed members are listed with their reasons.
+citations the code resolved; failed members are listed with their reasons, and so
+are memory saves that left a conflict or failed (from the run's journal: a conflict
+is kept in the profile's file between markers, and a person should resolve it).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +44,51 @@ class MemberLine(_Strict):
     reason: str = ""
 
 
+class MemoryProblem(_Strict):
+    """A memory save that left a conflict in its profile, or failed."""
+
+    kind: Literal["conflict", "not_saved"]
+    member: str
+    attempt: int = 1
+    profile: str
+    """The profile directory."""
+    path: str = ""
+    """The file, relative to the profile (empty for a save that failed as a whole)."""
+    detail: str = ""
+
+
+def memory_problems(journal: Iterable[dict[str, Any]]) -> list[MemoryProblem]:
+    """Conflicts and failed saves among the journal's ``memory_saved`` records."""
+    out = []
+    for rec in journal:
+        if rec.get("event") != "memory_saved":
+            continue
+        who: dict[str, Any] = {
+            "member": str(rec.get("member", "")),
+            "attempt": int(rec.get("attempt") or 1),
+            "profile": str(rec.get("profile", "")),
+        }
+        if rec.get("error"):
+            out.append(MemoryProblem(kind="not_saved", detail=str(rec["error"]), **who))
+        for f in rec.get("files") or []:
+            if isinstance(f, dict) and f.get("action") == "conflict":
+                path, detail = str(f.get("path", "")), str(f.get("detail", ""))
+                out.append(MemoryProblem(kind="conflict", path=path, detail=detail, **who))
+    return out
+
+
+def memory_lines(problems: list[MemoryProblem]) -> list[str]:
+    """One line per problem, for people (report.md, the run's last lines, fleet trace)."""
+    out = []
+    for p in problems:
+        attempt = f", attempt {p.attempt}" if p.attempt > 1 else ""
+        if p.kind == "conflict":
+            out.append(f"conflict in {p.profile}/{p.path} ({p.member}{attempt}): {p.detail}")
+        else:
+            out.append(f"not saved to {p.profile} ({p.member}{attempt}): {p.detail}")
+    return out
+
+
 class Report(_Strict):
     """``report.json``: what the run found, with every claim citing its members."""
 
@@ -59,6 +107,9 @@ class Report(_Strict):
     ``status`` (a ``failed`` entry is a patch whose test fails, kept for reading)."""
     members: list[MemberLine] = Field(default_factory=list)
     failed: list[MemberLine] = Field(default_factory=list)
+    memory: list[MemoryProblem] = Field(default_factory=list)
+    """Memory conflicts (both versions kept in the file, between markers) and saves
+    that failed (the member's edits are only in its run directory)."""
 
 
 def render_markdown(report: Report) -> str:
@@ -120,4 +171,7 @@ def render_markdown(report: Report) -> str:
             f"**{len(report.failed)} member(s) failed:** "
             + "; ".join(f"{m.member} ({m.status}: {m.reason})" for m in report.failed),
         ]
+    if report.memory:
+        out += ["", "## Memory", ""]
+        out += [f"- {line}" for line in memory_lines(report.memory)]
     return "\n".join(out) + "\n"

@@ -23,6 +23,12 @@ backoff: the box crashing (an OOM, a killed container, an engine hiccup) and the
 model being overloaded - plus ``timed_out`` when the job asks. A member whose task
 itself failed (an ``incomplete`` result, a bad request) is not retried: the same
 inputs would fail the same way and cost the same again.
+
+Memory. Every attempt loads the member's memory profile as it is then and merges its
+own changes back at its end (:mod:`subagents.context.memory_profile`), so a retry
+neither misses what the failed attempt saved nor applies it twice. Each save is
+entered in the run's journal as ``memory_saved`` with its attempt, what it did per
+file and its conflicts.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from pydantic import BaseModel, ConfigDict
 
 from subagents.outcome import MemberOutcome
 from subagents.spec import MemberSpec
-from subagents.trace import Retry, TraceWriter
+from subagents.trace import MemorySave, Retry, TraceWriter
 
 from .spec import RetryPolicy
 
@@ -166,6 +172,13 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
     trace = TraceWriter(Path(mdir) / "trace.jsonl", run=unit.run_id, member=unit.spec.id)
     trace.listeners.extend(deps.listeners)
     attempt = 0
+
+    def journal_memory(ev: object) -> None:
+        # Every memory save goes into the run's journal too, with the attempt it ended.
+        if isinstance(ev, MemorySave):
+            deps.note("memory_saved", member=unit.spec.id, attempt=attempt, **memory_fields(ev))
+
+    trace.listeners.append(journal_memory)
     try:
         while True:
             attempt += 1
@@ -215,6 +228,18 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
     )
     trace.close()
     return outcome
+
+
+def memory_fields(ev: MemorySave) -> dict[str, Any]:
+    """A memory save as the journal records it (conflicts counted, defaults left out)."""
+    return {
+        "profile": ev.profile,
+        "key": ev.key,
+        "files": [f.model_dump(exclude_defaults=True) for f in ev.files],
+        "conflicts": len(ev.conflicts),
+        **({"already_saved": True} if ev.already_saved else {}),
+        **({"error": ev.error} if ev.error else {}),
+    }
 
 
 def _write_result(mdir: anyio.Path, outcome: MemberOutcome) -> None:

@@ -19,6 +19,10 @@ Stable interface, used by every test module:
 ``cleanup`` (function)
     A list to append output directories to; at teardown the boxes of every run under
     them are removed, whatever happened (for tests that start whole runs).
+``fake_api`` (function)
+    ``start(policy)`` starts a fake Messages API on 127.0.0.1 and points the real
+    ``anthropic`` client of this process (``ANTHROPIC_BASE_URL``, a test key) at it;
+    every server started is stopped at teardown.
 
 ``missing_dependency(reason)`` is the one rule for absent dependencies: skip locally,
 fail under ``CI=true``. Call it from your own fixtures (``from conftest import
@@ -29,14 +33,16 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
 if TYPE_CHECKING:
     import docker
+
+    from subagents.fake_api import FakeMessagesAPI
 
 
 def in_ci() -> bool:
@@ -94,6 +100,26 @@ def run_id(docker_client: docker.DockerClient) -> Iterator[str]:
     finally:
         remove_run(docker_client, rid)
         mark_done(rid)
+
+
+@pytest.fixture
+def fake_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Callable[[Any], FakeMessagesAPI]]:
+    """Start a fake API; the coordinator's real model adapter is pointed at it."""
+    from subagents.fake_api import FakeMessagesAPI
+
+    def start(policy: Any) -> FakeMessagesAPI:
+        api = FakeMessagesAPI(policy).start()
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        started.append(api)
+        return api
+
+    started: list[FakeMessagesAPI] = []
+    yield start
+    for api in started:
+        api.stop()
 
 
 @pytest.fixture

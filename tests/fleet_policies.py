@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from subagents.fake_api import fault, tool_use
@@ -75,6 +76,64 @@ def coding_policy(*, turns: int = 3, latency_s: float = 0.0) -> Any:
             "submit_result",
             {"summary": f"finished after {step} steps", "tests_run": [], "notes": []},
             latency_s=delay,
+        )
+
+    return policy
+
+
+def _task_and_memory(body: dict[str, Any]) -> tuple[str, str]:
+    """The member's task (first block of its first message) and its loaded memory."""
+    msgs = body.get("messages") or []
+    blocks = msgs[0].get("content") if msgs else []
+    if isinstance(blocks, str):
+        return blocks, ""
+    texts = [b.get("text", "") for b in blocks or [] if b.get("type") == "text"]
+    memory = next((t for t in texts if t.startswith("<memory")), "")
+    return (texts[0] if texts else ""), memory
+
+
+def memory_policy(
+    before_submit: Callable[[str, str], None] = lambda task, memory: None,
+) -> Any:
+    """Members that edit ``/memories/notes.md`` once, then submit.
+
+    Task markers: ``[insert:TEXT]`` inserts TEXT after the file's first line - or
+    ``TEXT (again)`` when the memory it loaded already holds TEXT, as a model that
+    reads its memory would; ``[replace:OLD:NEW]`` replaces OLD by NEW;
+    ``[crash-once]`` after the edit, the member's first attempt runs a command that
+    OOM-kills its box (give it ``sandbox = { memory = "64m" }``). Before answering
+    with ``submit_result``, ``before_submit(task, loaded memory)`` is called: a test's
+    gate (e.g. wait until every member has loaded and edited its memory).
+    """
+    crashed: set[str] = set()
+
+    def policy(body: dict[str, Any]) -> Any:
+        task, memory = _task_and_memory(body)
+        step = _step(body)
+        if step == 0:
+            insert = re.search(r"\[insert:([^\]]+)\]", task)
+            if insert:
+                line = insert.group(1)
+                text = f"{line} (again)" if line in memory else line
+                args = {"command": "insert", "path": "/memories/notes.md", "insert_line": 1}
+                return tool_use("memory", {**args, "insert_text": text})
+            old, new = re.search(r"\[replace:([^:\]]+):([^\]]+)\]", task).groups()  # type: ignore[union-attr]
+            return tool_use(
+                "memory",
+                {
+                    "command": "str_replace",
+                    "path": "/memories/notes.md",
+                    "old_str": old,
+                    "new_str": new,
+                },
+            )
+        if step == 1 and "[crash-once]" in task and task not in crashed:
+            crashed.add(task)
+            return tool_use("shell", {"command": OOM_BOX})
+        before_submit(task, memory)
+        return tool_use(
+            "submit_result",
+            {"summary": "memory edited", "tests_run": [], "notes": []},
         )
 
     return policy

@@ -19,28 +19,10 @@ from fleet_policies import coding_policy
 
 from coordinator.cli import main
 from coordinator.runs import RunDir
-from subagents.fake_api import FakeMessagesAPI
 from subagents.trace import read_trace
 
 pytestmark = pytest.mark.docker
 FLEET = [str(Path(sys.executable).with_name("fleet"))]
-
-
-@pytest.fixture
-def fake_api(monkeypatch):
-    """Start a fake API; the coordinator's real model adapter is pointed at it."""
-
-    def start(policy: Any) -> FakeMessagesAPI:
-        api = FakeMessagesAPI(policy).start()
-        monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
-        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
-        started.append(api)
-        return api
-
-    started: list[FakeMessagesAPI] = []
-    yield start
-    for api in started:
-        api.stop()
 
 
 def _boxes(docker_client: Any, run_id: str) -> list[dict[str, Any]]:

@@ -12,7 +12,15 @@ from pathlib import Path
 
 import tracegen
 
-from subagents.trace import MemberEnd, ModelCall, ToolCall, ToolResult, TraceWriter
+from subagents.trace import (
+    MemberEnd,
+    MemoryFileSave,
+    MemorySave,
+    ModelCall,
+    ToolCall,
+    ToolResult,
+    TraceWriter,
+)
 
 FLEET = str(Path(sys.executable).parent / "fleet")
 
@@ -65,9 +73,12 @@ def test_follow_prints_appended_events_and_exits_at_run_end(tmp_path: Path) -> N
         assert proc.poll() is None, "follow must keep running while the run is not over"
         writer.emit(ToolResult(ts=now + 1, turn=41, call_id="c41", tool="navigate", output="x" * 77,
                                output_chars=77, duration_s=1.0))  # fmt: skip
+        conflict = MemoryFileSave(path="notes.md", action="conflict")
+        writer.emit(MemorySave(ts=now + 2, profile="/p/shared", key="k", files=[conflict]))
         writer.emit(MemberEnd(ts=now + 2, status="ok", turns=41, duration_s=9.0))
         writer.close()
         _wait_for(lines, "END ok", seen)
+        assert any("MEMORY saved 1 file(s), 1 CONFLICT(s) -> /p/shared" in ln for ln in seen)
         assert any("<- navigate ok 77 chars" in ln for ln in seen)
         with (exp.run_dir / "journal.jsonl").open("a") as fh:
             fh.write(json.dumps({"event": "run_finished", "status": "partial"}) + "\n")

@@ -19,6 +19,7 @@ from conftest import missing_dependency
 from coordinator.traceview import load_run, member_detail
 from coordinator.traceview.html import write_page
 from coordinator.traceview.serve import make_server
+from subagents.trace import MemoryFileSave, MemorySave, TraceWriter
 
 CHROMIUM = "/usr/bin/chromium"
 FLEET = str(Path(sys.executable).parent / "fleet")
@@ -297,4 +298,28 @@ def test_nested_result_fields_read_as_a_tree(
     assert w.problems == []
     ARTIFACTS.mkdir(exist_ok=True)
     w.page.screenshot(path=str(ARTIFACTS / "trace_result_tree.png"), full_page=True)
+    w.page.close()
+
+
+def test_a_members_memory_saves_and_conflicts_are_on_its_page(browser: Any, tmp_path: Path) -> None:
+    made = tracegen.make_run(tmp_path / "runs", members=2, turns=2, seed=3, failed=None)
+    trace = TraceWriter(
+        made.run_dir / "members" / "m01" / "trace.jsonl", run="synthetic", member="m01"
+    )
+    conflict = MemoryFileSave(
+        path="notes.md", action="conflict", detail="1 place(s) changed differently",
+        merged_with=["m00 (run synthetic)"],
+    )  # fmt: skip
+    trace.emit(MemorySave(profile="/p/shared", key="k", files=[conflict]))
+    trace.close()
+    out = tmp_path / "page.html"
+    write_page(load_run(made.run_dir), out)
+    w = Watched(browser)
+    w.page.goto(out.as_uri() + "#member=m01")
+    panel = w.page.locator("#memory")
+    panel.wait_for()
+    text = panel.inner_text()
+    assert "saved to /p/shared" in text
+    assert "notes.md conflict with m00 (run synthetic): 1 place(s) changed differently" in text
+    assert w.problems == []
     w.page.close()

@@ -23,6 +23,8 @@ from subagents.trace import (
     Compaction,
     MemberEnd,
     MemberStart,
+    MemoryFileSave,
+    MemorySave,
     ModelCall,
     Retry,
     SandboxEvent,
@@ -117,6 +119,8 @@ def test_live_listener_exports_while_the_member_runs(tmp_path: Path) -> None:
     )
     writer.emit(Compaction(ts=103.5, turn=1, tokens_before=900, tokens_after=100, summary="s",
                            transcript_path="transcripts/c1.jsonl"))  # fmt: skip
+    conflict = MemoryFileSave(path="notes.md", action="conflict")
+    writer.emit(MemorySave(ts=103.8, profile="/p/shared", key="k", files=[conflict]))
     writer.emit(MemberEnd(ts=104.0, status="ok"))
     writer.close()
     live.close(105.0)
@@ -131,8 +135,10 @@ def test_live_listener_exports_while_the_member_runs(tmp_path: Path) -> None:
     assert chat.attributes["gen_ai.usage.input_tokens"] == 100
     assert (chat.start_time, chat.end_time) == (int(100.5e9), int(102e9))
     assert spans["invoke_agent m1"].attributes["gen_ai.request.model"] == "claude-haiku-4-5"
-    assert [e.name for e in spans["invoke_agent m1"].events] == ["fleet.compaction"]
-    assert len(list(read_trace(tmp_path / "trace.jsonl"))) == 6
+    events = spans["invoke_agent m1"].events
+    assert [e.name for e in events] == ["fleet.compaction", "fleet.memory_save"]
+    assert events[1].attributes["fleet.conflicts"] == 1
+    assert len(list(read_trace(tmp_path / "trace.jsonl"))) == 7
 
 
 @pytest.fixture

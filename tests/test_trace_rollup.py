@@ -106,6 +106,7 @@ def test_json_is_valid_and_stable(synthetic: tracegen.Expected) -> None:
         "members",
         "totals",
         "statuses",
+        "memory",
     ]
     assert [m["member"] for m in data["members"]] == sorted(synthetic.members)
     detail = json.loads(

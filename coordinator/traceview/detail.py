@@ -28,6 +28,8 @@ from subagents.trace import (
     ErrorEvent,
     MemberEnd,
     MemberStart,
+    MemoryFileSave,
+    MemorySave,
     MemoryWrite,
     Messages,
     ModelCall,
@@ -135,6 +137,18 @@ class FileView(_View):
     bytes: int
 
 
+class MemorySaveView(_View):
+    """A memory save at the end of an attempt: what it did per file, its conflicts."""
+
+    attempt: int = 1
+    ts: float
+    profile: str
+    files: list[MemoryFileSave] = Field(default_factory=list)
+    already_saved: bool = False
+    error: str = ""
+    ref: str = ""
+
+
 class MemberDetail(_View):
     """One member: its rollup, task, turns and final result."""
 
@@ -149,6 +163,8 @@ class MemberDetail(_View):
     """The member directory, relative to the run directory."""
     pages: list[PageView] = Field(default_factory=list)
     """Pages a browser member fetched, in fetch order."""
+    memory_saves: list[MemorySaveView] = Field(default_factory=list)
+    """Its memory saves (one per attempt that changed memory), in order."""
     files: list[FileView] = Field(default_factory=list)
     """Other files in the member directory (at most :data:`MAX_FILES`), pages and
     screenshots excepted (those are listed with their context)."""
@@ -307,6 +323,14 @@ def member_detail(
             continue
         if isinstance(ev, Messages):
             continue  # deltas duplicate the calls and results shown below
+        if isinstance(ev, MemorySave):
+            detail.memory_saves.append(
+                MemorySaveView(
+                    attempt=max(attempt, 1), ts=ev.ts, profile=ev.profile, files=ev.files,
+                    already_saved=ev.already_saved, error=ev.error, ref=ref,
+                )
+            )  # fmt: skip
+            continue
         if ev.turn <= 0 and not isinstance(ev, ModelCall | ToolCall | ToolResult):
             mark = _mark(ev, ref, limit, prefix)
             if mark is not None:

@@ -159,6 +159,7 @@ def _member_data(d: MemberDetail, base: float, images: _Images, run_dir: Path) -
         "pages": [{"n": p.n, "u": p.url, "t": p.title, "c": p.chars, "ts": _r(p.ts, base),
                    "p": p.path} for p in d.pages],
         "files": [{"p": f.path, "b": f.bytes} for f in d.files],
+        "mem": [s.model_dump(mode="json", exclude={"ts", "ref"}) for s in d.memory_saves],
     }  # fmt: skip
 
 

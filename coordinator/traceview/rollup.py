@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from coordinator.report import MemoryProblem, memory_problems
 from coordinator.traceview.load import MemberJournal, MemberTrace, RunTrace
 from subagents.model import profiles
 from subagents.model.base import ModelProfile
@@ -144,6 +145,8 @@ class RunRollup(_View):
     totals: dict[str, float] = Field(default_factory=dict)
     """Sums of the members' counters (tokens, tool calls, errors, cost, ...)."""
     statuses: dict[str, int] = Field(default_factory=dict)
+    memory: list[MemoryProblem] = Field(default_factory=list)
+    """Memory saves that left a conflict in their profile or failed (from the journal)."""
 
 
 def _estimate_cost(r: MemberRollup, offline: bool) -> float:
@@ -322,6 +325,7 @@ def rollup_run(run: RunTrace) -> RunRollup:
     out.totals["box_s"] = round(out.totals["box_s"], 3)
     for r in rows:
         out.statuses[r.status] = out.statuses.get(r.status, 0) + 1
+    out.memory = memory_problems(run.journal)
     return out
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from coordinator.traceview.detail import MemberDetail, ToolView, TurnView
+from coordinator.report import memory_lines
+from coordinator.traceview.detail import MemberDetail, MemorySaveView, ToolView, TurnView
 from coordinator.traceview.rollup import MemberRollup, RunRollup, compact_json
 from subagents.trace import (
     Compaction,
     ErrorEvent,
     MemberEnd,
     MemberStart,
+    MemorySave,
     Messages,
     ModelCall,
     Offload,
@@ -77,6 +79,9 @@ def format_run(roll: RunRollup) -> str:
     lines = [head, ""]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if roll.memory:
+        lines += ["", "memory conflicts (both versions kept in the file, between markers):"]
+        lines += [f"  {line}" for line in memory_lines(roll.memory)]
     lines.append("")
     lines.append(
         "ATT = attempts; WALL = from the member's first box starting to its last event "
@@ -139,6 +144,21 @@ def _attempt_lines(r: MemberRollup) -> list[str]:
     return [*lines, ""]
 
 
+def _memory_lines(save: MemorySaveView, attempts: int) -> list[str]:
+    """A memory save: where to, then one line per file (what was done, with whom)."""
+    when = f" (attempt {save.attempt})" if attempts > 1 else ""
+    if save.error:
+        return [f"memory NOT saved to {save.profile}{when}: {save.error}"]
+    again = ": already saved by this attempt, nothing applied again" if save.already_saved else ""
+    lines = [f"memory saved to {save.profile}{when}{again}"]
+    for f in save.files:
+        with_ = f" with {', '.join(f.merged_with)}" if f.merged_with else ""
+        why = f": {f.detail}" if f.detail else ""
+        mark = "CONFLICT" if f.action == "conflict" else f.action
+        lines.append(f"  {f.path}  {mark}{with_}{why}")
+    return lines
+
+
 def format_member(detail: MemberDetail, *, width: int = 160) -> str:
     """A member turn by turn, then its final result."""
     r = detail.rollup
@@ -161,6 +181,10 @@ def format_member(detail: MemberDetail, *, width: int = 160) -> str:
             lines.append(f"-- attempt {attempt} --")
         lines.extend(_turn_lines(turn, width))
     lines.append("")
+    for save in detail.memory_saves:
+        lines.extend(_memory_lines(save, r.attempts))
+    if detail.memory_saves:
+        lines.append("")
     if detail.result is not None:
         lines.append("result: " + compact_json(detail.result))
     else:
@@ -204,6 +228,10 @@ def format_event(member: str, ev: Any, width: int = 160) -> str | None:
         body = f"COMPACTION {ev.tokens_before} -> {ev.tokens_after} tokens"
     elif isinstance(ev, ErrorEvent):
         body = f"ERROR {ev.error}: {ev.message}"
+    elif isinstance(ev, MemorySave):
+        state = f"NOT saved: {ev.error}" if ev.error else f"saved {len(ev.files)} file(s)"
+        conflicts = f", {len(ev.conflicts)} CONFLICT(s)" if ev.conflicts else ""
+        body = f"MEMORY {state}{conflicts} -> {ev.profile}"
     elif isinstance(ev, Screenshot):
         body = f"screenshot {ev.path}"
     elif isinstance(ev, SandboxEvent):

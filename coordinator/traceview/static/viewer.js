@@ -346,6 +346,14 @@
     el("table", { class: "pages" }, el("tbody", {}, rows)));
   }
 
+  function memoryPanel(m) {
+    if (!m.mem || !m.mem.length) return null;
+    const rows = m.mem.flatMap((s) => [
+      el("div", { class: "meta", text: `${s.error ? "NOT saved" : "saved"} to ${s.profile}` + (m.attempts > 1 ? ` (attempt ${s.attempt})` : "") + (s.error ? `: ${s.error}` : "") }),
+      ...s.files.map((f) => el("div", { class: f.action === "conflict" ? "reason-box" : "file", text: `${f.path} ${f.action}` + (f.merged_with.length ? ` with ${f.merged_with.join(", ")}` : "") + (f.detail ? `: ${f.detail}` : "") }))]);
+    return el("div", { class: "panel", id: "memory" }, el("div", { class: "panel-head" }, el("h2", { text: "Memory" })), rows);
+  }
+
   function filesPanel(m) {
     if (!m.files.length) return null;
     return el("div", { class: "panel", id: "files" }, el("div", { class: "panel-head" }, el("h2", { text: `Files (${m.files.length})` }),
@@ -421,7 +429,7 @@
       el("div", { class: "panel charts" }, contextChart(m), tokenChart(m)),
       m.pre.length ? el("div", { class: "panel" }, el("h3", { text: "Before the first turn" }), m.pre.map(markBlock)) : null,
       turnsPanel(m),
-      resultPanel(m), pagesPanel(m), filesPanel(m)].filter(Boolean));
+      resultPanel(m), memoryPanel(m), pagesPanel(m), filesPanel(m)].filter(Boolean));
     crumbs(m.id);
     window.scrollTo(0, 0);
   }
