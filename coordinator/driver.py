@@ -365,6 +365,12 @@ async def _finish(
         for m in members
         if (o := _load_outcome(run, m.id or "") or extra.get(m.id or ""))
     }
+    recorded = run.state().members
+    for mid, o in extra.items():
+        if recorded.get(mid) in ("queued", None) and mid in outcomes:
+            # Never started (fail_fast stopped the run first): the journal says so too,
+            # or `fleet runs` and `fleet trace` would show it queued forever.
+            run.journal.append("member_finished", member=mid, status=o.status, reason=o.reason)
     finished = [outcomes[m.id or ""] for m in members if m.id in outcomes]
     ok = sum(1 for o in finished if o.status == "ok")
     report_path = None

@@ -119,6 +119,20 @@ async def _upload_repo(box: Sandbox, repo: Path) -> None:
         await anyio.to_thread.run_sync(staged.cleanup)
 
 
+def soft_deadline(unit: MemberUnit, started: float) -> MemberSpec:
+    """The member's spec with the harness's own deadline counted from the attempt's
+    start, like the hard one: box start-up and the repository copy have used part of
+    ``deadline_s`` already, and a harness that started its clock only now would still
+    be working when the hard limit cut it off, its partial result lost."""
+    spec = unit.spec
+    margin = max(unit.deadline_s - spec.limits.deadline_s, 0.0)
+    left = unit.deadline_s - (time.monotonic() - started) - margin
+    if left >= spec.limits.deadline_s:
+        return spec
+    limits = spec.limits.model_copy(update={"deadline_s": max(left, 0.1)})
+    return spec.model_copy(update={"limits": limits})
+
+
 async def run_attempt(
     unit: MemberUnit, deps: NodeDeps, trace: TraceWriter, *, member_dir: Path | None = None
 ) -> MemberOutcome:
@@ -151,7 +165,7 @@ async def run_attempt(
             model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
             try:
                 outcome = await run_member(
-                    unit.spec,
+                    soft_deadline(unit, started),
                     sandbox=box,
                     model=model,
                     run_dir=member_dir or Path(unit.member_dir),
@@ -161,10 +175,6 @@ async def run_attempt(
                 with anyio.CancelScope(shield=True):
                     await model.aclose()
             ended_by_harness = True
-            if outcome.status == "incomplete" and outcome.limit == "deadline":
-                # The harness noticed the (soft) deadline first; for the run it is the
-                # same event as the hard one, so one status: timed_out, its progress kept.
-                outcome = outcome.model_copy(update={"status": "timed_out"})
     except TimeoutError:
         outcome = failed_outcome(
             unit, "timed_out", f"deadline of {unit.deadline_s:g}s passed", started
@@ -189,14 +199,17 @@ async def run_attempt(
     except Exception as exc:
         outcome = failed_outcome(unit, "failed", f"raised {type(exc).__name__}: {exc}", started)
     await _release(box, trace, pool, keep=keep)
+    settled_here = not ended_by_harness
     if outcome.status == "ok" and unit.result_schema:
         wrong = schema_problems(outcome.result or {}, unit.result_schema)
         if wrong:
             reason = "result does not satisfy the job's result_schema: " + "; ".join(wrong[:5])
             outcome = outcome.model_copy(update={"status": "failed", "reason": reason})
             trace.emit(ErrorEvent(error="ResultSchema", message=reason))
-    if not ended_by_harness:
-        # The harness did not get to trace its end (it raised, hung or never started).
+            settled_here = True
+    if settled_here:
+        # The harness did not get to trace its end (it raised, hung or never started),
+        # or traced one this check overruled: the trace's last word is the outcome.
         trace.emit(
             MemberEnd(
                 span=unit.spec.id,

@@ -8,7 +8,8 @@ unfinished must be said. The submission is validated like any other, cut to the
 result cap without the usual "condense" round trip (there is no second chance),
 finished by the kind's ``finalize`` when time allows (a coding member's patch of
 its partial work), and returned as ``MemberOutcome.partial_result`` - never as
-``result``: the status stays ``incomplete``, so nobody mistakes it for an answer.
+``result``: the status stays ``incomplete`` (``timed_out`` for the deadline), so
+nobody mistakes it for an answer.
 
 Room for it is reserved, not hoped for:
 

@@ -20,8 +20,8 @@ Failure policy: a tool's own failure (bad arguments, ``ToolError``, any exceptio
 is an ``is_error`` result the model can act on, never the end of the run and never
 the member's answer. A model that ends its turn without ``submit_result`` is
 reminded once, then the member ends ``incomplete``. Limits (turns, total tokens,
-wall-clock deadline) end the member ``incomplete`` with what it did, not with an
-exception, after one closing call forcing ``submit_result`` whose answer becomes the
+wall-clock deadline) end the member ``incomplete`` (``timed_out`` for the deadline)
+with what it did, not with an exception, after one closing call forcing ``submit_result`` whose answer becomes the
 outcome's ``partial_result`` (room for it is reserved: :mod:`subagents.closing`).
 ``SandboxCrashed`` and ``ModelError`` propagate to :func:`run_member`,
 which turns them into ``crashed`` / ``failed`` outcomes using :meth:`AgentLoop.outcome`.
@@ -169,7 +169,10 @@ class AgentLoop:
             partial, why_none = await self._close(limit, deadline_at)
             if partial is None:
                 reason += f"; no partial result ({why_none})"
-            return self.outcome("incomplete", reason, limit=limit, partial=partial)
+            # The deadline is its own status, the same one the coordinator gives a member
+            # it has to stop: one event, one word in every record (result, trace, journal).
+            status: Status = "timed_out" if limit == "deadline" else "incomplete"
+            return self.outcome(status, reason, limit=limit, partial=partial)
         finally:
             if self.kind.teardown is not None:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(10):

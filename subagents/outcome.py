@@ -4,10 +4,13 @@
 status      meaning
 =========== ===============================================================
 ok          ``submit_result`` was accepted; ``result`` holds it
-incomplete  a limit (turns, tokens, deadline) was reached, or the model
-            stopped without a result after one reminder; ``progress`` says
-            what was done, ``partial_result`` holds what the member submitted
-            in its closing call (limits only, when there was room for one)
+incomplete  a limit (turns, tokens) was reached, or the model stopped without
+            a result after one reminder; ``progress`` says what was done,
+            ``partial_result`` holds what the member submitted in its closing
+            call (limits only, when there was room for one)
+timed_out   its deadline passed: the harness's own (``limit`` is
+            ``deadline``; progress and partial result as for ``incomplete``)
+            or a caller's outer one
 crashed     the box died (``SandboxCrashed``) or cannot be reached any more
             (``SandboxClosed``, ``SandboxUnavailable``); ``reason`` names why
 failed      the model call failed for good (``retryable`` says whether a later
@@ -16,7 +19,6 @@ failed      the model call failed for good (``retryable`` says whether a later
             fails after its edit); then ``result`` is kept for reading
 cancelled   the caller cancelled the member (set by the caller's bookkeeping;
             ``run_member`` itself re-raises the cancellation)
-timed_out   reserved for callers that enforce their own outer deadline
 =========== ===============================================================
 """
 
@@ -61,11 +63,11 @@ class MemberOutcome(_Strict):
     ``failed`` member whose accepted result its kind judged a failure (a coding
     member's patch and test run when the test fails). Only ``ok`` results count."""
     partial_result: dict[str, Any] | None = None
-    """``incomplete`` members only: the best partial result the member submitted in
+    """``incomplete`` and ``timed_out`` members only: the best partial result the member submitted in
     the closing call after a limit stopped it (same schema as ``result``; it says
     itself what is unfinished). Not a finished answer."""
     limit: LimitName | None = None
-    """Which limit ended an ``incomplete`` member."""
+    """Which limit ended an ``incomplete`` (or, ``deadline``, a ``timed_out``) member."""
     progress: Progress | None = None
     """What was done, for members that did not finish."""
     result_truncated: bool = False

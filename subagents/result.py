@@ -109,7 +109,7 @@ class ResultGate:
         if self.estimate(json.dumps(data, ensure_ascii=False)) > self.cap_tokens:
             data = truncate_to_cap(data, self.cap_tokens, self.estimate)
         self.partial = data
-        return ToolOutput("Partial result recorded; the member ends incomplete.")
+        return ToolOutput("Partial result recorded; the member ends without a full result.")
 
 
 class _SubmitTool(Tool):

@@ -10,11 +10,13 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import remove_run
+from fleet_policies import coding_policy
 
 from coordinator.runs import RunDir
 from subagents.fake_api import FakeMessagesAPI, tool_use
@@ -32,6 +34,19 @@ def fleet(*args: str, cwd: Path | None = None, **env: str) -> subprocess.Complet
     return subprocess.run(
         [FLEET, *args], env=base | env, cwd=cwd, capture_output=True, text=True, timeout=300
     )
+
+
+def run_against(
+    policy: Any, job: Path, out: Path
+) -> tuple[subprocess.CompletedProcess[str], FakeMessagesAPI]:
+    """``fleet run JOB`` through the real ``anthropic`` client against a fake Messages
+    API answering with ``policy``; the finished process and the (stopped) server."""
+    api = FakeMessagesAPI(policy).start()
+    try:
+        keys = {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api.url}
+        return fleet("run", str(job), "--output-dir", str(out), "--plain", **keys), api
+    finally:
+        api.stop()
 
 
 @pytest.fixture
@@ -151,26 +166,14 @@ def reads_back_what_its_pointer_says(body: dict[str, Any]) -> Any:
 def test_a_browser_member_reads_back_its_offloaded_result_with_the_tool_its_pointer_names(
     tmp_path, images, runs_dir
 ):
-    api = FakeMessagesAPI(reads_back_what_its_pointer_says).start()
-    try:
-        job = tmp_path / "job.toml"
-        job.write_text(
-            'name = "offload-reader"\n[model]\nname = "claude-sonnet-5"\n'
-            '[[members]]\nid = "reader"\nkind = "browser"\n'
-            'task = "What does asyncio.shield protect?"\n'
-            "context = { offload_result_tokens = 300 }\n"
-        )
-        done = fleet(
-            "run",
-            str(job),
-            "--output-dir",
-            str(runs_dir),
-            "--plain",
-            ANTHROPIC_API_KEY="k",
-            ANTHROPIC_BASE_URL=api.url,
-        )
-    finally:
-        api.stop()
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'name = "offload-reader"\n[model]\nname = "claude-sonnet-5"\n'
+        '[[members]]\nid = "reader"\nkind = "browser"\n'
+        'task = "What does asyncio.shield protect?"\n'
+        "context = { offload_result_tokens = 300 }\n"
+    )
+    done, api = run_against(reads_back_what_its_pointer_says, job, runs_dir)
     assert done.returncode == 0, done.stderr
     # The member's last request (the analyst's comes after it).
     last = next(b for b in reversed(api.requests) if len(_tool_results(b)) == 2)
@@ -182,3 +185,108 @@ def test_a_browser_member_reads_back_its_offloaded_result_with_the_tool_its_poin
     assert "containing 'shield'" in read_back and "shield" in read_back.lower()
     (run,) = RunDir.list(runs_dir)
     assert run.result("reader")["status"] == "ok"
+
+
+def _shell_then_sleep_then_submit(body: dict[str, Any]) -> Any:
+    """A coding member that prints a long line, then runs a command past its deadline."""
+    task = json.dumps(body["messages"][0])
+    step = len(_tool_results(body))
+    if "[quick]" in task or step >= 2:
+        return tool_use("submit_result", {"summary": f"stopped after {step} steps"})
+    command = "seq -s ' ' 1 400" if step == 0 else "sleep 60"
+    return tool_use("shell", {"command": command})
+
+
+def _start(args: list[str], api_url: str) -> subprocess.Popen[str]:
+    env = os.environ | {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api_url}
+    return subprocess.Popen(
+        [FLEET, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _wait_for(check: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting")
+
+
+def _table(text: str) -> dict[str, list[str]]:
+    """``fleet trace RUN``'s rows by member (status is the third column)."""
+    rows = {}
+    for line in text.splitlines():
+        cells = line.split()
+        if len(cells) > 3 and cells[0] in ("slow", "next"):
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_trace_agrees_with_the_journal_on_a_timed_out_member_and_a_queued_one(
+    tmp_path, images, runs_dir
+):
+    api = FakeMessagesAPI(_shell_then_sleep_then_submit).start()
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'name = "deadline"\n[model]\nname = "claude-sonnet-5"\n[fanout]\nmax_parallel = 1\n'
+        '[[members]]\nid = "slow"\nkind = "coding"\ntask = "count, then wait"\n'
+        "limits = { deadline_s = 12 }\n"
+        '[[members]]\nid = "next"\nkind = "coding"\ntask = "[quick] done"\n'
+    )
+    try:
+        run_proc = _start(["run", str(job), "--output-dir", str(runs_dir), "--plain"], api.url)
+        run = _wait_for(lambda: (RunDir.list(runs_dir) or [None])[0])
+        _wait_for(lambda: run.state().members.get("slow") == "running")
+        # --follow while `next` waits for the one slot: queued, and the wall time so far.
+        follow = subprocess.Popen(
+            [FLEET, "trace", str(run.path), "--follow", "--interval", "0.2"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        out, _ = follow.communicate(timeout=120)
+        run_proc.communicate(timeout=120)
+    finally:
+        api.stop()
+    assert follow.returncode == 0 and run_proc.returncode == 0
+    first, last = out.split("following ")[0], out.split("following ")[1]
+    assert _table(first)["next"][2] == "queued", out
+    wall = re.search(r"wall (\S+)", first)
+    assert wall and not wall.group(1).startswith("-"), first
+    # The timed-out member is timed_out in every record, the trace's own end included.
+    assert _table(last)["slow"][2] == "timed_out" and _table(last)["next"][2] == "ok"
+    assert run.state().members == {"slow": "timed_out", "next": "ok"}
+    assert run.result("slow")["status"] == "timed_out"
+    # It stopped itself before the hard limit (box start-up included) and handed in
+    # what it had.
+    assert run.result("slow")["partial_result"]["summary"] == "stopped after 2 steps"
+    assert _trace_status(run, "slow") == "timed_out"
+    traced = json.loads(fleet("trace", str(run.path), "--json").stdout)
+    assert {m["member"]: m["status"] for m in traced["members"]} == {
+        "next": "ok",
+        "slow": "timed_out",
+    }
+    # With the default --limit, a cut line still says where the whole of it is.
+    detail = fleet("trace", str(run.path), "slow").stdout
+    seq = next(line for line in detail.splitlines() if "<- ok" in line)
+    assert re.search(r"\[full: members/slow/trace\.jsonl:\d+\]", seq), seq
+
+
+def test_a_member_fail_fast_stopped_before_it_started_is_cancelled_in_every_record(
+    tmp_path, images, runs_dir
+):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'name = "stop"\n[model]\nname = "claude-sonnet-5"\n'
+        "[fanout]\nmax_parallel = 1\nfail_fast = true\n"
+        '[[members]]\nid = "bad"\nkind = "coding"\ntask = "[bad-request]"\n'
+        '[[members]]\nid = "next"\nkind = "coding"\ntask = "never gets a slot"\n'
+    )
+    done, _ = run_against(coding_policy(), job, runs_dir)
+    assert done.returncode == 1, done.stderr
+    (run,) = RunDir.list(runs_dir)
+    assert run.state().members == {"bad": "failed", "next": "cancelled"}
+    traced = json.loads(fleet("trace", str(run.path), "--json").stdout)
+    statuses = {m["member"]: (m["status"], m["reason"]) for m in traced["members"]}
+    assert statuses["next"] == ("cancelled", "cancelled: fail_fast after bad failed")

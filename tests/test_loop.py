@@ -199,16 +199,16 @@ async def test_token_limit_gives_incomplete_outcome(tmp_path: Path) -> None:
     assert "no room" in outcome.reason
 
 
-async def test_deadline_gives_incomplete_outcome_and_stops_running_tools(tmp_path: Path) -> None:
+async def test_deadline_gives_timed_out_outcome_and_stops_running_tools(tmp_path: Path) -> None:
     started = anyio.current_time()
     outcome, _ = await run_probe(
         tmp_path, [tool_use("sleep", {"seconds": 60})], limits=Limits(deadline_s=1.0)
     )
-    assert outcome.status == "incomplete" and outcome.limit == "deadline"
+    assert outcome.status == "timed_out" and outcome.limit == "deadline"
     assert anyio.current_time() - started < 10
     assert "deadline of 1 s" in outcome.reason
     end = events(tmp_path / "trace.jsonl", "member_end")[-1]
-    assert end.status == "incomplete"
+    assert end.status == "timed_out"
 
 
 async def test_sandbox_crash_ends_member_crashed_with_reason(tmp_path: Path) -> None:

@@ -284,7 +284,7 @@ async def test_deadline_closing_call_answers_the_interrupted_tool_calls(tmp_path
     started = anyio.current_time()
     outcome, api = await run_probe(tmp_path, policy, limits=Limits(deadline_s=3.0))
     assert anyio.current_time() - started < 6
-    assert outcome.status == "incomplete" and outcome.limit == "deadline"
+    assert outcome.status == "timed_out" and outcome.limit == "deadline"
     assert outcome.partial_result == {"answer": "waited; no result yet", "sources": []}
     closing = api.requests[-1]
     assert closing["tool_choice"] == FORCED

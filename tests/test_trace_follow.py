@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -96,3 +97,39 @@ def test_follow_on_a_finished_run_prints_it_and_returns(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0
     assert done.stdout.count("finished") >= 2 and "m02" in done.stdout
+
+
+def _run_without_events(tmp_path: Path, owner_pid: int) -> Path:
+    """A run the journal says started (owned by ``owner_pid``) with one member queued
+    and no member event yet - the moment before a box comes up, or a killed run."""
+    from coordinator.jobfile import parse_job
+    from coordinator.runs import RunDir
+
+    text = 'name = "waiting"\n[[members]]\nid = "a"\nkind = "coding"\ntask = "t"\n'
+    run = RunDir.create(parse_job(text), text, root=tmp_path)
+    run.save_members(run.job().members)
+    run.journal.append("run_started", pid=owner_pid, resume=False)
+    (run.path / "live.json").write_text(json.dumps({"pid": owner_pid, "since": time.time()}))
+    run.journal.append("member_queued", member="a")
+    return run.path
+
+
+def test_a_running_run_with_no_member_event_yet_has_a_sane_wall_time_and_a_queued_member(
+    tmp_path: Path,
+) -> None:
+    path = _run_without_events(tmp_path, owner_pid=os.getpid())
+    time.sleep(0.3)
+    done = subprocess.run([FLEET, "trace", str(path), "--json"], capture_output=True, text=True)
+    roll = json.loads(done.stdout)
+    assert not roll["finished"] and 0.3 <= roll["duration_s"] < 60
+    (member,) = roll["members"]
+    assert (member["member"], member["kind"], member["status"]) == ("a", "coding", "queued")
+
+
+def test_a_member_that_never_started_in_a_killed_run_is_not_started(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    path = _run_without_events(tmp_path, owner_pid=gone.pid)
+    done = subprocess.run([FLEET, "trace", str(path)], capture_output=True, text=True)
+    row = next(line for line in done.stdout.splitlines() if line.startswith("a "))
+    assert row.split()[2] == "not_started" and "incomplete" not in row, done.stdout

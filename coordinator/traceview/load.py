@@ -81,6 +81,15 @@ class RunTrace:
             return False
         return False
 
+    def planned_kinds(self) -> dict[str, str]:
+        """Member id -> kind from the run's plan (``members.json``), for members that
+        have no trace yet."""
+        try:
+            plan = json.loads((self.dir / "members.json").read_text(encoding="utf-8"))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+        return {str(m.get("id")): str(m.get("kind") or "") for m in plan if isinstance(m, dict)}
+
     def journal_outcomes(self) -> dict[str, tuple[str, str]]:
         """Member id -> (last status, reason) as the journal records them."""
         return {
@@ -95,6 +104,7 @@ class RunTrace:
             if not isinstance(member, str) or not kind.startswith("member_"):
                 continue
             j = out.setdefault(member, MemberJournal())
+            j.last = kind
             ts, attempt, status = rec.get("ts"), rec.get("attempt"), rec.get("status")
             reason = str(rec.get("reason") or "")
             if kind == "member_started" and isinstance(ts, int | float):
@@ -142,6 +152,14 @@ class MemberJournal:
     """Attempt number -> (status, reason) of an attempt that was retried."""
     attempts: int = 0
     """Attempts made, from ``member_finished`` (0 while it runs)."""
+    last: str = ""
+    """Its latest record (``member_queued``, ``member_started``, ``member_retry``,
+    ``member_finished``): where the coordinator has it now."""
+
+    @property
+    def settled(self) -> bool:
+        """The coordinator recorded this member's end, and nothing since."""
+        return self.last == "member_finished" and self.outcome is not None
 
 
 def _record_kind(rec: dict[str, Any]) -> str:

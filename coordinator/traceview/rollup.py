@@ -11,6 +11,7 @@ model read (uncached + cache read + cache write), as OpenTelemetry counts it.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -87,7 +88,8 @@ class MemberRollup(_View):
     kind: str = ""
     model: str = ""
     status: str = "running"
-    """ok, failed, timed_out, crashed, cancelled, incomplete, or running (no end yet)."""
+    """ok, failed, timed_out, crashed, cancelled, incomplete; or, with no end yet,
+    queued, running, or not_started (the run ended before it started)."""
     reason: str = ""
     start: float = 0.0
     """Unix time its first box began being created (or its first event)."""
@@ -282,10 +284,20 @@ def _apply_outcome(
     run_finished: bool,
     journal: MemberJournal | None,
 ) -> None:
-    # Precedence: the last attempt's own end event, the result file, the coordinator's
-    # journal (a member whose box crashed may have no trace end at all), then a guess.
-    # An earlier attempt's end never counts: that attempt was retried.
-    if last is not None and last.status != "running":
+    # Precedence: the coordinator's journal once it recorded the member's end (what
+    # `fleet runs`, result.json and the report say); a member queued and not started;
+    # the last attempt's own end event, the result file, the journal's last status (a
+    # member whose box crashed may have no trace end at all), then a guess. An earlier
+    # attempt's end never counts: that attempt was retried.
+    if journal is not None and journal.settled and journal.outcome is not None:
+        r.status, r.reason = journal.outcome
+    elif journal is not None and journal.last == "member_queued":
+        r.status, r.reason = (
+            ("not_started", "the run ended before this member started")
+            if run_finished
+            else ("queued", "waiting for a free slot (fanout.max_parallel)")
+        )
+    elif last is not None and last.status != "running":
         r.status, r.reason = last.status, last.reason
     elif result and isinstance(result.get("status"), str):
         r.status, r.reason = result["status"], str(result.get("reason") or "")
@@ -309,6 +321,9 @@ def rollup_run(run: RunTrace) -> RunRollup:
     rows = [
         rollup_member(m, run_finished=finished, journal=journals.get(m.id)) for m in run.members
     ]
+    kinds = run.planned_kinds()
+    for r in rows:
+        r.kind = r.kind or kinds.get(r.member, "")
     out = RunRollup(run=run.id, finished=finished, members=rows)
     with_events = [r for r in rows if r.start]
     if with_events:
@@ -318,7 +333,8 @@ def rollup_run(run: RunTrace) -> RunRollup:
     start, end, active = run.span()
     if start:
         out.start = min(start, out.start or start)
-        out.end = max(end, out.end)
+        # Still going: its wall time so far (no member may have an event yet).
+        out.end = max(end, out.end, start if finished else time.time())
         out.duration_s = active if end else round(out.end - out.start, 3)
     out.totals = {k: sum(getattr(r, k) for r in rows) for k in _SUMMED}
     out.totals["cost_usd"] = round(out.totals["cost_usd"], 6)

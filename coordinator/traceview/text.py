@@ -45,6 +45,15 @@ def one_line(text: str, width: int) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
+def _full(text: str, width: int, ref: str, cut: bool = False) -> str:
+    """``text`` on one line, and where the whole of it is whenever any of it is not
+    shown: cut here for the terminal's width, or earlier by ``--limit`` (``cut``)."""
+    shown = one_line(text, width)
+    if (cut or shown.endswith("…")) and ref:
+        shown += f"  [full: {ref}]"
+    return shown
+
+
 _COLUMNS = ("MEMBER", "KIND", "STATUS", "ATT", "WALL", "BOX", "TURNS", "IN", "CACHED", "OUT",
             "TOOLS", "ERR", "OFFL", "COMP", "COST", "REASON")  # fmt: skip
 
@@ -97,12 +106,14 @@ def _clock(ts: float) -> str:
 
 def _tool_lines(tool: ToolView, width: int) -> list[str]:
     dur = f" {tool.end - tool.start:.1f}s" if tool.end is not None else " (no result)"
-    lines = [f"    -> {tool.tool} {one_line(tool.input, width - 20)}{dur}"]
+    shown = _full(tool.input, width - 20, tool.input_ref, tool.input_truncated)
+    lines = [f"    -> {tool.tool} {shown}{dur}"]
     if tool.end is not None:
         state = "ERROR" if tool.is_error else "ok"
-        more = f"  [full: {tool.ref}]" if tool.truncated or tool.offloaded else ""
+        cut = tool.truncated or bool(tool.offloaded)
         lines.append(
-            f"       <- {state} {tool.output_chars} chars: {one_line(tool.output, width - 40)}{more}"
+            f"       <- {state} {tool.output_chars} chars: "
+            + _full(tool.output, width - 40, tool.ref, cut)
         )
     return lines
 
@@ -117,7 +128,7 @@ def _turn_lines(turn: TurnView, width: int) -> list[str]:
             f"out {human_tokens(call.output_tokens)}  stop {call.stop_reason}"
         )
         if call.text:
-            lines.append(f"    says: {one_line(call.text, width - 10)}")
+            lines.append(f"    says: {_full(call.text, width - 10, call.ref, call.truncated)}")
     for tool in turn.tools:
         lines.extend(_tool_lines(tool, width))
     for mark in turn.marks:
