@@ -20,12 +20,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
+from sandbox.spec import NetworkPolicy
 from subagents.browser.config import DEFAULT_SEARCH_URL, BrowserConfig
 from subagents.context.config import ContextConfig
+from subagents.kinds import get_kind
 from subagents.kinds.coding import CodingSettings
 from subagents.outcome import MemberOutcome
 from subagents.spec import Limits as MemberLimits
@@ -49,9 +50,9 @@ def to_member_spec(
         settings = CodingSettings(test=job.test)
     else:
         settings = BrowserConfig(search_url=egress.search_url or DEFAULT_SEARCH_URL)
-    sandbox: dict[str, Any] = job.sandbox.applied()
+    network = NetworkPolicy()  # no network at all
     if job.kind == "browser":
-        sandbox["network"] = {"egress": "allowlist", "allow": list(egress.allow)}
+        network = NetworkPolicy(egress="allowlist", allow=tuple(egress.allow))
     memory_dir = None
     if job.memory is not None:
         memory_dir = Path(job.memory.dir or memory_root / job.memory.profile)
@@ -70,7 +71,7 @@ def to_member_spec(
             result_tokens=lim.result_tokens,
             max_output_tokens=max_tokens,
         ),
-        sandbox=sandbox,
+        sandbox=job.sandbox.box(get_kind(job.kind).box_kind, network=network),
         memory_dir=memory_dir,
         todos=job.todos,
         context=ContextConfig.model_validate(job.context),

@@ -152,7 +152,7 @@ async def run_attempt(
     try:
         with anyio.fail_after(unit.deadline_s):
             t0 = time.monotonic()
-            box_spec = unit.spec.sandbox_spec()
+            box_spec = unit.spec.sandbox
             keep = box_spec.keep
             box, pool = await deps.acquire(box_spec, unit.run_id, unit.spec.id)
             trace.emit(
@@ -231,7 +231,7 @@ async def open_pools(
     """One warm pool per distinct box spec, sized to what the members will take."""
     specs: dict[str, Any] = {}
     for u in units:
-        spec = u.spec.sandbox_spec()
+        spec = u.spec.sandbox
         key = spec.model_dump_json()
         specs[key] = spec
         deps.demand[key] = deps.demand.get(key, 0) + 1

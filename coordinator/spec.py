@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sandbox.errors import SandboxSpecError
-from sandbox.spec import NetworkPolicy, check_image_reference, parse_size
+from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
 from subagents.browser.config import BrowserConfig
 
 MemberKind = Literal["browser", "coding"]
@@ -91,9 +91,11 @@ class SandboxOverrides(_Strict):
     def _image(cls, v: str | None) -> str | None:
         return check_image_reference(v)
 
-    def applied(self) -> dict[str, Any]:
-        """The overrides as ``SandboxSpec`` keyword arguments."""
-        return self.model_dump(exclude_none=True, exclude_defaults=True)
+    def box(self, kind: BoxKind, *, network: NetworkPolicy) -> SandboxSpec:
+        """The member's box: its kind's secure defaults with these changes (the field
+        names are ``SandboxSpec``'s), built once, here at the job boundary."""
+        changes = self.model_dump(exclude_none=True, exclude_defaults=True)
+        return SandboxSpec(kind=kind, network=network, **changes)
 
 
 class MemoryProfile(_Strict):

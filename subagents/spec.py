@@ -2,8 +2,9 @@
 :class:`Limits`.
 
 A spec is plain data, JSON-ready and validated when it is made, so it can cross to
-another process or node as it is: the kind's settings travel in it typed
-(``settings``), apart from the task's inputs. What comes back is a
+another process or node as it is: the kind's settings and the member's box travel
+in it typed and built once (``settings``, apart from the task's inputs, and
+``sandbox``, a :class:`~sandbox.spec.SandboxSpec`). What comes back is a
 :class:`~subagents.outcome.MemberOutcome`; :func:`subagents.member.run_member` turns
 the one into the other.
 """
@@ -57,6 +58,10 @@ def _default_settings(data: dict[str, Any]) -> BaseModel:
     return kind_settings(data["kind"]) if "kind" in data else NoSettings()
 
 
+def _default_box(data: dict[str, Any]) -> SandboxSpec:
+    return SandboxSpec(kind=get_kind(data["kind"]).box_kind) if "kind" in data else SandboxSpec()
+
+
 class MemberSpec(_Strict):
     """Everything one member needs, serializable: the unit of work."""
 
@@ -75,8 +80,9 @@ class MemberSpec(_Strict):
     model: str = "offline"
     """Model string (a known model, ``offline`` or ``replay:<trace>``)."""
     limits: Limits = Field(default_factory=Limits)
-    sandbox: dict[str, Any] = Field(default_factory=dict)
-    """``SandboxSpec`` fields overriding the kind's secure defaults."""
+    sandbox: SandboxSpec = Field(default_factory=_default_box)
+    """The box this member runs in; default the kind's box with its secure defaults.
+    Its ``kind`` must be the member kind's box kind."""
     memory_dir: Path | None = None
     """Host directory of the member's explicit memory; None: no memory."""
     tools: list[CustomToolSpec] = Field(default_factory=list)
@@ -102,11 +108,15 @@ class MemberSpec(_Strict):
         kind = info.data.get("kind")
         return v if kind is None else kind_settings(kind, v)
 
-    @field_validator("sandbox")
-    @classmethod
-    def _sandbox_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
-        SandboxSpec(**v)
-        return v
+    @model_validator(mode="after")
+    def _box_fits_the_kind(self) -> MemberSpec:
+        box_kind = get_kind(self.kind).box_kind
+        if self.sandbox.kind != box_kind:
+            raise ValueError(
+                f"a {self.kind} member runs in a {box_kind!r} box, but sandbox.kind is "
+                f"{self.sandbox.kind!r}; e.g. SandboxSpec(kind={box_kind!r}, memory='1g')"
+            )
+        return self
 
     @model_validator(mode="after")
     def _result_schema_fits_the_kind(self) -> MemberSpec:
@@ -123,10 +133,6 @@ class MemberSpec(_Strict):
         if raw is None:
             raw = self.inputs.get("result_schema")
         return None if raw is None else parse_result_schema(raw)
-
-    def sandbox_spec(self) -> SandboxSpec:
-        """The box this member runs in: its kind's box with the overrides applied."""
-        return SandboxSpec(**{"kind": get_kind(self.kind).box_kind, **self.sandbox})
 
     def todos_enabled(self) -> bool:
         for choice in (self.todos, self.context.todos):

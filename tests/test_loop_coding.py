@@ -30,7 +30,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def box(docker_client, images, run_id: str) -> AsyncIterator:
-    spec = MemberSpec(id="coder", kind="coding", task="t").sandbox_spec()
+    spec = MemberSpec(id="coder", kind="coding", task="t").sandbox
     sandbox = await DockerBackend(docker_client, images=images).create(
         spec, run=run_id, member="coder"
     )

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from coordinator.cli import main
 from coordinator.fanout import to_member_spec
 from coordinator.jobfile import JobError, load_job, parse_job
+from sandbox.spec import NetworkPolicy, SandboxSpec
 from subagents.browser.config import BrowserConfig
 from subagents.kinds.coding import CodingSettings
 from subagents.spec import MemberSpec
@@ -228,13 +230,14 @@ def test_a_mixed_job_gets_default_ids_and_policy():
     assert job.egress.allow == ["corpus:8080"]
 
 
-def test_a_job_member_reaches_the_harness_with_typed_kind_settings_apart_from_its_inputs(
+def test_a_job_member_reaches_the_harness_with_its_settings_and_box_typed(
     tmp_path,
 ):
     job = parse_job(
         'name = "x"\n[egress]\nsearch_url = "http://corpus:8080/find?q={query}"\n'
         '[[members]]\nkind = "coding"\ntask = "t"\ntest = "pytest -q"\n'
-        'inputs = { topic = "asyncio" }\n[[members]]\nkind = "browser"\ntask = "u"\n'
+        'inputs = { topic = "asyncio" }\nsandbox = { memory = "512M", keep = true }\n'
+        '[[members]]\nkind = "browser"\ntask = "u"\n'
     )
     coder, reader = (
         to_member_spec(m, model="offline", max_tokens=4096, egress=job.egress, memory_root=tmp_path)
@@ -245,10 +248,23 @@ def test_a_job_member_reaches_the_harness_with_typed_kind_settings_apart_from_it
     assert coder.settings == CodingSettings(test="pytest -q")
     assert isinstance(reader.settings, BrowserConfig)
     assert reader.settings.search_url == "http://corpus:8080/find?q={query}"
+    # The box is a SandboxSpec, built once from the kind's defaults and the job's changes.
+    assert coder.sandbox == SandboxSpec(kind="coding", memory="512m", keep=True)
+    assert reader.sandbox == SandboxSpec(
+        kind="browser", network=NetworkPolicy(egress="allowlist", allow=("corpus:8080",))
+    )
     # A spec crosses to a worker as JSON and comes back typed.
     for spec in (coder, reader):
         again = MemberSpec.model_validate_json(spec.model_dump_json())
         assert again == spec and type(again.settings) is type(spec.settings)
+        assert isinstance(again.sandbox, SandboxSpec)
+
+
+def test_a_member_spec_refuses_a_box_of_another_kind():
+    assert MemberSpec(id="r", kind="browser", task="t").sandbox.kind == "browser"
+    with pytest.raises(ValidationError) as err:
+        MemberSpec(id="r", kind="browser", task="t", sandbox=SandboxSpec(memory="2g"))
+    assert "a browser member runs in a 'browser' box" in str(err.value)
 
 
 def test_bad_input_through_the_real_entry_point_prints_no_traceback(tmp_path):
