@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -232,3 +233,66 @@ def test_two_runs_on_one_profile_at_once_keep_every_line(
     assert crossed, saves
     ledger = (profile / ".fleet" / "saves.jsonl").read_text().splitlines()
     assert len(ledger) == 4
+
+
+def test_a_member_rerun_by_resume_after_a_crash_saves_nothing_twice(
+    tmp_path, images, docker_client, fake_api, cleanup
+):
+    """The coordinator is SIGKILLed while a member waits to be retried (its first attempt
+    saved its line, then its box died); ``fleet resume`` re-runs it: the re-run loads
+    that line with the profile, and a sibling saves between that load and its save."""
+    profile = _profile(tmp_path)
+    notes = profile / "notes.md"
+    rerun_loaded = threading.Event()
+    seen: dict[str, str] = {}
+
+    def before_submit(task: str, memory: str) -> None:
+        if "[crash-once]" in task:  # only the re-run after the resume gets this far
+            seen["rerun"] = memory
+            rerun_loaded.set()
+            _wait_for(lambda: "sibling notes" in notes.read_text(), "the sibling's save")
+        elif not rerun_loaded.wait(GATE_S):  # the first life's sibling waits until killed
+            raise AssertionError("the member was never re-run")
+
+    api = fake_api(memory_policy(before_submit))
+    cleanup.append(tmp_path / "runs")
+    env = {**os.environ, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    members = _member(
+        "flaky", "[insert:flaky notes] [crash-once]", memory=SHARED, sandbox='{ memory = "64m" }'
+    ) + _member("sibling", "[insert:sibling notes]", memory=SHARED)
+    job = _job(
+        tmp_path, members, fanout="max_parallel = 2\nretry = { attempts = 2, backoff_s = 120 }"
+    )
+    proc = subprocess.Popen(
+        [*FLEET, "run", str(job), "--plain"], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: bool(RunDir.list(tmp_path / "runs")), "the run directory")
+        (run,) = RunDir.list(tmp_path / "runs")
+        _wait_for(
+            lambda: any(e["event"] == "member_retry" for e in run.journal.read()),
+            "the first attempt's crash",
+        )
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [s["attempt"] for s in _saves(run) if s["member"] == "flaky"] == [1]
+    assert "flaky notes" in notes.read_text()
+    resumed = subprocess.run(
+        [*FLEET, "resume", str(run.path), "--plain"],
+        env=env, capture_output=True, text=True, timeout=GATE_S + 120,
+    )  # fmt: skip
+    rerun_loaded.set()
+    assert resumed.returncode == 0, resumed.stderr
+    assert "flaky notes" in seen["rerun"]  # the first life's save, loaded again
+    lines = notes.read_text().splitlines()
+    assert sorted(lines) == sorted(
+        ["# shared notes", "flaky notes", "flaky notes (again)", "sibling notes", "status unknown"]
+    )
+    flaky = [s for s in _saves(run) if s["member"] == "flaky"]
+    assert len(flaky) == 2 and flaky[0]["key"] != flaky[1]["key"]
+    (last,) = flaky[1]["files"]
+    assert last["action"] == "merged" and any(w.startswith("sibling ") for w in last["merged_with"])
