@@ -17,7 +17,7 @@ from test_context_compaction import NEEDLE, long_session
 from sandbox.docker import DockerBackend, DockerSandbox
 from sandbox.spec import SandboxSpec
 from subagents.context import ContextConfig, ContextManager
-from subagents.context.memory import MemoryInput
+from subagents.context.memory_tool import MemoryInput
 from subagents.trace import TraceWriter, read_trace
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]

@@ -11,7 +11,8 @@ import pytest
 from context_fakes import MemoryBox, SummaryModel
 
 from subagents.context import ContextConfig, ContextManager
-from subagents.context.memory import WRAPPER_NOTE, MemoryInput, cap_text
+from subagents.context.memory import WRAPPER_NOTE, cap_text
+from subagents.context.memory_tool import MemoryInput
 from subagents.tools.base import ToolError
 from subagents.trace import TraceWriter, read_trace
 

@@ -18,7 +18,7 @@ from context_fakes import MemoryBox, SummaryModel
 
 from subagents.context import ContextConfig, ContextManager
 from subagents.context import memory_profile as mp
-from subagents.context.memory import MemoryInput
+from subagents.context.memory_tool import MemoryInput
 from subagents.context.merge3 import merge3
 from subagents.trace import MemorySave, TraceWriter, read_trace
 
@@ -152,6 +152,10 @@ async def test_same_line_changed_twice_keeps_both_between_markers_and_says_so(
     assert ">>>>>>> b (run r1)\n" in text
     (conflict,) = saved.conflicts
     assert conflict.path == "notes.md" and "1 place(s) changed differently" in conflict.detail
+    # The next member to load the profile is told what the markers mean.
+    loaded = await Member(tmp_path, profile, "c").start()
+    assert "status: green" in loaded and "status: red" in loaded
+    assert "[Between <<<<<<< and >>>>>>> lines your memory holds two versions" in loaded
 
 
 async def test_a_delete_against_an_edit_keeps_the_edit_either_way(tmp_path: Path) -> None:

@@ -26,7 +26,8 @@ from . import compaction as comp
 from .budget import Budget
 from .clip import clip_old_writes
 from .config import ContextConfig
-from .memory import MemoryStore, MemoryTool, cap_text, wrap_memory
+from .memory import MemoryStore, cap_text, wrap_memory
+from .memory_tool import MemoryTool
 from .offload import OFFLOAD_MARK, Offloader, old_results, result_text, tool_names
 from .saved import ReadSaved
 from .todos import TodoState, WriteTodos
