@@ -29,7 +29,6 @@ from subagents.context.config import ContextConfig
 from subagents.kinds import get_kind
 from subagents.kinds.coding import CodingSettings
 from subagents.outcome import MemberOutcome
-from subagents.spec import Limits as MemberLimits
 from subagents.spec import MemberSpec
 
 from .executor import Executor, LocalExecutor
@@ -64,13 +63,10 @@ def to_member_spec(
         settings=settings,
         inputs=dict(job.inputs),
         model=model,
-        limits=MemberLimits(
-            max_turns=lim.max_turns,
-            max_tokens=lim.max_tokens,
-            deadline_s=max(lim.deadline_s * 0.9, lim.deadline_s - 60),
-            result_tokens=lim.result_tokens,
-            max_output_tokens=max_tokens,
+        limits=lim.model_copy(
+            update={"deadline_s": max(lim.deadline_s * 0.9, lim.deadline_s - 60)}
         ),
+        max_output_tokens=max_tokens,
         sandbox=job.sandbox.box(get_kind(job.kind).box_kind, network=network),
         memory_dir=memory_dir,
         todos=job.todos,

@@ -18,12 +18,13 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from subagents.spec import Limits
+
 from .spec import (
     Egress,
     FanoutPolicy,
     FieldProblem,
     Job,
-    Limits,
     MemberJob,
     MemoryProfile,
     ModelDefaults,

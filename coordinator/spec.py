@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sandbox.errors import SandboxSpecError
 from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
 from subagents.browser.config import BrowserConfig
+from subagents.spec import Limits
 
 MemberKind = Literal["browser", "coding"]
 RetryOn = Literal["crashed", "overloaded", "timed_out"]
@@ -44,19 +45,6 @@ class ModelDefaults(_Strict):
     """Model string; ``auto`` = Claude when ANTHROPIC_API_KEY is set, else ``offline``."""
     max_tokens: int = Field(default=4096, ge=256, le=128_000)
     """Output token limit of one model call."""
-
-
-class Limits(_Strict):
-    """How far one member may go before it must stop with what it has."""
-
-    max_turns: int = Field(default=30, ge=1, le=1000)
-    """Model calls at most."""
-    max_tokens: int | None = Field(default=None, ge=1000)
-    """Total input+output tokens at most (None: no token budget)."""
-    deadline_s: float = Field(default=600.0, gt=0, le=86_400)
-    """Wall-clock seconds for one attempt; past it the member is ``timed_out``."""
-    result_tokens: int = Field(default=2000, ge=100, le=20_000)
-    """Cap on the structured result the member returns."""
 
 
 class SandboxOverrides(_Strict):

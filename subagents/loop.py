@@ -117,7 +117,7 @@ class AgentLoop:
             *(build_custom_tool(t) for t in spec.tools),
             self.gate.tool(kind.submit_description),
         ]
-        self.registry = ToolRegistry(tools, timeout_s=self.limits.tool_timeout_s)
+        self.registry = ToolRegistry(tools, timeout_s=spec.tool_timeout_s)
         self.tool_defs = self.registry.definitions()
         self.system = (
             kind.system_prompt.rstrip()
@@ -293,7 +293,7 @@ class AgentLoop:
         )
 
     def _closing_output_bound(self) -> int:
-        max_output = min(self.limits.max_output_tokens, self.model.profile.max_output)
+        max_output = min(self.spec.max_output_tokens, self.model.profile.max_output)
         return closing.output_tokens(self.limits.result_tokens, max_output)
 
     def append(self, message: dict[str, Any]) -> None:
@@ -327,7 +327,7 @@ class AgentLoop:
             system=self.system,
             messages=sent,
             tools=self.tool_defs,
-            max_tokens=max_tokens or min(self.limits.max_output_tokens, profile.max_output),
+            max_tokens=max_tokens or min(self.spec.max_output_tokens, profile.max_output),
             temperature=None,
             tool_choice=tool_choice,
             context_management=self._context_management(),

@@ -85,7 +85,14 @@ async def run_member(
             task=spec.task,
             model=model.profile.name,
             offline=model.offline,
-            config={"limits": spec.limits.model_dump(), "todos": spec.todos_enabled()},
+            config={
+                "limits": {
+                    **spec.limits.model_dump(),
+                    "max_output_tokens": spec.max_output_tokens,
+                    "tool_timeout_s": spec.tool_timeout_s,
+                },
+                "todos": spec.todos_enabled(),
+            },
         )
     )
     loop: AgentLoop | None = None

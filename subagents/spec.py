@@ -37,21 +37,25 @@ class _Strict(BaseModel):
 
 
 class Limits(_Strict):
-    """How far one member may go before it stops with a structured ``incomplete``."""
+    """How far one member may go before it must stop with what it has.
 
-    max_turns: int = Field(default=30, ge=1, le=10_000)
-    """Regular model calls at most (then one closing call, see subagents.closing)."""
+    One class for the job file's ``limits`` tables and the harness: the job file's
+    bounds are the ones that hold. A member stopped by a limit ends ``incomplete``
+    with a partial result from one closing call (see subagents/closing.py); the
+    coordinator hands the harness a deadline 10% (at most 60 s) earlier than the job's,
+    so that call happens before the hard deadline, past which the member is
+    ``timed_out``.
+    """
+
+    max_turns: int = Field(default=30, ge=1, le=1000)
+    """Regular model calls at most (then the closing call)."""
     max_tokens: int | None = Field(default=None, ge=1_000)
     """Total tokens over all calls (input, cache and output) at most; None: no cap.
     A turn starts only when it and the closing call after it fit."""
-    deadline_s: float = Field(default=600.0, gt=0)
-    """Wall-clock seconds for the whole member, tool calls and closing call included."""
-    result_tokens: int = Field(default=2_000, ge=100)
+    deadline_s: float = Field(default=600.0, gt=0, le=86_400)
+    """Wall-clock seconds for one attempt, tool calls and the closing call included."""
+    result_tokens: int = Field(default=2_000, ge=100, le=20_000)
     """Cap on the submitted result; over it the model is asked once to condense."""
-    max_output_tokens: int = Field(default=8_192, ge=256)
-    """Output limit of one model call (never above the model's own limit)."""
-    tool_timeout_s: float = Field(default=600.0, gt=0)
-    """Host-side ceiling of one tool call (a shell command's own timeout is lower)."""
 
 
 def _default_settings(data: dict[str, Any]) -> BaseModel:
@@ -80,6 +84,11 @@ class MemberSpec(_Strict):
     model: str = "offline"
     """Model string (a known model, ``offline`` or ``replay:<trace>``)."""
     limits: Limits = Field(default_factory=Limits)
+    max_output_tokens: int = Field(default=8_192, ge=256)
+    """Output limit of one model call (never above the model's own limit); a job sets
+    it with ``[model].max_tokens``."""
+    tool_timeout_s: float = Field(default=600.0, gt=0)
+    """Host-side ceiling of one tool call (a shell command's own timeout is lower)."""
     sandbox: SandboxSpec = Field(default_factory=_default_box)
     """The box this member runs in; default the kind's box with its secure defaults.
     Its ``kind`` must be the member kind's box kind."""

@@ -16,7 +16,7 @@ from coordinator.jobfile import JobError, load_job, parse_job
 from sandbox.spec import NetworkPolicy, SandboxSpec
 from subagents.browser.config import BrowserConfig
 from subagents.kinds.coding import CodingSettings
-from subagents.spec import MemberSpec
+from subagents.spec import Limits, MemberSpec
 
 FLEET = str(Path(sys.executable).with_name("fleet"))
 GOOD = 'name = "ok"\n[[members]]\nkind = "coding"\ntask = "t"\n'
@@ -258,6 +258,33 @@ def test_a_job_member_reaches_the_harness_with_its_settings_and_box_typed(
         again = MemberSpec.model_validate_json(spec.model_dump_json())
         assert again == spec and type(again.settings) is type(spec.settings)
         assert isinstance(again.sandbox, SandboxSpec)
+
+
+@pytest.mark.parametrize(
+    "field, value", [("max_turns", 1001), ("deadline_s", 90_000.0), ("result_tokens", 30_000)]
+)
+def test_the_harness_refuses_the_limits_a_job_file_refuses(tmp_path, field, value):
+    """One Limits class: a member made through the API has the job file's bounds."""
+    text = (
+        f'name = "x"\n[[members]]\nkind = "coding"\ntask = "t"\nlimits = {{ {field} = {value} }}\n'
+    )
+    with pytest.raises(JobError) as err:
+        parse_job(text)
+    assert f"members[0].limits.{field}: input should be less than or equal to" in str(err.value)
+    with pytest.raises(ValidationError):
+        MemberSpec(id="m", kind="coding", task="t", limits={field: value})
+
+
+def test_a_job_member_keeps_its_limits_with_the_harness_deadline_earlier(tmp_path):
+    job = parse_job(
+        'name = "x"\n[model]\nmax_tokens = 2048\n[[members]]\nkind = "coding"\ntask = "t"\n'
+        "limits = { max_turns = 7, max_tokens = 9000, deadline_s = 1000, result_tokens = 300 }\n"
+    )
+    spec = to_member_spec(
+        job.members[0], model="offline", max_tokens=2048, egress=job.egress, memory_root=tmp_path
+    )
+    assert spec.limits == Limits(max_turns=7, max_tokens=9000, deadline_s=940, result_tokens=300)
+    assert spec.max_output_tokens == 2048
 
 
 def test_a_member_spec_refuses_a_box_of_another_kind():
