@@ -38,7 +38,7 @@ from subagents.outcome import MemberOutcome
 from subagents.spec import MemberSpec
 from subagents.trace import ErrorEvent, MemberEnd, SandboxEvent, TraceWriter
 
-from .repo_copy import RepoTooLarge, staged_copy
+from .repo_copy import RepoTooLarge, copy_room, staged_copy
 from .schema_check import problems as schema_problems
 from .worker import CANCELLED, MemberUnit, Nodes, Recorder, Services, Started, failed_outcome
 
@@ -110,9 +110,10 @@ async def _release(
         )
 
 
-async def _upload_repo(box: Sandbox, repo: Path) -> None:
-    """Copy the project's files (not its virtualenv or caches) into ``/workspace``."""
-    staged = await anyio.to_thread.run_sync(staged_copy, repo)
+async def _upload_repo(box: Sandbox, repo: Path, room: int) -> None:
+    """Copy the project's files (not its virtualenv or caches) into ``/workspace``,
+    whose ``room`` bytes they must fit in."""
+    staged = await anyio.to_thread.run_sync(lambda: staged_copy(repo, room=room))
     try:
         await box.upload(Path(staged.name), "/workspace")
     finally:
@@ -161,7 +162,7 @@ async def run_attempt(
                 )
             )
             if unit.repo:
-                await _upload_repo(box, Path(unit.repo))
+                await _upload_repo(box, Path(unit.repo), copy_room(box_spec))
             model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
             try:
                 outcome = await run_member(

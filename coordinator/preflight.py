@@ -45,11 +45,12 @@ from typing import TextIO
 import anyio
 
 from sandbox.errors import SandboxUnavailable
+from sandbox.spec import SandboxSpec
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.model import ModelError, make_model, resolve_model
 
 from .cli import CommandFailed, UsageError
-from .repo_copy import RepoTooLarge, check_size
+from .repo_copy import RepoTooLarge, check_size, copy_room
 from .spec import Job
 
 
@@ -85,7 +86,7 @@ def check_repos(job: Job, flags: dict[str, str] | None = None) -> None:
                 "point it at the project's own directory (e.g. ./my-project)"
             )
         try:
-            check_size(repo)
+            check_size(repo, room=copy_room(SandboxSpec(**member.sandbox.applied())))
         except RepoTooLarge as exc:
             raise UsageError(f"{field}: {exc}") from None
         except OSError as exc:

@@ -17,8 +17,12 @@ there, so the box sees the tree as it is and nothing outside it is copied.
 
 The selection is staged into a temporary directory (hard links where possible, so it
 costs no copy on the same file system) and that is uploaded; the original is never
-written to. A selection over :data:`MAX_COPY_BYTES` is refused with a message that
-says how to narrow it, instead of a box falling over halfway through the upload.
+written to. A selection over :data:`MAX_COPY_BYTES`, or one that would not fit in the
+member's box (its ``/workspace``, and its ``/tmp``, where the coding member keeps the
+snapshot its patch is computed against), is refused with a message that says
+how to narrow it, instead of a box falling over halfway through the upload. Below
+that, any size goes: the box's upload streams a large tree as a tar stream, with no
+message limit of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from sandbox.spec import SandboxSpec, parse_size
 
 from . import host_git
 
@@ -47,7 +53,15 @@ SKIP_DIRS = frozenset(
 )
 """Directories whose untracked contents are never copied (environments, caches)."""
 MAX_COPY_BYTES = 256 * 1024 * 1024
-"""Largest selection copied into a box."""
+"""Largest selection copied into a box (the copy streams, so this is the project's
+limit, not the transport's: past it a directory is rarely just a project)."""
+PAGE = 4096
+
+
+def copy_room(spec: SandboxSpec) -> int:
+    """Bytes a coding box of ``spec`` holds for a copy: it lands in ``/workspace``, and
+    the snapshot the patch is computed against takes as much again in ``/tmp``."""
+    return min(parse_size(spec.workspace_size), parse_size(spec.tmpfs_size))
 
 
 class RepoTooLarge(ValueError):
@@ -97,25 +111,37 @@ def select_files(repo: Path) -> list[str]:
     return [n for n in names if (repo / n).is_file() or (repo / n).is_symlink()]
 
 
-def check_size(repo: Path, names: list[str] | None = None) -> int:
-    """Bytes of the selection; raises :class:`RepoTooLarge` past the limit."""
-    total = 0
+def check_size(repo: Path, names: list[str] | None = None, *, room: int | None = None) -> int:
+    """Bytes of the selection; raises :class:`RepoTooLarge` past :data:`MAX_COPY_BYTES`,
+    or when it would not fit in ``room`` bytes of the box (its tmpfs mounts, where every
+    file takes whole pages)."""
+    total = footprint = 0
     for name in select_files(repo) if names is None else names:
         path = repo / name
-        total += 0 if path.is_symlink() else path.stat().st_size
+        size = 0 if path.is_symlink() else path.stat().st_size
+        total += size
+        footprint += -(-size // PAGE) * PAGE
         if total > MAX_COPY_BYTES:
             raise RepoTooLarge(
                 f"{repo} holds more than {MAX_COPY_BYTES // 2**20} MB of files to copy into "
                 "the box; point REPO at the project itself, or list bulky generated files "
                 "in .gitignore (ignored files are not copied)"
             )
+        if room is not None and footprint > room:
+            raise RepoTooLarge(
+                f"{repo}: the files to copy take more than the box holds ({room // 2**20} MB "
+                "in /workspace, and again in /tmp for the snapshot the patch is computed "
+                "against); raise the member's sandbox.workspace_size and sandbox.tmpfs_size "
+                '(e.g. sandbox = { workspace_size = "2g", tmpfs_size = "1g" }), or list '
+                "bulky generated files in .gitignore"
+            )
     return total
 
 
-def stage(repo: Path, dest: Path) -> int:
+def stage(repo: Path, dest: Path, *, room: int | None = None) -> int:
     """Link or copy the selected files of ``repo`` under ``dest``; returns their bytes."""
     names = select_files(repo)
-    total = check_size(repo, names)
+    total = check_size(repo, names, room=room)
     for name in names:
         src, dst = repo / name, dest / name
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -129,11 +155,12 @@ def stage(repo: Path, dest: Path) -> int:
     return total
 
 
-def staged_copy(repo: Path) -> tempfile.TemporaryDirectory[str]:
-    """A temporary directory holding the selection of ``repo`` (remove it when done)."""
+def staged_copy(repo: Path, *, room: int | None = None) -> tempfile.TemporaryDirectory[str]:
+    """A temporary directory holding the selection of ``repo`` (remove it when done);
+    ``room``: the bytes the box holds for it (see :func:`check_size`)."""
     tmp = tempfile.TemporaryDirectory(prefix="fleet-repo-")
     try:
-        stage(repo, Path(tmp.name))
+        stage(repo, Path(tmp.name), room=room)
     except BaseException:
         tmp.cleanup()
         raise

@@ -58,12 +58,14 @@ class SandboxOverrides(_Strict):
     """Process limit in the box."""
     workspace_size: str | None = None
     """Size of the writable ``/workspace``."""
+    tmpfs_size: str | None = None
+    """Size of the writable ``/tmp`` (a coding member keeps its baseline snapshot there)."""
     image: str | None = None
     """Image reference instead of Fleet's image for the member's kind."""
     keep: bool = False
     """Keep the box after the member ends, for debugging."""
 
-    @field_validator("memory", "workspace_size")
+    @field_validator("memory", "workspace_size", "tmpfs_size")
     @classmethod
     def _size(cls, v: str | None) -> str | None:
         if v is None:

@@ -15,13 +15,14 @@ and files every response under its id, so concurrent requests share the stream.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
 import socket
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import anyio
 
@@ -194,13 +195,42 @@ class AgentStream:
             pass
 
 
-def one_shot(sock: Any, msg: dict, *, timeout: float | None) -> tuple[dict | None, str]:
-    """Blocking: send one request to an agent started with ``--once``; (response, stderr)."""
+class SocketWriter(io.RawIOBase):
+    """A blocking socket as a writable file, for a body written straight onto it."""
+
+    def __init__(self, raw: socket.socket) -> None:
+        self._raw = raw
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._raw.sendall(data)
+        return len(data)
+
+
+def one_shot(
+    sock: Any,
+    msg: dict,
+    *,
+    timeout: float | None,
+    body: Callable[[BinaryIO], None] | None = None,
+) -> tuple[dict | None, str]:
+    """Blocking: send one request to an agent started with ``--once``; (response, stderr).
+
+    ``body``, when given, writes the request's payload as raw bytes after it (the
+    agent reads them from its stdin up to the end): how a large upload streams in.
+    ``timeout`` bounds each send and receive, so a box that stops reading ends it.
+    """
     raw = raw_socket(sock)
     raw.settimeout(timeout)
     demux = Demuxer()
     try:
         raw.sendall(encode({**msg, "id": 1}))
+        if body is not None:
+            with io.BufferedWriter(SocketWriter(raw), buffer_size=1 << 20) as out:
+                body(cast(BinaryIO, out))
+                out.flush()
         raw.shutdown(socket.SHUT_WR)
         while True:
             data = raw.recv(262144)

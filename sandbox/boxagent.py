@@ -16,7 +16,8 @@ each command runs in its own session (process group) and on timeout the whole gr
 is killed with SIGKILL; output beyond the cap keeps its head and tail.
 
 Run with ``--once`` it answers exactly one request read from stdin and exits; the
-host uses that as a fallback when the long-lived stream broke.
+host uses that as a fallback when the long-lived stream broke, and for a large upload,
+whose archive follows the request on stdin as raw bytes (see :func:`op_tar_in`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ _LEN = struct.Struct(">I")
 # Startup time is part of every box's cold start: binascii instead of base64 (which
 # pulls in re and enum), and tarfile only when a tree is copied.
 _MAX_FRAME = 256 * 1024 * 1024
+_TAR_BUF = 1024 * 1024
 _out_lock = threading.Lock()
 _running: dict[int, int] = {}  # request id -> process group id, for "kill"
 _running_lock = threading.Lock()
@@ -509,6 +511,11 @@ def _make_links_out(members: list[tarfile.TarInfo], dest: str) -> None:
 def op_tar_in(req: dict) -> dict:
     """Unpack an archive under ``path``: nothing outside it is written.
 
+    The archive is the request's base64 ``data``, or - for a request sent with
+    ``stream`` to a ``--once`` agent - the raw bytes that follow the request on stdin
+    (``_stream``): a large tree then needs no frame, no base64 and no memory of its
+    size. Either way it is read as a stream, entry by entry.
+
     A symlink that points outside ``path`` (a repository's link to a file elsewhere on
     its host) is kept as the link it is - dangling in the box - but made last, after
     every other entry, so nothing is ever written through it.
@@ -518,15 +525,15 @@ def op_tar_in(req: dict) -> dict:
     dest = safe_path(req["path"])
     os.makedirs(dest, exist_ok=True)
     dest = os.path.realpath(dest)
-    data = b64decode(req["data"])
+    src = req.get("_stream") or io.BytesIO(b64decode(req["data"]))
     links: list[str] = []
     links_out: list[tarfile.TarInfo] = []
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        members = tar.getmembers()
-        for member in members:
-            _check_name(member)
+    count = 0
+    with tarfile.open(fileobj=src, mode="r|", bufsize=_TAR_BUF) as tar:
         try:
-            for member in members:
+            for member in tar:
+                count += 1
+                _check_name(member)
                 _check_on_disk(member, dest)
                 _through_link_out(member, links_out)
                 if _points_out(member, dest):
@@ -548,7 +555,7 @@ def op_tar_in(req: dict) -> dict:
                 if os.path.islink(link):
                     os.unlink(link)
             raise
-    return {"entries": len(members)}
+    return {"entries": count}
 
 
 def op_ping(req: dict) -> dict:
@@ -604,7 +611,12 @@ def main(argv: list[str]) -> int:
     if "--once" in argv:
         req = read_frame(inp)
         if req is not None:
-            write_frame(out, handle(req))
+            if req.get("stream"):
+                req["_stream"] = inp
+            reply = handle(req)
+            while inp.read(_TAR_BUF):
+                pass  # the rest of a refused stream: answer once the host sent it all
+            write_frame(out, reply)
         return 0
     try:
         serve(inp, out)

@@ -18,6 +18,15 @@ the image has no agent file the agent's source is passed with ``python3 -c``
 plain ``docker exec`` with the cap applied on the host (``plain``; file operations say
 they need python3).
 
+Large uploads. A request on the agent's stream is one frame of JSON (at most 256 MB,
+binary payloads in base64), fine for a file or a small tree but not for a project of
+a few hundred MB. A request given a ``body`` therefore goes to a one-shot agent of its
+own, and the body follows the request on that exec's stdin as raw bytes - a tar
+stream, packed on the host while it is sent and unpacked in the box while it arrives:
+no base64, no frame limit, memory that does not grow with the tree, and the agent's
+stream stays free for other requests meanwhile. It costs one ``docker exec`` (about
+55 ms), so only trees past :data:`sandbox.docker.INLINE_UPLOAD_BYTES` take it.
+
 Dead boxes. Every engine call on the box goes through :meth:`BoxTransport.engine`: a
 Docker API error (a 409 "container is not running" from a box that died between two
 calls, a 404 from one that was removed) makes the transport re-inspect the container,
@@ -37,7 +46,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import anyio
 import docker
@@ -148,11 +157,22 @@ class BoxTransport:
         )
         return "inline" if probe.exit_code == 0 else "plain"
 
-    async def request(self, msg: dict, *, timeout: float | None = None) -> dict:
-        """One request by the best path (not ``plain``): the agent's reply."""
-        if self.mode == "agent" and self.agent is not None:
+    async def request(
+        self,
+        msg: dict,
+        *,
+        timeout: float | None = None,
+        body: Callable[[BinaryIO], None] | None = None,
+    ) -> dict:
+        """One request by the best path (not ``plain``): the agent's reply.
+
+        A request with a ``body`` (raw bytes written after it, a large upload) always
+        goes to a one-shot agent of its own, so it holds up no other request and needs
+        no frame of its size.
+        """
+        if self.mode == "agent" and self.agent is not None and body is None:
             return await self._agent_request(self.agent, msg)
-        return await self._request_once(msg, timeout)
+        return await self._request_once(msg, timeout, body)
 
     async def _agent_request(self, agent: AgentStream, msg: dict) -> dict:
         rid = agent.new_id()
@@ -198,14 +218,24 @@ class BoxTransport:
         self._restarts += 1
         await self.start()
 
-    async def _request_once(self, msg: dict, timeout: float | None) -> dict:
-        if self.mode == "oneshot":
-            cmd = [*AGENT_ARGV, "--once"]
-        else:
+    async def _request_once(
+        self, msg: dict, timeout: float | None, body: Callable[[BinaryIO], None] | None = None
+    ) -> dict:
+        if self.mode == "inline":
             cmd = ["python3", "-I", "-S", "-c", agent_source(), "--once"]
+        else:
+            cmd = [*AGENT_ARGV, "--once"]
         sock = await self.engine(lambda: self._open_exec(cmd))
         wait = None if timeout is None else timeout + 30
-        reply, stderr = await anyio.to_thread.run_sync(lambda: one_shot(sock, msg, timeout=wait))
+        try:
+            reply, stderr = await anyio.to_thread.run_sync(
+                lambda: one_shot(sock, msg, timeout=wait, body=body)
+            )
+        except OSError as e:  # the box stopped reading or answering (died, froze)
+            await self.raise_if_dead()
+            raise SandboxUnavailable(
+                f"the agent in sandbox {self.name} stopped answering ({e}); retry"
+            ) from None
         if reply is None:
             await self.raise_if_dead()
             raise SandboxUnavailable(f"the agent in sandbox {self.name} gave no answer: {stderr}")

@@ -5,6 +5,8 @@ and the offline coding model, and ``--apply`` back onto the repository.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -156,3 +158,41 @@ def test_gitattributes_cannot_hide_or_convert_a_change_and_apply_writes_the_byte
     assert b"GIT binary patch" in patch and b"Binary files" not in patch
     for name, data in before.items():
         assert (repo / name).read_bytes() == data.replace(b"world", b"fleet"), name
+
+
+def test_a_repository_of_200_mb_goes_into_the_box_whole(tmp_path, images, cleanup):
+    repo, out = tmp_path / "proj", tmp_path / "runs"
+    repo.mkdir()
+    cleanup.append(out)
+    (repo / "greet.txt").write_text("hello world\n")
+    marker = os.urandom(1 << 20)
+    (repo / "marker.bin").write_bytes(marker)
+    block = bytes(10 << 20)
+    for i in range(20):  # 200 MB past the marker: over what one agent message carries
+        (repo / f"data-{i:02d}.bin").write_bytes(block)
+    digest = hashlib.sha256(marker).hexdigest()
+    size = 20 * len(block)
+    test = f"sha256sum marker.bin | grep -q {digest} && test $(cat data-*.bin | wc -c) = {size}"
+    done = fleet_code(repo, EDIT, out, "--apply", "--test", test)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(passed" in done.stdout and "attempt 2" not in done.stdout
+    assert (repo / "greet.txt").read_text() == "hello fleet\n"
+
+
+def test_a_repository_larger_than_the_members_box_is_refused_before_the_run(tmp_path, images):
+    repo, out = tmp_path / "proj", tmp_path / "runs"
+    repo.mkdir()
+    (repo / "data.bin").write_bytes(bytes(20 << 20))
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "small-box"\noutput_dir = "{out}"\n[model]\nname = "offline"\n'
+        f'[[members]]\nid = "coder"\nkind = "coding"\ntask = "look"\nrepo = "{repo}"\n'
+        'sandbox = { workspace_size = "16m" }\n'
+    )
+    done = subprocess.run(
+        [FLEET, "run", str(job), "--plain"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "members[0].repo" in done.stderr and "Traceback" not in done.stderr
+    assert "workspace_size" in done.stderr and "tmpfs_size" in done.stderr
+    assert not out.exists()

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import docker
 import pytest
 
-from sandbox.docker import DockerBackend, DockerSandbox
+from sandbox.docker import INLINE_UPLOAD_BYTES, DockerBackend, DockerSandbox
 from sandbox.errors import SandboxCrashed, SandboxUnavailable
 from sandbox.spec import SandboxSpec
 
@@ -75,7 +75,7 @@ def image_without_agent(docker_client, images) -> Iterator[str]:
 
 
 async def test_an_image_without_the_agent_file_gets_the_agent_inline(
-    backend: DockerBackend, run_id: str, image_without_agent: str
+    backend: DockerBackend, run_id: str, image_without_agent: str, tmp_path
 ) -> None:
     spec = SandboxSpec(image=image_without_agent)
     async with await backend.create(spec, run=run_id, member="c") as box:
@@ -83,6 +83,12 @@ async def test_an_image_without_the_agent_file_gets_the_agent_inline(
         await _semantics_hold(box)
         await box.write_file("f.txt", "inline")
         assert [e.name for e in await box.list_dir("/workspace")] == ["f.txt"]
+        # A tree past one request's size streams into the inline agent too.
+        big = bytes(INLINE_UPLOAD_BYTES + 1)
+        (tmp_path / "tree").mkdir()
+        (tmp_path / "tree" / "big.bin").write_bytes(big)
+        await box.upload(tmp_path / "tree", "up")
+        assert await box.read_file("up/big.bin") == big
 
 
 async def test_an_image_without_python_gets_plain_docker_exec(

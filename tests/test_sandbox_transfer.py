@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import tarfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.docker import DockerBackend, DockerSandbox
+from sandbox.docker import INLINE_UPLOAD_BYTES, DockerBackend, DockerSandbox
 from sandbox.errors import PathRefused
 from sandbox.spec import SandboxSpec
 
@@ -91,12 +92,22 @@ LINKS_OUT = {
 }
 
 
+async def _tar_in(box: DockerSandbox, dest: str, archive: str, via: str) -> dict:
+    """Send an archive in one request (``frame``) or as a raw stream after it."""
+    req = {"op": "tar_in", "path": dest}
+    if via == "frame":
+        return await box._call({**req, "data": archive})
+    raw = base64.b64decode(archive)
+    return await box._call({**req, "stream": True}, timeout=60, body=lambda out: out.write(raw))
+
+
+@pytest.mark.parametrize("via", ["frame", "stream"])
 @pytest.mark.parametrize("case", list(HOSTILE))
 async def test_hostile_archives_are_refused_and_nothing_lands_outside(
-    box: DockerSandbox, case: str
+    box: DockerSandbox, case: str, via: str
 ) -> None:
     dest = f"/workspace/in-{uuid.uuid4().hex[:6]}"
-    reply = await box._call({"op": "tar_in", "path": dest, "data": _archive(*HOSTILE[case])})
+    reply = await _tar_in(box, dest, _archive(*HOSTILE[case]), via)
     assert reply["ok"] is False and reply["error"] == "path_refused", reply
     stray = await box.exec(
         "find / -xdev -name '*-planted' 2>/dev/null; find /tmp /workspace -name '*-planted'; "
@@ -105,13 +116,14 @@ async def test_hostile_archives_are_refused_and_nothing_lands_outside(
     assert stray.stdout == "", stray.stdout
 
 
+@pytest.mark.parametrize("via", ["frame", "stream"])
 @pytest.mark.parametrize("case", list(LINKS_OUT))
 async def test_symlinks_out_are_kept_as_links_and_nothing_is_written_through_them(
-    box: DockerSandbox, case: str
+    box: DockerSandbox, case: str, via: str
 ) -> None:
     dest = f"/workspace/in-{uuid.uuid4().hex[:6]}"
     entries = [*LINKS_OUT[case], ("f", "after.txt", "x")]
-    reply = await box._call({"op": "tar_in", "path": dest, "data": _archive(*entries)})
+    reply = await _tar_in(box, dest, _archive(*entries), via)
     assert reply["ok"] is True, reply
     for _kind, name, target in LINKS_OUT[case]:
         seen = await box.exec(["readlink", f"{dest}/{name}"])
@@ -134,6 +146,24 @@ async def test_upload_of_a_tree_keeps_a_symlink_out_dangling_and_never_follows_i
     assert await box.read_file("up1/inner") == b"fine\n"
     with pytest.raises(PathRefused, match="secrets"):
         await box.read_file("up1/secrets/passwd")
+
+
+async def test_a_tree_or_file_past_the_inline_size_streams_in_whole(
+    box: DockerSandbox, tmp_path: Path
+) -> None:
+    src = tmp_path / "tree"
+    (src / "sub").mkdir(parents=True)
+    blob = os.urandom(INLINE_UPLOAD_BYTES + 1)
+    (src / "sub" / "big.bin").write_bytes(blob)
+    (src / "small.txt").write_text("small\n")
+    (src / "link").symlink_to("sub/big.bin")
+    await box.upload(src, "streamed")
+    assert await box.read_file("streamed/sub/big.bin") == blob
+    assert await box.read_file("streamed/link") == blob
+    assert await box.read_file("streamed/small.txt") == b"small\n"
+    await box.upload(src / "sub" / "big.bin", "/tmp/one/file.bin")
+    assert await box.read_file("/tmp/one/file.bin") == blob
+    await box.exec("rm -rf streamed /tmp/one")
 
 
 async def test_download_never_writes_outside_the_local_destination(
