@@ -1,0 +1,147 @@
+"""One member's conversation with its model: the messages, the turn, the usage.
+
+Every model call of a member goes through :meth:`Conversation.call`, in this order:
+the context mechanisms shape what is sent (``context.prepare``: offload, clip,
+compaction, todo recitation); one Messages API call is made; its usage is counted
+(the context's compaction summary calls too - they are this member's calls like any
+other, toward its token limit and its cost); the call is traced as ``ModelCall``
+plus the new assistant message. ``Messages`` events carry only new messages, so a
+trace grows linearly with turns.
+
+What to do with an answer - run its tools, remind, stop, close - is the loop's
+(:mod:`subagents.loop`); this module only keeps the exchange and its accounts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .context.base import ContextLike
+from .model.base import Model, ModelRequest
+from .result import estimate_tokens
+from .trace import Messages, TraceWriter
+from .usage import Usage, model_call_event
+
+
+class Conversation:
+    """The messages of one member, the current turn and what the calls cost."""
+
+    def __init__(
+        self,
+        *,
+        member: str,
+        model: Model,
+        context: ContextLike,
+        trace: TraceWriter,
+        system: str,
+        tools: list[dict[str, Any]],
+        max_output_tokens: int,
+    ) -> None:
+        self.member, self.model, self.context, self.trace = member, model, context, trace
+        self.system, self.tools = system, tools
+        self.max_output_tokens = min(max_output_tokens, model.profile.max_output)
+        """Output bound of a regular call: the member's, never above the model's own."""
+        self.messages: list[dict[str, Any]] = []
+        self.turn = 0
+        self.usage = Usage()
+        self.last_text = ""
+        """The model's last words (capped), which often say where it was."""
+        self.offline = model.offline
+        """Labelled from the model itself too: a member that failed before its first
+        call was still an offline member."""
+        self._summaries_counted = 0
+        """How many of the context's compaction summary calls are in ``usage``."""
+
+    @property
+    def turn_span(self) -> str:
+        return f"{self.member}/t{self.turn}"
+
+    def append(self, message: dict[str, Any]) -> None:
+        """Add a message and trace it."""
+        self.messages.append(message)
+        self.trace_message(message)
+
+    def trace_message(self, message: dict[str, Any]) -> None:
+        """Trace a message (or the part of one) the conversation gained this turn."""
+        self.trace.emit(
+            Messages(span=self.turn_span, parent=self.member, turn=self.turn, messages=[message])
+        )
+
+    async def call(
+        self,
+        *,
+        tool_choice: dict[str, Any] | None = None,
+        max_tokens: int | None = None,
+        prepare: bool = True,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One model call; appends and traces the assistant message. Its content
+        blocks (as JSON) and stop reason."""
+        sent = self.messages
+        if prepare:
+            with self.trace.scope(self.turn_span, self.member, self.turn):
+                sent = await self.context.prepare(
+                    self.messages, turn=self.turn, system=self.system, tools=self.tools
+                )
+            self.count_summary_calls()
+        profile = self.model.profile
+        # model_construct: the messages were built here (already valid); not
+        # re-validating hundreds of dicts keeps harness CPU per turn flat.
+        request = ModelRequest.model_construct(
+            system=self.system,
+            messages=sent,
+            tools=self.tools,
+            max_tokens=max_tokens or self.max_output_tokens,
+            temperature=None,
+            tool_choice=tool_choice,
+            context_management=self._context_management(),
+        )
+        span = f"{self.turn_span}/model"
+        with self.trace.scope(span, self.turn_span, self.turn):  # the adapter's retries
+            response = await self.model.complete(request)
+        message = response.message
+        self.offline = self.offline or response.offline
+        self.usage.add(message.usage, profile)
+        self.context.observe_usage(message.usage, sent)
+        content = [b.model_dump(mode="json", exclude_none=True) for b in message.content]
+        self.trace.emit(
+            model_call_event(
+                response,
+                content,
+                span=span,
+                parent=self.turn_span,
+                turn=self.turn,
+                default_model=profile.name,
+            )
+        )
+        texts = [b["text"] for b in content if b.get("type") == "text" and b.get("text")]
+        if texts:
+            self.last_text = texts[-1][-1_000:]
+        # The API refuses an empty assistant message later in the conversation.
+        self.append(
+            {"role": "assistant", "content": content or [{"type": "text", "text": "(no output)"}]}
+        )
+        return content, message.stop_reason
+
+    def next_context_tokens(self) -> int:
+        """Tokens the next call would send: the context's estimate, else a local one."""
+        estimate = getattr(self.context, "estimate", None)
+        if estimate is not None:
+            return int(estimate(self.messages, self.system, self.tools))
+        return estimate_tokens(json.dumps([self.system, self.tools, self.messages], default=str))
+
+    def count_summary_calls(self) -> None:
+        """Add the context's compaction summary calls to the member's usage, so the
+        outcome's totals match the traced calls."""
+        calls = getattr(self.context, "summary_usage", None) or []
+        for usage in calls[self._summaries_counted :]:
+            self.usage.add(usage, self.model.profile)
+        self._summaries_counted = len(calls)
+
+    def _context_management(self) -> dict[str, Any] | None:
+        """Server-side edits, as the context manager builds them (with their triggers).
+
+        The manager owns the budget, so it alone knows where the server should
+        compact or clear; a context without server-side support sends none."""
+        build = getattr(self.context, "context_management", None)
+        return build() if build is not None else None
