@@ -45,7 +45,7 @@ from typing import TextIO
 import anyio
 
 from sandbox.errors import SandboxUnavailable
-from sandbox.spec import SandboxSpec
+from sandbox.spec import NetworkPolicy
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.model import ModelError, make_model, resolve_model
 
@@ -86,7 +86,7 @@ def check_repos(job: Job, flags: dict[str, str] | None = None) -> None:
                 "point it at the project's own directory (e.g. ./my-project)"
             )
         try:
-            check_size(repo, room=copy_room(SandboxSpec(**member.sandbox.applied())))
+            check_size(repo, room=copy_room(member.sandbox.box("coding", network=NetworkPolicy())))
         except RepoTooLarge as exc:
             raise UsageError(f"{field}: {exc}") from None
         except OSError as exc:

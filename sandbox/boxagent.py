@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs startup time
 if TYPE_CHECKING:
@@ -243,7 +243,7 @@ def _spawn(argv: list[str], cwd: str, env: dict) -> subprocess.Popen:
     that is executable but no binary and has no ``#!`` line runs with ``/bin/sh``, as
     ``execvp`` (and so every shell) does.
     """
-    popen = {
+    popen: dict[str, Any] = {
         "cwd": cwd,
         "env": env,
         "stdin": subprocess.PIPE,
