@@ -1,8 +1,8 @@
 """Job-defined result fields: a small JSON Schema subset, turned into pydantic fields.
 
 A job may ask every member for fields of its own (``MemberSpec.result_schema``, or
-``inputs["result_schema"]`` as the coordinator hands it over), e.g. a vote or a
-number the analyst wants in a fixed place::
+``inputs["result_schema"]`` when a caller puts it there), e.g. a vote or a number
+the analyst wants in a fixed place::
 
     {"type": "object",
      "properties": {"answer": {"type": "string", "description": "One line."},

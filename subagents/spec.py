@@ -103,7 +103,7 @@ class MemberSpec(_Strict):
     result_schema: dict[str, Any] | None = None
     """Job-defined result fields (a JSON Schema object, see
     :mod:`subagents.result_schema`), added to the kind's result; None: use
-    ``inputs["result_schema"]`` if the job put it there, else none."""
+    ``inputs["result_schema"]`` if the caller put it there, else none."""
 
     @field_validator("kind")
     @classmethod

@@ -1,4 +1,5 @@
-"""Thresholds of the context mechanisms, with the defaults from HARNESS.md.
+"""Thresholds of the context mechanisms, with their defaults (the README's "Context
+management" table lists them).
 
 Every threshold is relative to one working-set *budget* in tokens, separate from
 the model's window: a 1M-token window does not mean the model attends well to 1M
