@@ -48,7 +48,7 @@ from subagents.model import ModelError
 from .cli import CommandFailed, UsageError
 from .driver import RunOptions, RunSummary, execute
 from .jobfile import JobError, describe_validation, load_job, parse_job, render_toml
-from .runs import RunDir, RunDirUnavailable, check_root
+from .runs import RunDir, RunDirUnavailable, check_root, root_for
 from .spec import Job
 
 JobSource = Job | Mapping[str, Any] | str | os.PathLike[str]
@@ -127,7 +127,7 @@ async def run_async(
     """:func:`run` inside a running event loop."""
     parsed, text = _load(job)
     opts = _options(options, on_event, on_journal, echo)
-    root = Path(output_dir) if output_dir is not None else Path(parsed.output_dir)
+    root = root_for(parsed, output_dir)
     try:
         check_root(root)  # at once, before images are built
         await _preflight(parsed, opts)
@@ -151,8 +151,7 @@ def resume(
     ones with ``retry_failed``); ``run_ref`` is a run directory, id or id prefix."""
 
     async def go() -> RunSummary:
-        root = Path(output_dir) if output_dir is not None else None
-        found = RunDir.open(str(run_ref), root=root)
+        found = RunDir.open(str(run_ref), root=Path(output_dir) if output_dir else None)
         parsed = found.job()
         opts = _options(options, on_event, on_journal, echo)
         opts.retry_failed = retry_failed or opts.retry_failed

@@ -41,6 +41,17 @@ class UsageError(Exception):
     """Bad input from the user: printed as one paragraph, exit code 2."""
 
 
+def add_runs_dir(p: argparse.ArgumentParser) -> None:
+    """``--output-dir`` for a command that finds runs (resume, runs, trace, view): one
+    rule for all of them, :mod:`coordinator.run_lookup`."""
+    p.add_argument(
+        "--output-dir",
+        default=None,
+        metavar="DIR",
+        help="where the runs are (default: $FLEET_RUNS_DIR, else runs)",
+    )
+
+
 class CommandFailed(Exception):
     """The command started and failed for a reason it has already explained in the
     message (exit 1), e.g. an image build that broke."""

@@ -33,11 +33,12 @@ from subagents.browser.corpus import CORPUS_ALLOW
 from subagents.model.base import ModelError
 
 from . import host_git
-from .cli import UsageError
+from .cli import UsageError, add_runs_dir
 from .driver import EXIT_FAILED, RunOptions, RunSummary, execute
 from .jobfile import JobError, load_job, parse_job
 from .preflight import preflight
-from .runs import RunDir, RunDirUnavailable, RunNotFound, check_root
+from .run_lookup import runs_root
+from .runs import RunDir, RunDirUnavailable, RunNotFound, check_root, root_for
 from .spec import Job
 
 
@@ -92,7 +93,7 @@ def _interrupted(run: RunDir) -> NoReturn:
 
 def _root(job: Job, args: argparse.Namespace) -> Path:
     """Where the run directory goes; :class:`UsageError` when none can be made there."""
-    root = Path(args.output_dir) if getattr(args, "output_dir", None) else Path(job.output_dir)
+    root = root_for(job, getattr(args, "output_dir", None))
     try:
         check_root(root)
     except RunDirUnavailable as exc:
@@ -243,7 +244,7 @@ def _apply(repo: Path, patch: Path) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     try:
-        run = RunDir.open(args.run, root=Path(args.output_dir))
+        run = RunDir.open(args.run, root=args.output_dir)
     except RunNotFound as exc:
         raise UsageError(str(exc)) from None
     owner = run.owner_pid()
@@ -276,7 +277,8 @@ def _age(ts: float) -> str:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
-    for run in RunDir.list(Path(args.output_dir)):
+    root = runs_root(args.output_dir)
+    for run in RunDir.list(root):
         st = run.state()
         try:
             name = run.job().name
@@ -298,7 +300,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
-        print(f"no runs under {args.output_dir}/")
+        print(f"no runs under {root}/")
         return 0
     width = max(len(r["id"]) for r in rows)
     print(f"{'run':<{width}}  {'status':<11} {'ok':>5}  {'started':<16}  name")
@@ -315,7 +317,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--output-dir",
         default=None,
         metavar="DIR",
-        help="where run directories go (default: the job's output_dir, 'runs')",
+        help="where run directories go (default: the job's output_dir, else "
+        "$FLEET_RUNS_DIR, else runs)",
     )
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
 
@@ -393,27 +396,17 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_code)
 
     p = subparsers.add_parser("resume", help="finish an interrupted or killed run")
-    p.add_argument("run", help="run id (or a unique prefix, or the run directory)")
+    p.add_argument("run", help="run id (or the start of one) or run directory")
     p.add_argument(
         "--retry-failed",
         action="store_true",
         help="also run members that ended failed, timed out or crashed",
     )
-    p.add_argument(
-        "--output-dir",
-        default="runs",
-        metavar="DIR",
-        help="where to look for the run (default runs)",
-    )
+    add_runs_dir(p)
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     p.set_defaults(func=cmd_resume)
 
     p = subparsers.add_parser("runs", help="list runs and their status")
-    p.add_argument(
-        "--output-dir",
-        default="runs",
-        metavar="DIR",
-        help="where run directories are (default runs)",
-    )
+    add_runs_dir(p)
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(func=cmd_runs)

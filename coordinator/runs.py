@@ -31,14 +31,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .run_lookup import RunNotFound as RunNotFound
+from .run_lookup import find_run, run_dirs, runs_root
 from .spec import Job, MemberJob
 
 FINISHED = {"ok", "failed", "timed_out", "crashed", "incomplete"}
 """Member statuses that are final: resume does not run such a member again."""
 
 
-class RunNotFound(Exception):
-    """No run directory matches what the user gave."""
+def root_for(job: Job, output_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where a new run of ``job`` goes: ``output_dir`` (``--output-dir``), else the
+    job file's own ``output_dir`` when it sets one, else where every command looks for
+    runs (``$FLEET_RUNS_DIR``, else ``runs``)."""
+    if output_dir:
+        return Path(output_dir)
+    if "output_dir" in job.model_fields_set:
+        return Path(job.output_dir)
+    return runs_root()
 
 
 class RunDirUnavailable(Exception):
@@ -150,7 +159,7 @@ class RunDir:
 
     @classmethod
     def create(cls, job: Job, job_text: str, *, root: Path | None = None) -> RunDir:
-        root = Path(root or job.output_dir)
+        root = Path(root) if root is not None else root_for(job)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = root / f"{job.slug()}-{stamp}-{secrets.token_hex(2)}"
         check_root(root)
@@ -170,27 +179,14 @@ class RunDir:
 
     @classmethod
     def open(cls, ref: str, *, root: Path | None = None) -> RunDir:
-        """A run by directory path, by id under ``root``, or by a unique id prefix."""
-        p = Path(ref)
-        if (p / "journal.jsonl").exists():
-            return cls(p)
-        root = Path(root or "runs")
-        if (root / ref / "journal.jsonl").exists():
-            return cls(root / ref)
-        matches = [d for d in root.glob(f"{ref}*") if (d / "journal.jsonl").exists()]
-        if len(matches) == 1:
-            return cls(matches[0])
-        hint = "several runs match" if matches else "no run matches"
-        raise RunNotFound(
-            f"{hint} {ref!r} under {root}/; give a run id from 'fleet runs' or a run directory"
-        )
+        """A run by directory path, by id or by a unique id prefix under ``root``
+        (default: ``$FLEET_RUNS_DIR``, else ``runs``); see :mod:`coordinator.run_lookup`."""
+        return cls(find_run(ref, root))
 
     @staticmethod
-    def list(root: Path) -> builtins.list[RunDir]:
-        if not root.is_dir():
-            return []
-        runs = [RunDir(d) for d in root.iterdir() if (d / "journal.jsonl").exists()]
-        return sorted(runs, key=lambda r: r.created)
+    def list(root: Path | None = None) -> builtins.list[RunDir]:
+        """The runs under ``root`` (default as for :meth:`open`), oldest first."""
+        return [RunDir(d) for d in run_dirs(runs_root(root))]
 
     # -- contents ----------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from coordinator.cli import UsageError, add_runs_dir
 from coordinator.traceview.detail import member_detail
 from coordinator.traceview.load import RunNotFound, load_run
 from coordinator.traceview.rollup import rollup_run
@@ -23,14 +24,12 @@ from coordinator.traceview.text import format_member, format_run
 
 
 def _usage(message: str) -> Exception:
-    from coordinator.cli import UsageError
-
     return UsageError(message)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser("trace", help="inspect a run's member traces")
-    p.add_argument("run", help="run id (under $FLEET_RUNS_DIR or ./runs) or run directory")
+    p.add_argument("run", help="run id (or the start of one) or run directory")
     p.add_argument("member", nargs="?", help="show this member turn by turn")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--follow", "-f", action="store_true", help="tail the run live until it ends")
@@ -39,17 +38,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--otel-content", action="store_true", help="include message contents in spans")
     p.add_argument("--limit", type=int, default=2_000, help="characters kept per content (2000)")
     p.add_argument("--interval", type=float, default=0.5, help="--follow poll interval in seconds")
+    add_runs_dir(p)
     p.set_defaults(func=cmd_trace)
 
     v = subparsers.add_parser("view", help="serve a run's trace page on 127.0.0.1")
-    v.add_argument("run", help="run id or run directory")
+    v.add_argument("run", help="run id (or the start of one) or run directory")
     v.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (8765; 0 = any)")
+    add_runs_dir(v)
     v.set_defaults(func=cmd_view)
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
+def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     try:
-        return load_run(name)
+        return load_run(args.run, args.output_dir)
     except RunNotFound as exc:
         raise _usage(str(exc)) from None
 
@@ -62,9 +63,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.follow:
         from coordinator.traceview.follow import follow
 
-        _load(args.run)  # a missing run is a usage error before anything is printed
-        return follow(args.run, sys.stdout, member=args.member, interval=args.interval)
-    run = _load(args.run)
+        run = _load(args)  # a missing run is a usage error before anything is printed
+        return follow(run.dir, sys.stdout, member=args.member, interval=args.interval)
+    run = _load(args)
     ids = [m.id for m in run.members]
     if args.member is not None and args.member not in ids:
         raise _usage(
@@ -128,7 +129,7 @@ def _export_otlp(run, endpoint: str, *, content: bool) -> bool:  # type: ignore[
 def cmd_view(args: argparse.Namespace) -> int:
     from coordinator.traceview.serve import serve_forever
 
-    run = _load(args.run)
+    run = _load(args)
     if not 0 <= args.port <= 65535:
         raise _usage(f"--port {args.port} is not a TCP port; use 0-65535, e.g. --port 8765.")
     return serve_forever(run.dir, port=args.port)

@@ -290,3 +290,46 @@ def test_a_member_fail_fast_stopped_before_it_started_is_cancelled_in_every_reco
     traced = json.loads(fleet("trace", str(run.path), "--json").stdout)
     statuses = {m["member"]: (m["status"], m["reason"]) for m in traced["members"]}
     assert statuses["next"] == ("cancelled", "cancelled: fail_fast after bad failed")
+
+
+def _view_finds(*args: str, **env: str) -> str:
+    """The first line ``fleet view ARGS --port 0`` prints (then it is stopped)."""
+    view = subprocess.Popen(
+        [FLEET, "view", *args, "--port", "0"],
+        env=os.environ | env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert view.stderr is not None
+        return view.stderr.readline()
+    finally:
+        view.terminate()
+        view.wait(timeout=30)
+
+
+def test_every_command_that_takes_a_run_finds_it_the_same_way(tmp_path, images, runs_dir):
+    job = tmp_path / "job.toml"
+    job.write_text('name = "found"\n[model]\nname = "offline"\n' + _coder("c", "look around"))
+    env = {"FLEET_RUNS_DIR": str(runs_dir)}
+    assert fleet("run", str(job), "--plain", **env).returncode == 0  # goes to $FLEET_RUNS_DIR
+    (run,) = RunDir.list(runs_dir)
+    (runs_dir / "memory" / "greeter").mkdir(parents=True)  # memory profiles live beside runs
+    prefix = run.id[: len("found-")]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # The same id prefix through $FLEET_RUNS_DIR and through --output-dir, from anywhere.
+    for how, extra in ((env, []), ({}, ["--output-dir", str(runs_dir)])):
+        listed = json.loads(fleet("runs", "--json", *extra, cwd=elsewhere, **how).stdout)
+        assert [r["id"] for r in listed] == [run.id]
+        traced = fleet("trace", prefix, "--json", *extra, cwd=elsewhere, **how)
+        assert json.loads(traced.stdout)["run"] == run.id, traced.stderr
+        resumed = fleet("resume", prefix, *extra, cwd=elsewhere, **how)
+        assert resumed.returncode == 0 and "nothing left to run" in resumed.stderr
+        assert f"serving run {run.id}" in _view_finds(prefix, *extra, **how)
+    assert f"serving run {run.id}" in _view_finds(str(run.path))
+    # A name that matches nothing lists the runs there - and not memory/, which is none.
+    missing = fleet("trace", "nothing-like-it", cwd=elsewhere, **env)
+    assert missing.returncode == 2
+    assert run.id in missing.stderr and "memory" not in missing.stderr
+    assert "--output-dir DIR or FLEET_RUNS_DIR=DIR" in missing.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TextIO
 
 from coordinator.traceview.load import (
@@ -26,7 +27,7 @@ from coordinator.traceview.text import format_event, format_run
 
 
 def follow(
-    name: str,
+    name: str | Path,
     out: TextIO,
     *,
     member: str | None = None,

@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from coordinator.run_lookup import RunNotFound as RunNotFound
+from coordinator.run_lookup import find_run
 from subagents.trace import TraceEvent
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(TraceEvent)
@@ -27,10 +29,6 @@ RUN_END_EVENTS = frozenset(
 """Journal records (by their ``event``/``type``/``state`` value) that say the run is over."""
 RUN_START_EVENTS = frozenset({"run_created", "run_started", "run_start"})
 """Journal records that say the run (or a resume of it) began."""
-
-
-class RunNotFound(Exception):
-    """RUN names no run directory; the message lists where we looked."""
 
 
 @dataclass
@@ -170,25 +168,6 @@ def _record_kind(rec: dict[str, Any]) -> str:
     return ""
 
 
-def runs_root() -> Path:
-    """Where run ids are looked up: ``$FLEET_RUNS_DIR`` or ``./runs``."""
-    return Path(os.environ.get("FLEET_RUNS_DIR", "runs"))
-
-
-def resolve_run(name: str) -> Path:
-    """A run directory from a path or a run id under :func:`runs_root`."""
-    for candidate in (Path(name), runs_root() / name):
-        if (candidate / "members").is_dir() or (candidate / "journal.jsonl").exists():
-            return candidate
-    root = runs_root()
-    known = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-    hint = f" Known runs in {root}/: {', '.join(known[-8:])}." if known else ""
-    raise RunNotFound(
-        f"no run directory '{name}' (looked for {name}/members and {root / name}/members)."
-        f"{hint} Pass a run id from `fleet runs` or the path of a run directory."
-    )
-
-
 def read_new_events(member: MemberTrace) -> list[Any]:
     """Append the complete lines written since the last call; return the new events."""
     path = member.dir / "trace.jsonl"
@@ -263,9 +242,10 @@ def refresh_members(run: RunTrace) -> list[MemberTrace]:
     return added
 
 
-def load_run(name: str | Path) -> RunTrace:
-    """Read a whole run directory (``name`` is a path or a run id)."""
-    run_dir = resolve_run(str(name))
+def load_run(name: str | Path, output_dir: str | Path | None = None) -> RunTrace:
+    """Read a whole run directory (``name`` is a path, a run id or the start of one,
+    looked up as every command does: :mod:`coordinator.run_lookup`)."""
+    run_dir = find_run(str(name), output_dir)
     run = RunTrace(id=run_dir.resolve().name, dir=run_dir)
     run.job = read_json(run_dir / "job.json") or {}
     run.journal = read_journal(run_dir)
