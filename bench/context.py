@@ -21,6 +21,7 @@ conversation grows: it must stay flat, not grow with the run.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -43,6 +44,7 @@ from subagents.context.tokens import estimate_message, estimate_text
 from subagents.kinds import Kind, register_kind
 from subagents.loop import AgentLoop
 from subagents.model.base import ModelProfile, ModelRequest, ModelResponse
+from subagents.result import estimate_tokens
 from subagents.spec import Limits, MemberSpec
 from subagents.tools.base import Tool, ToolContext, ToolOutput
 from subagents.trace import TraceWriter
@@ -190,7 +192,8 @@ def _message(content: list[dict[str, Any]], input_tokens: int) -> Message:
 class NullContext:
     """The mechanisms off: everything passes through untouched."""
 
-    todos = None
+    def __init__(self) -> None:
+        self.summary_usage: list[Any] = []
 
     def tools(self) -> list[Tool]:
         return []
@@ -203,6 +206,15 @@ class NullContext:
 
     def observe_usage(self, usage: Any, sent_messages: list[dict]) -> None:
         pass
+
+    def estimate(self, messages: list[dict], system: Any, tools: list[dict]) -> int:
+        return estimate_tokens(json.dumps([system, tools, messages], default=str))
+
+    def context_management(self) -> None:
+        return None
+
+    def todo_items(self) -> list[dict[str, Any]]:
+        return []
 
     async def admit_tool_result(self, call_id: str, tool: str, text: str) -> tuple[str, None]:
         return text, None

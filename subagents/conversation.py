@@ -14,12 +14,10 @@ What to do with an answer - run its tools, remind, stop, close - is the loop's
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from .context.base import ContextLike
 from .model.base import Model, ModelRequest
-from .result import estimate_tokens
 from .trace import Messages, TraceWriter
 from .usage import Usage, model_call_event
 
@@ -94,7 +92,9 @@ class Conversation:
             max_tokens=max_tokens or self.max_output_tokens,
             temperature=None,
             tool_choice=tool_choice,
-            context_management=self._context_management(),
+            # The context owns the budget, so it alone knows where the server should
+            # compact or clear (None: no server-side edits).
+            context_management=self.context.context_management(),
         )
         span = f"{self.turn_span}/model"
         with self.trace.scope(span, self.turn_span, self.turn):  # the adapter's retries
@@ -124,24 +124,13 @@ class Conversation:
         return content, message.stop_reason
 
     def next_context_tokens(self) -> int:
-        """Tokens the next call would send: the context's estimate, else a local one."""
-        estimate = getattr(self.context, "estimate", None)
-        if estimate is not None:
-            return int(estimate(self.messages, self.system, self.tools))
-        return estimate_tokens(json.dumps([self.system, self.tools, self.messages], default=str))
+        """Tokens the next call would send, by the context's estimate."""
+        return self.context.estimate(self.messages, self.system, self.tools)
 
     def count_summary_calls(self) -> None:
         """Add the context's compaction summary calls to the member's usage, so the
         outcome's totals match the traced calls."""
-        calls = getattr(self.context, "summary_usage", None) or []
+        calls = self.context.summary_usage
         for usage in calls[self._summaries_counted :]:
             self.usage.add(usage, self.model.profile)
         self._summaries_counted = len(calls)
-
-    def _context_management(self) -> dict[str, Any] | None:
-        """Server-side edits, as the context manager builds them (with their triggers).
-
-        The manager owns the budget, so it alone knows where the server should
-        compact or clear; a context without server-side support sends none."""
-        build = getattr(self.context, "context_management", None)
-        return build() if build is not None else None

@@ -317,7 +317,7 @@ class AgentLoop:
             progress = Progress(
                 turns=conv.turn,
                 last_actions=list(self.calls.recent),
-                todos=self._todos(),
+                todos=self.context.todo_items(),
                 last_text=conv.last_text,
             )
         conv.count_summary_calls()  # a compaction may precede a crash or a limit
@@ -341,8 +341,3 @@ class AgentLoop:
             cost_usd=round(u.cost_usd, 6),
             offline=conv.offline,
         )
-
-    def _todos(self) -> list[dict[str, Any]]:
-        state = getattr(self.context, "todos", None)
-        items = getattr(state, "items", None) or []
-        return [i.model_dump() if hasattr(i, "model_dump") else dict(i) for i in items]

@@ -147,6 +147,10 @@ class ContextManager:
             system, tools = self._sent_with
         self.counter.observe(usage, sent_messages, system, tools)
 
+    def todo_items(self) -> list[dict[str, Any]]:
+        """The todo list now, as JSON (empty when the member keeps none)."""
+        return [] if self.todos is None else [i.model_dump() for i in self.todos.items]
+
     def estimate(self, messages: list[dict], system: Any, tools: list[dict]) -> int:
         """Tokens of this context: API-anchored prefix plus local estimate of the rest."""
         return self.counter.count(messages, system, tools)
