@@ -68,15 +68,23 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not boxes:
         print("no Fleet boxes on this engine")
         return 0
-    header = f"{'NAME':<44} {'RUN':<20} {'MEMBER':<14} {'KIND':<8} {'STATE':<9} {'AGE':>6} {'TTL':>6} RUN-LIVE"
-    print(header)
+    rows = [("NAME", "RUN", "MEMBER", "KIND", "STATE", "AGE", "TTL", "RUN-LIVE")]
     for b in boxes:
         ttl_left = b.created + b.ttl_s - now
         ttl = "keep" if b.keep and ttl_left > 0 else _age(max(ttl_left, 0))
-        print(
-            f"{b.name[:44]:<44} {b.run[:20]:<20} {b.member[:14]:<14} {b.kind:<8} "
-            f"{b.status:<9} {_age(now - b.created):>6} {ttl:>6} {'yes' if b.run in live else 'no'}"
+        live_run = "yes" if b.run in live else "no"
+        rows.append(
+            (b.name, b.run, b.member, b.kind, b.status, _age(now - b.created), ttl, live_run)
         )
+    # Whole names, never cut: two members' boxes of one run differ only at the end.
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    right = {5, 6}  # AGE, TTL
+    for row in rows:
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
     return 0
 
 
@@ -90,7 +98,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     try:
         client = connect()
         before = reaper.list_boxes(client)
-        removed = reaper.gc(
+        removed = reaper.collect(
             client,
             live,
             now=now,
@@ -102,10 +110,12 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(f"fleet: {e}", file=sys.stderr)
         return 2 if isinstance(e, SandboxUnavailable) else 1
     verb = "would remove" if args.dry_run else "removed"
-    for box in removed:
+    for box in removed.boxes:
         print(f"{verb} {box.name} (run {box.run}, member {box.member})")
-    print(f"{verb} {len(removed)} box(es)")
-    taken = {b.id for b in removed}
+    for net in removed.networks:
+        print(f"{verb} network {net}")
+    print(f"{verb} {len(removed.boxes)} box(es) and {len(removed.networks)} network(s)")
+    taken = {b.id for b in removed.boxes}
     spared = [b for b in before if b.run in live and b.id not in taken]
     if args.all and spared:
         runs = sorted({b.run for b in spared})

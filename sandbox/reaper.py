@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
@@ -206,8 +207,17 @@ def doomed(
     return out
 
 
+@dataclass
+class Collected:
+    """What one gc removed (or, for a dry run, would remove)."""
+
+    boxes: list[BoxInfo] = field(default_factory=list)
+    networks: list[str] = field(default_factory=list)
+    """Names of the run networks left without a live run and without containers."""
+
+
 @on_engine
-def gc(
+def collect(
     client: docker.DockerClient,
     live: set[str],
     *,
@@ -215,18 +225,30 @@ def gc(
     everything: bool = False,
     include_live: bool = False,
     dry_run: bool = False,
-) -> list[BoxInfo]:
-    """Remove what :func:`doomed` picks, then networks left without a live run or boxes."""
+) -> Collected:
+    """Remove what :func:`doomed` picks, then networks left without a live run or boxes;
+    a dry run removes nothing and says which networks would go with those boxes."""
     victims = doomed(list_boxes(client), live, now, everything, include_live=include_live)
+    out = Collected(boxes=victims)
+    going = {b.id for b in victims}
+    for box in victims if not dry_run else []:
+        _remove(client, box.id)
+    for net in _networks(client):
+        run = (net.get("Labels") or {}).get(LABEL, "")
+        # A live run's network may be empty for a moment, between its creation and
+        # its first box: removing it then would fail that run's create.
+        if not include_live and run in live:
+            continue
+        left = [c for c in _containers(client, run) if not dry_run or c["Id"] not in going]
+        if left:
+            continue
+        if dry_run or _remove_network(client, net):
+            out.networks.append(str(net.get("Name") or net["Id"][:12]))
     if not dry_run:
-        for box in victims:
-            _remove(client, box.id)
-        for net in _networks(client):
-            run = (net.get("Labels") or {}).get(LABEL, "")
-            # A live run's network may be empty for a moment, between its creation and
-            # its first box: removing it then would fail that run's create.
-            if include_live or run not in live:
-                if not _containers(client, run):
-                    _remove_network(client, net)
         prune_stale_markers()
-    return victims
+    return out
+
+
+def gc(client: docker.DockerClient, live: set[str], *, now: float) -> list[BoxInfo]:
+    """:func:`collect` for the backend: the boxes removed."""
+    return collect(client, live, now=now).boxes

@@ -226,3 +226,33 @@ def subprocess_pid_that_exited() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+async def test_cli_ls_shows_whole_names_and_gc_dry_run_names_the_networks_it_removes(
+    backend: DockerBackend, run_id: str, docker_client
+) -> None:
+    import sys
+
+    fleet = [sys.executable, "-m", "coordinator.cli", "sandbox"]
+    run = f"{run_id}-research-20261129-233114-a82a"  # as long as a real run id
+    members = ["research-member-with-a-long-id-1", "research-member-with-a-long-id-2"]
+    reaper.mark_live(run)
+    boxes = [await backend.create(SandboxSpec(), run=run, member=m) for m in members]
+    labels = {"fleet.run": run, "fleet.kind": "network"}
+    docker_client.api.create_network(f"fleet-run-{run}", internal=True, labels=labels)
+    try:
+        ls = await anyio.run_process([*fleet, "ls", "--run", run], check=False)
+        rows = ls.stdout.decode().splitlines()[1:]
+        # Both boxes, each under its whole name and its whole run id.
+        assert sorted(row.split()[:3] for row in rows) == [
+            [box.name, run, member] for box, member in zip(boxes, members, strict=True)
+        ]
+        for box in boxes:
+            await box.close()
+        reaper.mark_done(run)  # the run is over: its network has to go as well
+        gc = await anyio.run_process([*fleet, "gc", "--dry-run"], check=False)
+        out = gc.stdout.decode()
+        assert f"would remove network fleet-run-{run}" in out, out
+        assert docker_client.api.networks(names=[f"fleet-run-{run}"])  # a dry run
+    finally:
+        remove_run(docker_client, run)
