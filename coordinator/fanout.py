@@ -71,6 +71,7 @@ def to_member_spec(
         memory_dir=memory_dir,
         todos=job.todos,
         context=ContextConfig.model_validate(job.context),
+        tools=list(job.tools),
     )
 
 

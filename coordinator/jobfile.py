@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from subagents.spec import Limits
+from subagents.tools.registry import CustomToolSpec, ParamSpec
 
 from .spec import (
     Egress,
@@ -57,6 +58,13 @@ _EXAMPLES: dict[str, str] = {
     "result_schema": 'result_schema = { type = "object", properties = { answer = { type = "string" } } }',
     "repo": 'repo = "./my-project"   # coding members only',
     "test": 'test = "python -m pytest -q"',
+    "tools": '[[members.tools]]\nname = "word_count"\ndescription = "Count words"\ncommand = "wc -w {path}"\nparameters = { path = { type = "string" } }',
+    "command": 'command = "wc -w {path}"   # run in the box; each {name} is a shell-quoted argument',
+    "parameters": 'parameters = { path = { type = "string", description = "file to count" } }',
+    "callable": 'callable = "mypkg.tools:lookup"   # runs on the host: needs host = true',
+    "host": "host = true   # only for a callable, which runs outside every box",
+    "description": 'description = "Count the words of a file in /workspace"',
+    "timeout_s": "timeout_s = 120",
     "question": 'question = "How does asyncio cancel tasks?"',
     "members": '[[members]]\nkind = "coding"\ntask = "Add a --verbose flag"   (or a [research] table)',
     "max_parallel": "max_parallel = 4",
@@ -111,6 +119,8 @@ def _known_fields(loc: tuple[str | int, ...]) -> str:
     """The fields the table holding an unknown key does accept."""
     sections: dict[str, type[BaseModel]] = {
         "members": MemberJob,
+        "tools": CustomToolSpec,
+        "parameters": ParamSpec,
         "limits": Limits,
         "sandbox": SandboxOverrides,
         "memory": MemoryProfile,
@@ -122,6 +132,8 @@ def _known_fields(loc: tuple[str | int, ...]) -> str:
         "model": ModelDefaults,
     }
     names = [p for p in loc[:-1] if isinstance(p, str)]
+    if len(names) >= 2 and names[-2] == "parameters":  # parameters.<name>.<field>
+        return ", ".join(ParamSpec.model_fields)
     model = sections.get(names[-1], Job) if names else Job
     return ", ".join(model.model_fields)
 

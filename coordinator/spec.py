@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sandbox.errors import SandboxSpecError
 from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
 from subagents.browser.config import BrowserConfig
-from subagents.spec import Limits
+from subagents.spec import Limits, check_tool_names
+from subagents.tools.registry import CustomToolSpec, load_callable
 
 MemberKind = Literal["browser", "coding"]
 RetryOn = Literal["crashed", "overloaded", "timed_out"]
@@ -131,6 +132,9 @@ class MemberJob(_Strict):
     """Coding members: host directory copied into the box (the original is untouched)."""
     test: str | None = None
     """Coding members: command that checks the work, run inside the box."""
+    tools: list[CustomToolSpec] = Field(default_factory=list)
+    """Job-defined tools (``[[members.tools]]``): a command template run in the member's
+    box, or (``host = true`` only) a Python callable run on the host."""
 
     @field_validator("id")
     @classmethod
@@ -165,6 +169,20 @@ class MemberJob(_Strict):
             where = ".".join(str(p) for p in err["loc"])
             raise ValueError(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
         return v
+
+    @model_validator(mode="after")
+    def _tools_usable(self) -> MemberJob:
+        try:
+            check_tool_names(self.kind, [t.name for t in self.tools])
+        except ValueError as exc:
+            raise FieldProblem("tools", str(exc)) from None
+        for i, tool in enumerate(self.tools):
+            if tool.callable is not None:
+                try:  # importable now, or the member would fail at its start
+                    load_callable(tool.callable)
+                except ValueError as exc:
+                    raise FieldProblem(f"tools.{i}.callable", str(exc)) from None
+        return self
 
     @model_validator(mode="after")
     def _coding_fields(self) -> MemberJob:

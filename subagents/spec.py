@@ -58,6 +58,31 @@ class Limits(_Strict):
     """Cap on the submitted result; over it the model is asked once to condense."""
 
 
+HARNESS_TOOLS = frozenset({"submit_result", "write_todos", "memory", "read_saved", "tool_search"})
+"""Tools the harness itself may give any member; a job's tool cannot take their names."""
+
+
+def check_tool_names(kind: str, names: list[str]) -> None:
+    """Refuse job-defined tool names that are used twice, taken by the kind's or the
+    harness's own tools, or in the ``mcp__`` namespace of MCP servers' tools."""
+    k = get_kind(kind)
+    builtin = {t.name for t in k.tools(kind_settings(kind))} | HARNESS_TOOLS
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"two tools are named {name!r}; tool names must be unique")
+        seen.add(name)
+        if name in builtin:
+            raise ValueError(
+                f"tool {name!r} has the name of a built-in tool of {kind} members "
+                f"({', '.join(sorted(builtin))}); give it another name"
+            )
+        if name.startswith("mcp__"):
+            raise ValueError(
+                f"tool {name!r}: names starting with 'mcp__' belong to MCP servers' tools"
+            )
+
+
 def _default_settings(data: dict[str, Any]) -> BaseModel:
     return kind_settings(data["kind"]) if "kind" in data else NoSettings()
 
@@ -125,6 +150,11 @@ class MemberSpec(_Strict):
                 f"a {self.kind} member runs in a {box_kind!r} box, but sandbox.kind is "
                 f"{self.sandbox.kind!r}; e.g. SandboxSpec(kind={box_kind!r}, memory='1g')"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tools_fit_the_kind(self) -> MemberSpec:
+        check_tool_names(self.kind, [t.name for t in self.tools])
         return self
 
     @model_validator(mode="after")
