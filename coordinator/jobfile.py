@@ -157,7 +157,10 @@ def _words(err: Any) -> str:
     if kind == "value_error":
         return msg.removeprefix("Value error, ")
     msg = re.sub(r" or instance of \w+", "", msg)
-    return f"{msg[0].lower()}{msg[1:]} (got {value!r})"
+    got = repr(value)
+    if len(got) > 80:  # a huge value is not printed back whole
+        got = f"{got[:60]}... ({len(got):,} characters)"
+    return f"{msg[0].lower()}{msg[1:]} (got {got})"
 
 
 def describe_validation(exc: ValidationError, *, prefix: tuple[str | int, ...] = ()) -> list[str]:
@@ -179,6 +182,8 @@ def describe_validation(exc: ValidationError, *, prefix: tuple[str | int, ...] =
     return problems
 
 
+MAX_JOB_FILE_BYTES = 8 * 1024 * 1024
+"""Largest job file read: room for the most members a job may have, each with a task."""
 MAX_DEPTH = 32
 """Deepest nesting of tables and arrays a job file may use (a result schema needs a few)."""
 
@@ -200,6 +205,14 @@ def _too_deep(data: Any) -> str | None:
     return None
 
 
+def _too_large(size: int) -> str:
+    return (
+        f"(file): {size / 2**20:.1f} MB; a job file is at most {MAX_JOB_FILE_BYTES // 2**20} MB. "
+        "Put large material in a member's repo or in files it reads, and split a job of "
+        "very many members into several jobs"
+    )
+
+
 def _syntax_error(source: str, what: str, example: str = "") -> JobError:
     line = f"(syntax): {what}."
     if example:
@@ -209,6 +222,8 @@ def _syntax_error(source: str, what: str, example: str = "") -> JobError:
 
 def parse_job(text: str, *, source: str = "<job>") -> Job:
     """Validate TOML text into a :class:`Job`; raises :class:`JobError`."""
+    if len(text) > MAX_JOB_FILE_BYTES:
+        raise JobError(source, [_too_large(len(text))])
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -235,6 +250,8 @@ def load_job(path: str | Path) -> tuple[Job, str]:
     """Read and validate a job file; returns the job and the file's text."""
     p = Path(path)
     try:
+        if p.is_file() and p.stat().st_size > MAX_JOB_FILE_BYTES:  # not read at all
+            raise JobError(str(p), [_too_large(p.stat().st_size)])
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise JobError(

@@ -10,6 +10,7 @@ points at the right line.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
@@ -25,6 +26,24 @@ MemberKind = Literal["browser", "coding"]
 RetryOn = Literal["crashed", "overloaded", "timed_out"]
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _SIZE_RE = re.compile(r"^\d+(\.\d+)?[kmgKMG]?$")
+
+
+MAX_TEXT_CHARS = 100_000
+"""Longest task, question, analyst instructions, and serialized ``inputs`` or
+``result_schema``: about 25,000 tokens, a sixth of a member's default context budget.
+Material larger than that belongs in the member's repo or on a page it reads."""
+MAX_MEMBERS = 10_000
+"""Most members one job may have (explicit plus research); ``max_parallel`` of them run
+at once, the rest wait in the queue."""
+
+
+def within_text_limit(what: str, text: str, hint: str) -> None:
+    """``ValueError`` (one clear line) when ``text`` is past :data:`MAX_TEXT_CHARS`."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise ValueError(
+            f"{what} is {len(text):,} characters; at most {MAX_TEXT_CHARS:,} (about 25,000 "
+            f"tokens) are allowed: {hint}"
+        )
 
 
 class FieldProblem(ValueError):
@@ -148,13 +167,22 @@ class MemberJob(_Strict):
     def _task_not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("the task is blank")
+        within_text_limit("the task", v, "put large material in the repo (coding) or in files")
         return v.strip()
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_size(cls, v: dict[str, Any]) -> dict[str, Any]:
+        within_text_limit("inputs (as JSON)", json.dumps(v), "pass references, not the data")
+        return v
 
     @field_validator("result_schema")
     @classmethod
     def _schema_is_object(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is not None and v.get("type") != "object":
             raise ValueError('a result schema must be a JSON Schema with type = "object"')
+        if v is not None:
+            within_text_limit("the result schema (as JSON)", json.dumps(v), "ask for less")
         return v
 
     @field_validator("context")
@@ -197,6 +225,13 @@ class Research(_Strict):
 
     question: str = Field(min_length=1)
     """The question, in words."""
+
+    @field_validator("question")
+    @classmethod
+    def _question_size(cls, v: str) -> str:
+        within_text_limit("the question", v, "ask the question; leave the material out")
+        return v
+
     members: int = Field(default=3, ge=1, le=32)
     """How many sub-questions (and browser members)."""
     limits: Limits = Field(default_factory=Limits)
@@ -272,6 +307,13 @@ class Synthesis(_Strict):
     enabled: bool = True
     instructions: str = ""
     """Extra instructions for the analyst (what the report should focus on)."""
+
+    @field_validator("instructions")
+    @classmethod
+    def _instructions_size(cls, v: str) -> str:
+        within_text_limit("the instructions", v, "say what the report should focus on")
+        return v
+
     model: str | None = None
     """Analyst model; default the job's ``[model].name``."""
     max_result_chars: int = Field(default=8000, ge=500, le=100_000)
@@ -299,6 +341,17 @@ class Job(_Strict):
             raise ValueError(f"{v!r} has characters other than letters, digits, space, . _ -")
         return v
 
+    @field_validator("members", mode="before")
+    @classmethod
+    def _not_too_many(cls, v: Any) -> Any:
+        # Before each member is validated: a huge list is refused at once.
+        if isinstance(v, list) and len(v) > MAX_MEMBERS:
+            raise ValueError(
+                f"the job has {len(v):,} members; at most {MAX_MEMBERS:,} are allowed: "
+                "split it into several jobs"
+            )
+        return v
+
     @model_validator(mode="after")
     def _members_make_sense(self) -> Job:
         if not self.members and self.research is None:
@@ -313,6 +366,10 @@ class Job(_Strict):
                 )
             ids.add(m.id)
         total = self.member_count
+        if total > MAX_MEMBERS:  # research members on top of explicit ones
+            raise FieldProblem(
+                "members", f"the job has {total:,} members; at most {MAX_MEMBERS:,} are allowed"
+            )
         if self.fanout.min_success > total:
             raise FieldProblem(
                 "fanout.min_success",

@@ -282,6 +282,11 @@ def _code_here(task: str) -> Callable[[Path], list[str]]:
     return build
 
 
+def _many_members(n: int) -> Callable[[Path], list[str]]:
+    member = '[[members]]\nkind = "coding"\ntask = "t"\n'
+    return _job('name = "many"\n' + member * n)
+
+
 HAND: list[Case] = [
     ("deep nesting", _deep_toml, "nested too deeply"),
     ("nested 40 deep", _job(job_text(inputs={"a": deep(40)})), "nested more than 32"),
@@ -301,7 +306,13 @@ HAND: list[Case] = [
     ("job is binary", lambda d: ["run", str(_write(d / "j.toml", b"\xff\x00"))], "(file)"),
     ("empty question", lambda d: ["research", "  "], "the question is empty"),
     ("zero members", lambda d: ["research", "q", "--members", "0"], "out of range"),
-    ("resume nothing", lambda d: ["resume", "no-such-run"], "no run matches"),
+    ("resume nothing", lambda d: ["resume", "no-such-run"], "no run directory 'no-such-run'"),
+    ("task 200k characters", _job(job_text(task="x" * 200_000)), "the task is 200,000 characters"),
+    ("inputs 200k", _job(job_text(inputs={"a": "b" * 200_000})), "inputs (as JSON) is 200,"),
+    ("job file 9 MB", _job(job_text(task="x" * 9 * 2**20)), "a job file is at most 8 MB"),
+    ("10,001 members", _many_members(10_001), "the job has 10,001 members; at most 10,000"),
+    ("question 120k", lambda d: ["research", "q" * 120_000], "the question is 120,000 characters"),
+    ("code task 120k", _code_here("t" * 120_000), "TASK (members[0].task): the task is 120,000"),
     ("egress metadata", lambda d: ["research", "q", "--allow-domain", "169.254.169.254"], "never"),
     ("egress port", lambda d: ["research", "q", "--allow-domain", "a.org:65536"], "TCP port"),
 ]
