@@ -13,9 +13,19 @@ from __future__ import annotations
 import json
 import re
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from sandbox.egress_proxy import Policy
 from sandbox.errors import SandboxSpecError
 from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
 from subagents.browser.config import BrowserConfig
@@ -270,6 +280,21 @@ class FanoutPolicy(_Strict):
     member takes a running box instead of waiting for one. A box is never reused."""
 
 
+def _searchable(url: str, allow: list[str]) -> None:
+    """Refuse a search URL whose host the egress proxy would refuse: every search of
+    every browser member would fail, and the run would "succeed" with nothing found."""
+    parts = urlsplit(url.replace("{query}", "q"))
+    host = (parts.hostname or "").lower()
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if not Policy(allow, None, []).name_allowed(host, port):
+        wanted = ", ".join(f'"{h}"' for h in [*allow, f"{host}:{port}"])
+        raise ValueError(
+            f"its host {host}:{port} is not in egress.allow ({', '.join(allow)}): the egress "
+            f"proxy would refuse every search. Allow it: allow = [{wanted}] (fleet research: "
+            f"--allow-domain {host}:{port})"
+        )
+
+
 class Egress(_Strict):
     """Where browser members may connect (coding members never have a network)."""
 
@@ -289,7 +314,7 @@ class Egress(_Strict):
 
     @field_validator("search_url")
     @classmethod
-    def _query_placeholder(cls, v: str | None) -> str | None:
+    def _query_placeholder(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
             return v
         if "{query}" not in v:
@@ -298,6 +323,9 @@ class Egress(_Strict):
             BrowserConfig(search_url=v)
         except ValidationError as exc:
             raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
+        allow = info.data.get("allow")
+        if allow is not None:  # None: allow was itself invalid, reported on its own
+            _searchable(v, allow)
         return v
 
 

@@ -273,8 +273,9 @@ class AgentLoop:
 
     async def _accept(self) -> MemberOutcome:
         """The accepted submission, finished by the kind (e.g. the coding patch), and
-        judged by it: ``failed`` with the result kept when the kind says it is not a
-        success (a coding member's test failing after its edit)."""
+        judged: ``failed`` with the result kept when every tool call the member made
+        was refused (its result rests on nothing it could reach) or when the kind
+        says it is not a success (a coding member's test failing after its edit)."""
         data = await self.finalize(dict(self.gate.accepted or {}))
         if not self.gate.truncated:
             # A cut result may break length constraints; an uncut one must fit exactly.
@@ -284,7 +285,9 @@ class AgentLoop:
                 raise RuntimeError(
                     f"kind {self.kind.name!r} built an invalid result: {exc}"
                 ) from exc
-        why = self.kind.judge(data) if self.kind.judge is not None else None
+        why = self.calls.all_refused() or (
+            self.kind.judge(data) if self.kind.judge is not None else None
+        )
         if why:
             return self.outcome("failed", why, result=data)
         return self.outcome("ok", "", result=data)

@@ -56,6 +56,20 @@ class ToolCalls:
         """Tool calls made so far (the closing call's submission included)."""
         self.recent: deque[str] = deque(maxlen=8)
         """The latest calls as ``tool(args) -> ok|error``, oldest first (for progress)."""
+        self.work = 0
+        """Calls of the member's own tools (not ``submit_result``) that came back."""
+        self.refused: list[str] = []
+        """The messages of those a policy refused (:class:`~subagents.tools.base.Blocked`)."""
+
+    def all_refused(self) -> str | None:
+        """Why the member achieved nothing when every tool call it made was refused
+        (each one blocked by a policy), else None."""
+        if not self.work or len(self.refused) < self.work:
+            return None
+        return (
+            f"every tool call was refused ({self.work} of {self.work}), e.g. "
+            f"{self.refused[0][:300]}"
+        )
 
     async def run(
         self, tool_uses: list[dict[str, Any]], *, turn: int, turn_span: str
@@ -106,6 +120,10 @@ class ToolCalls:
         }
         if out.is_error:
             result["is_error"] = True
+        if name != SUBMIT_TOOL:
+            self.work += 1
+            if out.blocked:
+                self.refused.append(out.text)
         results[i] = result
         self.recent.append(f"{name}({short(raw)}) -> {'error' if out.is_error else 'ok'}")
         self.trace.emit(

@@ -333,3 +333,36 @@ def test_every_command_that_takes_a_run_finds_it_the_same_way(tmp_path, images, 
     assert missing.returncode == 2
     assert run.id in missing.stderr and "memory" not in missing.stderr
     assert "--output-dir DIR or FLEET_RUNS_DIR=DIR" in missing.stderr
+
+
+def test_a_search_url_the_allowlist_refuses_is_refused_before_the_run(tmp_path):
+    url = "http://docs.example/search?q={query}"
+    done = fleet("research", "What is a task?", "--search-url", url, "--output-dir", str(tmp_path))
+    assert done.returncode == 2 and not list(tmp_path.iterdir())
+    assert "--search-url (egress.search_url): its host docs.example:80 is not" in done.stderr
+    assert "--allow-domain docs.example:80" in done.stderr
+
+
+def _only_blocked_pages(body: dict[str, Any]) -> Any:
+    if not _tool_results(body):
+        return tool_use("navigate", {"url": "http://blocked.example/docs"})
+    return tool_use(
+        "submit_result",
+        {"summary": "nothing found", "claims": [], "open_questions": [], "confidence": "low"},
+    )
+
+
+@pytest.mark.chromium
+def test_a_member_whose_every_tool_call_was_refused_is_not_ok(tmp_path, images, runs_dir):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'name = "walled"\n[model]\nname = "claude-sonnet-5"\n'
+        '[[members]]\nid = "walled"\nkind = "browser"\ntask = "Read the docs."\n'
+    )
+    done, _ = run_against(_only_blocked_pages, job, runs_dir)
+    assert done.returncode == 1, done.stderr
+    (run,) = RunDir.list(runs_dir)
+    outcome = run.result("walled")
+    assert outcome["status"] == "failed"
+    assert outcome["reason"].startswith("every tool call was refused (1 of 1), e.g. blocked:")
+    assert run.state().members == {"walled": "failed"}

@@ -24,6 +24,12 @@ class ToolError(Exception):
     """A failure the model should see as an error result (bad path, no match...)."""
 
 
+class Blocked(ToolError):
+    """A call a policy refused (a host off the egress allowlist): no other arguments
+    can make it work. Counted apart, so a member whose every call was refused is not
+    taken for a success (:class:`subagents.tool_calls.ToolCalls`)."""
+
+
 @dataclass
 class ToolOutput:
     """A tool's answer: text for the model, plus what the trace should know."""
@@ -35,6 +41,8 @@ class ToolOutput:
     """Paths in the box this call created or changed (for post-compaction re-reads)."""
     attachments: list[dict[str, Any]] = field(default_factory=list)
     """Extra content blocks for the model (e.g. an image), rarely used."""
+    blocked: bool = False
+    """A policy refused the call (:class:`Blocked`)."""
 
 
 @dataclass

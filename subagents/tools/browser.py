@@ -30,7 +30,7 @@ from ..browser.dom import LINKS_JS, PageView, chunks, render_links, render_snaps
 from ..browser.pages import PageStore
 from ..browser.session import BrowserSession
 from ..trace import Screenshot
-from .base import Tool, ToolContext, ToolError, ToolOutput
+from .base import Blocked, Tool, ToolContext, ToolError, ToolOutput
 
 _REF = re.compile(r"^e\d{1,5}$")
 _NET_HINTS = {
@@ -115,7 +115,9 @@ class BrowserTool(Tool):
                     message = _net_error(url, exc)
                     with anyio.move_on_after(2):  # let the error page commit first
                         await page.wait_for_load_state("load")
-                    raise ToolError(message) from None
+                    # A CONNECT the proxy refused (an https host off the allowlist).
+                    refused = "ERR_TUNNEL_CONNECTION_FAILED" in message
+                    raise (Blocked if refused else ToolError)(message) from None
             if resp is None:
                 return 200, ""
             body = (await resp.text())[:500] if resp.status >= 400 else ""
@@ -123,7 +125,7 @@ class BrowserTool(Tool):
 
         status, body = await s.run(f"navigate to {url}", _go, navigation=True)
         if status == 403 and body.startswith("fleet egress proxy:"):
-            raise ToolError(
+            raise Blocked(
                 f"blocked: {url} cannot be reached from this browser - {body.strip()}. "
                 "Only the hosts on this member's allowlist can be visited."
             )

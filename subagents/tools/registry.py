@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxUnavailable
 
-from .base import Tool, ToolContext, ToolError, ToolOutput
+from .base import Blocked, Tool, ToolContext, ToolError, ToolOutput
 from .names import clean_text
 
 _NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
@@ -163,6 +163,10 @@ class ToolRegistry:
             out = await tool.run(args, ctx)
         except BOX_GONE:
             raise
+        except Blocked as exc:
+            out = error_output(str(exc) or f"{tool.name} was refused")
+            out.blocked = True
+            return out
         except ToolError as exc:
             return error_output(str(exc) or f"{tool.name} failed")
         except (SandboxError, OSError) as exc:
