@@ -39,6 +39,9 @@ class ExecResult(BaseModel):
     """At least one stream was over the cap and its middle was dropped."""
     duration_s: float = 0.0
     """Wall time of the command inside the box."""
+    leftovers: int = 0
+    """Processes the command left running (background jobs, ``setsid`` daemons) that
+    were killed when it ended or timed out; a line on stderr says so too."""
     oom_killed: bool = False
     """The box's OOM killer killed a process while the command ran (exit 137 if it was
     the command itself); the box itself may well be alive."""
@@ -159,7 +162,9 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def check(self) -> None:
-        """Raise :class:`~sandbox.errors.SandboxCrashed` if the box is no longer running."""
+        """Raise :class:`~sandbox.errors.SandboxCrashed` if the box is no longer running,
+        or can no longer start a process (``reason == "process-limit"``: its pids limit
+        is taken by processes nothing of Fleet's started)."""
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -15,6 +15,20 @@ the output cap are enforced here, inside the box, so they hold whatever the host
 each command runs in its own session (process group) and on timeout the whole group
 is killed with SIGKILL; output beyond the cap keeps its head and tail.
 
+A command's processes end with it. When it exits or times out, what it left running is
+killed and counted in its reply (``leftovers``), with a line on stderr saying so: its
+process group (one ``killpg``, which also stops a fork bomb, whose copies never leave
+the group), every process of its session, and every process whose environment still
+carries the command's ``FLEET_EXEC_ID`` (a ``setsid`` daemon keeps it). The agent is a
+child subreaper, so a process that both left the session and cleared its environment
+is re-parented to the agent when its parent dies, and killed as soon as no command
+runs (while one runs, it cannot be told apart from that command's own). When the box
+can no longer start a process (its pids limit is reached), the request fails with
+``no_processes`` rather than a made-up exit code, and so does ``probe``, the host's
+health check.
+
+One file on purpose: hosts whose image lacks it send this source with ``python3 -c``.
+
 Run with ``--once`` it answers exactly one request read from stdin and exits; the
 host uses that as a fallback when the long-lived stream broke, and for a large upload,
 whose archive follows the request on stdin as raw bytes (see :func:`op_tar_in`).
@@ -50,6 +64,11 @@ _TAR_BUF = 1024 * 1024
 _out_lock = threading.Lock()
 _running: dict[int, int] = {}  # request id -> process group id, for "kill"
 _running_lock = threading.Lock()
+_mains: set[int] = set()  # commands' own processes, until waited for (never leftovers)
+_procs_lock = threading.Lock()  # a start and a leftover pass never overlap
+_SPAWN_RETRY_S = 2.0
+_PR_SET_CHILD_SUBREAPER = 36
+_subreaper = False
 
 
 class Refused(Exception):
@@ -252,18 +271,139 @@ def _spawn(argv: list[str], cwd: str, env: dict) -> subprocess.Popen:
         "start_new_session": True,
         "close_fds": True,
     }
+    _become_subreaper()
+    give_up = time.monotonic() + _SPAWN_RETRY_S
     try:
-        try:
-            return subprocess.Popen(argv, **popen)
-        except OSError as e:
-            if e.errno != errno.ENOEXEC:
-                raise
-            return subprocess.Popen(["/bin/sh", *argv], **popen)
+        while True:
+            try:
+                with _procs_lock:
+                    try:
+                        proc = subprocess.Popen(argv, **popen)
+                    except OSError as e:
+                        if e.errno != errno.ENOEXEC:
+                            raise
+                        proc = subprocess.Popen(["/bin/sh", *argv], **popen)
+                    _mains.add(proc.pid)
+                    return proc
+            except OSError as e:
+                # Out of pids: another command's leftovers may be on their way out.
+                if e.errno != errno.EAGAIN or time.monotonic() > give_up:
+                    raise
+                time.sleep(0.05)
     except FileNotFoundError as e:
         what = e.filename if e.filename == cwd else argv[0]
         raise _NotStarted(127, f"{what}: No such file or directory\n") from None
     except OSError as e:
+        if e.errno == errno.EAGAIN:
+            raise Refused("no_processes", _no_processes()) from None
         raise _NotStarted(126, f"{argv[0]}: {e.strerror or e}\n") from None
+
+
+def _no_processes() -> str:
+    """Why nothing can be started, with the box's pids limit when it can be read."""
+    limit = current = None
+    for base in ("/sys/fs/cgroup/pids/", "/sys/fs/cgroup/"):
+        try:
+            with open(base + "pids.max") as f:
+                limit = f.read().strip()
+            with open(base + "pids.current") as f:
+                current = f.read().strip()
+            break
+        except OSError:
+            continue
+    usage = f" ({current} of its {limit} processes and threads run)" if limit else ""
+    return f"the box cannot start a process: its process limit is reached{usage}"
+
+
+def _become_subreaper() -> None:
+    """Make orphans of commands this agent's children instead of init's (see module doc)."""
+    global _subreaper
+    if _subreaper:
+        return
+    _subreaper = True
+    try:
+        import ctypes  # here, not at the top: it costs startup time every box pays
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # no prctl: orphans go to init, the other rules still end them
+
+
+def _process_table() -> dict[int, tuple[str, int, int, int]]:
+    """pid -> (state, ppid, pgid, sid) of every process the box can see."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        table[int(name)] = (fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]))
+    return table
+
+
+def _carries(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marker in b"\0" + f.read() + b"\0"
+    except OSError:
+        return False
+
+
+def end_leftovers(sid: int | None, marker: bytes | None, *, everything: bool = False) -> int:
+    """Kill what a finished command left running (see the module docstring); how many.
+
+    ``sid`` is the command's session (and process group); ``marker`` the
+    ``\\0FLEET_EXEC_ID=...\\0`` its processes inherit. Orphans adopted by this agent are
+    killed only when no command runs (or ``everything``: the agent is leaving). Zombies
+    adopted by this agent are reaped. Passes repeat until one finds nothing, so the
+    children of a killed process are found too. The count is of processes seen: copies
+    a fork bomb made between a look and the ``killpg`` after it die uncounted.
+    """
+    me = os.getpid()
+    killed: set[int] = set()
+    for _ in range(200):
+        with _procs_lock:
+            found, reaped = _leftover_pass(me, sid, marker, idle=everything or not _mains)
+        if sid is not None:
+            _kill_group(sid)  # after each look: a fork bomb cannot outrun one killpg
+        if not found and not reaped:
+            break
+        killed.update(found)
+        time.sleep(0.005)
+    return len(killed)
+
+
+def _leftover_pass(
+    me: int, sid: int | None, marker: bytes | None, *, idle: bool
+) -> tuple[list[int], int]:
+    """One look at every process: (killed now, zombies of ours reaped now)."""
+    found, reaped = [], 0
+    for pid, (state, ppid, pgid, psid) in _process_table().items():
+        if pid in (me, 1) or pid in _mains:
+            continue
+        if state in ("Z", "X"):
+            if ppid == me:
+                reaped += _reap(pid)
+            continue
+        mine = sid is not None and sid in (psid, pgid)
+        if mine or (ppid == me and idle) or (marker and _carries(pid, marker)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
+            found.append(pid)
+    return found, reaped
+
+
+def _reap(pid: int) -> int:
+    try:
+        return 1 if os.waitpid(pid, os.WNOHANG)[0] == pid else 0
+    except OSError:
+        return 0
 
 
 def op_exec(req: dict) -> dict:
@@ -274,6 +414,8 @@ def op_exec(req: dict) -> dict:
     timeout = req.get("timeout")
     stdin_data = b64decode(req["stdin"]) if req.get("stdin") else b""
     cwd = req.get("cwd") or "/workspace"
+    exec_id = f"{os.getpid()}-{req['id']}-{binascii.hexlify(os.urandom(6)).decode()}"
+    env["FLEET_EXEC_ID"] = exec_id
     oom_before = oom_kills()
     started = time.monotonic()
     try:
@@ -288,19 +430,26 @@ def op_exec(req: dict) -> dict:
         pass
     with _running_lock:
         _running[req["id"]] = proc.pid
-    feeder = threading.Thread(target=_feed_stdin, args=(proc, stdin_data), daemon=True)
-    feeder.start()
     caps = {"stdout": _Capture(limit), "stderr": _Capture(limit)}
     deadline = started + float(timeout) if timeout else None
     try:
+        feeder = threading.Thread(target=_feed_stdin, args=(proc, stdin_data), daemon=True)
+        try:
+            feeder.start()
+        except RuntimeError:  # no thread left in the pids limit
+            _kill_group(proc.pid)
+            raise Refused("no_processes", _no_processes()) from None
         timed_out = _pump(proc, caps, deadline)
         code = proc.wait()
     finally:
         with _running_lock:
             _running.pop(req["id"], None)
+        with _procs_lock:
+            _mains.discard(proc.pid)
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+        leftovers = end_leftovers(proc.pid, f"\0FLEET_EXEC_ID={exec_id}\0".encode())
     if code < 0:
         code = 128 - code
     if timed_out:
@@ -308,8 +457,20 @@ def op_exec(req: dict) -> dict:
     after = oom_kills()
     oom = oom_before is not None and after is not None and after > oom_before
     out, err = caps["stdout"], caps["stderr"]
+    if leftovers:
+        err.add(_leftovers_note(leftovers))
     truncated = out.truncated or err.truncated
-    return _exec_reply(code, out.value(), err.value(), timed_out, truncated, started, oom)
+    reply = _exec_reply(code, out.value(), err.value(), timed_out, truncated, started, oom)
+    reply["leftovers"] = leftovers
+    return reply
+
+
+def _leftovers_note(count: int) -> bytes:
+    what = "process" if count == 1 else "processes"
+    return (
+        f"\n[fleet: ended {count} {what} the command left running; background processes "
+        f"end with the command that started them]\n"
+    ).encode()
 
 
 def _exec_reply(
@@ -324,6 +485,26 @@ def _exec_reply(
         "duration_s": time.monotonic() - started,
         "oom_killed": oom,
     }
+
+
+def op_probe(req: dict) -> dict:
+    """Whether the box can still run a command (``no_processes`` when it cannot).
+
+    As much as the smallest command takes: this request's thread, a shell and one
+    process of its own (one free slot in the pids limit is not a usable box).
+    """
+    try:
+        proc = _spawn(["/bin/sh", "-c", "/bin/true & wait $!"], "/", dict(os.environ))
+    except _NotStarted:  # no /bin/sh in this image; the fork itself worked
+        return {"spawned": True}
+    try:
+        proc.communicate(timeout=10)
+    finally:
+        with _procs_lock:
+            _mains.discard(proc.pid)
+    if proc.returncode != 0:
+        raise Refused("no_processes", _no_processes())
+    return {"spawned": True}
 
 
 def op_kill(req: dict) -> dict:
@@ -571,6 +752,7 @@ OPS = {
     "tar_out": op_tar_out,
     "tar_in": op_tar_in,
     "ping": op_ping,
+    "probe": op_probe,
 }
 
 
@@ -603,7 +785,13 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
             write_frame(out, handle(req))  # cheap: answer inline, no thread
             continue
         worker = threading.Thread(target=lambda r=req: write_frame(out, handle(r)), daemon=True)
-        worker.start()
+        try:
+            worker.start()
+        except RuntimeError:  # the pids limit leaves no room for a thread
+            why = _no_processes()
+            write_frame(
+                out, {"id": req.get("id"), "ok": False, "error": "no_processes", "message": why}
+            )
 
 
 def main(argv: list[str]) -> int:
@@ -622,10 +810,13 @@ def main(argv: list[str]) -> int:
         serve(inp, out)
     except (BrokenPipeError, KeyboardInterrupt):
         pass
-    # The host went away: stop every command still running on its behalf.
+    # The host went away: stop every command still running on its behalf, and what
+    # they left.
     with _running_lock:
-        for pgid in list(_running.values()):
-            _kill_group(pgid)
+        groups = list(_running.values())
+    for pgid in groups:
+        _kill_group(pgid)
+    end_leftovers(None, None, everything=True)
     return 0
 
 

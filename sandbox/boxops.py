@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +30,67 @@ _ROOTS = ("/workspace", "/tmp")
 def agent_source() -> str:
     """The agent's source, for images that lack the baked-in copy."""
     return (Path(__file__).parent / "boxagent.py").read_text()
+
+
+PLAIN_EXEC = r"""
+id=$1 limit=$2
+shift 2
+FLEET_EXEC_ID=$id timeout -k 2 "$limit" "$@" &
+t=$!
+wait "$t"
+rc=$?
+n=0
+round=0
+seen=" "
+while [ "$round" -lt 50 ]; do
+  round=$((round + 1))
+  found=0
+  for s in /proc/[0-9]*/stat; do
+    p=${s#/proc/}
+    p=${p%/stat}
+    case $seen in *" $p "*) continue ;; esac
+    [ "$p" = "$$" ] && continue
+    read -r l 2>/dev/null <"$s" || continue
+    set -- ${l##*") "}
+    [ "$1" = Z ] && continue
+    hit=0
+    [ "$3" = "$t" ] && hit=1
+    if [ "$hit" = 0 ]; then
+      while IFS= read -r e || [ -n "$e" ]; do
+        case $e in *"FLEET_EXEC_ID=$id"*) hit=1; break ;; esac
+      done 2>/dev/null <"/proc/$p/environ"
+    fi
+    if [ "$hit" = 1 ] && kill -KILL "$p" 2>/dev/null; then
+      found=$((found + 1))
+      seen="$seen$p "
+    fi
+  done
+  kill -KILL -"$t" 2>/dev/null
+  [ "$found" = 0 ] && break
+  n=$((n + found))
+done
+if [ "$n" -gt 0 ]; then
+  w=processes
+  [ "$n" = 1 ] && w=process
+  printf '\n[fleet: ended %s %s the command left running; ' "$n" "$w" >&2
+  printf 'background processes end with the command that started them]\n' >&2
+fi
+exit "$rc"
+"""
+"""``exec`` in an image without python3 (``sh -c PLAIN_EXEC fleet-exec ID TIMEOUT ARGV...``).
+
+The same rules as the agent's, in POSIX sh: the command runs under ``timeout`` (its
+own process group; 0 means no limit), with ``FLEET_EXEC_ID`` in its environment only.
+Afterwards every process of that group or carrying that id is killed, with shell
+builtins alone (a fork bomb may have left no room for a ``ps``), and a line on stderr
+counts them. ``/proc/PID/environ`` is read with ``read``, which drops its NUL
+separators; the id is random and fixed-length, so the concatenation cannot fake it.
+A process that clears its environment after ``setsid`` escapes here: there is no
+agent to adopt it (it is ``init``'s).
+"""
+LEFTOVERS_RE = re.compile(r"\[fleet: ended (\d+) process")
+FORK_FAILED = ("Cannot fork", "fork system call failed")
+"""What ``sh`` and ``timeout`` print when the box's pids limit leaves no room."""
 
 
 def exec_request(
@@ -65,6 +127,7 @@ def exec_result(reply: dict) -> ExecResult:
         truncated=reply["truncated"],
         duration_s=reply["duration_s"],
         oom_killed=reply.get("oom_killed", False),
+        leftovers=reply.get("leftovers", 0),
     )
 
 
@@ -77,7 +140,9 @@ def _cap(data: bytes, limit: int) -> tuple[bytes, bool]:
 
 
 def cap_output(code: int, out: bytes, err: bytes, limit: int, started: float) -> ExecResult:
-    """The fallback path's result: the cap applied on the host, ``timeout``'s 124 kept."""
+    """The plain path's result: the cap applied on the host, ``timeout``'s 124 kept,
+    the leftovers counted from :data:`PLAIN_EXEC`'s last line."""
+    counted = LEFTOVERS_RE.search(err[-512:].decode("utf-8", "replace"))
     out, t1 = _cap(out, limit)
     err, t2 = _cap(err, limit)
     return ExecResult(
@@ -87,6 +152,7 @@ def cap_output(code: int, out: bytes, err: bytes, limit: int, started: float) ->
         timed_out=code == 124,
         truncated=t1 or t2,
         duration_s=time.monotonic() - started,
+        leftovers=int(counted.group(1)) if counted else 0,
     )
 
 

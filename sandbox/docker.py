@@ -271,6 +271,7 @@ class DockerSandbox(Sandbox):
     async def check(self) -> None:
         self._ensure_usable()
         await self.transport.raise_if_dead()
+        await self.transport.probe()
 
     async def close(self) -> None:
         if self._closed:

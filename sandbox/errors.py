@@ -18,8 +18,9 @@ SandboxTimeout         a file or control operation (not ``exec``: a command that
                        did not finish in time
 OutputLimitExceeded    a file read would return more than the allowed bytes
 PathRefused            a path resolves outside the box's allowed roots
-SandboxCrashed         the box died (OOM-killed, killed, exited), was removed, or
-                       was frozen (``docker pause``); ``reason`` names why; every
+SandboxCrashed         the box died (OOM-killed, killed, exited), was removed, was
+                       frozen (``docker pause``), or can no longer start a process
+                       (``process-limit``); ``reason`` names why; every
                        later call on that box raises it again - a paused box stays
                        crashed after ``docker unpause`` (its commands stopped
                        mid-way, so its state cannot be trusted: use a new box).
@@ -88,8 +89,8 @@ class PathRefused(SandboxError, PermissionError):
 
 class SandboxCrashed(SandboxError):
     """The box died; ``reason`` is one of ``oom-killed``, ``killed``, ``exited(N)``,
-    ``removed`` or ``paused`` (frozen; final even after an unpause), and ``detail``
-    carries what the engine said."""
+    ``removed``, ``paused`` (frozen; final even after an unpause) or ``process-limit``
+    (it runs but cannot start a process), and ``detail`` carries what was seen."""
 
     def __init__(self, box: str, reason: str, detail: str = "") -> None:
         text = f"sandbox {box} crashed: {reason}"

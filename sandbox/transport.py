@@ -44,6 +44,7 @@ looked at every :data:`WATCH_S` seconds, and a paused box ends the wait as crash
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
@@ -54,7 +55,15 @@ import docker.errors
 
 from .agent_client import AgentStream, StreamBroken, one_shot
 from .base import ExecResult
-from .boxops import AGENT_ARGV, AGENT_PATH, agent_source, cap_output, crash_reason
+from .boxops import (
+    AGENT_ARGV,
+    AGENT_PATH,
+    FORK_FAILED,
+    PLAIN_EXEC,
+    agent_source,
+    cap_output,
+    crash_reason,
+)
 from .engine import engine_calls
 from .errors import SandboxCrashed, SandboxUnavailable
 
@@ -171,8 +180,8 @@ class BoxTransport:
         no frame of its size.
         """
         if self.mode == "agent" and self.agent is not None and body is None:
-            return await self._agent_request(self.agent, msg)
-        return await self._request_once(msg, timeout, body)
+            return self.check_reply(await self._agent_request(self.agent, msg))
+        return self.check_reply(await self._request_once(msg, timeout, body))
 
     async def _agent_request(self, agent: AgentStream, msg: dict) -> dict:
         rid = agent.new_id()
@@ -261,8 +270,11 @@ class BoxTransport:
             argv = ["/bin/sh", "-c", script, "fleet-stdin", *argv]
         # Always through ``timeout`` (0: no limit): a program that cannot be started is
         # then 126/127 with a message on stderr, as on the agent's paths, instead of the
-        # engine's "OCI runtime exec failed" on stdout.
-        argv = ["timeout", "-k", "2", str(req.get("timeout") or 0), *argv]
+        # engine's "OCI runtime exec failed" on stdout. What the command leaves running
+        # ends with it (see PLAIN_EXEC).
+        exec_id = secrets.token_hex(8)
+        limit = str(req.get("timeout") or 0)
+        argv = ["/bin/sh", "-c", PLAIN_EXEC, "fleet-exec", exec_id, limit, *argv]
         started = time.monotonic()
 
         def run() -> Any:
@@ -273,7 +285,36 @@ class BoxTransport:
 
         res = await self.engine(run)
         out, err = res.output
-        return cap_output(res.exit_code, out or b"", err or b"", req["limit"], started)
+        result = cap_output(res.exit_code, out or b"", err or b"", req["limit"], started)
+        if result.exit_code in (2, 125) and any(f in result.stderr for f in FORK_FAILED):
+            await self.probe()  # the box, not the command, may be what could not fork
+        return result
+
+    async def probe(self) -> None:
+        """Raise :class:`SandboxCrashed` (``process-limit``) when the box can no longer
+        start a process; every later call then raises it too."""
+        if self.mode != "plain":
+            self.check_reply(await self.request({"op": "probe"}, timeout=30))
+            return
+
+        def fork() -> Any:
+            container = self._client.containers.get(self.id)
+            return container.exec_run(["/bin/sh", "-c", "/bin/true & wait $!"], user="1000:1000")
+
+        res = await self.engine(fork)
+        if res.exit_code != 0:
+            why = res.output.decode("utf-8", "replace").strip()
+            self._process_limit(f"the box cannot start a process ({why})")
+
+    def check_reply(self, reply: dict) -> dict:
+        """``reply``, unless it says the box can no longer start a process (then crashed)."""
+        if not reply.get("ok") and reply.get("error") == "no_processes":
+            self._process_limit(reply.get("message", ""))
+        return reply
+
+    def _process_limit(self, detail: str) -> None:
+        self.crashed = self.crashed or SandboxCrashed(self.name, "process-limit", detail)
+        raise self.crashed
 
     # ------------------------------------------------------------ state
 

@@ -116,3 +116,22 @@ async def test_box_closed_mid_run_ends_member_crashed_and_retryable(
     assert "sandbox unavailable" in outcome.reason and "closed" in outcome.reason
     end = events(tmp_path / "trace.jsonl", "member_end")[-1]
     assert end.status == "crashed"
+
+
+async def test_box_that_can_no_longer_start_processes_ends_member_crashed(
+    box: DockerSandbox, docker_client, tmp_path: Path
+) -> None:
+    """Processes Fleet did not start take the whole pids limit: the next command cannot
+    run, and the member must not go on (or end ``ok``) as if it had."""
+
+    async def fill() -> None:
+        filler = "while :; do sleep 1000 & done 2>/dev/null"
+        api = docker_client.api
+        exec_id = api.exec_create(box.id, ["sh", "-c", filler], user="1000:1000")
+        api.exec_start(exec_id, detach=True)
+        await anyio.sleep(3)
+
+    outcome = await run_and_break(box, tmp_path, fill)
+    assert outcome.status == "crashed", outcome.reason
+    assert outcome.retryable
+    assert outcome.reason == "sandbox crashed: process-limit", outcome.reason

@@ -34,14 +34,27 @@ async def _kill_agent(box: DockerSandbox, client: docker.DockerClient) -> None:
     assert res.exit_code == 0, res.output
 
 
+_SLEEPS = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep 'sleep 30[0-9]'"
+
+
 async def _semantics_hold(box: DockerSandbox) -> None:
-    """Exit code, stdin, the in-box timeout with partial output, and the per-stream cap."""
+    """Exit code, stdin, the in-box timeout with partial output, the per-stream cap, and
+    what a command leaves running (background, setsid, a fork bomb) ending with it."""
     res = await box.exec("cat; exit 4", stdin="in")
     assert (res.exit_code, res.stdout) == (4, "in")
     slow = await box.exec("echo partial; sleep 30", timeout=1)
     assert slow.timed_out and slow.stdout == "partial\n" and slow.duration_s < 10
     big = await box.exec("head -c 50000 /dev/zero | tr '\\0' x", output_limit=4096)
     assert big.truncated and len(big.stdout) < 5000 and big.stdout.startswith("x")
+    left = await box.exec("sleep 300 & setsid sleep 301 & (setsid sleep 302 &); echo started")
+    assert (left.stdout, left.leftovers) == ("started\n", 3), left
+    assert "ended 3 processes the command left running" in left.stderr, left
+    timed = await box.exec("setsid sleep 303 & sleep 304", timeout=0.5)
+    assert timed.timed_out and timed.leftovers >= 1, timed
+    await box.exec(["sh", "-c", "bomb() { bomb | bomb & }; bomb"], timeout=30)
+    assert (await box.exec(_SLEEPS)).stdout == "", "leftovers survived"
+    assert (await box.exec("echo recovered")).stdout == "recovered\n"
+    await box.check()
 
 
 async def test_a_broken_agent_is_restarted_once_then_calls_go_one_shot(

@@ -104,3 +104,82 @@ async def test_an_agent_killed_for_memory_says_memory(backend: DockerBackend, ru
             await box.read_file("big.bin", limit=256 << 20)
         assert "restarted" in str(err.value)
         assert (await box.exec("echo still-here")).stdout == "still-here\n"
+
+
+LEFT = (
+    "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep 'sleep 30[0-9]' || true"
+)
+"""The sleeps still running in the box (the pattern does not match its own command line)."""
+
+
+async def test_what_a_command_leaves_running_ends_with_it(
+    backend: DockerBackend, run_id: str
+) -> None:
+    """Background jobs, setsid daemons, a double fork, one that also cleared its
+    environment, and a fork bomb that returns at once: all end with their command."""
+    async with await backend.create(SandboxSpec(pids=64), run=run_id, member="bg") as box:
+        left = await box.exec(
+            "sleep 300 & setsid sleep 301 & (setsid sleep 302 &); env -i setsid sleep 303 &"
+            " echo started"
+        )
+        assert (left.exit_code, left.stdout, left.leftovers) == (0, "started\n", 4), left
+        assert "ended 4 processes the command left running" in left.stderr
+        assert (await box.exec(LEFT)).stdout == ""
+        timed = await box.exec("setsid sleep 304 & sleep 305", timeout=0.5)
+        assert timed.timed_out and timed.leftovers >= 1, timed
+        assert (await box.exec(LEFT)).stdout == ""
+        bomb = await box.exec(":(){ :|:& };:", timeout=60)
+        assert bomb.leftovers >= 1 and "left running" in bomb.stderr, bomb
+        with anyio.fail_after(10):
+            again = await box.exec("echo recovered")
+        assert again.stdout == "recovered\n"
+        await box.check()
+
+
+async def test_a_running_commands_background_processes_survive_a_sibling_ending(
+    backend: DockerBackend, run_id: str
+) -> None:
+    """Leftovers are told apart by command: one command's end does not kill what another,
+    still running, started (even a setsid daemon), only its own."""
+    async with await backend.create(SandboxSpec(), run=run_id, member="two") as box:
+        long = (
+            "(setsid sleep 306 & echo $! > /tmp/p306); sleep 301 & echo $! > /tmp/p301;"
+            " sleep 2; kill -0 $(cat /tmp/p306) $(cat /tmp/p301) && echo both-alive"
+        )
+        async with anyio.create_task_group() as tg:
+            seen: dict[str, object] = {}
+
+            async def first() -> None:
+                seen["long"] = await box.exec(long, timeout=30)
+
+            tg.start_soon(first)
+            await anyio.sleep(0.8)
+            seen["short"] = await box.exec("sleep 307 & echo short")
+        short, done = seen["short"], seen["long"]
+        assert short.leftovers == 1, short  # its own sleep 307 only
+        assert done.stdout == "both-alive\n", done
+        assert done.leftovers == 2, done
+        assert (await box.exec(LEFT)).stdout == ""
+
+
+async def test_a_box_that_cannot_start_processes_is_reported_crashed(
+    backend: DockerBackend, run_id: str, docker_client
+) -> None:
+    """Processes Fleet did not start (a plain docker exec) fill the pids limit: check()
+    notices, and exec says so instead of inventing an exit code."""
+    from sandbox.errors import SandboxCrashed
+
+    async with await backend.create(SandboxSpec(pids=32), run=run_id, member="full") as box:
+        await box.check()
+        filler = "while :; do sleep 1000 & done 2>/dev/null"
+        docker_client.api.exec_start(
+            docker_client.api.exec_create(box.id, ["sh", "-c", filler], user="1000:1000"),
+            detach=True,
+        )
+        await anyio.sleep(2)
+        with pytest.raises(SandboxCrashed) as err:
+            await box.check()
+        assert err.value.reason == "process-limit"
+        assert "cannot start a process" in str(err.value)
+        with pytest.raises(SandboxCrashed, match="process-limit"):
+            await box.exec("echo hi")

@@ -80,7 +80,9 @@ class Shell(Tool):
     name: ClassVar[str] = "shell"
     description: ClassVar[str] = (
         "Run a shell command in your sandbox (Linux, no network unless granted). "
-        "Returns exit code, stdout and stderr. Use for builds, tests, git, installs."
+        "Returns exit code, stdout and stderr. Use for builds, tests, git, installs. "
+        "Processes it leaves running (background jobs, daemons) end with it: start a "
+        "server and what uses it in the same command."
     )
     Input: ClassVar[type[BaseModel]] = ShellInput
 
