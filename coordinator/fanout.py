@@ -72,6 +72,7 @@ def to_member_spec(
         todos=job.todos,
         context=ContextConfig.model_validate(job.context),
         tools=list(job.tools),
+        result_schema=job.member_result_schema(),
     )
 
 

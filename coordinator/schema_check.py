@@ -53,3 +53,24 @@ def problems(value: Any, schema: dict[str, Any], path: str = "result") -> list[s
             if key in value and isinstance(sub, dict):
                 out += problems(value[key], sub, f"{path}.{key}")
     return out
+
+
+def member_fields(schema: dict[str, Any] | None, kind_fields: set[str]) -> dict[str, Any] | None:
+    """The part of a job's result schema the member's model must fill in itself: the
+    properties its kind's result does not have, with their ``required`` entries.
+
+    Those go to the harness (``MemberSpec.result_schema``), which adds them to
+    ``submit_result``, so the model is told about them and its answer is checked as
+    it submits. Constraints on the kind's own fields (a list of claims that must not
+    be empty) stay with :func:`problems`, checked after the member ends; None when the
+    job asks for nothing new."""
+    if not schema:
+        return None
+    props = {k: v for k, v in (schema.get("properties") or {}).items() if k not in kind_fields}
+    if not props:
+        return None
+    out: dict[str, Any] = {"type": "object", "properties": props}
+    required = [r for r in schema.get("required") or [] if r in props]
+    if required:
+        out["required"] = required
+    return out

@@ -29,8 +29,12 @@ from sandbox.egress_proxy import Policy
 from sandbox.errors import SandboxSpecError
 from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
 from subagents.browser.config import BrowserConfig
+from subagents.kinds import get_kind
+from subagents.result_schema import parse_result_schema
 from subagents.spec import Limits, check_tool_names
 from subagents.tools.registry import CustomToolSpec, load_callable
+
+from .schema_check import member_fields
 
 MemberKind = Literal["browser", "coding"]
 RetryOn = Literal["crashed", "overloaded", "timed_out"]
@@ -221,6 +225,23 @@ class MemberJob(_Strict):
                 except ValueError as exc:
                     raise FieldProblem(f"tools.{i}.callable", str(exc)) from None
         return self
+
+    @model_validator(mode="after")
+    def _result_fields_fillable(self) -> MemberJob:
+        fields = self.member_result_schema()
+        try:  # the fields the model must fill in are ones submit_result can carry
+            if fields is not None:
+                parse_result_schema(fields)
+        except ValueError as exc:
+            raise FieldProblem("result_schema", str(exc)) from None
+        return self
+
+    def member_result_schema(self) -> dict[str, Any] | None:
+        """The job's result fields the member's own model fills in (see
+        :func:`coordinator.schema_check.member_fields`)."""
+        kind = get_kind(self.kind)
+        fields = set(kind.submit_schema.model_fields) | set(kind.result_model.model_fields)
+        return member_fields(self.result_schema, fields)
 
     @model_validator(mode="after")
     def _coding_fields(self) -> MemberJob:

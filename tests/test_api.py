@@ -104,3 +104,32 @@ def test_job_sources_agree_file_text_dict_and_job(tmp_path):
     assert from_text.model_dump(exclude={"members"}) == from_file.model_dump(exclude={"members"})
     from_dict = fleet.load(from_file.model_dump(mode="json"))
     assert fleet.load(from_dict) == from_dict == from_file
+
+
+@pytest.mark.docker
+def test_a_jobs_own_result_fields_reach_the_member_and_come_back_filled(
+    tmp_path, images, docker_client, cleanup, monkeypatch
+):
+    """The model is told the job's extra result fields (submit_result carries them),
+    so the member returns them; a constraint on the kind's own field is still checked."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    cleanup.append(tmp_path / "runs")
+    schema = {
+        "type": "object",
+        "properties": {
+            "risk": {"type": "string", "enum": ["low", "high"]},
+            "files_changed": {"type": "array", "minItems": 1},
+        },
+        "required": ["risk", "files_changed"],
+    }
+    result = fleet.run(_coding_job(tmp_path, result_schema=schema))
+    outcome = result.outcomes["coder"]
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.result["risk"] == "low"
+    assert outcome.result["files_changed"] == ["greet.py"]
+
+
+def test_a_job_field_the_model_could_not_submit_is_refused_when_the_job_is_read(tmp_path):
+    schema = {"type": "object", "properties": {"extra": {"type": "object"}}}
+    with pytest.raises(fleet.JobError, match=r"members\[0\]\.result_schema"):
+        fleet.load(_coding_job(tmp_path, result_schema=schema))

@@ -259,6 +259,17 @@ def _fill(schema: dict[str, Any], task: str) -> dict[str, Any]:
     return result
 
 
+def with_required_fields(request: ModelRequest, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` for ``submit_result`` plus whatever else its schema in ``request``
+    requires (a job's own result fields), filled as :func:`_fill` does, so an offline
+    policy's answer passes a job that asks for more than the kind's result."""
+    for tool in request.tools:
+        if tool.get("name") == "submit_result":
+            missing = _fill(tool.get("input_schema") or {}, _task_text(request))
+            return {**{k: v for k, v in missing.items() if k not in args}, **args}
+    return args
+
+
 def echo_policy(request: ModelRequest) -> list[dict[str, Any]]:
     """Submits the task text via ``submit_result`` when that tool exists, else says it."""
     task = _task_text(request)

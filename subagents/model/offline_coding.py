@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import ModelRequest
-from .offline import register_policy
+from .offline import register_policy, with_required_fields
 
 _EDIT = re.compile(
     r"replace\s+(?P<q1>[`'\"])(?P<old>.+?)(?P=q1)\s+with\s+(?P<q2>[`'\"])(?P<new>.*?)(?P=q2)"
@@ -121,7 +121,7 @@ def coding_policy(request: ModelRequest) -> list[dict[str, Any]]:
     )
     if test and done and not tested_after:
         return [_tool("shell", {"command": test, "timeout_s": 300})]
-    return [_tool("submit_result", _report(h, test, done))]
+    return [_tool("submit_result", with_required_fields(request, _report(h, test, done)))]
 
 
 def _report(h: _History, test: str | None, edits: list[dict[str, Any]]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import ModelRequest
-from .offline import register_policy
+from .offline import register_policy, with_required_fields
 
 MAX_PAGES = 3
 MAX_READS = 8
@@ -260,7 +260,11 @@ def build_findings(state: _State, *, condensed: bool = False) -> dict[str, Any]:
 
 def research_policy(request: ModelRequest) -> list[dict[str, Any]]:
     """The ``research`` policy (see the module docstring)."""
-    return next_action(read_state(request))
+    blocks = next_action(read_state(request))
+    for block in blocks:
+        if block.get("name") == "submit_result":
+            block["input"] = with_required_fields(request, block["input"])
+    return blocks
 
 
 register_policy("research", research_policy)
