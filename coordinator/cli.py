@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "sandbox.cli",
     "coordinator.commands",
     "coordinator.trace_cli",
+    "coordinator.approve_cli",
 )
 # Which module defines each top-level command. Only that module is imported for
 # a known command, so `fleet setup` or `fleet sandbox ls` does not pay for
@@ -34,6 +35,7 @@ COMMAND_HOMES = {
     "runs": "coordinator.commands",
     "trace": "coordinator.trace_cli",
     "view": "coordinator.trace_cli",
+    "approve": "coordinator.approve_cli",
 }
 
 

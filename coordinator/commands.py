@@ -47,7 +47,11 @@ def _toml_str(s: str) -> str:
 
 
 def _options(args: argparse.Namespace) -> RunOptions:
-    return RunOptions(tty=False if getattr(args, "plain", False) else None)
+    return RunOptions(
+        tty=False if getattr(args, "plain", False) else None,
+        approve_all=getattr(args, "approve_all", False),
+        wait_approval=getattr(args, "wait_approval", False),
+    )
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -321,6 +325,23 @@ def _common(p: argparse.ArgumentParser) -> None:
         "$FLEET_RUNS_DIR, else runs)",
     )
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    _approval_flags(p)
+
+
+def _approval_flags(p: argparse.ArgumentParser) -> None:
+    """How asks of the job's tool policies are answered (see coordinator/approvals.py)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--approve-all",
+        action="store_true",
+        help="say yes to every call the job's policy would ask a person about",
+    )
+    g.add_argument(
+        "--wait-approval",
+        action="store_true",
+        help="without a terminal, wait for 'fleet approve RUN' to answer asks "
+        "(default there: the job's ask_default at once)",
+    )
 
 
 def _positive(text: str) -> int:
@@ -404,6 +425,7 @@ def register(subparsers: Any) -> None:
     )
     add_runs_dir(p)
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    _approval_flags(p)
     p.set_defaults(func=cmd_resume)
 
     p = subparsers.add_parser("runs", help="list runs and their status")

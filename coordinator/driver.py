@@ -33,6 +33,7 @@ from subagents.model import Model, make_model, resolve_model
 from subagents.outcome import MemberOutcome
 
 from .analyst import write_report
+from .approvals import ApprovalQueue, FileApprover, Mode, read_keys
 from .executor import Executor
 from .fanout import fan_out, to_member_spec
 from .node import CLEANUP_S, LocalNodes, NodeDeps
@@ -63,6 +64,14 @@ class RunOptions:
     """Called with every trace event of every member, as it happens."""
     on_journal: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
     """Called with every journal entry (member queued, started, finished, ...)."""
+    approve_all: bool = False
+    """Say yes to every ask of the members' tool policies."""
+    wait_approval: bool = False
+    """Wait for a person's answer to an ask (``fleet approve``) even without a terminal;
+    without either, an ask gets the member's ``ask_default`` at once."""
+    keys: bool | None = None
+    """Take y / n / a for asks from the terminal's keyboard; None: when stdin and the
+    progress output are both terminals."""
 
 
 @dataclass
@@ -75,13 +84,21 @@ class RunSummary:
     report_path: Path | None = None
 
 
-def _nodes(opts: RunOptions) -> Nodes:
+def _nodes(opts: RunOptions, approver: FileApprover) -> Nodes:
     """Where the run's members run: this host's engine, through ``opts.backend``."""
     if opts.backend is None:
         from sandbox.docker import DockerBackend
 
         opts.backend = DockerBackend()
-    return LocalNodes(NodeDeps(backend=opts.backend, make_model=opts.make_model))
+    deps = NodeDeps(backend=opts.backend, make_model=opts.make_model, approver=approver)
+    return LocalNodes(deps)
+
+
+def _approver(run: RunDir, opts: RunOptions) -> FileApprover:
+    """Who answers the asks of this run's tool policies (see coordinator/approvals.py)."""
+    tty = opts.tty if opts.tty is not None else bool(getattr(opts.out, "isatty", bool)())
+    mode: Mode = "all" if opts.approve_all else "wait" if tty or opts.wait_approval else "default"
+    return FileApprover(ApprovalQueue(run.path / "approvals"), mode)
 
 
 async def plan_members(
@@ -129,6 +146,7 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
             max_tokens=job.model.max_tokens,
             egress=job.egress,
             memory_root=run.path.parent / "memory",
+            policy=job.policy,
         )
         out.append(
             MemberUnit(
@@ -217,7 +235,8 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
     Ctrl-C is watched from the first line, so an interrupt while a resume reaps boxes
     or while the planner runs leaves the run ``interrupted`` (resumable), not dead.
     """
-    nodes = _nodes(opts)
+    approver = _approver(run, opts)
+    nodes = _nodes(opts, approver)
     got = _Progressed()
     signals = _Signals(opts.out)
     async with anyio.create_task_group() as guard:
@@ -228,7 +247,7 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
             if signals.got:  # Ctrl-C came before there was a scope to cancel
                 tg.cancel_scope.cancel()
             try:
-                await _run_members(run, job, opts, nodes, got, tg, resume=resume)
+                await _run_members(run, job, opts, nodes, got, tg, approver, resume=resume)
             finally:
                 async with _cleanup("removing the run's boxes", opts.out):
                     await _remove_boxes(nodes, run, opts)
@@ -275,6 +294,7 @@ async def _run_members(
     nodes: Nodes,
     got: _Progressed,
     tg: Any,
+    approver: FileApprover,
     *,
     resume: bool,
 ) -> None:
@@ -282,6 +302,7 @@ async def _run_members(
     if resume:
         reaped = await nodes.reap(run.id)  # the dead run's boxes and network
         run.journal.append("reaped", boxes=reaped)
+        approver.abandon_earlier(run.journal.append)
     run.mark_live()
     reaper.mark_live(run.id)
     run.journal.append("run_started", pid=os.getpid(), resume=resume)
@@ -297,6 +318,10 @@ async def _run_members(
     def journal(event: str, **fields: Any) -> None:
         tell(run.journal.append(event, **fields))
 
+    approver.journal = journal
+    approver.changed = progress.approvals_changed
+    progress.approvals = approver.queue if approver.mode == "wait" else None
+    progress.approve_hint = f"fleet approve {run.id}"
     # One write and one fsync for the whole queue: one each per member made a
     # 10,000-member run wait most of a minute before its first member started.
     for entry in run.journal.append_many("member_queued", [{"member": m.id} for m in pending]):
@@ -312,6 +337,9 @@ async def _run_members(
     )
     if progress.tty:
         tg.start_soon(progress.run)
+        keys = opts.keys if opts.keys is not None else sys.stdin.isatty()
+        if keys and approver.mode == "wait":
+            tg.start_soon(read_keys, approver.queue, sys.stdin.fileno(), progress.approvals_changed)
     try:
         services = Services(
             max_parallel=job.fanout.max_parallel,

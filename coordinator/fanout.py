@@ -29,6 +29,7 @@ from subagents.context.config import ContextConfig
 from subagents.kinds import get_kind
 from subagents.kinds.coding import CodingSettings
 from subagents.outcome import MemberOutcome
+from subagents.policy import ToolPolicy
 from subagents.spec import MemberSpec
 
 from .executor import Executor, LocalExecutor
@@ -40,9 +41,16 @@ __all__ = ["Deps", "FanoutResult", "MemberUnit", "fan_out", "to_member_spec"]
 
 
 def to_member_spec(
-    job: MemberJob, *, model: str, max_tokens: int, egress: Egress, memory_root: Path
+    job: MemberJob,
+    *,
+    model: str,
+    max_tokens: int,
+    egress: Egress,
+    memory_root: Path,
+    policy: ToolPolicy | None = None,
 ) -> MemberSpec:
-    """The harness's spec for a job member (soft deadline 10% before the hard one)."""
+    """The harness's spec for a job member (soft deadline 10% before the hard one;
+    ``policy`` is the job's, merged with the member's own)."""
     lim = job.limits
     settings: BaseModel
     if job.kind == "coding":
@@ -73,6 +81,7 @@ def to_member_spec(
         context=ContextConfig.model_validate(job.context),
         tools=list(job.tools),
         result_schema=job.member_result_schema(),
+        policy=(policy or ToolPolicy()).merged(job.policy),
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from subagents.policy import ToolPolicy
 from subagents.spec import Limits
 from subagents.tools.registry import CustomToolSpec, ParamSpec
 
@@ -65,6 +66,10 @@ _EXAMPLES: dict[str, str] = {
     "host": "host = true   # only for a callable, which runs outside every box",
     "description": 'description = "Count the words of a file in /workspace"',
     "timeout_s": "timeout_s = 120",
+    "deny": 'deny = ["shell:git push*", "write_file:/workspace/.git/**"]',
+    "ask": 'ask = ["shell:rm *", "mcp__docs__*"]   # TOOL, or TOOL:PATTERN on its arguments',
+    "ask_default": 'ask_default = "deny"   # or "allow": the answer when nobody can answer',
+    "ask_timeout_s": "ask_timeout_s = 300",
     "question": 'question = "How does asyncio cancel tasks?"',
     "members": '[[members]]\nkind = "coding"\ntask = "Add a --verbose flag"   (or a [research] table)',
     "max_parallel": "max_parallel = 4",
@@ -92,6 +97,7 @@ _SECTION_EXAMPLES: dict[str, str] = {
     "limits": "limits = { max_turns = 30, deadline_s = 600 }",
     "sandbox": 'sandbox = { memory = "1g", cpus = 1 }',
     "memory": 'memory = { profile = "python-docs" }',
+    "policy": '[policy]\ndeny = ["shell:git push*"]\nask = ["shell:rm *"]',
 }
 
 
@@ -130,6 +136,7 @@ def _known_fields(loc: tuple[str | int, ...]) -> str:
         "egress": Egress,
         "synthesis": Synthesis,
         "model": ModelDefaults,
+        "policy": ToolPolicy,
     }
     names = [p for p in loc[:-1] if isinstance(p, str)]
     if len(names) >= 2 and names[-2] == "parameters":  # parameters.<name>.<field>

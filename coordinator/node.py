@@ -35,6 +35,7 @@ from sandbox.spec import SandboxSpec
 from subagents.browser.corpus import start_corpus
 from subagents.model.base import Model, ModelError
 from subagents.outcome import MemberOutcome
+from subagents.policy import Approver
 from subagents.spec import MemberSpec
 from subagents.trace import ErrorEvent, MemberEnd, SandboxEvent, TraceWriter
 
@@ -56,6 +57,7 @@ class RunMemberFn(Protocol):
         model: Model,
         run_dir: Path,
         trace: TraceWriter,
+        approver: Approver | None = None,
     ) -> Awaitable[MemberOutcome]: ...
 
 
@@ -72,6 +74,9 @@ class NodeDeps:
     """Warm pools by box spec (JSON); a member whose spec has one takes a box from it."""
     demand: dict[str, int] = field(default_factory=dict)
     """Members per box spec still to take a box; a pool keeps no more idle than this."""
+    approver: Approver | None = None
+    """Answers members' policy asks (the run's approval queue); None: nobody to ask,
+    each member's ``ask_default`` applies."""
 
     async def acquire(self, spec: SandboxSpec, run: str, member: str) -> tuple[Sandbox, Any]:
         """A fresh box for ``member`` (from a warm pool when there is one) and its pool."""
@@ -164,6 +169,11 @@ async def run_attempt(
             if unit.repo:
                 await _upload_repo(box, Path(unit.repo), copy_room(box_spec))
             model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
+            # Only a harness that may ask is handed the approver (a test's own harness
+            # need not take it).
+            asks: dict[str, Approver] = {}
+            if deps.approver is not None:
+                asks["approver"] = deps.approver
             try:
                 outcome = await run_member(
                     soft_deadline(unit, started),
@@ -171,6 +181,7 @@ async def run_attempt(
                     model=model,
                     run_dir=member_dir or Path(unit.member_dir),
                     trace=trace,
+                    **asks,
                 )
             finally:
                 with anyio.CancelScope(shield=True):

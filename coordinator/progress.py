@@ -17,6 +17,8 @@ from typing import Any, TextIO
 
 import anyio
 
+from .approvals import ApprovalQueue, describe
+
 _DONE = {"ok", "failed", "timed_out", "crashed", "cancelled", "incomplete"}
 _COLOURS = {
     "ok": "32",
@@ -87,6 +89,10 @@ class Progress:
     out: TextIO = field(default_factory=lambda: sys.stderr)
     tty: bool | None = None
     rows: dict[str, Row] = field(default_factory=dict)
+    approvals: ApprovalQueue | None = None
+    """The run's asks waiting for a person, shown under the table (None: no waiting)."""
+    approve_hint: str = "fleet approve RUN"
+    _shown_asks: set[str] = field(default_factory=set)
     _drawn: int = 0
     _dirty: bool = True
     _t0: float = field(default_factory=time.monotonic)
@@ -153,6 +159,30 @@ class Progress:
         if not self.tty:
             self._plain(row)
 
+    def approvals_changed(self) -> None:
+        """An ask appeared or was answered: redraw; in plain mode, print new asks once."""
+        self._dirty = True
+        if self.tty or self.approvals is None:
+            return
+        for req in self.approvals.pending():
+            if req["id"] not in self._shown_asks:
+                self._shown_asks.add(req["id"])
+                now = time.monotonic() - self._t0
+                print(
+                    f"[{now:6.1f}s] approval needed: {describe(req)}; answer with "
+                    f"'{self.approve_hint}'",
+                    file=self.out,
+                    flush=True,
+                )
+
+    def _ask_lines(self) -> list[str]:
+        pending = self.approvals.pending() if self.approvals is not None else []
+        if not pending:
+            return []
+        lines = [f"waiting for approval ({len(pending)}): y = yes, n = no, a = always for its rule"]
+        lines += [f"{'>' if i == 0 else ' '} {describe(r, 70)}" for i, r in enumerate(pending)]
+        return [*lines, f"  (or from another terminal: {self.approve_hint})"]
+
     # -- output ------------------------------------------------------------------------
 
     def _plain(self, row: Row) -> None:
@@ -190,9 +220,11 @@ class Progress:
         """Redraw the table in place (terminal only)."""
         if not self.tty or not self._dirty:
             return
-        lines = self.table(colour=True)
+        lines = self.table(colour=True) + self._ask_lines()
         buf = f"\x1b[{self._drawn}F" if self._drawn else ""
         buf += "".join(f"\x1b[2K{line}\n" for line in lines)
+        if len(lines) < self._drawn:  # the ask lines went: clear what they left below
+            buf += "\x1b[J"
         self.out.write(buf)
         self.out.flush()
         self._drawn = len(lines)

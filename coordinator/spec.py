@@ -30,6 +30,7 @@ from sandbox.errors import SandboxSpecError
 from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
 from subagents.browser.config import BrowserConfig
 from subagents.kinds import get_kind
+from subagents.policy import ToolPolicy
 from subagents.result_schema import parse_result_schema
 from subagents.spec import Limits, check_tool_names
 from subagents.tools.registry import CustomToolSpec, load_callable
@@ -168,6 +169,9 @@ class MemberJob(_Strict):
     tools: list[CustomToolSpec] = Field(default_factory=list)
     """Job-defined tools (``[[members.tools]]``): a command template run in the member's
     box, or (``host = true`` only) a Python callable run on the host."""
+    policy: ToolPolicy | None = None
+    """This member's tool policy, added to the job's ``[policy]`` (its rules join the
+    job's; the settings it gives replace the job's)."""
 
     @field_validator("id")
     @classmethod
@@ -380,6 +384,8 @@ class Job(_Strict):
     fanout: FanoutPolicy = Field(default_factory=FanoutPolicy)
     egress: Egress = Field(default_factory=Egress)
     synthesis: Synthesis = Field(default_factory=Synthesis)
+    policy: ToolPolicy = Field(default_factory=ToolPolicy)
+    """Allow / ask / deny rules on every member's tool calls (``subagents.policy``)."""
     output_dir: str = "runs"
     """Where run directories are created (relative to the current directory)."""
 

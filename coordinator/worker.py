@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict
 
 from subagents.outcome import MemberOutcome
 from subagents.spec import MemberSpec
-from subagents.trace import MemorySave, Retry, TraceWriter
+from subagents.trace import MemorySave, PolicyDecision, Retry, TraceWriter
 
 from .spec import RetryPolicy
 
@@ -178,7 +178,26 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
         if isinstance(ev, MemorySave):
             deps.note("memory_saved", member=unit.spec.id, attempt=attempt, **memory_fields(ev))
 
+    def journal_policy(ev: object) -> None:
+        # Every decision a policy rule made is the run's record too (who answered an ask).
+        if isinstance(ev, PolicyDecision):
+            deps.note(
+                "policy_decision",
+                member=unit.spec.id,
+                attempt=attempt,
+                call_id=ev.call_id,
+                tool=ev.tool,
+                input=short_input(ev.input),
+                action=ev.action,
+                rule=ev.rule,
+                allowed=ev.allowed,
+                by=ev.by,
+                always=ev.always,
+                waited_s=ev.waited_s,
+            )
+
     trace.listeners.append(journal_memory)
+    trace.listeners.append(journal_policy)
     try:
         while True:
             attempt += 1
@@ -228,6 +247,15 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
     )
     trace.close()
     return outcome
+
+
+def short_input(args: dict[str, Any], limit: int = 300) -> dict[str, Any]:
+    """A call's arguments for the journal: long strings cut (a file's whole content
+    is in the member's trace, not in the run's journal)."""
+    return {
+        k: (v[:limit] + "..." if isinstance(v, str) and len(v) > limit else v)
+        for k, v in args.items()
+    }
 
 
 def memory_fields(ev: MemorySave) -> dict[str, Any]:

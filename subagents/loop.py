@@ -49,6 +49,7 @@ from .conversation import Conversation
 from .kinds import Kind
 from .model.base import Model, ModelError
 from .outcome import LimitName, MemberOutcome, Progress, Status
+from .policy import Approver, NoApprover, PolicyGate
 from .result import ResultGate
 from .result_schema import extend_model, job_field_names
 from .spec import MemberSpec
@@ -86,6 +87,7 @@ class AgentLoop:
         run_dir: Path,
         trace: TraceWriter,
         context: ContextLike,
+        approver: Approver | None = None,
     ) -> None:
         self.spec, self.kind, self.context = spec, kind, context
         self.limits = spec.limits
@@ -125,7 +127,12 @@ class AgentLoop:
             tools=self.registry.definitions(),
             max_output_tokens=spec.max_output_tokens,
         )
-        self.calls = ToolCalls(self.registry, self.tool_ctx, context=context, trace=trace)
+        self.policy: PolicyGate | None = None
+        if not spec.policy.empty:
+            self.policy = PolicyGate(spec.policy, approver or NoApprover(), spec.id, trace)
+        self.calls = ToolCalls(
+            self.registry, self.tool_ctx, context=context, trace=trace, gate=self.policy
+        )
         self.nudged = False
 
     async def run(self) -> MemberOutcome:
@@ -146,7 +153,8 @@ class AgentLoop:
                     (
                         f"wall-clock deadline of {deadline:g} s reached after {self.conv.turn} "
                         f"turns and {self.calls.count} tool calls"
-                    ),
+                    )
+                    + self._waiting(),
                 )
             else:
                 limit, reason = ended
@@ -206,6 +214,12 @@ class AgentLoop:
         if memory:
             blocks.append({"type": "text", "text": memory})
         self.conv.append({"role": "user", "content": blocks})
+
+    def _waiting(self) -> str:
+        """What the member was still waiting for a person's answer on, if anything."""
+        gate = self.policy
+        asks = [*gate.cut_off, *gate.waiting.values()] if gate else []
+        return f", waiting for a person's approval of {', '.join(asks)}" if asks else ""
 
     def _limit_reached(self) -> tuple[LimitName, str] | None:
         conv = self.conv

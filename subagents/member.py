@@ -29,6 +29,7 @@ from .kinds import Kind, get_kind
 from .loop import AgentLoop
 from .model.base import Model, ModelError
 from .outcome import MemberOutcome, Status
+from .policy import Approver
 from .spec import MemberSpec
 from .trace import ErrorEvent, MemberEnd, MemberStart, TraceWriter
 
@@ -67,11 +68,13 @@ async def run_member(
     model: Model,
     run_dir: Path,
     trace: TraceWriter,
+    approver: Approver | None = None,
 ) -> MemberOutcome:
     """Run one member to its end and return how it ended (see the module docstring).
 
     ``run_dir`` is the member's own directory (``runs/<run>/members/<id>/``); the
-    outcome is also written there as ``result.json``.
+    outcome is also written there as ``result.json``. ``approver`` answers the asks of
+    the member's tool policy (None: nobody to ask, the policy's ``ask_default``).
     """
     started = time.monotonic()
     run_dir = Path(run_dir)
@@ -110,6 +113,7 @@ async def run_member(
             run_dir=run_dir,
             trace=trace,
             context=context,
+            approver=approver,
         )
         outcome = await loop.run()
     except SandboxCrashed as exc:

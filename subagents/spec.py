@@ -28,6 +28,7 @@ from sandbox.spec import SandboxSpec
 
 from .context.config import ContextConfig
 from .kinds import NoSettings, get_kind, kind_settings
+from .policy import ToolPolicy
 from .result_schema import ResultSchema, extend_model, parse_result_schema
 from .tools.registry import CustomToolSpec
 
@@ -121,6 +122,9 @@ class MemberSpec(_Strict):
     """Host directory of the member's explicit memory; None: no memory."""
     tools: list[CustomToolSpec] = Field(default_factory=list)
     """Job-defined tools (command templates in the box, or host callables)."""
+    policy: ToolPolicy = Field(default_factory=ToolPolicy)
+    """Allow / ask / deny rules checked before every tool call (the job's and the
+    member's, merged); the default lets every call run."""
     todos: bool | None = None
     """``write_todos`` and recitation on or off; None: the context config, then the kind."""
     context: ContextConfig = Field(default_factory=ContextConfig)

@@ -6,8 +6,10 @@ because they are independent, and a slow shell command should not hold up three
 file reads) and returns one ``tool_result`` per call, in the order asked - the API
 refuses a ``tool_use`` left without its result.
 
-What happens to one call, in order: ``ToolCall`` traced; arguments validated and the
-tool run by the registry (whose failures - bad arguments, ``ToolError``, any
+What happens to one call, in order: ``ToolCall`` traced; the member's policy checked
+(:mod:`subagents.policy`: a denied call, or an ask answered no, is an ``is_error``
+result and the tool never runs; an ask waits here, holding up this call only);
+arguments validated and the tool run by the registry (whose failures - bad arguments, ``ToolError``, any
 exception, a timeout - come back as ``is_error`` results the model can act on);
 a successful result other than ``submit_result`` passes ``context.admit_tool_result``
 (large ones are offloaded); files written are reported to the context; ``ToolResult``
@@ -31,8 +33,9 @@ import anyio
 from sandbox.errors import SandboxError
 
 from .context.base import ContextLike
+from .policy import PolicyGate
 from .result import SUBMIT_TOOL
-from .tools.base import ToolContext
+from .tools.base import ToolContext, ToolOutput
 from .tools.registry import BOX_GONE, ToolRegistry
 from .trace import ToolCall, ToolResult, TraceWriter
 
@@ -50,8 +53,11 @@ class ToolCalls:
         *,
         context: ContextLike,
         trace: TraceWriter,
+        gate: PolicyGate | None = None,
     ) -> None:
         self.registry, self.ctx, self.context, self.trace = registry, ctx, context, trace
+        self.gate = gate
+        """The member's tool policy; None: every call runs."""
         self.count = 0
         """Tool calls made so far (the closing call's submission included)."""
         self.recent: deque[str] = deque(maxlen=8)
@@ -101,8 +107,12 @@ class ToolCalls:
         ids = self._called(block, turn, turn_span)
         started = time.monotonic()
         with self.trace.scope(span, turn_span, turn):
+            refused = await self.gate.admit(call_id, name, raw) if self.gate else None
             try:
-                out = await self.registry.call(name, raw, self.ctx)
+                if refused is not None:
+                    out = ToolOutput(text=refused, is_error=True)
+                else:
+                    out = await self.registry.call(name, raw, self.ctx)
             except BOX_GONE as exc:
                 # The box is gone: the siblings cannot succeed either.
                 crashes.append(exc)

@@ -213,6 +213,26 @@ class Retry(_Event):
     delay_s: float = 0.0
 
 
+class PolicyDecision(_Event):
+    """A tool call the member's policy decided by a rule (or a default other than
+    allow): denied, asked (with who answered and how long it waited) or allowed."""
+
+    type: Literal["policy"] = "policy"
+    call_id: str
+    tool: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    action: str
+    """The policy's word: allow, ask or deny."""
+    rule: str = ""
+    """The rule that matched; "" for the policy's default."""
+    allowed: bool
+    by: str = "rule"
+    """rule, terminal, fleet approve, always, approve-all, timeout, no terminal, ..."""
+    always: bool = False
+    """The answer was "always" for this rule (the rest of the run asks no more)."""
+    waited_s: float = 0.0
+
+
 class ErrorEvent(_Event):
     type: Literal["error"] = "error"
     error: str
@@ -240,6 +260,7 @@ TraceEvent = Annotated[
     | MemorySave
     | SandboxEvent
     | Retry
+    | PolicyDecision
     | ErrorEvent
     | Screenshot,
     Field(discriminator="type"),

@@ -1,0 +1,278 @@
+"""Tool policies through the real CLI: a denied call, an ask answered by ``fleet
+approve`` from another process while a sibling that never waited finishes, an ask
+nobody answers in time, an ask with no terminal, an ask that outlives the member's
+deadline, and keys pressed at the run's own terminal. Real boxes, the real harness,
+the real ``anthropic`` client against the fake Messages API."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.cli import main
+from coordinator.runs import RunDir
+from subagents.fake_api import tool_use
+from subagents.trace import read_trace
+
+pytestmark = pytest.mark.docker
+FLEET = [str(Path(sys.executable).with_name("fleet"))]
+
+
+def _results(body: dict[str, Any]) -> int:
+    return sum(
+        1
+        for m in body.get("messages") or []
+        if isinstance(m.get("content"), list)
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    )
+
+
+def policy(body: dict[str, Any]) -> Any:
+    """``[rm]`` members run ``rm -rf build`` (twice with ``[rm2]``) then ``ls``; others
+    run ``echo`` once; then each submits."""
+    task = json.dumps(body["messages"][0])
+    step = _results(body)
+    plan = ["mkdir -p build && echo made", "echo hello"]
+    if "[rm]" in task:
+        plan = ["mkdir -p build && echo made", "rm -rf build", "ls -d build || echo gone"]
+    if "[rm2]" in task:
+        plan = ["mkdir -p build", "rm -rf build", "rm -rf other", "echo done"]
+    if step < len(plan):
+        return tool_use("shell", {"command": plan[step]})
+    return tool_use("submit_result", {"summary": f"{step} steps", "tests_run": [], "notes": []})
+
+
+def _job(tmp_path: Path, members: str, policy_table: str = "") -> Path:
+    text = (
+        f'name = "p"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "claude-sonnet-5"\n'
+        f"[fanout]\nretry = {{ attempts = 1 }}\n{policy_table}\n{members}"
+    )
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def _member(mid: str, task: str, extra: str = "") -> str:
+    return f'[[members]]\nid = "{mid}"\nkind = "coding"\ntask = "{task}"\n{extra}\n'
+
+
+def _shell_outputs(run: RunDir, member: str) -> dict[str, tuple[bool, str]]:
+    trace = list(read_trace(run.member_dir(member) / "trace.jsonl"))
+    calls = {e.call_id: e.input.get("command") for e in trace if e.type == "tool_call"}
+    return {calls[e.call_id]: (e.is_error, e.output) for e in trace if e.type == "tool_result"}
+
+
+def _journal(run: RunDir, event: str) -> list[dict[str, Any]]:
+    return [e for e in run.journal.read() if e["event"] == event]
+
+
+def test_a_denied_call_is_an_error_result_and_never_runs(tmp_path, images, fake_api, cleanup):
+    fake_api(policy)
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, _member("coder", "[rm] tidy up"), '[policy]\ndeny = ["shell:rm *"]')
+    assert main(["run", str(job), "--plain"]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+    outputs = _shell_outputs(run, "coder")
+    is_error, text = outputs["rm -rf build"]
+    assert is_error and "not permitted" in text and "'shell:rm *'" in text
+    assert "build" in outputs["ls -d build || echo gone"][1]  # rm never ran
+    (decision,) = _journal(run, "policy_decision")
+    assert decision["member"] == "coder" and decision["action"] == "deny"
+    assert decision["allowed"] is False and decision["input"] == {"command": "rm -rf build"}
+    events = [e for e in read_trace(run.member_dir("coder") / "trace.jsonl") if e.type == "policy"]
+    assert [(e.tool, e.rule, e.allowed) for e in events] == [("shell", "shell:rm *", False)]
+
+
+def test_an_ask_answered_by_fleet_approve_while_the_sibling_never_waits(
+    tmp_path, images, fake_api, cleanup
+):
+    fake_api(policy)
+    out = tmp_path / "runs"
+    cleanup.append(out)
+    members = _member("asker", "[rm] tidy up", 'policy = { ask = ["shell:rm *"] }')
+    members += _member("sibling", "say hello")
+    job = _job(tmp_path, members)
+    proc = subprocess.Popen(
+        [*FLEET, "run", str(job), "--plain", "--wait-approval"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        run = _wait_for(lambda: next(iter(RunDir.list(out)), None), 60)
+        # The sibling ends while the asker still waits for its answer.
+        _wait_for(lambda: run.state().members.get("sibling") == "ok", 90)
+        assert run.state().members.get("asker") == "running"
+        listing = subprocess.run(
+            [*FLEET, "approve", str(run.path), "--wait", "30"], capture_output=True, text=True
+        )
+        assert "asker wants shell" in listing.stdout and "rm -rf build" in listing.stdout
+        answered = subprocess.run(
+            [*FLEET, "approve", run.id, "--output-dir", str(out), "--yes"],
+            capture_output=True,
+            text=True,
+        )
+        assert answered.returncode == 0 and ": yes - asker wants shell" in answered.stdout
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "approval needed: asker wants shell" in err and f"fleet approve {run.id}" in err
+    outputs = _shell_outputs(run, "asker")
+    assert outputs["rm -rf build"][0] is False
+    assert "gone" in outputs["ls -d build || echo gone"][1]  # the approved rm ran
+    entries = run.journal.read()
+    asked = next(e for e in entries if e["event"] == "approval_requested")
+    decided = next(e for e in entries if e["event"] == "policy_decision")
+    sibling_done = next(
+        e for e in entries if e["event"] == "member_finished" and e["member"] == "sibling"
+    )
+    assert asked["ts"] < sibling_done["ts"] < decided["ts"]
+    assert decided["by"] == "fleet approve" and decided["allowed"] is True
+    assert decided["waited_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "timeout", "by", "allowed"),
+    [
+        (["--wait-approval"], "ask_timeout_s = 1", "timeout", False),
+        ([], "", "no terminal", False),
+        (["--approve-all"], "", "approve-all", True),
+    ],
+)
+def test_an_ask_nobody_answers_gets_the_ask_default(
+    tmp_path, images, fake_api, cleanup, flags, timeout, by, allowed
+):
+    fake_api(policy)
+    cleanup.append(tmp_path / "runs")
+    table = f'[policy]\nask = ["shell:rm *"]\n{timeout}'
+    job = _job(tmp_path, _member("coder", "[rm] tidy up"), table)
+    started = time.monotonic()
+    assert main(["run", str(job), "--plain", *flags]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+    assert run.result("coder")["status"] == "ok"  # a refused call is not a failed member
+    (decision,) = _journal(run, "policy_decision")
+    assert (decision["by"], decision["allowed"]) == (by, allowed)
+    is_error, text = _shell_outputs(run, "coder")["rm -rf build"]
+    assert is_error is not allowed
+    if by == "timeout":
+        assert "nobody answered within 1 s" in text and decision["waited_s"] >= 1
+        assert time.monotonic() - started < 60
+    if by == "no terminal":
+        assert "nobody can be asked in this run" in text
+
+
+def test_a_pending_ask_counts_against_the_members_deadline(tmp_path, images, fake_api, cleanup):
+    fake_api(policy)
+    cleanup.append(tmp_path / "runs")
+    extra = 'policy = { ask = ["shell:rm *"] }\nlimits = { deadline_s = 12 }'
+    job = _job(tmp_path, _member("coder", "[rm] tidy up", extra))
+    assert main(["run", str(job), "--plain", "--wait-approval"]) == 1
+    (run,) = RunDir.list(tmp_path / "runs")
+    result = run.result("coder")
+    assert result["status"] == "timed_out"
+    assert "waiting for a person's approval of shell" in result["reason"]
+    (abandoned,) = _journal(run, "approval_abandoned")
+    assert abandoned["member"] == "coder" and abandoned["reason"] == "member stopped"
+    assert list((run.path / "approvals").glob("*.answer.json"))  # closed, on disk
+
+
+def test_resume_asks_again_what_the_killed_run_never_answered(tmp_path, images, fake_api, cleanup):
+    fake_api(policy)
+    out = tmp_path / "runs"
+    cleanup.append(out)
+    job = _job(tmp_path, _member("coder", "[rm] tidy up"), '[policy]\nask = ["shell:rm *"]')
+    first = subprocess.Popen(
+        [*FLEET, "run", str(job), "--plain", "--wait-approval"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        run = _wait_for(lambda: next(iter(RunDir.list(out)), None), 60)
+        _wait_for(lambda: _journal(run, "approval_requested"), 90)
+    finally:
+        first.kill()  # SIGKILL: the ask is left unanswered on disk
+    first.wait()
+    resumed = subprocess.Popen(
+        [*FLEET, "resume", str(run.path), "--plain", "--wait-approval"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(lambda: len(_journal(run, "approval_requested")) == 2, 90)
+        answered = subprocess.run(
+            [*FLEET, "approve", str(run.path), "--yes"], capture_output=True, text=True
+        )
+        assert answered.returncode == 0, answered.stdout
+        _, err = resumed.communicate(timeout=90)
+    finally:
+        resumed.kill()
+    assert resumed.returncode == 0, err
+    (abandoned,) = _journal(run, "approval_abandoned")
+    assert "resumed" in abandoned["reason"] and abandoned["member"] == "coder"
+    (decision,) = _journal(run, "policy_decision")
+    assert decision["by"] == "fleet approve" and decision["allowed"] is True
+    assert run.result("coder")["status"] == "ok"
+
+
+def test_keys_at_the_runs_terminal_answer_asks_and_always_holds_for_the_rule(
+    tmp_path, images, fake_api, cleanup
+):
+    fake_api(policy)
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, _member("coder", "[rm2] tidy up"), '[policy]\nask = ["shell:rm *"]')
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*FLEET, "run", str(job)], stdin=slave, stdout=slave, stderr=slave, close_fds=True
+    )
+    os.close(slave)
+    screen = b""
+    try:
+        deadline = time.monotonic() + 90
+        while b"waiting for approval (1)" not in screen and time.monotonic() < deadline:
+            screen += _read(master)
+        assert b"coder wants shell" in screen and b"rm -rf build" in screen
+        os.write(master, b"a")  # yes, and always for 'shell:rm *'
+        while proc.poll() is None and time.monotonic() < deadline:
+            screen += _read(master)
+    finally:
+        proc.kill()
+        os.close(master)
+    assert proc.wait() == 0, screen[-2000:]
+    (run,) = RunDir.list(tmp_path / "runs")
+    decisions = [(d["by"], d["allowed"], d["always"]) for d in _journal(run, "policy_decision")]
+    assert decisions == [("terminal", True, True), ("always", True, False)]
+    outputs = _shell_outputs(run, "coder")
+    assert outputs["rm -rf build"][0] is False and outputs["rm -rf other"][0] is False
+
+
+def _read(fd: int) -> bytes:
+    import select
+
+    ready, _, _ = select.select([fd], [], [], 0.2)
+    if not ready:
+        return b""
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return b""
+
+
+def _wait_for(probe: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"gave up after {timeout} s waiting for {probe}")
