@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .trace import TokenCounts
+
 Status = Literal["ok", "failed", "timed_out", "crashed", "cancelled", "incomplete"]
 LimitName = Literal["turns", "tokens", "deadline", "no_result"]
 
@@ -49,7 +51,7 @@ class Progress(_Strict):
     """The model's last words (capped), which often say where it was."""
 
 
-class MemberOutcome(_Strict):
+class MemberOutcome(_Strict, TokenCounts):
     """How one member ended; JSON-ready, written to ``result.json``."""
 
     member: str
@@ -75,10 +77,6 @@ class MemberOutcome(_Strict):
     retryable: bool = False
     """A later attempt may succeed (model overload, crashed box)."""
     turns: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
     cost_usd: float = 0.0
     duration_s: float = 0.0
     offline: bool = False

@@ -30,6 +30,20 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 
+class TokenCounts(BaseModel):
+    """The four token counts of one model call or of a sum of them, as the Messages
+    API's ``usage`` reports them; one declaration for every event and view that
+    carries them."""
+
+    input_tokens: int = 0
+    """Uncached input tokens."""
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    """Input tokens read from the prompt cache."""
+    cache_write_tokens: int = 0
+    """Input tokens written to the prompt cache."""
+
+
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -54,16 +68,12 @@ class MemberStart(_Event):
     config: dict[str, Any] = Field(default_factory=dict)
 
 
-class MemberEnd(_Event):
+class MemberEnd(_Event, TokenCounts):
     type: Literal["member_end"] = "member_end"
     status: str
     """ok, failed, timed_out, crashed, cancelled or incomplete."""
     reason: str = ""
     turns: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
     cost_usd: float = 0.0
     duration_s: float = 0.0
     result: dict[str, Any] | None = None
@@ -82,14 +92,10 @@ class Messages(_Event):
     messages: list[dict[str, Any]]
 
 
-class ModelCall(_Event):
+class ModelCall(_Event, TokenCounts):
     type: Literal["model_call"] = "model_call"
     model: str
     stop_reason: str | None = None
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
     context_tokens: int = 0
     """Tokens in the context sent (API usage when known, else the local estimate)."""
     latency_s: float = 0.0

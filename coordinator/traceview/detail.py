@@ -38,6 +38,7 @@ from subagents.trace import (
     SandboxEvent,
     Screenshot,
     Todos,
+    TokenCounts,
     ToolCall,
     ToolResult,
 )
@@ -47,17 +48,13 @@ class _View(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ModelCallView(_View):
+class ModelCallView(_View, TokenCounts):
     """One model call of a turn."""
 
     model: str
     start: float
     end: float
     stop_reason: str | None = None
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
     context_tokens: int = 0
     retries: int = 0
     text: str = ""

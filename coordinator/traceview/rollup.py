@@ -31,6 +31,7 @@ from subagents.trace import (
     Retry,
     SandboxEvent,
     Screenshot,
+    TokenCounts,
     ToolCall,
     ToolResult,
 )
@@ -81,7 +82,7 @@ class AttemptRollup(_View):
     tool_calls: int = 0
 
 
-class MemberRollup(_View):
+class MemberRollup(_View, TokenCounts):
     """One member of a run at a glance."""
 
     member: str
@@ -106,11 +107,6 @@ class MemberRollup(_View):
     """Each attempt's status, reason and times, in order."""
     turns: int = 0
     """Model calls made (all attempts)."""
-    input_tokens: int = 0
-    """Uncached input tokens."""
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
     tool_calls: int = 0
     errors: int = 0
     """Tool results flagged as errors plus error events."""
