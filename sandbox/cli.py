@@ -2,7 +2,8 @@
 
 ``fleet setup`` makes a machine ready and is what ``make test`` and ``make demo`` run
 first: a reachable Docker engine (installed and started when absent and we are
-root), then every image built or confirmed up to date. When all is done it costs
+root), as root the host firewall rules of :mod:`sandbox.firewall` (``nftables``
+installed when missing), then every image built or confirmed up to date. When all is done it costs
 one ping and one inspect per image, and prints one line.
 
 Exit codes: 0 ready, 1 a build failed, 2 the engine is unavailable or the input is
@@ -81,6 +82,7 @@ def fail(exc: BaseException, code: int) -> int:
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
+    from . import firewall
     from .engine import ensure_engine
     from .image_build import ensure_images
 
@@ -88,6 +90,11 @@ def cmd_setup(args: argparse.Namespace) -> int:
     try:
         client = ensure_engine(say)
     except SandboxUnavailable as exc:
+        return fail(exc, 2)
+    try:
+        firewall.setup(say)
+    except SandboxUnavailable as exc:
+        client.close()
         return fail(exc, 2)
     try:
         refs = ensure_images(None, client=client, say=say)

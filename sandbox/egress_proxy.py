@@ -11,8 +11,10 @@ itself, so the proxy is the only path off the box for any program in it.
 It forwards plain HTTP (absolute-URI requests) and ``CONNECT`` tunnels, and only to
 hosts on the allowlist. The allowlist is checked on the name; then the name is
 resolved once and every address is checked: loopback, link-local (169.254.0.0/16,
-the cloud metadata service), multicast, unspecified and reserved addresses and the
-Docker host's gateway addresses are always refused; other private addresses are
+the cloud metadata service), multicast, unspecified and reserved addresses and every
+address of the Docker host Fleet knows of (its bridges' gateways and, with a local
+engine, every address of its interfaces, IPv4 and IPv6) are always refused, also when
+an IPv6 address carries them (``::ffff:127.0.0.1``); other private addresses are
 refused unless they lie in the run's own subnet (so an allowlisted service container
 on the run's network can be reached by its DNS alias). The connection goes to the
 checked address, never to a second lookup, so DNS rebinding gains nothing.
@@ -31,7 +33,7 @@ is an error in the job file rather than a member that fails at its first fetch.
 
 Configuration (environment): ``FLEET_ALLOW`` comma-separated ``host``, ``host:port``
 or ``*.domain`` entries; ``FLEET_LOCAL_NET`` the run network's CIDR;
-``FLEET_DENY_IPS`` comma-separated extra addresses to refuse (the gateways);
+``FLEET_DENY_IPS`` comma-separated addresses of the Docker host to refuse;
 ``FLEET_PROXY_PORT`` (default 3128). Standard library only.
 """
 
@@ -66,10 +68,16 @@ def address_refusal(
 
     ``local_net`` is the run network (private addresses inside it are allowed);
     ``deny_ips`` are the Docker host's addresses. Without them - before a run
-    exists - every private address is outside the run's network.
+    exists - every private address is outside the run's network. An IPv6 address
+    that carries an IPv4 one (``::ffff:a.b.c.d``, NAT64's ``64:ff9b::/96``, 6to4) is
+    judged by that one too: ``::ffff:127.0.0.1`` is loopback, whatever Python says.
     """
+    for inner in _embedded_ipv4(ip):
+        why = address_refusal(inner, local_net, deny_ips)
+        if why:
+            return f"{why} (inside {ip})"
     if ip in deny_ips:
-        return "the Docker host's gateway"
+        return "an address of the Docker host"
     if ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified:
         return "a loopback, link-local, multicast or unspecified address"
     if ip.is_reserved:
@@ -79,6 +87,19 @@ def address_refusal(
     if ip.is_private:
         return "a private address outside the run's network"
     return None
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _embedded_ipv4(ip: IPAddress) -> list[ipaddress.IPv4Address]:
+    if ip.version == 4:
+        return []
+    assert isinstance(ip, ipaddress.IPv6Address)
+    found = [a for a in (ip.ipv4_mapped, ip.sixtofour) if a is not None]
+    if ip in _NAT64:
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
 
 
 def entry_refusal(entry: str) -> str | None:

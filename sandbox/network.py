@@ -7,14 +7,23 @@ box answers under its member name as a DNS alias), and nothing else - an interna
 network has no route off the bridge.
 
 The way out is the run's egress proxy (:mod:`sandbox.egress_proxy`): a small container
-of the coding image on the internal network and on the engine's default bridge, one
-per distinct allowlist in a run (usually one per run). Boxes get its address in
-``FLEET_PROXY`` (and the usual ``http_proxy`` variables); the browser image's start
-script hands it to Chromium as ``--proxy-server``. The proxy refuses the Docker host
-(the gateways of both networks, read by :func:`sandbox.host_addresses.bridge_gateways`
-even where the engine's description omits them), 169.254.0.0/16, loopback and
-private addresses outside the run's subnet, and every host not on the allowlist. Why a proxy for
+of the coding image on the internal network and on ``fleet-egress``, one per distinct
+allowlist in a run (usually one per run). Boxes get its address in ``FLEET_PROXY``
+(and the usual ``http_proxy`` variables); the browser image's start script hands it
+to Chromium as ``--proxy-server``. The proxy refuses every address of the Docker host
+it is told of (the gateways of the run network, of ``fleet-egress`` and of the
+default bridge, read by :func:`sandbox.host_addresses.bridge_gateways` even where the
+engine's description omits them, and, with a local engine, every address of the
+host's interfaces, IPv4 and IPv6), 169.254.0.0/16, loopback and private addresses
+outside the run's subnet, and every host not on the allowlist. Why a proxy for
 egress: see the proxy's module docstring (filtering by name, per-run lifetime).
+
+``fleet-egress`` is an ordinary (not internal) bridge that only proxies join, one per
+engine, kept between runs like the host rules: its own bridge name
+(``flt-egress``) is what lets the host firewall refuse the proxies any connection to
+the host, whatever the address, which the engine's default bridge (shared with every
+other container on the machine) could not be given. Containers on it cannot reach
+each other (``enable_icc`` false).
 
 The host. An ``--internal`` network still hands every box a default route via the
 bridge's gateway address, which lives on the host, so a packet a box sends to any
@@ -22,9 +31,9 @@ host address is delivered to the host's own ``INPUT`` chain (Docker's isolation 
 only act on ``FORWARD``). Proxy settings bind only programs that honour them, so they
 cannot be what keeps ``curl`` or a raw socket run by ``exec`` off the host. That is
 the job of :mod:`sandbox.firewall`: every run network's bridge is named
-``fleet<hash>`` and one host chain rejects any connection a ``fleet*`` bridge opens
-to the host and forwards nothing off such a bridge; the host's own connections to
-boxes (CDP) and their replies still pass. The rules are installed before the
+``fleet<hash>`` and one host rule set rejects any connection a ``fleet*`` bridge (or
+``flt-egress``) opens to the host and forwards nothing off a ``fleet*`` bridge; the
+host's own connections to boxes (CDP) and their replies still pass. The rules are installed before the
 network is created; when they cannot be (no root), creating the network fails with
 what to do, rather than quietly leaving the host open. Why not a design where a
 browser box's only peer is the proxy (an "edge" network per box): the gateway
@@ -43,12 +52,13 @@ import docker
 import docker.errors
 
 from . import firewall
-from .engine import engine_calls
+from .engine import engine_calls, engine_host
 from .errors import SandboxUnavailable
-from .host_addresses import bridge_gateways
+from .host_addresses import bridge_gateways, engine_is_local, local_addresses
 
 PROXY_PORT = 3128
-_EGRESS_NETWORK = "bridge"
+EGRESS_NETWORK = "fleet-egress"
+"""The network every run's proxies leave by (one per engine, kept between runs)."""
 
 
 def network_name(run: str) -> str:
@@ -128,12 +138,11 @@ class RunNetworks:
         except docker.errors.NotFound:
             pass
         config = net["IPAM"]["Config"][0]
-        bridge = api.inspect_network(_EGRESS_NETWORK)
-        gateways = bridge_gateways(net) + bridge_gateways(bridge)
+        egress = self._ensure_egress_sync()
         env = {
             "FLEET_ALLOW": ",".join(allow),
             "FLEET_LOCAL_NET": config["Subnet"],
-            "FLEET_DENY_IPS": ",".join(dict.fromkeys(gateways)),
+            "FLEET_DENY_IPS": ",".join(self._host_addresses_sync(net, egress)),
             "FLEET_PROXY_PORT": str(PROXY_PORT),
         }
         host_config = api.create_host_config(
@@ -158,10 +167,57 @@ class RunNetworks:
             host_config=host_config,
             working_dir="/tmp",
         )
-        api.connect_container_to_network(container["Id"], _EGRESS_NETWORK)
+        api.connect_container_to_network(container["Id"], EGRESS_NETWORK)
         api.start(container["Id"])
         info = api.inspect_container(container["Id"])
         return info["NetworkSettings"]["Networks"][net["Name"]]["IPAddress"]
+
+    def _host_addresses_sync(self, net: dict, egress: dict) -> list[str]:
+        """Every address of the Docker host this process can know (see the module doc)."""
+        default = self._client.api.inspect_network("bridge")
+        found = bridge_gateways(net) + bridge_gateways(egress) + bridge_gateways(default)
+        if engine_is_local(engine_host()):
+            found += local_addresses()
+        return list(dict.fromkeys(found))
+
+    def _ensure_egress_sync(self) -> dict:
+        """The proxies' way-out network, created once per engine (see the module doc).
+
+        Created under a lock file, because two Fleet processes may both find it
+        missing, and the engine does not reliably refuse a second network of a name.
+        """
+        import fcntl
+
+        from .images import cache_dir
+
+        api = self._client.api
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        with open(cache_dir() / "egress-network.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return api.inspect_network(EGRESS_NETWORK)
+            except docker.errors.NotFound:
+                pass
+            firewall.ensure_host_rules()  # before the bridge exists, as for run networks
+            try:
+                api.create_network(
+                    EGRESS_NETWORK,
+                    driver="bridge",
+                    labels={"fleet.kind": "egress"},
+                    check_duplicate=True,
+                    options={
+                        "com.docker.network.bridge.name": firewall.EGRESS_BRIDGE,
+                        # Proxies of different runs have nothing to say to each other.
+                        "com.docker.network.bridge.enable_icc": "false",
+                    },
+                )
+            except docker.errors.APIError as e:
+                raise SandboxUnavailable(
+                    f"cannot create the egress network {EGRESS_NETWORK}: "
+                    f"{e.explanation or e}. The engine may have run out of address pools; "
+                    f"remove old runs with 'fleet sandbox gc'."
+                ) from None
+            return api.inspect_network(EGRESS_NETWORK)
 
 
 def proxy_env(ip: str) -> dict[str, str]:

@@ -181,7 +181,7 @@ async def test_box_processes_cannot_reach_the_host_or_leave_the_run_network(
     )
     proxy_nets = proxy["NetworkSettings"]["Networks"]
     proxy_inside = proxy_nets[net_name]["IPAddress"]
-    proxy_outside = proxy_nets["bridge"]["IPAddress"]
+    proxy_outside = proxy_nets["fleet-egress"]["IPAddress"]
     try:
         peers = [f"{service.ip}:8080", f"{proxy_inside}:3128"]
         blocked = [*(lis.address for lis in listeners), f"{proxy_outside}:3128"]
@@ -219,4 +219,50 @@ async def test_the_proxy_refuses_the_default_bridge_address_even_when_the_engine
         assert docker0_address(docker_client) in deny.split(","), deny
         assert interface_address(bridge_name(f"fleet-run-{run_id}")) in deny.split(","), deny
     finally:
+        await browser.close()
+
+
+def host_addresses(*options: str) -> list[str]:
+    """Every address of this machine, as ``ip`` lists them (``-4``: IPv4 only)."""
+    out = subprocess.run(
+        ["ip", "-o", *options, "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines()]
+
+
+async def test_the_egress_proxy_cannot_reach_any_address_of_the_host(
+    backend: DockerBackend, run_id: str, docker_client
+) -> None:
+    """The proxy's way out is a network of its own whose connections to the host are
+    refused (docker0, the run network's and its own gateway, the LAN address: every
+    address), and its deny list names every address of the host, IPv4 and IPv6."""
+    import json
+
+    policy = NetworkPolicy(egress="allowlist", allow=("example.org",))
+    browser = await backend.create(
+        SandboxSpec(kind="browser", network=policy), run=run_id, member="b"
+    )
+    (proxy,) = docker_client.api.containers(
+        filters={"label": [f"fleet.run={run_id}", "fleet.kind=proxy"]}
+    )
+    listeners = [_Listener(a) for a in host_addresses("-4") if not a.startswith("127.")]
+    try:
+        assert {docker0_address(docker_client), interface_address("flt-egress")} <= {
+            lis.address.rsplit(":", 1)[0] for lis in listeners
+        }
+        targets = [lis.address for lis in listeners]
+        ran = docker_client.api.exec_create(
+            proxy["Id"], ["python3", "-c", _CONNECT, *targets], user="1000:1000"
+        )
+        seen = json.loads(docker_client.api.exec_start(ran))
+        assert all(seen[t] != "connected" for t in targets), seen
+        assert [lis.accepted for lis in listeners] == [0] * len(listeners)
+        env = docker_client.api.inspect_container(proxy["Id"])["Config"]["Env"]
+        deny = next(e for e in env if e.startswith("FLEET_DENY_IPS=")).split("=", 1)[1]
+        # Link-local ones are refused as such (and new veths get new ones all the time).
+        every = {a for a in host_addresses() if not a.startswith("fe80:")}
+        assert every <= set(deny.split(",")), every - set(deny.split(","))
+    finally:
+        for lis in listeners:
+            lis.sock.close()
         await browser.close()

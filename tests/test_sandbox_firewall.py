@@ -39,3 +39,26 @@ def test_an_unknown_guard_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("FLEET_HOST_FIREWALL", "maybe")
     with pytest.raises(SandboxUnavailable, match="'maybe' is not understood"):
         firewall.ensure_host_rules()
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("93.184.216.34", "an address of the Docker host"),  # a public address of the host
+        ("2a00:1450:4001::9", "an address of the Docker host"),
+        ("::ffff:93.184.216.34", "an address of the Docker host"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("64:ff9b::a9fe:a9fe", "link-local"),  # NAT64 for 169.254.169.254
+        ("2002:7f00:1::", "loopback"),  # 6to4 around 127.0.0.1
+    ],
+)
+def test_the_proxy_refuses_the_hosts_addresses_in_any_form(address: str, why: str) -> None:
+    """Whatever the kind of address: public, IPv6, or an IPv6 one carrying IPv4."""
+    import ipaddress
+
+    from sandbox.egress_proxy import Policy
+
+    policy = Policy(["example.org"], "172.30.0.0/16", ["93.184.216.34", "2a00:1450:4001::9"])
+    refusal = policy.address_allowed(ipaddress.ip_address(address))
+    assert refusal is not None and why in refusal, refusal
+    assert policy.address_allowed(ipaddress.ip_address("93.184.216.35")) is None

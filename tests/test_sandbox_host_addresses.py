@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sandbox.host_addresses import bridge_gateways
+import subprocess
+
+from sandbox.host_addresses import bridge_gateways, local_addresses
 
 
 def test_a_listed_gateway_is_taken_as_is() -> None:
@@ -24,3 +26,9 @@ def test_without_a_gateway_the_bridge_interface_is_asked() -> None:
 def test_without_a_gateway_or_an_interface_here_the_subnet_gives_it() -> None:
     net = {"Id": "0123456789ab" + "0" * 52, "IPAM": {"Config": [{"Subnet": "10.77.0.0/16"}]}}
     assert bridge_gateways(net) == ["10.77.0.1"]
+
+
+def test_local_addresses_are_every_interface_address_v4_and_v6() -> None:
+    shown = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    expected = {line.split()[3].split("/")[0] for line in shown.splitlines()}
+    assert set(local_addresses()) == expected
