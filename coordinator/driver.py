@@ -327,7 +327,7 @@ async def _run_members(
     for entry in run.journal.append_many("member_queued", [{"member": m.id} for m in pending]):
         tell(entry)
     deps = Recorder(listeners=[progress.on_event, *opts.on_event], journal=journal)
-    live_otel = _live_otel(run.id, deps)
+    live_otel = _live_otel(run.id, job.name, deps)
     units = _units(run, job, pending)
     waiting = {m.id for m in pending}
     already_ok = sum(
@@ -340,6 +340,7 @@ async def _run_members(
         keys = opts.keys if opts.keys is not None else sys.stdin.isatty()
         if keys and approver.mode == "wait":
             tg.start_soon(read_keys, approver.queue, sys.stdin.fileno(), progress.approvals_changed)
+    ended = "interrupted"  # unless the fan-out comes back: the workflow span's status
     try:
         services = Services(
             max_parallel=job.fanout.max_parallel,
@@ -359,13 +360,14 @@ async def _run_members(
                 already_ok=already_ok,
             )
             got.outcomes = fanned.outcomes
+            ended = "succeeded" if fanned.quorum_met else "failed"
     finally:
         async with _cleanup("sending the last spans", opts.out):
             if live_otel is not None:
-                await anyio.to_thread.run_sync(live_otel.close, time.time())
+                await anyio.to_thread.run_sync(live_otel.close, time.time(), ended)
 
 
-def _live_otel(run_id: str, deps: Recorder) -> Any:
+def _live_otel(run_id: str, name: str, deps: Recorder) -> Any:
     """Live OpenTelemetry export when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``otel`` extra)."""
     if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return None
@@ -378,7 +380,7 @@ def _live_otel(run_id: str, deps: Recorder) -> Any:
             file=sys.stderr,
         )
         return None
-    live = live_from_env(run_id, start=time.time())
+    live = live_from_env(run_id, start=time.time(), name=name)
     if live is not None:
         deps.listeners.append(live)
     return live

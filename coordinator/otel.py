@@ -1,14 +1,34 @@
 """OpenTelemetry export of runs, after the fact or live, with GenAI semantic conventions.
 
-Spans: ``invoke_workflow <run>`` > ``invoke_agent <member>`` > ``chat <model>`` (one
-per model call) and ``execute_tool <tool>`` (one per tool call). Offloads,
+Spans: ``invoke_workflow <job name>`` > ``invoke_agent <member>`` > ``chat <model>``
+(one per model call) and ``execute_tool <tool>`` (one per tool call). Offloads,
 compactions, clips, retries and errors become span events on the member's span.
+
+Names and attributes follow the GenAI conventions (read in their standalone
+repository, semantic-conventions-genai). The workflow span is named by the job's
+name, not the run id, so the name stays low-cardinality; it carries
+``gen_ai.workflow.name`` and, because the conventions' first standalone release
+renames that to ``gen_ai.agent.name`` on workflow spans, that too; the run id is
+``fleet.run.id``. A run that did not succeed has ``error.type`` (its status) on the
+workflow span, as a member that did not end ok has on its own. A chat span has
+``gen_ai.conversation.id`` (the member: ``<run>/<member>``), ``gen_ai.response.id``
+and ``server.address``/``server.port`` of the API that answered.
+``gen_ai.provider.name`` is ``anthropic`` only for Claude: offline policies say
+``fleet.offline`` and replays ``fleet.replay`` (the conventions allow custom
+values), so no dashboard counts them as Anthropic traffic.
+
 ``gen_ai.usage.input_tokens`` counts every input token the model read, cache reads
 and writes included (the convention's definition); the cache parts are also given
 on their own (``gen_ai.usage.cache_read.input_tokens``,
-``gen_ai.usage.cache_creation.input_tokens``). Message contents (model text, tool
-arguments and results) go out only with ``content=True``: traces often leave the
-machine, and page texts or code may not be meant to.
+``gen_ai.usage.cache_creation.input_tokens``). Message contents go out only with
+``content=True``: traces often leave the machine, and page texts or code may not be
+meant to. Then chat spans carry ``gen_ai.input.messages``,
+``gen_ai.output.messages``, ``gen_ai.system_instructions`` and
+``gen_ai.tool.definitions`` in the conventions' schemas (:mod:`.otel_messages`);
+the member's span carries the last two as well; tool spans carry their arguments
+and results. Input messages are rebuilt from the trace's message deltas: after a
+compaction they restart from the task and the summary, and a result offloaded or
+clipped later shows as it was when first appended.
 
 One code path serves both uses: :class:`LiveRun` turns trace events into spans as a
 :class:`subagents.trace.TraceWriter` listener during a run, and :func:`export_run`
@@ -24,9 +44,9 @@ Needs the ``otel`` extra (``opentelemetry-sdk``, ``opentelemetry-exporter-otlp-p
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
+from importlib import metadata
 from typing import Any
 
 from opentelemetry import trace as ot
@@ -36,6 +56,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from coordinator import otel_messages as msg
 from coordinator.otel_send import otlp_traces_url, send_spans
 from coordinator.traceview.load import RunTrace
 from subagents.trace import (
@@ -45,17 +66,34 @@ from subagents.trace import (
     MemberEnd,
     MemberStart,
     MemorySave,
+    Messages,
     ModelCall,
     Offload,
+    Prompt,
     Retry,
     SandboxEvent,
     ToolCall,
     ToolResult,
 )
 
-PROVIDER_NAME = "anthropic"
 _MAX_ATTR = 8_000
 """Content attributes are cut to this many characters (collectors reject huge values)."""
+DEFAULT_WORKFLOW = "fleet"
+"""The workflow's name when the run's job has none on record."""
+
+
+def provider_name(model: str, offline: bool) -> str:
+    """``anthropic`` for Claude; ``fleet.offline`` / ``fleet.replay`` for offline models."""
+    if not offline:
+        return "anthropic"
+    return "fleet.replay" if model.startswith("replay:") else "fleet.offline"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("fleet")
+    except metadata.PackageNotFoundError:  # run from a checkout that was not installed
+        return "0+unknown"
 
 
 def _ns(ts: float) -> int:
@@ -68,7 +106,8 @@ def make_provider(
     """A tracer provider exporting to ``exporter`` (synchronously) or to OTLP/HTTP ``endpoint``."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    provider = TracerProvider(resource=Resource.create({"service.name": "fleet"}))
+    resource = Resource.create({"service.name": "fleet", "service.version": _version()})
+    provider = TracerProvider(resource=resource)
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
@@ -79,9 +118,9 @@ def make_provider(
     return provider
 
 
-def _clip(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    return text[:_MAX_ATTR]
+def _fit(value: Any) -> str:
+    """JSON content within the attribute cap, still valid JSON."""
+    return msg.fit(value, _MAX_ATTR)
 
 
 class _MemberSpans:
@@ -96,15 +135,23 @@ class _MemberSpans:
         self.last_ts = 0.0
         self.attempt = 1
         self.usage = [0, 0]
+        self.provider = "anthropic"
+        self.conversation: list[dict[str, Any]] = []
+        """The member's messages so far (kept only when content is exported)."""
+        self.prompt: Prompt | None = None
+
+    @property
+    def conversation_id(self) -> str:
+        return f"{self.live.run_id}/{self.member}"
 
     def _agent(self, ts: float) -> Span:
         if self.agent is None:
             attrs: dict[str, Any] = {
                 "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.provider.name": PROVIDER_NAME,
-                "gen_ai.agent.id": f"{self.live.run_id}/{self.member}",
+                "gen_ai.provider.name": self.provider,
+                "gen_ai.agent.id": self.conversation_id,
                 "gen_ai.agent.name": self.member,
-                "gen_ai.conversation.id": f"{self.live.run_id}/{self.member}",
+                "gen_ai.conversation.id": self.conversation_id,
                 "fleet.run.id": self.live.run_id,
             }
             attrs["fleet.member.attempt"] = self.attempt
@@ -129,10 +176,16 @@ class _MemberSpans:
         self.first_ts = min(self.first_ts or start, start)
         self.last_ts = max(self.last_ts, ev.ts)
         if isinstance(ev, MemberStart):
+            self.provider = provider_name(ev.model, ev.offline)
+            self.conversation, self.prompt = [], None  # a new attempt starts afresh
             agent = self._agent(ev.ts)
             agent.set_attribute("gen_ai.agent.description", f"{ev.kind} member")
             agent.set_attribute("fleet.member.kind", ev.kind)
             agent.set_attribute("gen_ai.request.model", ev.model)
+            return
+        if isinstance(ev, Prompt | Messages | Compaction) and self.live.content:
+            self._remember(ev)
+        if isinstance(ev, Prompt | Messages):
             return
         if isinstance(ev, ModelCall | ToolCall | ToolResult | MemberEnd):
             agent = self._agent(ev.ts)
@@ -151,28 +204,56 @@ class _MemberSpans:
         else:
             self.finish(ev.ts, ev.status, ev.reason)
 
+    def _remember(self, ev: Prompt | Messages | Compaction) -> None:
+        """Keep what the next chat span's content attributes are made of."""
+        if isinstance(ev, Prompt):
+            self.prompt = ev
+            if self.agent is not None:
+                self.agent.set_attributes(self._prompt_attrs())
+        elif isinstance(ev, Messages):
+            self.conversation += ev.messages
+        elif not ev.server_side:  # the history became the task plus the summary
+            summary = {"role": "user", "content": ev.summary}
+            self.conversation = [*self.conversation[:1], summary]
+
+    def _prompt_attrs(self) -> dict[str, Any]:
+        if self.prompt is None:
+            return {}
+        return {
+            "gen_ai.system_instructions": _fit(msg.system_instructions(self.prompt.system)),
+            "gen_ai.tool.definitions": _fit(msg.tool_definitions(self.prompt.tools)),
+        }
+
     def _chat(self, agent: Span, ev: ModelCall) -> None:
         total_in = ev.input_tokens + ev.cache_read_tokens + ev.cache_write_tokens
         self.usage[0] += total_in
         self.usage[1] += ev.output_tokens
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": PROVIDER_NAME,
+            "gen_ai.provider.name": provider_name(ev.model, ev.offline),
             "gen_ai.request.model": ev.model,
             "gen_ai.response.model": ev.model,
+            "gen_ai.conversation.id": self.conversation_id,
             "gen_ai.usage.input_tokens": total_in,
             "gen_ai.usage.output_tokens": ev.output_tokens,
             "gen_ai.usage.cache_read.input_tokens": ev.cache_read_tokens,
             "gen_ai.usage.cache_creation.input_tokens": ev.cache_write_tokens,
-            "gen_ai.agent.id": f"{self.live.run_id}/{self.member}",
+            "gen_ai.agent.id": self.conversation_id,
             "fleet.turn": ev.turn,
             "fleet.context_tokens": ev.context_tokens,
             "fleet.retries": ev.retries,
         }
+        if ev.response_id:
+            attrs["gen_ai.response.id"] = ev.response_id
+        if ev.server_address:
+            attrs["server.address"] = ev.server_address
+            attrs["server.port"] = ev.server_port
         if ev.stop_reason:
             attrs["gen_ai.response.finish_reasons"] = [ev.stop_reason]
         if self.live.content:
-            attrs["gen_ai.output.messages"] = _clip([{"role": "assistant", "parts": ev.content}])
+            attrs["gen_ai.input.messages"] = _fit(msg.input_messages(self.conversation))
+            attrs["gen_ai.output.messages"] = _fit(msg.output_messages(ev.content, ev.stop_reason))
+            attrs.update(self._prompt_attrs())
         span = self.live.tracer.start_span(
             f"chat {ev.model}", context=ot.set_span_in_context(agent), kind=SpanKind.CLIENT,
             attributes=attrs, start_time=_ns(ev.ts - ev.latency_s),
@@ -189,7 +270,7 @@ class _MemberSpans:
             "fleet.turn": ev.turn,
         }
         if self.live.content:
-            attrs["gen_ai.tool.call.arguments"] = _clip(ev.input)
+            attrs["gen_ai.tool.call.arguments"] = _fit(ev.input)
         self.tools[ev.call_id] = self.live.tracer.start_span(
             f"execute_tool {ev.tool}", context=ot.set_span_in_context(agent),
             kind=SpanKind.INTERNAL, attributes=attrs, start_time=_ns(ev.ts),
@@ -203,7 +284,7 @@ class _MemberSpans:
         if ev.offloaded:
             span.set_attribute("fleet.tool.offloaded", ev.offloaded)
         if self.live.content:
-            span.set_attribute("gen_ai.tool.call.result", _clip(ev.output))
+            span.set_attribute("gen_ai.tool.call.result", ev.output[:_MAX_ATTR])
         if ev.is_error:
             span.set_attribute("error.type", "tool_error")
             span.set_status(Status(StatusCode.ERROR, ev.output[:200]))
@@ -259,11 +340,13 @@ class LiveRun:
         self.run_id = run_id
         self.provider = provider
         self.content = content
-        self.tracer = provider.get_tracer("fleet")
+        self.tracer = provider.get_tracer("fleet", _version())
+        workflow = name or DEFAULT_WORKFLOW
         self.span = self.tracer.start_span(
-            f"invoke_workflow {name or run_id}",
-            attributes={"gen_ai.operation.name": "invoke_workflow", "fleet.run.id": run_id,
-                        "gen_ai.provider.name": PROVIDER_NAME},
+            f"invoke_workflow {workflow}", kind=SpanKind.INTERNAL,
+            attributes={"gen_ai.operation.name": "invoke_workflow",
+                        "gen_ai.workflow.name": workflow, "gen_ai.agent.name": workflow,
+                        "fleet.run.id": run_id},
             start_time=_ns(start),
         )  # fmt: skip
         self.context = ot.set_span_in_context(self.span)
@@ -293,6 +376,7 @@ class LiveRun:
             spans.finish(max(spans.last_ts, 0.0) or end, "incomplete", "run ended first")
         self.span.set_attribute("fleet.run.status", status)
         if status not in ("ok", "succeeded"):
+            self.span.set_attribute("error.type", status)
             self.span.set_status(Status(StatusCode.ERROR, status))
         self.span.end(end_time=_ns(end))
         self.provider.force_flush()
@@ -303,7 +387,7 @@ CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 """The GenAI instrumentations' switch for message content; honoured by live export."""
 
 
-def live_from_env(run_id: str, *, start: float) -> LiveRun | None:
+def live_from_env(run_id: str, *, start: float, name: str = "") -> LiveRun | None:
     """A :class:`LiveRun` exporting to ``$OTEL_EXPORTER_OTLP_ENDPOINT``, or None if unset.
 
     The SDK's exporter reads the endpoint (and headers, timeouts) from the standard
@@ -312,7 +396,7 @@ def live_from_env(run_id: str, *, start: float) -> LiveRun | None:
     if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return None
     content = os.environ.get(CONTENT_ENV, "").strip().lower() in ("1", "true", "yes")
-    return LiveRun(run_id, make_provider(), start=start, content=content)
+    return LiveRun(run_id, make_provider(), start=start, content=content, name=name)
 
 
 def export_run(
@@ -339,14 +423,24 @@ def _replay(run: RunTrace, exporter: SpanExporter, content: bool) -> int:
     starts = [ev.ts - ev.duration_s for m in run.members for ev in m.events
               if isinstance(ev, SandboxEvent)]  # fmt: skip
     start, end = (min(stamps + starts), max(stamps)) if stamps else (0.0, 0.0)
-    live = LiveRun(run.id, provider, start=start, content=content)
+    name = str((run.job or {}).get("name") or "")
+    live = LiveRun(run.id, provider, start=start, content=content, name=name)
     count = 1
     for member in run.members:
         listen = live.listener(member.id)
         for ev in member.events:
             listen(ev)
             count += isinstance(ev, ModelCall | ToolCall)
+    live.close(end, _run_status(run))
+    return count + live.agent_spans
+
+
+def _run_status(run: RunTrace) -> str:
+    """How the run ended, as its journal says; from its members when it does not."""
+    ended = [e.get("status") for e in run.journal
+             if e.get("event") in ("run_finished", "run_interrupted")]  # fmt: skip
+    if ended and isinstance(ended[-1], str):
+        return ended[-1]
     # Each member's last end event decides (earlier ones are attempts that were retried).
     last = {m.id: ev.status for m in run.members for ev in m.events if isinstance(ev, MemberEnd)}
-    live.close(end, "ok" if set(last.values()) <= {"ok"} else "partial")
-    return count + live.agent_spans
+    return "ok" if set(last.values()) <= {"ok"} else "partial"

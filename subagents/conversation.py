@@ -18,7 +18,7 @@ from typing import Any
 
 from .context.base import ContextLike
 from .model.base import Model, ModelRequest
-from .trace import Messages, TraceWriter
+from .trace import Messages, Prompt, TraceWriter
 from .usage import Usage, model_call_event
 
 
@@ -59,6 +59,10 @@ class Conversation:
         """Add a message and trace it."""
         self.messages.append(message)
         self.trace_message(message)
+
+    def trace_prompt(self) -> None:
+        """Trace what the model is told besides the messages (once, at the start)."""
+        self.trace.emit(Prompt(system=self.system, tools=self.tools))
 
     def trace_message(self, message: dict[str, Any]) -> None:
         """Trace a message (or the part of one) the conversation gained this turn."""

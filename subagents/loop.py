@@ -213,6 +213,7 @@ class AgentLoop:
             blocks.append({"type": "text", "text": f"Inputs (JSON):\n{inputs}"})
         if memory:
             blocks.append({"type": "text", "text": memory})
+        self.conv.trace_prompt()
         self.conv.append({"role": "user", "content": blocks})
 
     def _waiting(self) -> str:

@@ -103,6 +103,20 @@ class ModelCall(_Event, TokenCounts):
     offline: bool = False
     content: list[dict[str, Any]] = Field(default_factory=list)
     """The response content blocks (text, tool_use)."""
+    response_id: str = ""
+    """The response message's id (``msg_...``)."""
+    server_address: str = ""
+    """Host that answered (empty for offline models)."""
+    server_port: int = 0
+
+
+class Prompt(_Event):
+    """What the model is told besides the messages, once per member at its start: the
+    system prompt and the tool definitions (the same for every call of the member)."""
+
+    type: Literal["prompt"] = "prompt"
+    system: str
+    tools: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ToolCall(_Event):
@@ -255,6 +269,7 @@ TraceEvent = Annotated[
     MemberStart
     | MemberEnd
     | Messages
+    | Prompt
     | ModelCall
     | ToolCall
     | ToolResult

@@ -73,4 +73,14 @@ def model_call_event(
         retries=response.retries,
         offline=response.offline,
         content=content,
+        **answered_by(response),
     )
+
+
+def answered_by(response: ModelResponse) -> dict[str, Any]:
+    """The ``ModelCall`` fields that say which response it was and who sent it."""
+    return {
+        "response_id": response.message.id or "",
+        "server_address": response.server_address,
+        "server_port": response.server_port,
+    }

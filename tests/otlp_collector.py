@@ -33,19 +33,37 @@ class Collector:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def spans(self) -> list[Any]:
-        """Every span received, decoded from the OTLP protobuf bodies."""
+    def _resource_spans(self) -> list[Any]:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
         )
 
-        out = []
-        for _, _, body in self.posts:
-            for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
-                for ss in rs.scope_spans:
-                    out.extend(ss.spans)
-        return out
+        return [
+            rs
+            for _, _, body in self.posts
+            for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+        ]
+
+    def spans(self) -> list[Any]:
+        """Every span received, decoded from the OTLP protobuf bodies."""
+        return [span for rs in self._resource_spans() for ss in rs.scope_spans for span in ss.spans]
+
+    def resources(self) -> list[dict[str, Any]]:
+        """The resource attributes of every batch received (plain values)."""
+        return [attributes(rs.resource.attributes) for rs in self._resource_spans()]
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def attributes(pairs: Any) -> dict[str, Any]:
+    """OTLP key-value pairs as a plain dict (strings, ints, floats, bools, lists)."""
+    return {kv.key: _plain(kv.value) for kv in pairs}
+
+
+def _plain(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_plain(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None

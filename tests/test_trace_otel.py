@@ -105,8 +105,11 @@ def test_content_only_when_asked(synthetic: tracegen.Expected) -> None:
 
 def test_live_listener_exports_while_the_member_runs(tmp_path: Path) -> None:
     exporter = InMemorySpanExporter()
-    live = otel.LiveRun("live-run", otel.make_provider(exporter=exporter), start=100.0)
-    writer = TraceWriter(tmp_path / "trace.jsonl", run="live-run", member="m1")
+    live = otel.LiveRun(
+        "live-run-20261130-0001", otel.make_provider(exporter=exporter), start=100.0,
+        name="live-job",
+    )  # fmt: skip
+    writer = TraceWriter(tmp_path / "trace.jsonl", run="live-run-20261130-0001", member="m1")
     writer.listeners.append(live.listener("m1"))
     writer.emit(MemberStart(ts=100.0, kind="browser", task="t", model="claude-haiku-4-5"))
     writer.emit(ModelCall(ts=102.0, turn=1, model="claude-haiku-4-5", input_tokens=10,
@@ -129,8 +132,12 @@ def test_live_listener_exports_while_the_member_runs(tmp_path: Path) -> None:
         "chat claude-haiku-4-5",
         "execute_tool navigate",
         "invoke_agent m1",
-        "invoke_workflow live-run",
+        "invoke_workflow live-job",  # the job's name: low cardinality, not the run id
     }
+    workflow = spans["invoke_workflow live-job"]
+    assert workflow.attributes["gen_ai.workflow.name"] == "live-job"
+    assert workflow.attributes["fleet.run.id"] == "live-run-20261130-0001"
+    assert "error.type" not in workflow.attributes
     chat = spans["chat claude-haiku-4-5"]
     assert chat.attributes["gen_ai.usage.input_tokens"] == 100
     assert (chat.start_time, chat.end_time) == (int(100.5e9), int(102e9))

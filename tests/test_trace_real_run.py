@@ -171,6 +171,7 @@ def test_otel_export_of_a_real_run(real_run: Path) -> None:
     chats = [s for s in spans if s.attributes["gen_ai.operation.name"] == "chat"]
     assert len(chats) == roll.totals["turns"]
     assert {s.attributes["gen_ai.request.model"] for s in chats} == {"offline:research"}
+    assert {s.attributes["gen_ai.provider.name"] for s in chats} == {"fleet.offline"}
     agents = [s for s in spans if s.attributes["gen_ai.operation.name"] == "invoke_agent"]
     assert sorted(s.attributes["gen_ai.agent.name"] for s in agents) == [
         r.member for r in roll.members
@@ -181,7 +182,7 @@ def test_live_otlp_export_during_the_run(real_run: Path, collector: Collector) -
     spans = collector.spans()
     roll = rollup_run(load_run(real_run))
     names = [s.name for s in spans]
-    assert names.count(f"invoke_workflow {real_run.name}") == 1
+    assert names.count("invoke_workflow research") == 1  # the job's name, not the run id
     assert sorted(n for n in names if n.startswith("invoke_agent ")) == [
         f"invoke_agent {r.member}" for r in roll.members
     ]

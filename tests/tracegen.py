@@ -478,7 +478,8 @@ def make_run(
     run_dir = Path(root) / run_id
     (run_dir / "members").mkdir(parents=True, exist_ok=True)
     question = "How do Python's asyncio tasks get cancelled, and how is work shielded?"
-    job = {"kind": "research", "question": question, "members": members, "model": MODEL}
+    job = {"name": "synthetic", "kind": "research", "question": question, "members": members,
+           "model": MODEL}  # fmt: skip
     (run_dir / "job.json").write_text(json.dumps(job, indent=2), encoding="utf-8")
     exp = Expected(run_id=run_id, run_dir=run_dir, run_start=BASE_TS - 1.2)
     _journal(run_dir, [

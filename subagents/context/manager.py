@@ -22,6 +22,7 @@ from sandbox.base import Sandbox
 from ..model.base import Model, ModelProfile, ModelResponse
 from ..tools.base import Tool
 from ..trace import Clip, Compaction, ModelCall, Offload, TraceWriter
+from ..usage import answered_by
 from . import compaction as comp
 from .budget import Budget
 from .clip import clip_old_writes
@@ -330,6 +331,7 @@ class ContextManager:
                 content=[
                     b.model_dump(mode="json", exclude_none=True) for b in response.message.content
                 ],
+                **answered_by(response),
             )
         )
 

@@ -70,6 +70,10 @@ class ModelResponse(BaseModel):
     """How many times the call was retried (HTTP errors and mid-stream overloads)."""
     offline: bool = False
     """True for offline models (replay, offline policy): never a real model's words."""
+    server_address: str = ""
+    """Host the answer came from (the API's, or ``ANTHROPIC_BASE_URL``'s); empty offline."""
+    server_port: int = 0
+    """Its port (443 for https when the URL names none); 0 offline."""
 
 
 @runtime_checkable

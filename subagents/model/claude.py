@@ -132,7 +132,14 @@ class AnthropicModel:
                 attempt += 1
                 self._report_retry(attempt, exc, delay)
                 await anyio.sleep(delay)
-        return ModelResponse(message=message, latency_s=time.monotonic() - started, retries=attempt)
+        url = self.client.base_url
+        return ModelResponse(
+            message=message,
+            latency_s=time.monotonic() - started,
+            retries=attempt,
+            server_address=url.host,
+            server_port=url.port or (443 if url.scheme == "https" else 80),
+        )
 
     async def count_tokens(self, request: ModelRequest) -> int | None:
         """Input tokens as the API counts them; None if the endpoint is unavailable."""

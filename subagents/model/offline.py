@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import itertools
+import secrets
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -146,6 +147,9 @@ class OfflineModel:
         self.policy = policy
         self.profile = offline_profile(name)
         self._ids = itertools.count(1)
+        # Every member has its own model: a random tag keeps tool-call and message ids
+        # unique across members (and runs), as the API's are; the answers stay the same.
+        self._tag = secrets.token_hex(4)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         answer = self.policy(request)
@@ -155,13 +159,13 @@ class OfflineModel:
         n = next(self._ids)
         for j, block in enumerate(blocks):
             if block.get("type") == "tool_use" and not block.get("id"):
-                block["id"] = f"toolu_offline_{n:04d}_{j}"
+                block["id"] = f"toolu_offline_{self._tag}_{n:04d}_{j}"
         message = build_message(
             blocks,
             model=self.name,
             input_tokens=estimate_input(request),
             stop_reason=stop_reason,
-            message_id=f"msg_offline_{n:04d}",
+            message_id=f"msg_offline_{self._tag}_{n:04d}",
         )
         return ModelResponse(message=message, offline=True)
 
