@@ -3,8 +3,9 @@
 A ``write_file`` call carries the whole file in its input, and that input stays in
 the context long after the file exists on disk, where the agent can read its
 current (and more accurate) content at any time. Past ``clip_fraction`` of the
-budget, such inputs older than the most recent few are rewritten in place: every
-long string argument but the path becomes a one-line pointer to the file. Only
+budget, such inputs older than the most recent few are rewritten (the message is
+replaced by a copy, never changed in place): every long string argument but the
+path becomes a one-line pointer to the file. Only
 calls that succeeded are clipped (a failed write's content is not on disk), and
 the tool_use block itself, its id and its name stay, so tool_use/tool_result
 pairing is untouched.
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..model.wire import replace_block
 from .config import ContextConfig
 from .tokens import estimate_text
 
@@ -29,7 +31,7 @@ class ClipReport:
     call_ids: list[str] = field(default_factory=list)
     tokens_saved: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
-    """Messages rewritten in place (their cached sizes must be forgotten)."""
+    """Messages replaced by rewritten copies (their cached sizes must be forgotten)."""
 
 
 def _failed_calls(messages: list[dict[str, Any]]) -> set[str]:
@@ -74,8 +76,8 @@ def clip_old_writes(messages: list[dict[str, Any]], config: ContextConfig) -> Cl
     """Rewrite old, successful write/edit inputs to pointers, in place."""
     report = ClipReport()
     tools = set(config.clip_tools)
-    uses: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    for message in messages:
+    uses: list[tuple[int, dict[str, Any]]] = []
+    for index, message in enumerate(messages):
         if message.get("role") != "assistant" or not isinstance(message.get("content"), list):
             continue
         for block in message["content"]:
@@ -84,21 +86,20 @@ def clip_old_writes(messages: list[dict[str, Any]], config: ContextConfig) -> Cl
                 and block.get("type") == "tool_use"
                 and block.get("name") in tools
             ):
-                uses.append((message, block))
+                uses.append((index, block))
     candidates = uses[: max(0, len(uses) - config.keep_recent_writes)]
     if not candidates:
         return report
     failed = _failed_calls(messages)
-    for message, block in candidates:
+    for index, block in candidates:
         args = block.get("input")
         if not isinstance(args, dict) or block.get("id") in failed:
             continue
         new_args, saved = _clip_input(args, config.clip_min_chars)
         if saved <= 0:
             continue
-        block["input"] = new_args
+        report.messages.append(messages[index])
+        replace_block(messages, index, block, {**block, "input": new_args})
         report.call_ids.append(block.get("id", ""))
         report.tokens_saved += saved
-        if not any(m is message for m in report.messages):
-            report.messages.append(message)
     return report

@@ -5,9 +5,11 @@ message holds the task verbatim) and calls, per member: :meth:`start` once,
 :meth:`admit_tool_result` for every tool result, :meth:`observe_usage` after every
 model call, :meth:`prepare` before every model call, and :meth:`finish` at the end
 (failure included). :meth:`prepare` works on the loop's list in place and returns
-it: offloads and clips rewrite old blocks, compaction replaces the list's content,
-recitation appends a block to the last user message. When the context is small,
-:meth:`prepare` costs one cached estimate and nothing else.
+it: offloads and clips replace old messages with rewritten copies, compaction
+replaces the list's content, recitation replaces the last user message with one that
+has the list appended. A message object is never changed in place (the model
+adapter serializes each message once and relies on it: :mod:`subagents.model.wire`).
+When the context is small, :meth:`prepare` costs one cached estimate and nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import anyio
 from sandbox.base import Sandbox
 
 from ..model.base import Model, ModelProfile, ModelResponse
+from ..model.wire import replace_block
 from ..tools.base import Tool
 from ..trace import Clip, Compaction, ModelCall, Offload, TraceWriter
 from ..usage import answered_by
@@ -212,7 +215,7 @@ class ContextManager:
         report = clip_old_writes(messages, self.config)
         changed, saved = list(report.messages), report.tokens_saved
         if self.todos is not None:
-            retired, retired_saved = self.todos.retire_old_recitals()
+            retired, retired_saved = self.todos.retire_old_recitals(messages)
             changed += retired
             saved += retired_saved
         if not changed:
@@ -243,9 +246,9 @@ class ContextManager:
             pointer, saved, size = await self.offloader.offload(
                 call_id, names.get(call_id, "tool"), text
             )
-            block["content"] = pointer
-            self.offloads += 1
             self.counter.forget(messages[index])
+            replace_block(messages, index, block, {**block, "content": pointer})
+            self.offloads += 1
             self.trace.emit(
                 Offload(
                     call_id=call_id,

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..model.wire import replace_block
 from ..tools.base import Tool, ToolContext, ToolError, ToolOutput
 from ..trace import Todos, TraceWriter
 from .tokens import estimate_text
@@ -75,15 +76,16 @@ class TodoState:
         return turn - self.last_recited_turn >= every
 
     def recite(self, messages: list[dict[str, Any]], turn: int) -> dict[str, Any] | None:
-        """Append the list to the last user message; returns that message (or None)."""
+        """Append the list to the last user message (replaced by a copy that has it);
+        returns the new message (or None)."""
         if not messages or messages[-1].get("role") != "user":
             return None
-        message = messages[-1]
-        if isinstance(message.get("content"), str):
-            message["content"] = [{"type": "text", "text": message["content"]}]
+        content = messages[-1].get("content") or []
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
         text = "Current todo list (update it with write_todos as you progress):\n" + self.render()
         block = {"type": "text", "text": text}
-        message["content"].append(block)
+        message = messages[-1] = {**messages[-1], "content": [*content, block]}
         self.recitals.append((message, block))
         self.changed = False
         self.last_recited_turn = turn
@@ -93,19 +95,30 @@ class TodoState:
             )
         return message
 
-    def retire_old_recitals(self) -> tuple[list[dict[str, Any]], int]:
+    def retire_old_recitals(
+        self, messages: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], int]:
         """Shrink every recitation but the latest to one line (they are superseded).
 
-        Returns the messages changed and the tokens saved. Called under budget
-        pressure only, since rewriting old blocks invalidates the cached prefix.
+        Each message holding one is replaced by a copy. Returns the messages replaced
+        and the tokens saved. Called under budget pressure only, since rewriting old
+        blocks invalidates the cached prefix.
         """
         changed: list[dict[str, Any]] = []
         saved = 0
-        for message, block in self.recitals[:-1]:
-            if block["text"] != SUPERSEDED:
-                saved += estimate_text(block["text"]) - estimate_text(SUPERSEDED)
-                block["text"] = SUPERSEDED
-                changed.append(message)
+        old = {id(block): block for _, block in self.recitals[:-1]}
+        for index, message in enumerate(messages):
+            content = message.get("content")
+            if not old or not isinstance(content, list):
+                continue
+            for block in content:
+                # Same id, same object: ``old`` keeps every recital block alive.
+                recital = old.pop(id(block), None)
+                if recital is None or recital["text"] == SUPERSEDED:
+                    continue
+                saved += estimate_text(recital["text"]) - estimate_text(SUPERSEDED)
+                changed.append(messages[index])
+                replace_block(messages, index, recital, {**recital, "text": SUPERSEDED})
         self.recitals = self.recitals[-1:]
         return changed, saved
 

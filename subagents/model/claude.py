@@ -20,23 +20,34 @@ Design choices:
   against the four. The caller's request is never mutated: touched blocks are copied.
 - **Server-side context management** (``compact_20260112``, ``clear_tool_uses_20250919``)
   goes through the beta endpoint with its beta header, only when the request asks.
+- **The body is ours to serialize** (:mod:`subagents.model.wire`): the client would
+  copy and re-encode the whole conversation on every call; instead each message is
+  encoded once and the client gets the bytes (``client.post(..., content=...)``,
+  then the SDK's own stream reader), so a turn costs what is new in it. The beta
+  path above keeps the SDK's request method (it is opt-in and rare).
+- **One TLS context per process**: building one reads the CA bundle (about 20 ms of
+  CPU); every member's client shares it instead of building its own.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import random
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
 
 import anthropic
 import anyio
+import httpx2
 import pydantic
 from anthropic.types import Message
 
 from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelResponse
 from subagents.model.profiles import profile_for
+from subagents.model.wire import BodyEncoder, StreamedMessage
 from subagents.trace import Retry, TraceWriter
 
 MAX_BREAKPOINTS = 4
@@ -47,6 +58,14 @@ _CONTEXT_BETAS = {
 }
 _RETRY_STATUSES = {408, 409, 429}
 _DELTA_EVENTS = {"content_block_delta", "text", "input_json", "thinking", "citation"}
+_STREAM_HEADERS = {"X-Stainless-Helper-Method": "stream", "X-Stainless-Stream-Helper": "messages"}
+"""What the SDK's own ``messages.stream`` sends besides the body."""
+
+
+@functools.cache
+def _tls_context(cafile: str | None, capdir: str | None) -> ssl.SSLContext:
+    """The client's default TLS context, built once per CA setting (SSL_CERT_FILE/DIR)."""
+    return httpx2.create_ssl_context()
 
 
 class _EarlyStreamFailure(Exception):
@@ -99,8 +118,11 @@ class AnthropicModel:
             # The SDK's default pool closes itself from __del__ on whatever event loop
             # runs at collection time; a model dropped without aclose() would then touch
             # sockets of a finished loop. A plain pool is just collected.
-            http_client=anthropic.DefaultAsyncHttpxClient(),
+            http_client=anthropic.DefaultAsyncHttpxClient(
+                verify=_tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+            ),
         )
+        self._bodies = BodyEncoder()
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool (call before the event loop ends)."""
@@ -115,11 +137,14 @@ class AnthropicModel:
     # -- the seam --------------------------------------------------------------
     async def complete(self, request: ModelRequest) -> ModelResponse:
         params = build_params(request, self.name, cache=self.cache)
+        body = None
+        if "context_management" not in params:
+            body = self._bodies.encode({**params, "stream": True})
         started = time.monotonic()
         attempt = 0
         while True:
             try:
-                message = await self._stream_once(params)
+                message = await self._stream_once(params, body)
                 break
             except (
                 _EarlyStreamFailure,
@@ -153,33 +178,43 @@ class AnthropicModel:
         return int(result.input_tokens)
 
     # -- one attempt -----------------------------------------------------------
-    async def _stream_once(self, params: dict[str, Any]) -> Message:
-        if "context_management" in params:
-            betas = sorted(
-                {
-                    _CONTEXT_BETAS.get(e.get("type"), "")
-                    for e in params["context_management"].get("edits", [])
-                }
-                - {""}
+    async def _stream_once(self, params: dict[str, Any], body: bytes | None) -> Message:
+        if body is None:
+            return await self._stream_beta(params)
+        gathered = StreamedMessage()
+        try:
+            # The body is sent as it is; events come back as the dicts the client
+            # decoded (AsyncStream[object]: no typed object built per event).
+            stream = await self.client.post(
+                "/v1/messages",
+                cast_to=Message,
+                content=body,
+                options={"headers": _STREAM_HEADERS},
+                stream=True,
+                stream_cls=anthropic.AsyncStream[object],
             )
-            manager: Any = self.client.beta.messages.stream(**params, betas=betas)
-        else:
-            manager = self.client.messages.stream(**params)
+            async with stream:
+                async for event in stream:
+                    gathered.add(event)  # type: ignore[arg-type]
+        except (anthropic.APIStatusError, anthropic.APIConnectionError) as exc:
+            _raise_early(exc, gathered.saw_delta)
+            raise
+        return _as_message(gathered.final())
+
+    async def _stream_beta(self, params: dict[str, Any]) -> Message:
+        """Server-side context management: the SDK's beta stream method and header."""
+        betas = sorted(
+            {_CONTEXT_BETAS.get(e.get("type"), "") for e in params["context_management"]["edits"]}
+            - {""}
+        )
         saw_delta = False
         try:
-            async with manager as stream:
+            async with self.client.beta.messages.stream(**params, betas=betas) as stream:
                 async for event in stream:
                     saw_delta = saw_delta or event.type in _DELTA_EVENTS
                 final = await stream.get_final_message()
-        except anthropic.APIStatusError as exc:
-            if exc.status_code == 200 and _error_type(exc) == "overloaded_error" and not saw_delta:
-                raise _EarlyStreamFailure(
-                    "overloaded_error mid-stream before the first delta"
-                ) from exc
-            raise
-        except anthropic.APIConnectionError as exc:
-            if not saw_delta:
-                raise _EarlyStreamFailure(f"connection lost before the first delta: {exc}") from exc
+        except (anthropic.APIStatusError, anthropic.APIConnectionError) as exc:
+            _raise_early(exc, saw_delta)
             raise
         return _as_message(final.to_dict())
 
@@ -309,11 +344,15 @@ def _with_list_content(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _count_existing(params: dict[str, Any]) -> int:
-    blocks: list[Any] = [*params.get("tools", []), *params.get("system", [])]
-    for message in params["messages"]:
-        if isinstance(message.get("content"), list):
-            blocks += message["content"]
-    return sum(1 for b in blocks if isinstance(b, dict) and b.get("cache_control"))
+    contents = [params.get("tools", []), params.get("system", [])]
+    contents += [m.get("content") for m in params["messages"]]
+    return sum(
+        1
+        for blocks in contents
+        if isinstance(blocks, list)
+        for b in blocks
+        if isinstance(b, dict) and b.get("cache_control")
+    )
 
 
 def _as_message(data: dict[str, Any]) -> Message:
@@ -326,6 +365,17 @@ def _as_message(data: dict[str, Any]) -> Message:
 
 
 # -- error details -------------------------------------------------------------
+def _raise_early(exc: Exception, saw_delta: bool) -> None:
+    """A stream that failed before any content arrived may be repeated: say so."""
+    if saw_delta:
+        return
+    if isinstance(exc, anthropic.APIStatusError):
+        if exc.status_code == 200 and _error_type(exc) == "overloaded_error":
+            raise _EarlyStreamFailure("overloaded_error mid-stream before the first delta") from exc
+    elif isinstance(exc, anthropic.APIConnectionError):
+        raise _EarlyStreamFailure(f"connection lost before the first delta: {exc}") from exc
+
+
 def _error_type(exc: anthropic.APIStatusError) -> str:
     body = exc.body
     if isinstance(body, dict) and isinstance(body.get("error"), dict):

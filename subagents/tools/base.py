@@ -9,6 +9,8 @@ that (and any other exception, and schema validation errors) into an
 from __future__ import annotations
 
 import abc
+import copy
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -72,6 +74,23 @@ class Tool(abc.ABC):
 
     def definition(self) -> dict[str, Any]:
         """The Messages API tool definition."""
-        schema = self.Input.model_json_schema()
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": copy.deepcopy(input_schema(self.Input)),
+        }
+
+
+_SCHEMAS: weakref.WeakKeyDictionary[type[BaseModel], dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def input_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON schema of a tool's input model, built once per model class (pydantic
+    takes about a millisecond per tool, which every member paid for every tool); the
+    caller gets the shared dict and must not change it."""
+    schema = _SCHEMAS.get(model)
+    if schema is None:
+        schema = model.model_json_schema()
         schema.pop("title", None)
-        return {"name": self.name, "description": self.description, "input_schema": schema}
+        _SCHEMAS[model] = schema
+    return schema

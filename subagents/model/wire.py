@@ -1,0 +1,204 @@
+"""Request bodies as bytes, each message serialized once per member.
+
+The official client prepares every request by walking and copying the whole body
+(so that a retry can send it again) and then JSON-encodes it: at 200 turns that was
+most of the coordinator's CPU per turn, spent on history that had not changed since
+the previous turn. :class:`BodyEncoder` builds the JSON text of a Messages API
+request itself, from fragments cached per message, and the adapter hands the client
+those bytes (``content=``), which it sends as they are: only what is new in a turn
+(the latest messages, the blocks that carry cache breakpoints) is encoded again.
+
+The contract that makes the cache safe: **a message handed to the model is never
+changed in place.** Whoever changes one (an offload, a clip, a todo recitation
+retired) replaces it in the conversation with a new dict, and a block with a new
+block (:func:`replace_block`). A cached fragment is used only while the message
+object and its content list are the same objects as when it was encoded and the
+list has as many blocks (and, outside the unchanged run of messages at the start of
+the conversation, the same block objects), so appending a block or replacing the
+content list is seen; assigning a key inside a block in place would not be, and is
+what the contract rules out.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+from typing import Any
+
+from pydantic import BaseModel
+
+
+def _plain(value: Any) -> Any:
+    """What a pydantic model in a message (a dumped response block) is sent as."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_none=True)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+_ENCODE = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_plain
+).encode
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact JSON, as the client itself encodes a body."""
+    return _ENCODE(value).encode()
+
+
+class BodyEncoder:
+    """JSON bytes of request parameters; message and list-item fragments are cached."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, _Entry] = {}
+        """id(item) -> its entry, for the items of the last request."""
+        self._last: list[_Entry] = []
+        """The entries of the last request's messages, in order."""
+
+    def encode(self, params: dict[str, Any]) -> bytes:
+        """The request body for ``params`` (``messages``, ``tools`` and ``system`` lists
+        are encoded item by item, other fields as they are)."""
+        used: dict[int, _Entry] = {}
+        parts = [b"{"]
+        for key, value in params.items():
+            parts += (encode_json(key), b":")
+            if key in ("messages", "tools", "system") and isinstance(value, list):
+                if key == "messages":
+                    entries = self._messages(value, used)
+                else:
+                    entries = [self._entry(v, used) for v in value]
+                parts += (b"[", b",".join([e[3] for e in entries]), b"]")
+            else:
+                parts.append(encode_json(value))
+            parts.append(b",")
+        parts[-1] = b"}"
+        # Only the items of this request stay: a compacted-away message is let go.
+        self._items = used
+        return b"".join(parts)
+
+    def _messages(self, messages: list[Any], used: dict[int, _Entry]) -> list[_Entry]:
+        """Entries of the messages: the run of messages unchanged since the last request
+        (same objects, same content lists of the same length) is taken as it was,
+        without looking inside; the rest item by item."""
+        same = 0
+        for message, entry in zip(messages, self._last, strict=False):
+            content = message.get("content")
+            if (
+                entry[0] is not message
+                or entry[1] is not content
+                or len(entry[2]) != (len(content) if isinstance(content, list) else 0)
+            ):
+                break
+            same += 1
+        entries = self._last[:same]
+        for entry in entries:
+            used[id(entry[0])] = entry
+        entries += [self._entry(m, used) for m in messages[same:]]
+        self._last = entries
+        return entries
+
+    def _entry(self, item: Any, used: dict[int, _Entry]) -> _Entry:
+        content = item.get("content") if isinstance(item, dict) else None
+        blocks = tuple(content) if isinstance(content, list) else ()
+        hit = self._items.get(id(item))
+        if (
+            hit is not None
+            and hit[0] is item
+            and hit[1] is content
+            and len(hit[2]) == len(blocks)
+            and all(map(operator.is_, hit[2], blocks))
+        ):
+            used[id(item)] = hit
+            return hit
+        entry = (item, content, blocks, encode_json(item))
+        used[id(item)] = entry
+        return entry
+
+
+_Entry = tuple[Any, Any, tuple[Any, ...], bytes]
+"""(item, its content, its content's blocks, its JSON)."""
+
+
+def replace_block(
+    messages: list[dict[str, Any]], index: int, old: dict[str, Any], new: dict[str, Any]
+) -> dict[str, Any]:
+    """Put ``new`` where ``old`` is in ``messages[index]``, as a new message (the old
+    one is left as it was); returns the new message."""
+    message = messages[index]
+    content = [new if block is old else block for block in message["content"]]
+    messages[index] = {**message, "content": content}
+    return messages[index]
+
+
+class StreamedMessage:
+    """A streamed answer's raw events (dicts, as the client decoded them from the
+    stream) gathered into the message's dict, as the SDK's own stream helper does:
+    text, thinking and citations appended, a tool's input JSON parsed when its block
+    ends, ``message_delta`` fields set and its cumulative usage taken over. Only the
+    finished message is validated (once), rather than every event being built into a
+    typed object on the way."""
+
+    def __init__(self) -> None:
+        self.message: dict[str, Any] | None = None
+        self._json: dict[int, list[str]] = {}
+        """Index -> the input JSON pieces of a tool_use block still streaming."""
+        self.saw_delta = False
+        """Content arrived (from here on, a repeated call would be billed twice)."""
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "message_start":
+            self.message = {**event["message"], "content": []}
+            return
+        message = self.message
+        if message is None:
+            raise RuntimeError(f"unexpected event order: {kind} before message_start")
+        if kind == "content_block_start":
+            message["content"].append(dict(event["content_block"]))
+        elif kind == "content_block_delta":
+            self.saw_delta = True
+            self._delta(message["content"][event["index"]], event["index"], event["delta"])
+        elif kind == "content_block_stop":
+            pieces = self._json.pop(event["index"], None)
+            if pieces:
+                message["content"][event["index"]]["input"] = _tool_input("".join(pieces))
+        elif kind == "message_delta":
+            delta = event.get("delta") or {}
+            for key in ("stop_reason", "stop_sequence", "stop_details"):
+                message[key] = delta.get(key)
+            if delta.get("container") is not None:
+                message["container"] = delta["container"]
+            # Usage on message_delta is cumulative: it overwrites; absent fields keep
+            # the message_start value.
+            usage = event.get("usage") or {}
+            message["usage"] = {
+                **(message.get("usage") or {}),
+                **{k: v for k, v in usage.items() if v is not None},
+            }
+
+    def _delta(self, block: dict[str, Any], index: int, delta: dict[str, Any]) -> None:
+        kind = delta.get("type")
+        if kind == "text_delta" and block.get("type") == "text":
+            block["text"] = block.get("text", "") + delta["text"]
+        elif kind == "input_json_delta" and "input" in block:
+            self._json.setdefault(index, []).append(delta.get("partial_json", ""))
+        elif kind == "citations_delta" and block.get("type") == "text":
+            block["citations"] = [*(block.get("citations") or []), delta["citation"]]
+        elif kind == "thinking_delta" and block.get("type") == "thinking":
+            block["thinking"] = block.get("thinking", "") + delta["thinking"]
+        elif kind == "signature_delta" and block.get("type") == "thinking":
+            block["signature"] = delta["signature"]
+
+    def final(self) -> dict[str, Any]:
+        """The whole message; raises if the stream ended before it began."""
+        if self.message is None:
+            raise RuntimeError("the stream ended without a message_start event")
+        return self.message
+
+
+def _tool_input(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"Unable to parse tool parameter JSON from model: {exc}. JSON: {text[:2_000]}"
+        ) from None
