@@ -276,13 +276,15 @@ def _progress(
 
 async def _remove_boxes(nodes: Nodes, run: RunDir, opts: RunOptions) -> None:
     """Remove whatever the run left on every node - except boxes a member asked to keep
-    (``sandbox.keep``, for debugging), which stay until ``fleet sandbox gc --all``."""
+    (``sandbox.keep``, for debugging), which stay until ``fleet sandbox rm NAME``
+    (or their TTL passes and ``fleet sandbox gc`` takes them)."""
     kept = await nodes.remove_boxes(run.id)
     if not kept:
         return
     run.journal.append("boxes_kept", boxes=kept)
     print(
-        f"fleet: kept for debugging: {', '.join(kept)}; remove with 'fleet sandbox gc --all'",
+        f"fleet: kept for debugging: {', '.join(kept)}; remove with "
+        f"'fleet sandbox rm {' '.join(kept)}'",
         file=opts.out,
     )
 

@@ -74,6 +74,7 @@ def to_member_spec(
         limits=lim.model_copy(
             update={"deadline_s": max(lim.deadline_s * 0.9, lim.deadline_s - 60)}
         ),
+        stated_deadline_s=lim.deadline_s,
         max_output_tokens=max_tokens,
         sandbox=job.sandbox.box(get_kind(job.kind).box_kind, network=network),
         memory_dir=memory_dir,

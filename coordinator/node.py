@@ -282,7 +282,7 @@ async def serving(
 async def remove_run_boxes(backend: SandboxBackend, run_id: str) -> list[str]:
     """Remove what a run left on this node's engine, except boxes a member asked to
     keep (``sandbox.keep``, for debugging), whose names are returned: they stay with
-    their network until ``fleet sandbox gc --all``."""
+    their network until ``fleet sandbox rm NAME`` (or ``gc`` after their TTL)."""
     try:
         kept = [b.name for b in await backend.list_boxes(run=run_id) if b.keep]
         if not kept:

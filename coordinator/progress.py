@@ -110,7 +110,8 @@ class Progress:
         row = self.rows.setdefault(event.member, Row(event.member))
         t = getattr(event, "type", "")
         if t == "model_call":
-            row.turn = max(row.turn, event.turn)
+            if not event.closing:  # the closing call after a limit is not a turn
+                row.turn = max(row.turn, event.turn)
             row.tokens_in += event.input_tokens + event.cache_read_tokens + event.cache_write_tokens
             row.tokens_out += event.output_tokens
         what = _action(event)

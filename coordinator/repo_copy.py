@@ -116,26 +116,47 @@ def check_size(repo: Path, names: list[str] | None = None, *, room: int | None =
     or when it would not fit in ``room`` bytes of the box (its tmpfs mounts, where every
     file takes whole pages)."""
     total = footprint = 0
+    tops: dict[str, int] = {}
     for name in select_files(repo) if names is None else names:
         path = repo / name
         size = 0 if path.is_symlink() else path.stat().st_size
         total += size
         footprint += -(-size // PAGE) * PAGE
+        top = Path(name).parts[0]
+        tops[top] = tops.get(top, 0) + size
         if total > MAX_COPY_BYTES:
             raise RepoTooLarge(
                 f"{repo} holds more than {MAX_COPY_BYTES // 2**20} MB of files to copy into "
-                "the box; point REPO at the project itself, or list bulky generated files "
-                "in .gitignore (ignored files are not copied)"
+                f"the box{_biggest(tops)}; point REPO at the project itself, or "
+                + _how_to_leave_out(repo)
             )
         if room is not None and footprint > room:
             raise RepoTooLarge(
                 f"{repo}: the files to copy take more than the box holds ({room // 2**20} MB "
                 "in /workspace, and again in /tmp for the snapshot the patch is computed "
                 "against); raise the member's sandbox.workspace_size and sandbox.tmpfs_size "
-                '(e.g. sandbox = { workspace_size = "2g", tmpfs_size = "1g" }), or list '
-                "bulky generated files in .gitignore"
+                '(e.g. sandbox = { workspace_size = "2g", tmpfs_size = "1g" }), or '
+                + _how_to_leave_out(repo)
             )
     return total
+
+
+def _biggest(tops: dict[str, int]) -> str:
+    """The largest top-level entries seen so far, where a user looks first."""
+    big = sorted(tops.items(), key=lambda kv: -kv[1])[:3]
+    return " (largest: " + ", ".join(f"{n} {s / 2**20:.0f} MB" for n, s in big) + ")"
+
+
+def _how_to_leave_out(repo: Path) -> str:
+    """How bulky files stay out of the copy - which depends on what ``repo`` is: only
+    in a git work tree does .gitignore decide."""
+    if _ls_files(repo, "--cached") is not None:
+        return "list bulky generated files in .gitignore (ignored files are not copied)"
+    return (
+        "move bulky files out of it: it is not a git work tree, so everything in it is "
+        "copied but virtualenvs, node_modules and caches, and a .gitignore has no effect "
+        "(it would in a git work tree: git init, then list them in .gitignore)"
+    )
 
 
 def stage(repo: Path, dest: Path, *, room: int | None = None) -> int:

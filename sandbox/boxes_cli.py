@@ -6,7 +6,8 @@ boxes whose run is over (its live marker is gone or names a dead process), boxes
 whose TTL has passed, and run networks left behind. ``--all`` also removes kept
 boxes, but never those of a live run (another process may be using them; gc says how
 many it spared) unless ``--include-live`` is given too; ``--dry-run`` only says what
-would go.
+would go. ``rm NAME...`` removes the named boxes (a box a member kept for debugging)
+and whatever of their run is left only for them (its egress proxy and networks).
 
 Exit codes: 0 done, 2 the engine is unavailable (one paragraph saying what to do),
 1 another sandbox error.
@@ -41,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     gc.set_defaults(func=cmd_gc)
+    rm = sub.add_parser("rm", help="remove the named boxes (a box kept for debugging, say)")
+    rm.add_argument("names", nargs="+", metavar="NAME", help="a box's name, as 'ls' shows it")
+    rm.set_defaults(func=cmd_rm)
 
 
 def _age(seconds: float) -> str:
@@ -85,6 +89,39 @@ def cmd_ls(args: argparse.Namespace) -> int:
             for i, (c, w) in enumerate(zip(row, widths, strict=True))
         ]
         print("  ".join(cells).rstrip())
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """Remove named boxes - never another run's in progress, never a box not Fleet's."""
+    from .engine import connect
+
+    live = reaper.live_runs()
+    try:
+        client = connect()
+        by_name = {b.name: b for b in reaper.list_boxes(client)}
+        unknown = [n for n in args.names if n not in by_name]
+        if unknown:
+            print(
+                f"fleet: no Fleet box named {', '.join(unknown)}; 'fleet sandbox ls' lists them",
+                file=sys.stderr,
+            )
+            return 2
+        busy = [n for n in args.names if by_name[n].run in live]
+        if busy:
+            print(
+                f"fleet: {', '.join(busy)} belong(s) to a run still live; remove once it ends",
+                file=sys.stderr,
+            )
+            return 2
+        removed = reaper.remove_boxes(client, [by_name[n] for n in dict.fromkeys(args.names)])
+    except SandboxError as e:
+        print(f"fleet: {e}", file=sys.stderr)
+        return 2 if isinstance(e, SandboxUnavailable) else 1
+    for box in removed.boxes:
+        print(f"removed {box.name} (run {box.run}, member {box.member})")
+    for net in removed.networks:
+        print(f"removed network {net}")
     return 0
 
 

@@ -249,6 +249,26 @@ def collect(
     return out
 
 
+@on_engine
+def remove_boxes(client: docker.DockerClient, boxes: list[BoxInfo]) -> Collected:
+    """Remove these boxes (a kept one, say) and, for each run left with no box but its
+    egress proxy, that proxy and the run's networks: one box's leftovers, no one else's."""
+    out = Collected()
+    for box in boxes:
+        if _remove(client, box.id):
+            out.boxes.append(box)
+    for run in sorted({b.run for b in boxes}):
+        rest = _containers(client, run)
+        if any((c.get("Labels") or {}).get("fleet.kind") != "proxy" for c in rest):
+            continue
+        for c in rest:
+            _remove(client, c["Id"])
+        for net in _networks(client, run):
+            if _remove_network(client, net):
+                out.networks.append(str(net.get("Name") or net["Id"][:12]))
+    return out
+
+
 def gc(client: docker.DockerClient, live: set[str], *, now: float) -> list[BoxInfo]:
     """:func:`collect` for the backend: the boxes removed."""
     return collect(client, live, now=now).boxes

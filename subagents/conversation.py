@@ -76,6 +76,7 @@ class Conversation:
         tool_choice: dict[str, Any] | None = None,
         max_tokens: int | None = None,
         prepare: bool = True,
+        closing: bool = False,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """One model call; appends and traces the assistant message. Its content
         blocks (as JSON) and stop reason."""
@@ -116,6 +117,7 @@ class Conversation:
                 parent=self.turn_span,
                 turn=self.turn,
                 default_model=profile.name,
+                closing=closing,
             )
         )
         texts = [b["text"] for b in content if b.get("type") == "text" and b.get("text")]

@@ -133,6 +133,9 @@ class AgentLoop:
         self.calls = ToolCalls(
             self.registry, self.tool_ctx, context=context, trace=trace, gate=self.policy
         )
+        self.closing_turn = False
+        """A closing call was made (after a limit): the last of ``conv.turn``'s turns
+        is that call, not a turn of the member's own."""
         self.nudged = False
 
     async def run(self) -> MemberOutcome:
@@ -148,14 +151,7 @@ class AgentLoop:
             if isinstance(ended, MemberOutcome):
                 return ended
             if ended is None:
-                limit, reason = (
-                    "deadline",
-                    (
-                        f"wall-clock deadline of {deadline:g} s reached after {self.conv.turn} "
-                        f"turns and {self.calls.count} tool calls"
-                    )
-                    + self._waiting(),
-                )
+                limit, reason = "deadline", self._deadline_reason(deadline)
             else:
                 limit, reason = ended
             partial, why_none = await self._close(limit, deadline_at)
@@ -255,6 +251,7 @@ class AgentLoop:
             return None, room
         with anyio.move_on_after(room.seconds):
             conv.turn += 1
+            self.closing_turn = True
             message = closing.closing_message(conv.messages, closing.note(limit))
             if message is None:  # the note went into the last user message: trace it alone
                 conv.trace_message({"role": "user", "content": [conv.messages[-1]["content"][-1]]})
@@ -262,7 +259,10 @@ class AgentLoop:
                 conv.append(message)
             try:
                 content, _ = await conv.call(
-                    tool_choice=closing.FORCE_SUBMIT, max_tokens=room.max_tokens, prepare=False
+                    tool_choice=closing.FORCE_SUBMIT,
+                    max_tokens=room.max_tokens,
+                    prepare=False,
+                    closing=True,
                 )
             except ModelError as exc:
                 return None, f"the closing call failed: {exc}"
@@ -282,6 +282,18 @@ class AgentLoop:
             except Exception:  # best effort: the partial result stands without it
                 return answer.partial, ""
         return None, "the deadline passed during the closing call"
+
+    def _deadline_reason(self, deadline: float) -> str:
+        done = f"after {self.conv.turn} turns and {self.calls.count} tool calls"
+        stated = self.spec.stated_deadline_s
+        if stated is None:
+            return f"wall-clock deadline of {deadline:g} s reached {done}" + self._waiting()
+        # The harness stops itself a little before the job's deadline (the coordinator's
+        # hard limit), so the closing call can still hand in a partial result.
+        return (
+            f"deadline_s = {stated:g} s reached {done}{self._waiting()} (the member stopped "
+            "itself shortly before it, to hand in what it had)"
+        )
 
     def _closing_output_bound(self) -> int:
         return closing.output_tokens(self.limits.result_tokens, self.conv.max_output_tokens)
@@ -330,10 +342,12 @@ class AgentLoop:
     ) -> MemberOutcome:
         """The member's outcome as of now (also used for crashed / failed ends)."""
         conv = self.conv
+        # The member's turns as max_turns counts them: the closing call is not one.
+        turns = conv.turn - self.closing_turn
         progress = None
         if status != "ok":
             progress = Progress(
-                turns=conv.turn,
+                turns=turns,
                 last_actions=list(self.calls.recent),
                 todos=self.context.todo_items(),
                 last_text=conv.last_text,
@@ -351,7 +365,7 @@ class AgentLoop:
             progress=progress,
             result_truncated=self.gate.truncated and result is not None,
             retryable=retryable,
-            turns=conv.turn,
+            turns=turns,
             input_tokens=u.input,
             output_tokens=u.output,
             cache_read_tokens=u.cache_read,

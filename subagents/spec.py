@@ -110,6 +110,10 @@ class MemberSpec(_Strict):
     model: str = "offline"
     """Model string (a known model, ``offline`` or ``replay:<trace>``)."""
     limits: Limits = Field(default_factory=Limits)
+    stated_deadline_s: float | None = None
+    """The deadline the job stated, when ``limits.deadline_s`` is the harness's own
+    earlier stop ahead of the coordinator's hard one: the number messages name (a user
+    who wrote 4 s must not read 3.6 s)."""
     max_output_tokens: int = Field(default=8_192, ge=256)
     """Output limit of one model call (never above the model's own limit); a job sets
     it with ``[model].max_tokens``."""

@@ -108,6 +108,9 @@ class ModelCall(_Event, TokenCounts):
     server_address: str = ""
     """Host that answered (empty for offline models)."""
     server_port: int = 0
+    closing: bool = False
+    """The closing call after a limit (:mod:`subagents.closing`): a model call, but not
+    one of the member's ``max_turns`` turns, so views do not count it as one."""
 
 
 class Prompt(_Event):

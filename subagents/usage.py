@@ -52,6 +52,7 @@ def model_call_event(
     parent: str,
     turn: int,
     default_model: str,
+    closing: bool = False,
 ) -> ModelCall:
     """The ``ModelCall`` event of one response (``content`` already dumped to dicts)."""
     message, usage = response.message, response.message.usage
@@ -74,6 +75,7 @@ def model_call_event(
         offline=response.offline,
         content=content,
         **answered_by(response),
+        closing=closing,
     )
 
 

@@ -212,6 +212,14 @@ def test_a_box_the_job_asks_to_keep_outlives_the_run_and_only_that_one(
     assert rows["plain"].endswith("box removed"), rows
     trace = list(read_trace(run.path / "members" / "kept" / "trace.jsonl"))
     assert [(e.action, e.box) for e in trace if e.type == "sandbox"][-1] == ("keep", name)
+    # The line names the command that removes this box, and only it (not gc --all,
+    # which would take every kept box on a shared engine).
+    assert f"remove with 'fleet sandbox rm {name}'" in err
+    assert main(["sandbox", "rm", name]) == 0
+    assert _boxes(docker_client, run.id) == []
+    assert f"removed {name} (run {run.id}, member kept)" in capsys.readouterr().out
+    assert main(["sandbox", "rm", name]) == 2  # gone: named, with where to look
+    assert "no Fleet box named" in capsys.readouterr().err
 
 
 def _wait_for(pred, timeout: float, what: str, describe=lambda: "") -> None:

@@ -261,6 +261,8 @@ def test_trace_agrees_with_the_journal_on_a_timed_out_member_and_a_queued_one(
     # It stopped itself before the hard limit (box start-up included) and handed in
     # what it had.
     assert run.result("slow")["partial_result"]["summary"] == "stopped after 2 steps"
+    # The reason names the deadline the job file says, not the harness's earlier stop.
+    assert run.result("slow")["reason"].startswith("deadline_s = 12 s reached after ")
     assert _trace_status(run, "slow") == "timed_out"
     traced = json.loads(fleet("trace", str(run.path), "--json").stdout)
     assert {m["member"]: m["status"] for m in traced["members"]} == {
@@ -366,3 +368,23 @@ def test_a_member_whose_every_tool_call_was_refused_is_not_ok(tmp_path, images, 
     assert outcome["status"] == "failed"
     assert outcome["reason"].startswith("every tool call was refused (1 of 1), e.g. blocked:")
     assert run.state().members == {"walled": "failed"}
+
+
+def test_max_turns_reads_as_the_number_written_in_every_view(tmp_path, images, runs_dir):
+    """One turn allowed; the closing call after it is a model call, not a second turn."""
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'name = "one-turn"\n[model]\nname = "claude-sonnet-5"\n'
+        '[[members]]\nid = "brief"\nkind = "coding"\ntask = "count"\n'
+        "limits = { max_turns = 1 }\n"
+    )
+    done, api = run_against(_shell_then_sleep_then_submit, job, runs_dir)
+    assert done.returncode == 1 and len(api.requests) == 2, done.stderr
+    (run,) = RunDir.list(runs_dir)
+    assert run.result("brief")["turns"] == 1 and run.result("brief")["status"] == "incomplete"
+    row = next(line for line in done.stderr.splitlines() if line.startswith("brief "))
+    assert row.split()[1:3] == ["incomplete", "1"], row  # status, turn
+    traced = json.loads(fleet("trace", str(run.path), "--json").stdout)
+    assert traced["members"][0]["turns"] == 1
+    detail = fleet("trace", str(run.path), "brief").stdout
+    assert "turn 1 " in detail and "closing call (after a limit)" in detail

@@ -79,5 +79,11 @@ def test_a_repo_too_large_to_copy_is_bad_input_before_a_run(tmp_path, monkeypatc
     code = main(["code", str(tmp_path / "proj"), "do it", "--output-dir", str(out)])
     assert code == 2
     err = capsys.readouterr().err
-    assert "files to copy into the box" in err and "Traceback" not in err
-    assert ".gitignore" in err and not out.exists()
+    assert "files to copy into the box (largest: " in err and "Traceback" not in err
+    assert not out.exists()
+    # Not a git work tree: a .gitignore would change nothing, and the hint says so.
+    assert "it is not a git work tree" in err and "a .gitignore has no effect" in err
+    subprocess.run(["git", "init", "-q", str(tmp_path / "proj")], check=True)
+    assert main(["code", str(tmp_path / "proj"), "do it", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "list bulky generated files in .gitignore" in err and "not a git" not in err

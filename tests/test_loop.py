@@ -173,8 +173,11 @@ async def test_turn_limit_gives_incomplete_outcome_with_progress(tmp_path: Path)
         tmp_path, lambda req: tool_use("add", {"a": 1, "b": 1}), limits=Limits(max_turns=3)
     )
     assert outcome.status == "incomplete" and outcome.limit == "turns"
-    # Three turns, then the closing call forcing submit_result (this model ignores it).
-    assert outcome.turns == 4 and len(api.requests) == 4
+    # Three turns, then the closing call forcing submit_result (this model ignores it),
+    # which is a model call but not a turn: max_turns = 3 reads as 3 turns.
+    assert outcome.turns == 3 and len(api.requests) == 4
+    closing = [e.closing for e in events(tmp_path / "trace.jsonl", "model_call")]
+    assert closing == [False, False, False, True]
     assert api.requests[3]["tool_choice"] == {"type": "tool", "name": "submit_result"}
     assert "3 turns" in outcome.reason and "did not call submit_result" in outcome.reason
     assert outcome.partial_result is None

@@ -249,7 +249,7 @@ async def test_turn_limit_closing_call_returns_the_best_partial_result(tmp_path:
     assert outcome.status == "incomplete" and outcome.limit == "turns"
     assert outcome.result is None  # a partial result is never the answer
     assert outcome.partial_result == {"answer": "partial: 2 of 3 sums done", "sources": ["add"]}
-    assert len(api.requests) == 4 and outcome.turns == 4
+    assert len(api.requests) == 4 and outcome.turns == 3  # the closing call is not a turn
     closing = api.requests[3]
     assert closing["tool_choice"] == FORCED and closing["max_tokens"] == 1_300
     assert "limit of this task has been reached" in _text(closing["messages"][-1])

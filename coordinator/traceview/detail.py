@@ -112,6 +112,8 @@ class TurnView(_View):
     model_calls: list[ModelCallView] = Field(default_factory=list)
     tools: list[ToolView] = Field(default_factory=list)
     marks: list[Mark] = Field(default_factory=list)
+    closing: bool = False
+    """The closing call after a limit, not one of the member's turns."""
 
 
 class PageView(_View):
@@ -350,6 +352,7 @@ def _add_to_turn(
     if isinstance(ev, ModelCall):
         call = _model_view(ev, ref, limit)
         view.model_calls.append(call)
+        view.closing = view.closing or ev.closing
         view.start = min(view.start, call.start)
     elif isinstance(ev, ToolCall):
         text, cut = clip_text(compact_json(ev.input), limit)

@@ -144,7 +144,7 @@ def _member_data(d: MemberDetail, base: float, images: _Images, run_dir: Path) -
         ]  # fmt: skip
         marks = [_mark(m, base, images) for m in t.marks if m.kind != "sandbox"]
         turns.append({"n": t.turn, "a": t.attempt, "s": _r(t.start, base), "e": _r(t.end, base),
-                      "m": calls, "t": tools, "k": marks})  # fmt: skip
+                      "m": calls, "t": tools, "k": marks, "c": t.closing})  # fmt: skip
     row = r.model_dump(mode="json", exclude={"per_attempt"})
     row["start"], row["end"] = _r(r.start, base) if r.start else 0, _r(r.end, base) if r.end else 0
     return {

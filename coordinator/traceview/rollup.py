@@ -106,7 +106,8 @@ class MemberRollup(_View, TokenCounts):
     per_attempt: list[AttemptRollup] = Field(default_factory=list)
     """Each attempt's status, reason and times, in order."""
     turns: int = 0
-    """Model calls made (all attempts)."""
+    """Turns made (all attempts): model calls, the closing call after a limit not
+    counted, as ``max_turns`` does not count it."""
     tool_calls: int = 0
     errors: int = 0
     """Tool results flagged as errors plus error events."""
@@ -189,7 +190,7 @@ def _attempt(n: int, events: list[Any], journal: MemberJournal | None) -> Attemp
             a.box_s += ev.duration_s
             ready = ev.ts
         elif isinstance(ev, ModelCall):
-            a.turns += 1
+            a.turns += not ev.closing
         elif isinstance(ev, ToolCall):
             a.tool_calls += 1
         elif isinstance(ev, MemberEnd):
@@ -227,7 +228,7 @@ def rollup_member(
     for ev in member.events:
         if isinstance(ev, ModelCall):
             offline = offline or ev.offline
-            r.turns += 1
+            r.turns += not ev.closing  # the closing call after a limit is not a turn
             r.input_tokens += ev.input_tokens
             r.output_tokens += ev.output_tokens
             r.cache_read_tokens += ev.cache_read_tokens

@@ -119,7 +119,8 @@ def _tool_lines(tool: ToolView, width: int) -> list[str]:
 
 
 def _turn_lines(turn: TurnView, width: int) -> list[str]:
-    lines = [f"turn {turn.turn}  {_clock(turn.start)}  {human_duration(turn.end - turn.start)}"]
+    name = "closing call (after a limit)" if turn.closing else f"turn {turn.turn}"
+    lines = [f"{name}  {_clock(turn.start)}  {human_duration(turn.end - turn.start)}"]
     for call in turn.model_calls:
         total_in = call.input_tokens + call.cache_read_tokens + call.cache_write_tokens
         lines.append(

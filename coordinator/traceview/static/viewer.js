@@ -293,7 +293,7 @@
     const badges = ["offload", "compaction", "screenshot", "error", "retry", "clip"].filter((k) => kinds.has(k)).map((k) => el("span", { class: "badge b-" + k, text: k }));
     if (t.t.some((x) => x.err)) badges.push(el("span", { class: "badge b-error", text: "tool error" }));
     const node = el("details", { class: "turn" + (err ? " has-error" : ""), "data-turn": t.n, "data-attempt": t.a },
-      el("summary", {}, el("span", { class: "tn", text: "turn " + t.n }), el("span", { class: "tdur", text: dur(t.e - t.s) }),
+      el("summary", {}, el("span", { class: "tn", text: t.c ? "closing call (after a limit)" : "turn " + t.n }), el("span", { class: "tdur", text: dur(t.e - t.s) }),
         el("span", { class: "tctx", text: ctx }), el("span", { class: "tools-sum", text: t.t.map((x) => x.n).join(", ") }), badges));
     node.addEventListener("toggle", () => {
       if (!node.open || node.dataset.filled) return;
