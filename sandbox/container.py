@@ -53,6 +53,7 @@ def create_container(
     command: list[str] | None,
     run: str,
     member: str,
+    mac_address: str | None = None,
 ) -> dict:
     api = client.api
     mem = spec.box_memory_bytes
@@ -92,6 +93,7 @@ def create_container(
             host_config=host_config,
             networking_config=networking,
             hostname=member[:63],
+            mac_address=mac_address,
         )
     except docker.errors.ImageNotFound:
         raise SandboxUnavailable(

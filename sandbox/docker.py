@@ -59,6 +59,7 @@ from .errors import (
     SandboxSpecError,
     SandboxUnavailable,
 )
+from .firewall import infra_mac
 from .network import RunNetworks, proxy_env
 from .spec import SandboxSpec
 from .transport import BoxTransport
@@ -365,7 +366,9 @@ class DockerBackend(SandboxBackend):
             command = _CODING_COMMAND  # a service box of a named image runs that image's server
         elif command is None and spec.kind == "browser" and not spec.image:
             command = _BROWSER_COMMAND
-        args = (spec, image, labels, env, network, aliases, command, run, member)
+        # A service box is one every member of its run may connect to (firewall.py).
+        mac = infra_mac() if spec.kind == "service" and network != "none" else None
+        args = (spec, image, labels, env, network, aliases, command, run, member, mac)
         info = await anyio.to_thread.run_sync(create_container, self.client, *args)
         box = DockerSandbox(self, info, spec, run, member)
         try:

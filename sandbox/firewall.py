@@ -11,17 +11,46 @@ reach every service listening on the host. The egress proxy is in the same posit
 on its way-out network: its address checks (:mod:`sandbox.egress_proxy`) refuse the
 host's addresses it knows of, and this rule refuses the rest, whatever the address.
 
-The rules. Every run network's bridge is named ``fleet<10 hex>`` (see
+Members of one run must not reach each other's boxes either: a browser box's CDP
+relay listens on all its addresses (the host drives Chromium through it), so any
+process in a sibling's box could otherwise open ``http://SIBLING:9223/json/list`` and
+take over that member's browser - and any port a sibling's command listens on. A
+run's boxes may reach only its egress proxy and its service boxes (the corpus).
+
+The rules. Every run network's bridge is named ``fleetr<9 hex>`` (see
 :func:`bridge_name`) and the proxies' way-out network's bridge is ``flt-egress``
 (:data:`EGRESS_BRIDGE`, deliberately *not* ``fleet*``: a proxy must be forwarded off
-it). One nftables table holds everything, with no per-run state, for IPv4 and IPv6
-alike (:data:`RULESET`)::
+it). A run's proxies and service boxes get a MAC address with Fleet's prefix
+``02:f1:ee`` (:func:`infra_mac`, locally administered; members keep Docker's
+``02:42:...``). One nftables table holds everything, with no per-run state, for IPv4
+and IPv6 alike (:data:`RULESET`)::
 
     table inet fleet
       chain input    (hook input):   from fleet* or flt-egress -> chain host
       chain host:                    replies (established, related) accepted, the rest
                                      rejected (port unreachable)
-      chain forward  (hook forward): from fleet* to anything but fleet* -> drop
+      chain forward  (hook forward): from fleet* to anything but fleet* -> drop;
+                                     from fleetr* -> chain peers
+      chain peers:                   replies accepted; a new connection accepted only
+                                     to a MAC with Fleet's prefix; the rest dropped
+
+Frames between two boxes of one bridge are bridged, not routed; they meet ``forward``
+because the kernel's bridge netfilter hands bridged IP to it
+(``net.bridge.bridge-nf-call-iptables`` and ``-ip6tables``, which Docker itself turns
+on and :func:`ensure_host_rules` checks). Why this design for keeping members apart:
+it is static - one rule for every run, nothing to add per box or to leak when a
+process dies - and it fails closed: a box that does not carry the prefix is reachable
+by nobody but the host. A box cannot take the prefix itself: changing its MAC or
+forging frames needs ``CAP_NET_ADMIN`` or ``CAP_NET_RAW``, which no box has. Rejected
+alternatives: per-box allow rules (state to install and remove per box, leaked by a
+killed Fleet), bridge port isolation per box (``brport/isolated``: per-box root work,
+and nothing an administrator could install once for ``FLEET_HOST_FIREWALL=external``),
+Docker's ``enable_icc=false`` (it also cuts members off from the proxy and the corpus,
+and internal networks cannot publish ports), a network per member (the engine's
+address pools give about 30 networks in all), a token on the CDP relay (leaves every
+other port of a sibling open). The ``peers`` rule matches ``fleetr*`` only, not
+``fleet*``: bridges named by earlier versions have proxies without the prefix, and
+isolating them would cut their boxes off from their proxy.
 
 The host can still open connections to boxes (CDP; the agent's ``docker exec`` does
 not use the network at all); replies come back as established. A box or a proxy
@@ -44,14 +73,16 @@ Without root (or without ``nft``, Debian's ``nftables``) the rules cannot be
 installed, and Fleet fails closed: creating a browser or service box raises
 :class:`SandboxUnavailable` naming what to do. ``fleet setup`` run as root installs
 ``nftables`` when it is missing and the table. ``FLEET_HOST_FIREWALL=external`` says
-an administrator installed :data:`RULESET`; ``FLEET_HOST_FIREWALL=off`` accepts that
-box processes may reach host services.
+an administrator installed :data:`RULESET` (and turned on bridge netfilter);
+``FLEET_HOST_FIREWALL=off`` accepts that box processes may reach host services and
+each other's boxes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 import threading
@@ -60,6 +91,10 @@ from collections.abc import Callable
 from .errors import SandboxUnavailable
 
 BRIDGE_PREFIX = "fleet"
+RUN_BRIDGE_PREFIX = "fleetr"
+"""Run networks' bridges: ``fleet*`` for the host rules, ``fleetr*`` for ``peers``."""
+INFRA_MAC_PREFIX = "02:f1:ee"
+"""MAC prefix of a run's proxies and service boxes, the only peers a box may connect to."""
 EGRESS_BRIDGE = "flt-egress"
 """Bridge of the network the egress proxies leave by (see :mod:`sandbox.network`)."""
 TABLE = "fleet"
@@ -77,6 +112,12 @@ table inet {TABLE} {{
     chain forward {{
         type filter hook forward priority filter; policy accept;
         iifname "{BRIDGE_PREFIX}*" oifname != "{BRIDGE_PREFIX}*" drop
+        iifname "{RUN_BRIDGE_PREFIX}*" jump peers
+    }}
+    chain peers {{
+        ct state established,related accept
+        ether daddr & ff:ff:ff:00:00:00 == {INFRA_MAC_PREFIX}:00:00:00 accept
+        drop
     }}
 }}
 """
@@ -86,7 +127,39 @@ _lock = threading.Lock()
 
 def bridge_name(network: str) -> str:
     """The host interface name of a run network's bridge (at most 15 characters)."""
-    return BRIDGE_PREFIX + hashlib.sha256(network.encode()).hexdigest()[:10]
+    return RUN_BRIDGE_PREFIX + hashlib.sha256(network.encode()).hexdigest()[:9]
+
+
+def infra_mac() -> str:
+    """A fresh MAC address for a run's proxy or service box (see the module docstring)."""
+    tail = secrets.token_bytes(3)
+    return INFRA_MAC_PREFIX + "".join(f":{b:02x}" for b in tail)
+
+
+_BRIDGE_NF = (
+    "/proc/sys/net/bridge/bridge-nf-call-iptables",
+    "/proc/sys/net/bridge/bridge-nf-call-ip6tables",
+)
+
+
+def _bridged_traffic_filtered() -> None:
+    """Make sure bridged IP meets the ``forward`` hook (root only; see the docstring)."""
+    if not os.path.exists(_BRIDGE_NF[0]) and shutil.which("modprobe"):
+        subprocess.run(["modprobe", "br_netfilter"], capture_output=True, timeout=30)
+    for path in _BRIDGE_NF:
+        try:
+            with open(path) as f:
+                if f.read().strip() == "1":
+                    continue
+            with open(path, "w") as f:
+                f.write("1")
+        except OSError as e:
+            raise SandboxUnavailable(
+                f"cannot keep a run's boxes apart: {path} cannot be set to 1 ({e.strerror}), "
+                f"so traffic between boxes would bypass the host rules; load br_netfilter "
+                f"('modprobe br_netfilter') and set it, or set FLEET_HOST_FIREWALL=off to "
+                f"accept that members of a run can reach each other's boxes"
+            ) from None
 
 
 def mode() -> str:
@@ -133,6 +206,7 @@ def ensure_host_rules() -> None:
             f"Fleet's run networks cannot be installed. {_WHAT_TO_DO}"
         )
     with _lock:
+        _bridged_traffic_filtered()
         _replace_table()
 
 

@@ -2,9 +2,11 @@
 
 Coding boxes get ``network_mode=none``: no interface but loopback. Browser and service
 boxes sit on their run's own ``--internal`` bridge network, ``fleet-run-<run>``: the
-host reaches them by IP (that is how CDP gets out), they reach each other (a service
-box answers under its member name as a DNS alias), and nothing else - an internal
-network has no route off the bridge.
+host reaches them by IP (that is how CDP gets out), a box reaches the run's egress
+proxy and its service boxes (a service box answers under its member name as a DNS
+alias), and nothing else - not a sibling member's box (the host rules of
+:mod:`sandbox.firewall` drop that, by the MAC prefix proxies and service boxes get),
+and nothing off the bridge (an internal network has no route off it).
 
 The way out is the run's egress proxy (:mod:`sandbox.egress_proxy`): a small container
 of the coding image on the internal network and on ``fleet-egress``, one per distinct
@@ -166,6 +168,7 @@ class RunNetworks:
             labels={**labels, "fleet.kind": "proxy", "fleet.member": "proxy"},
             host_config=host_config,
             working_dir="/tmp",
+            mac_address=firewall.infra_mac(),  # on the run network: boxes may reach it
         )
         api.connect_container_to_network(container["Id"], EGRESS_NETWORK)
         api.start(container["Id"])

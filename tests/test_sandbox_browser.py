@@ -31,6 +31,16 @@ def backend(docker_client, images) -> DockerBackend:
     return DockerBackend(docker_client, images=images)
 
 
+async def docs_service(backend: DockerBackend, run_id: str):
+    """A service box that serves its /workspace on docs:8080 to the run's boxes."""
+    return await backend.create(
+        SandboxSpec(kind="service"),
+        run=run_id,
+        member="docs",
+        command=["python3", "-m", "http.server", "8080", "--directory", "/workspace"],
+    )
+
+
 def interface_address(name: str) -> str:
     """The IPv4 address of a host interface as ``ip`` reports it: the engine's network
     description may omit the gateway (a fresh Debian docker.io 20.10 does for docker0)."""
@@ -78,12 +88,7 @@ async def test_browser_reaches_only_allowlisted_hosts(
 ) -> None:
     from playwright.async_api import async_playwright
 
-    service = await backend.create(
-        SandboxSpec(kind="service"),
-        run=run_id,
-        member="docs",
-        command=["python3", "-m", "http.server", "8080", "--directory", "/workspace"],
-    )
+    service = await docs_service(backend, run_id)
     await service.write_file("page.html", "<html><body><h1>allowed corpus page</h1></body></html>")
     net = docker_client.api.inspect_network(f"fleet-run-{run_id}")
     assert net["Internal"]
@@ -163,12 +168,7 @@ async def test_box_processes_cannot_reach_the_host_or_leave_the_run_network(
     backend: DockerBackend, run_id: str, docker_client
 ) -> None:
     """A raw socket from exec (no proxy involved) reaches the run's peers, never the host."""
-    service = await backend.create(
-        SandboxSpec(kind="service"),
-        run=run_id,
-        member="docs",
-        command=["python3", "-m", "http.server", "8080", "--directory", "/workspace"],
-    )
+    service = await docs_service(backend, run_id)
     policy = NetworkPolicy(egress="allowlist", allow=("docs:8080",))
     browser = await backend.create(
         SandboxSpec(kind="browser", network=policy), run=run_id, member="b"
@@ -266,3 +266,53 @@ async def test_the_egress_proxy_cannot_reach_any_address_of_the_host(
         for lis in listeners:
             lis.sock.close()
         await browser.close()
+
+
+async def test_a_member_cannot_reach_a_siblings_box_but_the_host_drives_both(
+    backend: DockerBackend, run_id: str, docker_client
+) -> None:
+    """Neither a sibling's CDP relay (:9223) nor any port a sibling's command listens on
+    can be opened from a box; the run's proxy and its service box still can, and the
+    host still drives both browsers."""
+    import functools
+    import json
+
+    import anyio
+    import httpx
+
+    service = await docs_service(backend, run_id)
+    policy = NetworkPolicy(egress="allowlist", allow=("docs:8080",))
+    one = await backend.create(SandboxSpec(kind="browser", network=policy), run=run_id, member="b1")
+    two = await backend.create(SandboxSpec(kind="browser", network=policy), run=run_id, member="b2")
+    (proxy,) = docker_client.api.containers(
+        filters={"label": [f"fleet.run={run_id}", "fleet.kind=proxy"]}
+    )
+    proxy_ip = proxy["NetworkSettings"]["Networks"][f"fleet-run-{run_id}"]["IPAddress"]
+    try:
+        async with anyio.create_task_group() as tg:
+            # A port a sibling's command listens on, for as long as the probes run.
+            server = functools.partial(two.exec, timeout=60.0)
+            tg.start_soon(server, ["python3", "-m", "http.server", "8000"])
+            up = await two.exec(
+                "for i in $(seq 100); do (echo > /dev/tcp/127.0.0.1/8000) 2>/dev/null"
+                " && exit 0; sleep 0.1; done; exit 1"
+            )
+            assert up.ok, up
+            allowed = [f"{service.ip}:8080", f"{proxy_ip}:3128"]
+            for box, sibling in ((one, two), (two, one)):
+                siblings = [f"{sibling.ip}:9223", f"{sibling.ip}:8000"]
+                res = await box.exec(["python3", "-c", _CONNECT, *allowed, *siblings], timeout=30)
+                seen = json.loads(res.stdout)
+                assert all(seen[a] == "connected" for a in allowed), seen
+                assert all(seen[s] != "connected" for s in siblings), seen
+            async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+                for box in (one, two):
+                    pages = await client.get(f"{await box.cdp_endpoint()}/json/list")
+                    assert pages.status_code == 200 and isinstance(pages.json(), list)
+                held = await client.get(f"http://{two.ip}:8000/")
+                assert held.status_code == 200  # the host reaches the sibling's port too
+            tg.cancel_scope.cancel()
+    finally:
+        await one.close()
+        await two.close()
+        await service.close()

@@ -10,7 +10,8 @@ from sandbox.errors import SandboxUnavailable
 
 def test_bridge_names_fit_an_interface_name_and_match_the_rule() -> None:
     name = firewall.bridge_name("fleet-run-" + "x" * 63)
-    assert len(name) <= 15 and name.startswith(firewall.BRIDGE_PREFIX)
+    assert len(name) <= 15 and name.startswith(firewall.RUN_BRIDGE_PREFIX)
+    assert firewall.RUN_BRIDGE_PREFIX.startswith(firewall.BRIDGE_PREFIX)
     assert name != firewall.bridge_name("fleet-run-other")
 
 
