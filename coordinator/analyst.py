@@ -23,9 +23,13 @@ async def write_report(
     outcomes: list[MemberOutcome],
     make_model: Callable[[str], Model],
 ) -> Path:
-    """The analyst step over the members' results; writes report.json and report.md."""
+    """The analyst step over the members' results; writes report.json and report.md.
+
+    With no member ``ok`` there is nothing to analyse: the offline analyst writes the
+    report (what each member was asked, and why it ended as it did) without a model."""
     name = resolve_model(job.synthesis.model or job.model.name)
-    model = make_model(name)
+    nothing = not any(o.status == "ok" for o in outcomes)
+    model = make_model("offline" if nothing else name)
     question = job.research.question if job.research else ""
     tasks = {m.id or "": m.task for m in members}
     cap = job.synthesis.max_result_chars

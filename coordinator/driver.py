@@ -413,7 +413,7 @@ async def _finish(
     finished = [outcomes[m.id or ""] for m in members if m.id in outcomes]
     ok = sum(1 for o in finished if o.status == "ok")
     report_path = None
-    if not signals.got and job.synthesis.enabled and ok:
+    if not signals.got and job.synthesis.enabled and finished:
         with anyio.CancelScope() as signals.scope:  # Ctrl-C stops the analyst too
             report_path = await write_report(run, job, members, finished, opts.make_model)
     if signals.got:

@@ -161,10 +161,10 @@ def render_markdown(report: Report) -> str:
         out.append("")
     if report.open_questions:
         out += ["## Open questions", ""] + [f"- {q}" for q in report.open_questions] + [""]
-    out += ["## Members", "", "| member | kind | status | task / reason |", "|---|---|---|---|"]
+    out += ["## Members", "", "| member | kind | status | task | reason |", "|---|---|---|---|---|"]
     for m in report.members:
-        detail = m.reason if m.status != "ok" else m.task
-        out.append(f"| {m.member} | {m.kind} | {m.status} | {detail.replace('|', '/')[:160]} |")
+        task, reason = (x.replace("|", "/").replace("\n", " ") for x in (m.task, m.reason))
+        out.append(f"| {m.member} | {m.kind} | {m.status} | {task[:160]} | {reason[:300]} |")
     if report.failed:
         out += [
             "",

@@ -128,6 +128,13 @@ def _answers(digests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _tally(lines: list[MemberLine]) -> str:
+    counts: dict[str, int] = {}
+    for m in lines:
+        counts[m.status] = counts.get(m.status, 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
 def offline_report(title: str, question: str, digests: list[dict[str, Any]]) -> Report:
     """The deterministic analyst: findings gathered, de-duplicated and cited."""
     members, failed = _lines(digests)
@@ -167,6 +174,12 @@ def offline_report(title: str, question: str, digests: list[dict[str, Any]]) -> 
         "Assembled by the offline analyst (deterministic, no model): the members' own "
         "words, grouped and cited, not re-worded."
     )
+    if not ok:
+        summary = (
+            f"No member returned a result: all {len(members)} ended without one "
+            f"({_tally(failed)}). What each was asked and why it ended so is listed under "
+            "Members below; no analyst model was asked, as there was nothing to analyse."
+        )
     return Report(
         title=title,
         question=question,

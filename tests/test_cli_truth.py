@@ -388,3 +388,21 @@ def test_max_turns_reads_as_the_number_written_in_every_view(tmp_path, images, r
     assert traced["members"][0]["turns"] == 1
     detail = fleet("trace", str(run.path), "brief").stdout
     assert "turn 1 " in detail and "closing call (after a limit)" in detail
+
+
+def test_a_run_where_no_member_ends_ok_still_writes_its_report(tmp_path, images, runs_dir):
+    job = tmp_path / "job.toml"
+    task = "Replace `Hello, {name}!` with `Hi, {name}!` in `greet.py`."
+    job.write_text('name = "none-ok"\n[model]\nname = "offline"\n' + _coder("curt", task))
+    done = fleet("run", str(job), "--output-dir", str(runs_dir), "--plain")
+    assert done.returncode == 1, done.stderr
+    (run,) = RunDir.list(runs_dir)
+    assert f"report: {run.path / 'report.md'}" in done.stderr
+    report = json.loads((run.path / "report.json").read_text())
+    assert report["summary"].startswith("No member returned a result: all 1 ended without one")
+    (line,) = report["failed"]
+    assert (line["member"], line["task"], line["status"]) == ("curt", task, "failed")
+    assert line["reason"].startswith("test failed after edit:")
+    md = (run.path / "report.md").read_text()
+    row = next(r for r in md.splitlines() if r.startswith("| curt |"))
+    assert "Hi, {name}!" in row and "test failed after edit" in row  # what was tried, and why
