@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from subagents.policy import ToolPolicy
 from subagents.spec import Limits
+from subagents.tools.mcp import McpServerSpec
 from subagents.tools.registry import CustomToolSpec, ParamSpec
 
 from .spec import (
@@ -70,6 +71,10 @@ _EXAMPLES: dict[str, str] = {
     "ask": 'ask = ["shell:rm *", "mcp__docs__*"]   # TOOL, or TOOL:PATTERN on its arguments',
     "ask_default": 'ask_default = "deny"   # or "allow": the answer when nobody can answer',
     "ask_timeout_s": "ask_timeout_s = 300",
+    "mcp": '[[members.mcp]]\nname = "echo"\ncommand = "python3 echo_server.py"\nfiles = "mcp"',
+    "files": 'files = "mcp"   # copied into the box at /tmp/mcp/<name>; the command runs there',
+    "url": 'url = "https://mcp.example.com/mcp"   # its host must be in [egress] allow',
+    "start_timeout_s": "start_timeout_s = 30",
     "question": 'question = "How does asyncio cancel tasks?"',
     "members": '[[members]]\nkind = "coding"\ntask = "Add a --verbose flag"   (or a [research] table)',
     "max_parallel": "max_parallel = 4",
@@ -126,6 +131,7 @@ def _known_fields(loc: tuple[str | int, ...]) -> str:
     sections: dict[str, type[BaseModel]] = {
         "members": MemberJob,
         "tools": CustomToolSpec,
+        "mcp": McpServerSpec,
         "parameters": ParamSpec,
         "limits": Limits,
         "sandbox": SandboxOverrides,
@@ -280,6 +286,15 @@ def load_job(path: str | Path) -> tuple[Job, str]:
                     f"to the job file).\n    example of right: {_EXAMPLES['repo']}"
                 )
             m.repo = str(repo)
+        for j, server in enumerate(m.mcp):
+            if server.files is not None:
+                files = (base / server.files).resolve()
+                if not files.exists():
+                    problems.append(
+                        f"members[{i}].mcp[{j}].files: {server.files!r} does not exist (paths "
+                        f"are relative to the job file).\n    example of right: {_EXAMPLES['files']}"
+                    )
+                server.files = str(files)
         if m.memory is not None and m.memory.dir is not None:
             m.memory.dir = str((base / m.memory.dir).resolve())
     if problems:

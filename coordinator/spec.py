@@ -33,6 +33,7 @@ from subagents.kinds import get_kind
 from subagents.policy import ToolPolicy
 from subagents.result_schema import parse_result_schema
 from subagents.spec import Limits, check_tool_names
+from subagents.tools.mcp import McpServerSpec
 from subagents.tools.registry import CustomToolSpec, load_callable
 
 from .schema_check import member_fields
@@ -169,6 +170,9 @@ class MemberJob(_Strict):
     tools: list[CustomToolSpec] = Field(default_factory=list)
     """Job-defined tools (``[[members.tools]]``): a command template run in the member's
     box, or (``host = true`` only) a Python callable run on the host."""
+    mcp: list[McpServerSpec] = Field(default_factory=list)
+    """MCP servers (``[[members.mcp]]``): a stdio ``command`` started in the member's box,
+    or a ``url`` reached through the run's egress allowlist."""
     policy: ToolPolicy | None = None
     """This member's tool policy, added to the job's ``[policy]`` (its rules join the
     job's; the settings it gives replace the job's)."""
@@ -320,6 +324,19 @@ def _searchable(url: str, allow: list[str]) -> None:
         )
 
 
+def _reachable(url: str, allow: list[str]) -> None:
+    """Refuse an MCP server URL whose host the run's egress allowlist does not list."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if not Policy(allow, None, []).name_allowed(host, port):
+        raise ValueError(
+            f"its host {host}:{port} is not in egress.allow ({', '.join(allow)}); an MCP "
+            f"server is reached only through the run's egress allowlist. Allow it: "
+            f'[egress] allow = [..., "{host}:{port}"]'
+        )
+
+
 class Egress(_Strict):
     """Where browser members may connect (coding members never have a network)."""
 
@@ -413,6 +430,12 @@ class Job(_Strict):
             raise FieldProblem("members", "the job has no [[members]] and no [research] question")
         ids: set[str] = set()
         for i, m in enumerate(self.members):
+            for j, server in enumerate(m.mcp):
+                if server.url is not None:
+                    try:
+                        _reachable(server.url, self.egress.allow)
+                    except ValueError as exc:
+                        raise FieldProblem(f"members.{i}.mcp.{j}.url", str(exc)) from None
             if m.id is None:
                 m.id = f"{m.kind}-{i + 1}"
             if m.id in ids:

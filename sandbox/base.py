@@ -16,7 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .errors import PathRefused
+from .errors import PathRefused, SandboxError
+from .process import BoxProcess
 from .spec import SandboxSpec
 
 
@@ -126,6 +127,12 @@ class Sandbox(abc.ABC):
         and a line naming it when it does not exist. An executable file with no ``#!`` line that is
         not a binary runs with ``/bin/sh``, as a shell would run it.
         """
+
+    async def start_process(self, command: str, *, cwd: str | None = None) -> BoxProcess:
+        """Start ``command`` (a shell string) as a long-lived process whose stdin and
+        stdout stay open to the caller (:mod:`sandbox.process`), e.g. an MCP server.
+        Raises :class:`SandboxError` when this backend cannot stream a process."""
+        raise SandboxError(f"{type(self).__name__} cannot run a long-lived process")
 
     @abc.abstractmethod
     async def read_file(self, path: str, *, limit: int = 64 * 1024 * 1024) -> bytes:

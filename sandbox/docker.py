@@ -61,6 +61,7 @@ from .errors import (
 )
 from .firewall import infra_mac
 from .network import RunNetworks, proxy_env
+from .process import BoxProcess
 from .spec import SandboxSpec
 from .transport import BoxTransport
 
@@ -181,6 +182,11 @@ class DockerSandbox(Sandbox):
         if not reply.get("ok"):
             raise agent_error(reply, self.name)
         return [FileInfo(**e) for e in reply["entries"]]
+
+    async def start_process(self, command: str, *, cwd: str | None = None) -> BoxProcess:
+        if self._closed:
+            raise SandboxClosed(f"sandbox {self.name} was closed; create a new one")
+        return await self.transport.open_process(command, self.resolve(cwd) if cwd else None)
 
     async def upload(self, local: Path, remote: str) -> None:
         """Small trees travel in one request; large ones (and large files) as a tar

@@ -66,6 +66,7 @@ from .boxops import (
 )
 from .engine import engine_calls
 from .errors import SandboxCrashed, SandboxUnavailable
+from .process import BoxProcess
 
 T = TypeVar("T")
 
@@ -133,6 +134,23 @@ class BoxTransport:
         if reason is not None:
             self.crashed = self.crashed or SandboxCrashed(self.name, *reason)
             raise self.crashed
+
+    async def open_process(self, command: str, cwd: str | None) -> BoxProcess:
+        """A long-lived process on its own ``docker exec -i`` (see :mod:`sandbox.process`)."""
+
+        def start() -> Any:
+            exec_id = self._api.exec_create(
+                self.id,
+                ["/bin/sh", "-c", command],
+                stdin=True,
+                user="1000:1000",
+                workdir=cwd,
+            )["Id"]
+            return self._api.exec_start(exec_id, socket=True)
+
+        if self.crashed:
+            raise self.crashed
+        return BoxProcess(await self.engine(start), f"'{command}' in {self.name}")
 
     def _open_exec(self, cmd: list[str]) -> Any:
         exec_id = self._api.exec_create(self.id, cmd, stdin=True, user="1000:1000")["Id"]

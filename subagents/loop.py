@@ -34,6 +34,7 @@ know the span (the adapter's retries, offloads, compaction) still carry it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ from .result_schema import extend_model, job_field_names
 from .spec import MemberSpec
 from .tool_calls import ToolCalls
 from .tools.base import ToolContext
+from .tools.deferred import ToolSearch, ToolView
+from .tools.mcp import start_servers
 from .tools.registry import ToolRegistry, build_custom_tool
 from .trace import TraceWriter
 
@@ -137,9 +140,38 @@ class AgentLoop:
         """A closing call was made (after a limit): the last of ``conv.turn``'s turns
         is that call, not a turn of the member's own."""
         self.nudged = False
+        self.view: ToolView | None = None
+        """The tools the model is sent, once MCP servers brought tools of their own."""
 
     async def run(self) -> MemberOutcome:
-        """Turns until a result or a limit; raises only SandboxCrashed, ModelError, cancel."""
+        """Turns until a result or a limit; raises only SandboxCrashed, ModelError,
+        McpStartFailed (a server of the member's did not start), cancel."""
+        servers = contextlib.AsyncExitStack()
+        try:
+            if self.spec.mcp:
+                await self._start_mcp(servers)
+            return await self._run_limited()
+        finally:
+            # Not shielded: the sessions' task groups were entered in this task's scope
+            # and must be left in it. A server failing as it stops (a dead one's
+            # session) changes nothing of the member's outcome.
+            try:
+                await servers.aclose()
+            except Exception:
+                pass
+
+    async def _start_mcp(self, stack: contextlib.AsyncExitStack) -> None:
+        """Start the member's MCP servers (they stop with ``stack``) and offer their
+        tools - deferred behind tool_search past the threshold (tools/deferred.py)."""
+        tools = await start_servers(stack, self.spec.mcp, self.tool_ctx.sandbox)
+        for tool in tools:
+            self.registry.add(tool)
+        self.view = ToolView(self.registry, tools)
+        if self.view.deferred:
+            self.registry.add(ToolSearch(self.view))
+        self.conv.tools = self.view.definitions()
+
+    async def _run_limited(self) -> MemberOutcome:
         deadline = self.limits.deadline_s
         deadline_at = anyio.current_time() + deadline
         try:
@@ -191,6 +223,8 @@ class AgentLoop:
                 continue
             results = await self.calls.run(tool_uses, turn=conv.turn, turn_span=conv.turn_span)
             conv.append({"role": "user", "content": results})
+            if self.view is not None:  # tool_search may have loaded deferred tools
+                conv.tools = self.view.definitions()
             if self.gate.accepted is not None:
                 return await self._accept()
 

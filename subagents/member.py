@@ -31,6 +31,7 @@ from .model.base import Model, ModelError
 from .outcome import MemberOutcome, Status
 from .policy import Approver
 from .spec import MemberSpec
+from .tools.mcp import McpStartFailed
 from .trace import ErrorEvent, MemberEnd, MemberStart, TraceWriter
 
 FINISH_TIMEOUT_S = 60.0
@@ -124,6 +125,8 @@ async def run_member(
         outcome = _ended(
             spec, loop, model, "crashed", f"sandbox unavailable: {exc}", retryable=True
         )
+    except McpStartFailed as exc:
+        outcome = _ended(spec, loop, model, "failed", str(exc))
     except ModelError as exc:
         outcome = _ended(
             spec, loop, model, "failed", f"model error: {exc}", retryable=exc.retryable

@@ -30,6 +30,7 @@ from .context.config import ContextConfig
 from .kinds import NoSettings, get_kind, kind_settings
 from .policy import ToolPolicy
 from .result_schema import ResultSchema, extend_model, parse_result_schema
+from .tools.mcp import McpServerSpec
 from .tools.registry import CustomToolSpec
 
 
@@ -126,6 +127,8 @@ class MemberSpec(_Strict):
     """Host directory of the member's explicit memory; None: no memory."""
     tools: list[CustomToolSpec] = Field(default_factory=list)
     """Job-defined tools (command templates in the box, or host callables)."""
+    mcp: list[McpServerSpec] = Field(default_factory=list)
+    """MCP servers whose tools the member gets (``mcp__<server>__<tool>``)."""
     policy: ToolPolicy = Field(default_factory=ToolPolicy)
     """Allow / ask / deny rules checked before every tool call (the job's and the
     member's, merged); the default lets every call run."""
@@ -163,6 +166,9 @@ class MemberSpec(_Strict):
     @model_validator(mode="after")
     def _tools_fit_the_kind(self) -> MemberSpec:
         check_tool_names(self.kind, [t.name for t in self.tools])
+        names = [s.name for s in self.mcp]
+        if len(set(names)) != len(names):
+            raise ValueError("two MCP servers have the same name; server names must be unique")
         return self
 
     @model_validator(mode="after")

@@ -15,7 +15,9 @@ from coordinator.runs import RunDir
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-@pytest.mark.parametrize("name", ["research.toml", "code.toml", "mixed.toml", "tools.toml"])
+@pytest.mark.parametrize(
+    "name", ["research.toml", "code.toml", "mixed.toml", "tools.toml", "mcp.toml"]
+)
 def test_example_job_files_are_valid(name):
     job, _ = load_job(EXAMPLES / name)
     assert job.member_count >= 1

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scripted_calls import tool_results
 
 from coordinator.cli import main
 from coordinator.runs import RunDir
@@ -26,29 +27,22 @@ pytestmark = pytest.mark.docker
 FLEET = [str(Path(sys.executable).with_name("fleet"))]
 
 
-def _results(body: dict[str, Any]) -> int:
-    return sum(
-        1
-        for m in body.get("messages") or []
-        if isinstance(m.get("content"), list)
-        for b in m["content"]
-        if isinstance(b, dict) and b.get("type") == "tool_result"
-    )
-
-
 def policy(body: dict[str, Any]) -> Any:
     """``[rm]`` members run ``rm -rf build`` (twice with ``[rm2]``) then ``ls``; others
-    run ``echo`` once; then each submits."""
+    run ``echo`` once; then each submits. ``[slow]``: each answer takes a second."""
     task = json.dumps(body["messages"][0])
-    step = _results(body)
+    step = len(tool_results(body))
     plan = ["mkdir -p build && echo made", "echo hello"]
     if "[rm]" in task:
         plan = ["mkdir -p build && echo made", "rm -rf build", "ls -d build || echo gone"]
     if "[rm2]" in task:
         plan = ["mkdir -p build", "rm -rf build", "rm -rf other", "echo done"]
+    delay = 1.0 if "[slow]" in task else 0.0  # still working when its sibling asks
     if step < len(plan):
-        return tool_use("shell", {"command": plan[step]})
-    return tool_use("submit_result", {"summary": f"{step} steps", "tests_run": [], "notes": []})
+        return tool_use("shell", {"command": plan[step]}, latency_s=delay)
+    return tool_use(
+        "submit_result", {"summary": f"{step} steps", "tests_run": [], "notes": []}, latency_s=delay
+    )
 
 
 def _job(tmp_path: Path, members: str, policy_table: str = "") -> Path:
@@ -99,7 +93,7 @@ def test_an_ask_answered_by_fleet_approve_while_the_sibling_never_waits(
     out = tmp_path / "runs"
     cleanup.append(out)
     members = _member("asker", "[rm] tidy up", 'policy = { ask = ["shell:rm *"] }')
-    members += _member("sibling", "say hello")
+    members += _member("sibling", "[slow] say hello")
     job = _job(tmp_path, members)
     proc = subprocess.Popen(
         [*FLEET, "run", str(job), "--plain", "--wait-approval"],

@@ -4,11 +4,11 @@ box with its arguments shell-quoted."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from scripted_calls import tool_results
 
 from coordinator.cli import main
 from coordinator.runs import RunDir
@@ -34,15 +34,6 @@ parameters = {{ path = {{ type = "string", description = "file to count" }} }}
 """
 
 
-def _tool_results(body: dict[str, Any]) -> list[str]:
-    out = []
-    for m in body.get("messages") or []:
-        for b in m.get("content") or []:
-            if isinstance(b, dict) and b.get("type") == "tool_result":
-                out.append(json.dumps(b["content"]))
-    return out
-
-
 @pytest.mark.docker
 def test_job_file_tool_runs_in_the_members_box_with_quoted_arguments(
     tmp_path, images, fake_api, cleanup, capsys
@@ -52,7 +43,7 @@ def test_job_file_tool_runs_in_the_members_box_with_quoted_arguments(
     (repo / "notes.txt").write_text("one two three four\n")
 
     def policy(body: dict[str, Any]) -> Any:
-        step = len(_tool_results(body))
+        step = len(tool_results(body))
         if step == 0:
             return tool_use("count_words", {"path": "notes.txt"})
         if step == 1:  # an argument that tries to add a command stays one argument

@@ -128,6 +128,12 @@ class ToolRegistry:
                 raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
             self._tools[tool.name] = tool
 
+    def add(self, tool: Tool) -> None:
+        """One more tool (an MCP server's, known once the server has started)."""
+        if tool.name in self._tools:
+            raise ValueError(f"two tools are named {tool.name!r}; tool names must be unique")
+        self._tools[tool.name] = tool
+
     def names(self) -> list[str]:
         return list(self._tools)
 

@@ -1,0 +1,364 @@
+"""MCP servers as a member's tools, with the official ``mcp`` SDK as the client.
+
+Where a server runs. A ``command`` server is started *inside the member's box*
+(:meth:`sandbox.base.Sandbox.start_process`): it has the box's user, limits, files and
+network (none, for a coding member), and dies with the box. Its stdin and stdout are
+the stream of its own ``docker exec``; this module turns that byte stream into the
+SDK's message streams (one JSON-RPC message per line, as the stdio transport frames
+them), so the SDK's :class:`mcp.ClientSession` runs on the host, next to the harness,
+and never in the box. Optional ``files`` (a host file or directory) are copied to
+``/tmp/mcp/<name>`` first and the command runs there.
+
+How tools look to the model: ``mcp__<server>__<tool>``, with the server's own
+description and input schema; a server offering resources also gets
+``mcp__<server>__read_resource``. A result's text is the tool result's text, an image
+becomes an image block, an embedded resource its text (or a note of its size when
+binary), a resource link its URI; a result the server marks ``isError`` is an error
+result.
+
+Error contract. :func:`start_servers` raises :class:`McpStartFailed` naming the server
+and the tail of its stderr when one does not start (the member ends ``failed`` with
+that reason). After that, nothing a server does ends the member: an MCP error, a call
+that takes longer than the server's ``timeout_s``, or a server that died is an
+``is_error`` tool result saying so, and a ``ErrorEvent`` in the trace; a dead server's
+later calls fail at once with the same words.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sandbox.base import Sandbox
+from sandbox.process import BoxProcess, ProcessEnded
+
+from ..trace import ErrorEvent, TraceWriter
+from .base import Tool, ToolContext, ToolError, ToolOutput
+
+NAME_RE = r"^[a-z0-9][a-z0-9-]{0,30}$"
+FILES_ROOT = "/tmp/mcp"
+
+
+class McpServerSpec(BaseModel):
+    """One MCP server of a member (``[[members.mcp]]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_RE)
+    """Server name, the middle of its tools' names (``mcp__<name>__<tool>``)."""
+    command: str | None = None
+    """Shell command starting a stdio server inside the member's box."""
+    url: str | None = None
+    """A streamable-HTTP server's URL; its host must be on the job's ``egress.allow``."""
+    files: str | None = None
+    """Host file or directory copied to ``/tmp/mcp/<name>`` before ``command`` runs there."""
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """Longest one tool call may take."""
+    start_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    """Longest the server may take to start and list its tools."""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> McpServerSpec:
+        if (self.command is None) == (self.url is None):
+            raise ValueError(
+                f"MCP server {self.name!r}: give exactly one of 'command' (a stdio server "
+                "started in the member's box) or 'url' (a streamable-HTTP server)"
+            )
+        if self.files is not None and self.command is None:
+            raise ValueError(f"MCP server {self.name!r}: 'files' is for a 'command' server")
+        if self.url is not None and not re.match(r"^https?://[^/\s]+", self.url):
+            raise ValueError(f"MCP server {self.name!r}: {self.url!r} is not an http(s) URL")
+        return self
+
+
+class McpStartFailed(Exception):
+    """A member's MCP server did not start; the message names it and its stderr tail."""
+
+
+class McpServer:
+    """One running server: its SDK session and what is known of its health."""
+
+    def __init__(self, spec: McpServerSpec, session: Any, process: BoxProcess | None) -> None:
+        self.spec, self.session, self.process = spec, session, process
+        self.dead: str | None = None
+        """Why the server can no longer be used, once that is known."""
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """One SDK call with the server's timeout; failures become :class:`ToolError`."""
+        if self.dead:
+            raise ToolError(self.dead)
+        try:
+            with anyio.fail_after(self.spec.timeout_s):
+                return await getattr(self.session, method)(*args)
+        except TimeoutError:
+            if self.process is not None and self.process.ended is not None:
+                self._died()
+            raise ToolError(
+                f"MCP server {self.spec.name!r} did not answer within {self.spec.timeout_s:g} s"
+            ) from None
+        except ToolError:
+            raise
+        except Exception as exc:
+            if self.process is not None and self.process.ended is not None:
+                raise ToolError(self._died()) from None
+            raise ToolError(f"MCP server {self.spec.name!r}: {exc}") from None
+
+    def _died(self) -> str:
+        tail = self.process.stderr_tail.strip()[-800:] if self.process else ""
+        self.dead = f"MCP server {self.spec.name!r} has stopped" + (
+            f"; its stderr ended with:\n{tail}" if tail else ""
+        )
+        return self.dead
+
+
+class _Args(BaseModel):
+    """Any JSON object: the server checks its own arguments."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class McpTool(Tool):
+    """A server's tool under its ``mcp__<server>__<tool>`` name."""
+
+    name: ClassVar[str] = "mcp"
+    description: ClassVar[str] = ""
+    Input: ClassVar[type[BaseModel]] = _Args
+
+    def __init__(self, server: McpServer, tool: Any) -> None:
+        self.server, self.tool_name = server, str(tool.name)
+        self.name = f"mcp__{server.spec.name}__{tool.name}"  # type: ignore[misc]
+        self.description = (tool.description or f"{tool.name} of {server.spec.name}")[:2000]  # type: ignore[misc]
+        self.schema: dict[str, Any] = dict(tool.input_schema or {"type": "object"})
+
+    def definition(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "input_schema": self.schema}
+
+    async def run(self, args: Any, ctx: ToolContext) -> ToolOutput:
+        arguments = args.model_dump() if isinstance(args, BaseModel) else dict(args or {})
+        missing = [k for k in self.schema.get("required", []) if k not in arguments]
+        if missing:
+            raise ToolError(
+                f"{self.name}: required argument(s) missing: {', '.join(missing)}; its schema: "
+                + json.dumps(self.schema)[:1500]
+            )
+        try:
+            result = await self.server.call("call_tool", self.tool_name, arguments)
+        except ToolError as exc:
+            _traced(ctx.trace, self.server, str(exc))
+            raise
+        return result_output(result)
+
+
+class ReadResourceInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    uri: str = Field(min_length=1)
+    """The resource's URI, as the server lists it."""
+
+
+class ReadResource(Tool):
+    """``mcp__<server>__read_resource``: a server's resource as text."""
+
+    name: ClassVar[str] = "read_resource"
+    description: ClassVar[str] = ""
+    Input: ClassVar[type[BaseModel]] = ReadResourceInput
+
+    def __init__(self, server: McpServer, listed: list[Any]) -> None:
+        self.server = server
+        self.name = f"mcp__{server.spec.name}__read_resource"  # type: ignore[misc]
+        shown = ", ".join(f"{r.uri} ({r.name})" for r in listed[:20]) or "none listed"
+        self.description = (  # type: ignore[misc]
+            f"Read a resource of the MCP server {server.spec.name!r} by URI. Resources: {shown}."
+        )
+
+    async def run(self, args: ReadResourceInput, ctx: ToolContext) -> ToolOutput:
+        try:
+            result = await self.server.call("read_resource", args.uri)
+        except ToolError as exc:
+            _traced(ctx.trace, self.server, str(exc))
+            raise
+        return ToolOutput(text="\n".join(_contents_text(c) for c in result.contents) or "(empty)")
+
+
+def result_output(result: Any) -> ToolOutput:
+    """A ``CallToolResult`` as a tool result: text, image blocks, resources, error flag."""
+    texts: list[str] = []
+    images: list[dict[str, Any]] = []
+    for block in getattr(result, "content", None) or []:
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            texts.append(block.text)
+        elif kind == "image":
+            media = getattr(block, "mime_type", None) or "image/png"
+            images.append(
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": media, "data": block.data},
+                }
+            )
+        elif kind == "resource":
+            texts.append(_contents_text(block.resource))
+        elif kind == "resource_link":
+            texts.append(f"[resource link: {block.uri}]")
+        else:
+            texts.append(f"[{kind or 'unknown'} content omitted]")
+    structured = getattr(result, "structured_content", None)
+    if not texts and structured is not None:
+        texts.append(json.dumps(structured, ensure_ascii=False, default=str))
+    is_error = bool(getattr(result, "is_error", False))
+    return ToolOutput(
+        text="\n".join(texts) or "(no content)", is_error=is_error, attachments=images
+    )
+
+
+def _contents_text(contents: Any) -> str:
+    text = getattr(contents, "text", None)
+    if text is not None:
+        return str(text)
+    blob = getattr(contents, "blob", "") or ""
+    size = len(base64.b64decode(blob)) if blob else 0
+    return f"[binary resource {getattr(contents, 'uri', '')}: {size} bytes, {getattr(contents, 'mime_type', '')}]"
+
+
+def _traced(trace: TraceWriter, server: McpServer, message: str) -> None:
+    trace.emit(ErrorEvent(error="McpError", message=f"{server.spec.name}: {message}"[:4000]))
+
+
+@contextlib.asynccontextmanager
+async def _box_streams(process: BoxProcess) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's read and write streams over a box process's stdout and stdin."""
+    from mcp import types
+    from mcp.shared.message import SessionMessage
+
+    read_in, read_out = anyio.create_memory_object_stream[Any](16)
+    write_in, write_out = anyio.create_memory_object_stream[Any](16)
+
+    async def reader() -> None:
+        buffer = b""
+        async with read_in:
+            try:
+                while True:
+                    buffer += await process.receive()
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        try:
+                            msg = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                            await read_in.send(SessionMessage(msg))
+                        except ValueError as exc:
+                            await read_in.send(exc)
+            except (ProcessEnded, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+
+    async def writer() -> None:
+        async with write_out:
+            async for item in write_out:
+                data = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+                try:
+                    await process.send(data.encode() + b"\n")
+                except ProcessEnded:
+                    return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        tg.start_soon(writer)
+        try:
+            yield read_out, write_in
+        finally:
+            tg.cancel_scope.cancel()
+            await process.close()
+
+
+async def _open(
+    stack: contextlib.AsyncExitStack, spec: McpServerSpec, box: Sandbox | None, proxy: str | None
+) -> McpServer:
+    from mcp import ClientSession
+
+    process: BoxProcess | None = None
+    if spec.command is not None:
+        if box is None:
+            raise McpStartFailed(
+                f"MCP server {spec.name!r} runs in the member's box, and it has none"
+            )
+        cwd = None
+        if spec.files is not None:
+            cwd = f"{FILES_ROOT}/{spec.name}"
+            await box.exec(["mkdir", "-p", cwd], timeout=30)
+            await box.upload(Path(spec.files), cwd)
+        process = await box.start_process(spec.command, cwd=cwd)
+        streams = await stack.enter_async_context(_box_streams(process))
+    else:
+        streams = await stack.enter_async_context(_http_streams(spec, proxy))
+    session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
+    return McpServer(spec, session, process)
+
+
+@contextlib.asynccontextmanager
+async def _http_streams(spec: McpServerSpec, proxy: str | None) -> AsyncIterator[tuple[Any, Any]]:
+    """A streamable-HTTP server, reached through the run's egress proxy only."""
+    import httpx2  # the HTTP client the mcp SDK is built on
+    from mcp.client.streamable_http import streamable_http_client
+
+    if proxy is None:
+        raise McpStartFailed(
+            f"MCP server {spec.name!r} ({spec.url}): this member has no egress proxy to reach "
+            "it through; URL servers are reached only through the run's egress allowlist"
+        )
+    # trust_env off: the proxy named here is the only way out, whatever the host's settings.
+    async with httpx2.AsyncClient(proxy=proxy, timeout=spec.timeout_s, trust_env=False) as client:
+        async with streamable_http_client(spec.url or "", http_client=client) as streams:
+            yield streams[0], streams[1]
+
+
+async def start_servers(
+    stack: contextlib.AsyncExitStack,
+    specs: list[McpServerSpec],
+    box: Sandbox | None,
+    *,
+    proxy: str | None = None,
+) -> list[Tool]:
+    """Start every server (their sessions close with ``stack``); their tools."""
+    tools: list[Tool] = []
+    for spec in specs:
+        server: McpServer | None = None
+        try:
+            # The sessions' task groups go onto ``stack``: opened outside the timeout's
+            # scope, which must not enclose them.
+            server = await _open(stack, spec, box, proxy)
+            with anyio.fail_after(spec.start_timeout_s):
+                await server.session.initialize()
+                listed = await server.session.list_tools()
+                found: list[Tool] = [McpTool(server, t) for t in listed.tools]
+                caps = server.session.server_capabilities
+                if getattr(caps, "resources", None) is not None:
+                    resources = await server.session.list_resources()
+                    if not any(t.name.endswith("__read_resource") for t in found):
+                        found.append(ReadResource(server, list(resources.resources)))
+            tools += found
+        except McpStartFailed:
+            raise
+        except Exception as exc:
+            raise McpStartFailed(_start_failure(spec, server, exc)) from None
+    return tools
+
+
+def _start_failure(spec: McpServerSpec, server: McpServer | None, exc: BaseException) -> str:
+    what = spec.command or spec.url
+    why = (
+        "did not start within its start_timeout_s"
+        if isinstance(exc, TimeoutError)
+        else (f"{type(exc).__name__}: {exc}".strip())
+    )
+    tail = server.process.stderr_tail.strip()[-1200:] if server and server.process else ""
+    message = f"MCP server {spec.name!r} ({what}) did not start: {why}"
+    return message + (
+        f"; its stderr ended with:\n{tail}" if tail else "; it wrote nothing on stderr"
+    )

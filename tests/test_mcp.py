@@ -1,0 +1,159 @@
+"""MCP servers of a member, through the real CLI: the stdio server of examples/mcp/ runs
+inside the member's box and a scripted model (the real ``anthropic`` client against the
+fake Messages API) calls its tools; a server that crashes mid-run, one that never
+starts, a URL server off the allowlist, and deferred schemas loaded by tool_search."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scripted_calls import tool_results
+
+from coordinator.cli import main
+from coordinator.runs import RunDir
+from subagents.fake_api import tool_use
+from subagents.trace import read_trace
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "mcp"
+SUBMIT = tool_use("submit_result", {"summary": "done", "tests_run": [], "notes": []})
+
+
+def _job(tmp_path: Path, command: str, extra: str = "") -> Path:
+    text = f"""
+name = "mcp"
+output_dir = "{tmp_path / "runs"}"
+[model]
+name = "claude-sonnet-5"
+[fanout]
+retry = {{ attempts = 1 }}
+[[members]]
+id = "coder"
+kind = "coding"
+task = "Use the echo server."
+limits = {{ max_turns = 8, deadline_s = 120 }}
+[[members.mcp]]
+name = "echo"
+command = "{command}"
+files = "{EXAMPLE}"
+{extra}
+"""
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def scripted(*calls: tuple[str, dict[str, Any]]) -> Any:
+    def policy(body: dict[str, Any]) -> Any:
+        step = len(tool_results(body))
+        return tool_use(*calls[step]) if step < len(calls) else SUBMIT
+
+    return policy
+
+
+def _results(run: RunDir) -> list[tuple[str, bool, str]]:
+    trace = list(read_trace(run.member_dir("coder") / "trace.jsonl"))
+    names = {e.call_id: e.tool for e in trace if e.type == "tool_call"}
+    return [(names[e.call_id], e.is_error, e.output) for e in trace if e.type == "tool_result"]
+
+
+@pytest.mark.docker
+def test_a_scripted_model_calls_a_tool_of_a_server_in_its_box(tmp_path, images, fake_api, cleanup):
+    api = fake_api(
+        scripted(
+            ("mcp__echo__echo", {"text": "hello from the model"}),
+            ("mcp__echo__read_resource", {"uri": "note://readme"}),
+            ("shell", {"command": "ps -eo uid,args | grep [e]cho_server"}),
+        )
+    )
+    cleanup.append(tmp_path / "runs")
+    assert main(["run", str(_job(tmp_path, "python3 echo_server.py")), "--plain"]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+    offered = {t["name"]: t for t in api.requests[0]["tools"]}
+    assert offered["mcp__echo__echo"]["input_schema"]["required"] == ["text"]
+    assert "note://readme" in offered["mcp__echo__read_resource"]["description"]
+    results = _results(run)
+    assert results[0] == ("mcp__echo__echo", False, "hello from the model")
+    assert "inside the member's box" in results[1][2]
+    # The server is a process of the member's box, as its user, where files went.
+    assert "python3 echo_server.py" in results[2][2] and "1000" in results[2][2]
+    # The model read the answer in its next request.
+    assert "hello from the model" in json.dumps(api.requests[1]["messages"][-1])
+
+
+@pytest.mark.docker
+def test_a_server_that_crashes_mid_run_is_an_error_result_not_a_crashed_member(
+    tmp_path, images, fake_api, cleanup
+):
+    fake_api(
+        scripted(
+            ("mcp__echo__echo", {"text": "before"}),
+            ("mcp__echo__crash", {}),
+            ("mcp__echo__echo", {"text": "after"}),
+        )
+    )
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, "python3 echo_server.py --with-crash", "timeout_s = 5")
+    assert main(["run", str(job), "--plain"]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+    assert run.result("coder")["status"] == "ok"
+    results = _results(run)
+    assert results[0][1:] == (False, "before")
+    assert results[1][1] is True  # the call that killed it
+    assert results[2][1] is True and "'echo' has stopped" in results[2][2]
+    assert "crashing on request" in results[2][2]  # its stderr tail
+    errors = [e for e in read_trace(run.member_dir("coder") / "trace.jsonl") if e.type == "error"]
+    assert any(e.error == "McpError" and "echo" in e.message for e in errors)
+
+
+@pytest.mark.docker
+def test_a_server_that_does_not_start_fails_the_member_naming_it_and_its_stderr(
+    tmp_path, images, fake_api, cleanup
+):
+    fake_api(scripted())
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, "python3 no_such_server.py")
+    assert main(["run", str(job), "--plain"]) == 1
+    (run,) = RunDir.list(tmp_path / "runs")
+    result = run.result("coder")
+    assert result["status"] == "failed"
+    assert "MCP server 'echo' (python3 no_such_server.py) did not start" in result["reason"]
+    assert "No such file or directory" in result["reason"]
+
+
+def test_a_url_server_off_the_egress_allowlist_is_refused(tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'name = "t"\n[[members]]\nkind = "coding"\ntask = "x"\n'
+        '[[members.mcp]]\nname = "remote"\nurl = "https://mcp.example.com/mcp"\n'
+    )
+    assert main(["run", str(job), "--output-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "members[0].mcp[0].url" in err and "mcp.example.com:443 is not in egress.allow" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.docker
+def test_many_tools_are_deferred_and_loaded_through_tool_search(
+    tmp_path, images, fake_api, cleanup
+):
+    api = fake_api(
+        scripted(
+            ("tool_search", {"query": "mcp__echo__tool_7"}),
+            ("mcp__echo__tool_7", {"id": "r1", "field": "owner"}),
+        )
+    )
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, "python3 echo_server.py --extra-tools 20")
+    assert main(["run", str(job), "--plain"]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+    first = {t["name"]: t for t in api.requests[0]["tools"]}
+    assert "mcp__echo__tool_7" not in first and "mcp__echo__echo" not in first
+    assert "- mcp__echo__tool_7: Look up record 7" in first["tool_search"]["description"]
+    later = {t["name"] for t in api.requests[1]["tools"]}
+    assert "mcp__echo__tool_7" in later and "mcp__echo__tool_8" not in later
+    results = _results(run)
+    assert results[0][0] == "tool_search" and '"required": [' in results[0][2]
+    assert results[1] == ("mcp__echo__tool_7", False, "tool_7: record r1 owner = ok")
