@@ -157,3 +157,22 @@ def test_many_tools_are_deferred_and_loaded_through_tool_search(
     results = _results(run)
     assert results[0][0] == "tool_search" and '"required": [' in results[0][2]
     assert results[1] == ("mcp__echo__tool_7", False, "tool_7: record r1 owner = ok")
+
+
+@pytest.mark.docker
+def test_a_url_server_on_the_allowlist_is_not_reached_around_the_proxy(
+    tmp_path, images, fake_api, cleanup
+):
+    fake_api(scripted())
+    cleanup.append(tmp_path / "runs")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "t"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "claude-sonnet-5"\n'
+        '[egress]\nallow = ["mcp.example.com"]\n[fanout]\nretry = { attempts = 1 }\n'
+        '[[members]]\nid = "coder"\nkind = "coding"\ntask = "x"\n'
+        '[[members.mcp]]\nname = "remote"\nurl = "https://mcp.example.com/mcp"\n'
+    )
+    assert main(["run", str(job), "--plain"]) == 1
+    (run,) = RunDir.list(tmp_path / "runs")
+    reason = run.result("coder")["reason"]
+    assert "MCP server 'remote'" in reason and "only through the run's egress allowlist" in reason
