@@ -406,3 +406,47 @@ def test_a_run_where_no_member_ends_ok_still_writes_its_report(tmp_path, images,
     md = (run.path / "report.md").read_text()
     row = next(r for r in md.splitlines() if r.startswith("| curt |"))
     assert "Hi, {name}!" in row and "test failed after edit" in row  # what was tried, and why
+
+
+def _readme_block(first_line: str) -> str:
+    """The README's indented code block that starts with ``first_line``, dedented."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == first_line)
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    block = []
+    for line in lines[start:]:
+        if line.strip() and len(line) - len(line.lstrip()) < indent:
+            break
+        block.append(line[indent:])
+    return "\n".join(block).strip() + "\n"
+
+
+@pytest.mark.chromium
+def test_the_readme_fake_api_example_runs_to_a_report_by_the_model_analyst(
+    tmp_path, images, runs_dir
+):
+    (tmp_path / "own-job.toml").write_text(_readme_block('name = "own-job"'))
+    script = _readme_block(
+        '[{"content": [{"type": "tool_use", "id": "t1", "name": "submit_result",'
+    )
+    (tmp_path / "replies.json").write_text(script)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "subagents.fake_api", "--port", "0", "--script", "replies.json"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        url = re.search(r"(http://127\.0\.0\.1:\d+)", server.stderr.readline())
+        assert url, "the fake server printed no URL"
+        keys = {"ANTHROPIC_BASE_URL": url.group(1), "ANTHROPIC_API_KEY": "test"}
+        done = fleet("run", "own-job.toml", "--output-dir", str(runs_dir), cwd=tmp_path, **keys)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert done.returncode == 0, done.stderr
+    (run,) = RunDir.list(runs_dir)
+    report = json.loads((run.path / "report.json").read_text())
+    assert report["analyst"] == "claude-sonnet-5" and "failed" not in report["summary"]
+    assert not [e for e in run.journal.read() if e["event"] == "analyst_failed"]
