@@ -10,7 +10,8 @@ from pathlib import Path
 from subagents.model import Model, ModelError, resolve_model
 from subagents.outcome import MemberOutcome
 
-from .report import memory_problems
+from .lead_report import lead_report
+from .report import Report, memory_problems
 from .runs import RunDir
 from .spec import Job, MemberJob
 from .synthesis import render_markdown, synthesize
@@ -26,7 +27,28 @@ async def write_report(
     """The analyst step over the members' results; writes report.json and report.md.
 
     With no member ``ok`` there is nothing to analyse: the offline analyst writes the
-    report (what each member was asked, and why it ended as it did) without a model."""
+    report (what each member was asked, and why it ended as it did) without a model.
+    A lead run's report is the lead's own (:mod:`coordinator.lead_report`)."""
+    if job.lead is not None:
+        report = lead_report(run, job, members, outcomes)
+    else:
+        report = await _analyse(run, job, members, outcomes, make_model)
+    report.memory = memory_problems(run.journal.read())
+    (run.path / "report.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")
+    path = run.path / "report.md"
+    path.write_text(render_markdown(report), encoding="utf-8")
+    run.journal.append("report_written", analyst=report.analyst, claims=len(report.claims))
+    return path
+
+
+async def _analyse(
+    run: RunDir,
+    job: Job,
+    members: list[MemberJob],
+    outcomes: list[MemberOutcome],
+    make_model: Callable[[str], Model],
+) -> Report:
+    """The analyst (a model, or the offline one) over the members' results."""
     name = resolve_model(job.synthesis.model or job.model.name)
     nothing = not any(o.status == "ok" for o in outcomes)
     model = make_model("offline" if nothing else name)
@@ -53,9 +75,4 @@ async def write_report(
             report.summary += f" (The analyst model {name} failed: {exc}.)"
     finally:
         await model.aclose()
-    report.memory = memory_problems(run.journal.read())
-    (run.path / "report.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")
-    path = run.path / "report.md"
-    path.write_text(render_markdown(report), encoding="utf-8")
-    run.journal.append("report_written", analyst=report.analyst, claims=len(report.claims))
-    return path
+    return report

@@ -23,6 +23,7 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -36,6 +37,7 @@ from . import host_git
 from .cli import UsageError, add_runs_dir
 from .driver import EXIT_FAILED, RunOptions, RunSummary, execute
 from .jobfile import JobError, load_job, parse_job
+from .lead import lead_finished
 from .preflight import preflight
 from .run_lookup import runs_root
 from .runs import RunDir, RunDirUnavailable, RunNotFound, check_root, root_for
@@ -126,13 +128,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def research_toml(
-    question: str, members: int, allow: list[str], model: str | None, search_url: str | None
+    question: str,
+    members: int,
+    allow: list[str],
+    model: str | None,
+    search_url: str | None,
+    lead: dict[str, int] | None = None,
 ) -> str:
+    """The job file ``fleet research`` stands for; ``lead``: the ``[lead]`` table's
+    limits (``max_members``, ``max_waves``) when ``--lead`` was given."""
     hosts = [CORPUS_ALLOW, *[d for d in allow if d != CORPUS_ALLOW]]
     lines = [f"name = {_toml_str('research')}"]
     if model:
         lines += ["", "[model]", f"name = {_toml_str(model)}"]
-    lines += ["", "[research]", f"question = {_toml_str(question)}", f"members = {members}"]
+    table = "lead" if lead is not None else "research"
+    lines += ["", f"[{table}]", f"question = {_toml_str(question)}", f"members = {members}"]
+    lines += [f"{k} = {v}" for k, v in (lead or {}).items()]
     lines += ["", "[egress]", f"allow = [{', '.join(_toml_str(h) for h in hosts)}]"]
     if search_url:
         lines.append(f"search_url = {_toml_str(search_url)}")
@@ -155,12 +166,23 @@ def cmd_research(args: argparse.Namespace) -> int:
         raise UsageError(
             'the question is empty; e.g. fleet research "How does asyncio cancel tasks?"'
         )
+    limits = {"max_members": args.max_members, "max_waves": args.max_waves}
+    if not args.lead and any(v is not None for v in limits.values()):
+        flag = "--max-members" if args.max_members is not None else "--max-waves"
+        raise UsageError(
+            f"{flag} is for a lead's waves; add --lead, e.g. "
+            f'fleet research "QUESTION" --lead {flag} 3'
+        )
+    lead = {k: v for k, v in limits.items() if v is not None} if args.lead else None
     text = research_toml(
-        args.question, args.members, args.allow_domain or [], args.model, args.search_url
+        args.question, args.members, args.allow_domain or [], args.model, args.search_url, lead
     )
     job = _parse_flags(
         text,
         {
+            "lead.members": "--members",
+            "lead.max_members": "--max-members",
+            "lead.max_waves": "--max-waves",
             "research.members": "--members",
             "egress.allow": "--allow-domain",
             "egress.search_url": "--search-url",
@@ -261,7 +283,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     preflight(job)
     members = run.planned_members()
     pending = run.pending_members(members or [], retry_failed=args.retry_failed)
-    if members is not None and not pending:
+    lead_open = job.lead is not None and not lead_finished(run)
+    if members is not None and not pending and not lead_open:
         state = run.state()
         print(
             f"fleet: run {run.id} has nothing left to run ({state.status}); "
@@ -344,14 +367,22 @@ def _approval_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, e.g. 3") from None
-    if not 1 <= n <= 32:
-        raise argparse.ArgumentTypeError(f"{n} is out of range; give 1 to 32")
-    return n
+def _count(top: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 to ``top``."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, e.g. 3") from None
+        if not 1 <= n <= top:
+            raise argparse.ArgumentTypeError(f"{n} is out of range; give 1 to {top}")
+        return n
+
+    return parse
+
+
+_positive = _count(32)
 
 
 def register(subparsers: Any) -> None:
@@ -371,6 +402,24 @@ def register(subparsers: Any) -> None:
         default=3,
         metavar="N",
         help="sub-questions, one browser member each (default 3)",
+    )
+    p.add_argument(
+        "--lead",
+        action="store_true",
+        help="a lead plans, spawns members in waves, follows up what is open, checks "
+        "documented code by running it, and writes the report",
+    )
+    p.add_argument(
+        "--max-members",
+        type=_count(256),
+        metavar="N",
+        help="with --lead: members over all waves, at most (default 12)",
+    )
+    p.add_argument(
+        "--max-waves",
+        type=_count(20),
+        metavar="N",
+        help="with --lead: waves, at most (default 3)",
     )
     p.add_argument(
         "--allow-domain",

@@ -35,13 +35,14 @@ from subagents.outcome import MemberOutcome
 from .analyst import write_report
 from .approvals import ApprovalQueue, FileApprover, Mode, read_keys
 from .executor import Executor
-from .fanout import fan_out, to_member_spec
+from .fanout import Fanout, to_member_spec
+from .lead import lead_finished, run_lead, spawned_members
 from .node import CLEANUP_S, LocalNodes, NodeDeps
 from .planner import plan
 from .progress import Progress
 from .report import memory_lines, memory_problems
 from .runs import RunDir
-from .spec import Job, MemberJob
+from .spec import LEAD_ID, Job, MemberJob
 from .worker import MemberUnit, Nodes, Recorder, Services
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -157,6 +158,7 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
                 retry=job.fanout.retry,
                 deadline_s=m.limits.deadline_s,
                 repo=m.repo,
+                files=dict(m.files),
                 result_schema=m.result_schema,
             )
         )
@@ -261,10 +263,14 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
 
 
 def _progress(
-    run: RunDir, members: list[MemberJob], pending: list[MemberJob], opts: RunOptions
+    run: RunDir,
+    rows: list[str],
+    members: list[MemberJob],
+    pending: list[MemberJob],
+    opts: RunOptions,
 ) -> Progress:
     """The progress table, members finished in an earlier life of the run shown as such."""
-    progress = Progress([m.id or "" for m in members], out=opts.out, tty=opts.tty)
+    progress = Progress(rows, out=opts.out, tty=opts.tty)
     done = run.state().members
     waiting = {m.id for m in pending}  # by id: comparing whole members is quadratic
     for m in members:
@@ -308,9 +314,15 @@ async def _run_members(
     run.mark_live()
     reaper.mark_live(run.id)
     run.journal.append("run_started", pid=os.getpid(), resume=resume)
-    members = got.members = await plan_members(run, job, opts.make_model)
+    if job.lead is not None:
+        members = got.members = [s.job for s in spawned_members(run)]
+    else:
+        members = got.members = await plan_members(run, job, opts.make_model)
     pending = run.pending_members(members, retry_failed=opts.retry_failed) if resume else members
-    progress = got.progress = _progress(run, members, pending, opts)
+    if job.lead is not None and lead_finished(run):
+        pending = []  # a finished lead's unfinished members would reach no one
+    rows = ([LEAD_ID] if job.lead is not None else []) + [m.id or "" for m in members]
+    progress = got.progress = _progress(run, rows, members, pending, opts)
 
     def tell(entry: dict[str, Any]) -> None:
         progress.on_journal(entry)
@@ -343,24 +355,43 @@ async def _run_members(
         if keys and approver.mode == "wait":
             tg.start_soon(read_keys, approver.queue, sys.stdin.fileno(), progress.approvals_changed)
     ended = "interrupted"  # unless the fan-out comes back: the workflow span's status
+    fan = Fanout(
+        deps,
+        max_parallel=job.fanout.max_parallel,
+        min_success=job.fanout.min_success,
+        fail_fast=job.fanout.fail_fast,
+        executor=opts.executor,
+        nodes=nodes,
+        already_ok=already_ok,
+    )
     try:
+        if job.lead is not None:
+            got.outcomes = await run_lead(
+                run,
+                job,
+                make_model=opts.make_model,
+                nodes=nodes,
+                deps=deps,
+                progress=progress,
+                fan=fan,
+                make_units=lambda ms: _units(run, job, ms),
+                services=Services(
+                    max_parallel=job.fanout.max_parallel,
+                    warm_pool=job.fanout.warm_pool,
+                    corpus="browser" in job.lead.kinds and _wants_corpus(job),
+                ),
+                pending=pending,
+                on_members=lambda ms: setattr(got, "members", ms),
+            )
+            ended = "succeeded" if fan.result().quorum_met else "failed"
+            return
         services = Services(
             max_parallel=job.fanout.max_parallel,
             warm_pool=job.fanout.warm_pool,
             corpus=any(u.spec.kind == "browser" for u in units) and _wants_corpus(job),
         )
-        serve = nodes.serve(run.id, units, services)
-        async with serve:
-            fanned = await fan_out(
-                units,
-                deps,
-                max_parallel=job.fanout.max_parallel,
-                min_success=job.fanout.min_success,
-                fail_fast=job.fanout.fail_fast,
-                executor=opts.executor,
-                nodes=nodes,
-                already_ok=already_ok,
-            )
+        async with nodes.serve(run.id, units, services):
+            fanned = await fan.run(units)
             got.outcomes = fanned.outcomes
             ended = "succeeded" if fanned.quorum_met else "failed"
     finally:
@@ -413,7 +444,8 @@ async def _finish(
     finished = [outcomes[m.id or ""] for m in members if m.id in outcomes]
     ok = sum(1 for o in finished if o.status == "ok")
     report_path = None
-    if not signals.got and job.synthesis.enabled and finished:
+    lead_done = job.lead is not None and lead_finished(run)
+    if not signals.got and job.synthesis.enabled and (finished or lead_done):
         with anyio.CancelScope() as signals.scope:  # Ctrl-C stops the analyst too
             report_path = await write_report(run, job, members, finished, opts.make_model)
     if signals.got:

@@ -8,7 +8,10 @@ nodes). A member that fails, times out or crashes is an outcome like any other;
 its siblings go on. Only ``fail_fast`` (at the first member that fails for good) or
 the user's Ctrl-C cancel siblings; members that never got to run are ``cancelled``
 with the reason. The run's verdict is the quorum: ``min_success`` members ``ok``,
-counting those that ended ``ok`` in an earlier life of a resumed run.
+counting those that ended ``ok`` in an earlier life of a resumed run. A lead's waves
+are one :class:`Fanout` that takes units while it runs (:meth:`Fanout.stream`), so
+all of that holds over every wave, and a member of a later wave may start while
+stragglers of an earlier one still run.
 
 :func:`to_member_spec` turns a job file's member into the harness's spec (the soft
 deadline, the browser's egress allowlist and search page, the coding member's check
@@ -17,10 +20,13 @@ command, the memory directory).
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 from pydantic import BaseModel
 
 from sandbox.spec import NetworkPolicy
@@ -37,7 +43,7 @@ from .node import Deps, LocalNodes
 from .spec import Egress, MemberJob
 from .worker import MemberUnit, Nodes, Recorder, failed_outcome, run_unit
 
-__all__ = ["Deps", "FanoutResult", "MemberUnit", "fan_out", "to_member_spec"]
+__all__ = ["Deps", "Fanout", "FanoutResult", "MemberUnit", "fan_out", "to_member_spec"]
 
 
 def to_member_spec(
@@ -54,7 +60,7 @@ def to_member_spec(
     lim = job.limits
     settings: BaseModel
     if job.kind == "coding":
-        settings = CodingSettings(test=job.test)
+        settings = CodingSettings(test=job.test, test_gate=job.test_gate)
     else:
         settings = BrowserConfig(search_url=egress.search_url or DEFAULT_SEARCH_URL)
     network = NetworkPolicy()  # no network at all
@@ -99,6 +105,118 @@ class FanoutResult:
     """The member whose failure triggered fail-fast, if any."""
 
 
+class Fanout:
+    """One fan-out's policy - fail-fast, the quorum, every outcome recorded - over
+    units given at once (:meth:`run`) or arriving while others run (:meth:`stream`,
+    with :meth:`add`: a lead's waves, which join one fan-out, so the quorum, fail-fast
+    and ``max_parallel`` count over all of them).
+
+    ``nodes`` is where attempts run; None: this host, with ``deps`` (then a
+    :class:`~coordinator.node.Deps`) as its node side. ``already_ok`` counts members
+    that ended ``ok`` in an earlier life of the run (resume), toward the quorum.
+    """
+
+    def __init__(
+        self,
+        deps: Recorder,
+        *,
+        max_parallel: int,
+        min_success: int,
+        fail_fast: bool,
+        executor: Executor[MemberUnit, MemberOutcome] | None = None,
+        nodes: Nodes | None = None,
+        already_ok: int = 0,
+    ) -> None:
+        if nodes is None:
+            if not isinstance(deps, Deps):
+                raise TypeError("fan_out without nodes runs on this host and needs a node.Deps")
+            nodes = LocalNodes(deps)
+        self.deps, self.nodes = deps, nodes
+        self.max_parallel, self.min_success = max_parallel, min_success
+        self.fail_fast, self.already_ok = fail_fast, already_ok
+        self.executor = executor or LocalExecutor()
+        self.units: list[MemberUnit] = []
+        """Every unit given so far, in order."""
+        self.outcomes: dict[str, MemberOutcome] = {}
+        self.stopper: list[str] = []
+        self.on_outcome: list[Callable[[MemberUnit, MemberOutcome], None]] = []
+        """Called as each member ends (a lead's ``wait`` listens here)."""
+        self.closed = False
+        """No more units are taken: :meth:`close` was called, fail-fast struck, or the
+        fan-out ended."""
+        self._send, self._receive = anyio.create_memory_object_stream[MemberUnit](math.inf)
+
+    def _on_done(self, unit: MemberUnit, result: MemberOutcome | BaseException) -> bool:
+        if isinstance(result, BaseException):  # a worker broke its contract
+            result = failed_outcome(
+                unit, "failed", f"raised {type(result).__name__}: {result}", time.monotonic()
+            )
+        self.outcomes[unit.spec.id] = result
+        stop = False
+        if self.fail_fast and result.status != "ok" and not self.stopper:
+            self.stopper.append(unit.spec.id)
+            self.closed = True
+            self.deps.note("fail_fast", member=unit.spec.id, reason=result.reason)
+            stop = True
+        for listener in self.on_outcome:
+            listener(unit, result)
+        return stop
+
+    async def _worker(self, unit: MemberUnit) -> MemberOutcome:
+        return await run_unit(unit, self.deps, self.nodes)
+
+    async def run(self, units: list[MemberUnit]) -> FanoutResult:
+        """Run every unit of a fixed list (through the executor's ``map``)."""
+        self.units += units
+        self.closed = True
+        await self.executor.map(
+            units, self._worker, max_parallel=self.max_parallel, on_done=self._on_done
+        )
+        return self.result()
+
+    def add(self, units: list[MemberUnit]) -> None:
+        """Queue more units on a running :meth:`stream`, in order; RuntimeError once
+        it takes no more (check :attr:`closed` first)."""
+        if self.closed:
+            raise RuntimeError("this fan-out takes no more members")
+        for unit in units:
+            self.units.append(unit)
+            self._send.send_nowait(unit)
+
+    def close(self) -> None:
+        """No more units: :meth:`stream` returns once the queued ones have ended."""
+        self.closed = True
+        self._send.close()
+
+    async def stream(self) -> FanoutResult:
+        """Run units as :meth:`add` gives them, until :meth:`close` (or fail-fast)."""
+        try:
+            await self.executor.stream(
+                self._receive, self._worker, max_parallel=self.max_parallel, on_done=self._on_done
+            )
+        finally:
+            self.closed = True
+            self._send.close()
+        return self.result()
+
+    def result(self) -> FanoutResult:
+        """Every unit's outcome so far; a unit that never ran is ``cancelled``."""
+        stopper = self.stopper
+        for unit in self.units:
+            if unit.spec.id not in self.outcomes:
+                why = f"cancelled: fail_fast after {stopper[0]} failed" if stopper else "cancelled"
+                self.outcomes[unit.spec.id] = failed_outcome(
+                    unit, "cancelled", why, time.monotonic()
+                )
+        ok = self.already_ok + sum(1 for o in self.outcomes.values() if o.status == "ok")
+        return FanoutResult(
+            outcomes=self.outcomes,
+            ok=ok,
+            quorum_met=ok >= self.min_success,
+            fail_fast_by=stopper[0] if stopper else None,
+        )
+
+
 async def fan_out(
     units: list[MemberUnit],
     deps: Recorder,
@@ -110,45 +228,15 @@ async def fan_out(
     nodes: Nodes | None = None,
     already_ok: int = 0,
 ) -> FanoutResult:
-    """Run every unit; returns all outcomes and whether the quorum was met.
-
-    ``nodes`` is where attempts run; None: this host, with ``deps`` (then a
-    :class:`~coordinator.node.Deps`) as its node side. ``already_ok`` counts members
-    that ended ``ok`` in an earlier life of the run (resume), toward the quorum.
-    """
-    if nodes is None:
-        if not isinstance(deps, Deps):
-            raise TypeError("fan_out without nodes runs on this host and needs a node.Deps")
-        nodes = LocalNodes(deps)
-    where = nodes
-    outcomes: dict[str, MemberOutcome] = {}
-    stopper: list[str] = []
-
-    def on_done(unit: MemberUnit, result: MemberOutcome | BaseException) -> bool:
-        if isinstance(result, BaseException):  # a worker broke its contract
-            result = failed_outcome(
-                unit, "failed", f"raised {type(result).__name__}: {result}", time.monotonic()
-            )
-        outcomes[unit.spec.id] = result
-        if fail_fast and result.status != "ok" and not stopper:
-            stopper.append(unit.spec.id)
-            deps.note("fail_fast", member=unit.spec.id, reason=result.reason)
-            return True
-        return False
-
-    async def worker(unit: MemberUnit) -> MemberOutcome:
-        return await run_unit(unit, deps, where)
-
-    executor = executor or LocalExecutor()
-    await executor.map(units, worker, max_parallel=max_parallel, on_done=on_done)
-    for unit in units:
-        if unit.spec.id not in outcomes:
-            why = f"cancelled: fail_fast after {stopper[0]} failed" if stopper else "cancelled"
-            outcomes[unit.spec.id] = failed_outcome(unit, "cancelled", why, time.monotonic())
-    ok = already_ok + sum(1 for o in outcomes.values() if o.status == "ok")
-    return FanoutResult(
-        outcomes=outcomes,
-        ok=ok,
-        quorum_met=ok >= min_success,
-        fail_fast_by=stopper[0] if stopper else None,
+    """Run every unit; returns all outcomes and whether the quorum was met (see
+    :class:`Fanout` for ``nodes`` and ``already_ok``)."""
+    fan = Fanout(
+        deps,
+        max_parallel=max_parallel,
+        min_success=min_success,
+        fail_fast=fail_fast,
+        executor=executor,
+        nodes=nodes,
+        already_ok=already_ok,
     )
+    return await fan.run(units)

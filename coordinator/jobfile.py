@@ -28,6 +28,7 @@ from .spec import (
     FanoutPolicy,
     FieldProblem,
     Job,
+    Lead,
     MemberJob,
     MemoryProfile,
     ModelDefaults,
@@ -76,6 +77,17 @@ _EXAMPLES: dict[str, str] = {
     "url": 'url = "https://mcp.example.com/mcp"   # its host must be in [egress] allow',
     "start_timeout_s": "start_timeout_s = 30",
     "question": 'question = "How does asyncio cancel tasks?"',
+    "max_members": "max_members = 12",
+    "max_waves": "max_waves = 3",
+    "kinds": 'kinds = ["browser", "coding"]',
+    "member_limits": "member_limits = { max_turns = 30, deadline_s = 600, max_tokens = 200000 }",
+    "token_budget": "token_budget = 2000000",
+    "result_chars": "result_chars = 4000",
+    "members.files": 'files = { "check.py" = "print(1 + 1)" }   # coding members only',
+    "test_gate": "test_gate = false   # the test's exit code is a finding, not a gate",
+    # Where a field's last name means something else elsewhere: table.field first.
+    "lead.members": "members = 3            # the first wave; at most max_members",
+    "member_limits.max_tokens": "member_limits = { max_tokens = 200000 }",
     "members": '[[members]]\nkind = "coding"\ntask = "Add a --verbose flag"   (or a [research] table)',
     "max_parallel": "max_parallel = 4",
     "min_success": "min_success = 2        # at most the number of members",
@@ -95,6 +107,7 @@ _EXAMPLES: dict[str, str] = {
 _SECTION_EXAMPLES: dict[str, str] = {
     "model": '[model]\nname = "offline"',
     "research": '[research]\nquestion = "How does asyncio cancel tasks?"\nmembers = 3',
+    "lead": '[lead]\nquestion = "How does asyncio cancel tasks?"\nmax_members = 12',
     "fanout": "[fanout]\nmax_parallel = 4\nmin_success = 1",
     "retry": '[fanout.retry]\nattempts = 2\non = ["crashed", "overloaded"]',
     "egress": '[egress]\nallow = ["corpus:8080"]',
@@ -137,6 +150,8 @@ def _known_fields(loc: tuple[str | int, ...]) -> str:
         "sandbox": SandboxOverrides,
         "memory": MemoryProfile,
         "research": Research,
+        "lead": Lead,
+        "member_limits": Limits,
         "fanout": FanoutPolicy,
         "retry": RetryPolicy,
         "egress": Egress,
@@ -156,7 +171,8 @@ def _example(loc: tuple[str | int, ...], error_type: str) -> str:
     last = names[-1] if names else ""
     if error_type in {"model_type", "dict_type"} and last in _SECTION_EXAMPLES:
         return _SECTION_EXAMPLES[last]
-    return _EXAMPLES.get(last, "")
+    both = ".".join(names[-2:])
+    return _EXAMPLES.get(both) or _EXAMPLES.get(last, "")
 
 
 def _words(err: Any) -> str:

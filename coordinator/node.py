@@ -90,6 +90,15 @@ class NodeDeps:
         pool.min_idle = min(pool.min_idle, self.demand[key])
         return box, pool
 
+    def expect(self, specs: list[SandboxSpec]) -> None:
+        """Members with these boxes are coming (a lead's later wave): the warm pool of
+        each spec that has one starts boxes for them (never more than it may hold)."""
+        for spec in specs:
+            key = spec.model_dump_json()
+            self.demand[key] = self.demand.get(key, 0) + 1
+        for key, pool in self.pools.items():
+            pool.keep_idle(min(self.demand.get(key, 0), pool.max_size))
+
 
 @dataclass(kw_only=True)
 class Deps(NodeDeps, Recorder):
@@ -168,6 +177,8 @@ async def run_attempt(
             )
             if unit.repo:
                 await _upload_repo(box, Path(unit.repo), copy_room(box_spec))
+            for name, text in unit.files.items():
+                await box.write_file(f"/workspace/{name}", text)
             model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
             # Only a harness that may ask is handed the approver (a test's own harness
             # need not take it).
@@ -310,6 +321,9 @@ class LocalNodes(Nodes):
     ) -> MemberOutcome:
         started("")
         return await run_attempt(unit, self.deps, trace)
+
+    def expect(self, units: list[MemberUnit]) -> None:
+        self.deps.expect([u.spec.sandbox for u in units])
 
     async def remove_boxes(self, run_id: str) -> list[str]:
         return await remove_run_boxes(self.deps.backend, run_id)

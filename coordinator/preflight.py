@@ -106,6 +106,8 @@ def _model_fields(job: Job) -> dict[str, str]:
     named += [(f"members[{i}].model", m.model) for i, m in enumerate(job.members) if m.model]
     if job.synthesis.model:
         named.append(("synthesis.model", job.synthesis.model))
+    if job.lead is not None and job.lead.model:
+        named.append(("lead.model", job.lead.model))
     out: dict[str, str] = {}
     for where, name in named:
         out.setdefault(resolve_model(name), where)
@@ -138,10 +140,12 @@ def needed_images(job: Job) -> list[str]:
     """Fleet's images the job's boxes will run on, in build order."""
     from sandbox.images import image_defs
 
-    kinds = [m.kind for m in job.members if not m.sandbox.image]
-    browsers = job.research is not None or any(m.kind == "browser" for m in job.members)
+    kinds: list[str] = [m.kind for m in job.members if not m.sandbox.image]
     if job.research is not None:
         kinds.append("browser")
+    if job.lead is not None:
+        kinds += job.lead.kinds
+    browsers = "browser" in kinds or any(m.kind == "browser" for m in job.members)
     names: set[str] = set(kinds)
     if browsers:
         names.add("coding")  # the run network's egress proxy runs on the default image

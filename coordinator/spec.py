@@ -2,7 +2,8 @@
 
 A job names its members explicitly (``[[members]]``), or asks a research question
 that the planner splits into ``research.members`` browser members, or both (a
-mixed job). Every model rejects unknown keys (``extra="forbid"``) so a typo is an
+mixed job) - or hands a question to a lead (``[lead]``) that spawns members itself,
+in waves, within its limits. Every model rejects unknown keys (``extra="forbid"``) so a typo is an
 error, never a silently ignored setting. Cross-field checks raise
 :class:`FieldProblem` naming the field they are about, so the error a person sees
 points at the right line.
@@ -42,6 +43,8 @@ MemberKind = Literal["browser", "coding"]
 RetryOn = Literal["crashed", "overloaded", "timed_out"]
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _SIZE_RE = re.compile(r"^\d+(\.\d+)?[kmgKMG]?$")
+MAX_FILES_BYTES = 64 * 1024
+"""A member's ``files`` in all (names and contents): examples and small scripts."""
 
 
 MAX_TEXT_CHARS = 100_000
@@ -176,6 +179,13 @@ class MemberJob(_Strict):
     policy: ToolPolicy | None = None
     """This member's tool policy, added to the job's ``[policy]`` (its rules join the
     job's; the settings it gives replace the job's)."""
+    files: dict[str, str] = Field(default_factory=dict)
+    """Coding members: small text files written into ``/workspace`` before the member
+    starts (relative name -> content), e.g. an example to run; 64 KB in all at most."""
+    test_gate: bool = True
+    """Coding members: a ``test`` that fails after the member submitted fails the
+    member. False: its exit code is a finding, not a gate (a lead's check of a
+    documented behaviour, where "the documentation is wrong" is a good answer)."""
 
     @field_validator("id")
     @classmethod
@@ -220,6 +230,20 @@ class MemberJob(_Strict):
             raise ValueError(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
         return v
 
+    @field_validator("files")
+    @classmethod
+    def _file_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            parts = name.split("/")
+            if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                raise ValueError(
+                    f"{name!r} is not a relative file name inside /workspace (e.g. 'check.py')"
+                )
+        size = sum(len(k.encode()) + len(c.encode()) for k, c in v.items())
+        if size > MAX_FILES_BYTES:
+            raise ValueError(f"the files hold {size} bytes; at most {MAX_FILES_BYTES} in all")
+        return v
+
     @model_validator(mode="after")
     def _tools_usable(self) -> MemberJob:
         try:
@@ -253,8 +277,14 @@ class MemberJob(_Strict):
 
     @model_validator(mode="after")
     def _coding_fields(self) -> MemberJob:
-        if self.kind != "coding" and (self.repo or self.test):
-            field = "repo" if self.repo else "test"
+        coding_only = {
+            "repo": bool(self.repo),
+            "test": bool(self.test),
+            "files": bool(self.files),
+            "test_gate": not self.test_gate,
+        }
+        field = next((f for f, used in coding_only.items() if used), None)
+        if self.kind != "coding" and field is not None:
             raise FieldProblem(field, f"'{field}' is only for coding members (kind = \"coding\")")
         return self
 
@@ -275,6 +305,72 @@ class Research(_Strict):
     """How many sub-questions (and browser members)."""
     limits: Limits = Field(default_factory=Limits)
     """Limits of each research member."""
+
+
+_ALL_KINDS: tuple[MemberKind, ...] = ("browser", "coding")
+LEAD_ID = "lead"
+"""The lead's own id (its directory, trace and progress row); no member may take it."""
+
+
+class Lead(_Strict):
+    """A question for a lead that spawns members in waves (instead of ``[research]``)."""
+
+    question: str = Field(min_length=1)
+    """The question, in words."""
+
+    @field_validator("question")
+    @classmethod
+    def _question_size(cls, v: str) -> str:
+        within_text_limit("the question", v, "ask the question; leave the material out")
+        return v
+
+    members: int = Field(default=3, ge=1, le=32)
+    """The first wave's size (the offline lead's plan; a model lead's guide)."""
+    max_members: int = Field(default=12, ge=1, le=256)
+    """Members over all waves, at most; a spawn past it is refused."""
+    max_waves: int = Field(default=3, ge=1, le=20)
+    """Waves (spawn calls that start members), at most."""
+    kinds: list[MemberKind] = Field(default_factory=lambda: list(_ALL_KINDS), min_length=1)
+    """Member kinds the lead may spawn."""
+    model: str | None = None
+    """The lead's own model; default the job's ``[model].name``."""
+    limits: Limits = Field(
+        default_factory=lambda: Limits(max_turns=40, deadline_s=3600, result_tokens=4000)
+    )
+    """The lead's own limits (its turns, tokens, wall-clock time and report size)."""
+    member_limits: Limits = Field(default_factory=lambda: Limits(max_tokens=200_000))
+    """Limits of each member the lead spawns (``max_tokens`` is what the budget reserves
+    for a running member)."""
+    token_budget: int = Field(default=2_000_000, ge=10_000, le=1_000_000_000)
+    """Tokens the whole run may use - the lead's and every member's; a spawn whose
+    members could pass it is refused."""
+    result_chars: int = Field(default=4000, ge=500, le=50_000)
+    """Each member's result is cut to this many characters before the lead sees it."""
+    context: dict[str, Any] = Field(default_factory=dict)
+    """The lead's context-management thresholds (as a member's ``context``)."""
+
+    @field_validator("context")
+    @classmethod
+    def _context_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return MemberJob._context_fields(v)
+
+    @model_validator(mode="after")
+    def _fits(self) -> Lead:
+        if self.members > self.max_members:
+            raise FieldProblem(
+                "members",
+                f"the first wave ({self.members}) is more than max_members ({self.max_members})",
+            )
+        if self.member_limits.max_tokens is None:
+            self.member_limits.max_tokens = min(200_000, self.token_budget)
+        if self.member_limits.max_tokens > self.token_budget:
+            raise FieldProblem(
+                "member_limits.max_tokens",
+                f"one member may use {self.member_limits.max_tokens} tokens, more than the "
+                f"whole token_budget ({self.token_budget})",
+            )
+        self.kinds = list(dict.fromkeys(self.kinds))
+        return self
 
 
 _RETRY_DEFAULT: tuple[RetryOn, ...] = ("crashed", "overloaded")
@@ -398,6 +494,7 @@ class Job(_Strict):
     model: ModelDefaults = Field(default_factory=ModelDefaults)
     members: list[MemberJob] = Field(default_factory=list)
     research: Research | None = None
+    lead: Lead | None = None
     fanout: FanoutPolicy = Field(default_factory=FanoutPolicy)
     egress: Egress = Field(default_factory=Egress)
     synthesis: Synthesis = Field(default_factory=Synthesis)
@@ -426,8 +523,17 @@ class Job(_Strict):
 
     @model_validator(mode="after")
     def _members_make_sense(self) -> Job:
-        if not self.members and self.research is None:
-            raise FieldProblem("members", "the job has no [[members]] and no [research] question")
+        if self.lead is not None and (self.members or self.research is not None):
+            where = "research" if self.research is not None else "members"
+            raise FieldProblem(
+                where,
+                "a [lead] job has no [[members]] and no [research]: its lead spawns the "
+                "members itself",
+            )
+        if not self.members and self.research is None and self.lead is None:
+            raise FieldProblem(
+                "members", "the job has no [[members]], no [research] and no [lead] question"
+            )
         ids: set[str] = set()
         for i, m in enumerate(self.members):
             for j, server in enumerate(m.mcp):
@@ -438,6 +544,8 @@ class Job(_Strict):
                         raise FieldProblem(f"members.{i}.mcp.{j}.url", str(exc)) from None
             if m.id is None:
                 m.id = f"{m.kind}-{i + 1}"
+            if m.id == LEAD_ID:
+                raise FieldProblem(f"members.{i}.id", f"{LEAD_ID!r} is the lead's id; pick another")
             if m.id in ids:
                 raise FieldProblem(
                     f"members.{i}.id", f"member id {m.id!r} is used twice; ids must be unique"
@@ -457,7 +565,17 @@ class Job(_Strict):
 
     @property
     def member_count(self) -> int:
+        """Members the job runs (for a lead: at most this many)."""
+        if self.lead is not None:
+            return self.lead.max_members
         return len(self.members) + (self.research.members if self.research else 0)
+
+    @property
+    def question(self) -> str:
+        """The job's question ([research] or [lead]), or ""."""
+        if self.lead is not None:
+            return self.lead.question
+        return self.research.question if self.research else ""
 
     def slug(self) -> str:
         return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")[:30] or "job"

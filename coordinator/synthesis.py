@@ -34,10 +34,19 @@ from subagents.outcome import MemberOutcome
 
 from .report import Citation, MemberLine, Report, ReportClaim, render_markdown
 
-__all__ = ["Report", "digest", "model_report", "offline_report", "render_markdown", "synthesize"]
+__all__ = [
+    "Report",
+    "cap_result",
+    "digest",
+    "model_report",
+    "offline_report",
+    "render_markdown",
+    "report_from",
+    "synthesize",
+]
 
 
-def _cap(result: dict[str, Any] | None, limit: int) -> dict[str, Any]:
+def cap_result(result: dict[str, Any] | None, limit: int) -> dict[str, Any]:
     """A member result cut to ``limit`` characters of JSON (long strings first)."""
     data = json.loads(json.dumps(result or {}, default=str))
     if "patch" in data:  # the analyst reads the summary; the patch is on disk
@@ -70,10 +79,10 @@ def digest(outcomes: list[MemberOutcome], tasks: dict[str, str], cap: int) -> li
             "task": tasks.get(o.member, ""),
             "status": o.status,
             "reason": o.reason,
-            "result": _cap(o.result, cap) if o.status == "ok" else None,
+            "result": cap_result(o.result, cap) if o.status == "ok" else None,
             # A failed member's kept result (a coding patch whose test fails): listed
             # in the report's code changes as failing, never given to the analyst.
-            "kept": _cap(o.result, cap) if o.status != "ok" and o.result else None,
+            "kept": cap_result(o.result, cap) if o.status != "ok" and o.result else None,
         }
         for o in outcomes
     ]
@@ -313,7 +322,22 @@ async def model_report(
     )
     if block is None or not isinstance(block.input, dict):
         raise ModelError("the analyst model did not call submit_report", retryable=False)
-    data: dict[str, Any] = block.input
+    return report_from(title, question, block.input, digests, analyst=model.profile.name)
+
+
+def report_from(
+    title: str,
+    question: str,
+    data: dict[str, Any],
+    digests: list[dict[str, Any]],
+    *,
+    analyst: str,
+    offline: bool = False,
+) -> Report:
+    """A report from a model's submission (the analyst's ``submit_report`` or a lead's
+    ``finish``): its words, with every citation resolved by code against the members'
+    results - a cite that names no returned claim is dropped, a claim left with none
+    is marked uncited."""
     claims = []
     for c in data.get("claims") or []:
         if isinstance(c, dict) and c.get("text"):
@@ -323,8 +347,8 @@ async def model_report(
     return Report(
         title=title,
         question=question,
-        analyst=model.profile.name,
-        offline=False,
+        analyst=analyst,
+        offline=offline,
         summary=str(data.get("summary", "")),
         claims=claims,
         open_questions=[q for q in data.get("open_questions") or [] if isinstance(q, str)],

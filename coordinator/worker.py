@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from subagents.outcome import MemberOutcome
 from subagents.spec import MemberSpec
@@ -69,6 +69,8 @@ class MemberUnit(BaseModel):
     """Hard wall-clock limit of one attempt."""
     repo: str | None = None
     """Host directory copied into ``/workspace`` before the member starts (coding)."""
+    files: dict[str, str] = Field(default_factory=dict)
+    """Small text files written into ``/workspace`` after the repo (coding)."""
     result_schema: dict[str, Any] | None = None
     """Extra checks the member's result must pass (see :mod:`coordinator.schema_check`)."""
 
@@ -112,6 +114,10 @@ class Nodes(abc.ABC):
     ) -> MemberOutcome:
         """Run one attempt of ``unit`` where it belongs; its trace events reach ``trace``
         as they happen and its files land in ``unit.member_dir``."""
+
+    def expect(self, units: list[MemberUnit]) -> None:  # noqa: B027 - optional hook
+        """More units are coming to a run already served (a lead's later wave): a node
+        may start boxes for them ahead of need. Default: nothing."""
 
     @abc.abstractmethod
     async def remove_boxes(self, run_id: str) -> list[str]:

@@ -83,6 +83,12 @@ class SandboxPool:
     def idle(self) -> int:
         return len(self._idle)
 
+    def keep_idle(self, count: int) -> None:
+        """Keep ``count`` boxes idle from now on (at most ``max_size``): more boxes are
+        started in the background when that is more than now."""
+        self.min_idle = max(0, min(count, self.max_size))
+        self._notify()
+
     async def wait_idle(self, count: int | None = None) -> None:
         """Wait until ``count`` (default ``min_idle``) boxes are idle."""
         want = self.min_idle if count is None else count

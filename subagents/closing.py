@@ -45,6 +45,13 @@ EXTRA_OUTPUT_TOKENS = 1_000
 """Output allowed beyond the result cap (tool-call framing, a short thought)."""
 FORCE_SUBMIT = {"type": "tool", "name": SUBMIT_TOOL}
 
+
+def force(tool: str = SUBMIT_TOOL) -> dict[str, str]:
+    """``tool_choice`` forcing the member's result tool (``submit_result`` unless its
+    kind names it otherwise)."""
+    return {"type": "tool", "name": tool}
+
+
 _WHAT = {
     "turns": "turn limit",
     "tokens": "token limit",
@@ -96,10 +103,10 @@ def room(
     return Room(max_tokens=max_tokens, seconds=remaining_s)
 
 
-def note(limit: LimitName) -> str:
+def note(limit: LimitName, tool: str = SUBMIT_TOOL) -> str:
     return (
         f"The {_WHAT.get(limit, 'limit')} of this task has been reached: no more tools will "
-        f"run. Call {SUBMIT_TOOL} now with your best partial result - what you found or did "
+        f"run. Call {tool} now with your best partial result - what you found or did "
         "so far - and state plainly in it what is unfinished or unverified."
     )
 
@@ -134,10 +141,10 @@ def closing_message(messages: list[dict[str, Any]], text: str) -> dict[str, Any]
     return {"role": "user", "content": [*results, block]}
 
 
-def submitted(content: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first ``submit_result`` call of a response, if any."""
+def submitted(content: list[dict[str, Any]], tool: str = SUBMIT_TOOL) -> dict[str, Any] | None:
+    """The first call of the result tool (``submit_result``) in a response, if any."""
     for block in content:
-        if block.get("type") == "tool_use" and block.get("name") == SUBMIT_TOOL:
+        if block.get("type") == "tool_use" and block.get("name") == tool:
             return block
     return None
 
@@ -161,9 +168,9 @@ class Answer:
 def read_answer(content: list[dict[str, Any]], gate: ResultGate) -> Answer:
     """The closing call's ``submit_result``, checked by ``gate`` (cut to the cap, never
     sent back to be condensed: there is no second chance)."""
-    call = submitted(content)
+    call = submitted(content, gate.name)
     if call is None:
-        return Answer(call=None, why_none="the model did not call submit_result")
+        return Answer(call=None, why_none=f"the model did not call {gate.name}")
     out = gate.take_partial(call.get("input"))
     if out.is_error or gate.partial is None:
         return Answer(

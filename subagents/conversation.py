@@ -10,10 +10,19 @@ trace grows linearly with turns.
 
 What to do with an answer - run its tools, remind, stop, close - is the loop's
 (:mod:`subagents.loop`); this module only keeps the exchange and its accounts.
+
+A durable conversation (``save_to``: the lead's) is written whole to that file after
+every change, atomically (temporary file, fsync, rename), so a coordinator killed at
+any instant leaves the last complete exchange on disk; :meth:`Conversation.restore`
+reads it back for the member to continue from where it was. It holds the messages as
+the context left them (compacted, offloaded), which is what the model saw last.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 from .context.base import ContextLike
@@ -35,6 +44,7 @@ class Conversation:
         system: str,
         tools: list[dict[str, Any]],
         max_output_tokens: int,
+        save_to: Path | None = None,
     ) -> None:
         self.member, self.model, self.context, self.trace = member, model, context, trace
         self.system, self.tools = system, tools
@@ -50,15 +60,47 @@ class Conversation:
         call was still an offline member."""
         self._summaries_counted = 0
         """How many of the context's compaction summary calls are in ``usage``."""
+        self.save_to = save_to
+        """Where the conversation is kept after every change (None: nowhere)."""
 
     @property
     def turn_span(self) -> str:
         return f"{self.member}/t{self.turn}"
 
     def append(self, message: dict[str, Any]) -> None:
-        """Add a message and trace it."""
+        """Add a message and trace it (and keep the conversation, when durable)."""
         self.messages.append(message)
         self.trace_message(message)
+        self.save()
+
+    def save(self) -> None:
+        """Write the messages to ``save_to`` whole, atomically (a no-op without it)."""
+        if self.save_to is None:
+            return
+        tmp = self.save_to.with_name(f".{self.save_to.name}.{os.getpid()}.tmp")
+        with tmp.open("w", encoding="utf-8") as fh:
+            json.dump({"messages": self.messages}, fh, ensure_ascii=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.save_to)
+
+    def restore(self) -> bool:
+        """Continue from the saved conversation, if there is one; True when there was.
+
+        The turn count goes on from the saved assistant messages, so limits count the
+        member's whole life, not this process's share of it."""
+        if self.save_to is None or not self.save_to.is_file():
+            return False
+        try:
+            data = json.loads(self.save_to.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if not isinstance(messages, list) or not messages:
+            return False
+        self.messages = messages
+        self.turn = sum(1 for m in messages if m.get("role") == "assistant")
+        return True
 
     def trace_prompt(self) -> None:
         """Trace what the model is told besides the messages (once, at the start)."""

@@ -47,6 +47,7 @@ from sandbox.base import Sandbox
 from . import closing
 from .context.base import ContextLike
 from .conversation import Conversation
+from .delegation import Delegation
 from .kinds import Kind
 from .model.base import Model, ModelError
 from .outcome import LimitName, MemberOutcome, Progress, Status
@@ -66,15 +67,16 @@ How you work here:
 - You work alone; nobody will answer questions. Decide, act with the tools, verify.
 - Independent tool calls can go in one response: they run at the same time.
 - A tool result marked as an error says what was wrong; fix the call and go on.
-- Finish by calling submit_result exactly once with your final result. It is checked \
+- Finish by calling {submit} exactly once with your final result. It is checked \
 against its schema and must stay under about {cap} tokens: distilled, not a log.
-- If you cannot finish, still call submit_result and say what is missing."""
+- If you cannot finish, still call {submit} and say what is missing."""
 
-NUDGE = (
-    "You ended your turn without calling submit_result. This task only ends through "
-    "submit_result: call it now with your result (if something is unfinished, say so "
+NUDGE_TEMPLATE = (
+    "You ended your turn without calling {submit}. This task only ends through "
+    "{submit}: call it now with your result (if something is unfinished, say so "
     "in the result)."
 )
+NUDGE = NUDGE_TEMPLATE.format(submit="submit_result")
 
 
 class AgentLoop:
@@ -91,7 +93,12 @@ class AgentLoop:
         trace: TraceWriter,
         context: ContextLike,
         approver: Approver | None = None,
+        delegate: Delegation | None = None,
+        conversation_file: Path | None = None,
     ) -> None:
+        """``delegate`` runs a lead's members; ``conversation_file`` makes the
+        conversation durable: kept there after every change, and continued from when
+        it already holds one (a resumed lead)."""
         self.spec, self.kind, self.context = spec, kind, context
         self.limits = spec.limits
         job_schema = spec.job_result_schema()
@@ -102,13 +109,16 @@ class AgentLoop:
             self.result_model = extend_model(self.result_model, job_schema)
         self.job_fields = job_field_names(kind.submit_schema, job_schema)
         """Job-only fields: kept aside while the kind finishes the result."""
-        self.gate = ResultGate(submit_model, cap_tokens=self.limits.result_tokens)
+        self.gate = ResultGate(
+            submit_model, cap_tokens=self.limits.result_tokens, name=kind.submit_name
+        )
         self.tool_ctx = ToolContext(
             sandbox=sandbox,
             run_dir=run_dir,
             trace=trace,
             member=spec.id,
             settings=spec.settings,
+            delegate=delegate,
         )
         tools = [
             *kind.tools(spec.settings),
@@ -125,16 +135,22 @@ class AgentLoop:
             system=(
                 kind.system_prompt.rstrip()
                 + "\n\n"
-                + HARNESS_RULES.format(cap=self.limits.result_tokens)
+                + HARNESS_RULES.format(cap=self.limits.result_tokens, submit=kind.submit_name)
             ),
             tools=self.registry.definitions(),
             max_output_tokens=spec.max_output_tokens,
+            save_to=conversation_file,
         )
         self.policy: PolicyGate | None = None
         if not spec.policy.empty:
             self.policy = PolicyGate(spec.policy, approver or NoApprover(), spec.id, trace)
         self.calls = ToolCalls(
-            self.registry, self.tool_ctx, context=context, trace=trace, gate=self.policy
+            self.registry,
+            self.tool_ctx,
+            context=context,
+            trace=trace,
+            gate=self.policy,
+            result_tool=kind.submit_name,
         )
         self.closing_turn = False
         """A closing call was made (after a limit): the last of ``conv.turn``'s turns
@@ -201,7 +217,8 @@ class AgentLoop:
     async def _run(self) -> MemberOutcome | tuple[LimitName, str]:
         """The turns; a limit is returned as (limit, reason) for the closing call."""
         conv = self.conv
-        await self._start()
+        if await self._start():
+            return await self._accept()
         while True:
             limit = self._limit_reached()
             if limit is not None:
@@ -219,7 +236,8 @@ class AgentLoop:
                         limit="no_result",
                     )
                 self.nudged = True
-                conv.append({"role": "user", "content": [{"type": "text", "text": NUDGE}]})
+                nudge = NUDGE_TEMPLATE.format(submit=self.kind.submit_name)
+                conv.append({"role": "user", "content": [{"type": "text", "text": nudge}]})
                 continue
             results = await self.calls.run(tool_uses, turn=conv.turn, turn_span=conv.turn_span)
             conv.append({"role": "user", "content": results})
@@ -228,9 +246,13 @@ class AgentLoop:
             if self.gate.accepted is not None:
                 return await self._accept()
 
-    async def _start(self) -> None:
+    async def _start(self) -> bool:
+        """The first message - or the saved conversation, continued; True when that
+        already ends with an accepted result."""
         if self.kind.setup is not None:
             await self.kind.setup(self.tool_ctx)
+        if self.conv.restore():
+            return await self._answer_pending()
         memory = await self.context.start()
         blocks = [{"type": "text", "text": self.spec.task}]
         brief = self.kind.brief(self.spec.settings) if self.kind.brief is not None else None
@@ -245,6 +267,22 @@ class AgentLoop:
             blocks.append({"type": "text", "text": memory})
         self.conv.trace_prompt()
         self.conv.append({"role": "user", "content": blocks})
+        return False
+
+    async def _answer_pending(self) -> bool:
+        """A restored conversation whose last answer asked for tools that never
+        answered (the process was killed while they ran): run them now, as the loop
+        would have; True when one of them was the accepted result."""
+        conv = self.conv
+        last = conv.messages[-1]
+        if last.get("role") != "assistant":
+            return False
+        tool_uses = [b for b in last.get("content") or [] if b.get("type") == "tool_use"]
+        if not tool_uses:
+            return False
+        results = await self.calls.run(tool_uses, turn=conv.turn, turn_span=conv.turn_span)
+        conv.append({"role": "user", "content": results})
+        return self.gate.accepted is not None
 
     def _waiting(self) -> str:
         """What the member was still waiting for a person's answer on, if anything."""
@@ -286,14 +324,15 @@ class AgentLoop:
         with anyio.move_on_after(room.seconds):
             conv.turn += 1
             self.closing_turn = True
-            message = closing.closing_message(conv.messages, closing.note(limit))
+            note = closing.note(limit, self.gate.name)
+            message = closing.closing_message(conv.messages, note)
             if message is None:  # the note went into the last user message: trace it alone
                 conv.trace_message({"role": "user", "content": [conv.messages[-1]["content"][-1]]})
             else:
                 conv.append(message)
             try:
                 content, _ = await conv.call(
-                    tool_choice=closing.FORCE_SUBMIT,
+                    tool_choice=closing.force(self.gate.name),
                     max_tokens=room.max_tokens,
                     prepare=False,
                     closing=True,

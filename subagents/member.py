@@ -25,6 +25,7 @@ from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxUnavailable
 
 from .context.base import ContextLike
 from .context.manager import ContextManager
+from .delegation import Delegation
 from .kinds import Kind, get_kind
 from .loop import AgentLoop
 from .model.base import Model, ModelError
@@ -70,12 +71,17 @@ async def run_member(
     run_dir: Path,
     trace: TraceWriter,
     approver: Approver | None = None,
+    delegate: Delegation | None = None,
+    conversation_file: Path | None = None,
 ) -> MemberOutcome:
     """Run one member to its end and return how it ended (see the module docstring).
 
     ``run_dir`` is the member's own directory (``runs/<run>/members/<id>/``); the
     outcome is also written there as ``result.json``. ``approver`` answers the asks of
     the member's tool policy (None: nobody to ask, the policy's ``ask_default``).
+    ``delegate`` runs a lead's members (:mod:`subagents.delegation`);
+    ``conversation_file`` keeps the conversation durable, and a member whose file
+    already holds one continues it.
     """
     started = time.monotonic()
     run_dir = Path(run_dir)
@@ -115,6 +121,8 @@ async def run_member(
             trace=trace,
             context=context,
             approver=approver,
+            delegate=delegate,
+            conversation_file=conversation_file,
         )
         outcome = await loop.run()
     except SandboxCrashed as exc:

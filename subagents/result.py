@@ -45,8 +45,11 @@ class ResultGate:
         *,
         cap_tokens: int = 2_000,
         estimate: Callable[[str], int] = estimate_tokens,
+        name: str = SUBMIT_TOOL,
     ) -> None:
         self.model = model
+        self.name = name
+        """The tool's name (a kind may call it otherwise: the lead's is ``finish``)."""
         self.cap_tokens = cap_tokens
         self.estimate = estimate
         self.condense_asked = False
@@ -60,7 +63,7 @@ class ResultGate:
         """A partial result taken by :meth:`take_partial` (a limit ended the member)."""
 
     def tool(self, description: str) -> Tool:
-        """The ``submit_result`` tool for this gate (its schema is the result model)."""
+        """The result tool for this gate (its schema is the result model)."""
         return _SubmitTool(self, description)
 
     def submit(self, raw: Any) -> ToolOutput:
@@ -72,7 +75,7 @@ class ResultGate:
             value = self.model.model_validate(raw if raw is not None else {})
         except ValidationError as exc:
             return ToolOutput(
-                format_validation_error(SUBMIT_TOOL, exc, self.model.model_json_schema()),
+                format_validation_error(self.name, exc, self.model.model_json_schema()),
                 is_error=True,
             )
         data = value.model_dump(mode="json")
@@ -84,7 +87,7 @@ class ResultGate:
                     f"Result not accepted: it is about {tokens} tokens and the cap is "
                     f"{self.cap_tokens}. Condense it - keep the conclusions, evidence and "
                     "what the reader must act on, drop exploration detail - and call "
-                    f"{SUBMIT_TOOL} again.",
+                    f"{self.name} again.",
                     is_error=True,
                 )
             data = truncate_to_cap(data, self.cap_tokens, self.estimate)
@@ -102,7 +105,7 @@ class ResultGate:
             value = self.model.model_validate(raw if raw is not None else {})
         except ValidationError as exc:
             return ToolOutput(
-                format_validation_error(SUBMIT_TOOL, exc, self.model.model_json_schema()),
+                format_validation_error(self.name, exc, self.model.model_json_schema()),
                 is_error=True,
             )
         data = value.model_dump(mode="json")
@@ -118,6 +121,7 @@ class _SubmitTool(Tool):
 
     def __init__(self, gate: ResultGate, description: str) -> None:
         self.gate = gate
+        self.name = gate.name  # type: ignore[misc]
         self.description = description  # type: ignore[misc]
         self.Input = gate.model  # type: ignore[misc]
 

@@ -34,8 +34,7 @@ from sandbox.errors import SandboxError
 
 from .context.base import ContextLike
 from .policy import PolicyGate
-from .result import SUBMIT_TOOL
-from .tools.base import ToolContext, ToolOutput
+from .tools.base import CALL_ID, ToolContext, ToolOutput
 from .tools.registry import BOX_GONE, ToolRegistry
 from .trace import ToolCall, ToolResult, TraceWriter
 
@@ -54,10 +53,13 @@ class ToolCalls:
         context: ContextLike,
         trace: TraceWriter,
         gate: PolicyGate | None = None,
+        result_tool: str = "submit_result",
     ) -> None:
         self.registry, self.ctx, self.context, self.trace = registry, ctx, context, trace
         self.gate = gate
         """The member's tool policy; None: every call runs."""
+        self.result_tool = result_tool
+        """The member's result tool: its answer is never offloaded."""
         self.count = 0
         """Tool calls made so far (the closing call's submission included)."""
         self.recent: deque[str] = deque(maxlen=8)
@@ -106,6 +108,7 @@ class ToolCalls:
         span = f"{turn_span}/{call_id}"
         ids = self._called(block, turn, turn_span)
         started = time.monotonic()
+        token = CALL_ID.set(call_id)
         with self.trace.scope(span, turn_span, turn):
             refused = await self.gate.admit(call_id, name, raw) if self.gate else None
             try:
@@ -118,8 +121,10 @@ class ToolCalls:
                 crashes.append(exc)
                 group.cancel()
                 return
+            finally:
+                CALL_ID.reset(token)
             text, offloaded = out.text or "(no output)", None
-            if not out.is_error and name != SUBMIT_TOOL:
+            if not out.is_error and name != self.result_tool:
                 text, offloaded = await self.context.admit_tool_result(call_id, name, text)
             if out.files_written:
                 self.context.note_files_written(out.files_written)
@@ -130,7 +135,7 @@ class ToolCalls:
         }
         if out.is_error:
             result["is_error"] = True
-        if name != SUBMIT_TOOL:
+        if name != self.result_tool:
             self.work += 1
             if out.blocked:
                 self.refused.append(out.text)

@@ -137,3 +137,35 @@ def memory_policy(
         )
 
     return policy
+
+
+LEAD_PROMPT = "You lead a research team"
+
+
+def tool_results(body: dict[str, Any]) -> list[tuple[str, bool]]:
+    """Every tool result of the conversation so far: (its text, is_error), in order."""
+    out = []
+    for m in body.get("messages") or []:
+        content = m.get("content")
+        for b in content if isinstance(content, list) else []:
+            if b.get("type") == "tool_result":
+                parts = b.get("content") or []
+                text = (
+                    parts if isinstance(parts, str) else "".join(p.get("text", "") for p in parts)
+                )
+                out.append((text, bool(b.get("is_error"))))
+    return out
+
+
+def with_lead(
+    lead: Callable[[dict[str, Any]], Any], members: Callable[[dict[str, Any]], Any]
+) -> Any:
+    """One fake server for a lead run: lead requests (told apart by the lead's system
+    prompt) go to ``lead``, every member's to ``members``."""
+
+    def policy(body: dict[str, Any]) -> Any:
+        system = body.get("system")
+        system = system if isinstance(system, str) else json.dumps(system)
+        return (lead if LEAD_PROMPT in system else members)(body)
+
+    return policy

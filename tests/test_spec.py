@@ -180,6 +180,49 @@ BAD = [
         "valid dictionary",
     ),
     ("empty file", "", "name", "required"),
+    (
+        "a lead beside explicit members",
+        GOOD + '[lead]\nquestion = "q"\n',
+        "members",
+        "its lead spawns the members itself",
+    ),
+    (
+        "a lead's first wave past its max_members",
+        'name = "x"\n[lead]\nquestion = "q"\nmembers = 5\nmax_members = 2\n',
+        "lead.members",
+        "the first wave (5) is more than max_members (2)",
+    ),
+    (
+        "a lead member cap over the run's budget",
+        'name = "x"\n[lead]\nquestion = "q"\ntoken_budget = 50000\n'
+        "member_limits = { max_tokens = 90000 }\n",
+        "lead.member_limits.max_tokens",
+        "more than the whole token_budget (50000)",
+    ),
+    (
+        "a lead that may spawn a lead",
+        'name = "x"\n[lead]\nquestion = "q"\nkinds = ["lead"]\n',
+        "lead.kinds[0]",
+        "'lead' is not allowed",
+    ),
+    (
+        "files for a browser member",
+        'name = "x"\n[[members]]\nkind = "browser"\ntask = "t"\nfiles = { "a.py" = "1" }\n',
+        "members[0].files",
+        "only for coding members",
+    ),
+    (
+        "a file name that climbs out of /workspace",
+        GOOD + 'files = { "../a.py" = "1" }\n',
+        "members[0].files",
+        "is not a relative file name",
+    ),
+    (
+        "a member taking the lead's id",
+        'name = "x"\n[[members]]\nid = "lead"\nkind = "coding"\ntask = "t"\n',
+        "members[0].id",
+        "the lead's id",
+    ),
 ]
 
 

@@ -63,10 +63,15 @@ class Kind:
         "Finish: submit your final, distilled result. Call it exactly once, when done."
     )
     """Description of the ``submit_result`` tool."""
+    submit_name: str = "submit_result"
+    """Name of the tool that ends the member with its result (the lead's is ``finish``)."""
     todos: bool = False
     """Whether the ``write_todos`` tool and recitation are on by default."""
     box_kind: BoxKind = "coding"
     """The sandbox kind a member of this kind runs in."""
+    needs_box: bool = True
+    """False for a kind whose tools touch no box (the lead: it delegates, on the
+    coordinator's host); such a member runs with no sandbox at all."""
     file_tools: bool = False
     """Its tools read and search box files (``read_file``, ``grep``), so a saved tool
     result is pointed to in the box; False: the member gets ``read_saved`` instead."""
@@ -97,7 +102,7 @@ class UnknownKind(ValueError):
 
 
 _KINDS: dict[str, Kind] = {}
-_BUILTIN = ("coding", "browser")
+_BUILTIN = ("coding", "browser", "lead")
 
 
 def register_kind(kind: Kind) -> Kind:

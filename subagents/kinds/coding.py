@@ -82,6 +82,11 @@ CHECK_BRIEF = (
     "The job's check command - Fleet runs it again in the box after you submit, and "
     "the task counts as done only if it passes there:\n"
 )
+FINDING_BRIEF = (
+    "The job's check command - Fleet runs it again in the box after you submit and "
+    "reports its exit code as the finding (whether the documented behaviour held); it "
+    "need not pass, and you must not change what it checks to make it pass:\n"
+)
 """Opens the brief; the command follows it verbatim (the offline coding policy,
 subagents/model/offline_coding.py, reads it back by this opening)."""
 
@@ -94,13 +99,16 @@ class CodingSettings(BaseModel):
     test: str | None = None
     """The job's check command, run again in the box after the member submits; when
     it fails there the member ends ``failed``. None: no check."""
+    test_gate: bool = True
+    """False: the check's exit code is the member's finding (a lead's check of a
+    documented behaviour), and a failing check does not fail the member."""
 
 
 def check_brief(settings: CodingSettings) -> str | None:
     """The first message's words about the check command, when there is one."""
     if settings.test is None or not settings.test.strip():
         return None
-    return CHECK_BRIEF + settings.test
+    return (CHECK_BRIEF if settings.test_gate else FINDING_BRIEF) + settings.test
 
 
 class CodingReport(BaseModel):
@@ -128,6 +136,8 @@ class VerifiedTests(BaseModel):
     passed: bool
     output_tail: str = ""
     """Last part of the command's output."""
+    gate: bool = True
+    """Whether a failing run fails the member (False: the exit code is a finding)."""
 
 
 class CodingResult(CodingReport):
@@ -201,7 +211,11 @@ async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any
         res = await box.exec(test, timeout=600)
         tail = render_exec(res.stdout[-3_000:], res.stderr[-2_000:], res.exit_code, res.timed_out)
         result["verified"] = VerifiedTests(
-            command=test, exit_code=res.exit_code, passed=res.ok, output_tail=tail
+            command=test,
+            exit_code=res.exit_code,
+            passed=res.ok,
+            output_tail=tail,
+            gate=settings.test_gate if isinstance(settings, CodingSettings) else True,
         ).model_dump()
     return result
 
@@ -211,6 +225,8 @@ def failed_test(result: dict[str, Any]) -> str | None:
     verified = result.get("verified")
     if not isinstance(verified, dict) or verified.get("passed", True):
         return None
+    if not verified.get("gate", True):
+        return None  # the exit code is the finding, not the member's success
     return (
         f"test failed after edit: {verified.get('command')!r} exit {verified.get('exit_code')} "
         "(patch kept in patch.diff)"

@@ -1,8 +1,8 @@
 """One factory from a model string (or a parsed :class:`ModelChoice`) to a :class:`Model`.
 
 - ``offline``: the offline policy of the member's kind (``research`` for browser
-  members, ``coding`` for coding members, a policy registered under the kind's own
-  name for other kinds), else ``echo`` with a warning;
+  members, ``coding`` for coding members, ``lead`` for a lead, a policy registered
+  under the kind's own name for other kinds), else ``echo`` with a warning;
 - ``offline:<policy>``: that registered policy;
 - ``replay:<path to trace.jsonl>``: replay of a recorded member;
 - anything else: a real model through :class:`~subagents.model.claude.AnthropicModel`
@@ -19,7 +19,7 @@ from .choice import ModelChoice, parse_model
 from .offline import OfflineModel, ReplayModel, get_policy, policy_names
 
 log = logging.getLogger(__name__)
-_KIND_POLICIES = {"browser": "research", "coding": "coding"}
+_KIND_POLICIES = {"browser": "research", "coding": "coding", "lead": "lead"}
 
 
 def kind_policy(kind: str | None) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import copy
 import weakref
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,7 +20,18 @@ from pydantic import BaseModel
 
 from sandbox.base import Sandbox
 
+from ..delegation import Delegation
 from ..trace import TraceWriter
+
+CALL_ID: ContextVar[str] = ContextVar("fleet_tool_call_id", default="")
+"""The ``tool_use`` id of the call being run (set per call, so concurrent calls each
+see their own): a tool whose effect must happen once per call - a lead's spawn - keys
+it by this id."""
+
+
+def current_call_id() -> str:
+    """The id of the tool call this code runs for ("" outside a tool call)."""
+    return CALL_ID.get()
 
 
 class ToolError(Exception):
@@ -59,6 +71,8 @@ class ToolContext:
     """Per-member mutable state shared by tools (todo list, browser page, ...)."""
     settings: BaseModel | None = None
     """The member's kind settings (``MemberSpec.settings``), for the kind's hooks."""
+    delegate: Delegation | None = None
+    """Who runs a lead's members (the coordinator); None for every other member."""
 
 
 class Tool(abc.ABC):

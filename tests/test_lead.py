@@ -1,0 +1,161 @@
+"""A lead that delegates, through the real ``fleet`` CLI: the lead and its members talk
+to the fake Messages API on 127.0.0.1 through the real ``anthropic`` client; members
+run in real boxes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet_policies import coding_policy, tool_results, with_lead
+
+from coordinator.cli import main
+from coordinator.runs import RunDir
+from subagents.fake_api import tool_use
+from subagents.trace import read_trace
+
+pytestmark = pytest.mark.docker
+
+
+def _job(tmp_path: Path, lead: str) -> Path:
+    text = (
+        f'name = "lead-test"\noutput_dir = "{tmp_path / "runs"}"\n'
+        '[model]\nname = "claude-sonnet-5"\n[lead]\nquestion = "What do A and B do?"\n' + lead
+    )
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def _events(run: RunDir, name: str) -> list[dict[str, Any]]:
+    return [e for e in run.journal.read() if e["event"] == name]
+
+
+def _lead_results(run: RunDir) -> list[tuple[str, str, bool]]:
+    """The lead's tool calls as its trace has them: (tool, result text, is_error)."""
+    events = list(read_trace(run.path / "lead" / "trace.jsonl"))
+    calls = {e.call_id: e.tool for e in events if e.type == "tool_call"}
+    return [(calls[e.call_id], e.output, e.is_error) for e in events if e.type == "tool_result"]
+
+
+def test_a_lead_respawns_a_failed_member_with_a_changed_task_and_finishes(
+    tmp_path, images, docker_client, fake_api, cleanup, capsys
+):
+    def lead(body: dict[str, Any]) -> Any:
+        seen = "\n".join(t for t, _ in tool_results(body))
+        if not seen:
+            members = [
+                {"kind": "coding", "task": "Task A [slow]"},
+                {"kind": "coding", "task": "Task B [bad-request]"},
+            ]
+            return tool_use("spawn", {"members": members})
+        if "member w1-2 (coding, wave 1) ended failed" not in seen:
+            return tool_use("wait", {"until": "any"})
+        if "Wave 2 started" not in seen:
+            # The reason says the request was refused: the same task would fail again.
+            retry = {"kind": "coding", "task": "Task B, asked plainly", "id": "b-again"}
+            return tool_use("spawn", {"members": [retry]})
+        if "member b-again" not in seen or "member w1-1" not in seen:
+            return tool_use("wait", {"until": "all"})
+        claims = [
+            {"text": "A is done", "cites": [{"member": "w1-1"}]},
+            {"text": "B is done", "cites": [{"member": "b-again"}]},
+            {"text": "made up", "cites": [{"member": "nobody", "claim": 0}]},
+        ]
+        return tool_use("finish", {"summary": "Both are done.", "claims": claims})
+
+    api = fake_api(with_lead(lead, coding_policy(turns=2, latency_s=0.4)))
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, 'kinds = ["coding"]\nmembers = 2\n')
+    assert main(["run", str(job), "--plain"]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+
+    spawns = _events(run, "lead_spawn")
+    assert [(s["wave"], [m["id"] for m in s["members"]]) for s in spawns] == [
+        (1, ["w1-1", "w1-2"]),
+        (2, ["b-again"]),
+    ]
+    status = {m: run.result(m)["status"] for m in ("w1-1", "w1-2", "b-again")}
+    assert status == {"w1-1": "ok", "w1-2": "failed", "b-again": "ok"}
+    # Wave 2 started while wave 1's straggler (the slow A) still ran.
+    started = {e["member"]: e["ts"] for e in _events(run, "member_started")}
+    finished = {e["member"]: e["ts"] for e in _events(run, "member_finished")}
+    assert started["b-again"] < finished["w1-1"]
+    # The lead heard the failure with its reason, inside the untrusted block.
+    told = next(t for tool, t, _ in _lead_results(run) if "ended failed" in t)
+    assert re.search(
+        r'<untrusted_page_content url="member:w1-2">\n.*prompt is too long', told, re.S
+    )
+
+    lead_requests = [
+        r for r in api.requests if "You lead a research team" in json.dumps(r["system"])
+    ]
+    sent = json.dumps(lead_requests)
+    assert "hostname" not in sent and "step 0" not in sent  # members' tool calls and outputs
+    assert '"patch"' not in sent  # the coding result's patch stays on disk
+
+    report = json.loads((run.path / "report.json").read_text())
+    assert report["analyst"] == "claude-sonnet-5" and report["summary"] == "Both are done."
+    by_text = {c["text"]: c for c in report["claims"]}
+    assert [c["member"] for c in by_text["A is done"]["citations"]] == ["w1-1"]
+    assert by_text["made up"]["uncited"] and by_text["made up"]["citations"] == []
+    assert {m["member"] for m in report["failed"]} == {"w1-2"}
+    lead_end = _events(run, "lead_finished")[-1]
+    assert lead_end["status"] == "ok" and lead_end["cancelled"] == []
+    err = capsys.readouterr().err
+    assert "succeeded: 2 of 3 members ok" in err and re.search(r"^lead\s+ok", err, re.M)
+
+
+def test_spawns_past_the_leads_limits_are_refused_with_what_is_left(
+    tmp_path, images, docker_client, fake_api, cleanup
+):
+    steps = [
+        ("spawn", {"members": [{"kind": "coding", "task": f"T{i}"} for i in range(5)]}),
+        ("spawn", {"members": [{"kind": "browser", "task": "Read the docs"}]}),
+        ("spawn", {"members": [{"kind": "coding", "task": "T", "id": "Not An Id"}]}),
+        ("spawn", {"members": [{"kind": "coding", "task": "T", "files": {"../up.py": "1"}}]}),
+        ("spawn", {"members": [{"kind": "coding", "task": f"T{i}"} for i in range(3)]}),
+        ("spawn", {"members": [{"kind": "coding", "task": f"T{i}"} for i in range(2)]}),
+        ("wait", {"until": "all"}),
+        ("spawn", {"members": [{"kind": "coding", "task": "T9"}]}),
+        ("wait", {"until": "all"}),
+        ("spawn", {"members": [{"kind": "coding", "task": "T10"}]}),
+        ("finish", {"summary": "Stopped at the limits."}),
+    ]
+
+    def lead(body: dict[str, Any]) -> Any:
+        name, args = steps[len(tool_results(body))]
+        return tool_use(name, args)
+
+    fake_api(with_lead(lead, coding_policy(turns=1)))
+    cleanup.append(tmp_path / "runs")
+    job = _job(
+        tmp_path,
+        'kinds = ["coding"]\nmembers = 2\nmax_members = 4\nmax_waves = 2\n'
+        "token_budget = 100000\nmember_limits = { max_tokens = 40000 }\n",
+    )
+    assert main(["run", str(job), "--plain"]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+    results = _lead_results(run)
+    assert [tool for tool, _, _ in results] == [name for name, _ in steps]
+    errors = [(text, err) for tool, text, err in results]
+    assert errors[0][1] and "max_members is 4" in errors[0][0] and "room for 4" in errors[0][0]
+    assert errors[1][1] and "members[0].kind: 'browser' may not be spawned" in errors[1][0]
+    assert errors[2][1] and "members[0].id: 'Not An Id'" in errors[2][0]
+    # Validated as a job file's member: the field, what was wrong, an example of right.
+    assert (
+        errors[3][1] and "members[0].files: '../up.py' is not a relative file name" in errors[3][0]
+    )
+    assert "example of right: files = {" in errors[3][0]
+    # 3 x 40,000 reserved does not fit what the lead left of 100,000; 2 do.
+    assert errors[4][1] and "token budget" in errors[4][0] and "room for 2 more" in errors[4][0]
+    assert not errors[5][1] and "Wave 1 started: w1-1 (coding), w1-2 (coding)" in errors[5][0]
+    assert not errors[7][1] and "Wave 2 started: w2-1 (coding)" in errors[7][0]
+    assert errors[9][1] and "max_waves is 2" in errors[9][0]
+    assert [e["wave"] for e in _events(run, "lead_spawn")] == [1, 2]
+    assert {m.id for m in run.planned_members() or []} == {"w1-1", "w1-2", "w2-1"}
+    assert all(run.result(m)["status"] == "ok" for m in ("w1-1", "w1-2", "w2-1"))
