@@ -108,7 +108,7 @@ async def test_write_file_keeps_the_mode_and_refuses_what_the_box_user_could_not
 ) -> None:
     await box.exec(
         "printf old > ro.txt && chmod 444 ro.txt && printf x > run.sh && chmod 750 run.sh"
-        " && mkdir adir locked && chmod 555 locked"
+        " && mkdir adir locked && printf old > locked/in.txt && chmod 555 locked"
     )
     with pytest.raises(PermissionError) as err:
         await box.write_file("ro.txt", "new")
@@ -122,6 +122,8 @@ async def test_write_file_keeps_the_mode_and_refuses_what_the_box_user_could_not
         await box.write_file("adir", "x")
     with pytest.raises(PermissionError):
         await box.write_file("locked/new.txt", "x")
+    await box.write_file("locked/in.txt", "new")  # writable, as `echo new > in.txt` is
+    assert await box.read_file("locked/in.txt") == b"new"
     await box.write_file("fresh.txt", "x")
     assert (await box.exec("stat -c %a fresh.txt")).stdout == "644\n"
     left = await box.exec("find /workspace -name '*.fleet-*'")
