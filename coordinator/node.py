@@ -148,6 +148,25 @@ def soft_deadline(unit: MemberUnit, started: float) -> MemberSpec:
     return spec.model_copy(update={"limits": limits})
 
 
+async def _with_proxies(spec: MemberSpec, backend: SandboxBackend, run_id: str) -> MemberSpec:
+    """The member's URL MCP servers, each with the run's egress proxy for its host alone:
+    the host-side client reaches the server the way a box would, through the proxy's
+    allowlist and address checks. Without a proxy here, the server does not start and
+    says why."""
+    if not any(s.url for s in spec.mcp):
+        return spec
+    servers = []
+    for server in spec.mcp:
+        if server.url is not None:
+            try:
+                proxy = await backend.egress_proxy(run_id, [server.egress_host()])
+            except SandboxError:
+                proxy = None
+            server = server.model_copy(update={"proxy": proxy})
+        servers.append(server)
+    return spec.model_copy(update={"mcp": servers})
+
+
 async def run_attempt(
     unit: MemberUnit, deps: NodeDeps, trace: TraceWriter, *, member_dir: Path | None = None
 ) -> MemberOutcome:
@@ -179,6 +198,7 @@ async def run_attempt(
                 await _upload_repo(box, Path(unit.repo), copy_room(box_spec))
             for name, text in unit.files.items():
                 await box.write_file(f"/workspace/{name}", text)
+            spec = await _with_proxies(soft_deadline(unit, started), deps.backend, unit.run_id)
             model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
             # Only a harness that may ask is handed the approver (a test's own harness
             # need not take it).
@@ -187,7 +207,7 @@ async def run_attempt(
                 asks["approver"] = deps.approver
             try:
                 outcome = await run_member(
-                    soft_deadline(unit, started),
+                    spec,
                     sandbox=box,
                     model=model,
                     run_dir=member_dir or Path(unit.member_dir),

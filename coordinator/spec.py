@@ -250,6 +250,11 @@ class MemberJob(_Strict):
             check_tool_names(self.kind, [t.name for t in self.tools])
         except ValueError as exc:
             raise FieldProblem("tools", str(exc)) from None
+        for i, server in enumerate(self.mcp):
+            if server.proxy is not None:
+                raise FieldProblem(
+                    f"mcp.{i}.proxy", "is set by Fleet (the run's egress proxy), not by a job"
+                )
         for i, tool in enumerate(self.tools):
             if tool.callable is not None:
                 try:  # importable now, or the member would fail at its start

@@ -203,6 +203,13 @@ class SandboxBackend(abc.ABC):
     async def list_boxes(self, *, run: str | None = None) -> list[BoxInfo]:
         """Fleet's boxes on this engine, optionally only one run's."""
 
+    async def egress_proxy(self, run: str, allow: Sequence[str]) -> str:
+        """The URL of ``run``'s egress proxy for the hosts ``allow``, for a host-side
+        client that must reach them the way a box would (an MCP server's URL):
+        through the proxy's allowlist and address checks, never around them.
+        Raises :class:`SandboxError` when this backend has no egress proxy."""
+        raise SandboxError(f"{type(self).__name__} has no egress proxy")
+
     @abc.abstractmethod
     async def remove_run(self, run: str) -> int:
         """Remove every box and network of one run; returns how many boxes."""

@@ -40,7 +40,7 @@ import stat
 import tarfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -60,7 +60,7 @@ from .errors import (
     SandboxUnavailable,
 )
 from .firewall import infra_mac
-from .network import RunNetworks, proxy_env
+from .network import PROXY_PORT, RunNetworks, proxy_env
 from .process import BoxProcess
 from .spec import SandboxSpec
 from .transport import BoxTransport
@@ -332,6 +332,27 @@ class DockerBackend(SandboxBackend):
                     lambda: image_ref(kind, client=client)
                 )
         return self._images[kind]
+
+    async def egress_proxy(self, run: str, allow: Sequence[str]) -> str:
+        await self._ready()
+        assert self._networks is not None
+        await self._networks.ensure_network(run)
+        proxy_image = await self.image_for(SandboxSpec())
+        ip = await self._networks.ensure_proxy(
+            run, list(allow), proxy_image, reaper.proxy_labels(run)
+        )
+        # A proxy just started may not listen yet: a box's programs retry, a host-side
+        # client connects once, so wait (bounded) until it accepts a connection.
+        with anyio.move_on_after(10):
+            while True:
+                try:
+                    stream = await anyio.connect_tcp(ip, PROXY_PORT)
+                except OSError:
+                    await anyio.sleep(0.1)
+                    continue
+                await stream.aclose()
+                break
+        return f"http://{ip}:{PROXY_PORT}"
 
     async def create(
         self, spec: SandboxSpec, *, run: str, member: str, command: list[str] | None = None

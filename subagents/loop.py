@@ -34,7 +34,6 @@ know the span (the adapter's retries, offloads, compaction) still carry it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -56,9 +55,9 @@ from .result import ResultGate
 from .result_schema import extend_model, job_field_names
 from .spec import MemberSpec
 from .tool_calls import ToolCalls
-from .tools.base import ToolContext
+from .tools.base import Tool, ToolContext
 from .tools.deferred import ToolSearch, ToolView
-from .tools.mcp import start_servers
+from .tools.mcp import McpStartFailed, serve_servers
 from .tools.registry import ToolRegistry, build_custom_tool
 from .trace import TraceWriter
 
@@ -162,24 +161,33 @@ class AgentLoop:
     async def run(self) -> MemberOutcome:
         """Turns until a result or a limit; raises only SandboxCrashed, ModelError,
         McpStartFailed (a server of the member's did not start), cancel."""
-        servers = contextlib.AsyncExitStack()
-        try:
-            if self.spec.mcp:
-                await self._start_mcp(servers)
+        if not self.spec.mcp:
             return await self._run_limited()
-        finally:
-            # Not shielded: the sessions' task groups were entered in this task's scope
-            # and must be left in it. A server failing as it stops (a dead one's
-            # session) changes nothing of the member's outcome.
+        # The servers live in a task of their own (tools/mcp.py says why); what the
+        # turns raise is carried out of the task group as it is, not as a group.
+        stop = anyio.Event()
+        outcome: MemberOutcome | None = None
+        error: Exception | None = None
+        async with anyio.create_task_group() as servers:
+            started = await servers.start(serve_servers, self.spec.mcp, self.tool_ctx.sandbox, stop)
             try:
-                await servers.aclose()
-            except Exception:
-                pass
+                if isinstance(started, McpStartFailed):
+                    error = started
+                else:
+                    self._offer(started)
+                    outcome = await self._run_limited()
+            except Exception as exc:
+                error = exc
+            finally:
+                stop.set()
+        if error is not None:
+            raise error
+        assert outcome is not None
+        return outcome
 
-    async def _start_mcp(self, stack: contextlib.AsyncExitStack) -> None:
-        """Start the member's MCP servers (they stop with ``stack``) and offer their
-        tools - deferred behind tool_search past the threshold (tools/deferred.py)."""
-        tools = await start_servers(stack, self.spec.mcp, self.tool_ctx.sandbox)
+    def _offer(self, tools: list[Tool]) -> None:
+        """Offer the MCP servers' tools - deferred behind tool_search past the threshold
+        (tools/deferred.py)."""
         for tool in tools:
             self.registry.add(tool)
         self.view = ToolView(self.registry, tools)

@@ -160,19 +160,28 @@ def test_many_tools_are_deferred_and_loaded_through_tool_search(
 
 
 @pytest.mark.docker
-def test_a_url_server_on_the_allowlist_is_not_reached_around_the_proxy(
+def test_a_url_server_on_the_allowlist_is_reached_only_through_the_egress_proxy(
     tmp_path, images, fake_api, cleanup
 ):
     fake_api(scripted())
     cleanup.append(tmp_path / "runs")
     job = tmp_path / "job.toml"
+    # The URL is the run's own corpus box (an offline browser member makes the run start
+    # it): the proxy reaches it on the run network, nothing leaves the machine, and the
+    # corpus answers no MCP.
     job.write_text(
         f'name = "t"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "claude-sonnet-5"\n'
-        '[egress]\nallow = ["mcp.example.com"]\n[fanout]\nretry = { attempts = 1 }\n'
+        "[fanout]\nretry = { attempts = 1 }\n"
+        '[[members]]\nid = "reader"\nkind = "browser"\nmodel = "offline"\ntask = "asyncio"\n'
+        "limits = { max_turns = 3 }\n"
         '[[members]]\nid = "coder"\nkind = "coding"\ntask = "x"\n'
-        '[[members.mcp]]\nname = "remote"\nurl = "https://mcp.example.com/mcp"\n'
+        '[[members.mcp]]\nname = "remote"\nurl = "http://corpus:8080/mcp"\n'
     )
-    assert main(["run", str(job), "--plain"]) == 1
+    main(["run", str(job), "--plain"])
     (run,) = RunDir.list(tmp_path / "runs")
+    assert run.result("coder")["status"] == "failed"
     reason = run.result("coder")["reason"]
-    assert "MCP server 'remote'" in reason and "only through the run's egress allowlist" in reason
+    # The host-side client reached the corpus through the run's egress proxy (the host
+    # has no route to the run network's names): the corpus's answer is the failure.
+    assert "MCP server 'remote' (http://corpus:8080/mcp) did not start" in reason
+    assert "through the run's egress proxy" in reason

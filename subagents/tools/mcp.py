@@ -7,7 +7,14 @@ the stream of its own ``docker exec``; this module turns that byte stream into t
 SDK's message streams (one JSON-RPC message per line, as the stdio transport frames
 them), so the SDK's :class:`mcp.ClientSession` runs on the host, next to the harness,
 and never in the box. Optional ``files`` (a host file or directory) are copied to
-``/tmp/mcp/<name>`` first and the command runs there.
+``/tmp/mcp/<name>`` first and the command runs there. A ``url`` server is reached
+from the host, but only through the run's egress proxy for its host alone (set as
+``proxy`` where the member runs), so the allowlist and the proxy's address checks hold
+for it as for a box.
+
+The sessions live in a task of their own (:func:`serve_servers`): the SDK's
+transports hold task groups, and one that fails cancels the scope it was opened in -
+opened in the member's own task, a broken server would cancel the member.
 
 How tools look to the model: ``mcp__<server>__<tool>``, with the server's own
 description and input schema; a server offering resources also gets
@@ -33,6 +40,7 @@ import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -57,13 +65,22 @@ class McpServerSpec(BaseModel):
     command: str | None = None
     """Shell command starting a stdio server inside the member's box."""
     url: str | None = None
-    """A streamable-HTTP server's URL; its host must be on the job's ``egress.allow``."""
+    """A streamable-HTTP server's URL; its host must be on the job's ``egress.allow``,
+    and the client reaches it only through the run's egress proxy (``proxy``)."""
     files: str | None = None
     """Host file or directory copied to ``/tmp/mcp/<name>`` before ``command`` runs there."""
     timeout_s: float = Field(default=60.0, gt=0, le=3600)
     """Longest one tool call may take."""
     start_timeout_s: float = Field(default=30.0, gt=0, le=600)
     """Longest the server may take to start and list its tools."""
+    proxy: str | None = None
+    """A ``url`` server: the run's egress proxy it is reached through, set where the
+    member runs (:func:`coordinator.node.run_attempt`), never by a job."""
+
+    def egress_host(self) -> str:
+        """A ``url`` server's ``host:port``, as an egress allowlist names it."""
+        parts = urlsplit(self.url or "")
+        return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 
     @model_validator(mode="after")
     def _one_way(self) -> McpServerSpec:
@@ -296,7 +313,7 @@ async def _open(
         process = await box.start_process(spec.command, cwd=cwd)
         streams = await stack.enter_async_context(_box_streams(process))
     else:
-        streams = await stack.enter_async_context(_http_streams(spec, proxy))
+        streams = await stack.enter_async_context(_http_streams(spec, spec.proxy or proxy))
     session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
     return McpServer(spec, session, process)
 
@@ -324,15 +341,21 @@ async def start_servers(
     box: Sandbox | None,
     *,
     proxy: str | None = None,
+    tried: list[McpServer | McpServerSpec] | None = None,
 ) -> list[Tool]:
-    """Start every server (their sessions close with ``stack``); their tools."""
+    """Start every server (their sessions close with ``stack``); their tools.
+    ``tried`` gets each server as it is being started (the last one is the culprit
+    when a transport's own task fails and the error arrives as a group)."""
     tools: list[Tool] = []
+    tried = tried if tried is not None else []
     for spec in specs:
         server: McpServer | None = None
+        tried.append(spec)
         try:
             # The sessions' task groups go onto ``stack``: opened outside the timeout's
             # scope, which must not enclose them.
             server = await _open(stack, spec, box, proxy)
+            tried[-1] = server
             with anyio.fail_after(spec.start_timeout_s):
                 await server.session.initialize()
                 listed = await server.session.list_tools()
@@ -350,6 +373,56 @@ async def start_servers(
     return tools
 
 
+async def serve_servers(
+    specs: list[McpServerSpec],
+    box: Sandbox | None,
+    stop: anyio.Event,
+    *,
+    task_status: Any = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the member's servers in a task of their own until ``stop`` is set; reports
+    their tools (or the :class:`McpStartFailed`) through ``task_status``.
+
+    Why a task of its own: the SDK's sessions and transports hold task groups, and a
+    task group's failure cancels the scope it was opened in. Opened here, a server
+    that breaks cancels only this task, never the member's turns; its tools then
+    answer with errors. This task never raises.
+    """
+    started = False
+    tried: list[McpServer | McpServerSpec] = []
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            tools = await start_servers(stack, specs, box, tried=tried)
+            task_status.started(tools)
+            started = True
+            await stop.wait()
+    except Exception as exc:
+        if not started:
+            failed = _find_start_failure(exc)
+            if failed is None and tried:
+                last = tried[-1]
+                server = last if isinstance(last, McpServer) else None
+                spec = last.spec if isinstance(last, McpServer) else last
+                failed = McpStartFailed(_start_failure(spec, server, _leaf(exc)))
+            task_status.started(failed or McpStartFailed(f"MCP servers did not start: {exc}"))
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first exception that is not a group of others."""
+    inner = getattr(exc, "exceptions", None)
+    return _leaf(inner[0]) if inner else exc
+
+
+def _find_start_failure(exc: BaseException) -> McpStartFailed | None:
+    if isinstance(exc, McpStartFailed):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _find_start_failure(inner)
+        if found is not None:
+            return found
+    return None
+
+
 def _start_failure(spec: McpServerSpec, server: McpServer | None, exc: BaseException) -> str:
     what = spec.command or spec.url
     why = (
@@ -359,6 +432,8 @@ def _start_failure(spec: McpServerSpec, server: McpServer | None, exc: BaseExcep
     )
     tail = server.process.stderr_tail.strip()[-1200:] if server and server.process else ""
     message = f"MCP server {spec.name!r} ({what}) did not start: {why}"
+    if spec.url is not None:  # reached through the run's egress proxy: no stderr of its own
+        return message + (" (through the run's egress proxy)" if spec.proxy else "")
     return message + (
         f"; its stderr ended with:\n{tail}" if tail else "; it wrote nothing on stderr"
     )
