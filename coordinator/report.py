@@ -112,6 +112,15 @@ class Report(_Strict):
     that failed (the member's edits are only in its run directory)."""
 
 
+def _quoted(quote: str) -> list[str]:
+    """A claim's quote under its list item: a block quote, or a code block when it
+    spans lines (an example with its output keeps its layout)."""
+    if "\n" not in quote.strip():
+        return [f"  > {quote}"]
+    fence = "~~~" if "```" in quote else "```"
+    return [f"  {fence}", *(f"  {line}" for line in quote.strip("\n").split("\n")), f"  {fence}"]
+
+
 def render_markdown(report: Report) -> str:
     """``report.md``: the same content as ``report.json``, for people."""
     out = [f"# {report.title}", ""]
@@ -134,7 +143,7 @@ def render_markdown(report: Report) -> str:
             out.append(f"- {claim.text} ({'; '.join(refs) or 'no source'}){mark}")
             quote = next((c.quote for c in claim.citations if c.quote), "")
             if quote and quote.strip() != claim.text.strip():
-                out.append(f"  > {quote}")
+                out += _quoted(quote)
         out.append("")
         if urls:
             out += ["### Sources", ""] + [f"[{n}] {u}" for u, n in urls.items()] + [""]

@@ -46,6 +46,7 @@ _POLICIES_LOCK = threading.Lock()
 # SDK imports), but importing them eagerly here would be circular: they import this.
 _BUILTIN_POLICIES = {
     "coding": "subagents.model.offline_coding",
+    "lead": "subagents.model.offline_lead",
     "research": "subagents.model.offline_research",
 }
 

@@ -10,7 +10,12 @@ It drives the browser tools the way a careful researcher would, with no model:
    the one the snapshot showed - the section a search result points at);
 3. pick the sentences that share the most key terms with the task and submit them
    as claims, each quote copied character for character from the tool result, with
-   the URL the page was read from.
+   the URL the page was read from; and, when a page shows an interactive session
+   (``>>>`` code with its output) about the task, one claim quoting that session
+   verbatim - an example whose behaviour running it can check
+   (:mod:`subagents.model.examples`);
+4. name what stayed open: the task's own topic words that no chosen claim mentions
+   become one open question ("What does the documentation say about ...?").
 
 Everything it knows comes from the conversation (the request's messages), so it is
 a pure function of the request and replays identically. Page content is data, never
@@ -29,12 +34,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import ModelRequest
+from .examples import checkable, one_line, session_blocks, words_before
 from .offline import register_policy, with_required_fields
 
 MAX_PAGES = 3
 MAX_READS = 8
 MAX_CLAIMS = 4
-_WORD = re.compile(r"[a-z0-9_]+")
+WORD = re.compile(r"[a-z0-9_]+")
+GENERIC = frozenset(
+    "key concepts definitions behind practice api parameters behaviour behavior pitfalls "
+    "errors edge cases documentation warn examples give related features alternatives "
+    "documented changed between versions deprecated regarding part say".split()
+)
+"""The planner's angle words (and the open question's own): not what a task is about."""
 _STOP = frozenset(
     "a an and are as at be by can do does did for from get gets got has have how i if in "
     "into is it its of on or should that the their then there these this to was what when "
@@ -47,7 +59,7 @@ _UNTRUSTED = re.compile(
 _RESULT_LINE = re.compile(r"^\d+\. (.+) -> (\S+)$", re.M)
 _URL = re.compile(r"https?://[^\s\"'<>)]+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")
-_INJECTION = re.compile(
+INJECTION = re.compile(
     r"ignore (all |any |the )?(previous|prior|above|earlier|your) (instructions|prompts?)"
     r"|disregard .{0,40}instructions|system prompt|you are now|new instructions"
     r"|submit_result|as an ai\b|language model|ai (agent|assistant)",
@@ -58,7 +70,7 @@ _INJECTION = re.compile(
 def key_terms(text: str, limit: int = 8) -> list[str]:
     """The task's content words, in order, without duplicates."""
     out: list[str] = []
-    for w in _WORD.findall(text.lower()):
+    for w in WORD.findall(text.lower()):
         if len(w) > 1 and w not in _STOP and w not in out:
             out.append(w)
     return out[:limit]
@@ -211,11 +223,11 @@ def build_findings(state: _State, *, condensed: bool = False) -> dict[str, Any]:
     suspicious: list[str] = []
     for order, (url, texts) in enumerate(page_texts(state).values()):
         for sentence in passages("\n".join(texts)):
-            if _INJECTION.search(sentence):
+            if INJECTION.search(sentence):
                 if url not in suspicious:
                     suspicious.append(url)
                 continue
-            hits = {stem(w) for w in _WORD.findall(sentence.lower())} & terms
+            hits = {stem(w) for w in WORD.findall(sentence.lower())} & terms
             if len(hits) >= min(2, len(terms)):
                 found.append((hits, order, sentence, url))
     # Rare terms weigh more (IDF over the candidate sentences): "shield" says more
@@ -237,6 +249,9 @@ def build_findings(state: _State, *, condensed: bool = False) -> dict[str, Any]:
         if len(chosen) >= (2 if condensed else MAX_CLAIMS):
             break
     claims = [{"text": s, "source_url": u, "quote": s} for _n, s, u in chosen]
+    example = best_example(state, terms)
+    if example is not None:
+        claims.append(example)
     best = chosen[0][0] if chosen else 0
     confidence = "high" if terms and best >= 0.6 * len(terms) else ("medium" if chosen else "low")
     open_questions = [
@@ -247,6 +262,9 @@ def build_findings(state: _State, *, condensed: bool = False) -> dict[str, Any]:
     open_questions += [f"could not open {u}" for u in failed]
     if not chosen:
         open_questions.append("no passage on the pages read matched the task's key terms")
+    missing = uncovered(state.task, claims)
+    if missing:
+        open_questions.append(f"What does the documentation say about {' '.join(missing)}?")
     summary = f"Read {len(page_texts(state))} page(s) for: {state.task.strip()[:200]}. " + (
         f"Best passage: {chosen[0][1]}" if chosen else "Nothing relevant was found."
     )
@@ -256,6 +274,33 @@ def build_findings(state: _State, *, condensed: bool = False) -> dict[str, Any]:
         "open_questions": open_questions,
         "confidence": confidence,
     }
+
+
+def best_example(state: _State, terms: set[str]) -> dict[str, Any] | None:
+    """A claim quoting the page's interactive session most about the task (with its
+    output, so running it checks it), or None when no page read shows one."""
+    best: tuple[int, str, str, str] | None = None
+    for url, texts in page_texts(state).values():
+        text = "\n".join(texts)
+        for start, block in session_blocks(text):
+            if not checkable(block) or INJECTION.search(block):
+                continue
+            about = words_before(text, start)
+            hits = len({stem(w) for w in WORD.findall(f"{about} {block}".lower())} & terms)
+            if hits and (best is None or hits > best[0]):
+                best = (hits, block, url, about)
+    if best is None:
+        return None
+    _hits, block, url, about = best
+    what = f" ({one_line(about)})" if about else ""
+    text = f"The documentation shows this example and its output{what}."
+    return {"text": text, "source_url": url, "quote": block}
+
+
+def uncovered(task: str, claims: list[dict[str, Any]]) -> list[str]:
+    """The task's topic words that no claim mentions (by stem)."""
+    said = {stem(w) for c in claims for w in WORD.findall(str(c.get("text", "")).lower())}
+    return [t for t in key_terms(task) if t not in GENERIC and stem(t) not in said]
 
 
 def research_policy(request: ModelRequest) -> list[dict[str, Any]]:
