@@ -255,6 +255,14 @@ class PolicyDecision(_Event):
     """The answer was "always" for this rule (the rest of the run asks no more)."""
     waited_s: float = 0.0
 
+    def summary(self) -> str:
+        """One line for a person: what the policy said and who decided."""
+        rule = f"rule {self.rule!r}" if self.rule else f"default {self.action!r}"
+        verdict = "allowed" if self.allowed else "refused"
+        who = "" if self.by == "rule" else f" by {self.by}" + (" (always)" if self.always else "")
+        waited = f" after {self.waited_s:.1f}s" if self.action == "ask" else ""
+        return f"{self.tool} {verdict} ({self.action}, {rule}){who}{waited}"
+
 
 class ErrorEvent(_Event):
     type: Literal["error"] = "error"

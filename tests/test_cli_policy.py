@@ -84,6 +84,10 @@ def test_a_denied_call_is_an_error_result_and_never_runs(tmp_path, images, fake_
     assert decision["allowed"] is False and decision["input"] == {"command": "rm -rf build"}
     events = [e for e in read_trace(run.member_dir("coder") / "trace.jsonl") if e.type == "policy"]
     assert [(e.tool, e.rule, e.allowed) for e in events] == [("shell", "shell:rm *", False)]
+    shown = subprocess.run(
+        [*FLEET, "trace", str(run.path), "coder"], capture_output=True, text=True
+    ).stdout
+    assert "[POLICY] shell refused (deny, rule 'shell:rm *')" in shown
 
 
 def test_an_ask_answered_by_fleet_approve_while_the_sibling_never_waits(
@@ -133,6 +137,10 @@ def test_an_ask_answered_by_fleet_approve_while_the_sibling_never_waits(
     assert asked["ts"] < sibling_done["ts"] < decided["ts"]
     assert decided["by"] == "fleet approve" and decided["allowed"] is True
     assert decided["waited_s"] > 0
+    shown = subprocess.run(
+        [*FLEET, "trace", str(run.path), "asker"], capture_output=True, text=True
+    ).stdout
+    assert "[POLICY] shell allowed (ask, rule 'shell:rm *') by fleet approve after" in shown
 
 
 @pytest.mark.parametrize(

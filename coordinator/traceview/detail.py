@@ -34,6 +34,7 @@ from subagents.trace import (
     Messages,
     ModelCall,
     Offload,
+    PolicyDecision,
     Retry,
     SandboxEvent,
     Screenshot,
@@ -270,6 +271,8 @@ def _mark(ev: Any, ref: str, limit: int, prefix: str) -> Mark | None:
         return Mark(kind="retry", ts=ev.ts, text=text, ref=ref)
     if isinstance(ev, ErrorEvent):
         return Mark(kind="error", ts=ev.ts, text=f"{ev.error}: {ev.message}"[:limit], ref=ref)
+    if isinstance(ev, PolicyDecision):
+        return Mark(kind="policy", ts=ev.ts, text=ev.summary()[:limit], ref=ref)
     if isinstance(ev, MemoryWrite):
         return Mark(kind="memory", ts=ev.ts, text=ev.command, path=member_file(prefix, ev.path),
                     ref=ref)  # fmt: skip

@@ -17,6 +17,7 @@ from subagents.trace import (
     Messages,
     ModelCall,
     Offload,
+    PolicyDecision,
     SandboxEvent,
     Screenshot,
     ToolCall,
@@ -240,6 +241,8 @@ def format_event(member: str, ev: Any, width: int = 160) -> str | None:
         body = f"COMPACTION {ev.tokens_before} -> {ev.tokens_after} tokens"
     elif isinstance(ev, ErrorEvent):
         body = f"ERROR {ev.error}: {ev.message}"
+    elif isinstance(ev, PolicyDecision):
+        body = f"POLICY {ev.summary()}"
     elif isinstance(ev, MemorySave):
         state = f"NOT saved: {ev.error}" if ev.error else f"saved {len(ev.files)} file(s)"
         conflicts = f", {len(ev.conflicts)} CONFLICT(s)" if ev.conflicts else ""
