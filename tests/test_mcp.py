@@ -185,3 +185,59 @@ def test_a_url_server_on_the_allowlist_is_reached_only_through_the_egress_proxy(
     # has no route to the run network's names): the corpus's answer is the failure.
     assert "MCP server 'remote' (http://corpus:8080/mcp) did not start" in reason
     assert "through the run's egress proxy" in reason
+
+
+@pytest.mark.docker
+def test_a_url_server_answers_through_the_runs_egress_proxy_and_only_its_allowed_host(
+    tmp_path, images, docker_client, run_id
+):
+    """The example server in HTTP mode in a service box of the run; the host-side client
+    reaches it through a proxy allowing it, and is refused through one that does not."""
+    import anyio
+
+    from sandbox.docker import DockerBackend
+    from sandbox.spec import SandboxSpec
+    from subagents.tools.base import ToolContext
+    from subagents.tools.mcp import McpServerSpec, McpStartFailed, serve_servers
+    from subagents.trace import TraceWriter
+
+    async def serve(spec: McpServerSpec, call: bool) -> Any:
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tools = await tg.start(serve_servers, [spec], None, stop)
+            try:
+                if call and not isinstance(tools, McpStartFailed):
+                    trace = TraceWriter(tmp_path / "t.jsonl", run=run_id, member="m")
+                    ctx = ToolContext(sandbox=None, run_dir=tmp_path, trace=trace, member="m")
+                    (echo,) = [t for t in tools if t.name == "mcp__web__echo"]
+                    return await echo.run(echo.Input(text="through the proxy"), ctx)
+                return tools
+            finally:
+                stop.set()
+
+    async def main() -> tuple[Any, Any]:
+        backend = DockerBackend(docker_client, images=images)
+        source = (EXAMPLE / "echo_server.py").read_text()
+        box = await backend.create(
+            SandboxSpec(kind="service"),
+            run=run_id,
+            member="mcpweb",
+            command=["python3", "-c", source, "--http", "8080"],
+        )
+        listening = "import socket; socket.create_connection(('127.0.0.1', 8080), 1)"
+        for _ in range(50):
+            if (await box.exec(["python3", "-c", listening], timeout=5)).ok:
+                break
+            await anyio.sleep(0.1)
+        url = "http://mcpweb:8080/mcp"
+        allowed = await backend.egress_proxy(run_id, ["mcpweb:8080"])
+        answer = await serve(McpServerSpec(name="web", url=url, proxy=allowed), call=True)
+        other = await backend.egress_proxy(run_id, ["elsewhere:8080"])
+        refused = await serve(McpServerSpec(name="web", url=url, proxy=other), call=False)
+        return answer, refused
+
+    answer, refused = anyio.run(main)
+    assert answer.text == "through the proxy" and not answer.is_error
+    assert isinstance(refused, McpStartFailed)
+    assert "MCP server 'web' (http://mcpweb:8080/mcp) did not start" in str(refused)
+    assert "through the run's egress proxy" in str(refused)

@@ -6,6 +6,9 @@ this file is all the server there is (the job copies it in with ``files``). The
 protocol is JSON-RPC 2.0, one message per line on stdin/stdout: ``initialize``,
 ``tools/list``, ``tools/call``, ``resources/list``, ``resources/read`` and ``ping``.
 
+``--http PORT`` serves the same over streamable HTTP instead (POST ``/mcp``, one JSON
+answer per request), to try a ``url`` server.
+
 Tools: ``echo(text)`` answers with the text; ``--extra-tools N`` adds ``tool_1`` ...
 ``tool_N`` (each with a few typed arguments, to try deferred schemas); ``--with-crash``
 adds ``crash``, which ends the server mid-call (to see what a member does when its
@@ -97,33 +100,70 @@ def handle(msg: dict, opts: argparse.Namespace) -> dict | None:
     raise NotImplementedError(f"method {method!r} is not supported")
 
 
+def answer(msg: dict, opts: argparse.Namespace) -> dict | None:
+    """The JSON-RPC answer to one message (None for a notification)."""
+    if "id" not in msg or "method" not in msg:
+        return None  # a notification, or a response to nothing we asked
+    try:
+        return {"jsonrpc": "2.0", "id": msg["id"], "result": handle(msg, opts)}
+    except NotImplementedError as exc:
+        return {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32601, "message": str(exc)}}
+    except Exception as exc:
+        return {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32603, "message": str(exc)}}
+
+
+def serve_stdio(opts: argparse.Namespace) -> None:
+    for line in sys.stdin:
+        if line.strip():
+            reply = answer(json.loads(line), opts)
+            if reply is not None:
+                sys.stdout.write(json.dumps(reply) + "\n")
+                sys.stdout.flush()
+
+
+def serve_http(opts: argparse.Namespace) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            if self.path.rstrip("/") != "/mcp":
+                self.send_error(404)
+                return
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            reply = answer(json.loads(body), opts)
+            if reply is None:
+                self.send_response(202)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # no server-to-client stream
+            self.send_error(405)
+
+        do_DELETE = do_GET
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    ThreadingHTTPServer(("0.0.0.0", opts.http), Handler).serve_forever()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--extra-tools", type=int, default=0)
     parser.add_argument("--with-crash", action="store_true")
+    parser.add_argument("--http", type=int, metavar="PORT", help="serve over HTTP on PORT")
     opts = parser.parse_args()
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        msg = json.loads(line)
-        if "id" not in msg or "method" not in msg:
-            continue  # a notification, or a response to nothing we asked
-        try:
-            reply = {"jsonrpc": "2.0", "id": msg["id"], "result": handle(msg, opts)}
-        except NotImplementedError as exc:
-            reply = {
-                "jsonrpc": "2.0",
-                "id": msg["id"],
-                "error": {"code": -32601, "message": str(exc)},
-            }
-        except Exception as exc:
-            reply = {
-                "jsonrpc": "2.0",
-                "id": msg["id"],
-                "error": {"code": -32603, "message": str(exc)},
-            }
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+    if opts.http:
+        serve_http(opts)
+    else:
+        serve_stdio(opts)
 
 
 if __name__ == "__main__":
