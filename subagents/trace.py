@@ -149,7 +149,7 @@ class Offload(_Event):
     path: str
     """Where the full content lives (in the box and the run directory)."""
     tokens: int
-    reason: Literal["large_result", "over_budget"] = "large_result"
+    reason: Literal["large_result", "over_budget", "aged"] = "large_result"
 
 
 class Clip(_Event):

@@ -125,3 +125,29 @@ class RefusingModel(SummaryModel):
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         raise AssertionError("the model was asked to summarize; offloading should have sufficed")
+
+
+def context_manager(
+    tmp_path: Path,
+    config: Any = None,
+    *,
+    window: int = 200_000,
+    todos: bool = False,
+    task: str = "Do the task.",
+) -> Any:
+    """A real ContextManager on a MemoryBox, its summaries from a SummaryModel."""
+    from subagents.context import ContextConfig, ContextManager
+    from subagents.trace import TraceWriter
+
+    model = SummaryModel(window=window)
+    return ContextManager(
+        config or ContextConfig(),
+        profile=model.profile,
+        model=model,
+        sandbox=MemoryBox(),
+        run_dir=tmp_path / "member",
+        trace=TraceWriter(tmp_path / "trace.jsonl", run="r", member="m"),
+        task=task,
+        memory_dir=None,
+        todos_enabled=todos,
+    )

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from context_fakes import MemoryBox, SummaryModel
+from context_fakes import context_manager
 
-from subagents.context import ContextConfig, ContextManager
+from subagents.context import ContextConfig
 from subagents.context.todos import TodoItem
-from subagents.trace import TraceWriter
 
 pytestmark = pytest.mark.anyio
 TASK = "Keep the context small."
@@ -61,17 +60,7 @@ class Witness:
 
 async def test_offload_clip_recitation_and_retiring_replace_messages(tmp_path: Path) -> None:
     config = ContextConfig(budget_tokens=30_000, keep_recent_results=2, keep_recent_writes=1)
-    manager = ContextManager(
-        config,
-        profile=SummaryModel().profile,
-        model=SummaryModel(),
-        sandbox=MemoryBox(),
-        run_dir=tmp_path / "member",
-        trace=TraceWriter(tmp_path / "trace.jsonl", run="r", member="m"),
-        task=TASK,
-        memory_dir=None,
-        todos_enabled=True,
-    )
+    manager = context_manager(tmp_path, config, todos=True, task=TASK)
     assert manager.todos is not None
     witness = Witness()
     messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": TASK}]}]

@@ -162,7 +162,9 @@ async def test_a_member_without_file_tools_reads_back_only_its_own_saved_files(
 
 
 async def test_over_budget_offload_comes_before_compaction(tmp_path: Path) -> None:
-    config = ContextConfig(budget_tokens=40_000, keep_recent_results=3)
+    # Aging off (age_fraction=1): the over-budget path on its own, as when a turn
+    # brings more than aging frees (tests/test_context_aging.py covers aging).
+    config = ContextConfig(budget_tokens=40_000, keep_recent_results=3, age_fraction=1.0)
     manager, box, trace = make_manager(tmp_path, config, model=RefusingModel())
     messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": TASK}]}]
     for i in range(10):

@@ -8,6 +8,7 @@ a streamed answer is gathered into the same message the SDK's own helper builds.
 
 from __future__ import annotations
 
+import json
 import ssl
 from typing import Any
 
@@ -166,3 +167,29 @@ def test_tool_schemas_are_built_once_per_input_model(monkeypatch: pytest.MonkeyP
     assert definitions[0] == definitions[4] and "title" not in definitions[0]["input_schema"]
     definitions[0]["input_schema"]["properties"]["n"]["type"] = "changed"
     assert Count().definition()["input_schema"]["properties"]["n"]["type"] == "integer"
+
+
+async def test_history_before_a_rewrite_far_back_is_still_a_cache_read() -> None:
+    """An offload or aging batch rewrites a message 30 blocks back: past the cache's
+    20-block lookback from the latest breakpoint, so only a breakpoint at the end of
+    the unchanged history keeps it a cache read."""
+    messages = conversation(0)
+    with FakeMessagesAPI(lambda body: text("ok")) as api:
+        async with AnthropicModel(MODEL, api_key="k", base_url=api.url) as model:
+            for turn in range(40):  # turn by turn, as the loop sends them
+                messages += [
+                    {**m, "content": [{**m["content"][0], "content": "x" * 400}]}
+                    if m["role"] == "user"
+                    else m
+                    for m in conversation(turn + 1)[-2:]
+                ]
+                await model.complete(request(messages))
+            old = messages[50]["content"][0]
+            replace_block(messages, 50, old, {**old, "content": "[tool result offloaded]"})
+            messages += conversation(41)[-2:]
+            response = await model.complete(request(messages))
+    body = api.requests[-1]
+    assert "cache_control" in body["messages"][49]["content"][-1]
+    # About the history before the rewrite (the fake API counts its own JSON form).
+    prefix = sum(len(json.dumps(m)) for m in messages[:49]) // 4
+    assert response.message.usage.cache_read_input_tokens >= 0.8 * prefix

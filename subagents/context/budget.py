@@ -33,6 +33,8 @@ class Budget:
     """Past this, older results are offloaded, then (if still over) the context is compacted."""
     offload_to: int
     """Over-budget offloading stops once the context is under this."""
+    age_from: int
+    """Past this, inline results the model has moved past may age into pointers."""
 
     @classmethod
     def from_config(cls, config: ContextConfig, context_window: int) -> Budget:
@@ -41,4 +43,11 @@ class Budget:
         # Clipping is the cheapest mechanism: it must never act later than compaction.
         clip_at = min(int(tokens * config.clip_fraction), trigger)
         offload_to = min(int(tokens * config.offload_target_fraction), clip_at)
-        return cls(tokens=tokens, clip_at=clip_at, trigger=trigger, offload_to=offload_to)
+        age_from = int(tokens * config.age_from_fraction)
+        return cls(
+            tokens=tokens,
+            clip_at=clip_at,
+            trigger=trigger,
+            offload_to=offload_to,
+            age_from=age_from,
+        )

@@ -27,6 +27,7 @@ from ..tools.base import Tool
 from ..trace import Clip, Compaction, ModelCall, Offload, TraceWriter
 from ..usage import answered_by
 from . import compaction as comp
+from .aging import AgingTracker, shrink
 from .budget import Budget
 from .clip import clip_old_writes
 from .config import ContextConfig
@@ -66,6 +67,11 @@ class ContextManager:
         self.limits = Budget.from_config(config, profile.context_window)
         self.budget = self.limits.tokens
         self.counter = TokenCounter()
+        self.aging = AgingTracker(
+            keep_recent=config.keep_recent_results, min_tokens=config.old_result_min_tokens
+        )
+        self.aged = 0
+        """Results the model had moved past that were shrunk (offloaded, or a preview dropped)."""
         self.offloader = Offloader(config, sandbox, self.run_dir, box_tools=box_tools)
         self.todos = TodoState(trace) if todos_enabled else None
         self.memory = (
@@ -187,12 +193,13 @@ class ContextManager:
     async def prepare(
         self, messages: list[dict], *, turn: int, system: Any, tools: list[dict]
     ) -> list[dict]:
-        """Make the context fit (clip, offload, compact, in that order) and recite todos."""
+        """Make the context fit (clip, age, offload, compact, in that order) and recite todos."""
         self._sent_with = (system, tools)
         self._note_server_compaction(messages, turn)
         tokens = self.estimate(messages, system, tools)
         if tokens > self.limits.clip_at:
             tokens = self._clip(messages, turn, system, tools, tokens)
+        tokens = await self._age(messages, turn, system, tools, tokens)
         if tokens > self.limits.trigger:
             tokens = await self._offload_old(messages, turn, system, tools, tokens)
         if (
@@ -222,8 +229,28 @@ class ContextManager:
             return tokens
         for message in changed:
             self.counter.forget(message)
+        self.aging.reset()
         self.clips += len(report.call_ids)
         self.trace.emit(Clip(call_ids=report.call_ids, tokens_saved=saved, turn=turn))
+        return self.estimate(messages, system, tools)
+
+    async def _age(
+        self, messages: list[dict], turn: int, system: Any, tools: list, tokens: int
+    ) -> int:
+        """Shrink results the model has moved past, in one batch when it frees enough."""
+        free = self.aging.update(messages, inline_allowed=tokens > self.limits.age_from)
+        if free < self.config.age_fraction * tokens:
+            return tokens
+        aged, offloaded = await shrink(
+            messages,
+            self.aging.take(),
+            offloader=self.offloader,
+            trace=self.trace,
+            forget=self.counter.forget,
+            turn=turn,
+        )
+        self.aged += aged
+        self.offloads += offloaded
         return self.estimate(messages, system, tools)
 
     async def _offload_old(
@@ -259,6 +286,8 @@ class ContextManager:
                 )
             )
             tokens = self.estimate(messages, system, tools)
+        if names is not None:
+            self.aging.reset()
         return tokens
 
     async def compact(
@@ -294,6 +323,7 @@ class ContextManager:
         )
         messages[:] = new
         self.counter.reset()
+        self.aging.reset()
         if self.todos is not None:
             # The list is in the new context already: count from here.
             self.todos.recitals = []

@@ -109,11 +109,15 @@ def _write_host(path: Path, data: str) -> None:
     path.write_text(data, encoding="utf-8")
 
 
-def pointer_text(saved: Saved, text: str, tokens: int, config: ContextConfig) -> str:
-    """What the model sees instead of an offloaded result."""
+def pointer_text(
+    saved: Saved, text: str, tokens: int, config: ContextConfig, *, preview_lines: int | None = None
+) -> str:
+    """What the model sees instead of an offloaded result (``preview_lines``: default
+    the config's; 0 for a result the model has already read whole)."""
     lines = text.splitlines()
     preview = []
-    for line in lines[: config.preview_lines]:
+    count = config.preview_lines if preview_lines is None else preview_lines
+    for line in lines[:count]:
         if len(line) > config.preview_line_chars:
             line = line[: config.preview_line_chars] + f"... [{len(line):,} chars in this line]"
         preview.append(line)
@@ -151,13 +155,16 @@ class Offloader:
     def too_large(self, text: str) -> bool:
         return estimate_text(text) > self.config.offload_result_tokens
 
-    async def offload(self, call_id: str, tool: str, text: str) -> tuple[str, Saved, int]:
+    async def offload(
+        self, call_id: str, tool: str, text: str, *, preview: bool = True
+    ) -> tuple[str, Saved, int]:
         """Save ``text``; returns (pointer text, where it was saved, its tokens)."""
         self._seq += 1
         name = f"{self._seq:04d}-{safe_name(tool, 40)}-{safe_name(call_id)}.txt"
         saved = await self.save("offloads", name, text)
         tokens = estimate_text(text)
-        return pointer_text(saved, text, tokens, self.config), saved, tokens
+        lines = None if preview else 0
+        return pointer_text(saved, text, tokens, self.config, preview_lines=lines), saved, tokens
 
     async def save(self, sub: str, name: str, data: str) -> Saved:
         """Save one artifact where this member can read it back."""

@@ -13,11 +13,14 @@ Design choices:
   fails as a retryable :class:`ModelError` for the member to decide.
 - **Always streaming**: a long answer never hits the SDK's non-streaming timeout
   guard, and the first-delta boundary above is observable.
-- **Prompt caching**: up to four ``cache_control`` breakpoints, never more - the
-  last tool, the last system block, and the last block of the latest turn plus
-  that of the previous turn (which guarantees a hit even when one turn appends more
-  than the API's 20-block lookback). Breakpoints the caller already placed count
-  against the four. The caller's request is never mutated: touched blocks are copied.
+- **Prompt caching** (:func:`subagents.model.wire.place_breakpoints`): up to four
+  ``cache_control`` breakpoints, never more - the last tool, the last system block,
+  the last block of the latest turn plus that of the previous turn (which
+  guarantees a hit even when one turn appends more than the API's 20-block
+  lookback), and, when the context rewrote an old message since the last call (an
+  offload or aging batch), the end of the history before it, which is still a
+  cache read. Breakpoints the caller already placed count against the four. The
+  caller's request is never mutated: touched blocks are copied.
 - **Server-side context management** (``compact_20260112``, ``clear_tool_uses_20250919``)
   goes through the beta endpoint with its beta header, only when the request asks.
 - **The body is ours to serialize** (:mod:`subagents.model.wire`): the client would
@@ -32,6 +35,7 @@ Design choices:
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import random
 import ssl
@@ -47,11 +51,9 @@ from anthropic.types import Message
 
 from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelResponse
 from subagents.model.profiles import profile_for
-from subagents.model.wire import BodyEncoder, StreamedMessage
+from subagents.model.wire import BodyEncoder, StreamedMessage, build_params
 from subagents.trace import Retry, TraceWriter
 
-MAX_BREAKPOINTS = 4
-_EPHEMERAL = {"type": "ephemeral"}
 _CONTEXT_BETAS = {
     "compact_20260112": "compact-2026-01-12",
     "clear_tool_uses_20250919": "context-management-2025-06-27",
@@ -123,6 +125,8 @@ class AnthropicModel:
             ),
         )
         self._bodies = BodyEncoder()
+        self._sent: list[Any] = []
+        """The messages of the last request (to see where a rewrite begins)."""
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool (call before the event loop ends)."""
@@ -136,7 +140,13 @@ class AnthropicModel:
 
     # -- the seam --------------------------------------------------------------
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        params = build_params(request, self.name, cache=self.cache)
+        messages = request.messages
+        unchanged = next(
+            (i for i, same in enumerate(map(operator.is_, messages, self._sent)) if not same),
+            min(len(messages), len(self._sent)),
+        )
+        self._sent = list(messages)
+        params = build_params(request, self.name, cache=self.cache, unchanged=unchanged)
         body = None
         if "context_management" not in params:
             body = self._bodies.encode({**params, "stream": True})
@@ -277,82 +287,6 @@ class AnthropicModel:
         return ModelError(
             f"{self.name}: HTTP {status}{after}: {detail}", retryable=retryable, status=status
         )
-
-
-# -- request building ----------------------------------------------------------
-def build_params(request: ModelRequest, model: str, *, cache: bool = True) -> dict[str, Any]:
-    """Messages API parameters for ``request``, with cache breakpoints when ``cache``."""
-    params: dict[str, Any] = {
-        "model": model,
-        "max_tokens": request.max_tokens,
-        "messages": list(request.messages),
-    }
-    if isinstance(request.system, str):
-        system = [{"type": "text", "text": request.system}] if request.system else []
-    else:
-        system = list(request.system)
-    if system:
-        params["system"] = system
-    if request.tools:
-        params["tools"] = list(request.tools)
-    if request.temperature is not None:
-        params["temperature"] = request.temperature
-    if request.tool_choice is not None:
-        params["tool_choice"] = request.tool_choice
-    if request.context_management is not None:
-        params["context_management"] = request.context_management
-    if cache:
-        place_breakpoints(params)
-    return params
-
-
-def place_breakpoints(params: dict[str, Any]) -> int:
-    """Add ``cache_control`` (copying touched blocks); returns the total breakpoints."""
-    used = _count_existing(params)
-    messages = params["messages"]
-    slots: dict[str, tuple[list[Any], int]] = {}
-    for name, index in (("latest", len(messages) - 1), ("previous", len(messages) - 3)):
-        if index >= 0:
-            messages[index] = _with_list_content(messages[index])
-            if messages[index]["content"]:
-                slots[name] = (messages[index]["content"], len(messages[index]["content"]) - 1)
-    for key in ("tools", "system"):
-        if params.get(key):
-            slots[key] = (params[key], len(params[key]) - 1)
-    # When fewer than four slots are free, the latest turn matters most, then the
-    # system prompt (whose prefix covers the tools), then the safety net.
-    for name in ("latest", "system", "previous", "tools"):
-        if name not in slots or used >= MAX_BREAKPOINTS:
-            continue
-        container, index = slots[name]
-        block = container[index]
-        if block.get("cache_control") or block.get("type") in ("thinking", "redacted_thinking"):
-            continue
-        if block.get("type") == "text" and not block.get("text"):
-            continue
-        container[index] = {**block, "cache_control": dict(_EPHEMERAL)}
-        used += 1
-    return used
-
-
-def _with_list_content(message: dict[str, Any]) -> dict[str, Any]:
-    content = message.get("content")
-    if isinstance(content, str):
-        blocks = [{"type": "text", "text": content}] if content else []
-        return {**message, "content": blocks}
-    return {**message, "content": list(content or [])}
-
-
-def _count_existing(params: dict[str, Any]) -> int:
-    contents = [params.get("tools", []), params.get("system", [])]
-    contents += [m.get("content") for m in params["messages"]]
-    return sum(
-        1
-        for blocks in contents
-        if isinstance(blocks, list)
-        for b in blocks
-        if isinstance(b, dict) and b.get("cache_control")
-    )
 
 
 def _as_message(data: dict[str, Any]) -> Message:

@@ -27,6 +27,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .base import ModelRequest
+
+MAX_BREAKPOINTS = 4
+_EPHEMERAL = {"type": "ephemeral"}
+
 
 def _plain(value: Any) -> Any:
     """What a pydantic model in a message (a dumped response block) is sent as."""
@@ -116,6 +121,96 @@ class BodyEncoder:
 
 _Entry = tuple[Any, Any, tuple[Any, ...], bytes]
 """(item, its content, its content's blocks, its JSON)."""
+
+
+def build_params(
+    request: ModelRequest, model: str, *, cache: bool = True, unchanged: int | None = None
+) -> dict[str, Any]:
+    """Messages API parameters for ``request``, with cache breakpoints when ``cache``;
+    ``unchanged``: how many leading messages are the previous request's (see
+    :func:`place_breakpoints`)."""
+    params: dict[str, Any] = {
+        "model": model,
+        "max_tokens": request.max_tokens,
+        "messages": list(request.messages),
+    }
+    if isinstance(request.system, str):
+        system = [{"type": "text", "text": request.system}] if request.system else []
+    else:
+        system = list(request.system)
+    if system:
+        params["system"] = system
+    if request.tools:
+        params["tools"] = list(request.tools)
+    if request.temperature is not None:
+        params["temperature"] = request.temperature
+    if request.tool_choice is not None:
+        params["tool_choice"] = request.tool_choice
+    if request.context_management is not None:
+        params["context_management"] = request.context_management
+    if cache:
+        place_breakpoints(params, unchanged=unchanged)
+    return params
+
+
+def place_breakpoints(params: dict[str, Any], *, unchanged: int | None = None) -> int:
+    """Add ``cache_control`` (copying touched blocks); returns the total breakpoints.
+
+    ``unchanged`` (the first ``unchanged`` messages are those of the previous request,
+    the one after them was rewritten: an offload or aging batch) adds a breakpoint at
+    the end of the unchanged run, so the history before the rewrite is still read
+    from the cache: without it the cache looks back only 20 blocks from each
+    breakpoint and would write the whole history again.
+    """
+    used = _count_existing(params)
+    messages = params["messages"]
+    slots: dict[str, tuple[list[Any], int]] = {}
+    points = [("latest", len(messages) - 1), ("previous", len(messages) - 3)]
+    if unchanged is not None and 0 < unchanged < len(messages) - 3:
+        points.append(("rewritten", unchanged - 1))
+    for name, index in points:
+        if index >= 0:
+            messages[index] = _with_list_content(messages[index])
+            if messages[index]["content"]:
+                slots[name] = (messages[index]["content"], len(messages[index]["content"]) - 1)
+    for key in ("tools", "system"):
+        if params.get(key):
+            slots[key] = (params[key], len(params[key]) - 1)
+    # When fewer than four slots are free, the latest turn matters most, then the
+    # system prompt (whose prefix covers the tools), then the history before a
+    # rewrite, then the safety net.
+    for name in ("latest", "system", "rewritten", "previous", "tools"):
+        if name not in slots or used >= MAX_BREAKPOINTS:
+            continue
+        container, index = slots[name]
+        block = container[index]
+        if block.get("cache_control") or block.get("type") in ("thinking", "redacted_thinking"):
+            continue
+        if block.get("type") == "text" and not block.get("text"):
+            continue
+        container[index] = {**block, "cache_control": dict(_EPHEMERAL)}
+        used += 1
+    return used
+
+
+def _with_list_content(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, str):
+        blocks = [{"type": "text", "text": content}] if content else []
+        return {**message, "content": blocks}
+    return {**message, "content": list(content or [])}
+
+
+def _count_existing(params: dict[str, Any]) -> int:
+    contents = [params.get("tools", []), params.get("system", [])]
+    contents += [m.get("content") for m in params["messages"]]
+    return sum(
+        1
+        for blocks in contents
+        if isinstance(blocks, list)
+        for b in blocks
+        if isinstance(b, dict) and b.get("cache_control")
+    )
 
 
 def replace_block(
