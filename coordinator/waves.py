@@ -311,14 +311,17 @@ class Waves:
 
     @staticmethod
     def distilled(o: MemberOutcome, chars: int) -> str:
-        """A member's result as the lead may see it: JSON, cut to ``chars``."""
-        if o.status == "ok":
-            data: dict[str, Any] = {"result": cap_result(o.result, chars)}
-        else:
-            data = {"reason": o.reason}
-            kept = o.result or o.partial_result
-            if kept:
-                data["partial_result" if o.result is None else "result"] = cap_result(kept, chars)
+        """A member's result as the lead may see it: JSON without empty fields (and
+        without a coding member's patch, which stays on disk), cut to ``chars``."""
+        data: dict[str, Any] = {} if o.status == "ok" else {"reason": o.reason}
+        kept = o.result if o.result is not None else o.partial_result
+        if kept:
+            slim = {
+                k: v
+                for k, v in kept.items()
+                if not k.startswith("patch") and v not in (None, "", [], {})
+            }
+            data["result" if o.result is not None else "partial_result"] = cap_result(slim, chars)
         return json.dumps(data, indent=1, ensure_ascii=False)
 
     async def read_result(self, member: str) -> Reply:

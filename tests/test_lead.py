@@ -6,12 +6,18 @@ run in real boxes.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_policies import coding_policy, tool_results, with_lead
+from fleet_policies import LEAD_PROMPT, coding_policy, tool_results, with_lead
 
 from coordinator.cli import main
 from coordinator.runs import RunDir
@@ -19,6 +25,22 @@ from subagents.fake_api import tool_use
 from subagents.trace import read_trace
 
 pytestmark = pytest.mark.docker
+FLEET = [str(Path(sys.executable).with_name("fleet"))]
+
+
+def _wait_for(
+    pred: Callable[[], object], timeout: float, what: str, describe: Callable[[], str] = str
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}: {describe()}")
+
+
+def _boxes(docker_client: Any, run_id: str) -> list[dict[str, Any]]:
+    return docker_client.api.containers(all=True, filters={"label": f"fleet.run={run_id}"})
 
 
 def _job(tmp_path: Path, lead: str) -> Path:
@@ -29,6 +51,33 @@ def _job(tmp_path: Path, lead: str) -> Path:
     path = tmp_path / "job.toml"
     path.write_text(text)
     return path
+
+
+def _texts(body: dict[str, Any]) -> str:
+    """Every text a request carries, as the model reads it."""
+    out: list[str] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            if isinstance(v.get("text"), str):
+                out.append(v["text"])
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk(body.get("messages"))
+    return "\n".join(out)
+
+
+def _plain(messages: Any) -> Any:
+    """Messages without the adapter's prompt-cache marks."""
+    if isinstance(messages, dict):
+        return {k: _plain(v) for k, v in messages.items() if k != "cache_control"}
+    if isinstance(messages, list):
+        return [_plain(v) for v in messages]
+    return messages
 
 
 def _events(run: RunDir, name: str) -> list[dict[str, Any]]:
@@ -91,12 +140,10 @@ def test_a_lead_respawns_a_failed_member_with_a_changed_task_and_finishes(
         r'<untrusted_page_content url="member:w1-2">\n.*prompt is too long', told, re.S
     )
 
-    lead_requests = [
-        r for r in api.requests if "You lead a research team" in json.dumps(r["system"])
-    ]
-    sent = json.dumps(lead_requests)
-    assert "hostname" not in sent and "step 0" not in sent  # members' tool calls and outputs
-    assert '"patch"' not in sent  # the coding result's patch stays on disk
+    sent = "\n".join(_texts(r) for r in api.requests if LEAD_PROMPT in json.dumps(r["system"]))
+    assert "finished after 2 steps" in sent  # the members' summaries reached it
+    assert "hostname" not in sent and "step 0" not in sent  # their tool calls and outputs not
+    assert '"patch"' not in sent and "patch.diff" not in sent  # a patch stays on disk
 
     report = json.loads((run.path / "report.json").read_text())
     assert report["analyst"] == "claude-sonnet-5" and report["summary"] == "Both are done."
@@ -159,3 +206,83 @@ def test_spawns_past_the_leads_limits_are_refused_with_what_is_left(
     assert [e["wave"] for e in _events(run, "lead_spawn")] == [1, 2]
     assert {m.id for m in run.planned_members() or []} == {"w1-1", "w1-2", "w2-1"}
     assert all(run.result(m)["status"] == "ok" for m in ("w1-1", "w1-2", "w2-1"))
+
+
+def test_sigkill_mid_wave_two_then_resume_restarts_the_lead_from_its_conversation(
+    tmp_path, images, docker_client, fake_api, cleanup
+):
+    def lead(body: dict[str, Any]) -> Any:
+        seen = "\n".join(t for t, _ in tool_results(body))
+        if "Wave 1 started" not in seen:
+            first = [{"kind": "coding", "task": "Task A"}, {"kind": "coding", "task": "Task B"}]
+            return tool_use("spawn", {"members": first})
+        if "member w1-2" not in seen or "member w1-1" not in seen:
+            return tool_use("wait", {"until": "all"})
+        if "Wave 2 started" not in seen:
+            second = [{"kind": "coding", "task": f"Task {x} [slow]"} for x in "CD"]
+            return tool_use("spawn", {"members": second})
+        if "member w2-1" not in seen or "member w2-2" not in seen:
+            return tool_use("wait", {"until": "all"})
+        cites = [{"member": m} for m in ("w1-1", "w1-2", "w2-1", "w2-2")]
+        return tool_use("finish", {"summary": "All four done.", "claims": [
+            {"text": "all done", "cites": cites}]})  # fmt: skip
+
+    api = fake_api(with_lead(lead, coding_policy(turns=4, latency_s=0.2)))
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, 'kinds = ["coding"]\nmembers = 2\n')
+    env = {**os.environ, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    proc = subprocess.Popen(
+        [*FLEET, "run", str(job), "--plain"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(lambda: RunDir.list(tmp_path / "runs"), 60, "the run directory")
+        (run,) = RunDir.list(tmp_path / "runs")
+
+        def wave_two_running() -> bool:
+            st = run.state()
+            return st.members.get("w2-1") == "running" and st.members.get("w2-2") == "running"
+
+        _wait_for(wave_two_running, 120, "wave 2 running", lambda: str(run.state().members))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert run.state().status == "dead"
+    kept = json.loads((run.path / "lead" / "conversation.json").read_text())["messages"]
+    assert "Wave 2 started" in json.dumps(kept)
+    before = len(api.requests)
+
+    resumed = subprocess.run(
+        [*FLEET, "resume", str(run.path), "--plain"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    after = run.state()
+    assert after.status == "succeeded"
+    assert {m: after.members[m] for m in ("w1-1", "w1-2", "w2-1", "w2-2")} == dict.fromkeys(
+        ("w1-1", "w1-2", "w2-1", "w2-2"), "ok"
+    )
+    # Wave 1 was not run again; wave 2, killed halfway, was.
+    assert after.starts["w1-1"] == after.starts["w1-2"] == 1
+    assert after.starts["w2-1"] == after.starts["w2-2"] == 2
+    # The lead went on from its saved conversation: its first call after the resume
+    # already holds both waves, it spawned nothing again and finished once.
+    lead_calls = [
+        r for r in api.requests[before:] if "You lead a research team" in json.dumps(r["system"])
+    ]
+    assert "Wave 2 started" in json.dumps(lead_calls[0]["messages"])
+    assert _plain(lead_calls[0]["messages"][: len(kept) - 1]) == _plain(kept[: len(kept) - 1])
+    assert [e["wave"] for e in _events(run, "lead_spawn")] == [1, 2]
+    assert [e["resumed"] for e in _events(run, "lead_started")] == [False, True]
+    assert len(_events(run, "lead_finished")) == 1
+    report = json.loads((run.path / "report.json").read_text())
+    assert report["summary"] == "All four done."
+    assert _boxes(docker_client, run.id) == []
