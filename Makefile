@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	  else echo "fleet: python3 venv support is missing; run 'sudo apt-get install python3-venv'" >&2; exit 2; fi; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,cluster]'
 	@touch $(STAMP)
 
 setup: $(STAMP)

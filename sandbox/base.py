@@ -78,6 +78,13 @@ class BoxInfo(BaseModel):
     created: float
     ttl_s: float
     keep: bool = False
+    node: str = ""
+    """The cluster node that made the box (its ``fleet.node`` label); "" on one machine."""
+
+    @property
+    def owner(self) -> str:
+        """The live marker that keeps this box's run live (see :mod:`sandbox.reaper`)."""
+        return owner_key(self.run, self.node)
 
 
 Command = str | Sequence[str]
@@ -192,8 +199,18 @@ class Sandbox(abc.ABC):
         raise PathRefused(path, self.allowed_roots)
 
 
+def owner_key(run: str, node: str = "") -> str:
+    """Whose liveness a run's boxes follow: the run's coordinator (``run``) on one
+    machine, the node's actor for the run (``run@node``) on a cluster."""
+    return f"{run}@{node}" if node else run
+
+
 class SandboxBackend(abc.ABC):
     """Creates, lists and removes boxes on one engine."""
+
+    def owner(self, run: str) -> str:
+        """The live-marker name of this backend's share of ``run`` (see :func:`owner_key`)."""
+        return run
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec, *, run: str, member: str) -> Sandbox:

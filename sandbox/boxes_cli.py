@@ -8,6 +8,9 @@ boxes, but never those of a live run (another process may be using them; gc says
 many it spared) unless ``--include-live`` is given too; ``--dry-run`` only says what
 would go. ``rm NAME...`` removes the named boxes (a box a member kept for debugging)
 and whatever of their run is left only for them (its egress proxy and networks).
+``gc --cluster ADDRESS`` runs the same gc on every Fleet node of a Ray cluster,
+each by its own liveness rule (a run's boxes on a node live as long as the node's actor
+for that run), for boxes a killed coordinator left on other hosts.
 
 Exit codes: 0 done, 2 the engine is unavailable (one paragraph saying what to do),
 1 another sandbox error.
@@ -21,6 +24,7 @@ import sys
 import time
 
 from . import reaper
+from .base import BoxInfo
 from .errors import SandboxError, SandboxUnavailable
 
 
@@ -41,6 +45,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --all: also remove boxes of runs that are still live (stops them)",
     )
     gc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    gc.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="gc on every Fleet node of the Ray cluster at ADDRESS, each by its own "
+        "liveness rule (needs the 'cluster' extra)",
+    )
     gc.set_defaults(func=cmd_gc)
     rm = sub.add_parser("rm", help="remove the named boxes (a box kept for debugging, say)")
     rm.add_argument("names", nargs="+", metavar="NAME", help="a box's name, as 'ls' shows it")
@@ -67,7 +77,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     live, now = reaper.live_runs(), time.time()
     if args.json:
         for box in boxes:
-            print(json.dumps({**box.model_dump(), "run_live": box.run in live}))
+            print(json.dumps({**box.model_dump(), "run_live": box.owner in live}))
         return 0
     if not boxes:
         print("no Fleet boxes on this engine")
@@ -76,7 +86,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for b in boxes:
         ttl_left = b.created + b.ttl_s - now
         ttl = "keep" if b.keep and ttl_left > 0 else _age(max(ttl_left, 0))
-        live_run = "yes" if b.run in live else "no"
+        live_run = "yes" if b.owner in live else "no"
         rows.append(
             (b.name, b.run, b.member, b.kind, b.status, _age(now - b.created), ttl, live_run)
         )
@@ -107,7 +117,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        busy = [n for n in args.names if by_name[n].run in live]
+        busy = [n for n in args.names if by_name[n].owner in live]
         if busy:
             print(
                 f"fleet: {', '.join(busy)} belong(s) to a run still live; remove once it ends",
@@ -125,35 +135,70 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_gc(args: argparse.Namespace) -> int:
+def gc_here(
+    everything: bool, include_live: bool, dry_run: bool
+) -> tuple[list[BoxInfo], reaper.Collected, set[str]]:
+    """gc on this host's engine by this host's liveness rule: (boxes before, what was
+    removed, live owners). Also what each node runs for ``gc --cluster``."""
     from .engine import connect
 
+    live, now = reaper.live_runs(), time.time()
+    client = connect()
+    try:
+        before = reaper.list_boxes(client)
+        removed = reaper.collect(
+            client, live, now=now, everything=everything, include_live=include_live, dry_run=dry_run
+        )
+    finally:
+        client.close()
+    return before, removed, live
+
+
+def _gc_cluster(address: str, *args: bool) -> tuple[list[BoxInfo], reaper.Collected, set[str]]:
+    """gc on every Fleet node of the cluster, each by its own liveness rule; nodes that
+    share an engine report a box once."""
+    try:
+        from .cluster import on_each_node
+    except ImportError:
+        raise SandboxUnavailable(
+            "--cluster needs Ray, which is not installed; install Fleet's 'cluster' extra: "
+            "pip install -e '.[cluster]'"
+        ) from None
+    before: dict[str, BoxInfo] = {}
+    boxes: dict[str, BoxInfo] = {}
+    networks: dict[str, None] = {}
+    live: set[str] = set()
+    for _, (b, r, lv) in on_each_node(address, gc_here, *args):
+        before.update((x.id, x) for x in b)
+        boxes.update((x.id, x) for x in r.boxes)
+        networks.update(dict.fromkeys(r.networks))
+        live |= lv
+    removed = reaper.Collected(boxes=list(boxes.values()), networks=list(networks))
+    return list(before.values()), removed, live
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
     if args.include_live and not args.all:
         print("fleet: --include-live only makes sense with --all", file=sys.stderr)
         return 2
-    live, now = reaper.live_runs(), time.time()
+    flags = (args.all, args.include_live, args.dry_run)
     try:
-        client = connect()
-        before = reaper.list_boxes(client)
-        removed = reaper.collect(
-            client,
-            live,
-            now=now,
-            everything=args.all,
-            include_live=args.include_live,
-            dry_run=args.dry_run,
-        )
+        if args.cluster:
+            before, removed, live = _gc_cluster(args.cluster, *flags)
+        else:
+            before, removed, live = gc_here(*flags)
     except SandboxError as e:
         print(f"fleet: {e}", file=sys.stderr)
         return 2 if isinstance(e, SandboxUnavailable) else 1
     verb = "would remove" if args.dry_run else "removed"
     for box in removed.boxes:
-        print(f"{verb} {box.name} (run {box.run}, member {box.member})")
+        where = f", node {box.node}" if box.node else ""
+        print(f"{verb} {box.name} (run {box.run}, member {box.member}{where})")
     for net in removed.networks:
         print(f"{verb} network {net}")
     print(f"{verb} {len(removed.boxes)} box(es) and {len(removed.networks)} network(s)")
     taken = {b.id for b in removed.boxes}
-    spared = [b for b in before if b.run in live and b.id not in taken]
+    spared = [b for b in before if b.owner in live and b.id not in taken]
     if args.all and spared:
         runs = sorted({b.run for b in spared})
         print(

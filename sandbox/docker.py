@@ -49,7 +49,7 @@ import docker
 import docker.errors
 
 from . import reaper
-from .base import BoxInfo, Command, ExecResult, FileInfo, Sandbox, SandboxBackend
+from .base import BoxInfo, Command, ExecResult, FileInfo, Sandbox, SandboxBackend, owner_key
 from .boxops import agent_error, exec_request, exec_result, wait_cdp
 from .container import create_container
 from .engine import engine_calls
@@ -291,17 +291,28 @@ class DockerSandbox(Sandbox):
 
 
 class DockerBackend(SandboxBackend):
-    """Boxes as containers on one Docker engine."""
+    """Boxes as containers on one Docker engine.
+
+    ``node`` names the cluster node this backend serves ("" on one machine): its boxes,
+    networks and proxies carry ``fleet.node``, its run networks and proxies have names
+    of their own (two nodes may share an engine), and ``list_boxes``/``remove_run`` see
+    only what it made; their liveness is the node's marker (:func:`reaper.owner_key`).
+    """
 
     def __init__(
         self,
         client: docker.DockerClient | None = None,
         *,
         images: Mapping[str, str] | None = None,
+        node: str = "",
     ) -> None:
         self._client = client
         self._images = dict(images or {})
         self._networks: RunNetworks | None = None
+        self.node = node
+
+    def owner(self, run: str) -> str:
+        return owner_key(run, self.node)
 
     @property
     def client(self) -> docker.DockerClient:
@@ -315,7 +326,7 @@ class DockerBackend(SandboxBackend):
         if self._client is None:
             await anyio.to_thread.run_sync(lambda: self.client)
         if self._networks is None:
-            self._networks = RunNetworks(self.client)
+            self._networks = RunNetworks(self.client, self.node)
         return self.client
 
     async def image_for(self, spec: SandboxSpec) -> str:
@@ -370,8 +381,8 @@ class DockerBackend(SandboxBackend):
                 )
         await self._ready()
         image = await self.image_for(spec)
-        reaper.mark_live(run)
-        labels = reaper.box_labels(spec, run, member)
+        reaper.mark_live(self.owner(run))
+        labels = reaper.box_labels(spec, run, member, self.node)
         env = dict(spec.env)
         network = "none"
         aliases: list[str] = []
@@ -384,7 +395,7 @@ class DockerBackend(SandboxBackend):
             else:
                 proxy_image = await self.image_for(SandboxSpec())
                 ip = await self._networks.ensure_proxy(
-                    run, spec.network.allow, proxy_image, reaper.proxy_labels(run)
+                    run, spec.network.allow, proxy_image, reaper.proxy_labels(run, self.node)
                 )
                 env.update(proxy_env(ip))
         if command is None and (
@@ -423,12 +434,12 @@ class DockerBackend(SandboxBackend):
 
     async def list_boxes(self, *, run: str | None = None) -> list[BoxInfo]:
         await self._ready()
-        return await anyio.to_thread.run_sync(reaper.list_boxes, self.client, run)
+        return await anyio.to_thread.run_sync(reaper.list_boxes, self.client, run, self.node)
 
     async def remove_run(self, run: str) -> int:
         await self._ready()
-        count = await anyio.to_thread.run_sync(reaper.remove_run, self.client, run)
-        reaper.mark_done(run)
+        count = await anyio.to_thread.run_sync(reaper.remove_run, self.client, run, self.node)
+        reaper.mark_done(self.owner(run))
         return count
 
     async def gc(

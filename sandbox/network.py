@@ -46,14 +46,13 @@ too and the same rule is needed anyway; it would add a network per box for nothi
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Sequence
 
 import anyio
 import docker
 import docker.errors
 
-from . import firewall
+from . import firewall, reaper
 from .engine import engine_calls, engine_host
 from .errors import SandboxUnavailable
 from .host_addresses import bridge_gateways, engine_is_local, local_addresses
@@ -63,20 +62,22 @@ EGRESS_NETWORK = "fleet-egress"
 """The network every run's proxies leave by (one per engine, kept between runs)."""
 
 
-def network_name(run: str) -> str:
-    return f"fleet-run-{run}"
+def network_name(run: str, node: str = "") -> str:
+    """A run's network on one engine; a cluster node's own (nodes may share an engine)."""
+    return f"fleet-run-{run}" + (f"-{node}" if node else "")
 
 
-def proxy_name(run: str, allow: Sequence[str]) -> str:
+def proxy_name(run: str, allow: Sequence[str], node: str = "") -> str:
     digest = hashlib.sha256(",".join(sorted(allow)).encode()).hexdigest()[:8]
-    return f"fleet-proxy-{run}-{digest}"
+    return f"fleet-proxy-{run}-{digest}" + (f"-{node}" if node else "")
 
 
 class RunNetworks:
     """Creates a run's internal network and its egress proxies once, race-free in-process."""
 
-    def __init__(self, client: docker.DockerClient) -> None:
+    def __init__(self, client: docker.DockerClient, node: str = "") -> None:
         self._client = client
+        self._node = node
         self._locks: dict[str, anyio.Lock] = {}
         self._guarded: set[str] = set()  # runs whose host rules this process has checked
 
@@ -94,12 +95,12 @@ class RunNetworks:
                 return await anyio.to_thread.run_sync(self._ensure_network_sync, run)
 
     def _ensure_network_sync(self, run: str) -> dict:
-        name = network_name(run)
+        name = network_name(run, self._node)
         try:
             return self._client.api.inspect_network(name)
         except docker.errors.NotFound:
             pass
-        labels = {"fleet.run": run, "fleet.kind": "network", "fleet.created": f"{time.time():.3f}"}
+        labels = reaper.network_labels(run, self._node)
         try:
             self._client.api.create_network(
                 name,
@@ -121,7 +122,7 @@ class RunNetworks:
     ) -> str:
         """The IP address (on the run network) of the run's proxy for ``allow``."""
         net = await self.ensure_network(run)
-        name = proxy_name(run, allow)
+        name = proxy_name(run, allow, self._node)
         async with self._lock(f"proxy:{name}"):
             with engine_calls(self._client):
                 return await anyio.to_thread.run_sync(

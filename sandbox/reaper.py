@@ -14,6 +14,12 @@ passed (kept or not), and run networks with no live run and no containers. Boxes
 a live run are otherwise never touched - not even by ``--all`` - unless the caller
 says ``include_live``: on a shared engine, a live run is someone's work in progress.
 
+On a cluster, a run's boxes on a node are made by that node's actor for the run, not
+by the coordinator on another host: they carry a ``fleet.node`` label, and their
+liveness is the actor's marker ``<run>@<node>`` on that node (its own liveness rule:
+a node's gc needs nothing from the coordinator's host). When the coordinator dies,
+Ray ends its actors, their markers go stale, and gc on the node removes the boxes.
+
 The public engine functions run under :func:`sandbox.engine.on_engine`: an engine that
 stopped answering is :class:`~sandbox.errors.SandboxUnavailable`, for the backend and
 the ``fleet sandbox`` commands alike.
@@ -29,11 +35,12 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from .base import BoxInfo
+from .base import BoxInfo, owner_key
 from .engine import on_engine
 from .spec import SandboxSpec
 
 LABEL = "fleet.run"
+NODE_LABEL = "fleet.node"
 
 
 def fleet_home() -> Path:
@@ -95,7 +102,11 @@ def prune_stale_markers() -> int:
     return len(stale)
 
 
-def box_labels(spec: SandboxSpec, run: str, member: str) -> dict[str, str]:
+def _node_label(node: str) -> dict[str, str]:
+    return {NODE_LABEL: node} if node else {}
+
+
+def box_labels(spec: SandboxSpec, run: str, member: str, node: str = "") -> dict[str, str]:
     return {
         **spec.labels,
         "fleet.run": run,
@@ -104,16 +115,35 @@ def box_labels(spec: SandboxSpec, run: str, member: str) -> dict[str, str]:
         "fleet.created": f"{time.time():.3f}",
         "fleet.ttl": f"{spec.ttl_s:g}",
         "fleet.keep": "1" if spec.keep else "0",
+        **_node_label(node),
     }
 
 
-def proxy_labels(run: str) -> dict[str, str]:
+def proxy_labels(run: str, node: str = "") -> dict[str, str]:
     return {
         "fleet.run": run,
         "fleet.created": f"{time.time():.3f}",
         "fleet.ttl": "86400",
         "fleet.keep": "0",
+        **_node_label(node),
     }
+
+
+def network_labels(run: str, node: str = "") -> dict[str, str]:
+    return {
+        "fleet.run": run,
+        "fleet.kind": "network",
+        "fleet.created": f"{time.time():.3f}",
+        **_node_label(node),
+    }
+
+
+def _selector(run: str | None, node: str | None = None) -> dict[str, list[str]]:
+    """A label filter: Fleet's objects, of one run, of one node."""
+    labels = [f"{LABEL}={run}" if run else LABEL]
+    if node:
+        labels.append(f"{NODE_LABEL}={node}")
+    return {"label": labels}
 
 
 def _info(c: dict) -> BoxInfo:
@@ -128,14 +158,16 @@ def _info(c: dict) -> BoxInfo:
         created=float(labels.get("fleet.created") or c.get("Created") or 0),
         ttl_s=float(labels.get("fleet.ttl") or 3600),
         keep=labels.get("fleet.keep") == "1",
+        node=labels.get(NODE_LABEL, ""),
     )
 
 
 @on_engine
-def list_boxes(client: docker.DockerClient, run: str | None = None) -> list[BoxInfo]:
-    """Fleet's containers (boxes and proxies), oldest first."""
-    selector = f"{LABEL}={run}" if run else LABEL
-    found = client.api.containers(all=True, filters={"label": selector})
+def list_boxes(
+    client: docker.DockerClient, run: str | None = None, node: str | None = None
+) -> list[BoxInfo]:
+    """Fleet's containers (boxes and proxies), oldest first; of one run, of one node."""
+    found = client.api.containers(all=True, filters=_selector(run, node))
     return sorted((_info(c) for c in found), key=lambda b: b.created)
 
 
@@ -151,9 +183,10 @@ def _remove(client: docker.DockerClient, ident: str) -> bool:
         raise
 
 
-def _networks(client: docker.DockerClient, run: str | None = None) -> list[dict]:
-    selector = f"{LABEL}={run}" if run else LABEL
-    return client.api.networks(filters={"label": selector})
+def _networks(
+    client: docker.DockerClient, run: str | None = None, node: str | None = None
+) -> list[dict]:
+    return client.api.networks(filters=_selector(run, node))
 
 
 def _remove_network(client: docker.DockerClient, net: dict) -> bool:
@@ -167,20 +200,21 @@ def _remove_network(client: docker.DockerClient, net: dict) -> bool:
 
 
 @on_engine
-def remove_run(client: docker.DockerClient, run: str) -> int:
-    """Remove every box of ``run`` (kept ones too), then its networks; returns box count."""
+def remove_run(client: docker.DockerClient, run: str, node: str | None = None) -> int:
+    """Remove every box of ``run`` (kept ones too), then its networks; returns box count.
+    With ``node``, only what that cluster node made (nodes may share an engine)."""
     count = 0
-    for c in _containers(client, run):
+    for c in _containers(client, run, node):
         is_box = (c.get("Labels") or {}).get("fleet.kind") != "proxy"
         if _remove(client, c["Id"]) and is_box:
             count += 1
-    for net in _networks(client, run):
+    for net in _networks(client, run, node):
         _remove_network(client, net)
     return count
 
 
-def _containers(client: docker.DockerClient, run: str) -> list[dict]:
-    return client.api.containers(all=True, filters={"label": f"{LABEL}={run}"})
+def _containers(client: docker.DockerClient, run: str, node: str | None = None) -> list[dict]:
+    return client.api.containers(all=True, filters=_selector(run, node))
 
 
 def doomed(
@@ -200,7 +234,7 @@ def doomed(
     out = []
     for box in boxes:
         expired = now > box.created + box.ttl_s
-        is_live = box.run in live
+        is_live = box.owner in live
         over = not is_live and not box.keep
         if expired or over or (everything and (include_live or not is_live)):
             out.append(box)
@@ -234,12 +268,15 @@ def collect(
     for box in victims if not dry_run else []:
         _remove(client, box.id)
     for net in _networks(client):
-        run = (net.get("Labels") or {}).get(LABEL, "")
+        labels = net.get("Labels") or {}
+        run, node = labels.get(LABEL, ""), labels.get(NODE_LABEL, "")
         # A live run's network may be empty for a moment, between its creation and
         # its first box: removing it then would fail that run's create.
-        if not include_live and run in live:
+        if not include_live and owner_key(run, node) in live:
             continue
-        left = [c for c in _containers(client, run) if not dry_run or c["Id"] not in going]
+        left = [
+            c for c in _containers(client, run, node or None) if not dry_run or c["Id"] not in going
+        ]
         if left:
             continue
         if dry_run or _remove_network(client, net):
@@ -257,13 +294,13 @@ def remove_boxes(client: docker.DockerClient, boxes: list[BoxInfo]) -> Collected
     for box in boxes:
         if _remove(client, box.id):
             out.boxes.append(box)
-    for run in sorted({b.run for b in boxes}):
-        rest = _containers(client, run)
+    for run, node in sorted({(b.run, b.node) for b in boxes}):
+        rest = _containers(client, run, node or None)
         if any((c.get("Labels") or {}).get("fleet.kind") != "proxy" for c in rest):
             continue
         for c in rest:
             _remove(client, c["Id"])
-        for net in _networks(client, run):
+        for net in _networks(client, run, node or None):
             if _remove_network(client, net):
                 out.networks.append(str(net.get("Name") or net["Id"][:12]))
     return out

@@ -1,0 +1,91 @@
+"""Fleet's Docker hosts as the nodes of a Ray cluster: finding them and reaching each.
+
+A Docker host joins with ``ray start --address HEAD:PORT --resources
+'{"fleet_slots": N}'``: the custom resource ``fleet_slots`` says it is a Fleet node
+and how many members it runs at once. This module connects to such a cluster, lists
+its Fleet nodes and runs a function on each (``fleet sandbox gc --cluster``; the
+coordinator's preflight and resume). The coordinator's placement of members is in
+``coordinator/cluster.py``. Importing this module imports Ray (the ``cluster``
+extra), so nothing imports it unless a cluster is named.
+
+Ray runs code for anyone who reaches its port: run it with token authentication
+(``RAY_AUTH_MODE=token``) on a private network; this process then needs the token
+(``RAY_AUTH_TOKEN`` or ``~/.ray/auth_token``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from .errors import SandboxUnavailable
+
+SLOTS = "fleet_slots"
+"""The custom resource a node offers Fleet: how many members it runs at once."""
+CALL_S = 120.0
+"""How long a function run on every node may take."""
+
+T = TypeVar("T")
+
+
+class ClusterUnavailable(SandboxUnavailable):
+    """The cluster cannot serve: unreachable, no node with ``fleet_slots``, or nodes
+    not set up. The message names the node and what to do."""
+
+
+def node_name(info: dict[str, Any]) -> str:
+    """A node's name in labels, journals and tables: its address and a short id."""
+    return f"{info['NodeManagerAddress']}-{info['NodeID'][:6]}"
+
+
+def connect(address: str) -> None:
+    """Connect this process to the cluster at ``address`` (once)."""
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(
+            address=address,
+            namespace="fleet",
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+        )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ClusterUnavailable(
+            f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}. "
+            "Start its head with 'ray start --head' and each Docker host with "
+            f"'ray start --address HEAD:PORT --resources '{{\"{SLOTS}\": 16}}''; with "
+            "token authentication on, this process needs the cluster's token "
+            "(RAY_AUTH_TOKEN or ~/.ray/auth_token)"
+        ) from None
+
+
+def fleet_nodes(address: str) -> list[dict[str, Any]]:
+    """The cluster's live nodes that offer ``fleet_slots``, most slots first."""
+    connect(address)
+    found = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get(SLOTS, 0) >= 1]
+    if not found:
+        raise ClusterUnavailable(
+            f"no node of the Ray cluster at {address} offers {SLOTS}; on each Docker host "
+            f"run 'fleet setup', then 'ray start --address {address} --resources "
+            f"'{{\"{SLOTS}\": 16}}''"
+        )
+    return sorted(found, key=lambda n: -n["Resources"][SLOTS])
+
+
+def pinned(info: dict[str, Any]) -> NodeAffinitySchedulingStrategy:
+    """Schedule on exactly this node (never elsewhere: a box is where its node is)."""
+    return NodeAffinitySchedulingStrategy(info["NodeID"], soft=False)
+
+
+def on_each_node(address: str, fn: Callable[..., T], *args: Any) -> list[tuple[str, T]]:
+    """Run ``fn(*args)`` once on every Fleet node; (node name, result) per node.
+    Ray's retries are off: a call that fails raises (wrapped by Ray)."""
+    nodes = fleet_nodes(address)
+    task = ray.remote(num_cpus=0, max_retries=0)(fn)
+    refs = [task.options(scheduling_strategy=pinned(n)).remote(*args) for n in nodes]
+    results = ray.get(refs, timeout=CALL_S)
+    return [(node_name(n), r) for n, r in zip(nodes, results, strict=True)]
