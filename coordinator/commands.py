@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -48,11 +49,17 @@ def _toml_str(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)  # a JSON string is a valid TOML basic string
 
 
+def _cluster(args: argparse.Namespace) -> str | None:
+    """The Ray cluster members run on: ``--cluster``, else ``FLEET_CLUSTER``, else none."""
+    return getattr(args, "cluster", None) or os.environ.get("FLEET_CLUSTER") or None
+
+
 def _options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(
         tty=False if getattr(args, "plain", False) else None,
         approve_all=getattr(args, "approve_all", False),
         wait_approval=getattr(args, "wait_approval", False),
+        cluster=_cluster(args),
     )
 
 
@@ -123,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except JobError as exc:
         raise UsageError(str(exc)) from None
     _root(job, args)
-    preflight(job)
+    preflight(job, cluster=_cluster(args))
     return _start(job, text, args).exit_code
 
 
@@ -190,7 +197,7 @@ def cmd_research(args: argparse.Namespace) -> int:
         },
     )
     _root(job, args)
-    preflight(job, {"model.name": "--model"})
+    preflight(job, {"model.name": "--model"}, cluster=_cluster(args))
     return _start(job, text, args).exit_code
 
 
@@ -219,7 +226,7 @@ def cmd_code(args: argparse.Namespace) -> int:
         text, {"members[0].task": "TASK", "members[0].test": "--test", "model.name": "--model"}
     )
     _root(job, args)
-    preflight(job, {"model.name": "--model", "members[0].repo": "REPO"})
+    preflight(job, {"model.name": "--model", "members[0].repo": "REPO"}, cluster=_cluster(args))
     summary = _start(job, text, args)
     outcome = summary.outcomes.get("coder")
     patch = summary.run.path / "members" / "coder" / "patch.diff"
@@ -280,7 +287,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "or after that process is gone"
         )
     job = run.job()
-    preflight(job)
+    preflight(job, cluster=_cluster(args))
     members = run.planned_members()
     pending = run.pending_members(members or [], retry_failed=args.retry_failed)
     lead_open = job.lead is not None and not lead_finished(run)
@@ -349,6 +356,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     _approval_flags(p)
+    _cluster_flag(p)
 
 
 def _approval_flags(p: argparse.ArgumentParser) -> None:
@@ -364,6 +372,15 @@ def _approval_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="without a terminal, wait for 'fleet approve RUN' to answer asks "
         "(default there: the job's ask_default at once)",
+    )
+
+
+def _cluster_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="run the members on the nodes of the Ray cluster at ADDRESS (HEAD:PORT; "
+        "default: $FLEET_CLUSTER, else this machine); needs the 'cluster' extra",
     )
 
 
@@ -475,6 +492,7 @@ def register(subparsers: Any) -> None:
     add_runs_dir(p)
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
     _approval_flags(p)
+    _cluster_flag(p)
     p.set_defaults(func=cmd_resume)
 
     p = subparsers.add_parser("runs", help="list runs and their status")

@@ -61,6 +61,8 @@ class RunOptions:
     retry_failed: bool = False
     """Resume: also run members that ended failed (not only unfinished ones)."""
     handle_signals: bool = True
+    cluster: str | None = None
+    """A Ray cluster's address: members run on its nodes (``fleet run --cluster``)."""
     on_event: list[Callable[[Any], None]] = field(default_factory=list)
     """Called with every trace event of every member, as it happens."""
     on_journal: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
@@ -86,7 +88,12 @@ class RunSummary:
 
 
 def _nodes(opts: RunOptions, approver: FileApprover) -> Nodes:
-    """Where the run's members run: this host's engine, through ``opts.backend``."""
+    """Where the run's members run: a Ray cluster's nodes (``opts.cluster``; Ray is
+    imported only then), else this host's engine, through ``opts.backend``."""
+    if opts.cluster:
+        from .cluster import RayNodes
+
+        return RayNodes(opts.cluster)
     if opts.backend is None:
         from sandbox.docker import DockerBackend
 

@@ -168,12 +168,19 @@ async def _with_proxies(spec: MemberSpec, backend: SandboxBackend, run_id: str) 
 
 
 async def run_attempt(
-    unit: MemberUnit, deps: NodeDeps, trace: TraceWriter, *, member_dir: Path | None = None
+    unit: MemberUnit,
+    deps: NodeDeps,
+    trace: TraceWriter,
+    *,
+    member_dir: Path | None = None,
+    staged_repo: Path | None = None,
 ) -> MemberOutcome:
     """One attempt: box up, harness, box down. Never raises except on cancellation.
 
     ``member_dir`` is where the harness writes the member's files (default: the unit's
-    own run subdirectory; a cluster node passes a scratch directory).
+    own run subdirectory; a cluster node passes a scratch directory). ``staged_repo``
+    is the repository selection already made (a node gets it from the coordinator);
+    default: selected here from ``unit.repo``.
     """
     from subagents.member import run_member as default_run_member
 
@@ -194,7 +201,9 @@ async def run_attempt(
                     action="create", box=box.name, duration_s=round(time.monotonic() - t0, 3)
                 )
             )
-            if unit.repo:
+            if staged_repo is not None:
+                await box.upload(staged_repo, "/workspace")
+            elif unit.repo:
                 await _upload_repo(box, Path(unit.repo), copy_room(box_spec))
             for name, text in unit.files.items():
                 await box.write_file(f"/workspace/{name}", text)
@@ -322,7 +331,7 @@ async def remove_run_boxes(backend: SandboxBackend, run_id: str) -> list[str]:
     finally:
         # The run is over even when the engine is gone: gc may take what is left
         # (anything not kept), and `fleet resume` marks the run live again.
-        reaper.mark_done(run_id)
+        reaper.mark_done(backend.owner(run_id))
 
 
 class LocalNodes(Nodes):

@@ -54,11 +54,41 @@ from .repo_copy import RepoTooLarge, check_size, copy_room
 from .spec import Job
 
 
-def preflight(job: Job, flags: dict[str, str] | None = None, *, out: TextIO | None = None) -> None:
-    """Everything a run needs before it starts; raises :class:`UsageError` (exit 2)."""
+def preflight(
+    job: Job,
+    flags: dict[str, str] | None = None,
+    *,
+    out: TextIO | None = None,
+    cluster: str | None = None,
+) -> None:
+    """Everything a run needs before it starts; raises :class:`UsageError` (exit 2).
+    With ``cluster``, the images and firewall are checked on each of its nodes instead
+    of on this machine (which may have no Docker engine)."""
     check_repos(job, flags)
     check_models(job, flags)
-    check_images(job, out=out)
+    if cluster:
+        check_cluster(job, cluster)
+    else:
+        check_images(job, out=out)
+
+
+def check_cluster(job: Job, address: str) -> None:
+    """The cluster answers and each of its Fleet nodes has the job's images (and the
+    host firewall rules, for browser boxes); else one paragraph naming the node and
+    ``fleet setup``. A node cannot build images on a run's behalf: a build is root's
+    job on that host, once."""
+    try:
+        from .cluster import ClusterUnavailable, check_nodes
+    except ImportError:
+        raise UsageError(
+            f"--cluster {address} needs Ray, which is not installed; install Fleet's "
+            "'cluster' extra: pip install -e '.[cluster]' (make setup does)"
+        ) from None
+    names = needed_images(job)
+    try:
+        check_nodes(address, names, firewall="browser" in names)
+    except ClusterUnavailable as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _field(where: str, flags: dict[str, str] | None) -> str:

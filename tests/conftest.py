@@ -16,6 +16,12 @@ Stable interface, used by every test module:
     concurrent ``fleet sandbox gc`` leaves its boxes alone). Label every container and
     network the test creates with ``fleet.run=<run_id>``; at teardown every container
     and network with that label is removed, whatever the test did.
+``ray_cluster`` (session)
+    A Ray cluster on this machine - head + 2 nodes with ``fleet_slots``, sharing the
+    Docker engine, token authentication on (``tests/ray_support.py``): its
+    ``address``, its ``nodes``, ``add_node(slots)``/``remove_node(node)`` and
+    ``name(node)``. Started only when a test asks for it (about 1 GB while it runs);
+    Ray missing is a skip, or a failure under ``CI=true``.
 ``cleanup`` (function)
     A list to append output directories to; at teardown the boxes of every run under
     them are removed, whatever happened (for tests that start whole runs).
@@ -43,6 +49,12 @@ if TYPE_CHECKING:
     import docker
 
     from subagents.fake_api import FakeMessagesAPI
+
+
+# Ray reads these when it is imported (by whichever test imports it first): a Ray
+# cluster started by the tests listens on 127.0.0.1 only, and sends no usage reports.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 def in_ci() -> bool:
@@ -120,6 +132,21 @@ def fake_api(
     yield start
     for api in started:
         api.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(images: dict[str, str]) -> Iterator[Any]:
+    """A Ray cluster on this machine: head + 2 nodes with ``fleet_slots``, sharing the
+    Docker engine, token authentication on (see ``tests/ray_support.py``). Ray missing
+    is a skip, or a failure under CI."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        missing_dependency("Ray is not installed; pip install -e '.[cluster]' (make setup does)")
+    from ray_support import ray_cluster as start
+
+    with start() as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -3,12 +3,16 @@
 The harness here is a scripted stand-in for ``run_member`` (each member's task names
 a behaviour: succeed after an exec in its box, raise, hang, have its box killed), so
 these tests pin the coordinator's own contract - statuses, reasons, retries, quorum,
-fail-fast, boxes released - independently of any model. The end-to-end tests with
-the real harness and the fake Messages API are in ``test_cli_run.py``.
+fail-fast, boxes released - independently of any model. Every test runs twice: with
+members on this host, and on a Ray cluster of two nodes (``ray_cluster``), where the
+same harness runs in each node's actor - the contract does not depend on where
+members run. The end-to-end tests with the real harness and the fake Messages API are
+in ``test_cli_run.py`` (and ``test_cluster.py`` for a cluster).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,10 +20,12 @@ from typing import Any
 import anyio
 import pytest
 
-from coordinator.fanout import Deps, MemberUnit, fan_out
+from coordinator.fanout import Deps, FanoutResult, MemberUnit, fan_out
 from coordinator.jobfile import parse_job
+from coordinator.node import NodeDeps
 from coordinator.runs import RunDir
 from coordinator.spec import RetryPolicy
+from coordinator.worker import Recorder, Services
 from sandbox.docker import DockerBackend
 from subagents.model import make_model
 from subagents.outcome import MemberOutcome
@@ -29,18 +35,24 @@ pytestmark = pytest.mark.docker
 
 
 class ScriptedHarness:
-    """Stand-in for ``run_member``: the task's first word says what to do."""
+    """Stand-in for ``run_member``: the task's first word says what to do. It counts
+    its calls per member in files, so the count holds across a cluster's nodes."""
 
-    def __init__(self, docker_client: Any) -> None:
-        self.docker = docker_client
-        self.calls: dict[str, int] = {}
+    def __init__(self, count_dir: Path) -> None:
+        self.count_dir = count_dir
+        count_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def calls(self) -> dict[str, int]:
+        return {p.name: int(p.read_text()) for p in self.count_dir.iterdir()}
 
     async def __call__(self, spec: MemberSpec, *, sandbox, model, run_dir: Path, trace):
-        n = self.calls[spec.id] = self.calls.get(spec.id, 0) + 1
+        counter = self.count_dir / spec.id
+        n = int(counter.read_text()) + 1 if counter.exists() else 1
+        counter.write_text(str(n))
         action = spec.task.split()[0]
         if (action == "crash-once" and n == 1) or action == "kill-box":
-            cid = sandbox.id
-            await anyio.to_thread.run_sync(lambda: self.docker.containers.get(cid).kill())
+            await anyio.to_thread.run_sync(_kill, sandbox.id)
         if action == "raise":
             raise RuntimeError("tool exploded")
         if action == "hang":
@@ -53,6 +65,83 @@ class ScriptedHarness:
             result={"said": res.stdout.split()[0], "host": res.stdout.split()[1]},
             turns=1,
         )
+
+
+def _kill(container: str) -> None:
+    from sandbox.engine import connect
+
+    client = connect()
+    try:
+        client.containers.get(container).kill()
+    finally:
+        client.close()
+
+
+class ScriptedNode:
+    """A node's side with the scripted harness (built on each node of a cluster)."""
+
+    def __init__(self, images: dict[str, str], harness: ScriptedHarness) -> None:
+        self.images, self.harness = images, harness
+
+    def __call__(self, node: str = "") -> NodeDeps:
+        return NodeDeps(
+            backend=DockerBackend(images=self.images, node=node),
+            # The scripted harness never asks the model; the worker still makes and closes one.
+            make_model=lambda name, **kw: make_model("offline:echo"),
+            run_member=self.harness,
+        )
+
+
+@pytest.fixture(params=["here", "ray"])
+def where(request: pytest.FixtureRequest) -> Any:
+    """None: members on this host; else the Ray cluster they run on."""
+    if request.param == "here":
+        return None
+    from ray_support import ship_by_value
+
+    ship_by_value(sys.modules[__name__])
+    return request.getfixturevalue("ray_cluster")
+
+
+def _fan(
+    where: Any,
+    images: dict[str, str],
+    harness: ScriptedHarness,
+    run: RunDir,
+    units: list[MemberUnit],
+    *,
+    listeners: list[Any] | None = None,
+    timing: list[float] | None = None,
+    **kw: Any,
+) -> FanoutResult:
+    """``fan_out`` the units on this host (``where`` None) or on the cluster; appends
+    the fan-out's own seconds to ``timing`` (a cluster's node actors start before)."""
+    setup = ScriptedNode(images, harness)
+    timing = [] if timing is None else timing
+    if where is None:
+        deps = Deps(**vars(setup()), journal=run.journal.append, listeners=listeners or [])
+        t0 = time.monotonic()
+        try:
+            return anyio.run(lambda: fan_out(units, deps, **kw))
+        finally:
+            timing.append(time.monotonic() - t0)
+    from coordinator.cluster import RayNodes
+
+    async def go() -> FanoutResult:
+        nodes = RayNodes(where.address, setup=setup)
+        record = Recorder(journal=run.journal.append, listeners=listeners or [])
+        try:
+            services = Services(max_parallel=kw["max_parallel"], warm_pool=False)
+            async with nodes.serve(run.id, units, services):
+                t0 = time.monotonic()
+                try:
+                    return await fan_out(units, record, nodes=nodes, **kw)
+                finally:
+                    timing.append(time.monotonic() - t0)
+        finally:
+            await nodes.remove_boxes(run.id)
+
+    return anyio.run(go)
 
 
 def _units(
@@ -83,25 +172,17 @@ def _run_dir(tmp_path: Path, run_id: str) -> RunDir:
     return RunDir(tmp_path / run_id)
 
 
-def _deps(images: dict[str, str], harness: ScriptedHarness, run: RunDir) -> Deps:
-    return Deps(
-        backend=DockerBackend(images=images),
-        # The scripted harness never asks the model; the worker still makes and closes one.
-        make_model=lambda name, **kw: make_model("offline:echo"),
-        run_member=harness,
-        journal=run.journal.append,
-    )
-
-
 def _boxes(docker_client: Any, run_id: str) -> list[Any]:
-    return docker_client.containers.list(all=True, filters={"label": f"fleet.run={run_id}"})
+    """The run's containers as the engine lists them (no per-box inspect, which races
+    with a box being removed at that moment)."""
+    return docker_client.api.containers(all=True, filters={"label": f"fleet.run={run_id}"})
 
 
 def test_one_raise_one_timeout_one_killed_box_keep_two_results(
-    tmp_path, images, run_id, docker_client
+    tmp_path, images, run_id, docker_client, where
 ):
     run = _run_dir(tmp_path, run_id)
-    harness = ScriptedHarness(docker_client)
+    harness = ScriptedHarness(tmp_path / "calls")
     units = _units(
         run,
         {
@@ -113,13 +194,19 @@ def test_one_raise_one_timeout_one_killed_box_keep_two_results(
         },
         deadline=6,
     )
-    t0 = time.monotonic()
-    res = anyio.run(
-        lambda: fan_out(
-            units, _deps(images, harness, run), max_parallel=5, min_success=2, fail_fast=False
-        )
+    timing: list[float] = []
+    res = _fan(
+        where,
+        images,
+        harness,
+        run,
+        units,
+        timing=timing,
+        max_parallel=5,
+        min_success=2,
+        fail_fast=False,
     )
-    elapsed = time.monotonic() - t0
+    elapsed = timing[0]
     st = {k: o.status for k, o in res.outcomes.items()}
     assert st == {
         "good-1": "ok",
@@ -146,16 +233,12 @@ def test_one_raise_one_timeout_one_killed_box_keep_two_results(
 
 
 def test_box_crash_is_retried_with_backoff_and_then_succeeds(
-    tmp_path, images, run_id, docker_client
+    tmp_path, images, run_id, docker_client, where
 ):
     run = _run_dir(tmp_path, run_id)
-    harness = ScriptedHarness(docker_client)
+    harness = ScriptedHarness(tmp_path / "calls")
     units = _units(run, {"flaky": "crash-once", "steady": "ok"}, attempts=3, backoff=0.5)
-    res = anyio.run(
-        lambda: fan_out(
-            units, _deps(images, harness, run), max_parallel=2, min_success=2, fail_fast=False
-        )
-    )
+    res = _fan(where, images, harness, run, units, max_parallel=2, min_success=2, fail_fast=False)
     assert res.outcomes["flaky"].status == "ok"
     assert harness.calls == {"flaky": 2, "steady": 1}
     retries = [e for e in run.journal.read() if e["event"] == "member_retry"]
@@ -165,47 +248,47 @@ def test_box_crash_is_retried_with_backoff_and_then_succeeds(
     assert _boxes(docker_client, run_id) == []
 
 
-def test_task_failure_is_not_retried(tmp_path, images, run_id, docker_client):
+def test_task_failure_is_not_retried(tmp_path, images, run_id, docker_client, where):
     run = _run_dir(tmp_path, run_id)
-    harness = ScriptedHarness(docker_client)
+    harness = ScriptedHarness(tmp_path / "calls")
     units = _units(run, {"raiser": "raise"}, attempts=3)
-    res = anyio.run(
-        lambda: fan_out(
-            units, _deps(images, harness, run), max_parallel=1, min_success=1, fail_fast=False
-        )
-    )
+    res = _fan(where, images, harness, run, units, max_parallel=1, min_success=1, fail_fast=False)
     assert res.outcomes["raiser"].status == "failed"
     assert harness.calls == {"raiser": 1}
     assert not res.quorum_met
 
 
-def test_quorum_not_met_when_too_few_members_succeed(tmp_path, images, run_id, docker_client):
+def test_quorum_not_met_when_too_few_members_succeed(
+    tmp_path, images, run_id, docker_client, where
+):
     run = _run_dir(tmp_path, run_id)
-    harness = ScriptedHarness(docker_client)
+    harness = ScriptedHarness(tmp_path / "calls")
     units = _units(run, {"a": "ok", "b": "raise", "c": "raise"})
-    res = anyio.run(
-        lambda: fan_out(
-            units, _deps(images, harness, run), max_parallel=3, min_success=2, fail_fast=False
-        )
-    )
+    res = _fan(where, images, harness, run, units, max_parallel=3, min_success=2, fail_fast=False)
     assert res.ok == 1 and not res.quorum_met
     assert {o.status for o in res.outcomes.values()} == {"ok", "failed"}
 
 
 def test_fail_fast_cancels_the_rest_and_removes_their_boxes(
-    tmp_path, images, run_id, docker_client
+    tmp_path, images, run_id, docker_client, where
 ):
     run = _run_dir(tmp_path, run_id)
-    harness = ScriptedHarness(docker_client)
+    harness = ScriptedHarness(tmp_path / "calls")
     # One slot: "b" fails first; "c" and "d" are then cancelled (queued or running).
     units = _units(run, {"b": "raise", "c": "hang", "d": "ok"}, deadline=60)
-    t0 = time.monotonic()
-    res = anyio.run(
-        lambda: fan_out(
-            units, _deps(images, harness, run), max_parallel=2, min_success=1, fail_fast=True
-        )
+    timing: list[float] = []
+    res = _fan(
+        where,
+        images,
+        harness,
+        run,
+        units,
+        timing=timing,
+        max_parallel=2,
+        min_success=1,
+        fail_fast=True,
     )
-    assert time.monotonic() - t0 < 30
+    assert timing[0] < 30
     assert res.fail_fast_by == "b"
     assert res.outcomes["b"].status == "failed"
     assert res.outcomes["c"].status == "cancelled"
@@ -215,17 +298,13 @@ def test_fail_fast_cancels_the_rest_and_removes_their_boxes(
     # Without fail_fast the same failure leaves the siblings alone.
     run2 = _run_dir(tmp_path / "again", run_id)
     units = _units(run2, {"b": "raise", "d": "ok"})
-    res = anyio.run(
-        lambda: fan_out(
-            units, _deps(images, harness, run2), max_parallel=1, min_success=1, fail_fast=False
-        )
-    )
+    res = _fan(where, images, harness, run2, units, max_parallel=1, min_success=1, fail_fast=False)
     assert res.outcomes["d"].status == "ok"
 
 
-def test_concurrency_limit_queues_members(tmp_path, images, run_id, docker_client):
+def test_concurrency_limit_queues_members(tmp_path, images, run_id, docker_client, where):
     run = _run_dir(tmp_path, run_id)
-    harness = ScriptedHarness(docker_client)
+    harness = ScriptedHarness(tmp_path / "calls")
     peak = 0
 
     def watch(event: Any) -> None:
@@ -234,29 +313,33 @@ def test_concurrency_limit_queues_members(tmp_path, images, run_id, docker_clien
             peak = max(peak, len(_boxes(docker_client, run_id)))
 
     units = _units(run, {f"m{i}": "ok" for i in range(4)})
-    deps = _deps(images, harness, run)
-    deps.listeners.append(watch)
-    res = anyio.run(lambda: fan_out(units, deps, max_parallel=2, min_success=4, fail_fast=False))
+    res = _fan(
+        where,
+        images,
+        harness,
+        run,
+        units,
+        listeners=[watch],
+        max_parallel=2,
+        min_success=4,
+        fail_fast=False,
+    )
     assert res.quorum_met
     assert 1 <= peak <= 2
 
 
 def test_result_that_misses_the_job_schema_is_that_members_failure(
-    tmp_path, images, run_id, docker_client
+    tmp_path, images, run_id, docker_client, where
 ):
     run = _run_dir(tmp_path, run_id)
-    harness = ScriptedHarness(docker_client)
+    harness = ScriptedHarness(tmp_path / "calls")
     units = _units(run, {"strict": "ok", "lenient": "ok"})
     units[0].result_schema = {
         "type": "object",
         "required": ["said", "answer"],
         "properties": {"said": {"type": "string", "minLength": 40}},
     }
-    res = anyio.run(
-        lambda: fan_out(
-            units, _deps(images, harness, run), max_parallel=2, min_success=1, fail_fast=False
-        )
-    )
+    res = _fan(where, images, harness, run, units, max_parallel=2, min_success=1, fail_fast=False)
     assert res.outcomes["lenient"].status == "ok"
     strict = res.outcomes["strict"]
     assert strict.status == "failed" and harness.calls["strict"] == 1  # not retried

@@ -106,7 +106,10 @@ class RunTrace:
             ts, attempt, status = rec.get("ts"), rec.get("attempt"), rec.get("status")
             reason = str(rec.get("reason") or "")
             if kind == "member_started" and isinstance(ts, int | float):
-                j.starts[attempt if isinstance(attempt, int) else len(j.starts) + 1] = float(ts)
+                n = attempt if isinstance(attempt, int) else len(j.starts) + 1
+                j.starts[n] = float(ts)
+                if isinstance(rec.get("node"), str) and rec["node"]:
+                    j.nodes[n] = rec["node"]
             if kind == "member_retry" and isinstance(attempt, int) and isinstance(status, str):
                 j.retried[attempt] = (status, reason)
             if isinstance(status, str) and kind != "member_retry":
@@ -146,6 +149,8 @@ class MemberJournal:
     """(status, reason) of its last record that has a status."""
     starts: dict[int, float] = field(default_factory=dict)
     """Attempt number -> when the coordinator started it (``member_started``)."""
+    nodes: dict[int, str] = field(default_factory=dict)
+    """Attempt number -> the cluster node it ran on (none on one machine)."""
     retried: dict[int, tuple[str, str]] = field(default_factory=dict)
     """Attempt number -> (status, reason) of an attempt that was retried."""
     attempts: int = 0

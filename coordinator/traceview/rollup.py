@@ -80,6 +80,8 @@ class AttemptRollup(_View):
     """Seconds spent creating its box."""
     turns: int = 0
     tool_calls: int = 0
+    node: str = ""
+    """The cluster node it ran on ("" on one machine)."""
 
 
 class MemberRollup(_View, TokenCounts):
@@ -92,6 +94,8 @@ class MemberRollup(_View, TokenCounts):
     """ok, failed, timed_out, crashed, cancelled, incomplete; or, with no end yet,
     queued, running, or not_started (the run ended before it started)."""
     reason: str = ""
+    node: str = ""
+    """The cluster node its last attempt ran on ("" on one machine)."""
     start: float = 0.0
     """Unix time its first box began being created (or its first event)."""
     end: float = 0.0
@@ -198,6 +202,7 @@ def _attempt(n: int, events: list[Any], journal: MemberJournal | None) -> Attemp
             starts.append(ev.ts - ev.duration_s)
     if journal is not None and n in journal.starts:
         starts.append(journal.starts[n])
+        a.node = journal.nodes.get(n, "")
     a.start = min(starts)
     a.ready = max(ready, a.start)
     a.box_s = round(a.box_s, 3)
@@ -262,6 +267,7 @@ def rollup_member(
         r.duration_s = round(r.end - r.start, 3)
         r.box_s = round(sum(a.box_s for a in r.per_attempt), 3)
     last = r.per_attempt[-1] if r.per_attempt else None
+    r.node = last.node if last is not None else ""
     _apply_outcome(r, last, member.result, run_finished, journal)
     if last is not None:
         last.status, last.reason = r.status, r.reason

@@ -59,10 +59,11 @@ _COLUMNS = ("MEMBER", "KIND", "STATUS", "ATT", "WALL", "BOX", "TURNS", "IN", "CA
             "TOOLS", "ERR", "OFFL", "COMP", "COST", "REASON")  # fmt: skip
 
 
-def _row(r: MemberRollup) -> list[str]:
+def _row(r: MemberRollup, nodes: bool) -> list[str]:
     cost = f"${r.cost_usd:.3f}" + ("*" if r.cost_estimated else "")
     return [
-        r.member, r.kind, r.status, str(r.attempts), human_duration(r.duration_s),
+        r.member, *([r.node or "-"] if nodes else []), r.kind, r.status, str(r.attempts),
+        human_duration(r.duration_s),
         human_duration(r.box_s), str(r.turns),
         human_tokens(r.total_input), human_tokens(r.cache_read_tokens),
         human_tokens(r.output_tokens), str(r.tool_calls), str(r.errors), str(r.offloads),
@@ -84,8 +85,11 @@ def format_run(roll: RunRollup) -> str:
         f"in {human_tokens(total_in)} (cached {human_tokens(t.get('cache_read_tokens', 0))})  "
         f"out {human_tokens(t.get('output_tokens', 0))}  cost ${t.get('cost_usd', 0):.3f}"
     )
-    rows = [list(_COLUMNS), *(_row(r) for r in roll.members)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    # NODE only for a run on a cluster: where each member's last attempt ran.
+    nodes = any(r.node for r in roll.members)
+    columns = [_COLUMNS[0], *(["NODE"] if nodes else []), *_COLUMNS[1:]]
+    rows = [columns, *(_row(r, nodes) for r in roll.members)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = [head, ""]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -97,6 +101,7 @@ def format_run(roll: RunRollup) -> str:
         "ATT = attempts; WALL = from the member's first box starting to its last event "
         "(box start-up, every attempt and back-off included); BOX = box start-up time; "
         "IN counts every input token (uncached + cache read + cache write); * = estimated cost."
+        + (" NODE = the cluster node the member's last attempt ran on." if nodes else "")
     )
     return "\n".join(lines)
 

@@ -1,0 +1,403 @@
+"""Members on a Ray cluster: ``fleet run --cluster ADDRESS``.
+
+Docker hosts join a Ray cluster and advertise capacity as the custom resource
+``fleet_slots`` (``ray start --address HEAD --resources '{"fleet_slots": 16}'``); this
+module is the coordinator's side of that (:class:`RayNodes`, a
+:class:`~coordinator.worker.Nodes`). It is imported only when a run names a cluster,
+so Fleet without ``--cluster`` never imports Ray.
+
+Placement. For each run, the coordinator reserves ``min(max_parallel, members)``
+slots spread over the nodes (one slot at a time, round robin, up to each node's
+``fleet_slots``) by starting one actor per node
+(:class:`~coordinator.node_service.NodeService`) that holds its share of
+``fleet_slots``: Ray's own accounting then keeps two runs from overfilling a node (a
+node whose slots another run holds does not start the actor in time and is left out).
+A member attempt takes a free slot on the live node with the most free slots and runs
+as one streaming call on that node's actor; the node name is journalled with
+``member_started``.
+
+Failure. A node that dies or leaves the cluster mid-member surfaces as Ray's actor or
+node errors; they become that member's ``crashed`` with the reason
+``node NAME lost: ...`` (never a traceback), the node takes no more members, and the
+coordinator's own retry policy runs the member again on another node. Ray's own
+retries stay off (``max_restarts=0``, ``max_task_retries=0``): a retried call pinned
+to a dead node never finishes. The coordinator enforces each attempt's deadline
+itself (the node's own, plus :data:`GRACE_S` for the node to release the box and
+report): a frozen node takes about a minute to be declared dead.
+
+Files. The repository selection and the memory profile go to the node with the call
+(:mod:`coordinator.shipping`); trace events come back as they happen and go through
+the coordinator's :class:`~subagents.trace.TraceWriter` (the live progress table and
+``fleet trace --follow`` see them as on one machine); then the member's files, and
+its memory changes, which the coordinator merges into the profile with
+:func:`~subagents.context.memory_profile.save_profile` - the same three-way merge and
+ledger as a member on this host - so members on different nodes sharing a profile
+lose no update. The coordinator stays the single writer of ``runs/RUN/`` and of
+memory profiles.
+
+Security. Ray runs code sent by anyone who reaches its port, so run it with token
+authentication (``RAY_AUTH_MODE=token``) on a private network. The API key stays in
+each node's environment: nothing here puts it into a call, a runtime_env or the
+object store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import ray
+import ray.exceptions
+from pydantic import TypeAdapter
+
+from sandbox.cluster import (
+    SLOTS,
+    ClusterUnavailable,
+    fleet_nodes,
+    node_name,
+    on_each_node,
+    pinned,
+)
+from subagents.context.memory_profile import FileChange, load_profile, save_profile
+from subagents.outcome import MemberOutcome
+from subagents.trace import ErrorEvent, MemberEnd, MemorySave, TraceEvent, TraceWriter
+
+from .node_service import EVENTS, NodeService, NodeSetup, check_node, reap_node
+from .repo_copy import copy_room, staged_copy
+from .shipping import NodeReply, NodeRequest, pack, unpack
+from .worker import CANCELLED, MemberUnit, Nodes, Services, Started, failed_outcome
+
+GRACE_S = 10.0
+"""How long past a member's deadline the coordinator waits for its node to report."""
+READY_S = 60.0
+"""How long a node's actor may take to start (its slots free, its process up)."""
+CLOSE_S = 60.0
+"""How long a node may take to remove the run's boxes at the end."""
+
+_EVENT: TypeAdapter[Any] = TypeAdapter(TraceEvent)
+_Actor: Any = None  # ray.remote(NodeService), made on first use
+
+__all__ = ["ClusterUnavailable", "RayNodes", "check_nodes"]
+
+
+def check_nodes(address: str, images: list[str], firewall: bool) -> None:
+    """Every Fleet node has the run's images (and, for browser boxes, the host firewall
+    rules); ClusterUnavailable naming each node that does not, and ``fleet setup``."""
+    problems = [
+        f"node {name}: {p}"
+        for name, found in on_each_node(address, check_node, images, firewall)
+        for p in found
+    ]
+    if problems:
+        raise ClusterUnavailable(
+            "the cluster's nodes are not ready for this run:\n  "
+            + "\n  ".join(problems)
+            + "\nrun 'fleet setup' (as root) on each of those Docker hosts, then try again"
+        )
+
+
+def allocate(capacity: list[int], want: int) -> list[int]:
+    """Spread ``want`` slots over nodes of the given capacity, one at a time in turn."""
+    share = [0] * len(capacity)
+    while sum(share) < min(want, sum(capacity)):
+        for i, cap in enumerate(capacity):
+            if share[i] < cap and sum(share) < want:
+                share[i] += 1
+    return share
+
+
+@dataclass
+class _Node:
+    """One node's actor for this run and its slots."""
+
+    name: str
+    info: dict[str, Any]
+    actor: Any
+    slots: int
+    free: int
+    lost: str = ""
+    """Why the node is gone ("" while it serves)."""
+
+
+def _lost_reason(exc: BaseException) -> str:
+    """Ray's actor and node errors, in words (never a traceback)."""
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = exc.cause
+        return f"it raised {type(cause).__name__}: {cause}"
+    text = str(exc)
+    if isinstance(exc, ray.exceptions.ActorUnavailableError):
+        return "it stopped answering"
+    if isinstance(exc, ray.exceptions.ActorDiedError):
+        if "node" in text and "died" in text:
+            return "it died or left the cluster"
+        return "its actor process died"
+    if isinstance(exc, ray.exceptions.NodeDiedError | ray.exceptions.LocalRayletDiedError):
+        return "it died"
+    if isinstance(exc, ray.exceptions.ObjectLostError):
+        return "the member's results were lost with it"
+    if isinstance(exc, ray.exceptions.WorkerCrashedError):
+        return "its worker process crashed"
+    return f"{type(exc).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"
+
+
+class RayNodes(Nodes):
+    """A run's members on the nodes of a Ray cluster (see the module docstring)."""
+
+    def __init__(self, address: str, *, setup: NodeSetup | None = None) -> None:
+        self.address = address
+        self.setup = setup
+        """Builds each node's side on the node (default: its Docker engine)."""
+        self.nodes: list[_Node] = []
+        self._changed = anyio.Event()
+
+    # ------------------------------------------------------------ placement
+
+    @asynccontextmanager
+    async def serve(
+        self, run_id: str, units: list[MemberUnit], services: Services
+    ) -> AsyncIterator[None]:
+        infos = fleet_nodes(self.address)
+        share = allocate(
+            [int(n["Resources"][SLOTS]) for n in infos], min(services.max_parallel, len(units))
+        )
+        global _Actor
+        _Actor = _Actor or ray.remote(NodeService)
+        for info, slots in zip(infos, share, strict=True):
+            if slots:
+                actor = _Actor.options(
+                    num_cpus=0,
+                    resources={SLOTS: slots},
+                    scheduling_strategy=pinned(info),
+                    max_restarts=0,
+                    max_task_retries=0,
+                ).remote(run_id, node_name(info), self.setup)
+                self.nodes.append(_Node(node_name(info), info, actor, slots, slots))
+        await self._start(units, services, share)
+        yield
+
+    async def _start(self, units: list[MemberUnit], services: Services, share: list[int]) -> None:
+        """Each node's actor up and its services started; a node that cannot is left out."""
+        owners = [i for i, n in enumerate(self.nodes) for _ in range(n.slots)]
+
+        async def start(i: int, node: _Node) -> None:
+            mine = [u for j, u in enumerate(units) if owners[j % len(owners)] == i]
+            try:
+                with anyio.fail_after(READY_S):
+                    await node.actor.ready.remote()
+                    await node.actor.start.remote(
+                        mine, services.model_copy(update={"max_parallel": node.slots})
+                    )
+            except TimeoutError:
+                node.lost = f"its {node.slots} {SLOTS} did not come free within {READY_S:g}s"
+                ray.kill(node.actor)
+            except ray.exceptions.RayError as exc:
+                node.lost = _lost_reason(exc)
+
+        async with anyio.create_task_group() as tg:
+            for i, node in enumerate(self.nodes):
+                tg.start_soon(start, i, node)
+        problems = [f"node {n.name}: {n.lost}" for n in self.nodes if n.lost]
+        if all(n.lost for n in self.nodes):
+            raise ClusterUnavailable(
+                f"no node of the Ray cluster at {self.address} could take the run: "
+                + "; ".join(problems)
+            )
+
+    async def _take(self) -> _Node | None:
+        """A free slot on the live node with the most free slots (None: no node left)."""
+        while True:
+            live = [n for n in self.nodes if not n.lost]
+            if not live:
+                return None
+            free = [n for n in live if n.free > 0]
+            if free:
+                node = max(free, key=lambda n: n.free / n.slots)
+                node.free -= 1
+                return node
+            changed = self._changed
+            await changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # ------------------------------------------------------------ one attempt
+
+    async def attempt(
+        self, unit: MemberUnit, trace: TraceWriter, started: Started
+    ) -> MemberOutcome:
+        t0 = time.monotonic()
+        node = await self._take()
+        if node is None:
+            lost = "; ".join(f"{n.name}: {n.lost}" for n in self.nodes)
+            started("")
+            return self._ended(unit, trace, f"no node of the cluster is left ({lost})", t0)
+        started(node.name)
+        try:
+            return await self._run_on(node, unit, trace, t0)
+        finally:
+            node.free += 1
+            self._notify()
+
+    async def _run_on(
+        self, node: _Node, unit: MemberUnit, trace: TraceWriter, t0: float
+    ) -> MemberOutcome:
+        request = await anyio.to_thread.run_sync(_request, unit)
+        call = node.actor.attempt.options(num_returns="streaming").remote(request)
+        reply: NodeReply | None = None
+        held = _Held()
+        try:
+            with anyio.fail_after(unit.deadline_s + GRACE_S):
+                async for ref in call:
+                    kind, payload = await ref
+                    if kind == EVENTS:
+                        for event in payload:
+                            held.emit(trace, _EVENT.validate_python(event))
+                    else:
+                        reply = payload
+        except TimeoutError:
+            _cancel(call)
+            reason = f"deadline of {unit.deadline_s:g}s passed (node {node.name} did not report)"
+            return self._ended(unit, trace, reason, t0, status="timed_out")
+        except CANCELLED():
+            _cancel(call)
+            raise
+        except ray.exceptions.RayTaskError as exc:
+            reason = f"node {node.name} failed the attempt: {_lost_reason(exc)}"
+            return self._ended(unit, trace, reason, t0, status="failed")
+        except ray.exceptions.RayError as exc:
+            if not node.lost:
+                node.lost = _lost_reason(exc)
+                self._notify()
+            return self._ended(unit, trace, f"node {node.name} lost: {node.lost}", t0)
+        if reply is None:
+            return self._ended(unit, trace, f"node {node.name} ended without a result", t0)
+        saved = await anyio.to_thread.run_sync(_keep, unit, reply, request, held.key)
+        if saved is not None:
+            trace.emit(saved)
+        for event in held.ends:
+            trace.emit(event)
+        return reply.outcome
+
+    def _ended(
+        self,
+        unit: MemberUnit,
+        trace: TraceWriter,
+        reason: str,
+        t0: float,
+        *,
+        status: str = "crashed",
+    ) -> MemberOutcome:
+        """An attempt the node could not report itself: traced and returned here."""
+        outcome = failed_outcome(unit, status, reason, t0, retryable=status == "crashed")
+        trace.emit(ErrorEvent(error="NodeLost" if status == "crashed" else status, message=reason))
+        trace.emit(
+            MemberEnd(
+                span=unit.spec.id,
+                status=outcome.status,
+                reason=reason,
+                duration_s=outcome.duration_s,
+            )
+        )
+        return outcome
+
+    # ------------------------------------------------------------ cleanup
+
+    async def remove_boxes(self, run_id: str) -> list[str]:
+        """Each live node removes the run's boxes (its own liveness marker goes); lost
+        nodes' boxes are left to ``fleet sandbox gc`` on them and to their TTL."""
+        kept: list[str] = []
+
+        async def close(node: _Node) -> None:
+            with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+                with anyio.fail_after(CLOSE_S):
+                    names = await node.actor.close.remote()
+                kept.extend(names)  # removed with fleet sandbox rm on that node's host
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for node in self.nodes:
+                    if not node.lost:
+                        tg.start_soon(close, node)
+        finally:
+            for node in self.nodes:
+                with contextlib.suppress(Exception):
+                    ray.kill(node.actor)
+        return kept
+
+    async def reap(self, run_id: str) -> int:
+        """Remove a dead run's boxes on every Fleet node (before a resume)."""
+        done = await anyio.to_thread.run_sync(on_each_node, self.address, reap_node, run_id)
+        return sum(count for _, count in done)
+
+
+def _cancel(call: Any) -> None:
+    with contextlib.suppress(Exception):
+        ray.cancel(call)
+
+
+@dataclass
+class _Held:
+    """Node events the coordinator does not pass on as they come: the node's memory
+    save (into its own copy of the profile; the real save is the coordinator's) and
+    the member's end (traced after that save, as on one machine)."""
+
+    key: str = ""
+    ends: list[Any] = field(default_factory=list)
+
+    def emit(self, trace: TraceWriter, event: Any) -> None:
+        if isinstance(event, MemorySave):
+            self.key = event.key
+        elif isinstance(event, MemberEnd):
+            self.ends.append(event)
+        else:
+            trace.emit(event)
+
+
+def _request(unit: MemberUnit) -> NodeRequest:
+    """What the node needs for one attempt: the unit, its repo selection and memory."""
+    request = NodeRequest(unit=unit)
+    if unit.repo:
+        staged = staged_copy(Path(unit.repo), room=copy_room(unit.spec.sandbox))
+        try:
+            request.repo = pack(Path(staged.name))
+        finally:
+            staged.cleanup()
+    if unit.spec.memory_dir is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            loaded = load_profile(Path(unit.spec.memory_dir), Path(tmp) / "memory")
+            request.memory = pack(Path(tmp) / "memory", links=False)
+            request.memory_seq = loaded.seq
+    return request
+
+
+def _keep(unit: MemberUnit, reply: NodeReply, request: NodeRequest, key: str) -> MemorySave | None:
+    """The member's files into its run directory; its memory changes merged into its
+    profile here, as a member on this host saves them (the returned event says how)."""
+    unpack(reply.files, Path(unit.member_dir))
+    profile = unit.spec.memory_dir
+    if profile is None or not reply.memory:
+        return None
+    key = key or f"{unit.run_id}/{unit.spec.id}/{secrets.token_hex(6)}"
+    changes = [FileChange(c.path, c.base, c.ours) for c in reply.memory]
+    event = MemorySave(profile=str(profile), key=key)
+    try:
+        event.files, event.already_saved = save_profile(
+            Path(profile),
+            changes,
+            key=key,
+            run=unit.run_id,
+            member=unit.spec.id,
+            loaded_seq=request.memory_seq,
+        )
+    except Exception as exc:  # the member's outcome stands; the save's failure is traced
+        event.error = f"{exc}; {len(changes)} changed file(s) not saved"
+    return event

@@ -1,0 +1,238 @@
+"""A cluster node's share of one run: the body of the node's Ray actor.
+
+:mod:`coordinator.cluster` starts one actor of :class:`NodeService` per node per run
+(``ray.remote(NodeService)``; this module does not import Ray). The actor owns the
+node's side of the run - its Docker backend (boxes labelled ``fleet.node``), warm
+pools, run network, egress proxy and corpus box - and runs members there: each
+member's attempt is one streaming call of :meth:`NodeService.attempt`, which runs
+:func:`coordinator.node.run_attempt` against a scratch directory and yields the
+trace events as they happen, then a :class:`~coordinator.shipping.NodeReply` with the
+outcome and the member's files. The coordinator writes all of it into ``runs/RUN/``;
+nothing here touches the coordinator's file system.
+
+Why the agent loop runs here and not on the coordinator: the box's exec stream, CDP
+port and run network are reachable only from the host that holds it.
+
+Cancellation: when the coordinator stops an attempt (Ctrl-C, fail-fast, its own
+deadline) it cancels the call; the attempt's cancel scope is cancelled, so the box is
+released (shielded) exactly as on one machine. :meth:`NodeService.close` then removes
+whatever of the run is left on this node.
+
+The model client is made here from the node's own environment (``ANTHROPIC_API_KEY``
+and friends): the key never travels through Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from sandbox import firewall
+from sandbox.docker import DockerBackend
+from sandbox.errors import SandboxUnavailable
+from subagents.model import make_model
+from subagents.outcome import MemberOutcome
+from subagents.trace import TraceWriter
+
+from .node import NodeDeps, remove_run_boxes, run_attempt, serving
+from .shipping import (
+    COORDINATOR_FILES,
+    NodeReply,
+    NodeRequest,
+    memory_changes,
+    pack,
+    snapshot,
+    unpack,
+)
+from .worker import MemberUnit, Services
+
+NodeSetup = Callable[[str], NodeDeps]
+"""Builds a node's :class:`NodeDeps` on the node, from the node's name (picklable)."""
+
+EVENTS = "events"
+REPLY = "reply"
+CLOSE_WAIT_S = 30.0
+"""How long closing waits for cancelled attempts to release their boxes."""
+
+
+def docker_node(node: str) -> NodeDeps:
+    """The default node side: this host's Docker engine, the real model factory."""
+    return NodeDeps(backend=DockerBackend(node=node), make_model=make_model)
+
+
+def check_node(images: list[str], firewall_needed: bool) -> list[str]:
+    """What keeps this node from running the run's boxes, in words (empty: nothing).
+
+    Blocking; run as a task on the node before the run starts."""
+    from sandbox.engine import connect
+    from sandbox.images import current_refs, image_exists
+
+    problems: list[str] = []
+    try:
+        client = connect()
+    except SandboxUnavailable as exc:
+        return [str(exc)]
+    try:
+        refs = current_refs(images)
+        problems += [
+            f"image {refs[n]} is missing" for n in images if not image_exists(client, refs[n])
+        ]
+    finally:
+        client.close()
+    if firewall_needed:
+        try:
+            firewall.ensure_host_rules()
+        except SandboxUnavailable as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def reap_node(run_id: str) -> int:
+    """Remove every box of ``run_id`` on this node's engine, whichever node made it."""
+    return anyio.run(DockerBackend().remove_run, run_id)
+
+
+@dataclass
+class _Scratch:
+    """One attempt's files on the node."""
+
+    unit: MemberUnit
+    member_dir: Path
+    repo: Path | None = None
+    memory_dir: Path | None = None
+    before: dict[str, bytes] = field(default_factory=dict)
+    """The memory directory's files as shipped (to tell what the member changed)."""
+
+    def reply(self, outcome: MemberOutcome) -> NodeReply:
+        return NodeReply(
+            outcome=outcome,
+            files=pack(self.member_dir, skip=COORDINATOR_FILES),
+            memory=memory_changes(self.before, self.memory_dir) if self.memory_dir else [],
+        )
+
+
+class NodeService:
+    """One node's share of one run; see the module docstring."""
+
+    def __init__(self, run_id: str, node: str, setup: NodeSetup | None = None) -> None:
+        self.run_id = run_id
+        self.node = node
+        self.deps = (setup or docker_node)(node)
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"fleet-{run_id}-"))
+        self._stop: asyncio.Event | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self._running: dict[asyncio.Task[None], anyio.CancelScope] = {}
+        """Attempts in progress, each with the cancel scope that stops it."""
+
+    async def ready(self) -> str:
+        """The node's name, once the actor is up (its slots are reserved then)."""
+        return self.node
+
+    async def start(self, units: list[MemberUnit], services: Services) -> None:
+        """Open the run's warm pools and corpus box on this node; returns once they are up."""
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        up: asyncio.Future[None] = loop.create_future()
+        stop = self._stop
+
+        async def keep() -> None:
+            try:
+                async with serving(self.deps, self.run_id, units, services):
+                    up.set_result(None)
+                    await stop.wait()
+            except BaseException as exc:
+                if not up.done():
+                    up.set_exception(exc)
+                    return
+                raise
+
+        self._serving = loop.create_task(keep())
+        await up
+
+    async def attempt(self, request: NodeRequest) -> AsyncIterator[tuple[str, Any]]:
+        """Run one attempt; yields ``("events", [event, ...])`` while it runs, then
+        ``("reply", NodeReply)``. Never raises for the member's own failure."""
+        here = await anyio.to_thread.run_sync(self._prepare, request)
+        unit = here.unit
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        trace = TraceWriter(here.member_dir / "trace.jsonl", run=unit.run_id, member=unit.spec.id)
+        trace.listeners.append(lambda e: queue.put_nowait(e.model_dump(exclude_none=True)))
+        scope = anyio.CancelScope()
+        done: list[NodeReply] = []
+
+        async def body() -> None:
+            try:
+                with scope:
+                    outcome = await run_attempt(
+                        unit, self.deps, trace, member_dir=here.member_dir, staged_repo=here.repo
+                    )
+                    done.append(await anyio.to_thread.run_sync(here.reply, outcome))
+            finally:
+                queue.put_nowait(None)
+
+        task = asyncio.get_running_loop().create_task(body())
+        self._running[task] = scope
+        task.add_done_callback(lambda t: self._running.pop(t, None))
+        try:
+            while True:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                events = [e for e in batch if e is not None]
+                if events:
+                    yield (EVENTS, events)
+                if None in batch:
+                    break
+            await task
+            if done:
+                yield (REPLY, done[0])
+        finally:
+            if not task.done():
+                scope.cancel()
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(task)
+            trace.close()
+
+    def _prepare(self, request: NodeRequest) -> _Scratch:
+        """The attempt's scratch space: member directory, repo and memory unpacked."""
+        mid = request.unit.spec.id
+        here = _Scratch(unit=request.unit, member_dir=self.scratch / "members" / mid)
+        shutil.rmtree(here.member_dir, ignore_errors=True)  # an earlier attempt's went back
+        here.member_dir.mkdir(parents=True)
+        if request.repo is not None:
+            here.repo = self.scratch / "repos" / mid
+            shutil.rmtree(here.repo, ignore_errors=True)
+            unpack(request.repo, here.repo, any_links=True)
+        if request.memory is not None:
+            here.memory_dir = self.scratch / "memory" / mid
+            shutil.rmtree(here.memory_dir, ignore_errors=True)
+            unpack(request.memory, here.memory_dir)
+            here.before = snapshot(here.memory_dir)
+            spec = here.unit.spec.model_copy(update={"memory_dir": here.memory_dir})
+            here.unit = here.unit.model_copy(update={"spec": spec})
+        return here
+
+    async def close(self) -> list[str]:
+        """Stop the run's attempts and services here and remove its boxes on this node;
+        returns the names of boxes kept for debugging."""
+        for scope in list(self._running.values()):
+            scope.cancel()  # a cancelled call may still be creating its box: wait for it
+        if self._running:
+            await asyncio.wait(list(self._running), timeout=CLOSE_WAIT_S)
+        if self._stop is not None:
+            self._stop.set()
+        if self._serving is not None:
+            with contextlib.suppress(Exception):
+                await self._serving
+        try:
+            return await remove_run_boxes(self.deps.backend, self.run_id)
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)

@@ -1,0 +1,124 @@
+"""What travels between the coordinator and a cluster node for one attempt.
+
+To the node (:class:`NodeRequest`): the member's unit as JSON, and - because nodes
+share no file system with the coordinator - its repository selection and its memory
+directory as tar archives. From the node: batches of trace events while the member
+runs, then one :class:`NodeReply`: the outcome, the member's files as a tar archive
+(pages, offloads, transcripts, screenshots, patch; not ``trace.jsonl``, whose events
+already came, nor ``result.json``, which the coordinator writes last) and the memory
+changes. Everything is plain data (JSON-ready models and bytes): no host-local object
+crosses, and the API key never does - a node's model client reads its own environment.
+
+Archives are unpacked with tarfile's ``data`` filter: no absolute paths, no ``..``,
+no links leading out, no device files, no set-id bits - a node (or a box that wrote a
+member file) cannot place anything outside the member's directory on the coordinator.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from subagents.context.memory_profile import META
+from subagents.outcome import MemberOutcome
+
+from .worker import MemberUnit
+
+COORDINATOR_FILES = frozenset({"trace.jsonl", "result.json"})
+"""Member files the coordinator writes itself; never shipped back."""
+
+
+class NodeRequest(BaseModel):
+    """One attempt for a node to run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    unit: MemberUnit
+    repo: bytes | None = None
+    """The repository selection (tar), when the member has a ``repo``."""
+    memory: bytes | None = None
+    """The memory profile as the member starts from it (tar), when it has one."""
+    memory_seq: int = 0
+    """Saves in the profile's ledger when it was shipped (the merge's starting point)."""
+
+
+class MemoryChange(BaseModel):
+    """One memory file a member changed: as shipped (base) and as it left it (ours)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    base: bytes | None
+    ours: bytes | None
+
+
+class NodeReply(BaseModel):
+    """How an attempt ended on the node, with what the coordinator keeps of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    outcome: MemberOutcome
+    files: bytes = b""
+    """The member's files (tar), relative to its directory."""
+    memory: list[MemoryChange] = Field(default_factory=list)
+    """The member's memory changes, for the coordinator to merge into the profile."""
+
+
+def _no_links(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if info.issym() or info.islnk() else info
+
+
+def pack(root: Path, *, skip: Iterable[str] = (), links: bool = True) -> bytes:
+    """``root``'s files as a tar archive; top-level names in ``skip`` are left out.
+    Symlinks are kept as links (never followed), or left out with ``links=False``."""
+    left_out = set(skip)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        if root.is_dir():
+            for entry in sorted(root.iterdir()):
+                if entry.name not in left_out:
+                    tar.add(entry, arcname=entry.name, filter=None if links else _no_links)
+    return buf.getvalue()
+
+
+def unpack(data: bytes, dest: Path, *, any_links: bool = False) -> None:
+    """Unpack an archive made by :func:`pack` into ``dest``. The ``data`` filter refuses
+    anything that would land outside ``dest``; ``any_links`` (for a repository from the
+    coordinator, whose links may point anywhere, as the user has them) keeps links as
+    they are, still refusing paths outside ``dest`` and set-id bits."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if not data:
+        return
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        tar.extractall(dest, filter="tar" if any_links else "data")
+
+
+def snapshot(profile: Path) -> dict[str, bytes]:
+    """A memory profile's files (relative path -> bytes); symlinks and the profile's
+    bookkeeping directory are left out."""
+    out: dict[str, bytes] = {}
+    if not profile.is_dir():
+        return out
+    for path in profile.rglob("*"):
+        rel = path.relative_to(profile)
+        if rel.parts[0] != META and path.is_file() and not path.is_symlink():
+            out[str(rel)] = path.read_bytes()
+    return out
+
+
+def memory_changes(before: dict[str, bytes], profile: Path) -> list[MemoryChange]:
+    """What the member changed in its shipped profile: files written, created, removed.
+
+    A rename travels as a removal and a creation: should another member have changed
+    the old file meanwhile, the merge keeps that file (a conflict, reported), so no
+    write is lost."""
+    after = snapshot(profile)
+    return [
+        MemoryChange(path=rel, base=before.get(rel), ours=after.get(rel))
+        for rel in sorted(set(before) | set(after))
+        if before.get(rel) != after.get(rel)
+    ]

@@ -1,0 +1,280 @@
+"""``fleet run --cluster``: members on the nodes of a Ray cluster, end to end.
+
+The cluster is ``ray_cluster`` (head + 2 nodes with ``fleet_slots``, token
+authentication on, every node on this machine's Docker engine); the fan-out contract
+itself runs against it in ``test_fanout.py``. Here the real ``fleet`` command runs
+against it: a mixed job's run directory has the same shape as on one machine, a node
+removed mid-run costs only a retry of its members, Ctrl-C and a SIGKILL followed by
+``fleet resume --cluster`` leave no box on any node, and a node whose images are not
+the run's refuses the run up front. Offline models throughout: a node's model client
+would read its own environment, never the coordinator's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.runs import RunDir
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+FLEET = [str(Path(sys.executable).with_name("fleet"))]
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _fleet(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "FLEET_CLUSTER"}
+    return subprocess.run([*FLEET, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _boxes(docker_client: Any, run_id: str) -> list[dict[str, Any]]:
+    return docker_client.api.containers(all=True, filters={"label": f"fleet.run={run_id}"})
+
+
+def _started_on(run: RunDir) -> dict[str, list[str]]:
+    """Member -> the node of each attempt, from the journal."""
+    out: dict[str, list[str]] = {}
+    for e in run.journal.read():
+        if e["event"] == "member_started":
+            out.setdefault(e["member"], []).append(e.get("node", ""))
+    return out
+
+
+def _files(run: RunDir) -> dict[str, set[str]]:
+    """Member -> its files, relative to its directory."""
+    root = run.path / "members"
+    return {
+        m.name: {str(p.relative_to(m)) for p in m.rglob("*") if p.is_file()}
+        for m in sorted(root.iterdir())
+    }
+
+
+def _wait_for(pred: Callable[[], bool], seconds: float, what: str) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _coder_job(tmp_path: Path, members: int, *, test: str, max_parallel: int) -> Path:
+    """Coding members on a copy of the sample repository; each re-runs ``test``."""
+    shutil.copytree(EXAMPLES / "sample-repo", tmp_path / "sample-repo")
+    lines = ['name = "coders"', "[model]", 'name = "offline"']
+    lines += ["[fanout]", f"max_parallel = {max_parallel}", f"min_success = {members}"]
+    lines += ['retry = { attempts = 3, backoff_s = 0.5, on = ["crashed"] }']
+    for i in range(members):
+        lines += [
+            "[[members]]",
+            f'id = "c{i}"',
+            'kind = "coding"',
+            'task = "Replace `Hello, {name}!` with `Hello there, {name}!` in `greet.py`."',
+            'repo = "sample-repo"',
+            f"test = {json.dumps(test)}",
+        ]
+    job = tmp_path / "job.toml"
+    job.write_text("\n".join(lines) + "\n")
+    return job
+
+
+@contextmanager
+def _cluster_run(
+    tmp_path: Path, job: Path, address: str
+) -> Iterator[tuple[subprocess.Popen[str], RunDir]]:
+    """``fleet run JOB --cluster ADDRESS`` in the background, once its run directory
+    exists; killed at the end if it still runs."""
+    env = {k: v for k, v in os.environ.items() if k != "FLEET_CLUSTER"}
+    args = ["run", str(job), "--output-dir", str(tmp_path / "runs"), "--plain"]
+    proc = subprocess.Popen(
+        [*FLEET, *args, "--cluster", address],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(lambda: bool(RunDir.list(tmp_path / "runs")), 60, "the run directory")
+        (run,) = RunDir.list(tmp_path / "runs")
+        yield proc, run
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_without_cluster_ray_is_never_imported(tmp_path, images, cleanup):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'name = "t"\n[model]\nname = "offline"\n[[members]]\nid = "c"\nkind = "coding"\n'
+        'task = "Say hello."\nlimits = { max_turns = 2 }\n'
+    )
+    cleanup.append(tmp_path / "runs")
+    code = (
+        "import sys\nfrom coordinator.cli import main\n"
+        f"rc = main(['run', {str(job)!r}, '--output-dir', {str(tmp_path / 'runs')!r}, '--plain'])\n"
+        "print('RAY' if any(m.split('.')[0] == 'ray' for m in sys.modules) else 'NO-RAY', rc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "FLEET_CLUSTER"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.stdout.split()[-2:] in (["NO-RAY", "0"], ["NO-RAY", "1"]), done.stderr[-2000:]
+    assert RunDir.list(tmp_path / "runs"), "the run happened"
+
+
+def test_mixed_job_on_two_nodes_has_the_shape_of_a_local_run(
+    tmp_path, ray_cluster, docker_client, cleanup
+):
+    shutil.copytree(EXAMPLES, tmp_path / "examples")
+    job = str(tmp_path / "examples" / "mixed.toml")
+    cleanup += [tmp_path / "here", tmp_path / "there"]
+    here = _fleet("run", job, "--output-dir", str(tmp_path / "here"), "--plain")
+    there = _fleet(
+        "run", job, "--output-dir", str(tmp_path / "there"), "--plain",
+        "--cluster", ray_cluster.address,
+    )  # fmt: skip
+    assert here.returncode == 0, here.stderr[-3000:]
+    assert there.returncode == 0, there.stderr[-3000:]
+    (local,) = RunDir.list(tmp_path / "here")
+    (remote,) = RunDir.list(tmp_path / "there")
+    # The same members, statuses and files: pages, patch, memory working copy...
+    assert remote.state().members == local.state().members
+    assert set(remote.state().members.values()) == {"ok"}
+    assert _files(remote) == _files(local)
+    assert {p.name for p in remote.path.iterdir()} == {p.name for p in local.path.iterdir()}
+    for member in local.state().members:
+        mine, theirs = remote.result(member), local.result(member)
+        assert mine["status"] == theirs["status"] and mine["result"] == theirs["result"]
+    # Each member's node is in the journal; members were spread over both nodes.
+    nodes = {ray_cluster.name(n) for n in ray_cluster.nodes}
+    started = _started_on(remote)
+    assert all(len(v) == 1 and v[0] in nodes for v in started.values()), started
+    assert {v[0] for v in started.values()} == nodes
+    assert all(not v[0] for v in _started_on(local).values())
+    # The coder's memory changes came back and were merged into the profile here.
+    profile = tmp_path / "there" / "memory" / "greeter"
+    assert sorted(p.name for p in profile.iterdir() if p.name != ".fleet") == sorted(
+        p.name for p in (tmp_path / "here" / "memory" / "greeter").iterdir() if p.name != ".fleet"
+    )
+    # fleet trace shows where each member ran, in the table and in --json.
+    table = _fleet("trace", str(remote.path))
+    assert table.returncode == 0 and "NODE" in table.stdout.splitlines()[2]
+    rows = json.loads(_fleet("trace", str(remote.path), "--json").stdout)["members"]
+    assert {r["member"]: r["node"] for r in rows} == {m: v[0] for m, v in started.items()}
+    assert "NODE" not in _fleet("trace", str(local.path)).stdout
+    assert _boxes(docker_client, remote.id) == []
+
+
+def test_a_node_lost_mid_run_costs_only_a_retry_of_its_members(
+    tmp_path, ray_cluster, docker_client, cleanup
+):
+    doomed = ray_cluster.add_node(slots=2)
+    name = ray_cluster.name(doomed)
+    cleanup.append(tmp_path / "runs")
+    job = _coder_job(tmp_path, 6, test="sleep 6 && python3 test_greet.py", max_parallel=6)
+    with _cluster_run(tmp_path, job, ray_cluster.address) as (proc, run):
+        on_doomed = lambda: [m for m, v in _started_on(run).items() if v[-1] == name]  # noqa: E731
+        _wait_for(lambda: len(on_doomed()) == 2, 120, f"two members started on {name}")
+        victims = on_doomed()
+        time.sleep(2)  # well into their test's sleep
+        ray_cluster.remove_node(doomed)
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    st = run.state()
+    assert set(st.members.values()) == {"ok"}
+    retries = [e for e in run.journal.read() if e["event"] == "member_retry"]
+    assert sorted(e["member"] for e in retries) == sorted(victims)
+    for e in retries:
+        assert e["status"] == "crashed" and e["reason"].startswith(f"node {name} lost: ")
+    started = _started_on(run)
+    for m in victims:  # retried on a node that was still there
+        assert len(started[m]) == 2 and started[m][1] not in ("", name)
+    for m in set(started) - set(victims):  # the others ran once, their results kept
+        assert len(started[m]) == 1 and run.result(m)["status"] == "ok"
+    # The lost node's boxes outlived it (same engine); gc on the cluster finds them
+    # by the node's liveness rule: its actor, their owner, is gone.
+    gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
+    assert gc.returncode == 0, gc.stderr
+    assert _boxes(docker_client, run.id) == []
+
+
+def test_ctrl_c_leaves_no_box_on_any_node(tmp_path, ray_cluster, docker_client, cleanup):
+    cleanup.append(tmp_path / "runs")
+    job = _coder_job(tmp_path, 4, test="sleep 60", max_parallel=4)
+    with _cluster_run(tmp_path, job, ray_cluster.address) as (proc, run):
+        _wait_for(lambda: len(_boxes(docker_client, run.id)) >= 4, 120, "four boxes")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert run.state().status == "interrupted"
+    assert _boxes(docker_client, run.id) == []
+
+
+def test_sigkill_then_resume_on_the_cluster_leaves_no_box(
+    tmp_path, ray_cluster, docker_client, cleanup
+):
+    cleanup.append(tmp_path / "runs")
+    job = _coder_job(tmp_path, 4, test="sleep 4 && python3 test_greet.py", max_parallel=2)
+    with _cluster_run(tmp_path, job, ray_cluster.address) as (proc, run):
+
+        def one_done_some_running() -> bool:
+            states = list(run.state().members.values())
+            return "ok" in states and "running" in states
+
+        _wait_for(one_done_some_running, 180, "a member done and another running")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    done_before = {m for m, s in run.state().members.items() if s == "ok"}
+    assert run.state().status == "dead"
+    resumed = _fleet(
+        "resume", str(run.path), "--plain", "--cluster", ray_cluster.address, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = run.state()
+    assert after.status == "succeeded" and set(after.members.values()) == {"ok"}
+    assert all(after.starts[m] == 1 for m in done_before)
+    assert any(e["event"] == "reaped" for e in run.journal.read())
+    assert _boxes(docker_client, run.id) == []
+
+
+def test_a_node_without_the_runs_images_refuses_the_run(tmp_path, ray_cluster, cleanup):
+    # A node whose images were built with another CA bundle: its image tags differ from
+    # this checkout's, so it has none of the run's images.
+    (tmp_path / "cfg").mkdir()
+    bundle = Path("/etc/ssl/certs/ca-certificates.crt").read_text()
+    first = bundle[: bundle.index("-----END CERTIFICATE-----") + 26]
+    (tmp_path / "cfg" / "extra-ca.pem").write_text(first)
+    saved = os.environ.get("FLEET_CONFIG_DIR")
+    os.environ["FLEET_CONFIG_DIR"] = str(tmp_path / "cfg")
+    try:
+        stale = ray_cluster.add_node(slots=1)
+    finally:
+        if saved is None:
+            os.environ.pop("FLEET_CONFIG_DIR")
+        else:
+            os.environ["FLEET_CONFIG_DIR"] = saved
+    try:
+        job = _coder_job(tmp_path, 1, test="true", max_parallel=1)
+        done = _fleet(
+            "run", str(job), "--output-dir", str(tmp_path / "runs"),
+            "--cluster", ray_cluster.address,
+        )  # fmt: skip
+    finally:
+        ray_cluster.remove_node(stale)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"node {ray_cluster.name(stale)}: image fleet-coding:" in done.stderr
+    assert "is missing" in done.stderr and "fleet setup" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists() or not RunDir.list(tmp_path / "runs")
