@@ -26,8 +26,8 @@ from pydantic import (
     model_validator,
 )
 
-from sandbox.egress_proxy import Policy
 from sandbox.errors import SandboxSpecError
+from sandbox.inbox.egress_proxy import Policy
 from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
 from subagents.browser.config import BrowserConfig
 from subagents.kinds import get_kind

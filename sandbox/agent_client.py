@@ -1,4 +1,4 @@
-"""The host side of the in-box agent (:mod:`sandbox.boxagent`): one framed stream per box.
+"""The host side of the in-box agent (:mod:`sandbox.inbox.boxagent`): one framed stream per box.
 
 The Docker backend starts the agent with ``exec_create`` + ``exec_start(socket=True)``
 and hands the hijacked socket to :class:`AgentStream`. Docker multiplexes the

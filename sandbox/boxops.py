@@ -29,7 +29,7 @@ _ROOTS = ("/workspace", "/tmp")
 @functools.cache
 def agent_source() -> str:
     """The agent's source, for images that lack the baked-in copy."""
-    return (Path(__file__).parent / "boxagent.py").read_text()
+    return (Path(__file__).parent / "inbox" / "boxagent.py").read_text()
 
 
 PLAIN_EXEC = r"""

@@ -8,7 +8,7 @@ it crosses the host's ``input`` hook, never ``forward``, so Docker's isolation r
 for internal networks (which all act on forwarded packets) do not see it. Chromium
 goes through the egress proxy, but ``curl`` or a raw socket run by ``exec`` would
 reach every service listening on the host. The egress proxy is in the same position
-on its way-out network: its address checks (:mod:`sandbox.egress_proxy`) refuse the
+on its way-out network: its address checks (:mod:`sandbox.inbox.egress_proxy`) refuse the
 host's addresses it knows of, and this rule refuses the rest, whatever the address.
 
 Members of one run must not reach each other's boxes either: a browser box's CDP

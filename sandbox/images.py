@@ -90,20 +90,17 @@ class ImageDef(BaseModel):
         return REPO_ROOT / self.directory
 
 
-# The stdlib-only helper programs that run inside boxes, baked into /opt/fleet/.
-BOX_HELPERS = ("sandbox/boxagent.py", "sandbox/egress_proxy.py")
+BOX_HELPERS = ("sandbox/inbox/boxagent.py", "sandbox/inbox/egress_proxy.py")
+"""The stdlib-only programs that run inside boxes (:mod:`sandbox.inbox`), baked into
+every image that runs a box at ``/opt/fleet/``."""
 
 IMAGES: tuple[ImageDef, ...] = (
     ImageDef(name="rootfs", directory="images/base/rootfs", builder="debootstrap"),
     ImageDef(name="base", directory="images/base", parent="rootfs", extra_ca=True),
     ImageDef(name="coding", directory="images/coding", parent="base", files=BOX_HELPERS),
     ImageDef(name="browser", directory="images/browser", parent="base", files=BOX_HELPERS),
-    ImageDef(
-        name="corpus",
-        directory="images/corpus",
-        parent="base",
-        files=(*BOX_HELPERS, "sandbox/corpus_server.py"),
-    ),
+    # The corpus server is part of its image's context (images/corpus/corpus_server.py).
+    ImageDef(name="corpus", directory="images/corpus", parent="base", files=BOX_HELPERS),
 )
 """Every image, parents before children."""
 

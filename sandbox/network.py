@@ -8,7 +8,7 @@ alias), and nothing else - not a sibling member's box (the host rules of
 :mod:`sandbox.firewall` drop that, by the MAC prefix proxies and service boxes get),
 and nothing off the bridge (an internal network has no route off it).
 
-The way out is the run's egress proxy (:mod:`sandbox.egress_proxy`): a small container
+The way out is the run's egress proxy (:mod:`sandbox.inbox.egress_proxy`): a small container
 of the coding image on the internal network and on ``fleet-egress``, one per distinct
 allowlist in a run (usually one per run). Boxes get its address in ``FLEET_PROXY``
 (and the usual ``http_proxy`` variables); the browser image's start script hands it

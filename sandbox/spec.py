@@ -18,8 +18,8 @@ from pydantic import (
     model_validator,
 )
 
-from .egress_proxy import entry_refusal
 from .errors import SandboxSpecError
+from .inbox.egress_proxy import entry_refusal
 
 BoxKind = Literal["coding", "browser", "service"]
 

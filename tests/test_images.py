@@ -125,6 +125,25 @@ def test_helper_files_are_hashed_and_missing_ones_skipped(tmp_path: Path) -> Non
     assert "fleet/helper.py" in [rel for rel, _ in images_mod.context_files(defn)]
 
 
+def test_every_in_box_program_goes_into_every_box_image() -> None:
+    """A missing helper is skipped silently, so a moved or new in-box file must be named:
+    every program of ``sandbox/inbox/`` (and nothing else) is a box helper, and every
+    image that runs boxes carries all of them."""
+    root = images_mod.REPO_ROOT
+    inbox = sorted(
+        p.relative_to(root).as_posix()
+        for p in (root / "sandbox" / "inbox").glob("*.py")
+        if p.name != "__init__.py"
+    )
+    assert inbox and sorted(images_mod.BOX_HELPERS) == inbox
+    for name in ("coding", "browser", "corpus"):
+        defn = images_mod.image_defs()[name]
+        shipped = {rel for rel, _ in images_mod.context_files(defn) if rel.startswith("fleet/")}
+        assert shipped == {f"fleet/{Path(p).name}" for p in inbox}, name
+    corpus = images_mod.image_defs()["corpus"]
+    assert "corpus_server.py" in [rel for rel, _ in images_mod.context_files(corpus)]
+
+
 def test_unknown_image_names_what_exists() -> None:
     with pytest.raises(SandboxUnavailable, match=r"unknown image 'nope'.*coding"):
         image_ref("nope")

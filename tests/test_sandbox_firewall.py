@@ -57,7 +57,7 @@ def test_the_proxy_refuses_the_hosts_addresses_in_any_form(address: str, why: st
     """Whatever the kind of address: public, IPv6, or an IPv6 one carrying IPv4."""
     import ipaddress
 
-    from sandbox.egress_proxy import Policy
+    from sandbox.inbox.egress_proxy import Policy
 
     policy = Policy(["example.org"], "172.30.0.0/16", ["93.184.216.34", "2a00:1450:4001::9"])
     refusal = policy.address_allowed(ipaddress.ip_address(address))

@@ -358,7 +358,7 @@ def test_bad_input_through_the_real_entry_point_prints_no_traceback(tmp_path):
 )
 def test_allowlist_entries_refused_when_read_are_the_ones_the_proxy_refuses(entry):
     """The job check and the proxy apply one rule: what one refuses, the other does too."""
-    from sandbox.egress_proxy import Denied, Policy, entry_refusal
+    from sandbox.inbox.egress_proxy import Denied, Policy, entry_refusal
 
     assert entry_refusal(entry)
     host, _, port = entry.partition(":")

@@ -1,7 +1,7 @@
 """Start the offline research corpus as a service box on a run's network.
 
-The corpus (``fleet-corpus``, served by :mod:`sandbox.corpus_server`) answers on the
-run network as ``corpus:8080``; browser members reach it through their egress proxy
+The corpus (``fleet-corpus``, served by ``images/corpus/corpus_server.py``) answers
+on the run network as ``corpus:8080``; browser members reach it through their egress proxy
 like any allowlisted site, with :data:`CORPUS_ALLOW` on their allowlist and
 :data:`~subagents.browser.config.DEFAULT_SEARCH_URL` as their search page.
 """

@@ -1,7 +1,7 @@
 """Fleet's offline research corpus: a static documentation site with a search page.
 
-Baked into the ``fleet-corpus`` image at ``/opt/fleet/corpus_server.py``. Standard
-library only. It serves Debian's HTML documentation of Python 3.11 (real
+Part of the ``fleet-corpus`` image's build context, baked in at
+``/opt/fleet/corpus_server.py``; the host never imports it. Standard library only. It serves Debian's HTML documentation of Python 3.11 (real
 documentation nobody in this project wrote) as an ordinary web site on the run's
 internal network, so research members reach it exactly as they would reach any
 allowlisted site, and a user points the same browser tools at the web by changing
