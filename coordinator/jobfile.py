@@ -157,7 +157,7 @@ def _known_fields(loc: tuple[str | int, ...]) -> str:
         "egress": Egress,
         "synthesis": Synthesis,
         "model": ModelDefaults,
-        "policy": ToolPolicy,
+        "policy": ToolPolicy,  # a member's MemberPolicy has the same fields
     }
     names = [p for p in loc[:-1] if isinstance(p, str)]
     if len(names) >= 2 and names[-2] == "parameters":  # parameters.<name>.<field>

@@ -31,7 +31,7 @@ from sandbox.inbox.egress_proxy import Policy
 from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
 from subagents.browser.config import BrowserConfig
 from subagents.kinds import get_kind
-from subagents.policy import ToolPolicy
+from subagents.policy import MemberPolicy, ToolPolicy
 from subagents.result_schema import parse_result_schema
 from subagents.spec import Limits, check_tool_names
 from subagents.tools.mcp import McpServerSpec
@@ -176,7 +176,7 @@ class MemberJob(_Strict):
     mcp: list[McpServerSpec] = Field(default_factory=list)
     """MCP servers (``[[members.mcp]]``): a stdio ``command`` started in the member's box,
     or a ``url`` reached through the run's egress allowlist."""
-    policy: ToolPolicy | None = None
+    policy: MemberPolicy | None = None
     """This member's tool policy, added to the job's ``[policy]`` (its rules join the
     job's; the settings it gives replace the job's)."""
     files: dict[str, str] = Field(default_factory=dict)

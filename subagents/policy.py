@@ -65,6 +65,17 @@ _OPERATORS = set(";&|()")
 _WRAPPERS = {"env", "command", "exec", "nohup", "time", "builtin"}
 
 
+def check_rules(rules: list[str]) -> list[str]:
+    """Refuse a rule that is not ``TOOL`` or ``TOOL:PATTERN``."""
+    for rule in rules:
+        if not _RULE_RE.match(rule):
+            raise ValueError(
+                f"{rule!r} is not a rule; write a tool name (glob), optionally with a "
+                "pattern for its arguments after a colon, e.g. 'shell:rm *' or 'mcp__docs__*'"
+            )
+    return rules
+
+
 class ToolPolicy(BaseModel):
     """Allow / ask / deny rules on tool calls (job ``[policy]``, member ``policy``)."""
 
@@ -86,22 +97,16 @@ class ToolPolicy(BaseModel):
     @field_validator("deny", "ask", "allow")
     @classmethod
     def _rules(cls, rules: list[str]) -> list[str]:
-        for rule in rules:
-            if not _RULE_RE.match(rule):
-                raise ValueError(
-                    f"{rule!r} is not a rule; write a tool name (glob), optionally with a "
-                    "pattern for its arguments after a colon, e.g. 'shell:rm *' or 'mcp__docs__*'"
-                )
-        return rules
+        return check_rules(rules)
 
-    def merged(self, member: ToolPolicy | None) -> ToolPolicy:
+    def merged(self, member: MemberPolicy | None) -> ToolPolicy:
         """This (the job's) policy with a member's: rules added, settings it gave replaced."""
         if member is None:
             return self
-        given: dict[str, Any] = {
-            k: getattr(member, k)
+        given = {
+            k: v
             for k in ("default", "ask_default", "ask_timeout_s")
-            if k in member.model_fields_set
+            if (v := getattr(member, k)) is not None
         }
         return self.model_copy(
             update={
@@ -125,6 +130,26 @@ class ToolPolicy(BaseModel):
                 if rule_matches(rule, tool, args, every=action == "allow"):
                     return Decision(action, rule)  # type: ignore[arg-type]
         return Decision(self.default, "")
+
+
+class MemberPolicy(BaseModel):
+    """A member's additions to the job's policy (``policy = {...}``): its rules join the
+    job's; a setting it gives (not None) replaces the job's. Unset settings stay None
+    through JSON and TOML, so a job read back keeps the job's settings in force."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    deny: list[str] = Field(default_factory=list)
+    ask: list[str] = Field(default_factory=list)
+    allow: list[str] = Field(default_factory=list)
+    default: Action | None = None
+    ask_default: Literal["allow", "deny"] | None = None
+    ask_timeout_s: float | None = Field(default=None, gt=0, le=86_400)
+
+    @field_validator("deny", "ask", "allow")
+    @classmethod
+    def _rules(cls, rules: list[str]) -> list[str]:
+        return check_rules(rules)
 
 
 @dataclass(frozen=True)

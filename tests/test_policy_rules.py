@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.jobfile import JobError, parse_job
-from subagents.policy import ToolPolicy, rule_matches, simple_commands
+from subagents.policy import MemberPolicy, ToolPolicy, rule_matches, simple_commands
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_submit_result_is_never_gated():
 
 def test_a_members_policy_adds_rules_and_replaces_only_what_it_sets():
     job = ToolPolicy(deny=["shell:git push*"], ask_timeout_s=30)
-    merged = job.merged(ToolPolicy(allow=["shell"], ask=["write_file"], ask_default="allow"))
+    merged = job.merged(MemberPolicy(allow=["shell"], ask=["write_file"], ask_default="allow"))
     assert merged.deny == ["shell:git push*"] and merged.allow == ["shell"]
     assert merged.ask_default == "allow" and merged.ask_timeout_s == 30
     # The job's deny still wins over the member's allow.
@@ -80,3 +80,16 @@ def test_a_bad_rule_in_a_job_file_names_the_field():
     with pytest.raises(JobError) as err:
         parse_job(member)
     assert "members[0].policy.dney" in str(err.value) and "deny, ask, allow" in str(err.value)
+
+
+def test_a_members_policy_read_back_from_the_run_keeps_the_jobs_settings():
+    text = (
+        'name = "t"\n[policy]\nask_timeout_s = 30\nask_default = "allow"\n'
+        '[[members]]\nkind = "coding"\ntask = "x"\npolicy = { ask = ["shell:rm *"] }\n'
+    )
+    job = parse_job(text)
+    again = type(job).model_validate_json(job.model_dump_json())  # as the run keeps it
+    for j in (job, again):
+        merged = j.policy.merged(j.members[0].policy)
+        assert merged.ask_timeout_s == 30 and merged.ask_default == "allow"
+        assert merged.ask == ["shell:rm *"]
