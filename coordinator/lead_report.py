@@ -5,18 +5,47 @@ is resolved by code against the members' results (:func:`~coordinator.synthesis.
 as for the analyst, so the lead cannot cite a claim no member returned. A lead that
 ended without finishing (failed, a limit, its deadline) loses none of its members'
 work: the offline analyst assembles their results, and the report says why.
+
+What the code adds, never the lead: the wave each finding (and member) came from, the
+waves themselves, and each check a coding member ran - which claim it put to the test
+(as the spawn named it), the command Fleet ran in its box and its exit code, and the
+verdict: ``verified`` (exit 0), ``contradicted`` (it ran and the documented behaviour
+did not hold), ``inconclusive`` (the member did not end ok, nothing ran, or the
+example needs what the box lacks - a name it never defined, a module, the network).
 """
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from subagents.model import resolve_model
 from subagents.outcome import MemberOutcome
 
-from .lead import lead_outcome
-from .report import Report
+from .lead import lead_outcome, spawned_members
+from .report import Check, Report, Verdict, WaveLine
 from .runs import RunDir
 from .spec import Job, MemberJob
 from .synthesis import digest, offline_report, report_from
+
+_CANNOT = re.compile(
+    r"NameError|ModuleNotFoundError|ImportError|SyntaxError|command not found|"
+    r"No such file|Temporary failure in name resolution|timed out",
+)
+"""Output that says the check could not run as meant, rather than that it failed."""
+_ERROR = re.compile(r"^\s*(\w+(?:Error|Exception)\b.*)$", re.M)
+
+
+def _telling(tail: str) -> str:
+    """The lines of a check's output that say what happened: doctest's first failed
+    example with what was expected and what came, or the last error raised."""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    start = next((i for i, ln in enumerate(lines) if ln == "Failed example:"), None)
+    if start is not None:
+        stop = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("***")), None)
+        return " ".join(lines[start : stop if stop is not None else start + 7])[:300]
+    errors = _ERROR.findall(tail)
+    return errors[-1].strip()[:300] if errors else ""
 
 
 def lead_report(
@@ -30,10 +59,86 @@ def lead_report(
     ended = lead_outcome(run)
     if ended is not None and ended.status == "ok" and ended.result:
         analyst = "offline lead" if ended.offline else resolve_model(lead.model or job.model.name)
-        return report_from(
+        report = report_from(
             job.name, lead.question, ended.result, digests, analyst=analyst, offline=ended.offline
         )
-    report = offline_report(job.name, lead.question, digests)
-    why = f"{ended.status}: {ended.reason}" if ended is not None else "it did not run to its end"
-    report.summary += f" (The lead did not finish - {why} - so the offline analyst assembled this.)"
+    else:
+        report = offline_report(job.name, lead.question, digests)
+        why = (
+            f"{ended.status}: {ended.reason}" if ended is not None else "it did not run to its end"
+        )
+        report.summary += (
+            f" (The lead did not finish - {why} - so the offline analyst assembled this.)"
+        )
+    report.lead = (
+        "ok"
+        if ended is not None and ended.status == "ok"
+        else (f"{ended.status}: {ended.reason}" if ended is not None else "without an outcome")
+    )
+    _add_waves(report, run, {o.member: o for o in outcomes})
     return report
+
+
+def _add_waves(report: Report, run: RunDir, outcomes: dict[str, MemberOutcome]) -> None:
+    """The waves, each citation's and member's wave, and the checks (see the module
+    docstring)."""
+    spawned = spawned_members(run)
+    wave = {s.job.id or "": s.wave for s in spawned}
+    for n in sorted(set(wave.values())):
+        report.waves.append(WaveLine(wave=n, members=[m for m, w in wave.items() if w == n]))
+    for claim in report.claims:
+        for cite in claim.citations:
+            cite.wave = wave.get(cite.member)
+    for line in [*report.members, *report.failed]:
+        line.wave = wave.get(line.member)
+    for s in spawned:
+        o = outcomes.get(s.job.id or "")
+        if s.job.kind != "coding" or (s.job.test is None and s.checks_claim is None):
+            continue
+        report.checks.append(_check(s.job, s.wave, s.checks_claim or {}, o, outcomes))
+
+
+def _check(
+    job: MemberJob,
+    wave: int,
+    claim: dict[str, Any],
+    o: MemberOutcome | None,
+    outcomes: dict[str, MemberOutcome],
+) -> Check:
+    target = str(claim.get("member", ""))
+    index = claim.get("claim") if isinstance(claim.get("claim"), int) else None
+    text = ""
+    source = outcomes.get(target)
+    claims = ((source.result or {}).get("claims") or []) if source is not None else []
+    if index is not None and 0 <= index < len(claims) and isinstance(claims[index], dict):
+        text = str(claims[index].get("text", ""))
+    verified = ((o.result or {}).get("verified") if o is not None else None) or {}
+    verdict, detail = _verdict(o, verified)
+    return Check(
+        member=job.id or "",
+        wave=wave,
+        claim_member=target,
+        claim=index,
+        claim_text=text,
+        command=str(verified.get("command") or ""),
+        exit_code=verified.get("exit_code"),
+        verdict=verdict,
+        detail=detail,
+    )
+
+
+def _verdict(o: MemberOutcome | None, verified: dict[str, Any]) -> tuple[Verdict, str]:
+    if o is None or o.status != "ok":
+        status = f"{o.status}: {o.reason}" if o is not None else "it did not run"
+        return "inconclusive", f"the member ended {status}"
+    if not verified:
+        return "inconclusive", "no check command ran"
+    tail = str(verified.get("output_tail", ""))
+    if verified.get("exit_code") == 0:
+        return "verified", ""
+    telling = _telling(tail)
+    if _CANNOT.search(tail):
+        return "inconclusive", (_ERROR.findall(tail) or [telling])[-1].strip()[:300] or (
+            "the example could not run as written here"
+        )
+    return "contradicted", telling or f"exit {verified.get('exit_code')}"

@@ -23,6 +23,8 @@ class _Strict(BaseModel):
 class Citation(_Strict):
     member: str
     """The member whose finding this is."""
+    wave: int | None = None
+    """A lead run: the wave that member was spawned in."""
     claim: int | None = None
     """Index of the claim in that member's findings (None: the member's summary)."""
     url: str = ""
@@ -42,6 +44,37 @@ class MemberLine(_Strict):
     task: str
     status: str
     reason: str = ""
+    wave: int | None = None
+    """A lead run: the wave the member was spawned in."""
+
+
+Verdict = Literal["verified", "contradicted", "inconclusive"]
+
+
+class Check(_Strict):
+    """A lead run's coding member that put a documented behaviour to the test."""
+
+    member: str
+    """The coding member that ran it."""
+    wave: int | None = None
+    claim_member: str = ""
+    """The member whose claim was checked ("" when the lead named none)."""
+    claim: int | None = None
+    claim_text: str = ""
+    command: str = ""
+    """What Fleet ran in the member's box after it ended."""
+    exit_code: int | None = None
+    verdict: Verdict
+    """verified: the command exited 0; contradicted: it ran and failed (the
+    documented behaviour did not hold); inconclusive: it could not say (the member
+    did not end ok, the command did not run, or the example needs what the box lacks)."""
+    detail: str = ""
+    """Why, in a line (the output's telling line, or the member's status)."""
+
+
+class WaveLine(_Strict):
+    wave: int
+    members: list[str]
 
 
 class MemoryProblem(_Strict):
@@ -110,6 +143,18 @@ class Report(_Strict):
     memory: list[MemoryProblem] = Field(default_factory=list)
     """Memory conflicts (both versions kept in the file, between markers) and saves
     that failed (the member's edits are only in its run directory)."""
+    lead: str = ""
+    """A lead run: how the lead ended (``ok``, or its status and reason)."""
+    waves: list[WaveLine] = Field(default_factory=list)
+    """A lead run: each wave's members, in order."""
+    checks: list[Check] = Field(default_factory=list)
+    """A lead run: claims coding members checked by running code, with the verdict."""
+
+
+def _check_line(check: Check) -> str:
+    ran = f"`{check.command}` exit {check.exit_code}" if check.command else "nothing ran"
+    why = f" - {check.detail}" if check.detail else ""
+    return f"**{check.verdict}** by {check.member} (wave {check.wave}): {ran}{why}"
 
 
 def _quoted(quote: str) -> list[str]:
@@ -126,8 +171,11 @@ def render_markdown(report: Report) -> str:
     out = [f"# {report.title}", ""]
     if report.question:
         out += [f"**Question:** {report.question}", ""]
-    label = "offline analyst (deterministic, no model)" if report.offline else report.analyst
-    out += [f"_Analyst: {label}._", "", "## Summary", "", report.summary, ""]
+    label = f"{report.analyst} (deterministic, no model)" if report.offline else report.analyst
+    if report.analyst == "offline":
+        label = "offline analyst (deterministic, no model)"
+    who = "Lead" if report.lead else "Analyst"
+    out += [f"_{who}: {label}._", "", "## Summary", "", report.summary, ""]
     if report.claims:
         out += ["## Findings", ""]
         urls: dict[str, int] = {}
@@ -140,10 +188,17 @@ def render_markdown(report: Report) -> str:
                     tag += f" [{n}]"
                 refs.append(tag)
             mark = " _(uncited)_" if claim.uncited else ""
+            waves = sorted({c.wave for c in claim.citations if c.wave is not None})
+            if waves:
+                mark += f" _(wave {', '.join(map(str, waves))})_"
             out.append(f"- {claim.text} ({'; '.join(refs) or 'no source'}){mark}")
             quote = next((c.quote for c in claim.citations if c.quote), "")
             if quote and quote.strip() != claim.text.strip():
                 out += _quoted(quote)
+            cited = {(c.member, c.claim) for c in claim.citations}
+            for check in report.checks:
+                if (check.claim_member, check.claim) in cited:
+                    out.append(f"  - {_check_line(check)}")
         out.append("")
         if urls:
             out += ["### Sources", ""] + [f"[{n}] {u}" for u, n in urls.items()] + [""]
@@ -168,12 +223,31 @@ def render_markdown(report: Report) -> str:
                 f"patch: `{entry['patch']}`){failing}"
             )
         out.append("")
+    if report.checks:
+        out += ["## Checked by running code", ""]
+        for check in report.checks:
+            about = (
+                f"{check.claim_member}#{check.claim}" if check.claim_member else "no claim named"
+            )
+            text = f' "{check.claim_text[:160]}"' if check.claim_text else ""
+            out.append(f"- {about}{text}: {_check_line(check)}")
+        out.append("")
     if report.open_questions:
         out += ["## Open questions", ""] + [f"- {q}" for q in report.open_questions] + [""]
-    out += ["## Members", "", "| member | kind | status | task | reason |", "|---|---|---|---|---|"]
+    if report.waves:
+        out += ["## Waves", "", f"The lead ended {report.lead}.", ""]
+        out += [f"{w.wave}. {', '.join(w.members)}" for w in report.waves] + [""]
+    wave = bool(report.waves)  # a lead run's table says each member's wave
+    out += [
+        "## Members",
+        "",
+        "| member | kind |" + (" wave |" if wave else "") + " status | task | reason |",
+        "|---|---|" + ("---|" if wave else "") + "---|---|---|",
+    ]
     for m in report.members:
         task, reason = (x.replace("|", "/").replace("\n", " ") for x in (m.task, m.reason))
-        out.append(f"| {m.member} | {m.kind} | {m.status} | {task[:160]} | {reason[:300]} |")
+        col = f" {m.wave if m.wave is not None else ''} |" if wave else ""
+        out.append(f"| {m.member} | {m.kind} |{col} {m.status} | {task[:160]} | {reason[:300]} |")
     if report.failed:
         out += [
             "",

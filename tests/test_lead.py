@@ -286,3 +286,82 @@ def test_sigkill_mid_wave_two_then_resume_restarts_the_lead_from_its_conversatio
     report = json.loads((run.path / "report.json").read_text())
     assert report["summary"] == "All four done."
     assert _boxes(docker_client, run.id) == []
+
+
+EXAMPLES = {
+    "holds": ">>> sorted([3, 1, 2])\n[1, 2, 3]\n",
+    "breaks": ">>> sorted([3, 1, 2])\n[3, 1, 2]\n",
+    "needs more": ">>> frobnicate([3, 1, 2])\n[1, 2, 3]\n",
+}
+
+
+def test_the_report_says_each_findings_wave_and_what_running_code_verified_or_contradicted(
+    tmp_path, images, docker_client, fake_api, cleanup
+):
+    claims = [
+        {"text": f"sorted() example that {k}", "source_url": "http://corpus:8080/s", "quote": v}
+        for k, v in EXAMPLES.items()
+    ]
+    findings = {"summary": "sorted()", "claims": claims, "open_questions": [], "confidence": "high"}
+
+    def members(body: dict[str, Any]) -> Any:
+        if "careful web researcher" in json.dumps(body["system"]):
+            return tool_use("submit_result", findings)
+        return coding_policy(turns=0)(body)
+
+    def lead(body: dict[str, Any]) -> Any:
+        seen = "\n".join(t for t, _ in tool_results(body))
+        if "Wave 1 started" not in seen:
+            return tool_use("spawn", {"members": [{"kind": "browser", "task": "sorted()"}]})
+        if "Wave 2 started" not in seen and "member w1-1" not in seen:
+            return tool_use("wait", {"until": "all"})
+        if "Wave 2 started" not in seen:
+            checks = [
+                {
+                    "kind": "coding",
+                    "task": "Run the example; change nothing.",
+                    "files": {"example.txt": example},
+                    "check": "python3 -m doctest example.txt",
+                    "checks_claim": {"member": "w1-1", "claim": i},
+                }
+                for i, example in enumerate(EXAMPLES.values())
+            ]
+            return tool_use("spawn", {"members": checks})
+        if seen.count("(coding, wave 2) ended") < 3:
+            return tool_use("wait", {"until": "all"})
+        cite = [{"text": c["text"], "cites": [{"member": "w1-1", "claim": i}]}
+                for i, c in enumerate(claims)]  # fmt: skip
+        return tool_use("finish", {"summary": "Checked.", "claims": cite,
+                                   "open_questions": ["Does sorted() take a key?"]})  # fmt: skip
+
+    fake_api(with_lead(lead, members))
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, "members = 1\n")
+    assert main(["run", str(job), "--plain"]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+    report = json.loads((run.path / "report.json").read_text())
+    assert [(w["wave"], w["members"]) for w in report["waves"]] == [
+        (1, ["w1-1"]),
+        (2, ["w2-1", "w2-2", "w2-3"]),
+    ]
+    assert report["lead"] == "ok"
+    assert all(c["citations"][0]["wave"] == 1 for c in report["claims"])
+    checks = {c["claim"]: c for c in report["checks"]}
+    assert [
+        (checks[i]["member"], checks[i]["verdict"], checks[i]["exit_code"]) for i in range(3)
+    ] == [
+        ("w2-1", "verified", 0),
+        ("w2-2", "contradicted", 1),
+        ("w2-3", "inconclusive", 1),
+    ]
+    assert all(c["command"] == "python3 -m doctest example.txt" for c in checks.values())
+    assert "Expected:" in checks[1]["detail"] and "NameError" in checks[2]["detail"]
+    assert checks[1]["claim_text"] == "sorted() example that breaks"
+    # Its documented behaviour not holding is a finding, not the member's failure.
+    assert all(run.result(f"w2-{n}")["status"] == "ok" for n in (1, 2, 3))
+    assert report["open_questions"] == ["Does sorted() take a key?"]
+    md = (run.path / "report.md").read_text()
+    assert "## Checked by running code" in md and "## Waves" in md and "## Open questions" in md
+    assert re.search(r"sorted\(\) example that breaks .*_\(wave 1\)_", md)
+    assert "**contradicted** by w2-2 (wave 2): `python3 -m doctest example.txt` exit 1" in md
+    assert "| w2-3 | coding | 2 | ok | Run the example; change nothing. |" in md
