@@ -4,7 +4,7 @@ The Docker backend starts the agent with ``exec_create`` + ``exec_start(socket=T
 and hands the hijacked socket to :class:`AgentStream`. Docker multiplexes the
 process's stdout and stderr on that socket behind 8-byte headers (stream type, three
 zero bytes, big-endian length); stdin is written raw. Inside stdout the agent speaks
-4-byte-length-prefixed JSON frames, each tagged with the request id.
+the frames of :mod:`sandbox.inbox.wire`, each tagged with the request id.
 
 The socket is non-blocking and driven from the event loop (``anyio.wait_readable``):
 no thread per box and no thread hop per request, which is what makes an exec round
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import json
 import math
 import socket
 import struct
@@ -26,8 +25,9 @@ from typing import Any, BinaryIO, cast
 
 import anyio
 
+from .inbox import wire
+
 _DOCKER_HEADER = struct.Struct(">BxxxI")
-_LEN = struct.Struct(">I")
 
 
 class StreamBroken(Exception):
@@ -65,20 +65,16 @@ class Demuxer:
             else:
                 self.stdout += payload
 
-    def next_frame(self) -> dict | None:
-        if len(self.stdout) < 4:
+    def next_frame(self) -> wire.Reply | None:
+        head = wire.HEADER.size
+        if len(self.stdout) < head:
             return None
-        (size,) = _LEN.unpack_from(self.stdout)
-        if len(self.stdout) < 4 + size:
+        (size,) = wire.HEADER.unpack_from(self.stdout)
+        if len(self.stdout) < head + size:
             return None
-        body = bytes(self.stdout[4 : 4 + size])
-        del self.stdout[: 4 + size]
-        return json.loads(body)
-
-
-def encode(msg: dict) -> bytes:
-    body = json.dumps(msg, separators=(",", ":")).encode()
-    return _LEN.pack(len(body)) + body
+        body = bytes(self.stdout[head : head + size])
+        del self.stdout[: head + size]
+        return wire.decode(body)
 
 
 class AgentStream:
@@ -90,7 +86,7 @@ class AgentStream:
         self._sock.setblocking(False)
         self._demux = Demuxer()
         self._ids = itertools.count(1)
-        self._done: dict[int, dict] = {}
+        self._done: dict[int, wire.Reply] = {}
         self._waiting: set[int] = set()
         self._read_lock = anyio.Lock()
         self._send_lock = anyio.Lock()
@@ -101,12 +97,12 @@ class AgentStream:
 
     async def request(
         self,
-        msg: dict,
+        msg: wire.Request,
         rid: int | None = None,
         *,
         watch: Callable[[], Awaitable[None]] | None = None,
         every: float = 5.0,
-    ) -> dict:
+    ) -> wire.Reply:
         """Send one request and wait for its response; :class:`StreamBroken` on failure.
 
         ``watch`` is awaited every ``every`` seconds while the response is outstanding:
@@ -116,7 +112,7 @@ class AgentStream:
         rid = rid if rid is not None else self.new_id()
         self._waiting.add(rid)
         try:
-            await self._send(encode({**msg, "id": rid}))
+            await self._send(wire.encode({**msg, "id": rid}))
             while rid not in self._done:
                 with anyio.move_on_after(every if watch else math.inf) as scope:
                     async with self._read_lock:
@@ -133,7 +129,8 @@ class AgentStream:
     async def kill(self, target: int) -> None:
         """Best effort: have the agent kill the process group of request ``target``."""
         try:
-            await self._send(encode({"op": "kill", "target": target, "id": self.new_id()}))
+            kill: wire.KillRequest = {"op": wire.KILL, "target": target, "id": self.new_id()}
+            await self._send(wire.encode(kill))
         except StreamBroken:
             pass
 
@@ -211,11 +208,11 @@ class SocketWriter(io.RawIOBase):
 
 def one_shot(
     sock: Any,
-    msg: dict,
+    msg: wire.Request,
     *,
     timeout: float | None,
     body: Callable[[BinaryIO], None] | None = None,
-) -> tuple[dict | None, str]:
+) -> tuple[wire.Reply | None, str]:
     """Blocking: send one request to an agent started with ``--once``; (response, stderr).
 
     ``body``, when given, writes the request's payload as raw bytes after it (the
@@ -226,7 +223,7 @@ def one_shot(
     raw.settimeout(timeout)
     demux = Demuxer()
     try:
-        raw.sendall(encode({**msg, "id": 1}))
+        raw.sendall(wire.encode({**msg, "id": 1}))
         if body is not None:
             with io.BufferedWriter(SocketWriter(raw), buffer_size=1 << 20) as out:
                 body(cast(BinaryIO, out))

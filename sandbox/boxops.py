@@ -1,8 +1,9 @@
 """Small pure helpers of the Docker backend: agent requests in, typed results out.
 
 Kept apart from :mod:`sandbox.docker` so the backend file holds the lifecycle and the
-transport, and the translation between the agent's wire format and the sandbox
-contract (results, the error contract, crash reasons) can be read on its own.
+transport, and the translation between the agent's wire operations
+(:mod:`sandbox.inbox.wire`) and the sandbox contract (results, the error contract,
+crash reasons) can be read on its own.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, cast
 
 import anyio
 import httpx
 
 from .base import Command, ExecResult
 from .errors import OutputLimitExceeded, PathRefused, SandboxError
+from .inbox import wire
 
 AGENT_PATH = "/opt/fleet/boxagent.py"
 # -I -S: no site packages, no user environment - faster startup, nothing injected.
@@ -26,10 +29,24 @@ AGENT_ARGV = ["python3", "-I", "-S", AGENT_PATH]
 _ROOTS = ("/workspace", "/tmp")
 
 
+_INLINE = """import sys
+w = type(sys)("wire")
+exec(compile({wire!r}, "/opt/fleet/wire.py", "exec"), w.__dict__)
+sys.modules["wire"] = w
+exec(compile({agent!r}, "/opt/fleet/boxagent.py", "exec"), {{"__name__": "__main__"}})
+"""
+
+
 @functools.cache
 def agent_source() -> str:
-    """The agent's source, for images that lack the baked-in copy."""
-    return (Path(__file__).parent / "inbox" / "boxagent.py").read_text()
+    """The agent as one ``python3 -c`` program, for images that lack the baked-in copy.
+
+    The agent imports :mod:`sandbox.inbox.wire` as ``wire``; here that module is made
+    from its source first and registered, so the agent finds it without a file.
+    """
+    inbox = Path(__file__).parent / "inbox"
+    wire_src = (inbox / "wire.py").read_text()
+    return _INLINE.format(wire=wire_src, agent=(inbox / "boxagent.py").read_text())
 
 
 PLAIN_EXEC = r"""
@@ -100,8 +117,8 @@ def exec_request(
     env: Mapping[str, str] | None,
     stdin: bytes | str | None,
     limit: int,
-) -> dict:
-    req: dict = {"op": "exec", "cwd": cwd, "limit": limit, "timeout": timeout}
+) -> wire.ExecRequest:
+    req: wire.ExecRequest = {"op": wire.EXEC, "cwd": cwd, "limit": limit, "timeout": timeout}
     if isinstance(cmd, str):
         req["cmd"] = cmd
     else:
@@ -118,7 +135,7 @@ def _text(b64: str) -> str:
     return base64.b64decode(b64).decode("utf-8", "replace")
 
 
-def exec_result(reply: dict) -> ExecResult:
+def exec_result(reply: wire.ExecReply) -> ExecResult:
     return ExecResult(
         exit_code=reply["exit_code"],
         stdout=_text(reply["stdout"]),
@@ -156,9 +173,10 @@ def cap_output(code: int, out: bytes, err: bytes, limit: int, started: float) ->
     )
 
 
-def agent_error(reply: dict, box: str) -> Exception:
+def agent_error(reply: wire.Reply, box: str) -> Exception:
     """The error-contract exception for a refused agent request."""
-    code, message = reply.get("error", "failed"), reply.get("message", "")
+    failure = cast(wire.ErrorReply, reply)
+    code, message = failure.get("error", "failed"), failure.get("message", "")
     if code == "path_refused":
         err = PathRefused(message, _ROOTS)
         err.args = (f"sandbox {box}: {message}; use a path under {', '.join(_ROOTS)}",)
@@ -176,17 +194,24 @@ def agent_error(reply: dict, box: str) -> Exception:
     return SandboxError(f"sandbox {box}: the agent could not do it: {message}")
 
 
-def read_reply(reply: dict, path: str, limit: int, box: str) -> bytes:
+def ok_reply(reply: wire.Reply, box: str) -> Any:
+    """``reply`` when the agent did what was asked (the caller reads it as that op's
+    reply type); else the error-contract exception for it."""
     if not reply.get("ok"):
         raise agent_error(reply, box)
-    if reply.get("too_large"):
+    return reply
+
+
+def read_reply(reply: wire.Reply, path: str, limit: int, box: str) -> bytes:
+    done: wire.ReadReply = ok_reply(reply, box)
+    if done.get("too_large"):
         raise OutputLimitExceeded(
-            f"{path} in sandbox {box} is {reply['size']} bytes, over the {limit}-byte limit; "
+            f"{path} in sandbox {box} is {done['size']} bytes, over the {limit}-byte limit; "
             f"read it in pieces with exec (head, tail, sed -n) or raise the limit",
             limit=limit,
-            size=reply["size"],
+            size=done["size"],
         )
-    return base64.b64decode(reply["data"])
+    return base64.b64decode(done["data"])
 
 
 def crash_reason(info: dict | None) -> tuple[str, str] | None:

@@ -50,7 +50,7 @@ import docker.errors
 
 from . import reaper
 from .base import BoxInfo, Command, ExecResult, FileInfo, Sandbox, SandboxBackend, owner_key
-from .boxops import agent_error, exec_request, exec_result, wait_cdp
+from .boxops import exec_request, exec_result, ok_reply, wait_cdp
 from .container import create_container
 from .engine import engine_calls
 from .errors import (
@@ -60,6 +60,7 @@ from .errors import (
     SandboxUnavailable,
 )
 from .firewall import infra_mac
+from .inbox import wire
 from .network import PROXY_PORT, RunNetworks, proxy_env
 from .process import BoxProcess
 from .spec import SandboxSpec
@@ -117,11 +118,11 @@ class DockerSandbox(Sandbox):
 
     async def _call(
         self,
-        msg: dict,
+        msg: wire.Request,
         *,
         timeout: float | None = None,
         body: Callable[[BinaryIO], None] | None = None,
-    ) -> dict:
+    ) -> wire.Reply:
         """Send one request by the best path; raise crash/close errors first."""
         self._ensure_usable()
         if self.mode == "plain":
@@ -154,10 +155,8 @@ class DockerSandbox(Sandbox):
         if self.mode == "plain":
             self._ensure_usable()
             return await self.transport.exec_plain(req)
-        reply = await self._call(req, timeout=timeout)
-        if not reply.get("ok"):
-            raise agent_error(reply, self.name)
-        result = exec_result(reply)
+        done: wire.ExecReply = ok_reply(await self._call(req, timeout=timeout), self.name)
+        result = exec_result(done)
         if result.exit_code == 137 and not result.oom_killed:
             await self.transport.raise_if_dead()
         return result
@@ -165,23 +164,26 @@ class DockerSandbox(Sandbox):
     async def read_file(self, path: str, *, limit: int = 64 * 1024 * 1024) -> bytes:
         from .boxops import read_reply
 
-        reply = await self._call({"op": "read", "path": self.resolve(path), "limit": limit})
+        reply = await self._call({"op": wire.READ, "path": self.resolve(path), "limit": limit})
         return read_reply(reply, path, limit, self.name)
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         import base64
 
         raw = data.encode() if isinstance(data, str) else data
-        req = {"op": "write", "path": self.resolve(path), "mode": mode}
-        reply = await self._call({**req, "data": base64.b64encode(raw).decode()})
-        if not reply.get("ok"):
-            raise agent_error(reply, self.name)
+        data = base64.b64encode(raw).decode()
+        req: wire.WriteRequest = {
+            "op": wire.WRITE,
+            "path": self.resolve(path),
+            "mode": mode,
+            "data": data,
+        }
+        ok_reply(await self._call(req), self.name)
 
     async def list_dir(self, path: str) -> list[FileInfo]:
-        reply = await self._call({"op": "list", "path": self.resolve(path)})
-        if not reply.get("ok"):
-            raise agent_error(reply, self.name)
-        return [FileInfo(**e) for e in reply["entries"]]
+        req: wire.ListRequest = {"op": wire.LIST, "path": self.resolve(path)}
+        done: wire.ListReply = ok_reply(await self._call(req), self.name)
+        return [FileInfo(**e) for e in done["entries"]]
 
     async def start_process(self, command: str, *, cwd: str | None = None) -> BoxProcess:
         if self._closed:
@@ -208,15 +210,16 @@ class DockerSandbox(Sandbox):
             with tarfile.open(fileobj=out, mode="w|", bufsize=1 << 20) as tar:
                 tar.add(local, arcname=arcname)
 
-        req: dict = {"op": "tar_in", "path": dest or "/"}
+        req: wire.TarInRequest = {"op": wire.TAR_IN, "path": dest or "/"}
         if size > INLINE_UPLOAD_BYTES:
-            reply = await self._call({**req, "stream": True}, timeout=STALL_S, body=pack)
+            req["stream"] = True
+            reply = await self._call(req, timeout=STALL_S, body=pack)
         else:
             buf = io.BytesIO()
             await anyio.to_thread.run_sync(pack, buf)
-            reply = await self._call({**req, "data": base64.b64encode(buf.getvalue()).decode()})
-        if not reply.get("ok"):
-            raise agent_error(reply, self.name)
+            req["data"] = base64.b64encode(buf.getvalue()).decode()
+            reply = await self._call(req)
+        ok_reply(reply, self.name)
 
     async def download(self, remote: str, local: Path) -> None:
         import base64
@@ -228,9 +231,8 @@ class DockerSandbox(Sandbox):
             local.parent.mkdir(parents=True, exist_ok=True)
             await anyio.Path(local).write_bytes(data)
             return
-        reply = await self._call({"op": "tar_out", "path": self.resolve(remote)})
-        if not reply.get("ok"):
-            raise agent_error(reply, self.name)
+        req: wire.TarOutRequest = {"op": wire.TAR_OUT, "path": self.resolve(remote)}
+        reply: wire.TarOutReply = ok_reply(await self._call(req), self.name)
 
         def unpack() -> None:
             local.mkdir(parents=True, exist_ok=True)

@@ -90,7 +90,11 @@ class ImageDef(BaseModel):
         return REPO_ROOT / self.directory
 
 
-BOX_HELPERS = ("sandbox/inbox/boxagent.py", "sandbox/inbox/egress_proxy.py")
+BOX_HELPERS = (
+    "sandbox/inbox/boxagent.py",
+    "sandbox/inbox/egress_proxy.py",
+    "sandbox/inbox/wire.py",
+)
 """The stdlib-only programs that run inside boxes (:mod:`sandbox.inbox`), baked into
 every image that runs a box at ``/opt/fleet/``."""
 

@@ -6,8 +6,8 @@ on the way.
 
 Paths, best first. ``docker exec`` costs about 55 ms a call here (engine, containerd
 and runc each take their turn). Each box instead runs ONE long-lived ``docker exec -i
-python3 /opt/fleet/boxagent.py``; requests travel as framed JSON over that exec's
-hijacked socket (:mod:`sandbox.agent_client`) and many run at once, tagged by id. A
+python3 /opt/fleet/boxagent.py``; requests travel as framed JSON (the operations of
+:mod:`sandbox.inbox.wire`) over that exec's hijacked socket (:mod:`sandbox.agent_client`) and many run at once, tagged by id. A
 round trip costs about a millisecond. The agent enforces the timeout and the output cap
 inside the box (new session per command, ``killpg`` on timeout, head+tail capture), so
 the semantics do not depend on the host. Fallbacks, in order: when the stream breaks
@@ -66,6 +66,7 @@ from .boxops import (
 )
 from .engine import engine_calls
 from .errors import SandboxCrashed, SandboxUnavailable
+from .inbox import wire
 from .process import BoxProcess
 
 T = TypeVar("T")
@@ -164,7 +165,7 @@ class BoxTransport:
             sock = await self.engine(lambda: self._open_exec(AGENT_ARGV))
             agent = AgentStream(sock)
             with anyio.fail_after(10):
-                hello = await agent.request({"op": "ping"})
+                hello = await agent.request({"op": wire.PING})
             self.agent, self.mode = agent, "agent"
             self.oom_kills = hello.get("oom_kills")
         except (StreamBroken, TimeoutError, SandboxUnavailable):
@@ -186,11 +187,11 @@ class BoxTransport:
 
     async def request(
         self,
-        msg: dict,
+        msg: wire.Request,
         *,
         timeout: float | None = None,
         body: Callable[[BinaryIO], None] | None = None,
-    ) -> dict:
+    ) -> wire.Reply:
         """One request by the best path (not ``plain``): the agent's reply.
 
         A request with a ``body`` (raw bytes written after it, a large upload) always
@@ -201,7 +202,7 @@ class BoxTransport:
             return self.check_reply(await self._agent_request(self.agent, msg))
         return self.check_reply(await self._request_once(msg, timeout, body))
 
-    async def _agent_request(self, agent: AgentStream, msg: dict) -> dict:
+    async def _agent_request(self, agent: AgentStream, msg: wire.Request) -> wire.Reply:
         rid = agent.new_id()
         try:
             return await agent.request(msg, rid, watch=self.raise_if_dead, every=WATCH_S)
@@ -230,9 +231,9 @@ class BoxTransport:
         try:
             if self.agent is not None:
                 with anyio.fail_after(10):
-                    reply = await self.agent.request({"op": "ping"})
+                    reply = await self.agent.request({"op": wire.PING})
             else:
-                reply = await self._request_once({"op": "ping"}, 10)
+                reply = await self._request_once({"op": wire.PING}, 10)
         except (StreamBroken, SandboxUnavailable, TimeoutError):
             return None
         return reply.get("oom_kills")
@@ -246,8 +247,11 @@ class BoxTransport:
         await self.start()
 
     async def _request_once(
-        self, msg: dict, timeout: float | None, body: Callable[[BinaryIO], None] | None = None
-    ) -> dict:
+        self,
+        msg: wire.Request,
+        timeout: float | None,
+        body: Callable[[BinaryIO], None] | None = None,
+    ) -> wire.Reply:
         if self.mode == "inline":
             cmd = ["python3", "-I", "-S", "-c", agent_source(), "--once"]
         else:
@@ -270,7 +274,7 @@ class BoxTransport:
 
     # ------------------------------------------------------------ plain docker exec
 
-    async def exec_plain(self, req: dict) -> ExecResult:
+    async def exec_plain(self, req: wire.ExecRequest) -> ExecResult:
         """``exec`` without python3 in the box: ``timeout -k`` in a plain ``docker exec``."""
         argv = req.get("argv") or ["/bin/sh", "-c", req["cmd"]]
         env = dict(req.get("env") or {})
@@ -312,7 +316,7 @@ class BoxTransport:
         """Raise :class:`SandboxCrashed` (``process-limit``) when the box can no longer
         start a process; every later call then raises it too."""
         if self.mode != "plain":
-            self.check_reply(await self.request({"op": "probe"}, timeout=30))
+            self.check_reply(await self.request({"op": wire.PROBE}, timeout=30))
             return
 
         def fork() -> Any:
@@ -324,7 +328,7 @@ class BoxTransport:
             why = res.output.decode("utf-8", "replace").strip()
             self._process_limit(f"the box cannot start a process ({why})")
 
-    def check_reply(self, reply: dict) -> dict:
+    def check_reply(self, reply: wire.Reply) -> wire.Reply:
         """``reply``, unless it says the box can no longer start a process (then crashed)."""
         if not reply.get("ok") and reply.get("error") == "no_processes":
             self._process_limit(reply.get("message", ""))

@@ -4,9 +4,10 @@ Baked into every Fleet image at ``/opt/fleet/boxagent.py`` and started once per 
 by the host (``docker exec -i <box> python3 /opt/fleet/boxagent.py``). Standard
 library only: the box image needs nothing but ``python3``.
 
-Wire format, both directions: a 4-byte big-endian length, then that many bytes of
-UTF-8 JSON. Binary payloads travel base64-encoded in the JSON. Every request has an
-``id`` that its response repeats, so many requests run at once (each in a thread).
+The wire - every operation's request and reply, and the frame they travel in (a
+4-byte big-endian length, then that many bytes of UTF-8 JSON) - is declared in
+:mod:`sandbox.inbox.wire`, which the host imports too. Every request has an ``id``
+that its response repeats, so many requests run at once (each in a thread).
 
 Why an agent rather than one ``docker exec`` per command: each ``docker exec`` costs
 a round trip through the engine, containerd and runc (about 55 ms here); a request
@@ -27,7 +28,10 @@ can no longer start a process (its pids limit is reached), the request fails wit
 ``no_processes`` rather than a made-up exit code, and so does ``probe``, the host's
 health check.
 
-One file on purpose: hosts whose image lacks it send this source with ``python3 -c``.
+Two files, this one and ``wire.py`` beside it in ``/opt/fleet``. ``python3 -I`` keeps
+the script's directory off ``sys.path``, so this file puts its own directory there
+for that one import. Hosts whose image lacks the agent send both sources with
+``python3 -c`` (:func:`sandbox.boxops.agent_source`), ``wire`` defined first.
 
 Run with ``--once`` it answers exactly one request read from stdin and exits; the
 host uses that as a fallback when the long-lived stream broke, and for a large upload,
@@ -39,27 +43,34 @@ from __future__ import annotations
 import binascii
 import errno
 import io
-import json
 import os
 import selectors
 import signal
 import stat
-import struct
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal, cast
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs startup time
 if TYPE_CHECKING:
     import tarfile
+    from collections.abc import Callable, Mapping
+
+    from . import wire
+elif "wire" in sys.modules:  # the inline fallback defined it (see the docstring)
+    import wire
+else:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import wire
+
+    del sys.path[0]
 
 ROOTS = ("/workspace", "/tmp")
-_LEN = struct.Struct(">I")
 # Startup time is part of every box's cold start: binascii instead of base64 (which
 # pulls in re and enum), and tarfile only when a tree is copied.
-_MAX_FRAME = 256 * 1024 * 1024
+_MAX_FRAME = wire.MAX_FRAME
 _TAR_BUF = 1024 * 1024
 _out_lock = threading.Lock()
 _running: dict[int, int] = {}  # request id -> process group id, for "kill"
@@ -74,9 +85,9 @@ _subreaper = False
 class Refused(Exception):
     """A request the agent will not perform; ``code`` is machine readable."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: wire.ErrorCode, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.code: wire.ErrorCode = code
 
 
 def b64encode(data: bytes) -> str:
@@ -97,21 +108,21 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
     return buf
 
 
-def read_frame(stream: BinaryIO) -> dict | None:
-    head = _read_exact(stream, 4)
+def read_frame(stream: BinaryIO) -> dict[str, Any] | None:
+    head = _read_exact(stream, wire.HEADER.size)
     if head is None:
         return None
-    (size,) = _LEN.unpack(head)
+    (size,) = wire.HEADER.unpack(head)
     if size > _MAX_FRAME:
         raise Refused("bad_frame", f"frame of {size} bytes is over the limit")
     body = _read_exact(stream, size)
-    return None if body is None else json.loads(body)
+    return None if body is None else wire.decode(body)
 
 
-def write_frame(stream: BinaryIO, msg: dict) -> None:
-    body = json.dumps(msg, separators=(",", ":")).encode()
+def write_frame(stream: BinaryIO, msg: Any) -> None:
+    frame = wire.encode(msg)
     with _out_lock:
-        stream.write(_LEN.pack(len(body)) + body)
+        stream.write(frame)
         stream.flush()
 
 
@@ -406,7 +417,7 @@ def _reap(pid: int) -> int:
         return 0
 
 
-def op_exec(req: dict) -> dict:
+def op_exec(req: wire.ExecRequest) -> wire.ExecReply:
     argv = req["argv"] if isinstance(req.get("argv"), list) else _shell_argv(req["cmd"])
     env = dict(os.environ)
     env.update(req.get("env") or {})
@@ -475,7 +486,7 @@ def _leftovers_note(count: int) -> bytes:
 
 def _exec_reply(
     code: int, out: bytes, err: bytes, timed_out: bool, truncated: bool, started: float, oom: bool
-) -> dict:
+) -> wire.ExecReply:
     return {
         "exit_code": code,
         "stdout": b64encode(out),
@@ -487,7 +498,7 @@ def _exec_reply(
     }
 
 
-def op_probe(req: dict) -> dict:
+def op_probe(req: wire.ProbeRequest) -> wire.ProbeReply:
     """Whether the box can still run a command (``no_processes`` when it cannot).
 
     As much as the smallest command takes: this request's thread, a shell and one
@@ -507,7 +518,7 @@ def op_probe(req: dict) -> dict:
     return {"spawned": True}
 
 
-def op_kill(req: dict) -> dict:
+def op_kill(req: wire.KillRequest) -> wire.KillReply:
     with _running_lock:
         pgid = _running.get(req["target"])
     if pgid is not None:
@@ -518,7 +529,7 @@ def op_kill(req: dict) -> dict:
 # ---------------------------------------------------------------- files
 
 
-def op_read(req: dict) -> dict:
+def op_read(req: wire.ReadRequest) -> wire.ReadReply:
     path = safe_path(req["path"])
     limit = int(req.get("limit") or _MAX_FRAME // 2)
     try:
@@ -540,7 +551,7 @@ def _make_parents(real: str) -> None:
     safe_path(parent)
 
 
-def op_write(req: dict) -> dict:
+def op_write(req: wire.WriteRequest) -> wire.WriteReply:
     """Replace a file whole, as the box user could with a shell redirection.
 
     The data goes to a temporary file beside the target, then is renamed over it, so a
@@ -563,14 +574,15 @@ def op_write(req: dict) -> dict:
         raise PermissionError(f"{req['path']} is not writable (mode {stat.S_IMODE(st.st_mode):o})")
     _make_parents(path)
     data = b64decode(req.get("data") or "")
-    if req.get("mode") is not None:
-        mode = int(req["mode"])
+    wanted = req.get("mode")
+    if wanted is not None:
+        mode = int(wanted)
     else:
         mode = stat.S_IMODE(st.st_mode) if st is not None else 0o644
     if st is not None and not os.access(os.path.dirname(path), os.W_OK):
         with open(path, "wb") as f:
             f.write(data)
-        if req.get("mode") is not None:
+        if wanted is not None:
             os.chmod(path, mode)
         return {"size": len(data)}
     tmp = f"{path}.fleet-{os.getpid()}-{req['id']}"
@@ -585,8 +597,9 @@ def op_write(req: dict) -> dict:
     return {"size": len(data)}
 
 
-def _entry(path: str, name: str) -> dict:
+def _entry(path: str, name: str) -> wire.Entry:
     st = os.lstat(path)
+    kind: Literal["file", "dir", "link", "other"]
     if stat.S_ISLNK(st.st_mode):
         kind = "link"
     elif stat.S_ISDIR(st.st_mode):
@@ -598,7 +611,7 @@ def _entry(path: str, name: str) -> dict:
     return {"name": name, "path": path, "type": kind, "size": st.st_size, "mtime": st.st_mtime}
 
 
-def op_list(req: dict) -> dict:
+def op_list(req: wire.ListRequest) -> wire.ListReply:
     path = safe_path(req["path"])
     try:
         names = sorted(os.listdir(path))
@@ -617,7 +630,7 @@ def op_list(req: dict) -> dict:
     return {"entries": entries}
 
 
-def op_tar_out(req: dict) -> dict:
+def op_tar_out(req: wire.TarOutRequest) -> wire.TarOutReply:
     import tarfile
 
     path = safe_path(req["path"])
@@ -697,12 +710,12 @@ def _make_links_out(members: list[tarfile.TarInfo], dest: str) -> None:
         os.symlink(member.linkname, path)
 
 
-def op_tar_in(req: dict) -> dict:
+def op_tar_in(req: wire.TarInRequest, stream: BinaryIO | None = None) -> wire.TarInReply:
     """Unpack an archive under ``path``: nothing outside it is written.
 
     The archive is the request's base64 ``data``, or - for a request sent with
     ``stream`` to a ``--once`` agent - the raw bytes that follow the request on stdin
-    (``_stream``): a large tree then needs no frame, no base64 and no memory of its
+    (``stream``, the agent's stdin): a large tree then needs no frame, no base64 and no memory of its
     size. Either way it is read as a stream, entry by entry.
 
     A symlink that points outside ``path`` (a repository's link to a file elsewhere on
@@ -714,7 +727,7 @@ def op_tar_in(req: dict) -> dict:
     dest = safe_path(req["path"])
     os.makedirs(dest, exist_ok=True)
     dest = os.path.realpath(dest)
-    src = req.get("_stream") or io.BytesIO(b64decode(req["data"]))
+    src = stream if req.get("stream") and stream else io.BytesIO(b64decode(req["data"]))
     links: list[str] = []
     links_out: list[tarfile.TarInfo] = []
     count = 0
@@ -747,59 +760,70 @@ def op_tar_in(req: dict) -> dict:
     return {"entries": count}
 
 
-def op_ping(req: dict) -> dict:
+def op_ping(req: wire.PingRequest) -> wire.PingReply:
     return {"pid": os.getpid(), "uid": os.getuid(), "oom_kills": oom_kills()}
 
 
-OPS = {
-    "exec": op_exec,
-    "kill": op_kill,
-    "read": op_read,
-    "write": op_write,
-    "list": op_list,
-    "tar_out": op_tar_out,
-    "tar_in": op_tar_in,
-    "ping": op_ping,
-    "probe": op_probe,
+OPS: dict[str, Callable[[Any], Mapping[str, Any]]] = {
+    wire.EXEC: op_exec,
+    wire.KILL: op_kill,
+    wire.READ: op_read,
+    wire.WRITE: op_write,
+    wire.LIST: op_list,
+    wire.TAR_OUT: op_tar_out,
+    wire.TAR_IN: op_tar_in,
+    wire.PING: op_ping,
+    wire.PROBE: op_probe,
 }
+"""Each operation of :mod:`sandbox.inbox.wire`; a handler takes that op's request."""
 
 
-def handle(req: dict) -> dict:
+def _failure(rid: int | None, code: wire.ErrorCode, message: str) -> wire.ErrorReply:
+    return {"id": rid, "ok": False, "error": code, "message": message}
+
+
+def handle(req: dict[str, Any], stream: BinaryIO | None = None) -> dict[str, Any]:
+    """The reply to one request: the op's own reply with ``id`` and ``ok``, or a failure.
+
+    ``stream`` is where a ``tar_in`` sent with ``stream`` reads its archive from.
+    """
     rid = req.get("id")
     try:
-        op = OPS.get(req.get("op", ""))
+        name = req.get("op", "")
+        op = OPS.get(name)
         if op is None:
-            raise Refused("bad_op", f"unknown op {req.get('op')!r}")
-        reply = op(req)
-        reply.update(id=rid, ok=True)
-        return reply
+            raise Refused("bad_op", f"unknown op {name!r}")
+        if name == wire.TAR_IN:
+            reply: Mapping[str, Any] = op_tar_in(cast("wire.TarInRequest", req), stream)
+        else:
+            reply = op(req)
+        return {**reply, "id": rid, "ok": True}
     except Refused as e:
-        return {"id": rid, "ok": False, "error": e.code, "message": str(e)}
+        failure = _failure(rid, e.code, str(e))
     except PermissionError as e:
-        return {"id": rid, "ok": False, "error": "permission", "message": str(e)}
+        failure = _failure(rid, "permission", str(e))
     except FileNotFoundError as e:
-        return {"id": rid, "ok": False, "error": "not_found", "message": str(e)}
+        failure = _failure(rid, "not_found", str(e))
     except Exception as e:
-        return {"id": rid, "ok": False, "error": "failed", "message": f"{type(e).__name__}: {e}"}
+        failure = _failure(rid, "failed", f"{type(e).__name__}: {e}")
+    return dict(failure)
 
 
 def serve(inp: BinaryIO, out: BinaryIO) -> None:
-    write_frame(out, {"id": 0, "ok": True, "ready": True, "pid": os.getpid()})
+    ready: wire.Ready = {"id": 0, "ok": True, "ready": True, "pid": os.getpid()}
+    write_frame(out, ready)
     while True:
         req = read_frame(inp)
         if req is None:
             return
-        if req.get("op") in ("ping", "kill"):
+        if req.get("op") in wire.INLINE_OPS:
             write_frame(out, handle(req))  # cheap: answer inline, no thread
             continue
         worker = threading.Thread(target=lambda r=req: write_frame(out, handle(r)), daemon=True)
         try:
             worker.start()
         except RuntimeError:  # the pids limit leaves no room for a thread
-            why = _no_processes()
-            write_frame(
-                out, {"id": req.get("id"), "ok": False, "error": "no_processes", "message": why}
-            )
+            write_frame(out, _failure(req.get("id"), "no_processes", _no_processes()))
 
 
 def main(argv: list[str]) -> int:
@@ -807,9 +831,7 @@ def main(argv: list[str]) -> int:
     if "--once" in argv:
         req = read_frame(inp)
         if req is not None:
-            if req.get("stream"):
-                req["_stream"] = inp
-            reply = handle(req)
+            reply = handle(req, inp)
             while inp.read(_TAR_BUF):
                 pass  # the rest of a refused stream: answer once the host sent it all
             write_frame(out, reply)

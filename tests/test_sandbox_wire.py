@@ -1,0 +1,59 @@
+"""The agent's wire, end to end without Docker: the host's typed requests, the agent run
+as the box runs it (from a directory, ``python3 -I -S``, and as the inline ``-c``
+program), and the host's reading of its replies."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandbox.agent_client import Demuxer
+from sandbox.boxops import agent_source, exec_request, exec_result, ok_reply, read_reply
+from sandbox.errors import PathRefused
+from sandbox.inbox import wire
+
+INBOX = Path(__file__).resolve().parent.parent / "sandbox" / "inbox"
+
+
+def _ask(argv: list[str], req: wire.Request) -> wire.Reply:
+    """One request to a ``--once`` agent; its reply as the host's stream reads it."""
+    done = subprocess.run(
+        [*argv, "--once"], input=wire.encode({**req, "id": 7}), capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    demux = Demuxer()
+    # The host reads the agent's stdout behind Docker's stream headers (type 1: stdout).
+    demux.feed(bytes([1, 0, 0, 0]) + len(done.stdout).to_bytes(4, "big") + done.stdout)
+    reply = demux.next_frame()
+    assert reply is not None and reply["id"] == 7
+    return reply
+
+
+@pytest.fixture(params=["opt-fleet", "inline"])
+def agent(request, tmp_path: Path) -> list[str]:
+    """The agent as a box image holds it (the two files flat in one directory, as the
+    image build copies them), or as the inline fallback sends it."""
+    if request.param == "inline":
+        return [sys.executable, "-I", "-S", "-c", agent_source()]
+    opt = tmp_path / "opt-fleet"
+    opt.mkdir()
+    for name in ("boxagent.py", "wire.py"):
+        shutil.copy(INBOX / name, opt / name)
+    return [sys.executable, "-I", "-S", str(opt / "boxagent.py")]
+
+
+def test_typed_requests_round_trip_through_the_agent(agent: list[str], tmp_path: Path) -> None:
+    req = exec_request(["sh", "-c", "cat; echo err >&2; exit 3"], 10, "/tmp", None, "in", 1000)
+    result = exec_result(ok_reply(_ask(agent, req), "box"))
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "in", "err\n")
+    read: wire.ReadRequest = {"op": wire.READ, "path": "/etc/hostname"}
+    with pytest.raises(PathRefused, match="outside"):
+        read_reply(_ask(agent, read), "/etc/hostname", 100, "box")
+    probe = _ask(agent, {"op": wire.PING})
+    assert probe["ok"] and isinstance(probe["pid"], int)
+    bad = _ask(agent, {"op": "nope"})  # type: ignore[typeddict-item]
+    assert (bad["ok"], bad["error"]) == (False, "bad_op")
