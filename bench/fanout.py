@@ -3,12 +3,15 @@
 Each member is a real coding member: its own Docker box, the real harness loop, the
 real ``anthropic`` client against the fake Messages API on 127.0.0.1 answering every
 call after 500 ms. A member takes 5 turns with one box exec each (``shell``), then a
-6th turn submits its result. Parallel runs use ``max_parallel = N``; the sequential
+6th turn submits its result. Runs use a job's default ``max_parallel`` (4: what a user
+gets without setting it; ``--max-parallel 0`` runs all N at once); the sequential
 figure runs the same N members with ``max_parallel = 1``.
 
-Usage: ``.venv/bin/python bench/fanout.py [--counts 1,4,8,16] [--repeat 2] [--sequential 4]``
-Prints the median wall time per count, its ratio to 1 member, and the sequential
-time for comparison. Target on this 2-core machine: 8 members <= 1.3x of 1 member.
+Usage: ``.venv/bin/python bench/fanout.py [--counts 1,4,8,16] [--repeat 2] [--sequential 4]
+[--max-parallel N]``. Prints the median wall time per count, its ratio to 1 member, and
+the sequential time for comparison. The "warm pool" column is the default setting
+(``fanout.warm_pool = true``). Target on this 2-core machine, all at once: 8 members
+<= 1.3x of 1 member.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from fleet_policies import coding_policy  # noqa: E402
 
 from coordinator.fanout import Deps, MemberUnit, fan_out  # noqa: E402
 from coordinator.node import open_pools  # noqa: E402
-from coordinator.spec import RetryPolicy  # noqa: E402
+from coordinator.spec import FanoutPolicy, RetryPolicy  # noqa: E402
 from sandbox.docker import DockerBackend, new_run_id  # noqa: E402
 from sandbox.image_build import ensure_images  # noqa: E402
 from subagents.fake_api import FakeMessagesAPI  # noqa: E402
@@ -99,7 +102,15 @@ def main() -> None:
     ap.add_argument("--counts", default="1,4,8,16")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--sequential", default="4", help="counts also run one at a time")
+    default = FanoutPolicy().max_parallel
+    ap.add_argument(
+        "--max-parallel",
+        type=int,
+        default=default,
+        help=f"members at once (default {default}, a job's default; 0 = all of them)",
+    )
     args = ap.parse_args()
+    load = os.getloadavg()[0]  # the machine is shared: say how busy it was
     counts = [int(c) for c in args.counts.split(",")]
     seq_counts = [int(c) for c in args.sequential.split(",") if c]
     images = ensure_images(None)
@@ -108,12 +119,15 @@ def main() -> None:
         os.environ["ANTHROPIC_API_KEY"] = "bench-key"
         os.environ["ANTHROPIC_BASE_URL"] = api.url
         anyio.run(one_run, 1, 1, backend, False)  # warm-up: page cache, image layers
-        cold = {n: measure(n, n, backend, False, args.repeat) for n in counts}
-        warm = {n: measure(n, n, backend, True, args.repeat) for n in counts}
+        at_once = {n: args.max_parallel or n for n in counts}
+        cold = {n: measure(n, at_once[n], backend, False, args.repeat) for n in counts}
+        warm = {n: measure(n, at_once[n], backend, True, args.repeat) for n in counts}
         seq = {n: measure(n, 1, backend, False, 1)[0] for n in seq_counts}
+    limit = f"max_parallel {args.max_parallel}" if args.max_parallel else "all at once"
     print(
         f"fan-out: {TURNS} exec turns + 1 submit turn per member, model latency "
-        f"{LATENCY_S * 1000:.0f} ms, {args.repeat} runs per count; seconds (median/max)"
+        f"{LATENCY_S * 1000:.0f} ms, {limit}, {args.repeat} runs per count; seconds "
+        f"(median/max); load average {load:.1f} at the start"
     )
     c1, w1 = statistics.median(cold[counts[0]]), statistics.median(warm[counts[0]])
     print(
