@@ -41,7 +41,7 @@ lint: $(STAMP)
 	$(BIN)/mypy images/corpus/corpus_server.py  # in its image's directory, not a package
 
 bench: setup
-	$(BIN)/python bench/sandbox.py && $(BIN)/python bench/harness.py && $(BIN)/python bench/fanout.py
+	$(BIN)/python bench/sandbox.py && $(BIN)/python bench/harness.py && $(BIN)/python bench/fanout.py && $(BIN)/python bench/cluster.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

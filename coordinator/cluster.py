@@ -211,6 +211,14 @@ class RayNodes(Nodes):
                 + "; ".join(problems)
             )
 
+    async def warm(self) -> None:
+        """Returns once every live node's warm pools hold their idle boxes (a benchmark
+        starts its clock then, as on one machine)."""
+        async with anyio.create_task_group() as tg:
+            for node in self.nodes:
+                if not node.lost:
+                    tg.start_soon(_wait, node.actor.warm.remote())
+
     async def _take(self) -> _Node | None:
         """A free slot on the live node with the most free slots (None: no node left)."""
         while True:
@@ -250,7 +258,10 @@ class RayNodes(Nodes):
     async def _run_on(
         self, node: _Node, unit: MemberUnit, trace: TraceWriter, t0: float
     ) -> MemberOutcome:
-        request = await anyio.to_thread.run_sync(_request, unit)
+        if unit.repo or unit.spec.memory_dir is not None:  # files to pack: off the loop
+            request = await anyio.to_thread.run_sync(_request, unit)
+        else:
+            request = NodeRequest(unit=unit)
         call = node.actor.attempt.options(num_returns="streaming").remote(request)
         reply: NodeReply | None = None
         held = _Held()
@@ -337,6 +348,10 @@ class RayNodes(Nodes):
         """Remove a dead run's boxes on every Fleet node (before a resume)."""
         done = await anyio.to_thread.run_sync(on_each_node, self.address, reap_node, run_id)
         return sum(count for _, count in done)
+
+
+async def _wait(ref: Any) -> None:
+    await ref
 
 
 def _cancel(call: Any) -> None:

@@ -95,6 +95,13 @@ def check_node(images: list[str], firewall_needed: bool) -> list[str]:
     return problems
 
 
+def _preload() -> None:
+    """Import what every member needs (the harness, the model client) while the run
+    starts, not when its first member does: a second or more on a busy host."""
+    import subagents.member
+    import subagents.model.claude  # noqa: F401
+
+
 def reap_node(run_id: str) -> int:
     """Remove every box of ``run_id`` on this node's engine, whichever node made it."""
     return anyio.run(DockerBackend().remove_run, run_id)
@@ -138,6 +145,7 @@ class NodeService:
 
     async def start(self, units: list[MemberUnit], services: Services) -> None:
         """Open the run's warm pools and corpus box on this node; returns once they are up."""
+        await anyio.to_thread.run_sync(_preload)
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         up: asyncio.Future[None] = loop.create_future()
@@ -157,10 +165,18 @@ class NodeService:
         self._serving = loop.create_task(keep())
         await up
 
+    async def warm(self) -> None:
+        """Returns once the run's warm pools here hold their idle boxes, ready."""
+        for pool in self.deps.pools.values():
+            await pool.wait_idle()
+
     async def attempt(self, request: NodeRequest) -> AsyncIterator[tuple[str, Any]]:
         """Run one attempt; yields ``("events", [event, ...])`` while it runs, then
         ``("reply", NodeReply)``. Never raises for the member's own failure."""
-        here = await anyio.to_thread.run_sync(self._prepare, request)
+        if request.repo is not None or request.memory is not None:  # files: off the loop
+            here = await anyio.to_thread.run_sync(self._prepare, request)
+        else:
+            here = self._prepare(request)
         unit = here.unit
         queue: asyncio.Queue[Any] = asyncio.Queue()
         trace = TraceWriter(here.member_dir / "trace.jsonl", run=unit.run_id, member=unit.spec.id)

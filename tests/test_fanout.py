@@ -27,6 +27,8 @@ from coordinator.runs import RunDir
 from coordinator.spec import RetryPolicy
 from coordinator.worker import Recorder, Services
 from sandbox.docker import DockerBackend
+from subagents.context.config import ContextConfig
+from subagents.context.memory import MemoryStore
 from subagents.model import make_model
 from subagents.outcome import MemberOutcome
 from subagents.spec import MemberSpec
@@ -57,6 +59,8 @@ class ScriptedHarness:
             raise RuntimeError("tool exploded")
         if action == "hang":
             await anyio.sleep(3600)
+        if action == "remember":  # one line into the shared profile, saved as a member saves
+            await _remember(spec, run_dir, trace, f"{spec.id} was here")
         res = await sandbox.exec(["sh", "-c", f"echo {spec.id}; hostname"])
         return MemberOutcome(
             member=spec.id,
@@ -65,6 +69,21 @@ class ScriptedHarness:
             result={"said": res.stdout.split()[0], "host": res.stdout.split()[1]},
             turns=1,
         )
+
+
+async def _remember(spec: MemberSpec, run_dir: Path, trace: Any, line: str) -> None:
+    """Load the member's memory profile, add a line to notes.md and save: the members
+    overlap, so each save merges into a profile changed since its load."""
+    store = MemoryStore(
+        ContextConfig(), host_dir=spec.memory_dir, work_dir=run_dir / "memory",
+        sandbox=None, trace=trace,
+    )  # fmt: skip
+    await store.start()
+    notes = store.root / "notes.md"
+    notes.write_text(notes.read_text() + line + "\n")
+    store.record(notes)
+    await anyio.sleep(1.0)  # the sibling loads before this save
+    await store.save()
 
 
 def _kill(container: str) -> None:
@@ -346,3 +365,22 @@ def test_result_that_misses_the_job_schema_is_that_members_failure(
     assert "result.answer is required" in strict.reason
     assert "result.said should have at least 40 characters" in strict.reason
     assert run.result("strict")["status"] == "failed"
+
+
+def test_members_sharing_a_memory_profile_lose_no_write(tmp_path, images, run_id, where):
+    # On a cluster the members load the profile on their nodes and the coordinator
+    # merges what they changed, as members on one machine merge their own saves.
+    run = _run_dir(tmp_path, run_id)
+    harness = ScriptedHarness(tmp_path / "calls")
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    (profile / "notes.md").write_text("# notes\n")
+    units = _units(run, {"a": "remember", "b": "remember"})
+    for u in units:
+        u.spec = u.spec.model_copy(update={"memory_dir": profile})
+    res = _fan(where, images, harness, run, units, max_parallel=2, min_success=2, fail_fast=False)
+    assert res.quorum_met
+    text = (profile / "notes.md").read_text()
+    assert "a was here" in text and "b was here" in text, text
+    saves = [e for e in run.journal.read() if e["event"] == "memory_saved"]
+    assert sorted(e["member"] for e in saves) == ["a", "b"]

@@ -323,3 +323,25 @@ def test_a_members_memory_saves_and_conflicts_are_on_its_page(browser: Any, tmp_
     assert "notes.md conflict with m00 (run synthetic): 1 place(s) changed differently" in text
     assert w.problems == []
     w.page.close()
+
+
+def test_a_cluster_runs_lanes_and_member_pages_name_the_node(browser: Any, tmp_path: Path) -> None:
+    made = tracegen.make_run(tmp_path / "runs", members=2, turns=2, seed=5, failed=None)
+    journal = made.run_dir / "journal.jsonl"
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    for rec in records:  # m01 ran on a cluster node; m02, as on one machine, names none
+        if rec.get("event") == "member_started" and rec.get("member") == "m01":
+            rec["node"] = "10.0.0.7-a1b2c3"
+    journal.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "page.html"
+    write_page(load_run(made.run_dir), out)
+    w = Watched(browser)
+    w.page.goto(out.as_uri())
+    w.page.wait_for_selector("#timeline-svg")
+    titles = w.page.locator(".lane > title").evaluate_all("ts => ts.map(t => t.textContent)")
+    assert [t for t in titles if "ran on node" in t] == ["m01 ran on node 10.0.0.7-a1b2c3"]
+    w.page.click('.lane[data-member="m01"]')
+    w.page.locator("#member-view").wait_for(state="visible")
+    assert "node 10.0.0.7-a1b2c3" in w.page.locator(".member-head .meta").inner_text()
+    assert w.problems == []
+    w.page.close()

@@ -96,6 +96,8 @@
     const dot = failed ? "#d64545" : m.status === "ok" ? "#2a9d63" : "#3b8fd6";
     grp.append(sv("circle", { cx: 10, cy: y + g.laneH / 2, r: 4, fill: dot }));
     grp.append(sv("text", { class: "lane-label", x: 20, y: y + g.laneH / 2 + 4 }, document.createTextNode(m.id + " " + (m.kind || ""))));
+    // On a cluster, where the member ran (its last attempt's node), on hover.
+    if (m.node) grp.append(sv("title", {}, document.createTextNode(`${m.id} ran on node ${m.node}`)));
     // One segment per attempt: the box starting (its own bar), then the member's work;
     // an attempt that was retried is marked where it ended.
     for (const a of m.per_attempt) {
@@ -421,7 +423,7 @@
       [tok(tin), "tokens in"], [tok(m.cache_read_tokens), "cached"], [tok(m.output_tokens), "tokens out"],
       [m.offloads, "offloads"], [m.compactions, "compactions"], ["$" + m.cost_usd.toFixed(3), "cost"]];
     view.append(...[
-      el("div", { class: "member-head" }, el("h2", { text: m.id }), pill(m.status), el("span", { class: "meta", text: `${m.kind} · ${m.model} · ${m.dir}` })),
+      el("div", { class: "member-head" }, el("h2", { text: m.id }), pill(m.status), el("span", { class: "meta", text: `${m.kind} · ${m.model} · ${m.node ? "node " + m.node + " · " : ""}${m.dir}` })),
       el("div", { class: "task", text: m.task }),
       m.reason ? el("div", { class: "reason-box", text: m.reason }) : null,
       el("div", { class: "cards" }, stats.map(([v, l]) => el("div", { class: "card" }, el("div", { class: "v", text: String(v) }), el("div", { class: "l", text: l })))),
