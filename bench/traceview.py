@@ -72,7 +72,7 @@ def main() -> int:
         try:
             from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-            from coordinator import otel
+            from coordinator.traceview import otel
         except ImportError:
             print("otel replay: skipped (the 'otel' extra is not installed)")
         else:

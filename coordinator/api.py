@@ -45,8 +45,8 @@ from pydantic import ValidationError
 from sandbox.errors import SandboxError
 from subagents.model import ModelError
 
-from .cli import CommandFailed, UsageError
 from .driver import RunOptions, RunSummary, execute
+from .errors import CommandFailed, UsageError
 from .jobfile import JobError, describe_validation, load_job, parse_job, render_toml
 from .runs import RunDir, RunDirUnavailable, check_root, root_for
 from .spec import Job

@@ -412,7 +412,7 @@ def _live_otel(run_id: str, name: str, deps: Recorder) -> Any:
     if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return None
     try:
-        from .otel import live_from_env
+        from .traceview.otel import live_from_env
     except ImportError as exc:
         print(
             f"fleet: OTEL_EXPORTER_OTLP_ENDPOINT is set but {exc.name} is missing; "

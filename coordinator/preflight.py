@@ -49,7 +49,7 @@ from sandbox.spec import NetworkPolicy
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.model import ModelError, make_model, resolve_model
 
-from .cli import CommandFailed, UsageError
+from .errors import CommandFailed, UsageError
 from .repo_copy import RepoTooLarge, check_size, copy_room
 from .spec import Job
 

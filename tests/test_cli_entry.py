@@ -51,7 +51,7 @@ def test_every_argument_of_the_run_commands_says_what_it_is_for() -> None:
 def test_the_first_line_counts_one_member_in_the_singular(tmp_path, monkeypatch, capsys) -> None:
     import argparse
 
-    from coordinator import commands
+    from coordinator.cli import commands
     from coordinator.jobfile import parse_job
 
     monkeypatch.setattr(commands, "_go", lambda run, job, opts: run)

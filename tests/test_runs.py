@@ -196,7 +196,7 @@ def test_an_engine_gone_after_the_preflight_is_one_paragraph_and_exit_1(
 ):
     """The engine's error surfaces from the run's task group wrapped in an exception
     group; the user sees its message and the run directory, never a traceback."""
-    from coordinator.commands import _go
+    from coordinator.cli.commands import _go
     from coordinator.driver import RunOptions
 
     text = (

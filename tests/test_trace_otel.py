@@ -16,9 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from otlp_collector import Collector
 
-from coordinator import otel
-from coordinator.otel_send import EXPORT_TIMEOUT_S
-from coordinator.traceview import load_run
+from coordinator.traceview import load_run, otel
+from coordinator.traceview.otel_send import EXPORT_TIMEOUT_S
 from subagents.trace import (
     Compaction,
     MemberEnd,

@@ -131,7 +131,7 @@ def serve_forever(run_dir: Path, *, port: int) -> int:
     try:
         server = make_server(run_dir, port)
     except OSError as exc:
-        from coordinator.cli import UsageError
+        from coordinator.errors import UsageError
 
         raise UsageError(
             f"cannot listen on 127.0.0.1:{port} ({exc.strerror}); try --port 0."

@@ -1,4 +1,8 @@
-"""The ``fleet`` command line.
+"""The ``fleet`` command line: the CLI room of the coordinator.
+
+``commands`` (run, research, code, resume, runs), ``trace`` (trace, view) and
+``approve`` hold the sub-commands; the orchestration they call lives beside this
+package in ``coordinator/``, and reading traces in ``coordinator/traceview/``.
 
 Each room registers its own sub-commands (``sandbox.cli`` for ``images`` and
 ``sandbox``; the coordinator's modules for the rest), so this file only wires
@@ -13,13 +17,15 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from ..errors import CommandFailed, UsageError
+
 # Modules that define ``register(subparsers)``; each adds its commands with
 # ``set_defaults(func=...)`` where ``func(args) -> int``.
 COMMAND_MODULES = (
     "sandbox.cli",
-    "coordinator.commands",
-    "coordinator.trace_cli",
-    "coordinator.approve_cli",
+    "coordinator.cli.commands",
+    "coordinator.cli.trace",
+    "coordinator.cli.approve",
 )
 # Which module defines each top-level command. Only that module is imported for
 # a known command, so `fleet setup` or `fleet sandbox ls` does not pay for
@@ -28,19 +34,15 @@ COMMAND_HOMES = {
     "setup": "sandbox.cli",
     "images": "sandbox.cli",
     "sandbox": "sandbox.cli",
-    "run": "coordinator.commands",
-    "research": "coordinator.commands",
-    "code": "coordinator.commands",
-    "resume": "coordinator.commands",
-    "runs": "coordinator.commands",
-    "trace": "coordinator.trace_cli",
-    "view": "coordinator.trace_cli",
-    "approve": "coordinator.approve_cli",
+    "run": "coordinator.cli.commands",
+    "research": "coordinator.cli.commands",
+    "code": "coordinator.cli.commands",
+    "resume": "coordinator.cli.commands",
+    "runs": "coordinator.cli.commands",
+    "trace": "coordinator.cli.trace",
+    "view": "coordinator.cli.trace",
+    "approve": "coordinator.cli.approve",
 }
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one paragraph, exit code 2."""
 
 
 def add_runs_dir(p: argparse.ArgumentParser) -> None:
@@ -52,11 +54,6 @@ def add_runs_dir(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where the runs are (default: $FLEET_RUNS_DIR, else runs)",
     )
-
-
-class CommandFailed(Exception):
-    """The command started and failed for a reason it has already explained in the
-    message (exit 1), e.g. an image build that broke."""
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

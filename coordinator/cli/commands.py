@@ -34,15 +34,16 @@ from sandbox.errors import SandboxError
 from subagents.browser.corpus import CORPUS_ALLOW
 from subagents.model.base import ModelError
 
-from . import host_git
-from .cli import UsageError, add_runs_dir
-from .driver import EXIT_FAILED, RunOptions, RunSummary, execute
-from .jobfile import JobError, load_job, parse_job
-from .lead import lead_finished
-from .preflight import preflight
-from .run_lookup import runs_root
-from .runs import RunDir, RunDirUnavailable, RunNotFound, check_root, root_for
-from .spec import Job
+from .. import host_git
+from ..driver import EXIT_FAILED, RunOptions, RunSummary, execute
+from ..errors import UsageError
+from ..jobfile import JobError, load_job, parse_job
+from ..lead import lead_finished
+from ..preflight import preflight
+from ..run_lookup import runs_root
+from ..runs import RunDir, RunDirUnavailable, RunNotFound, check_root, root_for
+from ..spec import Job
+from . import add_runs_dir
 
 
 def _toml_str(s: str) -> str:

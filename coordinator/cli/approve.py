@@ -15,9 +15,10 @@ import sys
 import time
 from typing import Any
 
-from .approvals import ApprovalQueue, describe
-from .cli import UsageError, add_runs_dir
-from .runs import RunDir, RunNotFound
+from ..approvals import ApprovalQueue, describe
+from ..errors import UsageError
+from ..runs import RunDir, RunNotFound
+from . import add_runs_dir
 
 
 def cmd_approve(args: argparse.Namespace) -> int:

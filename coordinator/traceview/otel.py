@@ -36,8 +36,8 @@ replays a finished run's events through the same listener. Span times always com
 from the events' timestamps, so a replayed run has the same shape as a live one.
 
 An after-the-fact export to an OTLP endpoint builds the spans in memory, then
-:mod:`coordinator.otel_send` sends them and says what the collector accepted (or
-raises :class:`~coordinator.otel_send.ExportFailed`).
+:mod:`coordinator.traceview.otel_send` sends them and says what the collector accepted (or
+raises :class:`~coordinator.traceview.otel_send.ExportFailed`).
 
 Needs the ``otel`` extra (``opentelemetry-sdk``, ``opentelemetry-exporter-otlp-proto-http``).
 """
@@ -56,9 +56,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from coordinator import otel_messages as msg
-from coordinator.otel_send import otlp_traces_url, send_spans
+from coordinator.traceview import otel_messages as msg
 from coordinator.traceview.load import RunTrace
+from coordinator.traceview.otel_send import otlp_traces_url, send_spans
 from subagents.trace import (
     Clip,
     Compaction,

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from coordinator.cli import UsageError, add_runs_dir
+from coordinator.cli import add_runs_dir
+from coordinator.errors import UsageError
 from coordinator.traceview.detail import member_detail
 from coordinator.traceview.load import RunNotFound, load_run
 from coordinator.traceview.rollup import rollup_run
@@ -110,8 +111,8 @@ def _export_otlp(run, endpoint: str, *, content: bool) -> bool:  # type: ignore[
             "endpoint, e.g. --otlp http://127.0.0.1:4318."
         )
     try:
-        from coordinator import otel
-        from coordinator.otel_send import ExportFailed
+        from coordinator.traceview import otel
+        from coordinator.traceview.otel_send import ExportFailed
     except ImportError as exc:
         raise _usage(
             f"OpenTelemetry export needs the 'otel' extra ({exc.name} is missing): "
