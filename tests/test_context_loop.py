@@ -75,7 +75,7 @@ class MigrationPolicy:
     what the harness sent (the latest ``step N:`` output, or the summary's "Steps
     1-N ran"), and the summary it writes is built from the messages it is asked to
     summarize. So a compaction that lost the progress or the goal shows up as a
-    repeated or skipped step, or a wrong answer - the goal drift HARNESS.md warns of.
+    repeated or skipped step, or a wrong answer - goal drift.
     """
 
     def __init__(self) -> None:
