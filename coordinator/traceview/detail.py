@@ -35,6 +35,7 @@ from subagents.trace import (
     ModelCall,
     Offload,
     PolicyDecision,
+    Prompt,
     Retry,
     SandboxEvent,
     Screenshot,
@@ -168,6 +169,16 @@ class MemberDetail(_View):
     files: list[FileView] = Field(default_factory=list)
     """Other files in the member directory (at most :data:`MAX_FILES`), pages and
     screenshots excepted (those are listed with their context)."""
+    system: str = ""
+    """The system prompt it was given (its first ``prompt`` event), cut to the limit."""
+    tools: list[str] = Field(default_factory=list)
+    """The names of the tools it was offered."""
+    first: str = ""
+    """Its first message (the task, its inputs, loaded memory), cut to the limit."""
+    first_ref: str = ""
+    """Where the first message is in full (``<dir>/trace.jsonl:<line>``)."""
+    first_cut: bool = False
+    """The first message was cut to the limit."""
 
 
 MAX_FILES = 60
@@ -302,7 +313,7 @@ def member_detail(
     ``rollup`` is the member's row from :func:`rollup_run` (which also reads the run's
     journal); without it the row is computed from the member's own files.
     """
-    prefix = f"members/{member.id}"
+    prefix = member.rel
     detail = MemberDetail(rollup=rollup or rollup_member(member), dir=prefix)
     outcome = member.result or {}
     if isinstance(outcome.get("result"), dict):
@@ -323,7 +334,15 @@ def member_detail(
             if ev.result is not None:
                 detail.result = ev.result
             continue
+        if isinstance(ev, Prompt):
+            if not detail.system:
+                detail.system = clip_text(ev.system, limit * 4)[0]
+                detail.tools = [str(t.get("name", "")) for t in ev.tools]
+            continue
         if isinstance(ev, Messages):
+            if not detail.first and ev.messages and ev.messages[0].get("role") == "user":
+                detail.first, detail.first_cut = clip_text(_message_text(ev.messages[0]), limit * 4)
+                detail.first_ref = ref
             continue  # deltas duplicate the calls and results shown below
         if isinstance(ev, MemorySave):
             detail.memory_saves.append(
@@ -347,6 +366,15 @@ def member_detail(
     detail.turns = [turns[k] for k in sorted(turns)]
     detail.pages, detail.files = _pages(member, prefix), _files(member, prefix)
     return detail
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "\n\n".join(
+        str(b.get("text", "")) for b in content or [] if isinstance(b, dict) and "text" in b
+    )
 
 
 def _add_to_turn(

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.traceview.detail import Mark, MemberDetail, member_detail
-from coordinator.traceview.load import RunTrace
+from coordinator.traceview.load import LEAD_DIR, RunTrace
 from coordinator.traceview.rollup import MemberRollup, compact_json, rollup_run
 
 TEXT_BUDGET = 3_200_000
@@ -124,7 +124,9 @@ def _result(d: MemberDetail, run_dir: Path) -> dict[str, Any] | None:
     return {"v": value, "cuts": cuts, "file": file if (run_dir / file).is_file() else ""}
 
 
-def _member_data(d: MemberDetail, base: float, images: _Images, run_dir: Path) -> dict[str, Any]:
+def _member_data(
+    d: MemberDetail, base: float, images: _Images, run_dir: Path, wave: int | None
+) -> dict[str, Any]:
     r = d.rollup
     turns = []
     for t in d.turns:
@@ -160,7 +162,33 @@ def _member_data(d: MemberDetail, base: float, images: _Images, run_dir: Path) -
                    "p": p.path} for p in d.pages],
         "files": [{"p": f.path, "b": f.bytes} for f in d.files],
         "mem": [s.model_dump(mode="json", exclude={"ts", "ref"}) for s in d.memory_saves],
+        "wave": wave, "lead": d.dir == LEAD_DIR,
+        "system": d.system, "tools": d.tools, "first": d.first, "first_ref": d.first_ref, "first_tr": d.first_cut,
     }  # fmt: skip
+
+
+REPORT_CLAIMS = 200
+"""Claims of the report shown on the landing view (the rest are in report.md)."""
+
+
+def _report(run_dir: Path) -> dict[str, Any] | None:
+    """The run's report (``report.json``) for the landing view: its strings cut to
+    :data:`RESULT_TEXT_LIMIT`, at most :data:`REPORT_CLAIMS` claims."""
+    try:
+        data = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    keep = ("summary", "analyst", "offline", "claims", "open_questions", "checks", "waves",
+            "lead", "failed", "code")  # fmt: skip
+    shown = {k: data[k] for k in keep if k in data}
+    total = len(shown.get("claims") or [])
+    shown["claims"] = (shown.get("claims") or [])[:REPORT_CLAIMS]
+    value, _cuts = clip_result(shown, RESULT_TEXT_LIMIT)
+    value["claims_total"] = total
+    value["file"] = "report.md" if (run_dir / "report.md").is_file() else ""
+    return value
 
 
 def page_data(
@@ -175,8 +203,11 @@ def page_data(
     base = roll.start
     per_content = _content_limit(run, limit)
     images = _Images(run.dir, link_base)
+    waves = run.waves()
     members = [
-        _member_data(member_detail(m, limit=per_content, rollup=row), base, images, run.dir)
+        _member_data(
+            member_detail(m, limit=per_content, rollup=row), base, images, run.dir, waves.get(m.id)
+        )
         for m, row in zip(run.members, roll.members, strict=True)
     ]
     job = compact_json(run.job)
@@ -186,6 +217,8 @@ def page_data(
             "duration": roll.duration_s, "end": _r(roll.end, base), "totals": roll.totals, "statuses": roll.statuses,
             "job": job if len(job) < 4_000 else job[:4_000] + "…",
             "dir": str(run.dir), "limit": per_content, "lb": link_base, "served": served,
+            "question": run.question(), "report": _report(run.dir),
+            "lead": any(m.is_lead for m in run.members),
         },
         "members": members,
     }  # fmt: skip
@@ -211,7 +244,8 @@ def render_page(
     title = f"Fleet run {run.id}".replace("&", "&amp;").replace("<", "&lt;")
     head, tail = page.split("{{DATA}}", 1)
     head = head.replace("{{TITLE}}", title).replace("/*{{CSS}}*/", _asset("viewer.css"))
-    tail = tail.replace("/*{{JS}}*/", _asset("tree.js") + "\n" + _asset("viewer.js"))
+    scripts = "\n".join(_asset(name) for name in ("tree.js", "landing.js", "viewer.js"))
+    tail = tail.replace("/*{{JS}}*/", scripts)
     return head + data + tail
 
 

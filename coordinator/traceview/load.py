@@ -31,12 +31,19 @@ RUN_START_EVENTS = frozenset({"run_created", "run_started", "run_start"})
 """Journal records that say the run (or a resume of it) began."""
 
 
+LEAD_DIR = "lead"
+"""A lead run's lead member lives in ``<run>/lead/`` (its id is ``lead``)."""
+
+
 @dataclass
 class MemberTrace:
-    """One member's events (in file order) and its ``result.json``."""
+    """One member's events (in file order) and its ``result.json``; a lead run's lead
+    is one too (``rel`` is ``lead``), listed first."""
 
     id: str
     dir: Path
+    rel: str = ""
+    """Its directory relative to the run directory (``members/<id>``, or ``lead``)."""
     events: list[Any] = field(default_factory=list)
     lines: list[int] = field(default_factory=list)
     """1-based line number in ``trace.jsonl`` of each event (same order as ``events``)."""
@@ -45,6 +52,13 @@ class MemberTrace:
     offset: int = 0
     """Bytes of ``trace.jsonl`` consumed so far (for incremental reads)."""
     line_no: int = 0
+
+    def __post_init__(self) -> None:
+        self.rel = self.rel or f"members/{self.id}"
+
+    @property
+    def is_lead(self) -> bool:
+        return self.rel == LEAD_DIR
 
 
 @dataclass
@@ -87,6 +101,24 @@ class RunTrace:
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
         return {str(m.get("id")): str(m.get("kind") or "") for m in plan if isinstance(m, dict)}
+
+    def waves(self) -> dict[str, int]:
+        """A lead run: member id -> the wave it was spawned in (the journal's spawns)."""
+        out: dict[str, int] = {}
+        for rec in self.journal:
+            if _record_kind(rec) == "lead_spawn" and isinstance(rec.get("wave"), int):
+                for m in rec.get("members") or []:
+                    if isinstance(m, dict) and isinstance(m.get("id"), str):
+                        out[m["id"]] = rec["wave"]
+        return out
+
+    def question(self) -> str:
+        """The job's question (``[lead]`` or ``[research]``), or ""."""
+        for table in ("lead", "research"):
+            value = self.job.get(table)
+            if isinstance(value, dict) and isinstance(value.get("question"), str):
+                return value["question"]
+        return ""
 
     def journal_outcomes(self) -> dict[str, tuple[str, str]]:
         """Member id -> (last status, reason) as the journal records them."""
@@ -242,8 +274,11 @@ def refresh_members(run: RunTrace) -> list[MemberTrace]:
     for mid in sorted(ids - known):
         if mid and "/" not in mid and mid not in (".", ".."):
             added.append(MemberTrace(id=mid, dir=members_dir / mid))
+    lead = run.dir / LEAD_DIR
+    if not any(m.is_lead for m in run.members) and (lead / "trace.jsonl").is_file():
+        added.append(MemberTrace(id="lead", dir=lead, rel=LEAD_DIR))
     run.members.extend(added)
-    run.members.sort(key=lambda m: m.id)
+    run.members.sort(key=lambda m: (not m.is_lead, m.id))
     return added
 
 

@@ -38,14 +38,22 @@
   const totalIn = (x) => x.input_tokens + x.cache_read_tokens + x.cache_write_tokens;
   const pill = (status) => el("span", { class: "pill st-" + status, text: status });
   const FAILED = new Set(["failed", "crashed", "timed_out", "cancelled", "incomplete"]);
+  // A lead run: the lead first, then its members wave by wave.
+  const ORDER = [...MEMBERS].sort((a, b) => (b.lead - a.lead) || ((a.wave || 0) - (b.wave || 0)) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  let statusFilter = "";
+  const shown = (m) => !statusFilter || m.status === statusFilter;
+  // Enter or Space on a focused row or lane opens it, as a click does.
+  const onKeys = (fn) => (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); fn(); } };
 
   // ---------- overview ----------
   function cards() {
     const t = RUN.totals;
     const tin = t.input_tokens + t.cache_read_tokens + t.cache_write_tokens;
     const st = Object.entries(RUN.statuses).map(([k, v]) => v + " " + k).join(", ");
+    const waves = new Set(MEMBERS.filter((m) => m.wave).map((m) => m.wave)).size;
     const items = [
-      [MEMBERS.length, "members", st], [dur(RUN.duration), "wall time", (RUN.finished ? "finished" : "running") + "; run start to end, planning and synthesis included"],
+      [MEMBERS.filter((m) => !m.lead).length, "members", st + (RUN.lead ? "; the lead is not counted" : "")],
+      ...(RUN.lead ? [[waves, "waves", "spawn calls of the lead that started members"]] : []), [dur(RUN.duration), "wall time", (RUN.finished ? "finished" : "running") + "; run start to end, planning and synthesis included"],
       [dur(t.box_s), "box start-up", "seconds spent creating boxes, all members and attempts"],
       [t.turns, "turns"], [t.tool_calls, "tool calls"], [tok(tin), "tokens in", "cached " + tok(t.cache_read_tokens)],
       [tok(t.output_tokens), "tokens out"], [t.errors, "errors"], [t.offloads + " / " + t.compactions, "offloads / compactions"],
@@ -68,12 +76,25 @@
   function timeline() {
     const box = document.getElementById("timeline");
     box.textContent = "";
-    const W = Math.max(600, box.clientWidth || 1000);
-    const L = 150, R = 120, laneH = 26, top = 22;
+    const W = Math.max(320, box.clientWidth || 1000);
+    const narrow = W < 600;
+    const L = narrow ? 96 : 150, R = narrow ? 52 : 120, laneH = 26, top = 22, headH = 16;
     // The run's span: its journal's end, or a later member event (a run still going).
     const span = Math.max(RUN.duration, RUN.end, ...MEMBERS.map((m) => m.end), 1);
     const x = (t) => L + (t / span) * (W - L - R);
-    const H = top + laneH * MEMBERS.length + 6;
+    // Lanes in display order; a lead run's waves each open with a heading row.
+    const rows = [];
+    let wave = null;
+    for (const m of ORDER.filter(shown)) {
+      if (RUN.lead && !m.lead && m.wave !== wave) {
+        wave = m.wave;
+        rows.push({ head: wave ? "wave " + wave : "not spawned by the lead" });
+      }
+      rows.push({ m });
+    }
+    let yAt = top;
+    for (const r of rows) { r.y = yAt; yAt += r.head ? headH : laneH; }
+    const H = yAt + 6;
     const svg = sv("svg", { viewBox: `0 0 ${W} ${H}`, height: H, id: "timeline-svg" });
     const axis = sv("g", { class: "axis" });
     const step = ticks(span, W - L - R);
@@ -83,19 +104,23 @@
     }
     svg.append(axis);
     const slowest = MEMBERS.reduce((a, m) => (m.duration_s > a.duration_s ? m : a), MEMBERS[0] || { duration_s: 0 });
-    MEMBERS.forEach((m, i) => svg.append(lane(m, i, { x, top, laneH, W, L, slowest })));
+    for (const r of rows) {
+      if (r.head) svg.append(sv("text", { class: "wave-head", x: 6, y: r.y + 12 }, document.createTextNode(r.head)));
+      else svg.append(lane(r.m, r.y, { x, laneH, W, L, slowest, narrow }));
+    }
     box.append(svg);
   }
 
-  function lane(m, i, g) {
-    const y = g.top + i * g.laneH;
+  function lane(m, y, g) {
     const failed = FAILED.has(m.status);
-    const grp = sv("g", { class: "lane" + (failed ? " failed" : ""), "data-member": m.id, "data-status": m.status });
+    const grp = sv("g", { class: "lane" + (failed ? " failed" : "") + (m.lead ? " lead" : ""), "data-member": m.id, "data-status": m.status,
+      "data-wave": m.wave || "", tabindex: 0, role: "button", "aria-label": `open ${m.id} (${m.kind}, ${m.status})` });
     grp.addEventListener("click", () => openMember(m.id));
+    grp.addEventListener("keydown", onKeys(() => openMember(m.id)));
     grp.append(sv("rect", { class: "lane-bg", x: 0, y, width: g.W, height: g.laneH }));
     const dot = failed ? "#d64545" : m.status === "ok" ? "#2a9d63" : "#3b8fd6";
     grp.append(sv("circle", { cx: 10, cy: y + g.laneH / 2, r: 4, fill: dot }));
-    grp.append(sv("text", { class: "lane-label", x: 20, y: y + g.laneH / 2 + 4 }, document.createTextNode(m.id + " " + (m.kind || ""))));
+    grp.append(sv("text", { class: "lane-label", x: 20, y: y + g.laneH / 2 + 4 }, document.createTextNode(m.id + (g.narrow ? "" : " " + (m.kind || "")))));
     // On a cluster, where the member ran (its last attempt's node), on hover.
     if (m.node) grp.append(sv("title", {}, document.createTextNode(`${m.id} ran on node ${m.node}`)));
     // One segment per attempt: the box starting (its own bar), then the member's work;
@@ -128,7 +153,8 @@
         else if (k.k === "offload") grp.append(sv("path", { d: `M${g.x(k.ts)} ${y + 22} l4 -6 l-8 0 z`, fill: "var(--offload)" }, title(`offload ${k.x}`)));
       }
     }
-    const label = dur(m.duration_s) + (m.id === g.slowest.id && MEMBERS.length > 1 ? " slowest" : "");
+    if (m.lead) decisions(grp, m, y, g);
+    const label = dur(m.duration_s) + (m.id === g.slowest.id && MEMBERS.length > 1 && !g.narrow ? " slowest" : "");
     if (failed) {
       const xe = g.x(m.end);
       grp.append(sv("path", { d: `M${xe - 5} ${y + 6} l10 10 M${xe + 5} ${y + 6} l-10 10`, stroke: "var(--fail)", "stroke-width": 2.5, class: "fail-mark" }, title(`${m.status}: ${m.reason}`)));
@@ -137,9 +163,26 @@
     return grp;
   }
 
+  // The lead's decisions on its lane: each spawn (a wave), wait and finish where it happened.
+  const DECISIONS = { spawn: "M0 -6 L6 0 L0 6 L-6 0 z", wait: "M-4 -5 h8 l-8 10 h8 z", read_result: "M-4 -4 h8 v8 h-8 z", finish: "M-3 -7 v14 M-3 -7 h8 l-2 3 l2 3 h-8" };
+  function decisions(grp, m, y, g) {
+    for (const t of m.turns_detail) {
+      for (const tc of t.t) {
+        const d = DECISIONS[tc.n];
+        if (!d) continue;
+        const first = (tc.out || "").split("\n")[0];
+        const at = g.x(tc.n === "wait" && tc.e !== null ? tc.e : tc.s);
+        grp.append(sv("path", { class: "decision d-" + tc.n + (tc.err ? " refused" : ""), "data-tool": tc.n, transform: `translate(${at} ${y + g.laneH / 2})`, d,
+          fill: tc.n === "finish" ? "none" : tc.err ? "var(--tool-err)" : "#1f2740", stroke: tc.n === "finish" ? "#1f2740" : "none", "stroke-width": 1.6 },
+        title(`lead turn ${t.n}: ${tc.n}${tc.err ? " (refused)" : ""} - ${first.slice(0, 200)}`)));
+      }
+    }
+  }
+
   const COLS = [
     ["member", "member", (m) => el("span", { class: "mono", text: m.id })],
     ["kind", "kind", (m) => m.kind],
+    ...(RUN.lead ? [["wave", "wave", (m) => (m.lead ? "lead" : m.wave || ""), 1]] : []),
     ["status", "status", (m) => pill(m.status)],
     ["attempts", "attempts", (m) => m.attempts, 1],
     ["duration_s", "wall", (m) => dur(m.duration_s), 1],
@@ -155,16 +198,16 @@
     ["cost_usd", "cost", (m) => "$" + m.cost_usd.toFixed(3) + (m.cost_estimated ? "*" : ""), 1],
     ["reason", "reason", (m) => m.reason],
   ];
-  let sortKey = "member", sortDir = 1;
+  let sortKey = RUN.lead ? "wave" : "member", sortDir = 1;
 
   function table() {
     const tbl = document.getElementById("members");
     tbl.textContent = "";
     const head = el("tr", {}, COLS.map(([key, label, , num]) => el("th", { class: num ? "num" : "", text: label + (sortKey === key ? (sortDir > 0 ? " ▲" : " ▼") : ""),
       onclick: () => { sortDir = sortKey === key ? -sortDir : 1; sortKey = key; table(); } })));
-    const val = (m) => (sortKey === "in" ? totalIn(m) : sortKey === "member" ? m.id : m[sortKey]);
-    const rows = [...MEMBERS].sort((a, b) => (val(a) > val(b) ? 1 : val(a) < val(b) ? -1 : 0) * sortDir);
-    const body = el("tbody", {}, rows.map((m) => el("tr", { "data-member": m.id, onclick: () => openMember(m.id) },
+    const val = (m) => (sortKey === "in" ? totalIn(m) : sortKey === "member" ? m.id : sortKey === "wave" ? (m.lead ? 0 : m.wave || 1e6) : m[sortKey]);
+    const rows = [...ORDER].filter(shown).sort((a, b) => (val(a) > val(b) ? 1 : val(a) < val(b) ? -1 : 0) * sortDir);
+    const body = el("tbody", {}, rows.map((m) => el("tr", { "data-member": m.id, "data-status": m.status, tabindex: 0, onclick: () => openMember(m.id), onkeydown: onKeys(() => openMember(m.id)) },
       COLS.map(([key, , fn, num]) => el("td", { class: num ? "num" : key === "reason" ? "reason" : "" }, fn(m))))));
     tbl.append(el("thead", {}, head), body);
   }
@@ -297,11 +340,13 @@
     const node = el("details", { class: "turn" + (err ? " has-error" : ""), "data-turn": t.n, "data-attempt": t.a },
       el("summary", {}, el("span", { class: "tn", text: t.c ? "closing call (after a limit)" : "turn " + t.n }), el("span", { class: "tdur", text: dur(t.e - t.s) }),
         el("span", { class: "tctx", text: ctx }), el("span", { class: "tools-sum", text: t.t.map((x) => x.n).join(", ") }), badges));
-    node.addEventListener("toggle", () => {
-      if (!node.open || node.dataset.filled) return;
+    // The body is built when the turn is first opened (a 200-turn member opens at once).
+    node._fill = () => {
+      if (node.dataset.filled) return;
       node.dataset.filled = "1";
       node.append(el("div", { class: "turn-body" }, t.m.map(modelBlock), t.t.map(toolBlock), t.k.map(markBlock)));
-    });
+    };
+    node.addEventListener("toggle", () => { if (node.open) node._fill(); });
     node._search = (t.t.map((x) => x.n + " " + x.in + " " + x.out).join(" ") + " " + t.m.map((c) => c.x).join(" ") + " " + [...kinds].join(" ")).toLowerCase();
     node._flag = err || kinds.has("offload") || kinds.has("compaction");
     return node;
@@ -407,7 +452,32 @@
     return el("div", { class: "panel result" }, el("h2", { text: "Final result" }), box);
   }
 
-  function openMember(id, push = true) {
+  // What the member was told before anything happened: the system prompt, its tools
+  // and its first message (the task, its inputs, loaded memory).
+  function promptPanel(m) {
+    if (!m.system && !m.first) return null;
+    const first = el("pre", { class: "first-message", text: m.first || "" });
+    return el("details", { class: "panel", id: "prompt" },
+      el("summary", {}, el("h2", { text: "System prompt and first message" })),
+      el("h3", { text: "System prompt" }), el("pre", { class: "system-prompt", text: m.system || "(not recorded)" }),
+      m.tools && m.tools.length ? el("div", { class: "meta", text: "tools: " + m.tools.join(", ") }) : null,
+      el("h3", { text: "First message" }), first, m.first_ref ? cutNote({ tr: m.first_tr, ref: m.first_ref }, m.first.length, 0, first) : null);
+  }
+
+  function openTurn(view, turn, attempt, query) {
+    const sel = `details.turn[data-turn="${turn}"]` + (attempt ? `[data-attempt="${attempt}"]` : "");
+    const node = view.querySelector(sel);
+    if (!node) return;
+    node.open = true;
+    node._fill();
+    // The calls inside that hold what was searched for are unfolded too.
+    for (const sub of node.querySelectorAll("details.sub")) if (query && sub.textContent.toLowerCase().includes(query)) sub.open = true;
+    node.classList.add("found");
+    node.scrollIntoView({ block: "center" });
+    node.querySelector("summary").focus();
+  }
+
+  function openMember(id, push = true, turn = null, attempt = null, query = "") {
     const m = MEMBERS.find((x) => x.id === id);
     if (!m) return;
     if (push) history.pushState(null, "", "#member=" + encodeURIComponent(id));
@@ -423,17 +493,19 @@
       [tok(tin), "tokens in"], [tok(m.cache_read_tokens), "cached"], [tok(m.output_tokens), "tokens out"],
       [m.offloads, "offloads"], [m.compactions, "compactions"], ["$" + m.cost_usd.toFixed(3), "cost"]];
     view.append(...[
-      el("div", { class: "member-head" }, el("h2", { text: m.id }), pill(m.status), el("span", { class: "meta", text: `${m.kind} · ${m.model} · ${m.node ? "node " + m.node + " · " : ""}${m.dir}` })),
+      el("div", { class: "member-head" }, el("h2", { text: m.id }), pill(m.status), el("span", { class: "meta", text: `${m.kind} · ${m.model} · ${m.node ? "node " + m.node + " · " : ""}${m.dir}` + (m.wave ? ` · wave ${m.wave}` : "") })),
       el("div", { class: "task", text: m.task }),
       m.reason ? el("div", { class: "reason-box", text: m.reason }) : null,
       el("div", { class: "cards" }, stats.map(([v, l]) => el("div", { class: "card" }, el("div", { class: "v", text: String(v) }), el("div", { class: "l", text: l })))),
       attemptsPanel(m),
       el("div", { class: "panel charts" }, contextChart(m), tokenChart(m)),
       m.pre.length ? el("div", { class: "panel" }, el("h3", { text: "Before the first turn" }), m.pre.map(markBlock)) : null,
+      promptPanel(m),
       turnsPanel(m),
       resultPanel(m), memoryPanel(m), pagesPanel(m), filesPanel(m)].filter(Boolean));
     crumbs(m.id);
     window.scrollTo(0, 0);
+    if (turn !== null && turn !== undefined) openTurn(view, turn, attempt, query);
   }
 
   function showOverview(push = true) {
@@ -446,11 +518,12 @@
   function crumbs(id) {
     const nav = document.getElementById("crumbs");
     nav.textContent = "";
-    nav.append(el("a", { onclick: () => showOverview(), text: "Overview" }));
+    const link = (text, fn) => el("a", { href: "#", text, onclick: (ev) => { ev.preventDefault(); fn(); } });
+    nav.append(link("Overview", () => showOverview()));
     if (id) {
-      const i = MEMBERS.findIndex((m) => m.id === id);
-      if (i > 0) nav.append(el("a", { onclick: () => openMember(MEMBERS[i - 1].id), text: "← " + MEMBERS[i - 1].id }));
-      if (i < MEMBERS.length - 1) nav.append(el("a", { onclick: () => openMember(MEMBERS[i + 1].id), text: MEMBERS[i + 1].id + " →" }));
+      const i = ORDER.findIndex((m) => m.id === id);
+      if (i > 0) nav.append(link("← " + ORDER[i - 1].id, () => openMember(ORDER[i - 1].id)));
+      if (i < ORDER.length - 1) nav.append(link(ORDER[i + 1].id + " →", () => openMember(ORDER[i + 1].id)));
     }
   }
 
@@ -460,7 +533,22 @@
     else showOverview(false);
   }
 
+  // The landing view: the question and the report first, then a search over the run.
+  function landing() {
+    const h = { el, pill };
+    const open = (id, turn, attempt, query) => openMember(id, true, turn, attempt, query);
+    document.getElementById("landing").append(FleetLanding.report(h, RUN, open));
+    const input = document.getElementById("run-search"), results = document.getElementById("search-results");
+    const select = document.getElementById("status-filter");
+    for (const st of Object.keys(RUN.statuses).sort()) select.append(el("option", { value: st, text: `${st} (${RUN.statuses[st]})` }));
+    const rerun = () => results.replaceChildren(...FleetLanding.search(h, MEMBERS, input.value, (id) => shown(MEMBERS.find((m) => m.id === id)), open));
+    let timer = 0;
+    input.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(rerun, 120); });
+    select.addEventListener("change", () => { statusFilter = select.value; table(); timeline(); rerun(); });
+  }
+
   document.getElementById("run-title").textContent = `${RUN.id} · ${RUN.finished ? "finished" : "running"} · ${RUN.dir}`;
+  landing();
   cards();
   legend(document.getElementById("tl-legend"), [["var(--model)", "model call"], ["var(--tool)", "tool call"], ["var(--tool-err)", "tool error"],
     ["var(--box)", "box start-up"], ["var(--compact)", "compaction"], ["var(--offload)", "offload"], ["var(--tool-err)", "retried attempt (×)"],
