@@ -181,9 +181,11 @@ async def _preflight(job: Job, opts: RunOptions) -> None:
     from .preflight import preflight  # its checks run their own event loop: a thread
 
     try:
-        await anyio.to_thread.run_sync(lambda: preflight(job, out=opts.out))
+        parallel = await anyio.to_thread.run_sync(lambda: preflight(job, out=opts.out))
     except (UsageError, CommandFailed) as exc:
         raise RunNotStarted(str(exc)) from None
+    opts.max_parallel = parallel.members
+    print(f"fleet: {parallel.members} members at once: {parallel.why}", file=opts.out)
 
 
 async def _execute(run_dir: RunDir, job: Job, opts: RunOptions, *, resume: bool) -> RunSummary:

@@ -34,6 +34,7 @@ from subagents.outcome import MemberOutcome
 
 from .analyst import write_report
 from .approvals import ApprovalQueue, FileApprover, Mode, read_keys
+from .capacity import choose, job_boxes
 from .executor import Executor
 from .fanout import Fanout, to_member_spec
 from .lead import lead_finished, run_lead, spawned_members
@@ -75,6 +76,9 @@ class RunOptions:
     keys: bool | None = None
     """Take y / n / a for asks from the terminal's keyboard; None: when stdin and the
     progress output are both terminals."""
+    max_parallel: int | None = None
+    """Members at once when the job leaves ``max_parallel`` out, as the preflight chose
+    it from the engine's host (:mod:`coordinator.capacity`); None: at most 4."""
 
 
 @dataclass
@@ -362,9 +366,10 @@ async def _run_members(
         if keys and approver.mode == "wait":
             tg.start_soon(read_keys, approver.queue, sys.stdin.fileno(), progress.approvals_changed)
     ended = "interrupted"  # unless the fan-out comes back: the workflow span's status
+    parallel = job.fanout.max_parallel or opts.max_parallel or choose(job_boxes(job), None).members
     fan = Fanout(
         deps,
-        max_parallel=job.fanout.max_parallel,
+        max_parallel=parallel,
         min_success=job.fanout.min_success,
         fail_fast=job.fanout.fail_fast,
         executor=opts.executor,
@@ -383,7 +388,7 @@ async def _run_members(
                 fan=fan,
                 make_units=lambda ms: _units(run, job, ms),
                 services=Services(
-                    max_parallel=job.fanout.max_parallel,
+                    max_parallel=parallel,
                     warm_pool=job.fanout.warm_pool,
                     corpus="browser" in job.lead.kinds and _wants_corpus(job),
                 ),
@@ -393,7 +398,7 @@ async def _run_members(
             ended = "succeeded" if fan.result().quorum_met else "failed"
             return
         services = Services(
-            max_parallel=job.fanout.max_parallel,
+            max_parallel=parallel,
             warm_pool=job.fanout.warm_pool,
             corpus=any(u.spec.kind == "browser" for u in units) and _wants_corpus(job),
         )

@@ -49,6 +49,7 @@ from sandbox.spec import NetworkPolicy
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.model import ModelError, make_model, resolve_model
 
+from .capacity import Parallelism, choose, engine_host, job_boxes
 from .errors import CommandFailed, UsageError
 from .repo_copy import RepoTooLarge, check_size, copy_room
 from .spec import Job
@@ -60,16 +61,42 @@ def preflight(
     *,
     out: TextIO | None = None,
     cluster: str | None = None,
-) -> None:
+) -> Parallelism:
     """Everything a run needs before it starts; raises :class:`UsageError` (exit 2).
     With ``cluster``, the images and firewall are checked on each of its nodes instead
-    of on this machine (which may have no Docker engine)."""
+    of on this machine (which may have no Docker engine). Returns how many members
+    will run at once (:func:`check_parallel`)."""
     check_repos(job, flags)
     check_models(job, flags)
     if cluster:
         check_cluster(job, cluster)
     else:
         check_images(job, out=out)
+    return check_parallel(job, cluster=cluster)
+
+
+def check_parallel(job: Job, *, cluster: str | None = None) -> Parallelism:
+    """``max_parallel`` for the run: the job's own, else chosen from its members and
+    the engine's host (:mod:`coordinator.capacity`; the engine may be another machine,
+    so it is asked, not this one). On a cluster, whose nodes' ``fleet_slots`` bound it
+    too, a job that does not say runs at most 4 at once, as before."""
+    if job.fanout.max_parallel is not None:
+        return Parallelism(job.fanout.max_parallel, "as the job says")
+    if cluster:
+        members = min(len(job_boxes(job)), 4)
+        return Parallelism(members, "at most 4 on a cluster when the job does not say")
+    from sandbox.engine import connect
+
+    try:
+        client = connect()
+    except SandboxUnavailable:
+        host = None
+    else:
+        try:
+            host = engine_host(client)
+        finally:
+            client.close()
+    return choose(job_boxes(job), host)
 
 
 def check_cluster(job: Job, address: str) -> None:

@@ -397,8 +397,10 @@ class RetryPolicy(_Strict):
 class FanoutPolicy(_Strict):
     """How members run together and when the run counts as a success."""
 
-    max_parallel: int = Field(default=4, ge=1, le=256)
-    """Members running at once; the rest wait in a queue."""
+    max_parallel: int | None = Field(default=None, ge=1, le=256)
+    """Members running at once; the rest wait in a queue. Left out: chosen from the
+    members and what the engine's host holds (:mod:`coordinator.capacity`), and said
+    in the run's first line."""
     min_success: int = Field(default=1, ge=0)
     """Quorum: members that must end ``ok`` for the run to succeed."""
     fail_fast: bool = False

@@ -51,13 +51,16 @@ def test_every_argument_of_the_run_commands_says_what_it_is_for() -> None:
 def test_the_first_line_counts_one_member_in_the_singular(tmp_path, monkeypatch, capsys) -> None:
     import argparse
 
+    from coordinator.capacity import Parallelism
     from coordinator.cli import commands
     from coordinator.jobfile import parse_job
 
-    monkeypatch.setattr(commands, "_go", lambda run, job, opts: run)
+    monkeypatch.setattr(commands, "_go", lambda run, job, opts: opts)
     text = 'name = "one"\n[[members]]\nkind = "coding"\ntask = "t"\n'
     args = argparse.Namespace(output_dir=str(tmp_path), plain=True)
-    commands._start(parse_job(text), text, args)
-    assert "(1 member) in" in capsys.readouterr().err
-    commands._start(parse_job(text + text.split("\n", 1)[1]), text, args)
-    assert "(2 members) in" in capsys.readouterr().err
+    commands._start(parse_job(text), text, args, Parallelism(1, "all of them"))
+    assert "(1 member, 1 at once: all of them) in" in capsys.readouterr().err
+    two = parse_job(text + text.split("\n", 1)[1])
+    opts = commands._start(two, text, args, Parallelism(2, "2 CPUs"))
+    assert "(2 members, 2 at once: 2 CPUs) in" in capsys.readouterr().err
+    assert opts.max_parallel == 2  # what the first line says is what the run uses

@@ -35,6 +35,7 @@ from subagents.browser.corpus import CORPUS_ALLOW
 from subagents.model.base import ModelError
 
 from .. import host_git
+from ..capacity import Parallelism
 from ..driver import EXIT_FAILED, RunOptions, RunSummary, execute
 from ..errors import UsageError
 from ..jobfile import JobError, load_job, parse_job
@@ -115,14 +116,17 @@ def _root(job: Job, args: argparse.Namespace) -> Path:
     return root
 
 
-def _start(job: Job, text: str, args: argparse.Namespace) -> RunSummary:
+def _start(job: Job, text: str, args: argparse.Namespace, parallel: Parallelism) -> RunSummary:
     try:
         run = RunDir.create(job, text, root=_root(job, args))
     except RunDirUnavailable as exc:
         raise UsageError(str(exc)) from None
     count = f"{job.member_count} member{'' if job.member_count == 1 else 's'}"
-    print(f"fleet: run {run.id} ({count}) in {run.path}", file=sys.stderr)
-    return _go(run, job, _options(args))
+    at_once = f"{parallel.members} at once: {parallel.why}"
+    print(f"fleet: run {run.id} ({count}, {at_once}) in {run.path}", file=sys.stderr)
+    opts = _options(args)
+    opts.max_parallel = parallel.members
+    return _go(run, job, opts)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -131,8 +135,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except JobError as exc:
         raise UsageError(str(exc)) from None
     _root(job, args)
-    preflight(job, cluster=_cluster(args))
-    return _start(job, text, args).exit_code
+    parallel = preflight(job, cluster=_cluster(args))
+    return _start(job, text, args, parallel).exit_code
 
 
 def research_toml(
@@ -198,8 +202,8 @@ def cmd_research(args: argparse.Namespace) -> int:
         },
     )
     _root(job, args)
-    preflight(job, {"model.name": "--model"}, cluster=_cluster(args))
-    return _start(job, text, args).exit_code
+    parallel = preflight(job, {"model.name": "--model"}, cluster=_cluster(args))
+    return _start(job, text, args, parallel).exit_code
 
 
 def cmd_code(args: argparse.Namespace) -> int:
@@ -227,8 +231,10 @@ def cmd_code(args: argparse.Namespace) -> int:
         text, {"members[0].task": "TASK", "members[0].test": "--test", "model.name": "--model"}
     )
     _root(job, args)
-    preflight(job, {"model.name": "--model", "members[0].repo": "REPO"}, cluster=_cluster(args))
-    summary = _start(job, text, args)
+    parallel = preflight(
+        job, {"model.name": "--model", "members[0].repo": "REPO"}, cluster=_cluster(args)
+    )
+    summary = _start(job, text, args, parallel)
     outcome = summary.outcomes.get("coder")
     patch = summary.run.path / "members" / "coder" / "patch.diff"
     if outcome is None or outcome.result is None:
@@ -288,7 +294,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "or after that process is gone"
         )
     job = run.job()
-    preflight(job, cluster=_cluster(args))
+    parallel = preflight(job, cluster=_cluster(args))
     members = run.planned_members()
     pending = run.pending_members(members or [], retry_failed=args.retry_failed)
     lead_open = job.lead is not None and not lead_finished(run)
@@ -302,7 +308,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return 0 if state.status == "succeeded" else 1
     opts = _options(args)
     opts.retry_failed = args.retry_failed
-    print(f"fleet: resuming {run.id} in {run.path}", file=sys.stderr)
+    opts.max_parallel = parallel.members
+    at_once = f"{parallel.members} at once: {parallel.why}"
+    print(f"fleet: resuming {run.id} ({at_once}) in {run.path}", file=sys.stderr)
     return _go(run, job, opts, resume=True).exit_code
 
 
