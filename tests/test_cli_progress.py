@@ -112,10 +112,11 @@ def test_a_resume_shows_members_finished_before_it_with_their_recorded_figures(t
     run.write_result("done", outcome)
     out = io.StringIO()
     members = job.members
-    p = _progress(run, members, [members[1]], RunOptions(out=out, tty=False))
-    rows = {ln.split()[0]: ln.split() for ln in p.table()[1:]}
-    assert rows["done"][1:6] == ["ok", "3", "1.5k", "45", "4.2s"], rows["done"]
-    assert rows["todo"][1:6] == ["queued", "0", "0", "0", "0.0s"]
+    rows = [m.id or "" for m in members]
+    p = _progress(run, rows, members, [members[1]], RunOptions(out=out, tty=False))
+    shown = {ln.split()[0]: ln.split() for ln in p.table()[1:]}
+    assert shown["done"][1:6] == ["ok", "3", "1.5k", "45", "4.2s"], shown["done"]
+    assert shown["todo"][1:6] == ["queued", "0", "0", "0", "0.0s"]
     line = out.getvalue().strip()
     assert "done: ok after 4.2s, 3 turns, 1.5k in / 45 out" in line
     assert "before the resume" in line
