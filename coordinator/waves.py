@@ -177,6 +177,11 @@ class Waves:
         return self._start(jobs, call_id)
 
     def _refusal(self, count: int) -> str:
+        if self.fan.stopper:
+            return (
+                f"Refused: fail_fast stopped the run when {self.fan.stopper[0]} failed; no "
+                "more members are started. Finish with what you have."
+            )
         if self.stop_reason or self.fan.closed:
             return f"Refused: the run takes no more members ({self.stop_reason or 'stopping'})."
         if self.waves >= self.lead.max_waves:

@@ -365,3 +365,40 @@ def test_the_report_says_each_findings_wave_and_what_running_code_verified_or_co
     assert re.search(r"sorted\(\) example that breaks .*_\(wave 1\)_", md)
     assert "**contradicted** by w2-2 (wave 2): `python3 -m doctest example.txt` exit 1" in md
     assert "| w2-3 | coding | 2 | ok | Run the example; change nothing. |" in md
+
+
+def test_fail_fast_over_a_leads_wave_cancels_the_rest_and_refuses_further_spawns(
+    tmp_path, images, docker_client, fake_api, cleanup
+):
+    def lead(body: dict[str, Any]) -> Any:
+        seen = "\n".join(t for t, _ in tool_results(body))
+        if "Wave 1 started" not in seen:
+            first = [
+                {"kind": "coding", "task": "Task A [hang]"},
+                {"kind": "coding", "task": "B [bad-request]"},
+            ]
+            return tool_use("spawn", {"members": first})
+        if "member w1-1" not in seen or "member w1-2" not in seen:
+            return tool_use("wait", {"until": "all"})
+        if "Refused" not in seen:
+            return tool_use("spawn", {"members": [{"kind": "coding", "task": "B again"}]})
+        return tool_use("finish", {"summary": "Stopped by fail_fast."})
+
+    fake_api(with_lead(lead, coding_policy(turns=1)))
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, 'kinds = ["coding"]\nmembers = 2\n[fanout]\nfail_fast = true\n')
+    assert main(["run", str(job), "--plain"]) == 1  # no member ok: below the quorum of 1
+    (run,) = RunDir.list(tmp_path / "runs")
+    assert [e["member"] for e in _events(run, "fail_fast")] == ["w1-2"]
+    st = run.state()
+    assert st.members == {"w1-1": "cancelled", "w1-2": "failed"}
+    results = _lead_results(run)
+    told = next(t for tool, t, _ in results if tool == "wait")
+    assert "member w1-1 (coding, wave 1) ended cancelled" in told
+    refused = [t for tool, t, err in results if tool == "spawn" and err]
+    assert refused == [
+        "Refused: fail_fast stopped the run when w1-2 failed; no more members are started. "
+        "Finish with what you have."
+    ]
+    assert [len(e["members"]) for e in _events(run, "lead_spawn")] == [2]
+    assert json.loads((run.path / "report.json").read_text())["summary"] == "Stopped by fail_fast."
