@@ -402,3 +402,45 @@ def test_fail_fast_over_a_leads_wave_cancels_the_rest_and_refuses_further_spawns
     ]
     assert [len(e["members"]) for e in _events(run, "lead_spawn")] == [2]
     assert json.loads((run.path / "report.json").read_text())["summary"] == "Stopped by fail_fast."
+
+
+def test_a_long_lead_stays_inside_its_context_budget_by_the_members_mechanisms(
+    tmp_path, images, docker_client, fake_api, cleanup
+):
+    long = "The member found this and more. " * 160  # about 5,000 characters a result
+
+    def members(body: dict[str, Any]) -> Any:
+        return tool_use("submit_result", {"summary": long, "tests_run": [], "notes": []})
+
+    def lead(body: dict[str, Any]) -> Any:
+        # Decides from what it still holds: older results are offloaded to pointers.
+        results = [t for t, _ in tool_results(body)]
+        started = sum("started:" in t for t in results)
+        if results and "No member is running." not in results[-1]:
+            return tool_use("wait", {"until": "all"})
+        if started < 3:
+            two = [{"kind": "coding", "task": f"Part {started + 1}.{i}"} for i in (1, 2)]
+            return tool_use("spawn", {"members": two})
+        return tool_use("finish", {"summary": "Six parts done."})
+
+    fake_api(with_lead(lead, members))
+    cleanup.append(tmp_path / "runs")
+    budget = 6_000
+    job = _job(
+        tmp_path,
+        'kinds = ["coding"]\nmembers = 2\nresult_chars = 8000\n'
+        f"context = {{ budget_tokens = {budget}, keep_recent_results = 1 }}\n",
+    )
+    assert main(["run", str(job), "--plain"]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+    events = list(read_trace(run.path / "lead" / "trace.jsonl"))
+    sent = [e.context_tokens for e in events if e.type == "model_call"]
+    told = [e.output_chars for e in events if e.type == "tool_result" and e.tool == "wait"]
+    shown = sum(told) // 4  # tokens of results it was told, in all
+    assert shown > budget  # more than fits ...
+    assert max(sent) <= budget  # ... yet no call sent more than its budget
+    offloads = [e for e in events if e.type == "offload"]
+    # Older results went to files (aged, or over budget), not because one was huge.
+    assert offloads and all(e.reason != "large_result" for e in offloads)
+    assert list((run.path / "lead" / "offloads").glob("*"))  # the full results stay on disk
+    assert json.loads((run.path / "report.json").read_text())["summary"] == "Six parts done."
