@@ -138,6 +138,8 @@ def lead_spec(job: Job, model: str, *, offline: bool) -> MemberSpec:
             update={"deadline_s": max(lim.deadline_s * 0.9, lim.deadline_s - 60)}
         ),
         max_output_tokens=job.model.max_tokens,
+        # A wait may last as long as the lead itself: no shorter host-side ceiling.
+        tool_timeout_s=lim.deadline_s,
         context=ContextConfig.model_validate(lead.context),
     )
 

@@ -307,7 +307,8 @@ class Waves:
         lines.append(self.left())
         return "\n".join(lines)
 
-    def header(self, s: Spawned, o: MemberOutcome) -> str:
+    @staticmethod
+    def header(s: Spawned, o: MemberOutcome) -> str:
         """Our words about a finished member (outside the untrusted block)."""
         return (
             f"member {s.job.id} ({s.job.kind}, wave {s.wave}) ended {o.status} after "
