@@ -19,7 +19,9 @@ as one streaming call on that node's actor; the node name is journalled with
 Failure. A node that dies or leaves the cluster mid-member surfaces as Ray's actor or
 node errors; they become that member's ``crashed`` with the reason
 ``node NAME lost: ...`` (never a traceback), the node takes no more members, and the
-coordinator's own retry policy runs the member again on another node. Ray's own
+coordinator's own retry policy runs the member again on another node: one the run
+already uses, or, when none of those has a free slot, a Fleet node the run did not
+use yet, where a new actor takes over the lost node's slots. Ray's own
 retries stay off (``max_restarts=0``, ``max_task_retries=0``): a retried call pinned
 to a dead node never finishes. The coordinator enforces each attempt's deadline
 itself (the node's own, plus :data:`GRACE_S` for the node to release the box and
@@ -81,6 +83,8 @@ READY_S = 60.0
 """How long a node's actor may take to start (its slots free, its process up)."""
 CLOSE_S = 60.0
 """How long a node may take to remove the run's boxes at the end."""
+LOST_CLOSE_S = 5.0
+"""How long a node taken for lost is given to answer that call anyway."""
 
 _EVENT: TypeAdapter[Any] = TypeAdapter(TraceEvent)
 _Actor: Any = None  # ray.remote(NodeService), made on first use
@@ -157,6 +161,11 @@ class RayNodes(Nodes):
         """Builds each node's side on the node (default: its Docker engine)."""
         self.nodes: list[_Node] = []
         self._changed = anyio.Event()
+        self._run_id = ""
+        self._services = Services(max_parallel=1)
+        self._missing = 0
+        """Slots of lost nodes not yet found again on another node."""
+        self._replacing = False
 
     # ------------------------------------------------------------ placement
 
@@ -164,46 +173,51 @@ class RayNodes(Nodes):
     async def serve(
         self, run_id: str, units: list[MemberUnit], services: Services
     ) -> AsyncIterator[None]:
+        self._run_id, self._services = run_id, services
         infos = fleet_nodes(self.address)
         share = allocate(
             [int(n["Resources"][SLOTS]) for n in infos], min(services.max_parallel, len(units))
         )
-        global _Actor
-        _Actor = _Actor or ray.remote(NodeService)
         for info, slots in zip(infos, share, strict=True):
             if slots:
-                actor = _Actor.options(
-                    num_cpus=0,
-                    resources={SLOTS: slots},
-                    scheduling_strategy=pinned(info),
-                    max_restarts=0,
-                    max_task_retries=0,
-                ).remote(run_id, node_name(info), self.setup)
-                self.nodes.append(_Node(node_name(info), info, actor, slots, slots))
-        await self._start(units, services, share)
+                self.nodes.append(self._actor(info, slots))
+        await self._start(units)
         yield
 
-    async def _start(self, units: list[MemberUnit], services: Services, share: list[int]) -> None:
-        """Each node's actor up and its services started; a node that cannot is left out."""
+    def _actor(self, info: dict[str, Any], slots: int) -> _Node:
+        """Start the run's actor on this node, holding ``slots`` of its ``fleet_slots``."""
+        global _Actor
+        _Actor = _Actor or ray.remote(NodeService)
+        actor = _Actor.options(
+            num_cpus=0,
+            resources={SLOTS: slots},
+            scheduling_strategy=pinned(info),
+            max_restarts=0,
+            max_task_retries=0,
+        ).remote(self._run_id, node_name(info), self.setup)
+        return _Node(node_name(info), info, actor, slots, slots)
+
+    async def _up(self, node: _Node, units: list[MemberUnit]) -> None:
+        """The node's actor up and its services started, or the node marked lost."""
+        services = self._services.model_copy(update={"max_parallel": node.slots})
+        try:
+            with anyio.fail_after(READY_S):
+                await node.actor.ready.remote()
+                await node.actor.start.remote(units, services)
+        except TimeoutError:
+            node.lost = f"its {node.slots} {SLOTS} did not come free within {READY_S:g}s"
+            ray.kill(node.actor)
+        except ray.exceptions.RayError as exc:
+            node.lost = _lost_reason(exc)
+
+    async def _start(self, units: list[MemberUnit]) -> None:
+        """Each node's actor up and its services started; a node that cannot is left out.
+        Each node's warm pools are sized for its share of the members."""
         owners = [i for i, n in enumerate(self.nodes) for _ in range(n.slots)]
-
-        async def start(i: int, node: _Node) -> None:
-            mine = [u for j, u in enumerate(units) if owners[j % len(owners)] == i]
-            try:
-                with anyio.fail_after(READY_S):
-                    await node.actor.ready.remote()
-                    await node.actor.start.remote(
-                        mine, services.model_copy(update={"max_parallel": node.slots})
-                    )
-            except TimeoutError:
-                node.lost = f"its {node.slots} {SLOTS} did not come free within {READY_S:g}s"
-                ray.kill(node.actor)
-            except ray.exceptions.RayError as exc:
-                node.lost = _lost_reason(exc)
-
         async with anyio.create_task_group() as tg:
             for i, node in enumerate(self.nodes):
-                tg.start_soon(start, i, node)
+                mine = [u for j, u in enumerate(units) if owners[j % len(owners)] == i]
+                tg.start_soon(self._up, node, mine)
         problems = [f"node {n.name}: {n.lost}" for n in self.nodes if n.lost]
         if all(n.lost for n in self.nodes):
             raise ClusterUnavailable(
@@ -220,18 +234,51 @@ class RayNodes(Nodes):
                     tg.start_soon(_wait, node.actor.warm.remote())
 
     async def _take(self) -> _Node | None:
-        """A free slot on the live node with the most free slots (None: no node left)."""
+        """A free slot on the live node with the most free slots (None: no node left).
+        Slots lost with a node are first sought on a node the run does not use yet."""
         while True:
-            live = [n for n in self.nodes if not n.lost]
-            if not live:
-                return None
-            free = [n for n in live if n.free > 0]
+            free = [n for n in self.nodes if not n.lost and n.free > 0]
             if free:
                 node = max(free, key=lambda n: n.free / n.slots)
                 node.free -= 1
                 return node
+            if self._missing and not self._replacing:
+                self._replacing = True
+                try:
+                    await self._replace()
+                finally:
+                    self._replacing = False
+                    self._notify()
+                continue
+            if not self._replacing and all(n.lost for n in self.nodes):
+                return None
             changed = self._changed
             await changed.wait()
+
+    def _lose(self, node: _Node, reason: str) -> None:
+        if not node.lost:
+            node.lost = reason
+            self._missing += node.slots
+            self._notify()
+
+    async def _replace(self) -> None:
+        """Start the run's actor on a Fleet node it does not use yet, for the slots its
+        lost nodes held (as many as that node has); none left: the run goes on with less."""
+        used = {n.info["NodeID"] for n in self.nodes}
+        try:
+            infos = await anyio.to_thread.run_sync(fleet_nodes, self.address)
+        except ClusterUnavailable:
+            infos = []
+        for info in infos:
+            if info["NodeID"] in used:
+                continue
+            node = self._actor(info, min(int(info["Resources"][SLOTS]), self._missing))
+            self.nodes.append(node)
+            await self._up(node, [])
+            if not node.lost:
+                self._missing -= node.slots
+                return
+        self._missing = 0
 
     def _notify(self) -> None:
         self._changed.set()
@@ -285,9 +332,7 @@ class RayNodes(Nodes):
             reason = f"node {node.name} failed the attempt: {_lost_reason(exc)}"
             return self._ended(unit, trace, reason, t0, status="failed")
         except ray.exceptions.RayError as exc:
-            if not node.lost:
-                node.lost = _lost_reason(exc)
-                self._notify()
+            self._lose(node, _lost_reason(exc))
             return self._ended(unit, trace, f"node {node.name} lost: {node.lost}", t0)
         if reply is None:
             return self._ended(unit, trace, f"node {node.name} ended without a result", t0)
@@ -328,16 +373,16 @@ class RayNodes(Nodes):
         kept: list[str] = []
 
         async def close(node: _Node) -> None:
+            # A node that stopped answering may still be there: asked briefly too.
             with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
-                with anyio.fail_after(CLOSE_S):
+                with anyio.fail_after(LOST_CLOSE_S if node.lost else CLOSE_S):
                     names = await node.actor.close.remote()
                 kept.extend(names)  # removed with fleet sandbox rm on that node's host
 
         try:
             async with anyio.create_task_group() as tg:
                 for node in self.nodes:
-                    if not node.lost:
-                        tg.start_soon(close, node)
+                    tg.start_soon(close, node)
         finally:
             for node in self.nodes:
                 with contextlib.suppress(Exception):

@@ -210,6 +210,32 @@ def test_a_node_lost_mid_run_costs_only_a_retry_of_its_members(
     assert _boxes(docker_client, run.id) == []
 
 
+def test_a_run_whose_only_node_is_lost_goes_on_on_another(
+    tmp_path, ray_cluster, docker_client, cleanup
+):
+    # One member at a time: the run holds one slot, on the node with the most of them.
+    doomed = ray_cluster.add_node(slots=8)
+    name = ray_cluster.name(doomed)
+    cleanup.append(tmp_path / "runs")
+    job = _coder_job(tmp_path, 2, test="sleep 6 && python3 test_greet.py", max_parallel=1)
+    with _cluster_run(tmp_path, job, ray_cluster.address) as (proc, run):
+        on_it = lambda: any(name in v for v in _started_on(run).values())  # noqa: E731
+        _wait_for(on_it, 120, f"a member on {name}")
+        time.sleep(2)
+        ray_cluster.remove_node(doomed)
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert set(run.state().members.values()) == {"ok"}
+    started = _started_on(run)
+    (victim,) = [m for m, v in started.items() if v[0] == name]
+    assert len(started[victim]) == 2 and started[victim][1] != name
+    others = {ray_cluster.name(n) for n in ray_cluster.nodes}
+    assert all(v[-1] in others for v in started.values())
+    gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
+    assert gc.returncode == 0, gc.stderr
+    assert _boxes(docker_client, run.id) == []
+
+
 def test_ctrl_c_leaves_no_box_on_any_node(tmp_path, ray_cluster, docker_client, cleanup):
     cleanup.append(tmp_path / "runs")
     job = _coder_job(tmp_path, 4, test="sleep 60", max_parallel=4)
