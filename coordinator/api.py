@@ -181,7 +181,9 @@ async def _preflight(job: Job, opts: RunOptions) -> None:
     from .preflight import preflight  # its checks run their own event loop: a thread
 
     try:
-        parallel = await anyio.to_thread.run_sync(lambda: preflight(job, out=opts.out))
+        parallel = await anyio.to_thread.run_sync(
+            lambda: preflight(job, out=opts.out, cluster=opts.cluster)
+        )
     except (UsageError, CommandFailed) as exc:
         raise RunNotStarted(str(exc)) from None
     opts.max_parallel = parallel.members

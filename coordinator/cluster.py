@@ -92,20 +92,24 @@ _Actor: Any = None  # ray.remote(NodeService), made on first use
 __all__ = ["ClusterUnavailable", "RayNodes", "check_nodes"]
 
 
-def check_nodes(address: str, images: list[str], firewall: bool) -> None:
-    """Every Fleet node has the run's images (and, for browser boxes, the host firewall
-    rules); ClusterUnavailable naming each node that does not, and ``fleet setup``."""
+def check_nodes(address: str, images: list[str], own: dict[str, str], firewall: bool) -> int:
+    """Every Fleet node has the run's images - Fleet's (by name), and members' own
+    (reference -> the field naming it) - and, for browser boxes, the host firewall rules;
+    ClusterUnavailable naming each node that does not, and ``fleet setup``. Returns the
+    ``fleet_slots`` the nodes offer."""
     problems = [
         f"node {name}: {p}"
-        for name, found in on_each_node(address, check_node, images, firewall)
+        for name, found in on_each_node(address, check_node, images, own, firewall)
         for p in found
     ]
     if problems:
         raise ClusterUnavailable(
             "the cluster's nodes are not ready for this run:\n  "
             + "\n  ".join(problems)
-            + "\nrun 'fleet setup' (as root) on each of those Docker hosts, then try again"
+            + "\nrun 'fleet setup' (as root) on each of those Docker hosts (and load any "
+            "image a member names there), then try again"
         )
+    return sum(int(n["Resources"][SLOTS]) for n in fleet_nodes(address))
 
 
 def allocate(capacity: list[int], want: int) -> list[int]:

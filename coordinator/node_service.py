@@ -68,8 +68,10 @@ def docker_node(node: str) -> NodeDeps:
     return NodeDeps(backend=DockerBackend(node=node), make_model=make_model)
 
 
-def check_node(images: list[str], firewall_needed: bool) -> list[str]:
-    """What keeps this node from running the run's boxes, in words (empty: nothing).
+def check_node(images: list[str], own: dict[str, str], firewall_needed: bool) -> list[str]:
+    """What keeps this node from running the run's boxes, in words (empty: nothing):
+    Fleet's ``images`` missing, members' ``own`` images (reference -> the job field
+    naming it) not on its engine, the host firewall rules absent.
 
     Blocking; run as a task on the node before the run starts."""
     from sandbox.engine import connect
@@ -84,6 +86,11 @@ def check_node(images: list[str], firewall_needed: bool) -> list[str]:
         refs = current_refs(images)
         problems += [
             f"image {refs[n]} is missing" for n in images if not image_exists(client, refs[n])
+        ]
+        problems += [
+            f"image {ref!r} ({where}) is not on its engine (Fleet never pulls)"
+            for ref, where in own.items()
+            if not image_exists(client, ref)
         ]
     finally:
         client.close()

@@ -68,23 +68,24 @@ def preflight(
     will run at once (:func:`check_parallel`)."""
     check_repos(job, flags)
     check_models(job, flags)
+    slots = None
     if cluster:
-        check_cluster(job, cluster)
+        slots = check_cluster(job, cluster)
     else:
         check_images(job, out=out)
-    return check_parallel(job, cluster=cluster)
+    return check_parallel(job, cluster_slots=slots)
 
 
-def check_parallel(job: Job, *, cluster: str | None = None) -> Parallelism:
+def check_parallel(job: Job, *, cluster_slots: int | None = None) -> Parallelism:
     """``max_parallel`` for the run: the job's own, else chosen from its members and
     the engine's host (:mod:`coordinator.capacity`; the engine may be another machine,
-    so it is asked, not this one). On a cluster, whose nodes' ``fleet_slots`` bound it
-    too, a job that does not say runs at most 4 at once, as before."""
+    so it is asked, not this one). On a cluster (``cluster_slots``: the ``fleet_slots``
+    its nodes offer, which say what each node can hold), as many as those slots."""
     if job.fanout.max_parallel is not None:
         return Parallelism(job.fanout.max_parallel, "as the job says")
-    if cluster:
-        members = min(len(job_boxes(job)), 4)
-        return Parallelism(members, "at most 4 on a cluster when the job does not say")
+    if cluster_slots is not None:
+        members = max(1, min(len(job_boxes(job)), cluster_slots))
+        return Parallelism(members, f"the cluster's nodes offer {cluster_slots} fleet_slots")
     from sandbox.engine import connect
 
     try:
@@ -99,11 +100,12 @@ def check_parallel(job: Job, *, cluster: str | None = None) -> Parallelism:
     return choose(job_boxes(job), host)
 
 
-def check_cluster(job: Job, address: str) -> None:
-    """The cluster answers and each of its Fleet nodes has the job's images (and the
-    host firewall rules, for browser boxes); else one paragraph naming the node and
-    ``fleet setup``. A node cannot build images on a run's behalf: a build is root's
-    job on that host, once."""
+def check_cluster(job: Job, address: str) -> int:
+    """The cluster answers and each of its Fleet nodes has the job's images - Fleet's
+    and any a member names itself (``sandbox.image``) - and, for browser boxes, the host
+    firewall rules; else one paragraph naming the node and ``fleet setup``. A node
+    cannot build images on a run's behalf: a build is root's job on that host, once.
+    Returns the ``fleet_slots`` the nodes offer."""
     try:
         from .cluster import ClusterUnavailable, check_nodes
     except ImportError:
@@ -112,8 +114,13 @@ def check_cluster(job: Job, address: str) -> None:
             "'cluster' extra: pip install -e '.[cluster]' (make setup does)"
         ) from None
     names = needed_images(job)
+    own = {
+        str(m.sandbox.image): f"members[{i}].sandbox.image"
+        for i, m in enumerate(job.members)
+        if m.sandbox.image
+    }
     try:
-        check_nodes(address, names, firewall="browser" in names)
+        return check_nodes(address, names, own, firewall="browser" in names)
     except ClusterUnavailable as exc:
         raise UsageError(str(exc)) from None
 

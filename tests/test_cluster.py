@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ray_support import SLOTS
 
 from coordinator.runs import RunDir
 
@@ -303,4 +304,36 @@ def test_a_node_without_the_runs_images_refuses_the_run(tmp_path, ray_cluster, c
     assert f"node {ray_cluster.name(stale)}: image fleet-coding:" in done.stderr
     assert "is missing" in done.stderr and "fleet setup" in done.stderr
     assert "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists() or not RunDir.list(tmp_path / "runs")
+
+
+def test_on_a_cluster_a_job_runs_as_many_members_at_once_as_the_nodes_offer_slots(
+    tmp_path, ray_cluster, docker_client, cleanup
+):
+    cleanup.append(tmp_path / "runs")
+    job = _coder_job(tmp_path, 10, test="python3 test_greet.py", max_parallel=1)
+    job.write_text(job.read_text().replace("max_parallel = 1\n", ""))  # the job does not say
+    slots = SLOTS * len(ray_cluster.nodes)  # the session's nodes, each with SLOTS
+    done = _fleet(
+        "run", str(job), "--output-dir", str(tmp_path / "runs"), "--plain",
+        "--cluster", ray_cluster.address,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{slots} at once: the cluster's nodes offer {slots} fleet_slots" in done.stderr
+    (run,) = RunDir.list(tmp_path / "runs")
+    assert _boxes(docker_client, run.id) == []
+
+
+def test_a_members_own_image_missing_on_the_nodes_refuses_the_run(tmp_path, ray_cluster):
+    job = _coder_job(tmp_path, 1, test="true", max_parallel=1)
+    job.write_text(job.read_text() + 'sandbox = { image = "fleet-no-such-image:1" }\n')
+    done = _fleet(
+        "run", str(job), "--output-dir", str(tmp_path / "runs"), "--cluster", ray_cluster.address
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    for node in ray_cluster.nodes:
+        assert (
+            f"node {ray_cluster.name(node)}: image 'fleet-no-such-image:1' "
+            "(members[0].sandbox.image) is not on its engine" in done.stderr
+        )
     assert not (tmp_path / "runs").exists() or not RunDir.list(tmp_path / "runs")
