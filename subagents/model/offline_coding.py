@@ -134,7 +134,11 @@ def _report(h: _History, test: str | None, edits: list[dict[str, Any]]) -> dict[
         if call.get("name") == "edit_file":
             (refused if is_error else applied).append(call["input"]["path"])
         elif call.get("name") == "glob" and not is_error:
-            files_seen = len([ln for ln in text.splitlines() if ln.startswith("/")])
+            # The first look and the first test run go out together, so a cache the
+            # test writes (__pycache__) may or may not be listed yet: not counted, so
+            # the same task gives the same summary every time.
+            seen = [ln for ln in text.splitlines() if ln.startswith("/")]
+            files_seen = len([ln for ln in seen if "/__pycache__/" not in ln])
         elif call.get("name") == "shell" and call["input"].get("command") == test:
             m = _EXIT.search(text)
             if m:
