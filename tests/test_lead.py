@@ -155,6 +155,11 @@ def test_a_lead_respawns_a_failed_member_with_a_changed_task_and_finishes(
     assert lead_end["status"] == "ok" and lead_end["cancelled"] == []
     err = capsys.readouterr().err
     assert "succeeded: 2 of 3 members ok" in err and re.search(r"^lead\s+ok", err, re.M)
+    # fleet trace: the lead is a row of its own, not counted as a member.
+    assert main(["trace", str(run.path)]) == 0
+    table = capsys.readouterr().out
+    assert "a lead and 3 members (1 failed, 2 ok)" in table
+    assert re.search(r"^lead\s+lead\s+ok", table, re.M)
 
 
 def test_spawns_past_the_leads_limits_are_refused_with_what_is_left(

@@ -148,6 +148,7 @@ class RunRollup(_View):
     totals: dict[str, float] = Field(default_factory=dict)
     """Sums of the members' counters (tokens, tool calls, errors, cost, ...)."""
     statuses: dict[str, int] = Field(default_factory=dict)
+    """Members by status (a lead run's lead not counted: it is no member)."""
     memory: list[MemoryProblem] = Field(default_factory=list)
     """Memory saves that left a conflict in their profile or failed (from the journal)."""
 
@@ -343,7 +344,8 @@ def rollup_run(run: RunTrace) -> RunRollup:
     out.totals["cost_usd"] = round(out.totals["cost_usd"], 6)
     out.totals["box_s"] = round(out.totals["box_s"], 3)
     for r in rows:
-        out.statuses[r.status] = out.statuses.get(r.status, 0) + 1
+        if r.kind != "lead":  # members' statuses; a lead run's lead is a row of its own
+            out.statuses[r.status] = out.statuses.get(r.status, 0) + 1
     out.memory = memory_problems(run.journal)
     return out
 

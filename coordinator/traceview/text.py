@@ -71,6 +71,13 @@ def _row(r: MemberRollup, nodes: bool) -> list[str]:
     ]  # fmt: skip
 
 
+def _who(roll: RunRollup) -> str:
+    """``3 members``, or ``a lead and 3 members`` for a lead run."""
+    members = sum(1 for r in roll.members if r.kind != "lead")
+    lead = "a lead and " if len(roll.members) > members else ""
+    return f"{lead}{members} members"
+
+
 def format_run(roll: RunRollup) -> str:
     """The run table: a header line, one row per member, and a legend."""
     t = roll.totals
@@ -80,7 +87,7 @@ def format_run(roll: RunRollup) -> str:
     )
     head = (
         f"run {roll.run}  {'finished' if roll.finished else 'RUNNING'}  "
-        f"{len(roll.members)} members ({statuses or 'none yet'})  wall {human_duration(roll.duration_s)}  "
+        f"{_who(roll)} ({statuses or 'none yet'})  wall {human_duration(roll.duration_s)}  "
         f"(boxes {human_duration(t.get('box_s', 0))})  "
         f"in {human_tokens(total_in)} (cached {human_tokens(t.get('cache_read_tokens', 0))})  "
         f"out {human_tokens(t.get('output_tokens', 0))}  cost ${t.get('cost_usd', 0):.3f}"

@@ -540,7 +540,9 @@
     document.getElementById("landing").append(FleetLanding.report(h, RUN, open));
     const input = document.getElementById("run-search"), results = document.getElementById("search-results");
     const select = document.getElementById("status-filter");
-    for (const st of Object.keys(RUN.statuses).sort()) select.append(el("option", { value: st, text: `${st} (${RUN.statuses[st]})` }));
+    const counts = {};
+    for (const m of MEMBERS) counts[m.status] = (counts[m.status] || 0) + 1;  // the lead too
+    for (const st of Object.keys(counts).sort()) select.append(el("option", { value: st, text: `${st} (${counts[st]})` }));
     const rerun = () => results.replaceChildren(...FleetLanding.search(h, MEMBERS, input.value, (id) => shown(MEMBERS.find((m) => m.id === id)), open));
     let timer = 0;
     input.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(rerun, 120); });
