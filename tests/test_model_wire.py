@@ -193,3 +193,12 @@ async def test_history_before_a_rewrite_far_back_is_still_a_cache_read() -> None
     # About the history before the rewrite (the fake API counts its own JSON form).
     prefix = sum(len(json.dumps(m)) for m in messages[:49]) // 4
     assert response.message.usage.cache_read_input_tokens >= 0.8 * prefix
+
+
+async def test_the_client_runs_on_the_sdks_aiohttp_transport() -> None:
+    """The SDK's aiohttp transport reads a turn for less CPU than its httpx default."""
+    with FakeMessagesAPI([text("hi")]) as api:
+        async with AnthropicModel(MODEL, api_key="k", base_url=api.url) as model:
+            assert isinstance(model.client._client, anthropic.DefaultAioHttpClient)
+            answer = await model.complete(request(conversation(2)))
+    assert answer.message.content[0].text == "hi"  # type: ignore[union-attr]
