@@ -202,3 +202,12 @@ async def test_the_client_runs_on_the_sdks_aiohttp_transport() -> None:
             assert isinstance(model.client._client, anthropic.DefaultAioHttpClient)
             answer = await model.complete(request(conversation(2)))
     assert answer.message.content[0].text == "hi"  # type: ignore[union-attr]
+
+
+def test_without_aiohttp_the_client_falls_back_to_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(**kw: Any) -> Any:
+        raise RuntimeError("To use the aiohttp client you must have installed the extra")
+
+    monkeypatch.setattr(anthropic, "DefaultAioHttpClient", missing)
+    model = AnthropicModel(MODEL, api_key="k", base_url="http://127.0.0.1:9")
+    assert isinstance(model.client._client, anthropic.DefaultAsyncHttpxClient)

@@ -68,6 +68,16 @@ _STREAM_HEADERS = {"X-Stainless-Helper-Method": "stream", "X-Stainless-Stream-He
 """What the SDK's own ``messages.stream`` sends besides the body."""
 
 
+def _http_client() -> Any:
+    """The SDK's aiohttp client; its httpx one where aiohttp is missing (an environment
+    installed before Fleet asked for the ``aiohttp`` extra: slower, not broken)."""
+    tls = _tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    try:
+        return anthropic.DefaultAioHttpClient(verify=tls)
+    except RuntimeError:
+        return anthropic.DefaultAsyncHttpxClient(verify=tls)
+
+
 @functools.cache
 def _tls_context(cafile: str | None, capdir: str | None) -> ssl.SSLContext:
     """The client's default TLS context, built once per CA setting (SSL_CERT_FILE/DIR)."""
@@ -124,9 +134,7 @@ class AnthropicModel:
             # The SDK's default pool closes itself from __del__ on whatever event loop
             # runs at collection time; a model dropped without aclose() would then touch
             # sockets of a finished loop. A plain pool is just collected.
-            http_client=anthropic.DefaultAioHttpClient(
-                verify=_tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
-            ),
+            http_client=_http_client(),
         )
         self._bodies = BodyEncoder()
         self._sent: list[Any] = []
