@@ -330,7 +330,7 @@ async def _run_members(
     else:
         members = got.members = await plan_members(run, job, opts.make_model)
     pending = run.pending_members(members, retry_failed=opts.retry_failed) if resume else members
-    if job.lead is not None and lead_finished(run):
+    if job.lead is not None and lead_finished(run, retry_failed=opts.retry_failed):
         pending = []  # a finished lead's unfinished members would reach no one
     rows = ([LEAD_ID] if job.lead is not None else []) + [m.id or "" for m in members]
     progress = got.progress = _progress(run, rows, members, pending, opts)
@@ -394,6 +394,7 @@ async def _run_members(
                 ),
                 pending=pending,
                 on_members=lambda ms: setattr(got, "members", ms),
+                retry_failed=opts.retry_failed,
             )
             ended = "succeeded" if fan.result().quorum_met else "failed"
             return

@@ -7,8 +7,9 @@ beside one :class:`~coordinator.fanout.Fanout` that takes the members it spawns
 the corpus box) are up for the whole run; the first wave's boxes are warmed while
 the lead makes its first call, later waves' as they are spawned.
 
-When the lead ends - it finished, failed, hit a limit - the run takes no more
-members, and members still running are cancelled (journalled ``lead_finished`` with
+The lead is retried as a member is (``fanout.retry``: an overloaded model, its
+deadline when the job asks), each try going on from its saved conversation. When
+the lead ends - it finished, failed, hit a limit - the run takes no more members, and members still running are cancelled (journalled ``lead_finished`` with
 their ids): their results would reach no one.
 
 Resume. The lead continues from its saved conversation (the loop answers a tool
@@ -46,7 +47,7 @@ from .progress import Progress
 from .runs import FINISHED, RunDir
 from .spec import LEAD_ID, Job, MemberJob
 from .waves import Spawned, Waves
-from .worker import MemberUnit, Nodes, Recorder, Services
+from .worker import MemberUnit, Nodes, Recorder, Services, backoff, retry_class
 
 LEAD_DIR = "lead"
 
@@ -66,9 +67,13 @@ def lead_outcome(run: RunDir) -> MemberOutcome | None:
         return None
 
 
-def lead_finished(run: RunDir) -> bool:
+def lead_finished(run: RunDir, *, retry_failed: bool = False) -> bool:
+    """The lead has a final outcome (with ``retry_failed``: only ``ok`` is final, as
+    ``fleet resume --retry-failed`` has it for members)."""
     o = lead_outcome(run)
-    return o is not None and o.status in FINISHED
+    if o is None:
+        return False
+    return o.status == "ok" if retry_failed else o.status in FINISHED
 
 
 def spawned_members(run: RunDir) -> list[Spawned]:
@@ -203,6 +208,31 @@ async def _run_the_lead(
     return outcome
 
 
+async def _lead_with_retries(
+    run: RunDir,
+    job: Job,
+    make_model: Callable[..., Model],
+    waves: Waves,
+    deps: Recorder,
+    progress: Progress,
+) -> MemberOutcome:
+    """The lead, tried again as a member would be (the job's ``fanout.retry``: an
+    overloaded model, a deadline when asked), each try going on from its conversation."""
+    policy = job.fanout.retry
+    attempt = 0
+    while True:
+        attempt += 1
+        outcome = await _run_the_lead(run, job, make_model, waves, deps, progress)
+        if retry_class(outcome) not in policy.on or attempt >= policy.attempts:
+            return outcome
+        delay = backoff(policy, attempt)
+        deps.note(
+            "lead_retry", attempt=attempt, status=outcome.status, reason=outcome.reason,
+            delay_s=delay,
+        )  # fmt: skip
+        await anyio.sleep(delay)
+
+
 async def run_lead(
     run: RunDir,
     job: Job,
@@ -216,6 +246,7 @@ async def run_lead(
     services: Services,
     pending: list[MemberJob],
     on_members: Callable[[list[MemberJob]], None],
+    retry_failed: bool = False,
 ) -> dict[str, MemberOutcome]:
     """The lead and its waves, to the end; every member's outcome (see the module
     docstring). ``on_members`` hears of the members spawned so far, even when the run
@@ -236,7 +267,7 @@ async def run_lead(
     )
     restore(waves, run)
     warm = make_units(pending) if waves.spawned else make_units(_first_wave(job))
-    outcome = lead_outcome(run) if lead_finished(run) else None
+    outcome = lead_outcome(run) if lead_finished(run, retry_failed=retry_failed) else None
     again = outcome is None
 
     async def stream() -> None:
@@ -251,7 +282,7 @@ async def run_lead(
             if pending:
                 fan.add(make_units(pending))
             if outcome is None:
-                outcome = await _run_the_lead(run, job, make_model, waves, deps, progress)
+                outcome = await _lead_with_retries(run, job, make_model, waves, deps, progress)
             waves.stop_reason = "the lead has finished"
             fan.close()
             running = waves.running()

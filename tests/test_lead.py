@@ -21,7 +21,7 @@ from fleet_policies import LEAD_PROMPT, coding_policy, tool_results, with_lead
 
 from coordinator.cli import main
 from coordinator.runs import RunDir
-from subagents.fake_api import tool_use
+from subagents.fake_api import fault, tool_use
 from subagents.trace import read_trace
 
 pytestmark = pytest.mark.docker
@@ -449,3 +449,32 @@ def test_a_long_lead_stays_inside_its_context_budget_by_the_members_mechanisms(
     assert offloads and all(e.reason != "large_result" for e in offloads)
     assert list((run.path / "lead" / "offloads").glob("*"))  # the full results stay on disk
     assert json.loads((run.path / "report.json").read_text())["summary"] == "Six parts done."
+
+
+def test_an_overloaded_lead_is_retried_and_goes_on_from_its_conversation(
+    tmp_path, images, docker_client, fake_api, cleanup
+):
+    faults = iter(range(5))  # the first try and the adapter's 4 retries: it fails for good
+
+    def lead(body: dict[str, Any]) -> Any:
+        if next(faults, None) is not None:
+            return fault(529, "overloaded_error", "Overloaded", retry_after=0.01)
+        seen = "\n".join(t for t, _ in tool_results(body))
+        if "Wave 1 started" not in seen:
+            return tool_use("spawn", {"members": [{"kind": "coding", "task": "Task A"}]})
+        if "member w1-1" not in seen:
+            return tool_use("wait", {"until": "all"})
+        return tool_use("finish", {"summary": "Done on the second try."})
+
+    fake_api(with_lead(lead, coding_policy(turns=1)))
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, 'kinds = ["coding"]\nmembers = 1\n')
+    assert main(["run", str(job), "--plain"]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+    (retry,) = _events(run, "lead_retry")
+    assert retry["status"] == "failed" and "overloaded" in retry["reason"].lower()
+    assert [e["resumed"] for e in _events(run, "lead_started")] == [False, True]
+    assert [e["status"] for e in _events(run, "lead_finished")] == ["ok"]
+    assert (
+        json.loads((run.path / "report.json").read_text())["summary"] == "Done on the second try."
+    )

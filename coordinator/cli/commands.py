@@ -297,7 +297,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     parallel = preflight(job, cluster=_cluster(args))
     members = run.planned_members()
     pending = run.pending_members(members or [], retry_failed=args.retry_failed)
-    lead_open = job.lead is not None and not lead_finished(run)
+    lead_open = job.lead is not None and not lead_finished(run, retry_failed=args.retry_failed)
     if members is not None and not pending and not lead_open:
         state = run.state()
         print(
