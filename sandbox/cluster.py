@@ -87,5 +87,12 @@ def on_each_node(address: str, fn: Callable[..., T], *args: Any) -> list[tuple[s
     nodes = fleet_nodes(address)
     task = ray.remote(num_cpus=0, max_retries=0)(fn)
     refs = [task.options(scheduling_strategy=pinned(n)).remote(*args) for n in nodes]
-    results = ray.get(refs, timeout=CALL_S)
-    return [(node_name(n), r) for n, r in zip(nodes, results, strict=True)]
+    out: list[tuple[str, T]] = []
+    for node, ref in zip(nodes, refs, strict=True):
+        try:
+            out.append((node_name(node), ray.get(ref, timeout=CALL_S)))
+        except ray.exceptions.TaskUnschedulableError:
+            continue  # the node left the cluster after it was listed (Ray says so late)
+    if not out:
+        raise ClusterUnavailable(f"every Fleet node of the Ray cluster at {address} left it")
+    return out
