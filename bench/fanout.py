@@ -14,7 +14,11 @@ Rounds interleave the counts (1, 8, 16, 1, 8, 16, ...) so that the shared machin
 drifting speed hits every count alike; each round's ratio to its own 1-member run is
 taken, and the medians are printed.
 
-Usage: ``.venv/bin/python bench/fanout.py [--counts 1,8,16] [--rounds 3] [--max-parallel N]``
+``--cli`` times the real ``fleet run JOB --plain`` process instead, start-up included:
+what a user waits for, and where the first wave's boxes start while Fleet loads
+(:mod:`coordinator.prewarm`).
+
+Usage: ``.venv/bin/python bench/fanout.py [--counts 1,8,16] [--rounds 3] [--max-parallel N] [--cli]``
 Targets on this 2-core machine, with the defaults: 8 members <= 1.10x of 1, 16 <= 1.25x.
 """
 
@@ -81,11 +85,34 @@ async def one_run(n: int, max_parallel: int | None, out: Path) -> float:
     return wall
 
 
+def one_cli_run(n: int, max_parallel: int | None, out: Path) -> float:
+    """``fleet run JOB --plain`` as a user types it: the whole process, start-up included."""
+    from coordinator.jobfile import render_toml
+
+    path = out / f"fanout-{n}.toml"
+    path.write_text(render_toml({**job(n, max_parallel), "output_dir": str(out)}))
+    # This checkout's Fleet, as the `fleet` script starts it (the script itself would
+    # run whichever checkout the virtualenv has installed).
+    fleet = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from coordinator.cli import main; sys.exit(main())"
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", fleet, "run", str(path), "--plain"], capture_output=True, text=True
+    )
+    wall = time.perf_counter() - started
+    assert proc.returncode == 0 and f"{n} of {n} members ok" in proc.stderr, proc.stderr[-2000:]
+    return wall
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", default="1,8,16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-parallel", type=int, default=None, help="default: Fleet's choice")
+    ap.add_argument(
+        "--cli",
+        action="store_true",
+        help="time the real `fleet run JOB` process (start-up included) instead of the API call",
+    )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
@@ -104,18 +131,25 @@ def main() -> None:
         os.environ["ANTHROPIC_BASE_URL"] = server.stdout.readline().strip()
         os.environ["ANTHROPIC_API_KEY"] = "bench-key"
         with tempfile.TemporaryDirectory() as tmp:
-            anyio.run(one_run, 1, args.max_parallel, Path(tmp))  # warm-up: caches, layers
+
+            def timed(n: int) -> float:
+                if args.cli:
+                    return one_cli_run(n, args.max_parallel, Path(tmp))
+                return anyio.run(one_run, n, args.max_parallel, Path(tmp))
+
+            timed(1)  # warm-up: caches, image layers
             for _ in range(args.rounds):
                 for n in counts:
-                    walls[n].append(anyio.run(one_run, n, args.max_parallel, Path(tmp)))
+                    walls[n].append(timed(n))
     finally:
         assert server.stdin is not None
         server.stdin.close()
         server.wait(timeout=10)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     setting = "the default" if args.max_parallel is None else str(args.max_parallel)
+    how = "the `fleet run` process" if args.cli else "the API call"
     print(
-        f"fan-out, max_parallel {setting}: {TURNS} exec turns + 1 submit turn per member, "
+        f"fan-out ({how}), max_parallel {setting}: {TURNS} exec turns + 1 submit turn per member, "
         f"model latency {LATENCY_S * 1000:.0f} ms, {args.rounds} interleaved rounds; "
         f"load average after: {load}\n"
     )

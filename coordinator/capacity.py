@@ -33,11 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox.spec import NetworkPolicy, SandboxSpec
 
-from .spec import Job, SandboxOverrides
+if TYPE_CHECKING:  # the job model imports the harness; choose() must not (prewarm.py)
+    from .spec import Job
 
 MEMORY_OVERCOMMIT = 2.0
 """The running boxes' memory limits may add up to this many times the host's memory."""
@@ -97,6 +98,8 @@ def engine_host(client: Any) -> HostSize | None:
 def job_boxes(job: Job) -> list[SandboxSpec]:
     """One box spec per member the job may run (a lead's: its most of its heaviest kind)."""
     from subagents.kinds import get_kind
+
+    from .spec import SandboxOverrides
 
     none = NetworkPolicy()
     boxes = [m.sandbox.box(get_kind(m.kind).box_kind, network=none) for m in job.members]

@@ -40,6 +40,7 @@ from .fanout import Fanout, to_member_spec
 from .lead import lead_finished, run_lead, spawned_members
 from .node import CLEANUP_S, LocalNodes, NodeDeps
 from .planner import plan
+from .prewarm import Prewarm
 from .progress import Progress
 from .report import memory_lines, memory_problems
 from .runs import RunDir
@@ -79,6 +80,8 @@ class RunOptions:
     max_parallel: int | None = None
     """Members at once when the job leaves ``max_parallel`` out, as the preflight chose
     it from the engine's host (:mod:`coordinator.capacity`); None: at most 4."""
+    prewarm: Prewarm | None = None
+    """The first wave's boxes, started before the run existed (:mod:`coordinator.prewarm`)."""
 
 
 @dataclass
@@ -102,7 +105,9 @@ def _nodes(opts: RunOptions, approver: FileApprover) -> Nodes:
         from sandbox.docker import DockerBackend
 
         opts.backend = DockerBackend()
-    deps = NodeDeps(backend=opts.backend, make_model=opts.make_model, approver=approver)
+    deps = NodeDeps(
+        backend=opts.backend, make_model=opts.make_model, approver=approver, prewarm=opts.prewarm
+    )
     return LocalNodes(deps)
 
 

@@ -39,6 +39,7 @@ from subagents.policy import Approver
 from subagents.spec import MemberSpec
 from subagents.trace import ErrorEvent, MemberEnd, SandboxEvent, TraceWriter
 
+from .prewarm import Prewarm
 from .repo_copy import RepoTooLarge, copy_room, staged_copy
 from .schema_check import problems as schema_problems
 from .worker import CANCELLED, MemberUnit, Nodes, Recorder, Services, Started, failed_outcome
@@ -77,6 +78,8 @@ class NodeDeps:
     approver: Approver | None = None
     """Answers members' policy asks (the run's approval queue); None: nobody to ask,
     each member's ``ask_default`` applies."""
+    prewarm: Prewarm | None = None
+    """Boxes started before the run existed (:mod:`coordinator.prewarm`), for its pools."""
 
     async def acquire(self, spec: SandboxSpec, run: str, member: str) -> tuple[Sandbox, Any]:
         """A fresh box for ``member`` (from a warm pool when there is one) and its pool."""
@@ -291,8 +294,33 @@ async def open_pools(
         if spec.keep:
             continue  # a pool's spare box would be kept too; these members get fresh boxes
         want = min(deps.demand[key], max_parallel)
+        early: list[dict] = []
+        if deps.prewarm is not None and deps.prewarm.run == run_id:
+            early = await anyio.to_thread.run_sync(deps.prewarm.take, key)
         pool = SandboxPool(deps.backend, spec, run=run_id, min_idle=want, max_size=max_parallel)
         deps.pools[key] = await stack.enter_async_context(pool)
+        # No await before this: the pool counts them before its refill makes any box.
+        _adopt(deps.backend, pool, early, spec, run_id)
+
+
+def _adopt(
+    backend: SandboxBackend, pool: SandboxPool, infos: list[dict], spec: SandboxSpec, run: str
+) -> None:
+    """Hand boxes of ``spec`` started before the run to its pool; each becomes idle once
+    its agent answers (all come up together), one that does not is removed and the
+    pool makes another."""
+    from sandbox.docker import DockerBackend
+
+    if not infos or not isinstance(backend, DockerBackend):
+        return
+    docker_backend = backend
+    for info in infos:
+        member = info["Config"]["Labels"].get("fleet.member", "pool")
+
+        async def ready(info: dict = info, member: str = member) -> Sandbox:
+            return await docker_backend.adopt(info, spec, run=run, member=member)
+
+        pool.adopt(ready)
 
 
 @asynccontextmanager

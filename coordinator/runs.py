@@ -24,7 +24,6 @@ import builtins
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 
 from .run_lookup import RunNotFound as RunNotFound
 from .run_lookup import find_run, run_dirs, runs_root
+from .run_names import run_name
 from .spec import Job, MemberJob
 
 FINISHED = {"ok", "failed", "timed_out", "crashed", "incomplete"}
@@ -166,10 +166,13 @@ class RunDir:
     # -- creation and lookup -----------------------------------------------------------
 
     @classmethod
-    def create(cls, job: Job, job_text: str, *, root: Path | None = None) -> RunDir:
+    def create(
+        cls, job: Job, job_text: str, *, root: Path | None = None, name: str | None = None
+    ) -> RunDir:
+        """A new run directory; ``name`` (the run's id) when it was chosen before, as
+        :mod:`coordinator.prewarm` does to start the run's boxes early."""
         root = Path(root) if root is not None else root_for(job)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        path = root / f"{job.slug()}-{stamp}-{secrets.token_hex(2)}"
+        path = root / (name or run_name(job.name))
         check_root(root)
         try:
             (path / "members").mkdir(parents=True)

@@ -37,6 +37,7 @@ from subagents.spec import Limits, check_tool_names
 from subagents.tools.mcp import McpServerSpec
 from subagents.tools.registry import CustomToolSpec, load_callable
 
+from .run_names import slug
 from .schema_check import member_fields
 
 MemberKind = Literal["browser", "coding"]
@@ -408,8 +409,10 @@ class FanoutPolicy(_Strict):
     retries). Without it a failure never touches a sibling."""
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     warm_pool: bool = True
-    """Start boxes ahead of need (while the plan is made and services start), so a
-    member takes a running box instead of waiting for one. A box is never reused."""
+    """Start boxes ahead of need (while the plan is made and services start; for
+    ``fleet run JOB``, the first wave's coding boxes while Fleet loads and checks the
+    job: :mod:`coordinator.prewarm`), so a member takes a running box instead of
+    waiting for one. A box is never reused."""
 
 
 def _searchable(url: str, allow: list[str]) -> None:
@@ -585,4 +588,4 @@ class Job(_Strict):
         return self.research.question if self.research else ""
 
     def slug(self) -> str:
-        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")[:30] or "job"
+        return slug(self.name)

@@ -410,6 +410,23 @@ class DockerBackend(SandboxBackend):
         mac = infra_mac() if spec.kind == "service" and network != "none" else None
         args = (spec, image, labels, env, network, aliases, command, run, member, mac)
         info = await anyio.to_thread.run_sync(create_container, self.client, *args)
+        return await self.adopt(info, spec, run=run, member=member)
+
+    def start_offline(self, spec: SandboxSpec, *, run: str, member: str, image: str) -> dict:
+        """Blocking: create and start a box with no network (a coding box) from a
+        thread without an event loop, before the run's own loop exists; returns the
+        container's details for :meth:`adopt`. The caller marked ``run`` live."""
+        if spec.kind != "coding" or spec.network.egress != "none":
+            raise SandboxSpecError(f"only a coding box without network starts early, not {spec}")
+        labels = reaper.box_labels(spec, run, member, self.node)
+        env = dict(spec.env)
+        return create_container(
+            self.client, spec, image, labels, env, "none", [], _CODING_COMMAND, run, member
+        )
+
+    async def adopt(self, info: dict, spec: SandboxSpec, *, run: str, member: str) -> DockerSandbox:
+        """The box of a started container (:meth:`create`, :meth:`start_offline`), ready
+        for ``exec`` once its agent answers (and CDP, for a browser box); removed if not."""
         box = DockerSandbox(self, info, spec, run, member)
         try:
             await box.transport.start()

@@ -18,7 +18,7 @@ member that acquires a box is recorded on the :class:`Sandbox` object (``member`
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType
 
@@ -118,6 +118,27 @@ class SandboxPool:
                 self._idle.append(box)
                 self._notify()
             await self._changed.wait()
+
+    def adopt(self, ready: Callable[[], Awaitable[Sandbox]]) -> None:
+        """Take a box started before the pool (a run's first wave, started while the
+        run was being read): ``ready()`` makes it usable (its agent up). It counts
+        against ``max_size`` at once, so a member waits for it rather than making
+        another, and is idle once ready; if it fails, the pool makes one instead."""
+        if self._closed or self._tg is None:
+            raise SandboxClosed("the sandbox pool is closed")
+        self._live += 1
+
+        async def take() -> None:
+            try:
+                box = await ready()
+            except SandboxError as e:
+                self._live -= 1
+                self.last_error = e
+            else:
+                self._idle.append(box)
+            self._notify()
+
+        self._tg.start_soon(take)
 
     async def acquire(self, member: str) -> Sandbox:
         """A box for ``member`` alone: an idle one if any, else a new one."""

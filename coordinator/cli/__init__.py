@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import CommandFailed, UsageError
 
@@ -86,20 +88,40 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
-    parser = build_parser(argv[0] if argv else None)
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 2
+    # `fleet run JOB`: the first wave's boxes start now, while the rest of Fleet loads
+    # and the job is checked (coordinator/prewarm.py); whatever no run takes is removed.
+    prewarm = _prewarm(argv)
     try:
-        return int(func(args) or 0)
-    except UsageError as exc:
-        print(f"fleet: {exc}", file=sys.stderr)
-        return 2
-    except CommandFailed as exc:
-        print(f"fleet: {exc}", file=sys.stderr)
-        return 1
+        parser = build_parser(argv[0] if argv else None)
+        args = parser.parse_args(argv)
+        args.prewarm = prewarm
+        func = getattr(args, "func", None)
+        if func is None:
+            parser.print_help()
+            return 2
+        try:
+            return int(func(args) or 0)
+        except UsageError as exc:
+            print(f"fleet: {exc}", file=sys.stderr)
+            return 2
+        except CommandFailed as exc:
+            print(f"fleet: {exc}", file=sys.stderr)
+            return 1
+    finally:
+        if prewarm is not None:
+            prewarm.close()
+
+
+def _prewarm(argv: list[str]) -> Any:
+    """Start the first wave's boxes of ``fleet run JOB`` (not on a cluster)."""
+    if not argv or argv[0] != "run" or "--cluster" in argv or os.environ.get("FLEET_CLUSTER"):
+        return None
+    files = [a for a in argv[1:] if not a.startswith("-") and os.path.isfile(a)]
+    if not files or "-h" in argv or "--help" in argv:
+        return None
+    from ..prewarm import Prewarm
+
+    return Prewarm.start(files[0])
 
 
 if __name__ == "__main__":

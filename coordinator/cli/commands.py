@@ -117,8 +117,12 @@ def _root(job: Job, args: argparse.Namespace) -> Path:
 
 
 def _start(job: Job, text: str, args: argparse.Namespace, parallel: Parallelism) -> RunSummary:
+    # Boxes started while the job was read carry the run's id, chosen then.
+    prewarm = getattr(args, "prewarm", None)
     try:
-        run = RunDir.create(job, text, root=_root(job, args))
+        run = RunDir.create(
+            job, text, root=_root(job, args), name=prewarm.run if prewarm is not None else None
+        )
     except RunDirUnavailable as exc:
         raise UsageError(str(exc)) from None
     count = f"{job.member_count} member{'' if job.member_count == 1 else 's'}"
@@ -126,6 +130,7 @@ def _start(job: Job, text: str, args: argparse.Namespace, parallel: Parallelism)
     print(f"fleet: run {run.id} ({count}, {at_once}) in {run.path}", file=sys.stderr)
     opts = _options(args)
     opts.max_parallel = parallel.members
+    opts.prewarm = prewarm
     return _go(run, job, opts)
 
 

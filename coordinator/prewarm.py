@@ -1,0 +1,179 @@
+"""The first wave's boxes, started as soon as ``fleet run JOB`` has read the job file.
+
+A job of explicit members has no planning phase for box start-up to hide behind, and
+until now its warm pool opened when the run began, so its first members waited for
+cold boxes: one coding box takes about 0.3 s, sixteen started at once about 2.3 s on
+this 2-core engine (4 s with other work on it). Yet before a run exists, ``fleet run``
+spends seconds on its own: importing the model client and the harness (2-4 s here)
+and the preflight checks. This module starts the boxes at the very beginning of that,
+in a thread, from the job file's own text (``tomllib``: nothing heavy to import; the
+job is still validated as always afterwards), so that they are running when the
+members start. The run's warm pool takes them over (:func:`coordinator.node.open_pools`).
+
+What is started: boxes for the explicit coding members that will run first - the
+first ``max_parallel`` members in the job's order, ``max_parallel`` as the job sets it
+or as :mod:`coordinator.capacity` will choose it from the engine's host - with the box
+settings each member asks for, only coding boxes without a network and on Fleet's
+image (no run network or proxy has to exist first). Anything else starts as before.
+
+Safety. The boxes carry the run's id: its directory name is chosen here, and the run
+is created with it. The run is marked live before the first box is made, so a
+``fleet sandbox gc`` on a shared engine leaves them alone. If the run never starts (the
+job is invalid, the preflight refuses it, Ctrl-C), :meth:`Prewarm.close` removes every
+box made here; a box whose settings the validated job reads differently is not taken
+and goes with the rest of the run's boxes when it ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import tomllib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from sandbox.spec import NetworkPolicy, SandboxSpec
+
+from .capacity import choose, engine_host
+from .run_names import run_name
+
+
+class Prewarm:
+    """Boxes being started in a thread for a run that does not exist yet."""
+
+    def __init__(self, job_name: str, first: list[SandboxSpec], members: list[SandboxSpec]) -> None:
+        self.run = run_name(job_name)
+        """The run's id and directory name, if it starts (RunDir.create takes it)."""
+        self.first = first
+        """One box spec per coding member of the first wave, in the job's order."""
+        self.members = members
+        """One box spec per member, when Fleet chooses max_parallel (else empty)."""
+        self._boxes: list[tuple[str, dict]] = []
+        """(spec key, container details) of every box started, in order."""
+        self._taken: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="fleet-prewarm", daemon=True)
+
+    @classmethod
+    def start(cls, job_file: str | Path) -> Prewarm | None:
+        """Start the first wave's boxes of ``job_file``; None when there is nothing to
+        start early or the file does not read as a job (its validation says why later)."""
+        try:
+            raw = tomllib.loads(Path(job_file).read_text(encoding="utf-8"))
+            name, members, first = _first_wave(raw)
+        except Exception:
+            return None
+        if not first:
+            return None
+        warm = cls(name, first, members)
+        warm._thread.start()
+        return warm
+
+    # -- the thread ---------------------------------------------------------------
+    def _work(self) -> None:
+        from sandbox import reaper
+        from sandbox.docker import DockerBackend
+        from sandbox.engine import connect
+        from sandbox.images import image_ref
+
+        try:
+            client = connect()
+        except Exception:
+            return
+        try:
+            limit = self._limit(client)
+            wanted = self.first[:limit]
+            image = image_ref("coding", client=client)  # built, else nothing starts early
+            backend = DockerBackend(client)
+            reaper.mark_live(backend.owner(self.run))
+
+            def one(i: int) -> None:
+                if self._stop.is_set():
+                    return
+                spec = wanted[i]
+                info = backend.start_offline(
+                    spec, run=self.run, member=f"pool-{i + 1}", image=image
+                )
+                with self._lock:
+                    self._boxes.append((spec.model_dump_json(), info))
+
+            with ThreadPoolExecutor(max_workers=len(wanted) or 1) as threads:
+                list(threads.map(one, range(len(wanted))))
+        except Exception:
+            return  # the run starts its boxes itself, as it always could
+        finally:
+            client.close()
+
+    def _limit(self, client: Any) -> int:
+        """How many of the first wave start now: as many as will run at once (the job's
+        own max_parallel was applied when reading it; else Fleet's choice, made as the
+        preflight will make it, from every member and the engine's host)."""
+        if not self.members:
+            return len(self.first)
+        return choose(self.members, engine_host(client)).members
+
+    # -- the run's side -------------------------------------------------------------
+    def take(self, key: str) -> list[dict]:
+        """The started boxes of box spec ``key`` (waiting for the thread to finish), for
+        the run's warm pool; each is handed out once."""
+        self._thread.join()
+        with self._lock:
+            out = [info for k, info in self._boxes if k == key and info["Id"] not in self._taken]
+            self._taken.update(info["Id"] for info in out)
+        return out
+
+    def close(self) -> None:
+        """Remove every box started here that no run took (a run removes its own)."""
+        self._stop.set()
+        self._thread.join()
+        with self._lock:
+            left = [info["Id"] for _, info in self._boxes if info["Id"] not in self._taken]
+        if not left:
+            return
+        from sandbox import reaper
+        from sandbox.engine import connect
+
+        try:
+            client = connect()
+        except Exception:
+            return  # gc takes them once their run is not live
+        try:
+            for ident in left:
+                try:
+                    client.api.remove_container(ident, force=True, v=True)
+                except Exception:
+                    pass
+        finally:
+            client.close()
+            reaper.mark_done(self.run)
+
+
+def _first_wave(raw: dict[str, Any]) -> tuple[str, list[SandboxSpec], list[SandboxSpec]]:
+    """The job's name, a box spec per member it may run (for the choice of
+    ``max_parallel``, as :func:`coordinator.capacity.job_boxes` makes them), and the box
+    specs of its first wave's coding members - all from the job file's text as read (a
+    field the job's validation refuses stops nothing here: the boxes are not taken)."""
+    name = str(raw["name"])
+    if raw.get("lead") or (raw.get("fanout") or {}).get("warm_pool") is False:
+        return name, [], []  # a lead decides its members later; no pool, nothing early
+    members: Sequence[dict[str, Any]] = raw.get("members") or []
+    boxes = [
+        SandboxSpec(
+            kind="browser" if m.get("kind") == "browser" else "coding", **(m.get("sandbox") or {})
+        )
+        for m in members
+    ]
+    research = raw.get("research")
+    if isinstance(research, dict):
+        boxes += [SandboxSpec(kind="browser")] * int(research.get("members", 3))
+    limit = (raw.get("fanout") or {}).get("max_parallel")
+    wave = members[:limit] if isinstance(limit, int) and limit > 0 else members
+    first = []
+    for member in wave:
+        overrides = dict(member.get("sandbox") or {})
+        if member.get("kind") != "coding" or overrides.get("image") or overrides.get("keep"):
+            continue  # a kept box is the member's own, never a pool's
+        first.append(SandboxSpec(kind="coding", network=NetworkPolicy(), **overrides))
+    return name, boxes if not isinstance(limit, int) else [], first
