@@ -63,6 +63,7 @@ from pydantic import TypeAdapter
 from sandbox.cluster import (
     SLOTS,
     ClusterUnavailable,
+    NodeUnreachable,
     fleet_nodes,
     node_name,
     on_each_node,
@@ -97,11 +98,14 @@ def check_nodes(address: str, images: list[str], own: dict[str, str], firewall: 
     (reference -> the field naming it) - and, for browser boxes, the host firewall rules;
     ClusterUnavailable naming each node that does not, and ``fleet setup``. Returns the
     ``fleet_slots`` the nodes offer."""
-    problems = [
-        f"node {name}: {p}"
-        for name, found in on_each_node(address, check_node, images, own, firewall)
-        for p in found
-    ]
+    problems = []
+    for name, found in on_each_node(address, check_node, images, own, firewall):
+        if isinstance(found, NodeUnreachable):
+            found = [
+                f"did not answer ({found}); a node that just left the cluster stays listed "
+                "for about a minute"
+            ]
+        problems += [f"node {name}: {p}" for p in found]
     if problems:
         raise ClusterUnavailable(
             "the cluster's nodes are not ready for this run:\n  "
@@ -326,7 +330,10 @@ class RayNodes(Nodes):
                     else:
                         reply = payload
         except TimeoutError:
+            # The node's own deadline would have ended the member GRACE_S ago: a node
+            # this late is frozen or cut off, and takes no more members.
             _cancel(call)
+            self._lose(node, f"it did not report within {GRACE_S:g}s of a member's deadline")
             reason = f"deadline of {unit.deadline_s:g}s passed (node {node.name} did not report)"
             return self._ended(unit, trace, reason, t0, status="timed_out")
         except CANCELLED():
@@ -396,7 +403,8 @@ class RayNodes(Nodes):
     async def reap(self, run_id: str) -> int:
         """Remove a dead run's boxes on every Fleet node (before a resume)."""
         done = await anyio.to_thread.run_sync(on_each_node, self.address, reap_node, run_id)
-        return sum(count for _, count in done)
+        # A node that does not answer keeps its boxes until its own gc or their TTL.
+        return sum(count for _, count in done if isinstance(count, int))
 
 
 async def _wait(ref: Any) -> None:

@@ -158,7 +158,7 @@ def _gc_cluster(address: str, *args: bool) -> tuple[list[BoxInfo], reaper.Collec
     """gc on every Fleet node of the cluster, each by its own liveness rule; nodes that
     share an engine report a box once."""
     try:
-        from .cluster import on_each_node
+        from .cluster import NodeUnreachable, on_each_node
     except ImportError:
         raise SandboxUnavailable(
             "--cluster needs Ray, which is not installed; install Fleet's 'cluster' extra: "
@@ -168,7 +168,11 @@ def _gc_cluster(address: str, *args: bool) -> tuple[list[BoxInfo], reaper.Collec
     boxes: dict[str, BoxInfo] = {}
     networks: dict[str, None] = {}
     live: set[str] = set()
-    for _, (b, r, lv) in on_each_node(address, gc_here, *args):
+    for name, done in on_each_node(address, gc_here, *args):
+        if isinstance(done, NodeUnreachable):
+            print(f"fleet: node {name} did not answer ({done}); its boxes stay", file=sys.stderr)
+            continue
+        b, r, lv = done
         before.update((x.id, x) for x in b)
         boxes.update((x.id, x) for x in r.boxes)
         networks.update(dict.fromkeys(r.networks))

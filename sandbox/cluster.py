@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import ray
+import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .errors import SandboxUnavailable
@@ -81,18 +82,35 @@ def pinned(info: dict[str, Any]) -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(info["NodeID"], soft=False)
 
 
-def on_each_node(address: str, fn: Callable[..., T], *args: Any) -> list[tuple[str, T]]:
-    """Run ``fn(*args)`` once on every Fleet node; (node name, result) per node.
-    Ray's retries are off: a call that fails raises (wrapped by Ray)."""
+def on_each_node(
+    address: str, fn: Callable[..., T], *args: Any
+) -> list[tuple[str, T | NodeUnreachable]]:
+    """Run ``fn(*args)`` once on every Fleet node; (node name, result) per node, or
+    :class:`NodeUnreachable` for a node that did not answer within :data:`CALL_S`. A
+    node that just left the cluster is still listed as alive for a while; Ray's
+    scheduler already knows better, and such a node is left out. Ray's retries are off."""
     nodes = fleet_nodes(address)
     task = ray.remote(num_cpus=0, max_retries=0)(fn)
     refs = [task.options(scheduling_strategy=pinned(n)).remote(*args) for n in nodes]
-    out: list[tuple[str, T]] = []
-    for node, ref in zip(nodes, refs, strict=True):
+    ray.wait(refs, num_returns=len(refs), timeout=CALL_S)
+    out: list[tuple[str, T | NodeUnreachable]] = []
+    for info, ref in zip(nodes, refs, strict=True):
         try:
-            out.append((node_name(node), ray.get(ref, timeout=CALL_S)))
+            out.append((node_name(info), ray.get(ref, timeout=0)))
         except ray.exceptions.TaskUnschedulableError:
             continue  # the node left the cluster after it was listed (Ray says so late)
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            ray.cancel(ref, force=True)
+            out.append((node_name(info), NodeUnreachable(_first_line(exc))))
     if not out:
         raise ClusterUnavailable(f"every Fleet node of the Ray cluster at {address} left it")
     return out
+
+
+class NodeUnreachable(Exception):
+    """A node did not answer a call (it died, or is leaving the cluster)."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
