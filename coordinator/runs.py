@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.reaper import pid_alive
+
 from .run_lookup import RunNotFound as RunNotFound
 from .run_lookup import find_run, run_dirs, runs_root
 from .run_names import run_name
@@ -123,21 +125,6 @@ class Journal:
             except json.JSONDecodeError:
                 continue  # a line torn by a kill mid-write
         return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (killed child not yet reaped by its parent) is not alive.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
 
 
 @dataclass

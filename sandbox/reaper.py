@@ -27,6 +27,7 @@ the ``fleet sandbox`` commands alike.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ def _marker(run: str) -> Path:
 def mark_live(run: str, pid: int | None = None) -> None:
     """Record that ``run`` is owned by process ``pid`` (default: this one)."""
     path = _marker(run)
-    if path.exists() and _pid_alive(_read_pid(path)):
+    if path.exists() and pid_alive(_read_pid(path)):
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"{pid or os.getpid()}\n")
@@ -71,7 +72,9 @@ def _read_pid(path: Path) -> int | None:
         return None
 
 
-def _pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` runs. A zombie - killed, not yet reaped by its parent, as
+    a cluster node's actor is when the node's processes are killed - does not."""
     if not pid:
         return False
     try:
@@ -80,6 +83,10 @@ def _pid_alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
+    with contextlib.suppress(OSError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
     return True
 
 
@@ -88,7 +95,7 @@ def live_runs() -> set[str]:
     folder = fleet_home() / "live"
     if not folder.is_dir():
         return set()
-    return {p.name for p in folder.iterdir() if _pid_alive(_read_pid(p))}
+    return {p.name for p in folder.iterdir() if pid_alive(_read_pid(p))}
 
 
 def prune_stale_markers() -> int:
@@ -96,7 +103,7 @@ def prune_stale_markers() -> int:
     folder = fleet_home() / "live"
     if not folder.is_dir():
         return 0
-    stale = [p for p in folder.iterdir() if not _pid_alive(_read_pid(p))]
+    stale = [p for p in folder.iterdir() if not pid_alive(_read_pid(p))]
     for path in stale:
         path.unlink(missing_ok=True)
     return len(stale)

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from ray_support import SLOTS
 
-from coordinator.runs import RunDir, pid_alive
-from sandbox.reaper import fleet_home
+from coordinator.runs import RunDir
+from sandbox.reaper import fleet_home, pid_alive
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 FLEET = [str(Path(sys.executable).with_name("fleet"))]
