@@ -75,6 +75,19 @@ async def test_streams_keep_the_connection_open() -> None:
         assert len(api.log) == 3 and len(peers) == 1, peers
 
 
+async def test_a_kept_alive_stream_answers_without_waiting_on_acks() -> None:
+    """Small writes on a kept-alive connection must not wait for the client's delayed
+    ACK (40 ms each): a turn against the fake API costs what the script says."""
+    with FakeMessagesAPI(lambda body: text("ok " * 30)) as api:
+        c = client(api)
+        await stream(c)
+        started = time.perf_counter()
+        for _ in range(10):
+            await stream(c)
+        per_call = (time.perf_counter() - started) / 10
+    assert per_call < 0.030, f"{per_call * 1000:.0f} ms a call"
+
+
 async def test_plain_text_json_and_stream() -> None:
     with FakeMessagesAPI([text("Hi there."), text("Streamed " * 10)]) as api:
         c = client(api)

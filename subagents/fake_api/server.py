@@ -160,6 +160,9 @@ def error_body(error_type: str, message: str) -> dict[str, Any]:
 class _Handler(BaseHTTPRequestHandler):
     api: FakeMessagesAPI
     protocol_version = "HTTP/1.1"
+    # A stream is many small writes on a kept-alive connection: with Nagle's algorithm
+    # each waits for the client's delayed ACK (40 ms), as a streaming server never lets it.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         """Silent: tests assert on ``api.log`` instead of stderr noise."""
