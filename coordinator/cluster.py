@@ -37,6 +37,12 @@ ledger as a member on this host - so members on different nodes sharing a profil
 lose no update. The coordinator stays the single writer of ``runs/RUN/`` and of
 memory profiles.
 
+Asks. A member's tool-policy ask comes back in the same stream and goes to the run's
+own approver - the approval queue ``fleet approve``, ``--approve-all`` and the run's
+terminal answer - and the answer goes back with one actor call
+(:mod:`coordinator.node_asks`); an ask still open when the attempt ends is closed as
+abandoned, and the attempt's outcome (``crashed`` for a lost node) stands alone.
+
 Security. Ray runs code sent by anyone who reaches its port, so run it with token
 authentication (``RAY_AUTH_MODE=token``) on a private network. The API key stays in
 each node's environment: nothing here puts it into a call, a runtime_env or the
@@ -49,7 +55,7 @@ import contextlib
 import secrets
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,8 +77,10 @@ from sandbox.cluster import (
 )
 from subagents.context.memory_profile import FileChange, load_profile, save_profile
 from subagents.outcome import MemberOutcome
+from subagents.policy import Approver
 from subagents.trace import ErrorEvent, MemberEnd, MemorySave, TraceEvent, TraceWriter
 
+from .node_asks import ASK, UNASK, AskRelay
 from .node_service import EVENTS, NodeService, NodeSetup, check_node, reap_node
 from .repo_copy import copy_room, staged_copy
 from .shipping import NodeReply, NodeRequest, pack, unpack
@@ -163,10 +171,15 @@ def _lost_reason(exc: BaseException) -> str:
 class RayNodes(Nodes):
     """A run's members on the nodes of a Ray cluster (see the module docstring)."""
 
-    def __init__(self, address: str, *, setup: NodeSetup | None = None) -> None:
+    def __init__(
+        self, address: str, *, setup: NodeSetup | None = None, approver: Approver | None = None
+    ) -> None:
         self.address = address
         self.setup = setup
         """Builds each node's side on the node (default: its Docker engine)."""
+        self.approver = approver
+        """Answers members' policy asks (the run's approval queue, here); None: nobody
+        to ask, each member's ``ask_default`` applies."""
         self.nodes: list[_Node] = []
         self._changed = anyio.Event()
         self._run_id = ""
@@ -318,6 +331,27 @@ class RayNodes(Nodes):
         else:
             request = NodeRequest(unit=unit)
         call = node.actor.attempt.options(num_returns="streaming").remote(request)
+        async with anyio.create_task_group() as tg:
+            # The attempt's asks are answered in tg; whatever is still open when the
+            # attempt ends (its node lost, its deadline) is closed as abandoned.
+            asks = AskRelay(self.approver, _replier(node.actor), tg)
+            try:
+                outcome = await self._follow(node, unit, trace, t0, call, request, asks)
+            finally:
+                tg.cancel_scope.cancel()
+        return outcome
+
+    async def _follow(
+        self,
+        node: _Node,
+        unit: MemberUnit,
+        trace: TraceWriter,
+        t0: float,
+        call: Any,
+        request: NodeRequest,
+        asks: AskRelay,
+    ) -> MemberOutcome:
+        """The attempt's stream to its end: events traced, asks relayed, its reply kept."""
         reply: NodeReply | None = None
         held = _Held()
         try:
@@ -327,6 +361,10 @@ class RayNodes(Nodes):
                     if kind == EVENTS:
                         for event in payload:
                             held.emit(trace, _EVENT.validate_python(event))
+                    elif kind == ASK:
+                        asks.ask(payload)
+                    elif kind == UNASK:
+                        asks.unask(payload)
                     else:
                         reply = payload
         except TimeoutError:
@@ -409,6 +447,16 @@ class RayNodes(Nodes):
 
 async def _wait(ref: Any) -> None:
     await ref
+
+
+def _replier(actor: Any) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """How an answer reaches the node's waiting member (a node gone: nobody waits)."""
+
+    async def reply(ask_id: str, approval: dict[str, Any]) -> None:
+        with contextlib.suppress(ray.exceptions.RayError):
+            await actor.answer.remote(ask_id, approval)
+
+    return reply
 
 
 def _cancel(call: Any) -> None:

@@ -100,7 +100,7 @@ def _nodes(opts: RunOptions, approver: FileApprover) -> Nodes:
     if opts.cluster:
         from .cluster import RayNodes
 
-        return RayNodes(opts.cluster)
+        return RayNodes(opts.cluster, approver=approver)
     if opts.backend is None:
         from sandbox.docker import DockerBackend
 

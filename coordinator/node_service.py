@@ -8,7 +8,9 @@ member's attempt is one streaming call of :meth:`NodeService.attempt`, which run
 :func:`coordinator.node.run_attempt` against a scratch directory and yields the
 trace events as they happen, then a :class:`~coordinator.shipping.NodeReply` with the
 outcome and the member's files. The coordinator writes all of it into ``runs/RUN/``;
-nothing here touches the coordinator's file system.
+nothing here touches the coordinator's file system. A member whose tool policy may
+ask gets an approver that asks the coordinator through the same stream and waits for
+:meth:`NodeService.answer` (:mod:`coordinator.node_asks`).
 
 Why the agent loop runs here and not on the coordinator: the box's exec stream, CDP
 port and run network are reachable only from the host that holds it.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -43,6 +46,7 @@ from subagents.outcome import MemberOutcome
 from subagents.trace import TraceWriter
 
 from .node import NodeDeps, remove_run_boxes, run_attempt, serving
+from .node_asks import NodeAsks
 from .shipping import (
     COORDINATOR_FILES,
     NodeReply,
@@ -145,6 +149,7 @@ class NodeService:
         self._serving: asyncio.Task[None] | None = None
         self._running: dict[asyncio.Task[None], anyio.CancelScope] = {}
         """Attempts in progress, each with the cancel scope that stops it."""
+        self._asks = NodeAsks()
 
     async def ready(self) -> str:
         """The node's name, once the actor is up (its slots are reserved then)."""
@@ -177,8 +182,13 @@ class NodeService:
         for pool in self.deps.pools.values():
             await pool.wait_idle()
 
+    async def answer(self, ask_id: str, approval: dict[str, Any]) -> bool:
+        """The coordinator's answer to a member's ask (:mod:`coordinator.node_asks`)."""
+        return self._asks.answer(ask_id, approval)
+
     async def attempt(self, request: NodeRequest) -> AsyncIterator[tuple[str, Any]]:
-        """Run one attempt; yields ``("events", [event, ...])`` while it runs, then
+        """Run one attempt; yields ``("events", [event, ...])`` while it runs - and
+        ``("ask", ...)`` / ``("unask", id)`` for its policy's asks - then
         ``("reply", NodeReply)``. Never raises for the member's own failure."""
         if request.repo is not None or request.memory is not None:  # files: off the loop
             here = await anyio.to_thread.run_sync(self._prepare, request)
@@ -188,6 +198,9 @@ class NodeService:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         trace = TraceWriter(here.member_dir / "trace.jsonl", run=unit.run_id, member=unit.spec.id)
         trace.listeners.append(lambda e: queue.put_nowait(e.model_dump(exclude_none=True)))
+        deps = self.deps
+        if unit.spec.policy.may_ask:  # its asks go to the coordinator, through the stream
+            deps = dataclasses.replace(deps, approver=self._asks.approver(queue.put_nowait))
         scope = anyio.CancelScope()
         done: list[NodeReply] = []
 
@@ -195,7 +208,7 @@ class NodeService:
             try:
                 with scope:
                     outcome = await run_attempt(
-                        unit, self.deps, trace, member_dir=here.member_dir, staged_repo=here.repo
+                        unit, deps, trace, member_dir=here.member_dir, staged_repo=here.repo
                     )
                     done.append(await anyio.to_thread.run_sync(here.reply, outcome))
             finally:
@@ -209,7 +222,16 @@ class NodeService:
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
-                events = [e for e in batch if e is not None]
+                events: list[Any] = []
+                for item in batch:
+                    if isinstance(item, dict):
+                        events.append(item)
+                        continue
+                    if events:  # in order: what the member traced before it asked
+                        yield (EVENTS, events)
+                        events = []
+                    if item is not None:
+                        yield item
                 if events:
                     yield (EVENTS, events)
                 if None in batch:

@@ -121,6 +121,11 @@ class ToolPolicy(BaseModel):
     def empty(self) -> bool:
         return not (self.deny or self.ask or self.allow) and self.default == "allow"
 
+    @property
+    def may_ask(self) -> bool:
+        """Whether any call can wait for a person's answer under this policy."""
+        return bool(self.ask) or self.default == "ask"
+
     def check(self, tool: str, args: Any) -> Decision:
         """The decision for one call: the first matching rule's action, else the default."""
         if tool in EXEMPT:

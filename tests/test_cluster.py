@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from ray_support import SLOTS
 
+from coordinator.approvals import ApprovalQueue
 from coordinator.runs import RunDir
 from sandbox.reaper import fleet_home, pid_alive
 
@@ -94,12 +95,12 @@ def _coder_job(tmp_path: Path, members: int, *, test: str, max_parallel: int) ->
 
 @contextmanager
 def _cluster_run(
-    tmp_path: Path, job: Path, address: str
+    tmp_path: Path, job: Path, address: str, *flags: str
 ) -> Iterator[tuple[subprocess.Popen[str], RunDir]]:
-    """``fleet run JOB --cluster ADDRESS`` in the background, once its run directory
-    exists; killed at the end if it still runs."""
+    """``fleet run JOB --cluster ADDRESS [FLAGS]`` in the background, once its run
+    directory exists; killed at the end if it still runs."""
     env = {k: v for k, v in os.environ.items() if k != "FLEET_CLUSTER"}
-    args = ["run", str(job), "--output-dir", str(tmp_path / "runs"), "--plain"]
+    args = ["run", str(job), "--output-dir", str(tmp_path / "runs"), "--plain", *flags]
     proc = subprocess.Popen(
         [*FLEET, *args, "--cluster", address],
         env=env,
@@ -381,3 +382,102 @@ def test_a_frozen_node_is_met_by_the_coordinators_own_deadline(
     gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
     left = [(b["Names"], b["Labels"], b["State"]) for b in _boxes(docker_client, run.id)]
     assert left == [], (gc.stdout, gc.stderr[-2000:], os.listdir(fleet_home() / "live"))
+
+
+def _asking_job(tmp_path: Path, members: int, max_parallel: int) -> Path:
+    """Coders whose policy asks before every edit_file (the offline coder makes one)."""
+    job = _coder_job(tmp_path, members, test="python3 test_greet.py", max_parallel=max_parallel)
+    job.write_text(job.read_text() + '[policy]\nask = ["edit_file"]\n')
+    return job
+
+
+def _asks(run: RunDir, member: str) -> list[dict[str, Any]]:
+    """The member's requests in the run's approval queue (the coordinator's), oldest first."""
+    return [r for r in ApprovalQueue(run.path / "approvals").requests() if r["member"] == member]
+
+
+def _decisions(run: RunDir) -> dict[str, list[tuple[str, bool]]]:
+    """Member -> (by, allowed) of each policy decision, from the journal."""
+    out: dict[str, list[tuple[str, bool]]] = {}
+    for e in run.journal.read():
+        if e["event"] == "policy_decision":
+            out.setdefault(e["member"], []).append((e["by"], e["allowed"]))
+    return out
+
+
+def _edited(run: RunDir, member: str) -> bool:
+    """Whether the member's edit of greet.py ran (the offline coder's report says)."""
+    result = run.result(member)
+    refused = (
+        "edit in greet.py was refused by edit_file (see the trace)" in result["result"]["notes"]
+    )
+    applied = "Applied 1 stated edit(s) in greet.py." in result["result"]["summary"]
+    assert refused != applied, result
+    return applied
+
+
+def test_asks_from_node_members_are_answered_by_fleet_approve(
+    tmp_path, ray_cluster, docker_client, cleanup
+):
+    cleanup.append(tmp_path / "runs")
+    job = _asking_job(tmp_path, 2, max_parallel=2)
+    with _cluster_run(tmp_path, job, ray_cluster.address, "--wait-approval") as (proc, run):
+        _wait_for(lambda: _asks(run, "c0") and _asks(run, "c1"), 120, "both members' asks")
+        # Both wait on their nodes, their asks in this run's own queue.
+        assert set(run.state().members.values()) == {"running"}
+        for member, answer in (("c0", "--yes"), ("c1", "--no")):
+            (ask,) = _asks(run, member)
+            assert ask["tool"] == "edit_file" and ask["input"]["path"] == "greet.py"
+            done = _fleet("approve", str(run.path), answer, "--id", ask["id"])
+            assert done.returncode == 0, done.stdout + done.stderr
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    nodes = {ray_cluster.name(n) for n in ray_cluster.nodes}
+    assert {v[0] for v in _started_on(run).values()} == nodes  # one member on each node
+    assert _decisions(run) == {"c0": [("fleet approve", True)], "c1": [("fleet approve", False)]}
+    assert _edited(run, "c0") and not _edited(run, "c1")
+    assert _boxes(docker_client, run.id) == []
+
+
+def test_approve_all_answers_a_node_members_ask(tmp_path, ray_cluster, docker_client, cleanup):
+    cleanup.append(tmp_path / "runs")
+    job = _asking_job(tmp_path, 1, max_parallel=1)
+    done = _fleet(
+        "run", str(job), "--output-dir", str(tmp_path / "runs"), "--plain", "--approve-all",
+        "--cluster", ray_cluster.address,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = RunDir.list(tmp_path / "runs")
+    assert _started_on(run)["c0"][0] in {ray_cluster.name(n) for n in ray_cluster.nodes}
+    assert _decisions(run) == {"c0": [("approve-all", True)]}
+    assert _edited(run, "c0")
+
+
+def test_a_node_lost_while_its_member_waits_for_an_answer_costs_only_a_retry(
+    tmp_path, ray_cluster, docker_client, cleanup
+):
+    doomed = ray_cluster.add_node(slots=8)  # the most slots: the run's one slot is here
+    name = ray_cluster.name(doomed)
+    cleanup.append(tmp_path / "runs")
+    job = _asking_job(tmp_path, 1, max_parallel=1)
+    with _cluster_run(tmp_path, job, ray_cluster.address, "--wait-approval") as (proc, run):
+        _wait_for(lambda: _asks(run, "c0"), 120, "c0's ask")
+        assert _started_on(run)["c0"] == [name]
+        ray_cluster.remove_node(doomed)
+        # Retried on another node, the member asks again; the first ask is closed.
+        _wait_for(lambda: len(_asks(run, "c0")) == 2, 120, "c0's second ask")
+        first, again = _asks(run, "c0")
+        assert first["answer"]["by"] == "abandoned" and again["answer"] is None
+        done = _fleet("approve", str(run.path), "--yes")
+        assert done.returncode == 0, done.stdout + done.stderr
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    (retry,) = [e for e in run.journal.read() if e["event"] == "member_retry"]
+    assert retry["status"] == "crashed" and retry["reason"].startswith(f"node {name} lost: ")
+    started = _started_on(run)["c0"]
+    assert len(started) == 2 and started[1] != name
+    assert _decisions(run) == {"c0": [("fleet approve", True)]}
+    assert run.result("c0")["status"] == "ok" and _edited(run, "c0")
+    gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
+    assert gc.returncode == 0, gc.stderr
+    assert _boxes(docker_client, run.id) == []
