@@ -27,10 +27,11 @@ to a dead node never finishes. The coordinator enforces each attempt's deadline
 itself (the node's own, plus :data:`GRACE_S` for the node to release the box and
 report): a frozen node takes about a minute to be declared dead.
 
-Files. The repository selection and the memory profile go to the node with the call
-(:mod:`coordinator.shipping`); trace events come back as they happen and go through
-the coordinator's :class:`~subagents.trace.TraceWriter` (the live progress table and
-``fleet trace --follow`` see them as on one machine); then the member's files, and
+Files. The repository selection, the memory profile and the MCP servers' ``files``
+go to the node with the call (:mod:`coordinator.shipping`); trace events come back
+as they happen and go through the coordinator's :class:`~subagents.trace.TraceWriter`
+(the live progress table and ``fleet trace --follow`` see them as on one machine);
+then the member's files, and
 its memory changes, which the coordinator merges into the profile with
 :func:`~subagents.context.memory_profile.save_profile` - the same three-way merge and
 ledger as a member on this host - so members on different nodes sharing a profile
@@ -83,7 +84,7 @@ from subagents.trace import ErrorEvent, MemberEnd, MemorySave, TraceEvent, Trace
 from .node_asks import ASK, UNASK, AskRelay
 from .node_service import EVENTS, NodeService, NodeSetup, check_node, reap_node
 from .repo_copy import copy_room, staged_copy
-from .shipping import NodeReply, NodeRequest, pack, unpack
+from .shipping import NodeReply, NodeRequest, pack, pack_path, shipped_mcp, unpack
 from .worker import CANCELLED, MemberUnit, Nodes, Services, Started, failed_outcome
 
 GRACE_S = 10.0
@@ -326,7 +327,7 @@ class RayNodes(Nodes):
     async def _run_on(
         self, node: _Node, unit: MemberUnit, trace: TraceWriter, t0: float
     ) -> MemberOutcome:
-        if unit.repo or unit.spec.memory_dir is not None:  # files to pack: off the loop
+        if NodeRequest.has_files(unit):  # files to pack: off the loop
             request = await anyio.to_thread.run_sync(_request, unit)
         else:
             request = NodeRequest(unit=unit)
@@ -483,7 +484,8 @@ class _Held:
 
 
 def _request(unit: MemberUnit) -> NodeRequest:
-    """What the node needs for one attempt: the unit, its repo selection and memory."""
+    """What the node needs for one attempt: the unit, its repo selection, its memory
+    and its MCP servers' files."""
     request = NodeRequest(unit=unit)
     if unit.repo:
         staged = staged_copy(Path(unit.repo), room=copy_room(unit.spec.sandbox))
@@ -496,6 +498,8 @@ def _request(unit: MemberUnit) -> NodeRequest:
             loaded = load_profile(Path(unit.spec.memory_dir), Path(tmp) / "memory")
             request.memory = pack(Path(tmp) / "memory", links=False)
             request.memory_seq = loaded.seq
+    for name, path in shipped_mcp(unit):
+        request.mcp_files[name] = pack_path(path)
     return request
 
 

@@ -190,7 +190,7 @@ class NodeService:
         """Run one attempt; yields ``("events", [event, ...])`` while it runs - and
         ``("ask", ...)`` / ``("unask", id)`` for its policy's asks - then
         ``("reply", NodeReply)``. Never raises for the member's own failure."""
-        if request.repo is not None or request.memory is not None:  # files: off the loop
+        if request.repo is not None or request.memory is not None or request.mcp_files:
             here = await anyio.to_thread.run_sync(self._prepare, request)
         else:
             here = self._prepare(request)
@@ -247,7 +247,8 @@ class NodeService:
             trace.close()
 
     def _prepare(self, request: NodeRequest) -> _Scratch:
-        """The attempt's scratch space: member directory, repo and memory unpacked."""
+        """The attempt's scratch space: member directory, repo, memory and MCP servers'
+        files unpacked."""
         mid = request.unit.spec.id
         here = _Scratch(unit=request.unit, member_dir=self.scratch / "members" / mid)
         shutil.rmtree(here.member_dir, ignore_errors=True)  # an earlier attempt's went back
@@ -263,7 +264,24 @@ class NodeService:
             here.before = snapshot(here.memory_dir)
             spec = here.unit.spec.model_copy(update={"memory_dir": here.memory_dir})
             here.unit = here.unit.model_copy(update={"spec": spec})
+        if request.mcp_files:
+            here.unit = self._mcp_files(here.unit, request.mcp_files)
         return here
+
+    def _mcp_files(self, unit: MemberUnit, shipped: dict[str, bytes]) -> MemberUnit:
+        """The MCP servers' ``files`` unpacked here, each server pointed at its copy."""
+        servers = []
+        for server in unit.spec.mcp:
+            data = shipped.get(server.name)
+            if data is not None and server.files is not None:
+                dest = self.scratch / "mcp" / unit.spec.id / server.name
+                shutil.rmtree(dest, ignore_errors=True)
+                unpack(data, dest, any_links=True)  # the user's files, links as they are
+                copy = dest / Path(server.files).name
+                server = server.model_copy(update={"files": str(copy)})
+            servers.append(server)
+        spec = unit.spec.model_copy(update={"mcp": servers})
+        return unit.model_copy(update={"spec": spec})
 
     async def close(self) -> list[str]:
         """Stop the run's attempts and services here and remove its boxes on this node;

@@ -1,8 +1,8 @@
 """What travels between the coordinator and a cluster node for one attempt.
 
 To the node (:class:`NodeRequest`): the member's unit as JSON, and - because nodes
-share no file system with the coordinator - its repository selection and its memory
-directory as tar archives. From the node: batches of trace events while the member
+share no file system with the coordinator - its repository selection, its memory
+directory and its MCP servers' ``files`` as tar archives. From the node: batches of trace events while the member
 runs, then one :class:`NodeReply`: the outcome, the member's files as a tar archive
 (pages, offloads, transcripts, screenshots, patch; not ``trace.jsonl``, whose events
 already came, nor ``result.json``, which the coordinator writes last) and the memory
@@ -44,6 +44,13 @@ class NodeRequest(BaseModel):
     """The memory profile as the member starts from it (tar), when it has one."""
     memory_seq: int = 0
     """Saves in the profile's ledger when it was shipped (the merge's starting point)."""
+    mcp_files: dict[str, bytes] = Field(default_factory=dict)
+    """Each stdio MCP server's ``files`` (tar, by server name; see :func:`pack_path`)."""
+
+    @staticmethod
+    def has_files(unit: MemberUnit) -> bool:
+        """Whether the attempt has files to pack (a repo, memory, MCP servers' files)."""
+        return bool(unit.repo) or unit.spec.memory_dir is not None or shipped_mcp(unit) != []
 
 
 class MemoryChange(BaseModel):
@@ -83,6 +90,26 @@ def pack(root: Path, *, skip: Iterable[str] = (), links: bool = True) -> bytes:
                 if entry.name not in left_out:
                     tar.add(entry, arcname=entry.name, filter=None if links else _no_links)
     return buf.getvalue()
+
+
+def pack_path(path: Path) -> bytes:
+    """A file or directory as a tar archive holding it under its own name (links kept,
+    never followed): unpacked into D, it is ``D/<its name>``, a file or a tree as it was."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(path, arcname=path.name)
+    return buf.getvalue()
+
+
+def shipped_mcp(unit: MemberUnit) -> list[tuple[str, Path]]:
+    """The member's MCP servers whose ``files`` go to the node: (server name, host path).
+    A path gone since the job was read is not shipped: the server then fails to start
+    on the node, naming it, as it does on this host."""
+    return [
+        (s.name, Path(s.files))
+        for s in unit.spec.mcp
+        if s.files is not None and Path(s.files).exists()
+    ]
 
 
 def unpack(data: bytes, dest: Path, *, any_links: bool = False) -> None:

@@ -5,9 +5,11 @@ authentication on, every node on this machine's Docker engine); the fan-out cont
 itself runs against it in ``test_fanout.py``. Here the real ``fleet`` command runs
 against it: a mixed job's run directory has the same shape as on one machine, a node
 removed mid-run costs only a retry of its members, Ctrl-C and a SIGKILL followed by
-``fleet resume --cluster`` leave no box on any node, and a node whose images are not
-the run's refuses the run up front. Offline models throughout: a node's model client
-would read its own environment, never the coordinator's.
+``fleet resume --cluster`` leave no box on any node, a node whose images are not
+the run's refuses the run up front, a node member's policy asks are answered from the
+coordinator's approval queue, and a node member's stdio MCP server gets its files
+through Ray. Offline models throughout: a node's model client would read its own
+environment, never the coordinator's.
 """
 
 from __future__ import annotations
@@ -25,12 +27,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
-from ray_support import SLOTS
+from ray_support import SLOTS, ship_by_value
 
 from coordinator.approvals import ApprovalQueue
+from coordinator.fanout import MemberUnit, fan_out
+from coordinator.jobfile import parse_job
+from coordinator.node import NodeDeps
 from coordinator.runs import RunDir
+from coordinator.spec import RetryPolicy
+from coordinator.worker import Recorder, Services
+from sandbox.docker import DockerBackend
 from sandbox.reaper import fleet_home, pid_alive
+from subagents.model.offline import OfflineModel, with_required_fields
+from subagents.spec import MemberSpec
+from subagents.tools.mcp import McpServerSpec
+from subagents.trace import read_trace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 FLEET = [str(Path(sys.executable).with_name("fleet"))]
@@ -481,3 +494,87 @@ def test_a_node_lost_while_its_member_waits_for_an_answer_costs_only_a_retry(
     gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
     assert gc.returncode == 0, gc.stderr
     assert _boxes(docker_client, run.id) == []
+
+
+def _echo_then_submit(request: Any) -> list[dict[str, Any]]:
+    """An offline model that calls the echo server's tool once, then submits."""
+    done = [
+        b
+        for m in request.messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    ]
+    if not done:
+        return [{"type": "tool_use", "name": "mcp__echo__echo", "input": {"text": "from a node"}}]
+    args = {"summary": "echoed", "tests_run": [], "notes": []}
+    return [
+        {"type": "tool_use", "name": "submit_result", "input": with_required_fields(request, args)}
+    ]
+
+
+class _HostWithoutTheFiles(DockerBackend):
+    """A node's engine on a host that, like a real node, has no copy of the
+    coordinator's files: its first box removes them (the attempt's request, with
+    whatever was shipped, is already on the node then)."""
+
+    def __init__(self, files: Path, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.files = files
+
+    async def create(self, spec: Any, **kw: Any) -> Any:
+        shutil.rmtree(self.files, ignore_errors=True)
+        return await super().create(spec, **kw)
+
+
+class _McpNode:
+    """The node side of the MCP test (built on each node)."""
+
+    def __init__(self, images: dict[str, str], files: Path) -> None:
+        self.images, self.files = images, files
+
+    def __call__(self, node: str = "") -> NodeDeps:
+        backend = _HostWithoutTheFiles(self.files, images=self.images, node=node)
+        return NodeDeps(
+            backend=backend, make_model=lambda name, **kw: OfflineModel(_echo_then_submit)
+        )
+
+
+def test_a_node_members_stdio_mcp_server_gets_its_files_through_ray(
+    tmp_path, ray_cluster, images, run_id
+):
+    from coordinator.cluster import RayNodes
+
+    ship_by_value(sys.modules[__name__])
+    files = tmp_path / "mcp"  # the server's files, on the coordinator's host only
+    shutil.copytree(EXAMPLES / "mcp", files)
+    job = parse_job('name = "t"\n[research]\nquestion = "q"')
+    run = RunDir.create(job, "", root=tmp_path, name=run_id)
+    server = McpServerSpec(name="echo", command="python3 echo_server.py", files=str(files))
+    spec = MemberSpec(id="coder", kind="coding", task="Echo.", model="offline", mcp=[server])
+    unit = MemberUnit(
+        run_id=run.id,
+        member_dir=str(run.member_dir("coder")),
+        spec=spec,
+        retry=RetryPolicy(attempts=1),
+        deadline_s=120,
+    )
+
+    async def go() -> Any:
+        nodes = RayNodes(ray_cluster.address, setup=_McpNode(images, files))
+        try:
+            async with nodes.serve(run.id, [unit], Services(max_parallel=1, warm_pool=False)):
+                record = Recorder(journal=run.journal.append)
+                kw = {"max_parallel": 1, "min_success": 1, "fail_fast": False}
+                return await fan_out([unit], record, nodes=nodes, **kw)
+        finally:
+            await nodes.remove_boxes(run.id)
+
+    outcome = anyio.run(go).outcomes["coder"]
+    assert outcome.status == "ok", outcome.reason
+    assert not files.exists()  # the node had only what came with the request
+    assert _started_on(run)["coder"][0] in {ray_cluster.name(n) for n in ray_cluster.nodes}
+    trace = list(read_trace(run.member_dir("coder") / "trace.jsonl"))
+    (call,) = [e.call_id for e in trace if e.type == "tool_call" and e.tool == "mcp__echo__echo"]
+    (result,) = [e for e in trace if e.type == "tool_result" and e.call_id == call]
+    assert (result.is_error, result.output) == (False, "from a node")
