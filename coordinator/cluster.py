@@ -7,9 +7,9 @@ module is the coordinator's side of that (:class:`RayNodes`, a
 so Fleet without ``--cluster`` never imports Ray.
 
 Placement. For each run, the coordinator reserves ``min(max_parallel, members)``
-slots spread over the nodes (one slot at a time, round robin, up to each node's
-``fleet_slots``) by starting one actor per node
-(:class:`~coordinator.node_service.NodeService`) that holds its share of
+slots (a lead's members: as many as it may spawn in all) spread over the nodes (one
+slot at a time, round robin, up to each node's ``fleet_slots``) by starting one actor
+per node (:class:`~coordinator.node_service.NodeService`) that holds its share of
 ``fleet_slots``: Ray's own accounting then keeps two runs from overfilling a node (a
 node whose slots another run holds does not start the actor in time and is left out).
 A member attempt takes a free slot on the live node with the most free slots and runs
@@ -197,8 +197,9 @@ class RayNodes(Nodes):
     ) -> AsyncIterator[None]:
         self._run_id, self._services = run_id, services
         infos = fleet_nodes(self.address)
+        members = len(units) if services.members is None else services.members
         share = allocate(
-            [int(n["Resources"][SLOTS]) for n in infos], min(services.max_parallel, len(units))
+            [int(n["Resources"][SLOTS]) for n in infos], min(services.max_parallel, members)
         )
         for info, slots in zip(infos, share, strict=True):
             if slots:
@@ -241,7 +242,7 @@ class RayNodes(Nodes):
                 mine = [u for j, u in enumerate(units) if owners[j % len(owners)] == i]
                 tg.start_soon(self._up, node, mine)
         problems = [f"node {n.name}: {n.lost}" for n in self.nodes if n.lost]
-        if all(n.lost for n in self.nodes):
+        if self.nodes and all(n.lost for n in self.nodes):
             raise ClusterUnavailable(
                 f"no node of the Ray cluster at {self.address} could take the run: "
                 + "; ".join(problems)

@@ -396,6 +396,7 @@ async def _run_members(
                     max_parallel=parallel,
                     warm_pool=job.fanout.warm_pool,
                     corpus="browser" in job.lead.kinds and _wants_corpus(job),
+                    members=job.lead.max_members,  # later waves' members need slots too
                 ),
                 pending=pending,
                 on_members=lambda ms: setattr(got, "members", ms),

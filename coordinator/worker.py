@@ -86,6 +86,10 @@ class Services(BaseModel):
     """Start boxes ahead of the members that will take them."""
     corpus: bool = False
     """Run the offline research corpus as a service box on the run network."""
+    members: int | None = None
+    """Members the run may start in all, when more may come than the units its nodes
+    are first given (a lead's later waves); None: those units. A cluster reserves
+    slots for ``min(max_parallel, members)``."""
 
 
 Started = Callable[[str], None]

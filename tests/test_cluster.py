@@ -578,3 +578,33 @@ def test_a_node_members_stdio_mcp_server_gets_its_files_through_ray(
     (call,) = [e.call_id for e in trace if e.type == "tool_call" and e.tool == "mcp__echo__echo"]
     (result,) = [e for e in trace if e.type == "tool_result" and e.call_id == call]
     assert (result.is_error, result.output) == (False, "from a node")
+
+
+def test_a_lead_jobs_members_run_on_the_nodes(tmp_path, ray_cluster, docker_client, cleanup):
+    cleanup.append(tmp_path / "runs")
+    question = "How are asyncio tasks cancelled by the zorblax scheduler?"
+    done = _fleet(
+        "research", question, "--lead", "--members", "1", "--max-waves", "2",
+        "--model", "offline", "--output-dir", str(tmp_path / "runs"), "--plain",
+        "--cluster", ray_cluster.address,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = RunDir.list(tmp_path / "runs")
+    assert run.state().status == "succeeded"
+    # Both waves' members - the first wave's browser member, the second's browser and
+    # coding members - ran on the cluster's nodes, each once.
+    spawned = [m for e in run.journal.read() if e["event"] == "lead_spawn" for m in e["members"]]
+    assert sorted(m["kind"] for m in spawned) == ["browser", "browser", "coding"]
+    nodes = {ray_cluster.name(n) for n in ray_cluster.nodes}
+    started = _started_on(run)
+    assert set(started) == {m["id"] for m in spawned}
+    assert all(len(v) == 1 and v[0] in nodes for v in started.values()), started
+    assert {run.result(m)["status"] for m in started} == {"ok"}
+    # The second wave's two members ran at once, as on one machine: the run holds
+    # slots for the members of later waves, not only for the first wave's one.
+    ts = {(e["event"], e.get("member")): e["ts"] for e in run.journal.read()}
+    assert ts[("member_started", "w2-2")] < ts[("member_finished", "w2-1")]
+    assert ts[("member_started", "w2-1")] < ts[("member_finished", "w2-2")]
+    report = json.loads((run.path / "report.json").read_text())
+    assert report["analyst"] == "offline lead" and "2 wave(s)" in report["summary"]
+    assert _boxes(docker_client, run.id) == []
