@@ -18,6 +18,7 @@ a node's actor, against a scratch directory whose files go back to the coordinat
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -29,7 +30,8 @@ import anyio
 
 from sandbox import reaper
 from sandbox.base import Sandbox, SandboxBackend
-from sandbox.errors import SandboxCrashed, SandboxError
+from sandbox.deferred import DeferredSandbox
+from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxUnavailable
 from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec
 from subagents.browser.corpus import start_corpus
@@ -50,6 +52,10 @@ past it the run still ends, and ``fleet sandbox gc`` removes what is left."""
 
 
 class RunMemberFn(Protocol):
+    """The harness a node runs a member with. Its ``sandbox`` is a
+    :class:`~sandbox.deferred.DeferredSandbox` still starting (``await
+    sandbox.ready()`` for the box itself); a harness that uses it before then waits."""
+
     def __call__(
         self,
         spec: MemberSpec,
@@ -127,16 +133,6 @@ async def _release(
         )
 
 
-async def _upload_repo(box: Sandbox, repo: Path, room: int) -> None:
-    """Copy the project's files (not its virtualenv or caches) into ``/workspace``,
-    whose ``room`` bytes they must fit in."""
-    staged = await anyio.to_thread.run_sync(lambda: staged_copy(repo, room=room))
-    try:
-        await box.upload(Path(staged.name), "/workspace")
-    finally:
-        await anyio.to_thread.run_sync(staged.cleanup)
-
-
 def soft_deadline(unit: MemberUnit, started: float) -> MemberSpec:
     """The member's spec with the harness's own deadline counted from the attempt's
     start, like the hard one: box start-up and the repository copy have used part of
@@ -193,23 +189,49 @@ async def run_attempt(
     pool: SandboxPool | None = None
     ended_by_harness = False
     keep = False
+    staging: tempfile.TemporaryDirectory[str] | None = None
     try:
         with anyio.fail_after(unit.deadline_s):
-            t0 = time.monotonic()
             box_spec = unit.spec.sandbox
             keep = box_spec.keep
-            box, pool = await deps.acquire(box_spec, unit.run_id, unit.spec.id)
-            trace.emit(
-                SandboxEvent(
-                    action="create", box=box.name, duration_s=round(time.monotonic() - t0, 3)
-                )
-            )
-            if staged_repo is not None:
-                await box.upload(staged_repo, "/workspace")
-            elif unit.repo:
-                await _upload_repo(box, Path(unit.repo), copy_room(box_spec))
-            for name, text in unit.files.items():
-                await box.write_file(f"/workspace/{name}", text)
+            if staged_repo is None and unit.repo:
+                # Host side first: a repository too large for the box fails before any box.
+                room = copy_room(box_spec)
+                repo = Path(unit.repo)
+                staging = await anyio.to_thread.run_sync(lambda: staged_copy(repo, room=room))
+                staged_repo = Path(staging.name)
+            pending = DeferredSandbox(box_spec, unit.spec.id)
+
+            async def start_box() -> None:
+                """The member's box, started beside its first model call
+                (:mod:`sandbox.deferred` says why)."""
+                nonlocal box, pool
+                try:
+                    t0 = time.monotonic()
+                    box, pool = await deps.acquire(box_spec, unit.run_id, unit.spec.id)
+                    trace.emit(
+                        SandboxEvent(
+                            action="create",
+                            box=box.name,
+                            duration_s=round(time.monotonic() - t0, 3),
+                        )
+                    )
+                    if staged_repo is not None:
+                        await box.upload(staged_repo, "/workspace")
+                    for name, text in unit.files.items():
+                        await box.write_file(f"/workspace/{name}", text)
+                except (SandboxCrashed, SandboxClosed, SandboxUnavailable) as exc:
+                    pending.fail(exc)
+                except SandboxError as exc:
+                    pending.fail(SandboxUnavailable(str(exc)))
+                except Exception as exc:
+                    pending.fail(exc)
+                except BaseException:
+                    pending.fail(SandboxUnavailable("the box's start was cancelled"))
+                    raise
+                else:
+                    pending.set(box)
+
             spec = await _with_proxies(soft_deadline(unit, started), deps.backend, unit.run_id)
             model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
             # Only a harness that may ask is handed the approver (a test's own harness
@@ -217,18 +239,27 @@ async def run_attempt(
             asks: dict[str, Approver] = {}
             if deps.approver is not None:
                 asks["approver"] = deps.approver
-            try:
-                outcome = await run_member(
-                    spec,
-                    sandbox=box,
-                    model=model,
-                    run_dir=member_dir or Path(unit.member_dir),
-                    trace=trace,
-                    **asks,
-                )
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await model.aclose()
+            # The group ends when the box's start has: a box that came after its member
+            # ended is removed below like any other.
+            raised: Exception | None = None
+            async with anyio.create_task_group() as starting:
+                starting.start_soon(start_box)
+                try:
+                    outcome = await run_member(
+                        spec,
+                        sandbox=pending,
+                        model=model,
+                        run_dir=member_dir or Path(unit.member_dir),
+                        trace=trace,
+                        **asks,
+                    )
+                except Exception as exc:  # carried out of the group as it is, not as a group
+                    raised = exc
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await model.aclose()
+            if raised is not None:
+                raise raised
             ended_by_harness = True
     except TimeoutError:
         outcome = failed_outcome(
@@ -250,10 +281,14 @@ async def run_attempt(
         )
     except CANCELLED():
         await _release(box, trace, pool, keep=keep)
+        if staging is not None:
+            staging.cleanup()
         raise
     except Exception as exc:
         outcome = failed_outcome(unit, "failed", f"raised {type(exc).__name__}: {exc}", started)
     await _release(box, trace, pool, keep=keep)
+    if staging is not None:
+        await anyio.to_thread.run_sync(staging.cleanup)
     settled_here = not ended_by_harness
     if outcome.status == "ok" and unit.result_schema:
         wrong = schema_problems(outcome.result or {}, unit.result_schema)

@@ -42,6 +42,7 @@ import anyio
 from pydantic import ValidationError
 
 from sandbox.base import Sandbox
+from sandbox.deferred import DeferredSandbox
 
 from . import closing
 from .context.base import ContextLike
@@ -157,12 +158,56 @@ class AgentLoop:
         self.nudged = False
         self.view: ToolView | None = None
         """The tools the model is sent, once MCP servers brought tools of their own."""
+        self._box_set_up = anyio.Event()
+        self._box_error: Exception | None = None
 
     async def run(self) -> MemberOutcome:
         """Turns until a result or a limit; raises only SandboxCrashed, ModelError,
-        McpStartFailed (a server of the member's did not start), cancel."""
+        McpStartFailed (a server of the member's did not start), cancel.
+
+        The box is made ready - started, when the node handed a
+        :class:`~sandbox.deferred.DeferredSandbox`, and set up by the kind (a coding
+        member's workspace snapshot) - beside the first model call, which needs nothing
+        of it; every turn's tools wait for it (:meth:`box_ready`).
+        """
+        outcome: MemberOutcome | None = None
+        error: BaseException | None = None
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._set_up_box)
+            try:
+                outcome = await self._run_served()
+            except Exception as exc:  # carried out of the group as it is, not as a group
+                error = exc
+            finally:
+                tasks.cancel_scope.cancel()  # a set-up still running when the member ended
+        if error is not None:
+            raise error
+        assert outcome is not None
+        return outcome
+
+    async def _set_up_box(self) -> None:
+        try:
+            box = self.tool_ctx.sandbox
+            if isinstance(box, DeferredSandbox):
+                await box.ready()
+            if self.kind.setup is not None:
+                await self.kind.setup(self.tool_ctx)
+        except Exception as exc:
+            self._box_error = exc
+        finally:
+            self._box_set_up.set()
+
+    async def box_ready(self) -> None:
+        """Wait until the box is ready and set up; raises what stopped it (the box's
+        start failed: SandboxCrashed or SandboxUnavailable, as a dead box would)."""
+        await self._box_set_up.wait()
+        if self._box_error is not None:
+            raise self._box_error
+
+    async def _run_served(self) -> MemberOutcome:
         if not self.spec.mcp:
             return await self._run_limited()
+        await self.box_ready()  # the servers run in the box
         # The servers live in a task of their own (tools/mcp.py says why); what the
         # turns raise is carried out of the task group as it is, not as a group.
         stop = anyio.Event()
@@ -247,6 +292,7 @@ class AgentLoop:
                 nudge = NUDGE_TEMPLATE.format(submit=self.kind.submit_name)
                 conv.append({"role": "user", "content": [{"type": "text", "text": nudge}]})
                 continue
+            await self.box_ready()
             results = await self.calls.run(tool_uses, turn=conv.turn, turn_span=conv.turn_span)
             conv.append({"role": "user", "content": results})
             if self.view is not None:  # tool_search may have loaded deferred tools
@@ -257,9 +303,8 @@ class AgentLoop:
     async def _start(self) -> bool:
         """The first message - or the saved conversation, continued; True when that
         already ends with an accepted result."""
-        if self.kind.setup is not None:
-            await self.kind.setup(self.tool_ctx)
         if self.conv.restore():
+            await self.box_ready()
             return await self._answer_pending()
         memory = await self.context.start()
         blocks = [{"type": "text", "text": self.spec.task}]
@@ -404,6 +449,7 @@ class AgentLoop:
         """The kind's ``finalize`` on a submission (e.g. add the coding patch)."""
         if self.kind.finalize is None:
             return data
+        await self.box_ready()
         # A kind finishes its own fields only; the job's fields skip its hook.
         job_values = {k: data.pop(k) for k in self.job_fields if k in data}
         data = await self.kind.finalize(data, self.tool_ctx)

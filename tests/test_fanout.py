@@ -26,6 +26,7 @@ from coordinator.node import NodeDeps
 from coordinator.runs import RunDir
 from coordinator.spec import RetryPolicy
 from coordinator.worker import Recorder, Services
+from sandbox.deferred import DeferredSandbox
 from sandbox.docker import DockerBackend
 from subagents.context.config import ContextConfig
 from subagents.context.memory import MemoryStore
@@ -53,6 +54,8 @@ class ScriptedHarness:
         n = int(counter.read_text()) + 1 if counter.exists() else 1
         counter.write_text(str(n))
         action = spec.task.split()[0]
+        if isinstance(sandbox, DeferredSandbox):  # the node starts the box beside the member
+            sandbox = await sandbox.ready()
         if (action == "crash-once" and n == 1) or action == "kill-box":
             await anyio.to_thread.run_sync(_kill, sandbox.id)
         if action == "raise":

@@ -80,3 +80,27 @@ def test_a_run_that_does_not_start_leaves_no_early_box(
     assert not (tmp_path / "runs").exists()
     left = docker_client.api.containers(all=True, filters={"label": f"fleet.run={warm.run}"})
     assert left == []
+
+
+def test_a_members_first_model_call_does_not_wait_for_its_box(
+    tmp_path, images, docker_client, cleanup, fake_api
+):
+    """The box starts beside the first model call (sandbox/deferred.py): the call goes
+    out before the box is ready, and the box is ready before the first tool runs."""
+    from fleet_policies import coding_policy
+
+    fake_api(coding_policy(turns=1, latency_s=1.5))
+    cleanup.append(tmp_path / "runs")
+    text = _job(tmp_path, 1).read_text().replace('name = "offline"', 'name = "claude-sonnet-5"')
+    text += "[fanout]\nwarm_pool = false\n"  # a cold box, started by the member's attempt
+    (tmp_path / "job.toml").write_text(text)
+    assert main(["run", str(tmp_path / "job.toml"), "--plain"]) == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    events = list(read_trace(run / "members" / "c0" / "trace.jsonl"))
+    (create,) = [e for e in events if e.type == "sandbox" and e.action == "create"]
+    first_call = next(e for e in events if e.type == "model_call")
+    first_tool = next(e for e in events if e.type == "tool_call")
+    started_at = first_call.ts - first_call.latency_s
+    assert started_at < create.ts - create.duration_s / 2, (first_call, create)
+    assert create.ts <= first_tool.ts
+    assert first_call.ts - started_at >= 1.5  # the call's own wait, not the box's
