@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import statistics
 import sys
@@ -45,13 +44,15 @@ from fleet_policies import coding_policy  # noqa: E402
 from ray_support import ray_cluster  # noqa: E402
 
 from coordinator.cluster import RayNodes  # noqa: E402
-from coordinator.fanout import Deps, fan_out  # noqa: E402
+from coordinator.fanout import Deps, MemberUnit, fan_out  # noqa: E402
 from coordinator.node import open_pools  # noqa: E402
+from coordinator.spec import RetryPolicy  # noqa: E402
 from coordinator.worker import Recorder, Services  # noqa: E402
 from sandbox.docker import DockerBackend, new_run_id  # noqa: E402
 from sandbox.image_build import ensure_images  # noqa: E402
 from subagents.fake_api import FakeMessagesAPI  # noqa: E402
 from subagents.model.factory import make_model  # noqa: E402
+from subagents.spec import Limits, MemberSpec  # noqa: E402
 from subagents.trace import ModelCall  # noqa: E402
 
 LATENCY_S = 0.5
@@ -59,18 +60,24 @@ TURNS = 5
 SLOTS = 8
 
 
-def _fanout_bench() -> Any:
-    """``bench/fanout.py`` as a module (its directory cannot be on the path: its
-    ``sandbox.py`` would shadow the package), for the same members."""
-    path = Path(__file__).resolve().parent / "fanout.py"
-    spec = importlib.util.spec_from_file_location("bench_fanout", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-units = _fanout_bench().units
+def units(n: int, run: str, root: Path) -> list[MemberUnit]:
+    """``n`` coding members as the fan-out benchmark's jobs make them."""
+    return [
+        MemberUnit(
+            run_id=run,
+            member_dir=str(root / f"m{i}"),
+            spec=MemberSpec(
+                id=f"m{i}",
+                kind="coding",
+                task=f"Bench task {i}.",
+                model="claude-sonnet-5",
+                limits=Limits(max_turns=20),
+            ),
+            retry=RetryPolicy(attempts=1),
+            deadline_s=300,
+        )
+        for i in range(n)
+    ]
 
 
 class Dispatch:
