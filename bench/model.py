@@ -7,15 +7,21 @@ beyond 127.0.0.1.
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
 
-from subagents.fake_api import FakeMessagesAPI, text, tool_use
-from subagents.model.base import ModelRequest
-from subagents.model.claude import AnthropicModel, build_params
+# The script's own directory holds bench/sandbox.py, which would shadow the sandbox package.
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from subagents.fake_api import FakeMessagesAPI, text, tool_use  # noqa: E402
+from subagents.model.base import ModelRequest  # noqa: E402
+from subagents.model.claude import AnthropicModel, build_params  # noqa: E402
 
 TOOLS = [
     {"name": f"tool{i}", "description": "x" * 200, "input_schema": {"type": "object"}}
@@ -69,5 +75,6 @@ async def bench_call() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     bench_build()
     anyio.run(bench_call)

@@ -19,7 +19,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+# The script's own directory holds bench/sandbox.py, which would shadow the sandbox
+# package: put the tests directory (for tracegen) in its place.
+sys.path[0] = str(ROOT / "tests")
+sys.path.insert(1, str(ROOT))
 
 import tracegen  # noqa: E402
 
