@@ -21,7 +21,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "mcp"
 SUBMIT = tool_use("submit_result", {"summary": "done", "tests_run": [], "notes": []})
 
 
-def _job(tmp_path: Path, command: str, extra: str = "") -> Path:
+def _job(tmp_path: Path, command: str, extra: str = "", files: Path = EXAMPLE) -> Path:
     text = f"""
 name = "mcp"
 output_dir = "{tmp_path / "runs"}"
@@ -37,7 +37,7 @@ limits = {{ max_turns = 8, deadline_s = 120 }}
 [[members.mcp]]
 name = "echo"
 command = "{command}"
-files = "{EXAMPLE}"
+files = "{files}"
 {extra}
 """
     path = tmp_path / "job.toml"
@@ -81,6 +81,16 @@ def test_a_scripted_model_calls_a_tool_of_a_server_in_its_box(tmp_path, images, 
     assert "python3 echo_server.py" in results[2][2] and "1000" in results[2][2]
     # The model read the answer in its next request.
     assert "hello from the model" in json.dumps(api.requests[1]["messages"][-1])
+
+
+@pytest.mark.docker
+def test_a_server_whose_files_are_one_file_runs_beside_it(tmp_path, images, fake_api, cleanup):
+    fake_api(scripted(("mcp__echo__echo", {"text": "one file"})))
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, "python3 echo_server.py", files=EXAMPLE / "echo_server.py")
+    assert main(["run", str(job), "--plain"]) == 0
+    (run,) = RunDir.list(tmp_path / "runs")
+    assert _results(run)[0] == ("mcp__echo__echo", False, "one file")
 
 
 @pytest.mark.docker

@@ -309,7 +309,10 @@ async def _open(
         if spec.files is not None:
             cwd = f"{FILES_ROOT}/{spec.name}"
             await box.exec(["mkdir", "-p", cwd], timeout=30)
-            await box.upload(Path(spec.files), cwd)
+            files = Path(spec.files)
+            # A directory's contents go into cwd; a single file into cwd by its name.
+            one_file = await anyio.Path(files).is_file()
+            await box.upload(files, f"{cwd}/{files.name}" if one_file else cwd)
         process = await box.start_process(spec.command, cwd=cwd)
         streams = await stack.enter_async_context(_box_streams(process))
     else:
