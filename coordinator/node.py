@@ -201,6 +201,7 @@ async def run_attempt(
                 staging = await anyio.to_thread.run_sync(lambda: staged_copy(repo, room=room))
                 staged_repo = Path(staging.name)
             pending = DeferredSandbox(box_spec, unit.spec.id)
+            member_ended = anyio.Event()
 
             async def start_box() -> None:
                 """The member's box, started beside its first model call
@@ -209,13 +210,14 @@ async def run_attempt(
                 try:
                     t0 = time.monotonic()
                     box, pool = await deps.acquire(box_spec, unit.run_id, unit.spec.id)
-                    trace.emit(
-                        SandboxEvent(
-                            action="create",
-                            box=box.name,
-                            duration_s=round(time.monotonic() - t0, 3),
+                    if not member_ended.is_set():  # else it was never the member's: no create
+                        trace.emit(
+                            SandboxEvent(
+                                action="create",
+                                box=box.name,
+                                duration_s=round(time.monotonic() - t0, 3),
+                            )
                         )
-                    )
                     if staged_repo is not None:
                         await box.upload(staged_repo, "/workspace")
                     for name, text in unit.files.items():
@@ -256,6 +258,7 @@ async def run_attempt(
                 except Exception as exc:  # carried out of the group as it is, not as a group
                     raised = exc
                 finally:
+                    member_ended.set()
                     with anyio.CancelScope(shield=True):
                         await model.aclose()
             if raised is not None:

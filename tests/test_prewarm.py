@@ -104,3 +104,31 @@ def test_a_members_first_model_call_does_not_wait_for_its_box(
     assert started_at < create.ts - create.duration_s / 2, (first_call, create)
     assert create.ts <= first_tool.ts
     assert first_call.ts - started_at >= 1.5  # the call's own wait, not the box's
+
+
+def test_a_member_that_ends_before_its_box_is_ready_is_one_attempt(
+    tmp_path, images, docker_client, cleanup, fake_api
+):
+    """The model refuses the first call at once, while the box is still starting: the
+    box is removed, and the member's trace shows one attempt and no box it never had."""
+    from fleet_policies import coding_policy
+
+    from coordinator.traceview import load_run, rollup_run
+
+    fake_api(coding_policy())
+    cleanup.append(tmp_path / "runs")
+    text = _job(tmp_path, 1).read_text().replace('name = "offline"', 'name = "claude-sonnet-5"')
+    text = text.replace("Look around 0.", "Look around 0. [bad-request]")
+    text += "[fanout]\nwarm_pool = false\nretry = { attempts = 1 }\n"
+    (tmp_path / "job.toml").write_text(text)
+    assert main(["run", str(tmp_path / "job.toml"), "--plain"]) == 1
+    (run,) = (tmp_path / "runs").iterdir()
+    events = list(read_trace(run / "members" / "c0" / "trace.jsonl"))
+    assert [e.type for e in events if e.type in ("member_start", "member_end")] == [
+        "member_start",
+        "member_end",
+    ]
+    assert not [e for e in events if e.type == "sandbox" and e.action == "create"]
+    (member,) = rollup_run(load_run(run)).members
+    assert member.attempts == 1 and [a.status for a in member.per_attempt] == ["failed"]
+    assert docker_client.api.containers(all=True, filters={"label": f"fleet.run={run.name}"}) == []
