@@ -34,6 +34,7 @@ from sandbox.deferred import DeferredSandbox
 from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxUnavailable
 from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec
+from subagents.beside import beside
 from subagents.browser.corpus import start_corpus
 from subagents.model.base import Model, ModelError
 from subagents.outcome import MemberOutcome
@@ -241,13 +242,10 @@ async def run_attempt(
             asks: dict[str, Approver] = {}
             if deps.approver is not None:
                 asks["approver"] = deps.approver
-            # The group ends when the box's start has: a box that came after its member
-            # ended is removed below like any other.
-            raised: Exception | None = None
-            async with anyio.create_task_group() as starting:
-                starting.start_soon(start_box)
+
+            async def attempt() -> MemberOutcome:
                 try:
-                    outcome = await run_member(
+                    return await run_member(
                         spec,
                         sandbox=pending,
                         model=model,
@@ -255,14 +253,14 @@ async def run_attempt(
                         trace=trace,
                         **asks,
                     )
-                except Exception as exc:  # carried out of the group as it is, not as a group
-                    raised = exc
                 finally:
                     member_ended.set()
                     with anyio.CancelScope(shield=True):
                         await model.aclose()
-            if raised is not None:
-                raise raised
+
+            # The box's start is waited for: a box that came after its member ended is
+            # removed below like any other.
+            outcome = await beside(attempt, start_box, wait_for_side=True)
             ended_by_harness = True
     except TimeoutError:
         outcome = failed_outcome(

@@ -53,16 +53,6 @@ class DeferredSandbox(Sandbox):
         self._error = error
         self._set.set()
 
-    @property
-    def settled(self) -> bool:
-        """The box is ready or failed."""
-        return self._set.is_set()
-
-    @property
-    def box(self) -> Sandbox | None:
-        """The box, once it is ready."""
-        return self._box
-
     async def ready(self) -> Sandbox:
         """The box, when it is ready; raises what stopped it otherwise."""
         await self._set.wait()

@@ -45,6 +45,7 @@ from sandbox.base import Sandbox
 from sandbox.deferred import DeferredSandbox
 
 from . import closing
+from .beside import beside
 from .context.base import ContextLike
 from .conversation import Conversation
 from .delegation import Delegation
@@ -170,20 +171,8 @@ class AgentLoop:
         member's workspace snapshot) - beside the first model call, which needs nothing
         of it; every turn's tools wait for it (:meth:`box_ready`).
         """
-        outcome: MemberOutcome | None = None
-        error: BaseException | None = None
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(self._set_up_box)
-            try:
-                outcome = await self._run_served()
-            except Exception as exc:  # carried out of the group as it is, not as a group
-                error = exc
-            finally:
-                tasks.cancel_scope.cancel()  # a set-up still running when the member ended
-        if error is not None:
-            raise error
-        assert outcome is not None
-        return outcome
+        # A set-up still running when the member ended is cancelled.
+        return await beside(self._run_served, self._set_up_box, wait_for_side=False)
 
     async def _set_up_box(self) -> None:
         try:
