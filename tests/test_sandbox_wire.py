@@ -57,3 +57,45 @@ def test_typed_requests_round_trip_through_the_agent(agent: list[str], tmp_path:
     assert probe["ok"] and isinstance(probe["pid"], int)
     bad = _ask(agent, {"op": "nope"})  # type: ignore[typeddict-item]
     assert (bad["ok"], bad["error"]) == (False, "bad_op")
+
+
+_NO_THREAD_ONCE_STARTED = """
+import base64, json, subprocess, sys, threading
+sys.path.insert(0, sys.argv[1])
+import boxagent
+
+# Once a command runs, the box's pids limit may be full (a fork bomb fills it at once):
+# from then on no thread can start, as in such a box.
+started = []
+popen, start = subprocess.Popen, threading.Thread.start
+def counting_popen(*a, **k):
+    started.append(1)
+    return popen(*a, **k)
+def refusing_start(self):
+    if started:
+        raise RuntimeError("can't start new thread")
+    start(self)
+subprocess.Popen, threading.Thread.start = counting_popen, refusing_start
+replies = []
+for stdin in (None, base64.b64encode(b"from stdin").decode()):
+    req = {"op": "exec", "id": 1, "cmd": "cat; echo ran", "cwd": sys.argv[2], "stdin": stdin}
+    started.clear()
+    reply = boxagent.op_exec(req)
+    replies.append([reply["exit_code"], base64.b64decode(reply["stdout"]).decode()])
+print(json.dumps(replies))
+"""
+
+
+def test_a_command_that_fills_the_pids_limit_at_once_still_runs(tmp_path: Path) -> None:
+    """Nothing the agent needs for a command (its stdin feeder) starts after the command:
+    a command that leaves no pid free is the command's outcome, not 'cannot start'."""
+    shutil.copy(INBOX / "boxagent.py", tmp_path / "boxagent.py")
+    shutil.copy(INBOX / "wire.py", tmp_path / "wire.py")
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", _NO_THREAD_ONCE_STARTED, str(tmp_path), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == '[[0, "ran\\n"], [0, "from stdinran\\n"]]'

@@ -206,6 +206,32 @@ def _feed_stdin(proc: subprocess.Popen, data: bytes) -> None:
         pass  # the command exited without reading all of it
 
 
+class _StdinFeeder:
+    """Writes a command's stdin from a thread started *before* the command.
+
+    A command may fill the box's pids limit the moment it starts (a fork bomb does), and
+    a thread is a pid too: a feeder started after the command could then not start, and
+    the command would be refused as if it had never run. So the thread exists first and
+    waits to be handed the process; with no stdin there is no thread at all.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.proc: subprocess.Popen | None = None
+        self.handed = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()  # RuntimeError when no thread is left: nothing started yet
+
+    def _run(self) -> None:
+        self.handed.wait()
+        if self.proc is not None:
+            _feed_stdin(self.proc, self.data)
+
+    def hand(self, proc: subprocess.Popen | None) -> None:
+        self.proc = proc
+        self.handed.set()
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -430,9 +456,19 @@ def op_exec(req: wire.ExecRequest) -> wire.ExecReply:
     oom_before = oom_kills()
     started = time.monotonic()
     try:
+        feeder = _StdinFeeder(stdin_data) if stdin_data else None
+    except RuntimeError:  # no thread left in the pids limit
+        raise Refused("no_processes", _no_processes()) from None
+    try:
         proc = _spawn(argv, cwd, env)
-    except _NotStarted as e:
-        return _exec_reply(e.code, b"", e.message.encode(), False, False, started, False)
+    except BaseException as e:
+        if feeder is not None:
+            feeder.hand(None)
+        if isinstance(e, _NotStarted):
+            return _exec_reply(e.code, b"", e.message.encode(), False, False, started, False)
+        raise
+    if feeder is not None:
+        feeder.hand(proc)
     try:
         # The command, not this agent, should be the OOM killer's first choice.
         with open(f"/proc/{proc.pid}/oom_score_adj", "w") as f:
@@ -444,12 +480,8 @@ def op_exec(req: wire.ExecRequest) -> wire.ExecReply:
     caps = {"stdout": _Capture(limit), "stderr": _Capture(limit)}
     deadline = started + float(timeout) if timeout else None
     try:
-        feeder = threading.Thread(target=_feed_stdin, args=(proc, stdin_data), daemon=True)
-        try:
-            feeder.start()
-        except RuntimeError:  # no thread left in the pids limit
-            _kill_group(proc.pid)
-            raise Refused("no_processes", _no_processes()) from None
+        if feeder is None:
+            _feed_stdin(proc, b"")
         timed_out = _pump(proc, caps, deadline)
         code = proc.wait()
     finally:
