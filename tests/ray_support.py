@@ -25,6 +25,12 @@ ENV = {
     "RAY_AUTH_MODE": "token",
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
+    # A removed node is declared dead after 3 failed health checks a second apart
+    # instead of Ray's 5 at 3 s: what the tests check is Fleet's side of a lost node
+    # (its members retried, gc on the nodes left), not how long Ray takes to see it.
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "2000",
+    "RAY_health_check_failure_threshold": "3",
 }
 SLOTS = 4
 LOOPBACK = "127.0.0.1"
