@@ -26,25 +26,37 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
 from sandbox.errors import SandboxError
 from subagents.browser.corpus import CORPUS_ALLOW
-from subagents.model.base import ModelError
+from subagents.model.errors import ModelError
 
 from .. import host_git
-from ..capacity import Parallelism
-from ..driver import EXIT_FAILED, RunOptions, RunSummary, execute
 from ..errors import UsageError
 from ..jobfile import JobError, load_job, parse_job
-from ..lead import lead_finished
-from ..preflight import preflight
 from ..run_lookup import runs_root
 from ..runs import RunDir, RunDirUnavailable, RunNotFound, check_root, root_for
 from ..spec import Job
 from . import add_runs_dir
+
+if TYPE_CHECKING:
+    from ..capacity import Parallelism
+    from ..driver import RunOptions, RunSummary
+
+# What runs a job (the driver, the preflight, the lead) is imported by the command that
+# runs one, after its job has been read: a job file with a mistake, and `fleet runs`,
+# answer without loading the model client (about a second).
+
+
+def _preflight(
+    job: Job, flags: dict[str, str] | None = None, *, args: argparse.Namespace
+) -> Parallelism:
+    from ..preflight import preflight
+
+    return preflight(job, flags, cluster=_cluster(args))
 
 
 def _toml_str(s: str) -> str:
@@ -57,6 +69,8 @@ def _cluster(args: argparse.Namespace) -> str | None:
 
 
 def _options(args: argparse.Namespace) -> RunOptions:
+    from ..driver import RunOptions
+
     return RunOptions(
         tty=False if getattr(args, "plain", False) else None,
         approve_all=getattr(args, "approve_all", False),
@@ -73,6 +87,8 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def _go(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> RunSummary:
+    from ..driver import execute
+
     try:
         return anyio.run(lambda: execute(run, job, opts, resume=resume))
     except (SandboxError, ModelError, BaseExceptionGroup) as exc:
@@ -140,7 +156,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except JobError as exc:
         raise UsageError(str(exc)) from None
     _root(job, args)
-    parallel = preflight(job, cluster=_cluster(args))
+    parallel = _preflight(job, args=args)
     return _start(job, text, args, parallel).exit_code
 
 
@@ -207,7 +223,7 @@ def cmd_research(args: argparse.Namespace) -> int:
         },
     )
     _root(job, args)
-    parallel = preflight(job, {"model.name": "--model"}, cluster=_cluster(args))
+    parallel = _preflight(job, {"model.name": "--model"}, args=args)
     return _start(job, text, args, parallel).exit_code
 
 
@@ -236,10 +252,10 @@ def cmd_code(args: argparse.Namespace) -> int:
         text, {"members[0].task": "TASK", "members[0].test": "--test", "model.name": "--model"}
     )
     _root(job, args)
-    parallel = preflight(
-        job, {"model.name": "--model", "members[0].repo": "REPO"}, cluster=_cluster(args)
-    )
+    parallel = _preflight(job, {"model.name": "--model", "members[0].repo": "REPO"}, args=args)
     summary = _start(job, text, args, parallel)
+    from ..driver import EXIT_FAILED
+
     outcome = summary.outcomes.get("coder")
     patch = summary.run.path / "members" / "coder" / "patch.diff"
     if outcome is None or outcome.result is None:
@@ -299,7 +315,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "or after that process is gone"
         )
     job = run.job()
-    parallel = preflight(job, cluster=_cluster(args))
+    parallel = _preflight(job, args=args)
+    from ..lead import lead_finished
+
     members = run.planned_members()
     pending = run.pending_members(members or [], retry_failed=args.retry_failed)
     lead_open = job.lead is not None and not lead_finished(run, retry_failed=args.retry_failed)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from coordinator.report import MemoryProblem, memory_problems
 from coordinator.traceview.load import MemberJournal, MemberTrace, RunTrace
 from subagents.model import profiles
-from subagents.model.base import ModelProfile
+from subagents.model.profiles import ModelProfile
 from subagents.trace import (
     Clip,
     Compaction,

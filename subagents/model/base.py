@@ -13,28 +13,10 @@ from typing import Any, Protocol, runtime_checkable
 from anthropic.types import Message
 from pydantic import BaseModel, ConfigDict, Field
 
+from .errors import ModelError
+from .profiles import ModelProfile
 
-class ModelProfile(BaseModel):
-    """What the harness must know about a model to budget its context and cost."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    """Model string as sent to the API."""
-    context_window: int = 200_000
-    """Tokens the model accepts in one request (input + output)."""
-    max_output: int = 8_192
-    """Largest ``max_tokens`` the model accepts."""
-    input_per_mtok: float = 3.0
-    """USD per million uncached input tokens."""
-    output_per_mtok: float = 15.0
-    """USD per million output tokens."""
-    cache_read_per_mtok: float = 0.3
-    """USD per million input tokens read from the prompt cache."""
-    cache_write_per_mtok: float = 3.75
-    """USD per million input tokens written to the prompt cache."""
-    known: bool = True
-    """False when the name matched no profile and conservative defaults were used."""
+__all__ = ["Model", "ModelError", "ModelProfile", "ModelRequest", "ModelResponse"]
 
 
 class ModelRequest(BaseModel):
@@ -100,13 +82,3 @@ class Model(Protocol):
     async def aclose(self) -> None:
         """Release what the model holds (an HTTP pool); a no-op for offline models."""
         ...
-
-
-class ModelError(Exception):
-    """A model call failed for good (after retries); ``retryable`` says if a later
-    attempt of the whole member may succeed (overload) or not (bad request)."""
-
-    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None):
-        super().__init__(message)
-        self.retryable = retryable
-        self.status = status

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .base import ModelError
+from .errors import ModelError
 
 DEFAULT_REAL_MODEL = "claude-sonnet-5"
 OFFLINE = "offline"

@@ -17,8 +17,33 @@ import threading
 import warnings
 from typing import Any
 
-from .base import ModelProfile
+from pydantic import BaseModel, ConfigDict
+
 from .choice import is_offline_name
+
+
+class ModelProfile(BaseModel):
+    """What the harness must know about a model to budget its context and cost."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    """Model string as sent to the API."""
+    context_window: int = 200_000
+    """Tokens the model accepts in one request (input + output)."""
+    max_output: int = 8_192
+    """Largest ``max_tokens`` the model accepts."""
+    input_per_mtok: float = 3.0
+    """USD per million uncached input tokens."""
+    output_per_mtok: float = 15.0
+    """USD per million output tokens."""
+    cache_read_per_mtok: float = 0.3
+    """USD per million input tokens read from the prompt cache."""
+    cache_write_per_mtok: float = 3.75
+    """USD per million input tokens written to the prompt cache."""
+    known: bool = True
+    """False when the name matched no profile and conservative defaults were used."""
+
 
 log = logging.getLogger(__name__)
 
