@@ -301,6 +301,12 @@ def test_sigkill_then_resume_on_the_cluster_leaves_no_box(
     assert all(after.starts[m] == 1 for m in done_before)
     assert any(e["event"] == "reaped" for e in run.journal.read())
     assert _boxes(docker_client, run.id) == []
+    # Resumed again with nothing left: said so, and nothing runs or is recorded.
+    events = len(run.journal.read())
+    again = _fleet("resume", str(run.path), "--plain", "--cluster", ray_cluster.address)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"run {run.id} has nothing left to run (succeeded)" in again.stderr
+    assert len(run.journal.read()) == events and _boxes(docker_client, run.id) == []
 
 
 def test_a_node_without_the_runs_images_refuses_the_run(tmp_path, ray_cluster, cleanup):
