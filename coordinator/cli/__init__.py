@@ -30,8 +30,8 @@ COMMAND_MODULES = (
     "coordinator.cli.approve",
 )
 # Which module defines each top-level command. Only that module is imported for
-# a known command, so `fleet setup` or `fleet sandbox ls` does not pay for
-# importing the model client (about a second); `--help` imports them all.
+# a known command; `--help` imports them all. None of them imports the model client
+# (about a second) at the top: the run commands load it once their job is read.
 COMMAND_HOMES = {
     "setup": "sandbox.cli",
     "images": "sandbox.cli",
