@@ -8,8 +8,11 @@ for Chromium); a pool pays that ahead of time in a background task group. Rules:
   reach another;
 - at most ``max_size`` boxes exist at once (idle plus handed out); the pool refills
   to ``min_idle`` idle boxes in the background whenever one is taken;
-- ``acquire`` on an empty pool creates a box directly (or waits for room when
-  ``max_size`` is reached), so the pool only ever makes things faster.
+- ``acquire`` on an empty pool takes a box already on its way to the pool (a refill
+  or an adopted box being readied) when one is not yet promised to an earlier
+  caller, else creates a box directly (or waits for room when ``max_size`` is
+  reached), so the pool only ever makes things faster: a box started ahead for a
+  member (:meth:`keep_idle`) is the box it gets, not a spare beside the one it makes.
 
 Boxes are labelled ``fleet.member=pool`` at creation (labels are immutable); the
 member that acquires a box is recorded on the :class:`Sandbox` object (``member``).
@@ -51,6 +54,8 @@ class SandboxPool:
         self.min_idle, self.max_size = min_idle, max_size
         self._idle: list[Sandbox] = []
         self._live = 0  # idle + leased + being created
+        self._coming = 0  # refills and adopted boxes on their way to idle
+        self._promised = 0  # acquirers waiting for one of those
         self._changed = anyio.Event()
         self._seq = itertools.count(1)
         self._tg: TaskGroup | None = None
@@ -103,18 +108,23 @@ class SandboxPool:
         while True:
             while len(self._idle) < self.min_idle and self._live < self.max_size:
                 self._live += 1
+                self._coming += 1
                 try:
                     box = await self.backend.create(
                         self.spec, run=self.run, member=f"pool-{next(self._seq)}"
                     )
-                except SandboxError as e:
+                except BaseException as e:
+                    self._coming -= 1
                     self._live -= 1
+                    if not isinstance(e, SandboxError):
+                        raise  # the pool is closing
                     self.last_error = e
                     # Wake waiters: with room freed, acquire creates a box itself (and
                     # reports the engine's error) instead of waiting for this loop.
                     self._notify()
                     await anyio.sleep(1.0)  # engine trouble: do not spin
                     continue
+                self._coming -= 1
                 self._idle.append(box)
                 self._notify()
             await self._changed.wait()
@@ -127,6 +137,7 @@ class SandboxPool:
         if self._closed or self._tg is None:
             raise SandboxClosed("the sandbox pool is closed")
         self._live += 1
+        self._coming += 1
 
         async def take() -> None:
             try:
@@ -136,6 +147,8 @@ class SandboxPool:
                 self.last_error = e
             else:
                 self._idle.append(box)
+            finally:
+                self._coming -= 1
             self._notify()
 
         self._tg.start_soon(take)
@@ -154,6 +167,14 @@ class SandboxPool:
                     continue
                 box.member = member  # type: ignore[attr-defined]
                 return box
+            if self._coming > self._promised:
+                # A box is on its way and no earlier caller waits for it: take that one.
+                self._promised += 1
+                try:
+                    await self._changed.wait()
+                finally:
+                    self._promised -= 1
+                continue
             if self._live < self.max_size:
                 self._live += 1
                 try:

@@ -131,6 +131,23 @@ async def test_pool_hands_out_distinct_prestarted_boxes_and_never_reuses_them(
     assert await backend.list_boxes(run=run_id) == []
 
 
+async def test_a_box_started_ahead_is_the_box_the_member_gets(
+    backend: DockerBackend, run_id: str
+) -> None:
+    """A box the pool starts for a member on its way (``keep_idle``, a lead's next
+    wave) is the one that member gets even while it is still starting: the member waits
+    for it instead of making a second box beside it."""
+    async with SandboxPool(backend, SandboxSpec(), run=run_id, min_idle=0, max_size=4) as pool:
+        pool.keep_idle(1)
+        await anyio.sleep(0.1)  # the pool has begun starting it
+        box = await pool.acquire("m1")
+        pool.keep_idle(0)  # as the run does once the member has its box
+        listed = await backend.list_boxes(run=run_id)
+        assert [(b.name, b.member) for b in listed] == [(box.name, "pool-1")], listed
+        await pool.release(box)
+    assert await backend.list_boxes(run=run_id) == []
+
+
 def test_doomed_rule_is_ttl_or_run_over_unless_kept() -> None:
     now = 1000.0
 
