@@ -14,7 +14,9 @@ per node (:class:`~coordinator.node_service.NodeService`) that holds its share o
 node whose slots another run holds does not start the actor in time and is left out).
 A member attempt takes a free slot on the live node with the most free slots and runs
 as one streaming call on that node's actor; the node name is journalled with
-``member_started``.
+``member_started``. When a lead spawns a wave, each member's box is started ahead on a
+node that keeps a warm pool for its spec (:meth:`RayNodes.expect`); the member is
+placed there when that node has a free slot, and takes that box.
 
 Failure. A node that dies or leaves the cluster mid-member surfaces as Ray's actor or
 node errors; they become that member's ``crashed`` with the reason
@@ -76,6 +78,7 @@ from sandbox.cluster import (
     on_each_node,
     pinned,
 )
+from sandbox.spec import SandboxSpec
 from subagents.context.memory_profile import FileChange, load_profile, save_profile
 from subagents.outcome import MemberOutcome
 from subagents.policy import Approver
@@ -146,6 +149,11 @@ class _Node:
     free: int
     lost: str = ""
     """Why the node is gone ("" while it serves)."""
+    pooled: set[str] = field(default_factory=set)
+    """The box specs (as JSON) this node keeps a warm pool for."""
+    ahead: dict[str, int] = field(default_factory=dict)
+    """Boxes this node was asked to start ahead (:meth:`RayNodes.expect`) that no
+    member took yet, by spec."""
 
 
 def _lost_reason(exc: BaseException) -> str:
@@ -188,6 +196,8 @@ class RayNodes(Nodes):
         self._missing = 0
         """Slots of lost nodes not yet found again on another node."""
         self._replacing = False
+        self._ahead: list[Any] = []
+        """Calls of :meth:`expect`, which nobody waits for; read when the run ends."""
 
     # ------------------------------------------------------------ placement
 
@@ -205,7 +215,32 @@ class RayNodes(Nodes):
             if slots:
                 self.nodes.append(self._actor(info, slots))
         await self._start(units)
-        yield
+        try:
+            yield
+        finally:
+            # A failed call changed nothing (its node is lost: the member that would
+            # have used the box runs elsewhere); read, it is not reported as unhandled.
+            for ref in self._ahead:
+                with contextlib.suppress(Exception):
+                    ray.get(ref, timeout=0)
+            self._ahead.clear()
+
+    def expect(self, units: list[MemberUnit]) -> None:
+        """A lead's later wave: each member's box is started ahead on a live node that
+        keeps a warm pool for its spec, the one with the fewest such boxes per slot,
+        and the member is later placed where its box waits (:meth:`_take`). Members
+        whose spec no node pools get their box when they start, as on one machine."""
+        ahead: dict[int, list[SandboxSpec]] = {}
+        for unit in units:
+            key = unit.spec.sandbox.model_dump_json()
+            holders = [i for i, n in enumerate(self.nodes) if not n.lost and key in n.pooled]
+            if not holders:
+                continue
+            i = min(holders, key=lambda i: sum(self.nodes[i].ahead.values()) / self.nodes[i].slots)
+            self.nodes[i].ahead[key] = self.nodes[i].ahead.get(key, 0) + 1
+            ahead.setdefault(i, []).append(unit.spec.sandbox)
+        for i, specs in ahead.items():
+            self._ahead.append(self.nodes[i].actor.expect.remote(specs))
 
     def _actor(self, info: dict[str, Any], slots: int) -> _Node:
         """Start the run's actor on this node, holding ``slots`` of its ``fleet_slots``."""
@@ -240,6 +275,10 @@ class RayNodes(Nodes):
         async with anyio.create_task_group() as tg:
             for i, node in enumerate(self.nodes):
                 mine = [u for j, u in enumerate(units) if owners[j % len(owners)] == i]
+                if self._services.warm_pool:
+                    node.pooled = {
+                        u.spec.sandbox.model_dump_json() for u in mine if not u.spec.sandbox.keep
+                    }
                 tg.start_soon(self._up, node, mine)
         problems = [f"node {n.name}: {n.lost}" for n in self.nodes if n.lost]
         if self.nodes and all(n.lost for n in self.nodes):
@@ -256,14 +295,17 @@ class RayNodes(Nodes):
                 if not node.lost:
                     tg.start_soon(_wait, node.actor.warm.remote())
 
-    async def _take(self) -> _Node | None:
-        """A free slot on the live node with the most free slots (None: no node left).
-        Slots lost with a node are first sought on a node the run does not use yet."""
+    async def _take(self, key: str) -> _Node | None:
+        """A free slot on the live node with the most free slots (None: no node left),
+        on a node holding a box of spec ``key`` started ahead when there is one. Slots
+        lost with a node are first sought on a node the run does not use yet."""
         while True:
             free = [n for n in self.nodes if not n.lost and n.free > 0]
             if free:
-                node = max(free, key=lambda n: n.free / n.slots)
+                node = max(free, key=lambda n: (n.ahead.get(key, 0) > 0, n.free / n.slots))
                 node.free -= 1
+                if node.ahead.get(key, 0) > 0:
+                    node.ahead[key] -= 1
                 return node
             if self._missing and not self._replacing:
                 self._replacing = True
@@ -313,7 +355,7 @@ class RayNodes(Nodes):
         self, unit: MemberUnit, trace: TraceWriter, started: Started
     ) -> MemberOutcome:
         t0 = time.monotonic()
-        node = await self._take()
+        node = await self._take(unit.spec.sandbox.model_dump_json())
         if node is None:
             lost = "; ".join(f"{n.name}: {n.lost}" for n in self.nodes)
             started("")

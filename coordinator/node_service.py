@@ -41,6 +41,7 @@ import anyio
 from sandbox import firewall
 from sandbox.docker import DockerBackend
 from sandbox.errors import SandboxUnavailable
+from sandbox.spec import SandboxSpec
 from subagents.model import make_model
 from subagents.outcome import MemberOutcome
 from subagents.trace import TraceWriter
@@ -181,6 +182,11 @@ class NodeService:
         """Returns once the run's warm pools here hold their idle boxes, ready."""
         for pool in self.deps.pools.values():
             await pool.wait_idle()
+
+    async def expect(self, specs: list[SandboxSpec]) -> None:
+        """Members with these boxes are coming here (a lead's later wave): the run's warm
+        pools on this node start boxes for them (:meth:`NodeDeps.expect`)."""
+        self.deps.expect(specs)
 
     async def answer(self, ask_id: str, approval: dict[str, Any]) -> bool:
         """The coordinator's answer to a member's ask (:mod:`coordinator.node_asks`)."""

@@ -618,6 +618,17 @@ def test_a_lead_jobs_members_run_on_the_nodes(tmp_path, ray_cluster, docker_clie
     ts = {(e["event"], e.get("member")): e["ts"] for e in run.journal.read()}
     assert ts[("member_started", "w2-2")] < ts[("member_finished", "w2-1")]
     assert ts[("member_started", "w2-1")] < ts[("member_finished", "w2-2")]
+    # The second wave's browser member got the box the node holding the first wave's
+    # browser pool started for it when the wave was spawned, not one of its own.
+    (first,) = [m["id"] for m in spawned if m["id"].startswith("w1-")]
+    (later,) = [m["id"] for m in spawned if m["kind"] == "browser" and m["id"].startswith("w2-")]
+    assert started[later] == started[first]
+    created = [
+        e.box
+        for e in read_trace(run.member_dir(later) / "trace.jsonl")
+        if e.type == "sandbox" and e.action == "create"
+    ]
+    assert len(created) == 1 and "-pool-" in created[0], created
     report = json.loads((run.path / "report.json").read_text())
     assert report["analyst"] == "offline lead" and "2 wave(s)" in report["summary"]
     assert _boxes(docker_client, run.id) == []
