@@ -122,7 +122,7 @@ async def test_browser_reaches_only_allowlisted_hosts(
                 assert "fleet egress proxy" in await page.content()
             await chromium.close()
         # Nor straight to the host's listener, around the proxy. (An address, not a
-        # name: a name's lookup would go out to the host's resolver.)
+        # name: a name's lookup could go out to the host's resolver.)
         host = f"{gateway}:{host_port}"
         direct = await browser.exec(["python3", "-c", _CONNECT, host], timeout=30)
         assert json.loads(direct.stdout)[host] != "connected", direct
