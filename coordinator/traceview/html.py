@@ -11,13 +11,25 @@ Screenshots are embedded as data URIs while they fit an image budget, and linked
 (relative to the page) beyond it. Served by ``fleet view``, the same page loads any
 cut text in full on demand (``/full/<ref>``), so the page stays small and nothing is
 out of reach; the written file keeps the cut and links the file holding the rest.
+
+Every string on the page was written by a model, a page or a box, so none may change
+the page's structure. The data block is JSON with ``<``, ``>``, ``&``, U+2028/U+2029
+and lone surrogates written as ``\\uXXXX`` escapes (:func:`embed_json`): no character
+sequence inside it can end or re-enter the ``<script>`` element (``</script>``,
+``<!--<script>``), and the page's bytes stay valid UTF-8 whatever a result holds. The
+script then puts data into the DOM as text only. As a second wall, the page's Content
+Security Policy lets only its own script run, named by its SHA-256 hash: markup that
+got in anyway could not run code (the hash, unlike a nonce, suits a file written once).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
+import re
+from html import escape
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -232,20 +244,40 @@ def _asset(name: str) -> str:
     )
 
 
+_UNSAFE_IN_SCRIPT = re.compile("[<>&\u2028\u2029\ud800-\udfff]")
+"""Characters of a JSON text that could mean something to the HTML parser inside a
+``<script>`` element (``<``, ``>``, ``&``), end a line in older JavaScript (U+2028,
+U+2029), or not be encodable as UTF-8 (a lone surrogate from an ``\\ud800`` escape).
+All of them only occur inside JSON strings, where ``\\uXXXX`` means the same."""
+
+
+def embed_json(value: Any) -> str:
+    """``value`` as JSON that is inert inside an HTML ``<script>`` element."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _UNSAFE_IN_SCRIPT.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _scripts() -> str:
+    return "\n".join(_asset(name) for name in ("tree.js", "landing.js", "viewer.js"))
+
+
+def script_source() -> str:
+    """The CSP source that allows the page's one inline script and nothing else."""
+    digest = hashlib.sha256(_scripts().encode("utf-8")).digest()
+    return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
+
+
 def render_page(
     run: RunTrace, *, limit: int = 1_200, link_base: str = "", served: bool = False
 ) -> str:
     """The page as one HTML string."""
-    data = json.dumps(page_data(run, limit=limit, link_base=link_base, served=served),
-                      ensure_ascii=False, separators=(",", ":"))  # fmt: skip
-    # Inside <script>, "</" could close the element early; "<\/" is the same JSON string.
-    data = data.replace("</", "<\\/")
-    page = _asset("viewer.html")
-    title = f"Fleet run {run.id}".replace("&", "&amp;").replace("<", "&lt;")
-    head, tail = page.split("{{DATA}}", 1)
-    head = head.replace("{{TITLE}}", title).replace("/*{{CSS}}*/", _asset("viewer.css"))
-    scripts = "\n".join(_asset(name) for name in ("tree.js", "landing.js", "viewer.js"))
-    tail = tail.replace("/*{{JS}}*/", scripts)
+    data = embed_json(page_data(run, limit=limit, link_base=link_base, served=served))
+    head, tail = _asset("viewer.html").split("{{DATA}}", 1)
+    head = head.replace("/*{{CSS}}*/", _asset("viewer.css"))
+    head = head.replace("{{SCRIPT_SRC}}", script_source())
+    # The title last: a run id that holds a placeholder's text stays text.
+    head = head.replace("{{TITLE}}", escape(f"Fleet run {run.id}"))
+    tail = tail.replace("/*{{JS}}*/", _scripts())
     return head + data + tail
 
 

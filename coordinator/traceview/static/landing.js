@@ -2,7 +2,7 @@
 // The landing view's top: what a person looks for first - the job's question and the
 // run's report (its findings citing members, what running code verified, what stayed
 // open) - and a search over every member's turns and result. `h` is the page's helpers
-// ({el, pill}); `open(id, turn, attempt, query)` opens a member (at a turn, the query's
+// ({el, pill, token}); `open(id, turn, attempt, query)` opens a member (at a turn, the query's
 // places unfolded), so this file
 // stays free of page state.
 const FleetLanding = (() => {
@@ -13,7 +13,7 @@ const FleetLanding = (() => {
 
   function checkLine(h, k, open) {
     const ran = k.command ? `\`${k.command}\` exit ${k.exit_code}` : "nothing ran";
-    return h.el("div", { class: "check v-" + k.verdict, "data-verdict": k.verdict },
+    return h.el("div", { class: "check v-" + h.token(k.verdict), "data-verdict": k.verdict },
       h.el("b", { text: k.verdict }), " by ", h.el("button", { class: "cite", text: k.member, onclick: () => open(k.member) }),
       ` (wave ${k.wave}): ${ran}` + (k.detail ? " - " + k.detail : ""));
   }

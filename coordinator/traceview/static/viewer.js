@@ -6,16 +6,48 @@
   const MEMBERS = DATA.members;
   const SVG = "http://www.w3.org/2000/svg";
 
+  // Every string here was written by a model, a page or a box: it enters the DOM as text
+  // (never as markup), a URL only when it resolves to the page's own kind of link, and a
+  // class only as one token. A bidirectional control character (the "\u202e" that makes
+  // text read backwards) is kept in the text but shown as a visible mark in a box of its
+  // own, so it cannot reorder the text around it: a person sees what was written.
+  const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/;
+  const BIDI_SPLIT = /([\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069])/;
+  function textOf(s) {
+    s = String(s);
+    if (!BIDI.test(s)) return document.createTextNode(s);
+    const frag = document.createDocumentFragment();
+    for (const part of s.split(BIDI_SPLIT)) {
+      if (!part) continue;
+      if (!BIDI.test(part)) { frag.append(part); continue; }
+      const mark = document.createElement("span");
+      mark.className = "bidi";
+      mark.dataset.cp = "U+" + part.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0");
+      mark.textContent = part;
+      frag.append(mark);
+    }
+    return frag;
+  }
+  // Links lead to run files (relative, http(s) under `fleet view`, file: when written);
+  // anything else (javascript:, data:, ...) is dropped.
+  const LINKABLE = new Set(["http:", "https:", "file:"]);
+  function safeUrl(v) {
+    try { return LINKABLE.has(new URL(String(v), document.baseURI).protocol) ? String(v) : null; } catch (e) { return null; }
+  }
+  const IMAGE_DATA = /^data:image\/(png|jpeg|webp);base64,[A-Za-z0-9+/=]*$/;
+  const token = (s) => String(s).replace(/[^A-Za-z0-9_-]/g, "_");
   function el(tag, attrs, ...kids) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
       if (v === null || v === undefined || v === false) continue;
       if (k === "class") node.className = v;
-      else if (k === "text") node.textContent = v;
+      else if (k === "text") node.replaceChildren(textOf(v));
       else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else if (k === "href") { const u = safeUrl(v); if (u !== null) node.setAttribute(k, u); }
+      else if (k === "src") { const u = IMAGE_DATA.test(v) ? v : safeUrl(v); if (u !== null) node.setAttribute(k, u); }
       else node.setAttribute(k, v === true ? "" : v);
     }
-    for (const kid of kids.flat()) if (kid !== null && kid !== undefined) node.append(kid);
+    for (const kid of kids.flat()) if (kid !== null && kid !== undefined) node.append(typeof kid === "string" ? textOf(kid) : kid);
     return node;
   }
   function sv(tag, attrs, ...kids) {
@@ -36,7 +68,7 @@
     return s.toFixed(1) + "s";
   }
   const totalIn = (x) => x.input_tokens + x.cache_read_tokens + x.cache_write_tokens;
-  const pill = (status) => el("span", { class: "pill st-" + status, text: status });
+  const pill = (status) => el("span", { class: "pill st-" + token(status), text: status });
   const FAILED = new Set(["failed", "crashed", "timed_out", "cancelled", "incomplete"]);
   // A lead run: the lead first, then its members wave by wave.
   const ORDER = [...MEMBERS].sort((a, b) => (b.lead - a.lead) || ((a.wave || 0) - (b.wave || 0)) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
@@ -168,8 +200,8 @@
   function decisions(grp, m, y, g) {
     for (const t of m.turns_detail) {
       for (const tc of t.t) {
+        if (!Object.hasOwn(DECISIONS, tc.n)) continue;
         const d = DECISIONS[tc.n];
-        if (!d) continue;
         const first = (tc.out || "").split("\n")[0];
         const at = g.x(tc.n === "wait" && tc.e !== null ? tc.e : tc.s);
         grp.append(sv("path", { class: "decision d-" + tc.n + (tc.err ? " refused" : ""), "data-tool": tc.n, transform: `translate(${at} ${y + g.laneH / 2})`, d,
@@ -325,7 +357,7 @@
     }
     if (k.k === "screenshot") {
       return el("div", { class: "block" }, el("div", { class: "meta" }, el("b", { text: "screenshot" }), " " + (k.x || "") + " · ", fileLink(k.p)),
-        k.src ? el("a", { href: k.src, target: "_blank" }, el("img", { class: "shot", src: k.src, alt: "screenshot " + k.p, loading: "lazy" })) : null);
+        k.src ? el("a", { href: RUN.lb + k.p, target: "_blank" }, el("img", { class: "shot", src: k.src, alt: "screenshot " + k.p, loading: "lazy" })) : null);
     }
     const cls = k.k === "offload" ? "offload" : k.k === "error" || k.k === "retry" ? "error" : "";
     return el("div", { class: "block " + cls }, el("div", { class: "meta" }, el("b", { text: k.k }), " " + k.x, k.p ? [" · ", fileLink(k.p)] : null));
@@ -529,13 +561,15 @@
 
   function route() {
     const match = location.hash.match(/member=([^&]+)/);
-    if (match) openMember(decodeURIComponent(match[1]), false);
+    let id = null;
+    try { id = match && decodeURIComponent(match[1]); } catch (e) { id = null; }
+    if (id !== null) openMember(id, false);
     else showOverview(false);
   }
 
   // The landing view: the question and the report first, then a search over the run.
   function landing() {
-    const h = { el, pill };
+    const h = { el, pill, token };
     const open = (id, turn, attempt, query) => openMember(id, true, turn, attempt, query);
     document.getElementById("landing").append(FleetLanding.report(h, RUN, open));
     const input = document.getElementById("run-search"), results = document.getElementById("search-results");
