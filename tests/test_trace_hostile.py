@@ -290,3 +290,31 @@ def test_a_run_file_a_box_wrote_never_runs_as_the_page(browser: Any, served: str
     assert w.page.evaluate("() => window.__pwned") is None
     assert "<script>window.__pwned='file'</script>" in w.page.locator("body").inner_text()
     w.page.close()
+
+
+INJECT = """() => {
+  const s = document.createElement("script");
+  s.textContent = "window.__pwned = 'inline'";
+  document.body.append(s);
+  return window.__pwned === undefined;
+}"""
+"""Markup that got into the page anyway: an inline script other than the page's own."""
+
+
+def test_only_the_pages_own_script_runs(browser: Any, tmp_path: Path) -> None:
+    made = tracegen.make_run(tmp_path / "runs", members=2, turns=2, failed=None)
+    out = tmp_path / "page.html"
+    write_page(load_run(made.run_dir), out)
+    server = make_server(made.run_dir, 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for url in (out.as_uri(), f"http://127.0.0.1:{server.server_address[1]}/"):
+            w = _watch(browser)
+            w.page.goto(url)
+            w.page.wait_for_selector("#timeline-svg")  # the page's own script ran
+            assert w.page.evaluate(INJECT) is True, url
+            assert any("Content Security Policy" in p for p in w.problems), w.problems
+            w.page.close()
+    finally:
+        server.shutdown()
+        server.server_close()

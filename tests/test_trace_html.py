@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -159,19 +160,28 @@ def test_view_serves_the_page_and_run_files_on_loopback(
         server.server_close()
 
 
-def test_fleet_view_command_loads_cut_texts_in_full(
-    browser: Any, run: tracegen.Expected, tmp_path: Path
-) -> None:
-    """The real `fleet view` process: loopback only, cut texts load in full on demand."""
+@contextmanager
+def fleet_view(run_dir: Path) -> Iterator[str]:
+    """A real ``fleet view`` process serving ``run_dir`` on a free port; its base URL."""
     proc = subprocess.Popen(
-        [FLEET, "view", str(run.run_dir), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [FLEET, "view", str(run_dir), "--port", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         line = proc.stderr.readline() if proc.stderr else ""
         match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         assert match, f"no URL in {line!r}"
-        base = match.group(0)
+        yield match.group(0)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) in (0, 130, -15)
+
+
+def test_fleet_view_command_loads_cut_texts_in_full(
+    browser: Any, run: tracegen.Expected, tmp_path: Path
+) -> None:
+    """The real `fleet view` process: loopback only, cut texts load in full on demand."""
+    with fleet_view(run.run_dir) as base:
         member = sorted(run.members)[0]
         w = Watched(browser)
         w.page.goto(f"{base}#member={member}")
@@ -199,9 +209,6 @@ def test_fleet_view_command_loads_cut_texts_in_full(
         assert w.page.request.get(base + "full/../../etc/passwd:1").status == 404
         assert w.problems == []
         w.page.close()
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=10) in (0, 130, -15)
 
 
 def tool_turn(detail: Any, tool: Any) -> int:
