@@ -247,6 +247,8 @@ def test_hostile_strings_in_a_written_page_stay_text(
     _check_overview(w)
     for mid in MEMBER_IDS:
         _check_member(w, mid)
+    test_trace_html.ARTIFACTS.mkdir(exist_ok=True)
+    w.page.screenshot(path=str(test_trace_html.ARTIFACTS / "trace_hostile_member.png"))
     w.page.close()
 
 
