@@ -343,7 +343,8 @@ def answered_line(entry: dict[str, Any]) -> str:
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, ensure_ascii=False, default=str)
+        # ASCII: a model's argument may hold a lone surrogate, which no UTF-8 text holds.
+        json.dump(data, f, default=str)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
