@@ -17,19 +17,15 @@ def _request(command: str) -> ApprovalRequest:
 
 def _answered_by(queue: ApprovalQueue, request: ApprovalRequest, sha: str) -> tuple[bool, str]:
     async def go() -> tuple[bool, str]:
-        approver = FileApprover(queue, "wait")
+        asked = anyio.Event()
+        approver = FileApprover(queue, "wait", changed=asked.set)
         async with anyio.create_task_group() as tg:
 
             async def answer() -> None:
-                while not queue.pending():
-                    await anyio.sleep(0.05)
+                await asked.wait()  # the request is on disk
                 (req,) = queue.pending()
-                queue.answer(
-                    req["id"],
-                    allowed=True,
-                    by="fleet approve",
-                    sha256=sha or shown_sha256(req["input"]),
-                )
+                own = shown_sha256(req["input"])
+                queue.answer(req["id"], allowed=True, by="fleet approve", sha256=sha or own)
 
             tg.start_soon(answer)
             approval = await approver.ask(request, 10)
