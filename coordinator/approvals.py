@@ -23,6 +23,17 @@ Who answers, per run: ``--approve-all`` says yes to everything; a run with a ter
 (the progress table shows pending requests and takes y / n / a) or started with
 ``--wait-approval`` waits for a person; any other run (a pipe, CI) cannot ask anyone,
 so the member's ``ask_default`` applies at once.
+
+What a person approves is what they were shown. A request's arguments are shown whole,
+never cut, with every character that could hide or rewrite something made visible
+(:mod:`coordinator.visible`: no escape sequence from a model reaches a terminal raw).
+An argument longer than :data:`LONG_CHARS` is not printed but written, shown the same
+way, to ``<id>.review.txt`` beside its request, and its path and sha256 are printed.
+Every answer carries the sha256 of the showing its answerer read, and the waiting
+side takes a yes only when that is the sha256 of its own request's showing: a yes
+given to anything else (a request file changed after it was written) is a no. Each
+answer is journalled (``approval_answered``: by whom - ``fleet approve`` with its pid
+and user, the terminal prompt, the timeout - and when) and told in the progress output.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,8 +53,12 @@ import anyio
 
 from subagents.policy import Approval, ApprovalRequest
 
+from .visible import digest, shown, visible
+
 Mode = Literal["wait", "default", "all"]
 POLL_S = 0.2
+LONG_CHARS = 4096
+"""An argument shown longer than this is written to a review file, not printed."""
 
 
 class ApprovalQueue:
@@ -52,12 +68,42 @@ class ApprovalQueue:
         self.dir = Path(directory)
 
     def request(self, req: ApprovalRequest, *, attempt: int = 0) -> str:
-        """Record a request; returns its id."""
+        """Record a request (and its review file, for a long argument); returns its id."""
         self.dir.mkdir(parents=True, exist_ok=True)
         rid = f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}"
         data = {"id": rid, "asked_at": time.time(), "attempt": attempt, **req.model_dump()}
+        self.review_file(data)
         _write_atomic(self.dir / f"{rid}.request.json", data)
         return rid
+
+    def review_file(self, req: dict[str, Any]) -> Path | None:
+        """Where a long argument is shown whole (written if it is not there as shown);
+        None for an argument short enough to print."""
+        text = shown(req.get("input", {}))
+        if len(text) <= LONG_CHARS:
+            return None
+        path = self.dir / f"{req.get('id')}.review.txt"
+        with contextlib.suppress(OSError):
+            if path.read_text(encoding="utf-8") == text:
+                return path
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    def describe(self, req: dict[str, Any]) -> str:
+        """What a person is shown of a request: member, tool, the whole argument (or,
+        when long, the file it is in and its sha256), the rule that asked."""
+        text = shown(req.get("input", {}))
+        review = self.review_file(req)
+        if review is not None:
+            text = (
+                f"with an argument of {len(text)} characters, too long to print: review it "
+                f"whole in {review} (sha256 {digest(text)})"
+            )
+        rule = req.get("rule") or "the policy's default"
+        return f"{req.get('member')} wants {req.get('tool')} {text} (rule {rule})"
 
     def requests(self) -> list[dict[str, Any]]:
         """Every request of the run, oldest first, each with its ``answer`` (or None)."""
@@ -77,12 +123,28 @@ class ApprovalQueue:
         return _read(self.dir / f"{rid}.answer.json")
 
     def answer(
-        self, rid: str, *, allowed: bool, by: str, always: bool = False, **extra: Any
+        self,
+        rid: str,
+        *,
+        allowed: bool,
+        by: str,
+        sha256: str = "",
+        always: bool = False,
+        **extra: Any,
     ) -> bool:
-        """Answer request ``rid``; False when it was answered already (first answer wins)."""
+        """Answer request ``rid``, having been shown the argument whose showing has
+        ``sha256`` (see :func:`shown_sha256`); False when it was answered already
+        (first answer wins)."""
         if not (self.dir / f"{rid}.request.json").exists():
             raise KeyError(rid)
-        data = {"allowed": allowed, "by": by, "always": always, "answered_at": time.time(), **extra}
+        data = {
+            "allowed": allowed,
+            "by": by,
+            "always": always,
+            "sha256": sha256,
+            "answered_at": time.time(),
+            **extra,
+        }
         tmp = self.dir / f".{rid}.{uuid.uuid4().hex[:6]}.tmp"
         _write_atomic(tmp, data)
         try:
@@ -140,17 +202,19 @@ class FileApprover:
         if self.mode == "default":
             return Approval(allowed=request.ask_default == "allow", by="no terminal")
         rid = await anyio.to_thread.run_sync(self.queue.request, request)
-        self._note("approval_requested", request, id=rid)
+        sha = shown_sha256(request.input)
+        self._note("approval_requested", request, id=rid, sha256=sha)
         try:
             with anyio.move_on_after(timeout_s if timeout_s is not None else float("inf")):
                 while True:
                     answer = self.queue.answer_of(rid)
                     if answer is not None:
-                        return _approval(answer)
+                        return self._answered(request, rid, sha, answer)
                     await anyio.sleep(POLL_S)
             # Timed out, unless an answer came in the same instant: first answer wins.
-            self.queue.answer(rid, allowed=request.ask_default == "allow", by="timeout")
-            return _approval(self.queue.answer_of(rid) or {})
+            allow = request.ask_default == "allow"
+            self.queue.answer(rid, allowed=allow, by="timeout", sha256=sha)
+            return self._answered(request, rid, sha, self.queue.answer_of(rid) or {})
         except anyio.get_cancelled_exc_class():
             # No await here: the record is written before the cancellation goes on.
             if self.queue.answer(rid, allowed=False, by="abandoned", reason="member stopped"):
@@ -159,6 +223,30 @@ class FileApprover:
         finally:
             if self.changed is not None:
                 self.changed()
+
+    def _answered(
+        self, request: ApprovalRequest, rid: str, sha: str, answer: dict[str, Any]
+    ) -> Approval:
+        """The approval an answer gives - a yes only to the argument this request
+        showed - journalled with who gave it and when."""
+        approval = _approval(answer)
+        if approval.allowed and answer.get("sha256") != sha:
+            approval = Approval(
+                allowed=False, by=f"{approval.by}, to another argument than the one asked about"
+            )
+        at = datetime.fromtimestamp(float(answer.get("answered_at") or time.time()))
+        self._note(
+            "approval_answered",
+            request,
+            id=rid,
+            allowed=approval.allowed,
+            always=approval.always,
+            by=approval.by,
+            who=str(answer.get("who") or ""),
+            answered_at=at.isoformat(timespec="seconds"),
+            sha256=sha,
+        )
+        return approval
 
     def abandon_earlier(self, journal: Callable[..., Any]) -> None:
         """A resume: close the asks of the run's earlier life nobody answered, each
@@ -205,8 +293,14 @@ async def read_keys(queue: ApprovalQueue, fd: int, changed: Callable[[], None]) 
             key = data.decode("utf-8", "ignore").lower()
             pending = queue.pending()
             if key in ("y", "n", "a") and pending:
+                first = pending[0]
                 queue.answer(
-                    str(pending[0]["id"]), allowed=key != "n", always=key == "a", by="terminal"
+                    str(first["id"]),
+                    allowed=key != "n",
+                    always=key == "a",
+                    by="terminal",
+                    sha256=shown_sha256(first.get("input", {})),
+                    who="the run's terminal",
                 )
                 changed()
     finally:
@@ -222,19 +316,35 @@ def _approval(answer: dict[str, Any]) -> Approval:
     )
 
 
-def describe(req: dict[str, Any], width: int = 100) -> str:
-    """One line for a person: member, tool, arguments, the rule that asked."""
-    args = json.dumps(req.get("input", {}), ensure_ascii=False, default=str)
-    if len(args) > width:
-        args = args[: width - 3] + "..."
-    rule = req.get("rule") or "the policy's default"
-    return f"{req.get('member')} wants {req.get('tool')} {args} (rule {rule})"
+def shown_sha256(args: Any) -> str:
+    """The sha256 of an argument as a person is shown it (what an answer is bound to)."""
+    return digest(shown(args))
+
+
+def answered_line(entry: dict[str, Any]) -> str:
+    """An ``approval_answered`` journal entry, told to a person: what, how, by whom, when."""
+    word = "approved" if entry.get("allowed") else "refused"
+    if entry.get("always"):
+        word += " (always, for its rule)"
+    by, who = str(entry.get("by") or "unknown"), str(entry.get("who") or "")
+    if by == "terminal":
+        source = "the terminal prompt"
+    elif by == "timeout":
+        source = "the timeout (nobody answered in time: ask_default)"
+    else:
+        source = f"{by} ({who})" if who else by
+    at = str(entry.get("answered_at", ""))[11:] or "?"
+    return (
+        f"ask {entry.get('id')} of {entry.get('member')} ({entry.get('tool')}) "
+        f"{word} by {visible(source)} at {at}"
+    )
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, ensure_ascii=False, default=str)
+        # ASCII: a model's argument may hold a lone surrogate, which no UTF-8 text holds.
+        json.dump(data, f, default=str)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -6,18 +6,29 @@ On a terminal the table is redrawn in place with plain ANSI cursor moves (no ext
 dependency), at most a few times a second; anywhere else (a pipe, CI, a log file)
 it prints one plain line per state change, so logs stay readable and greppable.
 The final summary table and the run directory path are printed either way.
+
+Asks of the members' tool policies are shown under the table (a terminal) or as a
+line each (elsewhere), their arguments whole (:meth:`ApprovalQueue.describe`), and so
+is each answer: approved or refused, by whom and when. Everything a model or a box
+wrote (arguments, last actions, reasons) passes :func:`~coordinator.visible.visible`
+first: no escape sequence of theirs reaches the terminal. On a terminal the lines
+under the table are cut to its width by us, so the redraw knows how many rows to
+move up over.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import anyio
 
-from .approvals import ApprovalQueue, describe
+from .approvals import ApprovalQueue, answered_line
+from .visible import visible
 
 _DONE = {"ok", "failed", "timed_out", "crashed", "cancelled", "incomplete"}
 _COLOURS = {
@@ -92,6 +103,8 @@ class Progress:
     approvals: ApprovalQueue | None = None
     """The run's asks waiting for a person, shown under the table (None: no waiting)."""
     approve_hint: str = "fleet approve RUN"
+    answers: list[str] = field(default_factory=list)
+    """The latest answers to asks, as told (a terminal shows the last few)."""
     _shown_asks: set[str] = field(default_factory=set)
     _drawn: int = 0
     _dirty: bool = True
@@ -127,6 +140,9 @@ class Progress:
             return
         row = self.rows.setdefault(m, Row(m))
         ev = entry["event"]
+        if ev == "approval_answered":
+            self._answered(entry)
+            return
         if ev == "member_started":
             row.status, row.attempts = "running", entry.get("attempt", 1)
             row.started = row.started or time.monotonic()
@@ -160,6 +176,14 @@ class Progress:
         if not self.tty:
             self._plain(row)
 
+    def _answered(self, entry: dict[str, Any]) -> None:
+        line = answered_line(entry)
+        self.answers = [*self.answers[-2:], line]
+        self._dirty = True
+        if not self.tty:
+            now = time.monotonic() - self._t0
+            print(f"[{now:6.1f}s] {line}", file=self.out, flush=True)
+
     def approvals_changed(self) -> None:
         """An ask appeared or was answered: redraw; in plain mode, print new asks once."""
         self._dirty = True
@@ -170,19 +194,23 @@ class Progress:
                 self._shown_asks.add(req["id"])
                 now = time.monotonic() - self._t0
                 print(
-                    f"[{now:6.1f}s] approval needed: {describe(req)}; answer with "
-                    f"'{self.approve_hint}'",
+                    f"[{now:6.1f}s] approval needed: {self.approvals.describe(req)}; answer "
+                    f"with '{self.approve_hint} --id {req['id']}'",
                     file=self.out,
                     flush=True,
                 )
 
     def _ask_lines(self) -> list[str]:
-        pending = self.approvals.pending() if self.approvals is not None else []
-        if not pending:
-            return []
-        lines = [f"waiting for approval ({len(pending)}): y = yes, n = no, a = always for its rule"]
-        lines += [f"{'>' if i == 0 else ' '} {describe(r, 70)}" for i, r in enumerate(pending)]
-        return [*lines, f"  (or from another terminal: {self.approve_hint})"]
+        lines = list(self.answers)
+        queue = self.approvals
+        pending = queue.pending() if queue is not None else []
+        if queue is None or not pending:
+            return lines
+        lines.append(
+            f"waiting for approval ({len(pending)}): y = yes, n = no, a = always for its rule"
+        )
+        lines += [f"{'>' if i == 0 else ' '} {queue.describe(r)}" for i, r in enumerate(pending)]
+        return [*lines, f"  (or from another terminal: {self.approve_hint} --id ID)"]
 
     # -- output ------------------------------------------------------------------------
 
@@ -192,7 +220,7 @@ class Progress:
         if row.status in _DONE or row.status == "retrying":
             line += f" after {row.elapsed(now):.1f}s, {row.turn} turns, {_k(row.tokens_in)} in / {_k(row.tokens_out)} out"
             if row.reason:
-                line += f" - {row.reason}"
+                line += f" - {visible(row.reason)}"
             if row.recorded is not None:
                 line += " (finished before the resume)"
         if row.attempts > 1 and row.status == "running":
@@ -211,6 +239,7 @@ class Progress:
             last = r.reason if r.status in _DONE and r.status != "ok" else r.last
             if not (r.whole and last is r.last):
                 last = last[:60]
+            last = visible(last)
             lines.append(
                 f"{r.member:<{width}}  {status} {r.turn:>4} {_k(r.tokens_in):>7} "
                 f"{_k(r.tokens_out):>7} {r.elapsed(now):>6.1f}s  {last}"
@@ -221,7 +250,10 @@ class Progress:
         """Redraw the table in place (terminal only)."""
         if not self.tty or not self._dirty:
             return
-        lines = self.table(colour=True) + self._ask_lines()
+        width = max(20, shutil.get_terminal_size().columns - 1)
+        lines = self.table(colour=True) + [
+            part for line in self._ask_lines() for part in _rows(line, width)
+        ]
         buf = f"\x1b[{self._drawn}F" if self._drawn else ""
         buf += "".join(f"\x1b[2K{line}\n" for line in lines)
         if len(lines) < self._drawn:  # the ask lines went: clear what they left below
@@ -248,3 +280,23 @@ class Progress:
             lines = self.table()
         lines += ["", verdict, f"run directory: {run_dir}"]
         return "\n".join(lines)
+
+
+def _rows(line: str, width: int) -> list[str]:
+    """``line`` cut into pieces that each fit on one terminal row of ``width`` columns
+    (a wide character takes two)."""
+    rows, cur, used = [], "", 0
+    for c in line:
+        w = (
+            2
+            if unicodedata.east_asian_width(c) in ("W", "F")
+            else 0
+            if unicodedata.combining(c)
+            else 1
+        )
+        if used + w > width:
+            rows.append(cur)
+            cur, used = "", 0
+        cur += c
+        used += w
+    return [*rows, cur]

@@ -17,8 +17,9 @@ Members' results are untrusted data. Their claims, quotes and summaries are text
 member copied from web pages (or a repository) - a page can plant "ignore previous
 instructions" in a quote as easily as in itself. So the model analyst gets each
 member's result inside the same ``<untrusted_page_content>`` delimiters the browser
-member gets pages in (:func:`subagents.browser.dom.untrusted`: a forged closing tag in
-the data is made inert; the ``url`` attribute names the member), only the job's own
+member gets pages in, through :func:`subagents.member_text.member_block` (normalized
+to NFKC without format characters, every spelling of a delimiter tag made inert; the
+``url`` attribute names the member), only the job's own
 words (question, member ids and tasks, instructions) outside them, and a system prompt
 that says instructions inside the delimiters are data, never to be followed.
 """
@@ -28,7 +29,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from subagents.browser.dom import CLOSE_TAG, OPEN_TAG, untrusted
+from subagents.browser.dom import CLOSE_TAG, OPEN_TAG
+from subagents.member_text import clean, member_block
 from subagents.model.base import Model, ModelError, ModelRequest
 from subagents.outcome import MemberOutcome
 
@@ -278,10 +280,10 @@ def analyst_prompt(
     """The analyst's request: the job's words in the clear, each member's result delimited."""
     blocks = []
     for d in usable:
-        data = json.dumps(d["result"], indent=1, ensure_ascii=False)
+        # A lead's members' tasks are the lead's words after reading members' text.
         blocks.append(
-            f"Member {d['member']} ({d['kind']}); its task: {d['task']}\n"
-            + untrusted(f"member:{d['member']}", data, title=f"result of member {d['member']}")
+            f"Member {clean(d['member'])} ({d['kind']}); its task: {clean(d['task'])}\n"
+            + member_block(d["member"], d["result"], title=f"result of member {d['member']}")
         )
     return (
         f"Question or job: {question or title}\n\n"

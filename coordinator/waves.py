@@ -18,7 +18,9 @@ Limits, each refused with an ``is_error`` reply that says what is left:
 
 What the lead sees of a member is its distilled result, cut to ``result_chars``
 (``read_result``: four times that), and only ever inside the untrusted-data
-delimiters, with the status line and the ids in our own words outside them. Never a
+delimiters, through :func:`~subagents.member_text.member_block` (normalized, every
+spelling of a delimiter tag made inert), with the status line and the ids in our own
+words outside them. Never a
 transcript, a page or a tool output: the lead's context holds what members
 concluded, not what they read.
 
@@ -41,8 +43,8 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
-from subagents.browser.dom import untrusted
 from subagents.delegation import Reply, WaitUntil
+from subagents.member_text import clean, member_block
 from subagents.outcome import MemberOutcome
 
 from .fanout import Fanout
@@ -293,9 +295,7 @@ class Waves:
                 continue
             self.reported.add(mid)
             lines.append(self.header(s, outcome))
-            lines.append(
-                untrusted(f"member:{mid}", self.distilled(outcome, self.lead.result_chars))
-            )
+            lines.append(member_block(mid, self.distilled(outcome, self.lead.result_chars)))
         if not lines:
             lines.append("No member finished while you waited.")
         running = self.running()
@@ -309,16 +309,18 @@ class Waves:
 
     @staticmethod
     def header(s: Spawned, o: MemberOutcome) -> str:
-        """Our words about a finished member (outside the untrusted block)."""
+        """Our words about a finished member (outside the untrusted block); the task
+        is the lead's, written after reading members' text, so it is cleaned too."""
         return (
             f"member {s.job.id} ({s.job.kind}, wave {s.wave}) ended {o.status} after "
-            f"{o.turns} turns, {tokens_of(o)} tokens; its task: {s.job.task[:300]}"
+            f"{o.turns} turns, {tokens_of(o)} tokens; its task: {clean(s.job.task[:300])}"
         )
 
     @staticmethod
-    def distilled(o: MemberOutcome, chars: int) -> str:
-        """A member's result as the lead may see it: JSON without empty fields (and
-        without a coding member's patch, which stays on disk), cut to ``chars``."""
+    def distilled(o: MemberOutcome, chars: int) -> dict[str, Any]:
+        """A member's result as the lead may see it: without empty fields (and without
+        a coding member's patch, which stays on disk), cut to ``chars`` of JSON; shown
+        only through :func:`~subagents.member_text.member_block`."""
         data: dict[str, Any] = {} if o.status == "ok" else {"reason": o.reason}
         kept = o.result if o.result is not None else o.partial_result
         if kept:
@@ -328,7 +330,7 @@ class Waves:
                 if not k.startswith("patch") and v not in (None, "", [], {})
             }
             data["result" if o.result is not None else "partial_result"] = cap_result(slim, chars)
-        return json.dumps(data, indent=1, ensure_ascii=False)
+        return data
 
     async def read_result(self, member: str) -> Reply:
         s = next((x for x in self.spawned if x.job.id == member), None)
@@ -339,4 +341,4 @@ class Waves:
         if outcome is None:
             return Reply(f"{member} has not finished yet; wait for it first.", is_error=True)
         body = self.distilled(outcome, self.lead.result_chars * 4)
-        return Reply(self.header(s, outcome) + "\n" + untrusted(f"member:{member}", body))
+        return Reply(self.header(s, outcome) + "\n" + member_block(member, body))

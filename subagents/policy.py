@@ -293,7 +293,8 @@ class Approval(BaseModel):
     allowed: bool
     by: str
     """Who or what decided: ``terminal``, ``fleet approve``, ``always`` (an earlier
-    "always" for the rule), ``approve-all``, ``timeout``, ``no terminal``."""
+    "always" for the rule), ``approve-all``, ``timeout``, ``no terminal``; a yes given
+    to another argument than the one asked about is a no, its ``by`` saying so."""
     always: bool = False
     """The person said yes for every call this rule matches, for the rest of the run."""
 

@@ -7,8 +7,6 @@ the real ``anthropic`` client against the fake Messages API."""
 from __future__ import annotations
 
 import json
-import os
-import pty
 import subprocess
 import sys
 import time
@@ -17,6 +15,7 @@ from typing import Any
 
 import pytest
 from scripted_calls import tool_results
+from terminal_support import at_a_terminal
 
 from coordinator.cli import main
 from coordinator.runs import RunDir
@@ -99,12 +98,7 @@ def test_an_ask_answered_by_fleet_approve_while_the_sibling_never_waits(
     members = _member("asker", "[rm] tidy up", 'policy = { ask = ["shell:rm *"] }')
     members += _member("sibling", "[slow] say hello")
     job = _job(tmp_path, members)
-    proc = subprocess.Popen(
-        [*FLEET, "run", str(job), "--plain", "--wait-approval"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = waiting_run(job)
     try:
         run = _wait_for(lambda: next(iter(RunDir.list(out)), None), 60)
         # The sibling ends while the asker still waits for its answer.
@@ -233,24 +227,11 @@ def test_keys_at_the_runs_terminal_answer_asks_and_always_holds_for_the_rule(
     fake_api(policy)
     cleanup.append(tmp_path / "runs")
     job = _job(tmp_path, _member("coder", "[rm2] tidy up"), '[policy]\nask = ["shell:rm *"]')
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [*FLEET, "run", str(job)], stdin=slave, stdout=slave, stderr=slave, close_fds=True
-    )
-    os.close(slave)
-    screen = b""
-    try:
-        deadline = time.monotonic() + 90
-        while b"waiting for approval (1)" not in screen and time.monotonic() < deadline:
-            screen += _read(master)
-        assert b"coder wants shell" in screen and b"rm -rf build" in screen
-        os.write(master, b"a")  # yes, and always for 'shell:rm *'
-        while proc.poll() is None and time.monotonic() < deadline:
-            screen += _read(master)
-    finally:
-        proc.kill()
-        os.close(master)
-    assert proc.wait() == 0, screen[-2000:]
+    with at_a_terminal([*FLEET, "run", str(job)], 90) as term:
+        term.until(b"waiting for approval (1)")
+        assert b"coder wants shell" in term.screen and b"rm -rf build" in term.screen
+        term.type(b"a")  # yes, and always for 'shell:rm *'
+        assert term.finish() == 0, term.screen[-2000:]
     (run,) = RunDir.list(tmp_path / "runs")
     decisions = [(d["by"], d["allowed"], d["always"]) for d in _journal(run, "policy_decision")]
     assert decisions == [("terminal", True, True), ("always", True, False)]
@@ -258,16 +239,14 @@ def test_keys_at_the_runs_terminal_answer_asks_and_always_holds_for_the_rule(
     assert outputs["rm -rf build"][0] is False and outputs["rm -rf other"][0] is False
 
 
-def _read(fd: int) -> bytes:
-    import select
-
-    ready, _, _ = select.select([fd], [], [], 0.2)
-    if not ready:
-        return b""
-    try:
-        return os.read(fd, 65536)
-    except OSError:
-        return b""
+def waiting_run(job: Path) -> subprocess.Popen[str]:
+    """``fleet run JOB --plain --wait-approval`` started, its progress lines piped."""
+    return subprocess.Popen(
+        [*FLEET, "run", str(job), "--plain", "--wait-approval"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for(probe: Any, timeout: float) -> Any:

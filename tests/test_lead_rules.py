@@ -11,8 +11,8 @@ from coordinator.jobfile import parse_job
 from coordinator.lead import lead_spec
 from coordinator.spec import MemberJob
 from coordinator.waves import Spawned, Waves
-from subagents.browser.dom import untrusted
 from subagents.kinds.lead import LeadSettings, lead_brief
+from subagents.member_text import member_block
 from subagents.model.base import ModelRequest
 from subagents.model.offline_lead import CHECK, lead_policy
 from subagents.outcome import MemberOutcome
@@ -65,7 +65,7 @@ def _report(member: str, kind: str, wave: int, result: dict[str, Any], status: s
     """A wait's lines about one member, as coordinator.waves writes them."""
     o = MemberOutcome(member=member, kind=kind, status=status, reason="", result=result)  # type: ignore[arg-type]
     head = Waves.header(Spawned(job=MemberJob(id=member, kind=kind, task="t"), wave=wave), o)  # type: ignore[arg-type]
-    return head + "\n" + untrusted(f"member:{member}", Waves.distilled(o, 4000))
+    return head + "\n" + member_block(member, Waves.distilled(o, 4000))
 
 
 def _findings(claims: list[dict[str, Any]], open_questions: list[str]) -> dict[str, Any]:

@@ -108,7 +108,7 @@ def test_every_fleet_command_and_flag_shown_exists() -> None:
                 problems.append(f"{doc}: 'fleet {text}': no 'fleet {name} {words[1]}'")
             name, sub = f"{name} {words[1]}", nested.get(words[1], sub)
         known = _options(sub)
-        for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", text):
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text):
             if flag not in known:
                 problems.append(f"{doc}: 'fleet {text}': 'fleet {name}' has no {flag}")
     assert not problems, "\n".join(problems)

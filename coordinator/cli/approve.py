@@ -2,23 +2,35 @@
 
 The run's asks are files in ``runs/<run>/approvals/`` (coordinator/approvals.py says
 why); this command reads the pending ones and writes answers, exactly as a key
-pressed at the run's own terminal would. With ``--yes``, ``--no`` or ``--always`` it
-answers every pending ask (or only ``--id ID``) without prompting; otherwise, on a
-terminal, it asks about each in turn, and elsewhere it lists them. ``--wait S`` waits
-up to S seconds for an ask to appear (for scripts that start a run and answer it).
+pressed at the run's own terminal would. Each ask is shown whole (its arguments made
+visible, or for a long one the review file and its sha256), and each answer is bound
+to the sha256 of what was shown and signed with this process's pid and user.
+
+``--yes`` and ``--always`` answer one ask: the one ``--id ID`` names, or the only one
+pending - with several pending they refuse (exit 2) and list them, so a yes never
+lands on an ask its giver did not look at. For an ask whose argument was too long to
+print, they also need ``--sha256`` (a prefix of 12 or more hex digits of the review
+file's sha256): the yes is for the text that was reviewed. ``--no`` refuses every
+pending ask (or ``--id``'s). Without a flag, on a terminal, it asks about each in
+turn; elsewhere it lists them. ``--wait S`` waits up to S seconds for an ask to appear
+(for scripts that start a run and answer it).
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 import sys
 import time
 from typing import Any
 
-from ..approvals import ApprovalQueue, describe
+from ..approvals import ApprovalQueue, shown_sha256
 from ..errors import UsageError
 from ..runs import RunDir, RunNotFound
 from . import add_runs_dir
+
+_VERDICTS = {"yes": (True, False), "no": (False, False), "always": (True, True)}
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
@@ -31,22 +43,62 @@ def cmd_approve(args: argparse.Namespace) -> int:
     if not pending:
         print(f"no ask of run {run.id} is waiting for an answer")
         return 0 if args.id is None else 1
-    verdict = {"yes": (True, False), "no": (False, False), "always": (True, True)}.get(
-        args.answer or ""
-    )
+    verdict = _VERDICTS.get(args.answer or "")
     if verdict is None and not sys.stdin.isatty():
         for req in pending:
-            print(f"{req['id']}  {describe(req)}")
+            print(f"{req['id']}  {queue.describe(req)}")
         print(f"answer with: fleet approve {run.id} --yes | --no | --always [--id ID]")
         return 0
+    if verdict is not None and verdict[0]:
+        refusal = _refusal(queue, run.id, pending, args)
+        if refusal:
+            print(refusal, file=sys.stderr)
+            return 2
     for req in pending:
-        allowed, always = verdict if verdict is not None else _prompt(req)
-        if queue.answer(str(req["id"]), allowed=allowed, always=always, by="fleet approve"):
+        allowed, always = verdict if verdict is not None else _prompt(queue, req)
+        rid = str(req["id"])
+        sha = shown_sha256(req.get("input", {}))
+        if queue.answer(
+            rid, allowed=allowed, always=always, by="fleet approve", sha256=sha, who=_who()
+        ):
             word = "always (this rule)" if always else "yes" if allowed else "no"
-            print(f"{req['id']}: {word} - {describe(req)}")
+            print(f"{rid}: {word} - {queue.describe(req)}")
         else:
-            print(f"{req['id']}: already answered ({(queue.answer_of(req['id']) or {}).get('by')})")
+            print(f"{rid}: already answered ({(queue.answer_of(rid) or {}).get('by')})")
     return 0
+
+
+def _refusal(
+    queue: ApprovalQueue, run_id: str, pending: list[dict[str, Any]], args: argparse.Namespace
+) -> str:
+    """Why a yes may not be given as asked ("" when it may)."""
+    if len(pending) > 1:
+        listed = "\n".join(f"  {r['id']}  {queue.describe(r)}" for r in pending)
+        return (
+            f"{len(pending)} asks are pending; a yes answers one: name it with --id ID "
+            f"(fleet approve {run_id} --{args.answer} --id ID).\n{listed}"
+        )
+    (req,) = pending
+    if queue.review_file(req) is None:
+        return ""
+    sha = shown_sha256(req.get("input", {}))
+    given = (args.sha256 or "").strip().lower()
+    if len(given) >= 12 and sha.startswith(given):
+        return ""
+    what = "does not match" if given else "is needed"
+    return (
+        f"ask {req['id']} has an argument too long to print: --sha256 {what}. Review "
+        f"{queue.review_file(req)}, then answer with --sha256 {sha} (12 or more of its "
+        "hex digits)."
+    )
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid {os.getuid()}"
+    return f"pid {os.getpid()}, user {user}"
 
 
 def _pending(queue: ApprovalQueue, rid: str | None, wait_s: float) -> list[dict[str, Any]]:
@@ -58,12 +110,13 @@ def _pending(queue: ApprovalQueue, rid: str | None, wait_s: float) -> list[dict[
         time.sleep(0.2)
 
 
-def _prompt(req: dict[str, Any]) -> tuple[bool, bool]:
+def _prompt(queue: ApprovalQueue, req: dict[str, Any]) -> tuple[bool, bool]:
     while True:
         try:
-            key = input(f"{describe(req, 200)}\n  allow? [y]es / [n]o / [a]lways: ").strip().lower()
+            key = input(f"{queue.describe(req)}\n  allow? [y]es / [n]o / [a]lways: ")
         except EOFError:
             return False, False
+        key = key.strip().lower()
         if key[:1] in ("y", "n", "a"):
             return key[:1] != "n", key[:1] == "a"
 
@@ -81,12 +134,19 @@ def register(subparsers: Any) -> None:
             action="store_const",
             const=word,
             help={
-                "yes": "allow every pending call (or --id's)",
-                "no": "refuse them: the member gets an error result and goes on",
-                "always": "allow them, and every later call their rule matches in this run",
+                "yes": "allow the pending call (--id's, or the only one pending)",
+                "no": "refuse every pending call (or --id's): the member gets an error "
+                "result and goes on",
+                "always": "allow it, and every later call its rule matches in this run",
             }[word],
         )
     p.add_argument("--id", metavar="ID", help="answer only this ask (ids: fleet approve RUN)")
+    p.add_argument(
+        "--sha256",
+        metavar="HEX",
+        help="for an ask whose argument was too long to print: the sha256 (12 or more "
+        "hex digits) of the review file its listing names, the text you approve",
+    )
     p.add_argument(
         "--wait",
         type=float,
