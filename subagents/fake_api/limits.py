@@ -115,6 +115,10 @@ class Limiter:
         """429s sent."""
         self.overloaded = 0
         """529s sent."""
+        self.admitted = 0
+        """Requests let through."""
+        self.input_admitted = 0
+        """Uncached input tokens of the requests let through."""
 
     def admit(self, input_tokens: int) -> Verdict:
         """Take one request and its uncached input tokens, or say why not (429/529)."""
@@ -149,6 +153,8 @@ class Limiter:
             for name, b in self._buckets.items():
                 if name != "output-tokens":
                     b.level -= want[name]
+            self.admitted += 1
+            self.input_admitted += input_tokens
             return Verdict(headers=self._headers())
 
     def spend_output(self, tokens: int) -> dict[str, str]:
