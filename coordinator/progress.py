@@ -87,6 +87,8 @@ def _action(event: Any) -> str:
         if event.action == "keep":
             return f"box kept: {event.box}"
         return "box up" if event.action == "create" else "box removed"
+    if t == "rate_wait" and not event.waited_s:
+        return f"waiting ~{event.expected_s:.0f} s: {event.reason}"
     if t == "tool_result" and event.is_error:
         return f"{event.tool} error"
     return ""

@@ -236,6 +236,18 @@ class Retry(_Event):
     delay_s: float = 0.0
 
 
+class RateWait(_Event):
+    """A model call waited for the run's rate governor before going out (the account's
+    per-minute limits, a 429/529 pause, or the adaptive limit on calls in flight)."""
+
+    type: Literal["rate_wait"] = "rate_wait"
+    waited_s: float = 0.0
+    """How long the call waited; 0 on the event that says a wait has begun."""
+    expected_s: float = 0.0
+    """On the event that says a wait has begun: how long the governor expects it to be."""
+    reason: str = ""
+
+
 class PolicyDecision(_Event):
     """A tool call the member's policy decided by a rule (or a default other than
     allow): denied, asked (with who answered and how long it waited) or allowed."""
@@ -292,6 +304,7 @@ TraceEvent = Annotated[
     | MemorySave
     | SandboxEvent
     | Retry
+    | RateWait
     | PolicyDecision
     | ErrorEvent
     | Screenshot,

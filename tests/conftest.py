@@ -121,8 +121,8 @@ def fake_api(
     """Start a fake API; the coordinator's real model adapter is pointed at it."""
     from subagents.fake_api import FakeMessagesAPI
 
-    def start(policy: Any) -> FakeMessagesAPI:
-        api = FakeMessagesAPI(policy).start()
+    def start(policy: Any, **options: Any) -> FakeMessagesAPI:
+        api = FakeMessagesAPI(policy, **options).start()
         monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
         monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
         started.append(api)

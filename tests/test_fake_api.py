@@ -6,6 +6,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -488,3 +489,46 @@ async def test_default_port_is_not_fleet_views(capsys: pytest.CaptureFixture[str
     default = int(help_text.split("port on 127.0.0.1 (default ", 1)[1].split(",")[0])
     assert default != view_port and default != 0
     assert "0 = any free port" in help_text
+
+
+async def test_rate_limits_send_the_real_headers_and_a_429_with_retry_after() -> None:
+    from subagents.fake_api import RateLimits
+
+    limits = RateLimits(requests_per_minute=2, input_tokens_per_minute=100_000, minute_s=60)
+    with FakeMessagesAPI(lambda body: text("ok"), limits=limits) as api:
+        c = client(api).with_options(max_retries=0)
+        first = await c.messages.with_raw_response.create(model="m", max_tokens=50, messages=USER)
+        headers = first.headers
+        assert headers["anthropic-ratelimit-requests-limit"] == "2"
+        assert headers["anthropic-ratelimit-requests-remaining"] == "1"
+        assert int(headers["anthropic-ratelimit-input-tokens-remaining"]) < 100_000
+        # RFC 3339, in the future: when the bucket is full again (one request: 30 s).
+        reset = datetime.fromisoformat(
+            headers["anthropic-ratelimit-requests-reset"].replace("Z", "+00:00")
+        )
+        assert 25 < reset.timestamp() - time.time() <= 31
+        await c.messages.create(model="m", max_tokens=50, messages=USER)
+        with pytest.raises(anthropic.RateLimitError) as info:
+            await c.messages.create(model="m", max_tokens=50, messages=USER)
+    response = info.value.response
+    assert 25 <= float(response.headers["retry-after"]) <= 30
+    assert response.headers["anthropic-ratelimit-requests-remaining"] == "0"
+    assert info.value.body["error"]["type"] == "rate_limit_error"
+    assert [r.status for r in api.log] == [200, 200, 429]
+    assert api.limiter is not None and api.limiter.rejected == 1
+
+
+async def test_command_line_rate_limit_flags_are_checked_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from subagents.fake_api.__main__ import main
+
+    for argv, says in [
+        (["--rpm", "0"], "--rpm: input should be greater than 0, e.g. --rpm 50"),
+        (["--overload", "5"], "give START:END in seconds"),
+        (["--overload", "9:3"], "START must be before END"),
+        (["--minute-s", "-1"], "e.g. --minute-s 6"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err

@@ -230,7 +230,7 @@ async def test_model_error_ends_member_failed_and_says_if_retryable(tmp_path: Pa
     assert outcome.status == "failed"
     assert "roles must alternate" in outcome.reason and not outcome.retryable
     outcome, _ = await run_probe(
-        tmp_path / "b", lambda req: fault(529, "overloaded_error", "Overloaded")
+        tmp_path / "b", lambda req: fault(500, "api_error", "Internal server error")
     )
     assert outcome.status == "failed" and outcome.retryable
 

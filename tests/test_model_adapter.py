@@ -16,11 +16,13 @@ from subagents.fake_api import (
     overloaded_mid_stream,
     rate_limited,
     reply,
+    server_error,
     text,
     tool_use,
 )
 from subagents.model.base import Model, ModelError, ModelRequest
 from subagents.model.claude import AnthropicModel, build_params
+from subagents.model.governor import RateGovernor
 from subagents.trace import Retry, TraceWriter, read_trace
 
 pytestmark = pytest.mark.anyio
@@ -35,6 +37,7 @@ def request(**kw: Any) -> ModelRequest:
 
 def make(api: FakeMessagesAPI, **kw: Any) -> AnthropicModel:
     kw.setdefault("backoff_s", 0.01)
+    kw.setdefault("governor", RateGovernor())  # each test its own: no pause carried over
     return AnthropicModel(MODEL, api_key="test", base_url=api.url, **kw)
 
 
@@ -97,12 +100,32 @@ async def test_mid_stream_overload_before_first_delta_is_retried() -> None:
 
 
 async def test_retries_exhausted_give_retryable_model_error() -> None:
-    with FakeMessagesAPI([overloaded_mid_stream()] * 3) as api:
+    with FakeMessagesAPI([server_error()] * 3) as api:
         async with make(api, max_retries=2) as model:
             with pytest.raises(ModelError) as info:
                 await model.complete(request())
     assert info.value.retryable and "after 2 retries" in str(info.value)
     assert len(api.requests) == 3
+
+
+async def test_overloads_do_not_spend_retries_while_the_governor_is_patient() -> None:
+    script = [overloaded_mid_stream(), overloaded(), overloaded_mid_stream(), text("finally")]
+    with FakeMessagesAPI(script) as api:
+        async with make(api, max_retries=1, governor=RateGovernor()) as model:
+            response = await model.complete(request())
+    assert response.message.content[0].text == "finally" and response.retries == 3
+
+
+async def test_overloads_fail_the_call_once_the_governor_runs_out_of_patience() -> None:
+    with FakeMessagesAPI(lambda body: overloaded()) as api:
+        governor = RateGovernor(patience_s=2.5)
+        async with make(api, max_retries=0, governor=governor) as model:
+            started = time.monotonic()
+            with pytest.raises(ModelError) as info:
+                await model.complete(request())
+    # Pauses of 1 s then 2 s: the third answer comes after the patience ran out.
+    assert info.value.retryable and info.value.status == 529
+    assert 2.5 <= time.monotonic() - started < 6 and len(api.requests) == 3
 
 
 async def test_bad_request_is_not_retried_and_says_why() -> None:

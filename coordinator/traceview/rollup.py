@@ -28,6 +28,7 @@ from subagents.trace import (
     MemberStart,
     ModelCall,
     Offload,
+    RateWait,
     Retry,
     SandboxEvent,
     Screenshot,
@@ -119,6 +120,8 @@ class MemberRollup(_View, TokenCounts):
     compactions: int = 0
     clips: int = 0
     retries: int = 0
+    rate_wait_s: float = 0.0
+    """Seconds its model calls waited for the run's rate governor (limits, 429/529)."""
     screenshots: int = 0
     context_peak: int = 0
     """Largest context sent to the model, in tokens."""
@@ -255,6 +258,8 @@ def rollup_member(
             r.clips += 1
         elif isinstance(ev, Retry):
             r.retries += 1
+        elif isinstance(ev, RateWait):
+            r.rate_wait_s += ev.waited_s
         elif isinstance(ev, Screenshot):
             r.screenshots += 1
         elif isinstance(ev, MemberStart):
@@ -314,7 +319,7 @@ def _apply_outcome(
 _SUMMED = (
     "turns", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
     "tool_calls", "errors", "offloads", "compactions", "clips", "retries", "screenshots",
-    "cost_usd", "attempts", "box_s",
+    "cost_usd", "attempts", "box_s", "rate_wait_s",
 )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from subagents.trace import (
     ModelCall,
     Offload,
     PolicyDecision,
+    RateWait,
     SandboxEvent,
     Screenshot,
     ToolCall,
@@ -100,6 +101,10 @@ def format_run(roll: RunRollup) -> str:
     lines = [head, ""]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    waited = [r for r in roll.members if r.rate_wait_s >= 0.1]
+    if waited:
+        lines += ["", "waited for the API's rate limits (429/529 pauses, per-minute limits):"]
+        lines += [f"  {r.member}  {human_duration(r.rate_wait_s)}" for r in waited]
     if roll.memory:
         lines += ["", "memory conflicts (both versions kept in the file, between markers):"]
         lines += [f"  {line}" for line in memory_lines(roll.memory)]
@@ -198,6 +203,8 @@ def format_member(detail: MemberDetail, *, width: int = 160) -> str:
         f"(box start-up {human_duration(r.box_s)}), ${r.cost_usd:.3f}",
         "",
     ]
+    if r.rate_wait_s:
+        lines.insert(-1, f"waited {human_duration(r.rate_wait_s)} for the API's rate limits")
     lines.extend(_attempt_lines(r))
     attempt = 0
     for turn in detail.turns:
@@ -261,6 +268,12 @@ def format_event(member: str, ev: Any, width: int = 160) -> str | None:
         body = f"MEMORY {state}{conflicts} -> {ev.profile}"
     elif isinstance(ev, Screenshot):
         body = f"screenshot {ev.path}"
+    elif isinstance(ev, RateWait):
+        body = (
+            f"RATE waited {ev.waited_s:.1f}s: {ev.reason}"
+            if ev.waited_s
+            else f"RATE waiting ~{ev.expected_s:.0f}s: {ev.reason}"
+        )
     elif isinstance(ev, SandboxEvent):
         body = f"box {ev.action}" + (f" {ev.duration_s:.1f}s" if ev.duration_s else "")
     else:

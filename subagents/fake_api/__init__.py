@@ -9,9 +9,11 @@
 
 Modules: :mod:`.script` (what to answer), :mod:`.validate` (the API's 400 rules),
 :mod:`.sse` (streaming encoding), :mod:`.usage` (token estimate and prompt cache),
-:mod:`.models` (``GET /v1/models``), :mod:`.server` (HTTP).
+:mod:`.models` (``GET /v1/models``), :mod:`.limits` (per-minute rate limits and
+overload bursts, with the real API's headers), :mod:`.server` (HTTP).
 """
 
+from subagents.fake_api.limits import Overload, RateLimits
 from subagents.fake_api.script import (
     Fault,
     Policy,
@@ -34,8 +36,10 @@ from subagents.fake_api.usage import PromptCache, estimate_tokens
 __all__ = [
     "FakeMessagesAPI",
     "Fault",
+    "Overload",
     "Policy",
     "PromptCache",
+    "RateLimits",
     "RecordedRequest",
     "Reply",
     "Script",

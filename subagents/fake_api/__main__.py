@@ -1,7 +1,13 @@
 """Serve the fake Messages API until interrupted, for trying a job without a real model.
 
     python -m subagents.fake_api [--port 18080] [--script replies.json] [--policy echo]
+        [--rpm N] [--itpm N] [--otpm N] [--minute-s 60] [--overload START:END ...]
     ANTHROPIC_BASE_URL=http://127.0.0.1:18080 ANTHROPIC_API_KEY=test fleet ...
+
+``--rpm`` / ``--itpm`` / ``--otpm`` limit requests, input tokens and output tokens per
+minute as a real account does (429 with ``retry-after``, the ``anthropic-ratelimit-*``
+headers on every answer); ``--overload 10:40`` answers 529 from 10 s to 40 s after the
+first request; ``--minute-s`` shortens the limits' minute for quick trials.
 
 A script file is a JSON list of message dicts (``{"content": [...]}``) and faults
 (``{"fault": "rate_limited" | "overloaded" | "server_error" | "overloaded_mid_stream"}``).
@@ -22,6 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from subagents.fake_api.limits import Overload, RateLimits
 from subagents.fake_api.script import (
     ScriptItem,
     overloaded,
@@ -102,7 +111,51 @@ def _parser() -> argparse.ArgumentParser:
         default="echo",
         help=f"offline policy when no script: {', '.join(policy_names())} (default echo)",
     )
+    parser.add_argument("--rpm", type=int, help="requests per minute (default: no limit)")
+    parser.add_argument("--itpm", type=int, help="uncached input tokens per minute")
+    parser.add_argument("--otpm", type=int, help="output tokens per minute")
+    parser.add_argument("--minute-s", type=float, default=60.0, help="length of a minute")
+    parser.add_argument(
+        "--overload",
+        action="append",
+        default=[],
+        metavar="START:END",
+        help="answer 529 from START to END seconds after the first request (repeatable)",
+    )
     return parser
+
+
+def _limits(args: argparse.Namespace) -> RateLimits | None:
+    """The limits the flags ask for; None when none was given."""
+    overloads = []
+    for window in args.overload:
+        start, sep, end = window.partition(":")
+        try:
+            overloads.append(Overload(start_s=float(start), end_s=float(end)))
+        except (ValueError, ValidationError):
+            raise SystemExit(
+                f"--overload {window!r}: give START:END in seconds, START < END, e.g. 10:40"
+            ) from None
+        if not sep or overloads[-1].start_s >= overloads[-1].end_s:
+            raise SystemExit(f"--overload {window!r}: START must be before END, e.g. 10:40")
+    try:
+        limits = RateLimits(
+            requests_per_minute=args.rpm,
+            input_tokens_per_minute=args.itpm,
+            output_tokens_per_minute=args.otpm,
+            minute_s=args.minute_s,
+            overloads=overloads,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = {"requests_per_minute": "--rpm", "input_tokens_per_minute": "--itpm"}.get(
+            str(first["loc"][0]), f"--{str(first['loc'][0]).replace('_', '-')}"
+        )
+        example = "6" if name == "--minute-s" else "50"
+        raise SystemExit(f"{name}: {first['msg'].lower()}, e.g. {name} {example}") from None
+    if not (args.rpm or args.itpm or args.otpm or overloads):
+        return None
+    return limits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,10 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     try:
         script = load_script(args.script) if args.script else policy_answer(args.policy)
-    except SystemExit as exc:  # load_script's messages are already one line
+        limits = _limits(args)
+    except SystemExit as exc:  # their messages are already one line
         return _fail(str(exc))
     try:
-        api = FakeMessagesAPI(script, port=args.port).start()
+        api = FakeMessagesAPI(script, port=args.port, limits=limits).start()
     except OSError as exc:
         return _fail(
             f"cannot listen on 127.0.0.1:{args.port} ({exc.strerror or exc}); "

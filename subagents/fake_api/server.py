@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from subagents.fake_api.limits import Limiter, RateLimits
 from subagents.fake_api.models import ModelsError, get_model, list_models
 from subagents.fake_api.script import Fault, Policy, Reply, Script, ScriptExhausted, ScriptItem
 from subagents.fake_api.sse import stream_fault, stream_message
@@ -64,8 +65,12 @@ class FakeMessagesAPI:
         model_name: str | None = None,
         count_tokens: bool = True,
         port: int = 0,
+        limits: RateLimits | None = None,
     ) -> None:
         self.script = Script(script)
+        self.limiter = Limiter(limits) if limits is not None else None
+        """The organization's per-minute limits and overload windows (None: no limits);
+        ``limiter.rejected`` / ``limiter.overloaded`` count the 429s and 529s sent."""
         self.api_key = api_key
         """When set, requests whose ``x-api-key`` (or ``authorization: Bearer``) differs
         get 401 ``authentication_error``."""
@@ -227,9 +232,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _messages(self, entry: RecordedRequest) -> None:
         body = entry.body
+        limiter = self.api.limiter
         try:
             # The script sees the conversation as the model would: same-role turns combined.
             turns = validate_messages_request(body)
+            if self._limited(entry):  # before the script: a refused request uses no reply
+                return
             answer = self.api.script.next({**body, "messages": turns})
         except InvalidRequest as exc:
             self._fail(entry, 400, "invalid_request_error", str(exc))
@@ -243,26 +251,47 @@ class _Handler(BaseHTTPRequestHandler):
             self._fail(entry, 400, "invalid_request_error", message)
             return
         time.sleep(answer.latency_s)
-        streaming = bool(body.get("stream"))
         if isinstance(answer, Fault):
-            if answer.mid_stream and streaming:
-                started = self.api.build_message(body, Reply(content=[]))
-                error = {"type": answer.error_type, "message": answer.message}
-                self._stream(entry, stream_fault(started, error), error=answer.message)
-            else:
-                self._fail(
-                    entry,
-                    answer.status,
-                    answer.error_type,
-                    answer.message,
-                    retry_after=answer.retry_after,
-                )
+            self._fault(entry, answer)
             return
         final = self.api.build_message(body, answer)
-        if streaming:
-            self._stream(entry, stream_message(final))
+        headers = {}
+        if limiter is not None:
+            headers = limiter.spend_output(int(final["usage"].get("output_tokens", 0)))
+        if body.get("stream"):
+            self._stream(entry, stream_message(final), headers=headers)
         else:
-            self._json(entry, 200, final)
+            self._json(entry, 200, final, headers)
+
+    def _limited(self, entry: RecordedRequest) -> bool:
+        """True (and a 429 or 529 sent) when the fake organization's limits say no."""
+        limiter = self.api.limiter
+        if limiter is None:
+            return False
+        usage = self.api.cache.account(entry.body, write=False)
+        uncached = usage["input_tokens"] + usage["cache_creation_input_tokens"]
+        verdict = limiter.admit(uncached)
+        if verdict.status == 200:
+            return False
+        kind = "rate_limit_error" if verdict.status == 429 else "overloaded_error"
+        self._fail(
+            entry,
+            verdict.status,
+            kind,
+            verdict.message,
+            retry_after=verdict.retry_after,
+            headers=verdict.headers,
+        )
+        return True
+
+    def _fault(self, entry: RecordedRequest, answer: Fault) -> None:
+        body = entry.body
+        if answer.mid_stream and body.get("stream"):
+            started = self.api.build_message(body, Reply(content=[]))
+            error = {"type": answer.error_type, "message": answer.message}
+            self._stream(entry, stream_fault(started, error), error=answer.message)
+        else:
+            self._fail(entry, answer.status, answer.error_type, answer.message, answer.retry_after)
 
     # -- wire ------------------------------------------------------------------
     def _json(
@@ -291,15 +320,22 @@ class _Handler(BaseHTTPRequestHandler):
         error_type: str,
         message: str,
         retry_after: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         entry.error = message
-        headers = {}
+        headers = dict(headers or {})
         if retry_after is not None:
             headers["retry-after"] = f"{retry_after:g}"
             headers["retry-after-ms"] = str(int(retry_after * 1000))
         self._json(entry, status, error_body(error_type, message), headers)
 
-    def _stream(self, entry: RecordedRequest, frames: Iterable[bytes], error: str = "") -> None:
+    def _stream(
+        self,
+        entry: RecordedRequest,
+        frames: Iterable[bytes],
+        error: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         entry.status = HTTPStatus.OK
         entry.error = error
         self.api.record(entry)
@@ -309,6 +345,8 @@ class _Handler(BaseHTTPRequestHandler):
         # Chunked, as the real API streams: the connection stays open for the next
         # request (a client pays one TCP connect per member, not one per turn).
         self.send_header("transfer-encoding", "chunked")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         self.end_headers()
         for frame in frames:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))

@@ -30,6 +30,12 @@ Design choices:
   path above keeps the SDK's request method (it is opt-in and rare).
 - **One TLS context per process**: building one reads the CA bundle (about 20 ms of
   CPU); every member's client shares it instead of building its own.
+- **One rate governor per key** (:mod:`subagents.model.governor`): every call asks
+  it before going out and tells it how it ended (status, the ``anthropic-ratelimit-*``
+  headers, the tokens used). A 429 or 529 pauses every member on the key for its
+  ``retry-after`` and is retried without counting against ``max_retries`` while the
+  governor's patience lasts: only other failures (5xx, dropped connections) spend
+  retries. Time spent waiting is a ``rate_wait`` trace event.
 - **aiohttp under the client**: the SDK's own aiohttp transport (its ``aiohttp``
   extra, ``anthropic.DefaultAioHttpClient``) sends a request and reads its stream for
   less CPU than the default httpx/h11 stack - about a sixth less per turn at 100-200
@@ -39,6 +45,7 @@ Design choices:
 from __future__ import annotations
 
 import functools
+import json
 import operator
 import os
 import random
@@ -54,9 +61,10 @@ import pydantic
 from anthropic.types import Message
 
 from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelResponse
+from subagents.model.governor import Permit, RateGovernor, governor_for
 from subagents.model.profiles import profile_for
 from subagents.model.wire import BodyEncoder, StreamedMessage, build_params
-from subagents.trace import Retry, TraceWriter
+from subagents.trace import RateWait, Retry, TraceWriter
 
 _CONTEXT_BETAS = {
     "compact_20260112": "compact-2026-01-12",
@@ -107,6 +115,7 @@ class AnthropicModel:
         trace: TraceWriter | None = None,
         on_retry: Callable[[Retry], None] | None = None,
         profile: ModelProfile | None = None,
+        governor: RateGovernor | None = None,
     ) -> None:
         key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         token = None if key else os.environ.get("ANTHROPIC_AUTH_TOKEN")
@@ -139,6 +148,12 @@ class AnthropicModel:
         self._bodies = BodyEncoder()
         self._sent: list[Any] = []
         """The messages of the last request (to see where a rewrite begins)."""
+        self.governor = governor or governor_for(str(self.client.base_url), key or token)
+        """Admits every call; shared with every other model on the same key and endpoint."""
+        self._last_size = 0
+        """Bytes of the previous request (what is new since is uncached input)."""
+        self._cache_hit = False
+        """The previous call read from the prompt cache."""
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool (call before the event loop ends)."""
@@ -163,27 +178,42 @@ class AnthropicModel:
         if "context_management" not in params:
             body = self._bodies.encode({**params, "stream": True})
         started = time.monotonic()
-        attempt = 0
+        estimate = self._uncached_estimate(params, body)
+        attempt = limited = 0
         while True:
+            permit = await self._admit(estimate, params.get("max_tokens"))
             try:
-                message = await self._stream_once(params, body)
-                break
+                message, headers = await self._stream_once(params, body)
             except (
                 _EarlyStreamFailure,
                 anthropic.APIStatusError,
                 anthropic.APIConnectionError,
             ) as exc:
+                status, headers, retry_after = _answer_of(exc)
+                pause = self.governor.release(
+                    permit, status=status, headers=headers, retry_after=retry_after
+                )
+                if self._governor_retries(exc, status, started):
+                    limited += 1
+                    self._report_retry(attempt + limited, exc, pause)
+                    continue
                 delay = self._retry_delay(exc, attempt)
                 if delay is None:
-                    raise self._as_model_error(exc, attempt) from exc
+                    raise self._as_model_error(exc, attempt + limited) from exc
                 attempt += 1
-                self._report_retry(attempt, exc, delay)
+                self._report_retry(attempt + limited, exc, delay)
                 await anyio.sleep(delay)
+            except BaseException:
+                self.governor.cancel(permit)
+                raise
+            else:
+                self._settle(permit, message, headers, len(body) if body else 0)
+                break
         url = self.client.base_url
         return ModelResponse(
             message=message,
             latency_s=time.monotonic() - started,
-            retries=attempt,
+            retries=attempt + limited,
             server_address=url.host,
             server_port=url.port or (443 if url.scheme == "https" else 80),
         )
@@ -199,8 +229,55 @@ class AnthropicModel:
             return None
         return int(result.input_tokens)
 
+    # -- the governor ----------------------------------------------------------
+    def _uncached_estimate(self, params: dict[str, Any], body: bytes | None) -> int:
+        """Input tokens this call will count against the account's per-minute limit:
+        what is new since the previous call when that call read the prompt cache, the
+        whole request otherwise (about 4 bytes of JSON a token)."""
+        size = len(body) if body is not None else len(json.dumps(params, default=str))
+        if self._cache_hit and size >= self._last_size:
+            return max(1, (size - self._last_size) // 4)
+        return max(1, size // 4)
+
+    async def _admit(self, estimate: int, max_tokens: int | None) -> Permit:
+        """Wait for the governor; a wait is a ``rate_wait`` event (live table, trace)."""
+        trace = self.trace
+
+        def waiting(reason: str, expected: float) -> None:
+            if trace is not None:
+                trace.emit(RateWait(expected_s=round(expected, 3), reason=reason))
+
+        permit = await self.governor.acquire(estimate, max_tokens, on_wait=waiting)
+        if permit.waited_s >= 0.05 and trace is not None:
+            trace.emit(RateWait(waited_s=round(permit.waited_s, 3), reason=permit.reason))
+        return permit
+
+    def _governor_retries(self, exc: Exception, status: int, started: float) -> bool:
+        """A 429/529 is retried after the governor's pause, not counted as a retry,
+        until the governor's patience for this call runs out."""
+        if status not in (429, 529):
+            return False
+        if isinstance(exc, anthropic.APIStatusError):
+            if exc.response.headers.get("x-should-retry") == "false":
+                return False
+        return time.monotonic() - started < self.governor.patience_s
+
+    def _settle(self, permit: Permit, message: Message, headers: Any, size: int) -> None:
+        usage = message.usage
+        uncached = usage.input_tokens + (usage.cache_creation_input_tokens or 0)
+        self._cache_hit = bool(usage.cache_read_input_tokens)
+        self._last_size = size
+        self.governor.release(
+            permit,
+            status=200,
+            headers=headers,
+            input_tokens=uncached,
+            output_tokens=usage.output_tokens,
+        )
+
     # -- one attempt -----------------------------------------------------------
-    async def _stream_once(self, params: dict[str, Any], body: bytes | None) -> Message:
+    async def _stream_once(self, params: dict[str, Any], body: bytes | None) -> tuple[Message, Any]:
+        """The message and the response's headers."""
         if body is None:
             return await self._stream_beta(params)
         gathered = StreamedMessage()
@@ -221,9 +298,9 @@ class AnthropicModel:
         except (anthropic.APIStatusError, anthropic.APIConnectionError) as exc:
             _raise_early(exc, gathered.saw_delta)
             raise
-        return _as_message(gathered.final())
+        return _as_message(gathered.final()), stream.response.headers
 
-    async def _stream_beta(self, params: dict[str, Any]) -> Message:
+    async def _stream_beta(self, params: dict[str, Any]) -> tuple[Message, Any]:
         """Server-side context management: the SDK's beta stream method and header."""
         betas = sorted(
             {_CONTEXT_BETAS.get(e.get("type"), "") for e in params["context_management"]["edits"]}
@@ -235,10 +312,11 @@ class AnthropicModel:
                 async for event in stream:
                     saw_delta = saw_delta or event.type in _DELTA_EVENTS
                 final = await stream.get_final_message()
+                headers = stream.response.headers
         except (anthropic.APIStatusError, anthropic.APIConnectionError) as exc:
             _raise_early(exc, saw_delta)
             raise
-        return _as_message(final.to_dict())
+        return _as_message(final.to_dict()), headers
 
     # -- retry policy ----------------------------------------------------------
     def _retry_delay(self, exc: Exception, attempt: int) -> float | None:
@@ -311,6 +389,23 @@ def _as_message(data: dict[str, Any]) -> Message:
 
 
 # -- error details -------------------------------------------------------------
+def _answer_of(exc: Exception) -> tuple[int, Any, float | None]:
+    """(HTTP status, response headers, retry-after) of a failed attempt, as the
+    governor counts it: an overload mid-stream is a 529, no answer at all is 0."""
+    if isinstance(exc, _EarlyStreamFailure):
+        cause = exc.__cause__
+        if isinstance(cause, anthropic.APIStatusError):
+            return 529, cause.response.headers, None
+        return 0, None, None
+    if isinstance(exc, anthropic.APIStatusError):
+        headers = exc.response.headers
+        status = exc.status_code
+        if status == 200 and _error_type(exc) == "overloaded_error":
+            status = 529
+        return status, headers, _retry_after(headers)
+    return 0, None, None
+
+
 def _raise_early(exc: Exception, saw_delta: bool) -> None:
     """A stream that failed before any content arrived may be repeated: say so."""
     if saw_delta:
