@@ -68,7 +68,7 @@ from typing import Any, Literal, Protocol
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .shell_commands import invocations, may_match, must_match
+from .shell_commands import commands_of, may_match, must_match
 from .trace import PolicyDecision, TraceWriter
 
 Action = Literal["allow", "ask", "deny"]
@@ -195,7 +195,7 @@ def rule_matches(rule: str, tool: str, args: Any, *, every: bool = False) -> boo
         command = args.get("command")
         if not isinstance(command, str):
             return not every
-        found = invocations(command)
+        found = commands_of(command)
         if every:
             return bool(found) and all(
                 inv.function or must_match(pattern, inv.shapes(by_name=False)[0]) for inv in found
@@ -234,7 +234,7 @@ def allowing_rules(rules: list[str], tool: str, args: Any) -> list[str]:
         and fnmatch.fnmatchcase(tool, m.group(1).lower())
     ]
     used: list[str] = []
-    for inv in invocations(command):
+    for inv in commands_of(command):
         if inv.function:
             continue
         shape = inv.shapes(by_name=False)[0]

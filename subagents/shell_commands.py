@@ -84,6 +84,12 @@ UNKNOWN = Invocation((_HOLE,))
 """A command that cannot be told: any program, any arguments."""
 
 
+@functools.lru_cache(maxsize=64)
+def commands_of(line: str) -> tuple[Invocation, ...]:
+    """:func:`invocations` of a whole line, kept for the next rule that asks."""
+    return tuple(invocations(line))
+
+
 def invocations(line: str, depth: int = 0) -> list[Invocation]:
     """Every command ``line`` runs (see the module docstring), wrappers reported too."""
     if depth > MAX_DEPTH or len(line) > MAX_CHARS:

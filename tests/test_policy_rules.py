@@ -3,6 +3,8 @@ member's policy into the job's, and the job-file errors for a bad rule."""
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from coordinator.jobfile import JobError, parse_job
@@ -216,6 +218,17 @@ ALLOWLIST = ToolPolicy(default="deny", allow=["shell:sleep *", "shell:echo *", "
 )
 def test_a_line_made_only_of_allowed_commands_is_allowed(line, action):
     assert ALLOWLIST.check("shell", {"command": line}).action == action, line
+
+
+def test_a_line_nested_past_what_is_read_fails_closed():
+    line = "echo hi"
+    for _ in range(6):
+        line = f"sh -c {shlex.quote(line)}"
+    assert ToolPolicy(deny=["shell:touch *"]).check("shell", {"command": line}).action == "deny"
+    everything = ToolPolicy(default="deny", allow=["shell:sh *", "shell:echo *"])
+    assert everything.check("shell", {"command": line}).action == "deny"
+    shallow = "sh -c 'sh -c \"echo hi\"'"
+    assert everything.check("shell", {"command": shallow}).action == "allow"
 
 
 def test_tool_names_match_in_any_case():
