@@ -470,6 +470,30 @@ _WRAPPERS: dict[str, _Options] = {
     ),
 }
 _SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "rbash", "posh"}
+_SYNTAX = {
+    *"{}()!",
+    "[[",
+    "((",
+    "if",
+    "then",
+    "else",
+    "elif",
+    "fi",
+    "for",
+    "while",
+    "until",
+    "do",
+    "done",
+    "case",
+    "esac",
+    "select",
+    "function",
+    "time",
+    "coproc",
+}
+"""Reserved words and braces: read as a command's name, the grammar has missed a
+compound command (``time { ...; }``). ``time`` and ``coproc`` may start a command."""
+_KEYWORD_WRAPPERS = {"time", "coproc"}
 _SHELL_FLAGS = set("abefhkmnptuvxBCEHPTilrsDc")
 _NEEDS_COMMAND = {"xargs", "chroot", "coproc", "busybox"}
 
@@ -487,12 +511,14 @@ class _Reading:
     found: list[Invocation] = field(default_factory=list)
 
     def unwrap(self, words: list[Shape], function: bool = False) -> list[Invocation]:
-        for _ in range(MAX_DEPTH * 4):
+        for step in range(MAX_DEPTH * 4):
             if not words:
                 return self.found
             self.found.append(Invocation(tuple(words), function))
             name = _literal(words[0])
-            if name is None:
+            if name is None or (name in _SYNTAX and (step or name not in _KEYWORD_WRAPPERS)):
+                # `time { ...; }`: shell syntax where a program's name was expected, a
+                # compound command the grammar read as words
                 return [*self.found, UNKNOWN]
             base = name.rsplit("/", 1)[-1]
             try:
@@ -529,6 +555,8 @@ class _Reading:
         if options is None:
             return None
         rest = self._skip_options(options, args)
+        if base == "coproc" and len(rest) > 1 and _literal(rest[1]) in _SYNTAX:
+            raise _Unknown  # coproc NAME { ...; }
         if base == "env":
             while rest and (word := _literal(rest[0])) is not None and re.match(r"^\w+=", word):
                 if _DANGEROUS_NAMES.match(word.split("=", 1)[0]):

@@ -165,6 +165,17 @@ TOUCH_SPELLINGS = [
     "echo hi >/dev/null; touch /tmp/pwn",
     "echo >/dev/null touch; touch /tmp/pwn",
     "touch\\\n /tmp/pwn",
+    "touch${IFS}/tmp/pwn",
+    "time { touch /tmp/pwn; }",
+    "coproc touch /tmp/pwn",
+    "coproc N { touch /tmp/pwn; }",
+    "until touch /tmp/pwn; do break; done",
+    "select a in b; do touch /tmp/pwn; break; done <<< 1",
+    "function g { touch /tmp/pwn; }; g",
+    'a=(touch /tmp/pwn); "${a[@]}"',
+    "true |& touch /tmp/pwn",
+    "echo ok 2>$(touch /tmp/pwn)",
+    "exec -a x touch /tmp/pwn",
 ]
 
 
