@@ -14,7 +14,7 @@ guess it harmless.
 
 What a pattern is matched against, per tool:
 
-* ``shell``: each command the line runs, as :mod:`subagents.shell_commands` reads it
+* ``shell``: each command the line runs, as :mod:`subagents.commandline` reads it
   with a bash grammar: wherever it stands (compound commands, conditions, loops,
   pipelines, substitutions, here-documents, functions), under its wrappers (``nice``,
   ``env``, ``timeout``, ``sudo``, ``xargs``, ``bash -c``, ``eval``, ...; the wrapper
@@ -68,7 +68,8 @@ from typing import Any, Literal, Protocol
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .shell_commands import commands_of, may_match, must_match
+from .commandline.commands import commands_of
+from .commandline.words import may_match, must_match
 from .trace import PolicyDecision, TraceWriter
 
 Action = Literal["allow", "ask", "deny"]

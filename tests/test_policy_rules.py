@@ -8,8 +8,8 @@ import shlex
 import pytest
 
 from coordinator.jobfile import JobError, parse_job
+from subagents.commandline.commands import invocations
 from subagents.policy import MemberPolicy, ToolPolicy, rule_matches
-from subagents.shell_commands import invocations
 
 
 @pytest.mark.parametrize(
@@ -108,6 +108,7 @@ TOUCH_SPELLINGS = [
     "env touch /tmp/pwn",
     "env -i A=1 touch /tmp/pwn",
     "env -u HOME -- touch /tmp/pwn",
+    "env - touch /tmp/pwn",
     "env -S 'touch /tmp/pwn'",
     "command touch /tmp/pwn",
     "builtin touch /tmp/pwn",

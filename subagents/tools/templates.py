@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from tree_sitter import Node
 
-from ..shell_commands import parse_bash
+from ..commandline.words import parse_bash
 
 MAX_ARGUMENT_CHARS = 100_000
 """Longest argument passed (Linux refuses one word over 128 KiB)."""
