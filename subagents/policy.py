@@ -48,7 +48,10 @@ the member's own context, and a member must always be able to finish.
 Asking. An ``ask`` goes to an :class:`Approver` (the coordinator's: a person at the
 run's terminal or ``fleet approve``), and only the asking call waits: the member's
 other calls of the same turn, and its siblings, go on. The wait counts against the
-member's deadline; ``ask_timeout_s`` bounds it, after which ``ask_default`` applies.
+member's deadline; ``ask_timeout_s`` bounds it, after which ``ask_default`` applies. An
+"always" a person gave a rule answers the later calls the rule surely matches, never
+one it matched only because the call could not be read (``$c x`` under
+``ask = ["shell:rm *"]`` is asked about each time).
 
 Error contract of :class:`Approver`: :meth:`Approver.ask` returns an
 :class:`Approval` for every ending it can see (an answer, a timeout, nobody to ask);
@@ -147,7 +150,7 @@ class ToolPolicy(BaseModel):
         for action in ("deny", "ask"):
             for rule in getattr(self, action):
                 if rule_matches(rule, tool, args):
-                    return Decision(action, rule)  # type: ignore[arg-type]
+                    return Decision(action, rule, surely_matches(rule, tool, args))  # type: ignore[arg-type]
         allowed_by = allowing_rules(self.allow, tool, args)
         if allowed_by:
             return Decision("allow", ", ".join(allowed_by))
@@ -179,6 +182,8 @@ class Decision:
     action: Action
     rule: str
     """The rule that decided; "" for the policy's default."""
+    sure: bool = True
+    """The rule matched for certain, not only because the call could not be read."""
 
 
 def rule_matches(rule: str, tool: str, args: Any, *, every: bool = False) -> bool:
@@ -215,6 +220,29 @@ def rule_matches(rule: str, tool: str, args: Any, *, every: bool = False) -> boo
     if None in strings:  # nested past what is read: cannot be told
         return not every
     return any(_glob(pattern, s) for s in strings if s is not None)
+
+
+def surely_matches(rule: str, tool: str, args: Any) -> bool:
+    """Whether ``rule`` matches this call as it stands, without a hole or an unread
+    argument standing in for what it might be (what fail-closed matching adds)."""
+    m = _RULE_RE.match(rule)
+    if m is None or not fnmatch.fnmatchcase(tool.lower(), m.group(1).lower()):
+        return False
+    pattern = m.group(2)
+    if pattern is None or tool in _PATH_TOOLS or tool == "navigate":
+        return rule_matches(rule, tool, args)
+    args = args if isinstance(args, dict) else {}
+    if tool == "shell":
+        command = args.get("command")
+        return isinstance(command, str) and (
+            _glob(pattern, command)
+            or any(
+                must_match(pattern, shape)
+                for inv in commands_of(command)
+                for shape in inv.shapes(by_name=True)
+            )
+        )
+    return any(_glob(pattern, s) for s in _strings(args) if s is not None)
 
 
 def allowing_rules(rules: list[str], tool: str, args: Any) -> list[str]:
@@ -311,6 +339,9 @@ class ApprovalRequest(BaseModel):
     input: dict[str, Any]
     rule: str
     """The ask rule that matched ("" when the policy's default is ``ask``)."""
+    sure: bool = True
+    """The rule matched for certain; False when it matched only because the call could
+    not be read (``$c x``): an earlier "always" for the rule does not answer it then."""
     ask_default: Literal["allow", "deny"] = "deny"
 
 
@@ -376,6 +407,7 @@ class PolicyGate:
             tool=tool,
             input=args,
             rule=decision.rule,
+            sure=decision.sure,
             ask_default=self.policy.ask_default,
         )
         self.waiting[call_id] = f"{tool}({_short(args)})"

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import shlex
 
+import anyio
 import pytest
 
+from coordinator.approvals import ApprovalQueue, FileApprover
 from coordinator.jobfile import JobError, parse_job
 from subagents.commandline.commands import invocations
-from subagents.policy import MemberPolicy, ToolPolicy, rule_matches
+from subagents.policy import ApprovalRequest, MemberPolicy, ToolPolicy, rule_matches
 
 
 @pytest.mark.parametrize(
@@ -287,3 +289,29 @@ def test_a_members_policy_read_back_from_the_run_keeps_the_jobs_settings():
         merged = j.policy.merged(j.members[0].policy)
         assert merged.ask_timeout_s == 30 and merged.ask_default == "allow"
         assert merged.ask == ["shell:rm *"]
+
+
+def test_an_always_answer_covers_only_calls_its_rule_surely_matches(tmp_path):
+    policy = ToolPolicy(ask=["shell:rm *"])
+    sure = policy.check("shell", {"command": "rm -rf build"})
+    unread = policy.check("shell", {"command": "$c -rf build"})
+    assert (sure.action, sure.sure) == ("ask", True)
+    assert (unread.action, unread.rule, unread.sure) == ("ask", "shell:rm *", False)
+    queue = ApprovalQueue(tmp_path)
+    queue.add_always("shell:rm *")
+    approver = FileApprover(queue, "default")
+
+    async def answer(decision, command):
+        request = ApprovalRequest(
+            member="m",
+            call_id="c",
+            tool="shell",
+            input={"command": command},
+            rule=decision.rule,
+            sure=decision.sure,
+        )
+        return await approver.ask(request, None)
+
+    assert anyio.run(answer, sure, "rm -rf build").by == "always"
+    refused = anyio.run(answer, unread, "$c -rf build")
+    assert (refused.allowed, refused.by) == (False, "no terminal")
