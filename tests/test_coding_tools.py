@@ -269,6 +269,7 @@ async def test_no_argument_escapes_a_command_template_in_any_quoting_style(ctx, 
         ("bash -lc {msg} x", "is code that its command runs"),
         ("trap {msg} EXIT; true", "is code that its command runs"),
         ("echo {msg} $1", "reads the positional parameter '$1'"),
+        ("echo x\\{msg}", "follows a backslash"),
         ("echo 'x", "is not a shell command line that can be read"),
     ],
 )

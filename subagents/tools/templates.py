@@ -20,8 +20,9 @@ arithmetic expression, which bash does and which runs ``$(...)`` inside ``a[...]
 is checked when the job is read (:func:`compile_template`), with tree-sitter's bash
 grammar, and refused with the tool's name and the right spelling when a placeholder
 sits inside single or double quotes, ``$(...)``, backquotes, ``<(...)``, ``${...}``, a
-here-document, arithmetic or ``[[ ]]``, a comment, or is the program to run, or is
-the code given to ``eval``, ``trap`` or ``sh -c``.
+here-document, arithmetic or ``[[ ]]``, a comment, after a backslash (``\\"$1"``
+would leave it unquoted), or is the program to run, or is the code given to ``eval``,
+``trap`` or ``sh -c``; and when the template reads ``$1``, ``$@`` or ``$*`` itself.
 
 Options. A program reads an argument that starts with ``-`` as an option
 (``wc -l --files0-from=/etc/passwd`` reads the names in that file), which quoting does
@@ -165,6 +166,13 @@ def compile_template(tool: str, command: str) -> Template:
         script += literal
         if name is None:
             continue
+        if (len(literal) - len(literal.rstrip("\\"))) % 2:
+            # `\"$1"` would make the opening quote a character and leave $1 unquoted
+            raise TemplateError(
+                f"tool {tool!r}: placeholder {{{name}}} follows a backslash in its command "
+                f"{command!r}, which would leave the argument unquoted; write it without "
+                "the backslash, e.g. 'wc -l {path}'"
+            )
         if name not in order:
             order.append(name)
         n = order.index(name) + 1
