@@ -197,7 +197,7 @@ class FileApprover:
     async def ask(self, request: ApprovalRequest, timeout_s: float | None) -> Approval:
         if self.mode == "all":
             return Approval(allowed=True, by="approve-all")
-        if request.rule and request.rule in self.queue.always_rules():
+        if request.rule and request.sure and request.rule in self.queue.always_rules():
             return Approval(allowed=True, by="always")
         if self.mode == "default":
             return Approval(allowed=request.ask_default == "allow", by="no terminal")

@@ -14,9 +14,11 @@ timed_out   its deadline passed: the harness's own (``limit`` is
 crashed     the box died (``SandboxCrashed``) or cannot be reached any more
             (``SandboxClosed``, ``SandboxUnavailable``); ``reason`` names why
 failed      the model call failed for good (``retryable`` says whether a later
-            attempt may succeed, e.g. overload), the harness hit a bug, or the
-            kind judged the accepted result a failure (a coding member's test
-            fails after its edit); then ``result`` is kept for reading
+            attempt may succeed, e.g. overload), the harness hit a bug, every
+            tool call the member made was refused by policy (the job's tool
+            policy or the egress allowlist: its result rests on nothing), or
+            the kind judged the accepted result a failure (a coding member's
+            test fails after its edit); then ``result`` is kept for reading
 cancelled   the caller cancelled the member (set by the caller's bookkeeping;
             ``run_member`` itself re-raises the cancellation)
 =========== ===============================================================

@@ -2,30 +2,45 @@
 it may never make - checked by the harness before every call, not asked of the model.
 
 A policy has three lists of rules and a default. A rule is ``TOOL`` (every call of the
-tool; ``*`` and ``?`` glob the name, so ``mcp__docs__*`` is every tool of the MCP
-server ``docs``) or ``TOOL:PATTERN`` (only calls whose arguments match). The first
-list holding a matching rule decides, in the order ``deny``, ``ask``, ``allow``; no
-match means ``default`` (``allow``). So a job's ``deny`` can never be loosened by an
+tool; ``*`` and ``?`` glob the name, in any case, so ``mcp__docs__*`` is every tool of
+the MCP server ``docs``) or ``TOOL:PATTERN`` (only calls whose arguments match). The
+first list holding a matching rule decides, in the order ``deny``, ``ask``, ``allow``;
+no match means ``default`` (``allow``). So a job's ``deny`` can never be loosened by an
 ``allow``, and ``default = "deny"`` with a short ``allow`` list is an allowlist.
+
+Rules fail closed. What cannot be told about a call before it runs matches every deny
+and ask rule and no allow rule: the policy refuses what it cannot read rather than
+guess it harmless.
 
 What a pattern is matched against, per tool:
 
-* ``shell``: each simple command of the command line - split at ``;``, ``&&``,
-  ``||``, ``|``, ``&``, new lines and parentheses, with ``$(...)``, backquotes and
-  ``sh -c '...'`` looked into, leading ``VAR=value`` words and ``env``/``command``/
-  ``exec``/``nohup``/``time`` dropped, quotes removed. ``*`` matches anything, so
-  ``shell:rm *`` is every ``rm`` with arguments. A deny or ask rule matches when any
-  simple command matches; an allow rule only when every one does
-  (``true; rm -rf x`` is not allowed by ``shell:true``).
+* ``shell``: each command the line runs, as :mod:`subagents.commandline` reads it
+  with a bash grammar: wherever it stands (compound commands, conditions, loops,
+  pipelines, substitutions, here-documents, functions), under its wrappers (``nice``,
+  ``env``, ``timeout``, ``sudo``, ``xargs``, ``bash -c``, ``eval``, ...; the wrapper
+  counts as a command too), quotes and backslashes removed, and by its path's last
+  part too for deny and ask rules (``/usr/bin/touch x`` is ``touch x``). ``*``
+  matches anything, so ``shell:rm *`` is every ``rm`` with arguments. A deny or ask
+  rule matches when any command could match - a variable or a glob in it may hold
+  anything, and a command that cannot be read (``$c x``, a script piped to ``sh``, a
+  parse error) matches every such rule. A line is allowed when each of its commands
+  is matched by an allow rule (``sleep 3; echo done`` under ``shell:sleep *`` and
+  ``shell:echo *``), each as spelled and with no variable or glob in it
+  (``true; rm -rf x`` is not allowed by ``shell:true``). Calling a function the line
+  defined before, outside any condition, needs no rule: its body's commands are
+  checked.
 * ``read_file``, ``write_file``, ``edit_file``, ``glob``, ``grep``: the path, made
   absolute under ``/workspace`` and normalised (``..`` resolved); ``*`` stays within
   one directory, ``**`` crosses them, and ``DIR/**`` also matches ``DIR`` itself.
-* ``navigate``: the URL. Any other tool (job-defined, MCP): each string argument.
+* ``navigate``: the URL. Any other tool (job-defined, MCP): each string argument; an
+  argument nested deeper than 4 levels or past 100 items of a list is not read, so
+  such a call matches every deny and ask rule with a pattern and no allow rule.
 
 The policy is a guard against a member doing what the job's owner did not want done
-unasked; it is not the isolation boundary - the box is. A command can always be
-spelled in a way no pattern foresaw (a script written, then run), so ``deny`` rules
-are best written on tools (``deny = ["shell"]``) when a call must never happen.
+unasked; it is not the isolation boundary - the box is. A line is read for what it
+says, not for what the programs it starts do: a script written, then run, or
+``python -c`` doing the same work, is the command ``python``. So ``deny`` rules are
+best written on tools (``deny = ["shell"]``) when a call must never happen.
 
 ``submit_result`` and ``tool_search`` are never checked: they touch nothing outside
 the member's own context, and a member must always be able to finish.
@@ -33,7 +48,10 @@ the member's own context, and a member must always be able to finish.
 Asking. An ``ask`` goes to an :class:`Approver` (the coordinator's: a person at the
 run's terminal or ``fleet approve``), and only the asking call waits: the member's
 other calls of the same turn, and its siblings, go on. The wait counts against the
-member's deadline; ``ask_timeout_s`` bounds it, after which ``ask_default`` applies.
+member's deadline; ``ask_timeout_s`` bounds it, after which ``ask_default`` applies. An
+"always" a person gave a rule answers the later calls the rule surely matches, never
+one it matched only because the call could not be read (``$c x`` under
+``ask = ["shell:rm *"]`` is asked about each time).
 
 Error contract of :class:`Approver`: :meth:`Approver.ask` returns an
 :class:`Approval` for every ending it can see (an answer, a timeout, nobody to ask);
@@ -45,7 +63,6 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 import re
-import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -54,6 +71,8 @@ from typing import Any, Literal, Protocol
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .commandline.commands import commands_of
+from .commandline.words import may_match, must_match
 from .trace import PolicyDecision, TraceWriter
 
 Action = Literal["allow", "ask", "deny"]
@@ -61,8 +80,6 @@ EXEMPT = frozenset({"submit_result", "tool_search"})
 """Tools no policy gates (see the module docstring)."""
 _PATH_TOOLS = {"read_file", "write_file", "edit_file", "glob", "grep"}
 _RULE_RE = re.compile(r"^([A-Za-z0-9_*?-]+)(?::(.+))?$", re.S)
-_OPERATORS = set(";&|()")
-_WRAPPERS = {"env", "command", "exec", "nohup", "time", "builtin"}
 
 
 def check_rules(rules: list[str]) -> list[str]:
@@ -130,10 +147,13 @@ class ToolPolicy(BaseModel):
         """The decision for one call: the first matching rule's action, else the default."""
         if tool in EXEMPT:
             return Decision("allow", "")
-        for action in ("deny", "ask", "allow"):
+        for action in ("deny", "ask"):
             for rule in getattr(self, action):
-                if rule_matches(rule, tool, args, every=action == "allow"):
-                    return Decision(action, rule)  # type: ignore[arg-type]
+                if rule_matches(rule, tool, args):
+                    return Decision(action, rule, surely_matches(rule, tool, args))  # type: ignore[arg-type]
+        allowed_by = allowing_rules(self.allow, tool, args)
+        if allowed_by:
+            return Decision("allow", ", ".join(allowed_by))
         return Decision(self.default, "")
 
 
@@ -162,13 +182,16 @@ class Decision:
     action: Action
     rule: str
     """The rule that decided; "" for the policy's default."""
+    sure: bool = True
+    """The rule matched for certain, not only because the call could not be read."""
 
 
 def rule_matches(rule: str, tool: str, args: Any, *, every: bool = False) -> bool:
-    """Whether ``rule`` covers this call; ``every``: all of a command line's simple
-    commands must match (allow rules), else any one (deny and ask rules)."""
+    """Whether ``rule`` covers this call. ``every`` (allow rules): every command of a
+    shell line must match, and what cannot be told about a call never matches; else
+    (deny and ask rules) any one command, and what cannot be told always matches."""
     m = _RULE_RE.match(rule)
-    if m is None or not fnmatch.fnmatchcase(tool, m.group(1)):
+    if m is None or not fnmatch.fnmatchcase(tool.lower(), m.group(1).lower()):
         return False
     pattern = m.group(2)
     if pattern is None:
@@ -177,10 +200,15 @@ def rule_matches(rule: str, tool: str, args: Any, *, every: bool = False) -> boo
     if tool == "shell":
         command = args.get("command")
         if not isinstance(command, str):
-            return False
-        parts = simple_commands(command)
-        hits = [_glob(pattern, p) for p in parts]
-        return all(hits) if every else any(hits) or _glob(pattern, command)
+            return not every
+        found = commands_of(command)
+        if every:
+            return bool(found) and all(
+                inv.function or must_match(pattern, inv.shapes(by_name=False)[0]) for inv in found
+            )
+        return _glob(pattern, command) or any(
+            may_match(pattern, shape) for inv in found for shape in inv.shapes(by_name=True)
+        )
     if tool in _PATH_TOOLS:
         path = args.get("path")
         if not isinstance(path, str):
@@ -188,7 +216,62 @@ def rule_matches(rule: str, tool: str, args: Any, *, every: bool = False) -> boo
         return _path_glob(pattern, _absolute(path))
     if tool == "navigate":
         return isinstance(args.get("url"), str) and _glob(pattern, args["url"])
-    return any(_glob(pattern, s) for s in _strings(args))
+    strings = list(_strings(args))
+    if None in strings:  # nested past what is read: cannot be told
+        return not every
+    return any(_glob(pattern, s) for s in strings if s is not None)
+
+
+def surely_matches(rule: str, tool: str, args: Any) -> bool:
+    """Whether ``rule`` matches this call as it stands, without a hole or an unread
+    argument standing in for what it might be (what fail-closed matching adds)."""
+    m = _RULE_RE.match(rule)
+    if m is None or not fnmatch.fnmatchcase(tool.lower(), m.group(1).lower()):
+        return False
+    pattern = m.group(2)
+    if pattern is None or tool in _PATH_TOOLS or tool == "navigate":
+        return rule_matches(rule, tool, args)
+    args = args if isinstance(args, dict) else {}
+    if tool == "shell":
+        command = args.get("command")
+        return isinstance(command, str) and (
+            _glob(pattern, command)
+            or any(
+                must_match(pattern, shape)
+                for inv in commands_of(command)
+                for shape in inv.shapes(by_name=True)
+            )
+        )
+    return any(_glob(pattern, s) for s in _strings(args) if s is not None)
+
+
+def allowing_rules(rules: list[str], tool: str, args: Any) -> list[str]:
+    """The allow rules that together cover this call, [] when they do not: one rule
+    that covers it whole, or for a shell line, a rule for each of its commands
+    (``sleep 3; echo done`` under ``shell:sleep *`` and ``shell:echo *``)."""
+    for rule in rules:
+        if rule_matches(rule, tool, args, every=True):
+            return [rule]
+    command = args.get("command") if isinstance(args, dict) else None
+    if tool != "shell" or not isinstance(command, str):
+        return []
+    patterns = [
+        (rule, m.group(2))
+        for rule in rules
+        if (m := _RULE_RE.match(rule))
+        and m.group(2)
+        and fnmatch.fnmatchcase(tool, m.group(1).lower())
+    ]
+    used: list[str] = []
+    for inv in commands_of(command):
+        if inv.function:
+            continue
+        shape = inv.shapes(by_name=False)[0]
+        covering = next((r for r, p in patterns if must_match(p, shape)), None)
+        if covering is None:
+            return []
+        used += [covering] if covering not in used else []
+    return used
 
 
 def _glob(pattern: str, text: str) -> bool:
@@ -228,47 +311,21 @@ def _absolute(path: str) -> str:
     return posixpath.normpath(path) if "**" not in path else path
 
 
-def _strings(value: Any, depth: int = 0) -> Iterator[str]:
-    if depth > 4:
-        return
+def _strings(value: Any, depth: int = 0) -> Iterator[str | None]:
+    """Each string in a call's arguments; None for what lies past 4 levels of nesting
+    or 100 items of a list, which is not read."""
     if isinstance(value, str):
         yield value
+    elif isinstance(value, dict | list) and depth > 4:
+        yield None
     elif isinstance(value, dict):
         for v in value.values():
             yield from _strings(v, depth + 1)
     elif isinstance(value, list):
         for v in value[:100]:
             yield from _strings(v, depth + 1)
-
-
-def simple_commands(command: str, depth: int = 0) -> list[str]:
-    """The simple commands of a command line, each as its words joined by spaces."""
-    inner = re.findall(r"\$\(([^()]*)\)", command) + re.findall(r"`([^`]*)`", command)
-    try:
-        lex = shlex.shlex(command.replace("\n", " ; "), posix=True, punctuation_chars=";&|()")
-        lex.whitespace_split = True
-        tokens = list(lex)
-    except ValueError:  # unbalanced quotes: the shell would refuse it; match it whole
-        return [command.strip()]
-    parts: list[list[str]] = [[]]
-    for tok in tokens:
-        if tok and set(tok) <= _OPERATORS:
-            parts.append([])
-        else:
-            parts[-1].append(tok)
-    out: list[str] = []
-    for words in parts:
-        while words and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) or words[0] in _WRAPPERS):
-            words = words[1:]
-        if not words:
-            continue
-        if depth < 3 and words[0] in ("sh", "bash", "dash") and "-c" in words[:-1]:
-            out += simple_commands(words[words.index("-c") + 1], depth + 1)
-        out.append(" ".join(words))
-    for text in inner:
-        if depth < 3:
-            out += simple_commands(text, depth + 1)
-    return out or [command.strip()]
+        if len(value) > 100:
+            yield None
 
 
 class ApprovalRequest(BaseModel):
@@ -282,6 +339,9 @@ class ApprovalRequest(BaseModel):
     input: dict[str, Any]
     rule: str
     """The ask rule that matched ("" when the policy's default is ``ask``)."""
+    sure: bool = True
+    """The rule matched for certain; False when it matched only because the call could
+    not be read (``$c x``): an earlier "always" for the rule does not answer it then."""
     ask_default: Literal["allow", "deny"] = "deny"
 
 
@@ -348,6 +408,7 @@ class PolicyGate:
             tool=tool,
             input=args,
             rule=decision.rule,
+            sure=decision.sure,
             ask_default=self.policy.ask_default,
         )
         self.waiting[call_id] = f"{tool}({_short(args)})"

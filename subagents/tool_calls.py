@@ -8,7 +8,8 @@ refuses a ``tool_use`` left without its result.
 
 What happens to one call, in order: ``ToolCall`` traced; the member's policy checked
 (:mod:`subagents.policy`: a denied call, or an ask answered no, is an ``is_error``
-result and the tool never runs; an ask waits here, holding up this call only);
+result counted as refused, and the tool never runs; an ask waits here, holding up this
+call only);
 arguments validated and the tool run by the registry (whose failures - bad arguments, ``ToolError``, any
 exception, a timeout - come back as ``is_error`` results the model can act on);
 a successful result other than ``submit_result`` passes ``context.admit_tool_result``
@@ -67,7 +68,8 @@ class ToolCalls:
         self.work = 0
         """Calls of the member's own tools (not ``submit_result``) that came back."""
         self.refused: list[str] = []
-        """The messages of those a policy refused (:class:`~subagents.tools.base.Blocked`)."""
+        """The messages of those a policy refused: the member's tool policy (a deny, an
+        ask answered no) or the tool's own (:class:`~subagents.tools.base.Blocked`)."""
 
     def all_refused(self) -> str | None:
         """Why the member achieved nothing when every tool call it made was refused
@@ -75,7 +77,7 @@ class ToolCalls:
         if not self.work or len(self.refused) < self.work:
             return None
         return (
-            f"every tool call was refused ({self.work} of {self.work}), e.g. "
+            f"every tool call was refused by policy ({self.work} of {self.work}), e.g. "
             f"{self.refused[0][:300]}"
         )
 
@@ -113,7 +115,7 @@ class ToolCalls:
             refused = await self.gate.admit(call_id, name, raw) if self.gate else None
             try:
                 if refused is not None:
-                    out = ToolOutput(text=refused, is_error=True)
+                    out = ToolOutput(text=refused, is_error=True, blocked=True)
                 else:
                     out = await self.registry.call(name, raw, self.ctx)
             except BOX_GONE as exc:

@@ -36,12 +36,33 @@ def policy(body: dict[str, Any]) -> Any:
         plan = ["mkdir -p build && echo made", "rm -rf build", "ls -d build || echo gone"]
     if "[rm2]" in task:
         plan = ["mkdir -p build", "rm -rf build", "rm -rf other", "echo done"]
+    if "[bypass]" in task:
+        plan = [*BYPASSES, "ls /workspace/pwn || echo absent"]
+    if "[walled]" in task:
+        plan = [f"touch /workspace/pwn{i}" for i in range(3)]
     delay = 1.0 if "[slow]" in task else 0.0  # still working when its sibling asks
     if step < len(plan):
         return tool_use("shell", {"command": plan[step]}, latency_s=delay)
     return tool_use(
         "submit_result", {"summary": f"{step} steps", "tests_run": [], "notes": []}, latency_s=delay
     )
+
+
+# Ways around `deny = ["shell:touch *"]` that the old reading of a line let through.
+BYPASSES = [
+    "{ touch /workspace/pwn; }",
+    "if true; then touch /workspace/pwn; fi",
+    "nice -n 5 touch /workspace/pwn",
+    "timeout 5 touch /workspace/pwn",
+    "env -i PATH=/usr/bin touch /workspace/pwn",
+    "echo /workspace/pwn | xargs touch",
+    "/usr/bin/touch /workspace/pwn",
+    "bash -lc 'touch /workspace/pwn'",
+    "t''ouch /workspace/pwn",
+    "f() { touch /workspace/pwn; }; f",
+    "c=touch; $c /workspace/pwn",
+    "echo 'touch /workspace/pwn' | sh",
+]
 
 
 def _job(tmp_path: Path, members: str, policy_table: str = "") -> Path:
@@ -68,12 +89,20 @@ def _journal(run: RunDir, event: str) -> list[dict[str, Any]]:
     return [e for e in run.journal.read() if e["event"] == event]
 
 
-def test_a_denied_call_is_an_error_result_and_never_runs(tmp_path, images, fake_api, cleanup):
+def _run_denying(
+    tmp_path: Path, fake_api: Any, cleanup: Any, task: str, rule: str, code: int
+) -> RunDir:
+    """A one-member run under ``deny = [rule]`` that ends with exit ``code``."""
     fake_api(policy)
     cleanup.append(tmp_path / "runs")
-    job = _job(tmp_path, _member("coder", "[rm] tidy up"), '[policy]\ndeny = ["shell:rm *"]')
-    assert main(["run", str(job), "--plain"]) == 0
+    job = _job(tmp_path, _member("coder", task), f'[policy]\ndeny = ["{rule}"]')
+    assert main(["run", str(job), "--plain"]) == code
     (run,) = RunDir.list(tmp_path / "runs")
+    return run
+
+
+def test_a_denied_call_is_an_error_result_and_never_runs(tmp_path, images, fake_api, cleanup):
+    run = _run_denying(tmp_path, fake_api, cleanup, "[rm] tidy up", "shell:rm *", 0)
     outputs = _shell_outputs(run, "coder")
     is_error, text = outputs["rm -rf build"]
     assert is_error and "not permitted" in text and "'shell:rm *'" in text
@@ -87,6 +116,31 @@ def test_a_denied_call_is_an_error_result_and_never_runs(tmp_path, images, fake_
         [*FLEET, "trace", str(run.path), "coder"], capture_output=True, text=True
     ).stdout
     assert "[POLICY] shell refused (deny, rule 'shell:rm *')" in shown
+
+
+def test_spellings_around_a_deny_rule_are_refused_in_the_box(tmp_path, images, fake_api, cleanup):
+    run = _run_denying(tmp_path, fake_api, cleanup, "[bypass] try", "shell:touch *", 0)
+    outputs = _shell_outputs(run, "coder")
+    for line in BYPASSES:
+        is_error, text = outputs[line]
+        assert is_error and "not permitted" in text and "'shell:touch *'" in text, line
+    is_error, text = outputs["ls /workspace/pwn || echo absent"]
+    assert not is_error and "No such file" in text and "absent" in text  # touch never ran
+    refused = [d for d in _journal(run, "policy_decision") if not d["allowed"]]
+    assert len(refused) == len(BYPASSES)
+    assert run.result("coder")["status"] == "ok"  # one call ran: not every call refused
+
+
+def test_a_member_whose_every_call_a_policy_refused_ends_failed(
+    tmp_path, images, fake_api, cleanup
+):
+    run = _run_denying(tmp_path, fake_api, cleanup, "[walled] try", "shell:touch *", 1)
+    result = run.result("coder")
+    assert result["status"] == "failed"
+    assert result["reason"].startswith("every tool call was refused by policy (3 of 3), e.g. ")
+    assert "shell is not permitted here" in result["reason"]
+    assert result["result"]["summary"] == "3 steps"  # kept for reading
+    assert run.state().members == {"coder": "failed"}
 
 
 def test_an_ask_answered_by_fleet_approve_while_the_sibling_never_waits(

@@ -366,7 +366,9 @@ def test_a_member_whose_every_tool_call_was_refused_is_not_ok(tmp_path, images, 
     (run,) = RunDir.list(runs_dir)
     outcome = run.result("walled")
     assert outcome["status"] == "failed"
-    assert outcome["reason"].startswith("every tool call was refused (1 of 1), e.g. blocked:")
+    assert outcome["reason"].startswith(
+        "every tool call was refused by policy (1 of 1), e.g. blocked:"
+    )
     assert run.state().members == {"walled": "failed"}
 
 

@@ -13,6 +13,7 @@ from sandbox.spec import SandboxSpec
 from subagents.tools.base import ToolContext, ToolOutput
 from subagents.tools.coding import coding_tools
 from subagents.tools.registry import CustomToolSpec, ParamSpec, ToolRegistry, build_custom_tool
+from subagents.tools.templates import TemplateError, compile_template
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
@@ -162,3 +163,156 @@ async def test_a_file_name_that_is_not_utf8_is_shown_escaped_and_usable_back(too
     assert gone.is_error and "gone\\xfe" in gone.text
     for out in (found, read, edit, wrote, hits, gone):
         out.text.encode("utf-8")  # what the trace and the Messages API need
+
+
+# Arguments a model could send to break out of a command template; each tries to
+# create /tmp/pwn in the box.
+PAYLOADS = [
+    "$(touch /tmp/pwn)",
+    "`touch /tmp/pwn`",
+    "; touch /tmp/pwn",
+    "&& touch /tmp/pwn",
+    "|| touch /tmp/pwn",
+    "| touch /tmp/pwn",
+    "& touch /tmp/pwn",
+    "x\ntouch /tmp/pwn",
+    "x\r\ntouch /tmp/pwn",
+    "'; touch /tmp/pwn; '",
+    "'$(touch /tmp/pwn)'",
+    '"; touch /tmp/pwn; "',
+    '"$(touch /tmp/pwn)"',
+    "'\"$(touch /tmp/pwn)\"'",
+    "\\'; touch /tmp/pwn #",
+    '\\"; touch /tmp/pwn #',
+    "${IFS}touch${IFS}/tmp/pwn",
+    "$(touch${IFS}/tmp/pwn)",
+    "$((1+$(touch /tmp/pwn)))",
+    "a[$(touch /tmp/pwn)]",
+    ">(touch /tmp/pwn)",
+    "<(touch /tmp/pwn)",
+    "*",
+    "/*",
+    "~",
+    "{a,b}",
+    "$HOME",
+    "a   b\tc",
+    "\\",
+    "",
+    "-n",
+    "--files0-from=/etc/passwd",
+    "-e $(touch /tmp/pwn)",
+    "x\x00; touch /tmp/pwn",
+]
+# The same tool in every quoting style; a style that would let quotes undo the
+# argument's quoting is refused when the tool is defined, and its right spelling (which
+# the refusal shows) is what runs.
+STYLES = {
+    "bare": "printf '%s\\n' {msg}",
+    "double": "printf '%s\\n' \"{msg}\"",
+    "single": "printf '%s\\n' '{msg}'",
+    "inside double": "printf '%s\\n' \"<{msg}>\"",
+    "inside single": "printf '%s\\n' '<{msg}>'",
+}
+
+
+def _template_tool(command: str, **param: object) -> CustomToolSpec:
+    return CustomToolSpec(
+        name="say",
+        description="Print a message.",
+        command=command,
+        parameters={"msg": ParamSpec(**param)},  # type: ignore[arg-type]
+    )
+
+
+async def _pwned(ctx: ToolContext) -> bool:
+    assert ctx.sandbox is not None
+    return (await ctx.sandbox.exec(["test", "-e", "/tmp/pwn"])).exit_code == 0
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+async def test_no_argument_escapes_a_command_template_in_any_quoting_style(ctx, style) -> None:
+    command = STYLES[style]
+    try:
+        spec = _template_tool(command)
+    except ValueError as exc:
+        assert style != "bare" and "tool 'say': placeholder {msg} stands inside" in str(exc)
+        with pytest.raises(TemplateError) as refused:
+            compile_template("say", command)
+        assert refused.value.fix is not None and repr(refused.value.fix) in str(exc)
+        spec = _template_tool(refused.value.fix)  # the spelling the refusal shows
+    tools = ToolRegistry([build_custom_tool(spec)])
+    for payload in PAYLOADS:
+        out = await call(tools, ctx, "say", msg=payload)
+        assert not await _pwned(ctx), f"{style}: {payload!r} ran a command"
+        if payload.startswith("-") or "\x00" in payload:
+            assert out.is_error and "say was not run: argument 'msg'" in out.text, out.text
+            continue
+        assert not out.is_error, out.text
+        printed = out.text.split("stdout:\n", 1)[1] if "stdout:\n" in out.text else ""
+        wrapped = payload if style in ("bare", "double", "single") else f"<{payload}>"
+        assert printed == wrapped.rstrip("\n"), (style, payload, out.text)
+
+
+@pytest.mark.parametrize(
+    ("command", "where"),
+    [
+        ("echo $(echo {msg})", "inside $(...) or backquotes"),
+        ("echo `echo {msg}`", "inside $(...) or backquotes"),
+        ("cat <(echo {msg})", "inside <(...) or >(...)"),
+        ("cat <<EOF\n{msg}\nEOF", "inside a here-document"),
+        ("echo $(( {msg} + 1 ))", "inside arithmetic"),
+        ("[[ {msg} == x ]] && echo y", "inside [[ ]]"),
+        ("echo ${x:-{msg}}", "is not a parameter name"),
+        ("{msg} --version", "as the program to run"),
+        ("eval echo {msg}", "is code that its command runs"),
+        ("sh -c {msg}", "is code that its command runs"),
+        ("bash -lc {msg} x", "is code that its command runs"),
+        ("trap {msg} EXIT; true", "is code that its command runs"),
+        ("echo {msg} $1", "reads the positional parameter '$1'"),
+        ("echo x\\{msg}", "follows a backslash"),
+        ("echo 'x", "is not a shell command line that can be read"),
+    ],
+)
+def test_a_template_whose_placeholder_the_shell_would_read_again_is_refused(command, where):
+    with pytest.raises(ValueError) as err:
+        _template_tool(command)
+    assert "tool 'say'" in str(err.value) and where in str(err.value), str(err.value)
+
+
+async def test_an_argument_starting_with_a_dash_is_an_option_only_where_the_tool_says(
+    ctx,
+) -> None:
+    plain = build_custom_tool(_template_tool("wc -l {msg}"))
+    operand = build_custom_tool(
+        CustomToolSpec(
+            name="count",
+            description="d",
+            command="wc -l -- {msg}",
+            parameters={"msg": ParamSpec()},
+        )
+    )
+    options = build_custom_tool(
+        CustomToolSpec(
+            name="opts",
+            description="d",
+            command="ls {msg} /",
+            parameters={"msg": ParamSpec(options=True)},
+        )
+    )
+    tools = ToolRegistry([plain, operand, options])
+    refused = await call(tools, ctx, "say", msg="--files0-from=/etc/passwd")
+    assert refused.is_error and "starts with '-'" in refused.text and "root" not in refused.text
+    as_name = await call(tools, ctx, "count", msg="--files0-from=/etc/passwd")
+    assert as_name.is_error and "No such file" in as_name.text and "root" not in as_name.text
+    chosen = await call(tools, ctx, "opts", msg="-d")
+    assert not chosen.is_error and chosen.text.splitlines()[-1] == "/"
+    negative = build_custom_tool(
+        CustomToolSpec(
+            name="head",
+            description="d",
+            command="seq 3 | head -n {n}",
+            parameters={"n": ParamSpec(type="integer")},
+        )
+    )
+    out = await call(ToolRegistry([negative]), ctx, "head", n=-1)
+    assert not out.is_error and out.text.splitlines()[-2:] == ["1", "2"]

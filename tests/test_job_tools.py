@@ -1,6 +1,6 @@
 """Job-defined tools from a job file (``[[members.tools]]``), through the real CLI: the
 model sees the tool with its schema, calls it, and the command runs in the member's
-box with its arguments shell-quoted."""
+box with its arguments passed as arguments, never as shell text."""
 
 from __future__ import annotations
 
@@ -89,6 +89,15 @@ def test_job_file_tool_runs_in_the_members_box_with_quoted_arguments(
         (
             'name = "shell"\ndescription = "mine"\ncommand = "true"\n',
             ["members[0].tools", "tool 'shell' has the name of a built-in tool"],
+        ),
+        (  # quotes around a placeholder would let an argument out of its quoting
+            'name = "say"\ndescription = "d"\ncommand = "echo \\"{msg}\\" >> log"\n'
+            'parameters = { msg = { type = "string" } }\n',
+            [
+                "members[0].tools[0]",
+                "tool 'say': placeholder {msg} stands inside double quotes",
+                "write it outside the quotes: 'echo {msg} >> log'",
+            ],
         ),
     ],
 )

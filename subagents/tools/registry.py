@@ -13,8 +13,11 @@ they propagate and the member ends ``crashed``.
 Jobs add their own tools with :class:`CustomToolSpec`:
 
 * a **command template** (``command = "pytest -q {path}"``) run inside the member's
-  box; each ``{name}`` placeholder is filled with the shell-quoted argument, so
-  arguments can never inject shell syntax;
+  box by ``/bin/sh -c``; each ``{name}`` placeholder is a positional parameter and
+  its argument a word of its own in the argv, so no argument is ever read as shell
+  syntax, and one starting with ``-`` is refused unless the template allows options
+  there (:mod:`subagents.tools.templates`, which also refuses, when the job is read,
+  a template that places a placeholder where that would not hold);
 * a **Python callable** named by import path (``callable = "mypkg.tools:lookup"``)
   whose signature is pydantic-typed; it runs on the *host*, outside every box, so it
   is refused unless the job says ``host = true`` explicitly.
@@ -24,8 +27,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import shlex
-import string
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal
 
@@ -36,6 +37,7 @@ from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxU
 
 from .base import Blocked, Tool, ToolContext, ToolError, ToolOutput
 from .names import clean_text
+from .templates import TemplateError, compile_template
 
 _NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
 BOX_GONE = (SandboxCrashed, SandboxClosed, SandboxUnavailable)
@@ -195,6 +197,9 @@ class ParamSpec(BaseModel):
     """What the argument means, shown to the model."""
     default: str | int | float | bool | None = None
     """Value used when the model leaves the argument out; None makes it required."""
+    options: bool = False
+    """A string argument may start with ``-`` (the command reads it as an option). Off:
+    such an argument is refused, unless the template writes ``--`` before it."""
 
 
 class CustomToolSpec(BaseModel):
@@ -225,8 +230,11 @@ class CustomToolSpec(BaseModel):
                 "or 'callable' (a Python function run on the host)"
             )
         if self.command is not None:
-            fields = {f for _, f, _, _ in string.Formatter().parse(self.command) if f}
-            unknown = sorted(fields - set(self.parameters))
+            try:
+                template = compile_template(self.name, self.command)
+            except TemplateError as exc:
+                raise ValueError(str(exc)) from None
+            unknown = sorted(set(template.order) - set(self.parameters))
             if unknown:
                 raise ValueError(
                     f"tool {self.name!r}: command uses {unknown} but 'parameters' does "
@@ -241,7 +249,7 @@ class CustomToolSpec(BaseModel):
 
 
 class CommandTool(Tool):
-    """A command template filled with shell-quoted arguments and run in the box."""
+    """A command template run in the box, its arguments passed as positional parameters."""
 
     name: ClassVar[str] = "command"
     description: ClassVar[str] = ""
@@ -258,14 +266,21 @@ class CommandTool(Tool):
         self.name = spec.name  # type: ignore[misc]
         self.description = spec.description  # type: ignore[misc]
         self.spec = spec
+        assert spec.command is not None  # a CommandTool is built for a command template
+        self.template = compile_template(spec.name, spec.command)
+        self.options = {n for n, p in spec.parameters.items() if p.options}
 
     async def run(self, args: Any, ctx: ToolContext) -> ToolOutput:
         if ctx.sandbox is None:
             raise ToolError(f"{self.name} runs in the member's box, and this member has none")
-        values = {k: shlex.quote(str(v)) for k, v in args.model_dump().items()}
-        command = self.spec.command.format(**values)  # type: ignore[union-attr]
-        res = await ctx.sandbox.exec(command, timeout=self.spec.timeout_s)
-        text = f"$ {command}\n" + render_exec(res.stdout, res.stderr, res.exit_code, res.timed_out)
+        values = args.model_dump()
+        try:
+            argv = self.template.argv(self.name, values, self.options)
+        except ValueError as exc:
+            raise ToolError(f"{self.name} was not run: {exc}") from None
+        res = await ctx.sandbox.exec(argv, timeout=self.spec.timeout_s)
+        shown = self.template.shown(values)
+        text = f"$ {shown}\n" + render_exec(res.stdout, res.stderr, res.exit_code, res.timed_out)
         return ToolOutput(text=text, is_error=not res.ok, truncated=res.truncated)
 
 
