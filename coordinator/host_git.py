@@ -111,6 +111,31 @@ def git(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return _run(args, repo, _env(overrides))
 
 
+def own_gitdir(gitdir: Path) -> subprocess.CompletedProcess:
+    """An empty git directory of Fleet's own at ``gitdir`` (``git init --bare``), for
+    :func:`isolated`; its ``info/`` is there to write into."""
+    # No template: nothing in it but what Fleet puts there.
+    done = _run(
+        ["init", "-q", "--bare", "--template=", str(gitdir)], gitdir.parent, _env(SAFE_CONFIG)
+    )
+    if done.returncode == 0:
+        (gitdir / "info").mkdir(exist_ok=True)
+    return done
+
+
+def isolated(
+    work_tree: Path, gitdir: Path, *args: str, stdin: bytes | None = None
+) -> subprocess.CompletedProcess:
+    """``git ARGS`` on ``work_tree`` with ``gitdir`` (made by :func:`own_gitdir`) as
+    its git directory: nothing of the repository's own ``.git`` - its configuration,
+    a gitfile naming another directory, ``core.worktree`` - is read at all."""
+    env = _env(SAFE_CONFIG)
+    env.update(GIT_DIR=str(gitdir), GIT_WORK_TREE=str(work_tree))
+    return subprocess.run(
+        ["git", *args], cwd=work_tree, env=env, input=stdin, capture_output=True, check=False
+    )
+
+
 def apply(repo: Path, patch: Path, *, check: bool = False) -> subprocess.CompletedProcess:
     """``git apply [--check] PATCH`` on ``repo``'s work tree, byte for byte.
 
@@ -119,12 +144,9 @@ def apply(repo: Path, patch: Path, *, check: bool = False) -> subprocess.Complet
     """
     with tempfile.TemporaryDirectory(prefix="fleet-apply-") as tmp:
         gitdir = Path(tmp) / "git"
-        env = _env(SAFE_CONFIG)
-        init = _run(["init", "-q", "--bare", str(gitdir)], Path(tmp), env)
+        init = own_gitdir(gitdir)
         if init.returncode != 0:
             return init
-        (gitdir / "info").mkdir(exist_ok=True)
         (gitdir / "info" / "attributes").write_text(RAW_ATTRIBUTES)
-        env.update(GIT_DIR=str(gitdir), GIT_WORK_TREE=str(repo))
         args = ["apply", *(["--check"] if check else []), str(patch.resolve())]
-        return _run(args, repo, env)
+        return isolated(repo, gitdir, *args)
