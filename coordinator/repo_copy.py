@@ -41,7 +41,7 @@ from pathlib import Path
 from sandbox.spec import SandboxSpec, parse_size
 
 from .repo_list import SKIP_DIRS, RepoRefused, list_names
-from .repo_tree import Gone, Skip, Walker, copy_leaf, kind_of, lstat_in, parts_of
+from .repo_tree import Gone, Skip, Walker, copy_leaf, kind_of, lstat_in, parts_of, printable
 
 __all__ = [
     "SKIP_DIRS",
@@ -113,12 +113,12 @@ def select(repo: Path) -> Selection:
             except Gone:
                 continue  # a tracked file deleted in the work tree is not there to copy
             except Skip as why:
-                chosen.not_copied.append(f"{name}: {why}")
+                chosen.not_copied.append(f"{printable(name)}: {why}")
                 continue
             if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
                 chosen.files.append((name, st))
             elif not stat.S_ISDIR(st.st_mode):  # a submodule's entry: its files are listed
-                chosen.not_copied.append(f"{name}: {kind_of(st.st_mode)}, not a file")
+                chosen.not_copied.append(f"{printable(name)}: {kind_of(st.st_mode)}, not a file")
         return chosen
     finally:
         walker.close()
@@ -192,7 +192,7 @@ def stage(repo: Path, dest: Path, *, room: int | None = None) -> Selection:
                 copy_leaf(src.dir(parts[:-1]), parts[-1], st, dst.dir(parts[:-1]))
             except (Skip, Gone) as why:
                 said = str(why) if isinstance(why, Skip) else "it changed while being copied"
-                chosen.not_copied.append(f"{name}: {said}")
+                chosen.not_copied.append(f"{printable(name)}: {said}")
     finally:
         src.close()
         dst.close()

@@ -59,6 +59,12 @@ def parts_of(name: str) -> tuple[str, ...]:
     return parts
 
 
+def printable(text: str) -> str:
+    """``text`` with what is not printable escaped: names and link targets are the
+    repository's, and end up in front of a person (a terminal, a report)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def kind_of(mode: int) -> str:
     """What a file that is neither a regular file nor a link is, in words."""
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
@@ -98,13 +104,13 @@ class Walker:
         try:
             return os.open(part, DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
-            where = "/".join([*self._names, part])
+            where = printable("/".join([*self._names, part]))
             try:
                 st = os.stat(part, dir_fd=parent, follow_symlinks=False)
             except OSError:
                 st = None
             if st is not None and stat.S_ISLNK(st.st_mode):
-                target = os.readlink(part, dir_fd=parent)[:200]
+                target = printable(os.readlink(part, dir_fd=parent)[:200])
                 raise Skip(
                     f"{where} is a symbolic link (to {target}) in the work tree; nothing is "
                     "read through a link, which may lead out of the repository"

@@ -19,19 +19,19 @@ from coordinator.repo_copy import RepoRefused, select_files, staged_copy
 from coordinator.runs import RunDir
 
 
-def _linked_out(repo: Path, target: str, leaf: str, *, ignore: str | None) -> None:
-    """A repository that tracks ``p/<leaf>`` and whose work tree then has ``p`` replaced
-    by a link to ``target``; ``ignore``: the file naming the link as ignored."""
-    (repo / "p").mkdir(parents=True)
+def _linked_out(repo: Path, target: str, leaf: str, *, ignore: str | None, name: str = "p") -> None:
+    """A repository that tracks ``NAME/<leaf>`` and whose work tree then has ``NAME``
+    replaced by a link to ``target``; ``ignore``: the file naming the link as ignored."""
+    (repo / name).mkdir(parents=True)
     (repo / "greet.txt").write_text("hello world\n")
-    (repo / "p" / leaf).write_text("tracked\n")
+    (repo / name / leaf).write_text("tracked\n")
     _commit_all(repo)
-    (repo / "p" / leaf).unlink()
-    (repo / "p").rmdir()
-    (repo / "p").symlink_to(target)
+    (repo / name / leaf).unlink()
+    (repo / name).rmdir()
+    (repo / name).symlink_to(target)
     if ignore:
         with (repo / ignore).open("a") as f:
-            f.write("p\n")
+            f.write(f"{name}\n")
 
 
 def _bare(tmp_path: Path) -> Path:
@@ -78,6 +78,16 @@ def test_proc_self_environ_of_this_process_never_reaches_the_copy(tmp_path, monk
         assert staged.not_copied[0].startswith("p/environ: p is a symbolic link (to /proc/self)")
     finally:
         staged.cleanup()
+
+
+def test_names_from_the_repository_are_shown_with_control_characters_escaped(tmp_path):
+    repo = tmp_path / "proj"
+    _linked_out(repo, "/tmp/\x1b]0;owned\x07", "x", ignore=None, name="p\x1b[2J")
+    staged = staged_copy(repo)
+    staged.cleanup()
+    (why,) = staged.not_copied
+    assert "\x1b" not in why and "\x07" not in why
+    assert why.startswith("p\\x1b[2J/x: p\\x1b[2J is a symbolic link (to /tmp/\\x1b]0;owned\\x07)")
 
 
 def test_a_gitfile_naming_another_repository_is_not_followed(tmp_path):
@@ -132,6 +142,7 @@ def test_fleet_code_on_a_repo_linking_proc_self_leaks_no_environment(tmp_path, i
     assert result["result"]["files_changed"] == ["greet.txt"]
     (why,) = result["not_copied"]
     assert why.startswith("p/environ: p is a symbolic link (to /proc/self)")
+    assert f"not copied into the box (as the member's result.json says):\n  {why}" in done.stdout
 
 
 @pytest.mark.docker
