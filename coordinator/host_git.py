@@ -32,6 +32,12 @@ configuration is not read at all, and that git directory's ``info/attributes`` (
 beats ``.gitattributes``) turns off every content conversion - filters, end-of-line
 conversion, ``ident``, working-tree encodings. The patch was computed from the box's
 raw bytes, so it must be applied to the raw bytes of the work tree.
+
+Listing what goes into a coding member's box runs the same way (:func:`isolated`), on a
+git directory of Fleet's own that holds copies of the repository's index and
+``info/exclude`` (:mod:`coordinator.repo_list`): git then reads nothing of the
+repository's ``.git`` - not its configuration or what that includes, nor a gitfile or
+``core.worktree`` naming another place - so it cannot be sent outside the repository.
 """
 
 from __future__ import annotations

@@ -24,9 +24,12 @@ What that gives, by what ``REPO/.git`` is:
 * a gitfile or a link (a linked work tree, a submodule's checkout): its git directory
   lies elsewhere and is not read, so the files the ``.gitignore`` files do not ignore
   (a tracked file that a ``.gitignore`` pattern matches is then left out);
-* absent: everything, as in any other directory (a ``.gitignore`` has no effect) -
-  unless the directory is a bare repository, which has no work tree to copy and is
-  refused (:class:`RepoRefused`).
+* absent, in a directory below a work tree's top (``fleet code ./subproject``): the
+  files not ignored by the ``.gitignore`` files inside it - the git directory above
+  is not read, nor the ``.gitignore`` files above;
+* absent elsewhere: everything, as in any other directory (a ``.gitignore`` has no
+  effect) - unless the directory is a bare repository, which has no work tree to copy
+  and is refused (:class:`RepoRefused`).
 
 Untracked files inside environment and cache directories (:data:`SKIP_DIRS`) are
 never listed, even when no ``.gitignore`` names them.
@@ -89,14 +92,14 @@ def list_names(repo: Path, root: int) -> tuple[list[str], bool]:
     """The candidate names of ``repo`` (open as ``root``), and whether ``.gitignore``
     decided them (a git work tree); :class:`RepoRefused` for a bare repository."""
     dot_git = _entry(root, ".git")
-    if dot_git is None:
-        if is_bare(root):
-            raise RepoRefused(
-                f"{repo} is a bare git repository: it holds history but no work tree, so "
-                "there are no files to copy into the box, and no tree a patch could be "
-                f"applied to; check it out first (git clone {repo} DIR, or git -C {repo} "
-                "worktree add DIR) and point REPO at that directory"
-            )
+    if dot_git is None and is_bare(root):
+        raise RepoRefused(
+            f"{repo} is a bare git repository: it holds history but no work tree, so "
+            "there are no files to copy into the box, and no tree a patch could be "
+            f"applied to; check it out first (git clone {repo} DIR, or git -C {repo} "
+            "worktree add DIR) and point REPO at that directory"
+        )
+    if dot_git is None and not _in_work_tree(repo):
         return walk(root, None), False
     with tempfile.TemporaryDirectory(prefix="fleet-ls-") as tmp:
         gitdir = Path(tmp) / "git"
@@ -107,13 +110,19 @@ def list_names(repo: Path, root: int) -> tuple[list[str], bool]:
         if made is None or made.returncode != 0:
             return walk(root, None), False
         tracked: list[str] = []
-        if stat.S_ISDIR(dot_git.st_mode):
+        if dot_git is not None and stat.S_ISDIR(dot_git.st_mode):
             tracked = _tracked(repo, root, gitdir)
 
         def ignored(names: list[str]) -> set[str]:
             return _ignored(repo, gitdir, names)
 
         return tracked + walk(root, ignored), True
+
+
+def _in_work_tree(repo: Path) -> bool:
+    """Whether ``repo`` lies below a git work tree's top (a directory above it has a
+    ``.git``): only looked at, never read."""
+    return any(os.path.lexists(parent / ".git") for parent in repo.resolve().parents)
 
 
 def _copy_in(root: int, parts: tuple[str, ...], dest: Path) -> bool:

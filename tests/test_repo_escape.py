@@ -116,9 +116,23 @@ def test_core_worktree_naming_another_directory_changes_nothing(tmp_path):
     assert sorted(select_files(repo)) == ["greet.txt", "new.py"]
 
 
+def test_a_directory_inside_a_work_tree_keeps_its_own_gitignore(tmp_path):
+    """Its enclosing repository is not read; the .gitignore files inside it still count."""
+    top = tmp_path / "mono"
+    (top / "sub" / "build").mkdir(parents=True)
+    (top / "sub" / "app.py").write_text("x\n")
+    (top / "sub" / "build" / "out.bin").write_text("generated\n")
+    (top / "sub" / ".gitignore").write_text("build/\n")
+    _commit_all(top)
+    assert sorted(select_files(top / "sub")) == [".gitignore", "app.py"]
+
+
 def test_a_bare_repository_is_refused_by_the_staging(tmp_path):
     with pytest.raises(RepoRefused, match="bare git repository"):
         staged_copy(_bare(tmp_path))
+    _git(tmp_path, "init", "-q")  # inside a work tree (a home directory under git) too
+    with pytest.raises(RepoRefused, match="bare git repository"):
+        staged_copy(tmp_path / "bare.git")
 
 
 # ------------------------------------------------------------ through fleet code
