@@ -7,6 +7,7 @@ repositories and submodules. The staging is tried directly, and through the real
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 from pathlib import Path
@@ -88,6 +89,17 @@ def test_names_from_the_repository_are_shown_with_control_characters_escaped(tmp
     (why,) = staged.not_copied
     assert "\x1b" not in why and "\x07" not in why
     assert why.startswith("p\\x1b[2J/x: p\\x1b[2J is a symbolic link (to /tmp/\\x1b]0;owned\\x07)")
+
+
+def test_a_named_pipe_is_named_as_left_out_and_never_opened(tmp_path):
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    (repo / "greet.txt").write_text("hello world\n")
+    os.mkfifo(repo / "pipe")  # opened for reading, it would wait for a writer forever
+    _commit_all(repo)
+    staged = staged_copy(repo)
+    staged.cleanup()
+    assert staged.not_copied == ["pipe: a named pipe, not a file"]
 
 
 def test_a_gitfile_naming_another_repository_is_not_followed(tmp_path):
