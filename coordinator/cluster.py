@@ -434,6 +434,8 @@ class RayNodes(Nodes):
             trace.emit(saved)
         for event in held.ends:
             trace.emit(event)
+        if request.not_copied:  # left out here, where the repository was staged
+            return reply.outcome.model_copy(update={"not_copied": request.not_copied})
         return reply.outcome
 
     def _ended(
@@ -536,6 +538,7 @@ def _request(unit: MemberUnit) -> NodeRequest:
             request.repo = pack(Path(staged.name))
         finally:
             staged.cleanup()
+        request.not_copied = staged.not_copied
     if unit.spec.memory_dir is not None:
         with tempfile.TemporaryDirectory() as tmp:
             loaded = load_profile(Path(unit.spec.memory_dir), Path(tmp) / "memory")

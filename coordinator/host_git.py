@@ -32,6 +32,12 @@ configuration is not read at all, and that git directory's ``info/attributes`` (
 beats ``.gitattributes``) turns off every content conversion - filters, end-of-line
 conversion, ``ident``, working-tree encodings. The patch was computed from the box's
 raw bytes, so it must be applied to the raw bytes of the work tree.
+
+Listing what goes into a coding member's box runs the same way (:func:`isolated`), on a
+git directory of Fleet's own that holds copies of the repository's index and
+``info/exclude`` (:mod:`coordinator.repo_list`): git then reads nothing of the
+repository's ``.git`` - not its configuration or what that includes, nor a gitfile or
+``core.worktree`` naming another place - so it cannot be sent outside the repository.
 """
 
 from __future__ import annotations
@@ -111,6 +117,31 @@ def git(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return _run(args, repo, _env(overrides))
 
 
+def own_gitdir(gitdir: Path) -> subprocess.CompletedProcess:
+    """An empty git directory of Fleet's own at ``gitdir`` (``git init --bare``), for
+    :func:`isolated`; its ``info/`` is there to write into."""
+    # No template: nothing in it but what Fleet puts there.
+    done = _run(
+        ["init", "-q", "--bare", "--template=", str(gitdir)], gitdir.parent, _env(SAFE_CONFIG)
+    )
+    if done.returncode == 0:
+        (gitdir / "info").mkdir(exist_ok=True)
+    return done
+
+
+def isolated(
+    work_tree: Path, gitdir: Path, *args: str, stdin: bytes | None = None
+) -> subprocess.CompletedProcess:
+    """``git ARGS`` on ``work_tree`` with ``gitdir`` (made by :func:`own_gitdir`) as
+    its git directory: nothing of the repository's own ``.git`` - its configuration,
+    a gitfile naming another directory, ``core.worktree`` - is read at all."""
+    env = _env(SAFE_CONFIG)
+    env.update(GIT_DIR=str(gitdir), GIT_WORK_TREE=str(work_tree))
+    return subprocess.run(
+        ["git", *args], cwd=work_tree, env=env, input=stdin, capture_output=True, check=False
+    )
+
+
 def apply(repo: Path, patch: Path, *, check: bool = False) -> subprocess.CompletedProcess:
     """``git apply [--check] PATCH`` on ``repo``'s work tree, byte for byte.
 
@@ -119,12 +150,9 @@ def apply(repo: Path, patch: Path, *, check: bool = False) -> subprocess.Complet
     """
     with tempfile.TemporaryDirectory(prefix="fleet-apply-") as tmp:
         gitdir = Path(tmp) / "git"
-        env = _env(SAFE_CONFIG)
-        init = _run(["init", "-q", "--bare", str(gitdir)], Path(tmp), env)
+        init = own_gitdir(gitdir)
         if init.returncode != 0:
             return init
-        (gitdir / "info").mkdir(exist_ok=True)
         (gitdir / "info" / "attributes").write_text(RAW_ATTRIBUTES)
-        env.update(GIT_DIR=str(gitdir), GIT_WORK_TREE=str(repo))
         args = ["apply", *(["--check"] if check else []), str(patch.resolve())]
-        return _run(args, repo, env)
+        return isolated(repo, gitdir, *args)

@@ -18,7 +18,6 @@ a node's actor, against a scratch directory whose files go back to the coordinat
 from __future__ import annotations
 
 import contextlib
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -43,7 +42,7 @@ from subagents.spec import MemberSpec
 from subagents.trace import ErrorEvent, MemberEnd, SandboxEvent, TraceWriter
 
 from .prewarm import Prewarm
-from .repo_copy import RepoTooLarge, copy_room, staged_copy
+from .repo_copy import RepoRefused, RepoTooLarge, StagedRepo, copy_room, staged_copy
 from .schema_check import problems as schema_problems
 from .worker import CANCELLED, MemberUnit, Nodes, Recorder, Services, Started, failed_outcome
 
@@ -190,7 +189,7 @@ async def run_attempt(
     pool: SandboxPool | None = None
     ended_by_harness = False
     keep = False
-    staging: tempfile.TemporaryDirectory[str] | None = None
+    staging: StagedRepo | None = None
     try:
         with anyio.fail_after(unit.deadline_s):
             box_spec = unit.spec.sandbox
@@ -266,7 +265,7 @@ async def run_attempt(
         outcome = failed_outcome(
             unit, "timed_out", f"deadline of {unit.deadline_s:g}s passed", started
         )
-    except RepoTooLarge as exc:
+    except (RepoTooLarge, RepoRefused) as exc:
         outcome = failed_outcome(unit, "failed", str(exc), started)
     except SandboxCrashed as exc:
         outcome = failed_outcome(
@@ -290,6 +289,8 @@ async def run_attempt(
     await _release(box, trace, pool, keep=keep)
     if staging is not None:
         await anyio.to_thread.run_sync(staging.cleanup)
+        if staging.not_copied:
+            outcome = outcome.model_copy(update={"not_copied": staging.not_copied})
     settled_here = not ended_by_harness
     if outcome.status == "ok" and unit.result_schema:
         wrong = schema_problems(outcome.result or {}, unit.result_schema)

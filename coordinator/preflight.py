@@ -7,8 +7,9 @@ so a job that cannot start leaves nothing behind and says why in one paragraph
 run exiting 1 after its planner has spent model calls.
 
 Repositories. A coding member's ``repo`` is refused when it is the root of the file
-system, when its selection is past the copy limit, or when a file in it cannot be
-read: each would otherwise fail the member at its start, every try.
+system, when it is a bare repository (no work tree to copy), when its selection is
+past the copy limit, or when a file in it cannot be read: each would otherwise fail
+the member at its start, every try.
 
 A member's own image (``sandbox.image``) must already be on the engine: Fleet never
 pulls (no registry is assumed reachable) and cannot build someone else's image.
@@ -51,7 +52,7 @@ from subagents.model import ModelError, make_model, resolve_model
 
 from .capacity import Parallelism, choose, engine_host, job_boxes
 from .errors import CommandFailed, UsageError
-from .repo_copy import RepoTooLarge, check_size, copy_room
+from .repo_copy import RepoRefused, RepoTooLarge, check_size, copy_room
 from .spec import Job
 
 
@@ -151,7 +152,7 @@ def check_repos(job: Job, flags: dict[str, str] | None = None) -> None:
             )
         try:
             check_size(repo, room=copy_room(member.sandbox.box("coding", network=NetworkPolicy())))
-        except RepoTooLarge as exc:
+        except (RepoTooLarge, RepoRefused) as exc:
             raise UsageError(f"{field}: {exc}") from None
         except OSError as exc:
             raise UsageError(

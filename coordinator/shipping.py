@@ -40,6 +40,8 @@ class NodeRequest(BaseModel):
     unit: MemberUnit
     repo: bytes | None = None
     """The repository selection (tar), when the member has a ``repo``."""
+    not_copied: list[str] = Field(default_factory=list)
+    """The repository's paths left out of the selection, with why (for the result)."""
     memory: bytes | None = None
     """The memory profile as the member starts from it (tar), when it has one."""
     memory_seq: int = 0

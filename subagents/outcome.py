@@ -83,3 +83,6 @@ class MemberOutcome(_Strict, TokenCounts):
     duration_s: float = 0.0
     offline: bool = False
     """True when an offline model (replay, offline policy) produced this outcome."""
+    not_copied: list[str] = Field(default_factory=list)
+    """Paths of the member's ``repo`` left out of its box, each with why (a path
+    through a symbolic link, a named pipe, a device); bounded, the rest counted."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -632,3 +633,31 @@ def test_a_lead_jobs_members_run_on_the_nodes(tmp_path, ray_cluster, docker_clie
     report = json.loads((run.path / "report.json").read_text())
     assert report["analyst"] == "offline lead" and "2 wave(s)" in report["summary"]
     assert _boxes(docker_client, run.id) == []
+
+
+def test_a_repository_linking_proc_self_leaks_nothing_on_the_cluster(
+    tmp_path, ray_cluster, monkeypatch, cleanup
+):
+    from test_repo_escape import _all_bytes, _linked_out
+
+    marker = secrets.token_hex(16)
+    monkeypatch.setenv("FLEET_TEST_MARKER", marker)  # in the coordinator's environment
+    _linked_out(tmp_path / "proj", "/proc/self", "environ", ignore=".gitignore")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'name = "linked"\n[model]\nname = "offline"\n[[members]]\nid = "coder"\n'
+        'kind = "coding"\nrepo = "proj"\ntest = "cat p/environ; true"\n'
+        'task = "replace `world` with `fleet` in `greet.txt`"\n'
+    )
+    out = tmp_path / "runs"
+    cleanup.append(out)
+    done = _fleet(
+        "run", str(job), "--output-dir", str(out), "--plain", "--cluster", ray_cluster.address
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert marker.encode() not in _all_bytes(out)
+    (run,) = RunDir.list(out)
+    result = run.result("coder")
+    assert result["result"]["files_changed"] == ["greet.txt"]
+    assert result["not_copied"][0].startswith("p/environ: p is a symbolic link (to /proc/self)")
+    assert _started_on(run)["coder"][0] in {ray_cluster.name(n) for n in ray_cluster.nodes}

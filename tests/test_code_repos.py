@@ -34,14 +34,17 @@ def _commit_all(repo: Path) -> None:
     _git(repo, "commit", "-qm", "init")
 
 
-def fleet_code(repo: Path, task: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    """The real ``fleet code`` process with the offline model."""
+def fleet_code(
+    repo: Path, task: str, out: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """The real ``fleet code`` process with the offline model (``env``: added to ours)."""
     args = ["code", str(repo), task, "--model", "offline", "--output-dir", str(out)]
     return subprocess.run(
         [FLEET, *args, "--plain", *extra],
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, **(env or {})},
     )
 
 

@@ -266,6 +266,9 @@ def cmd_code(args: argparse.Namespace) -> int:
     print(f"\nsummary: {result.get('summary', '')}")
     files = result.get("files_changed") or []
     print(f"files changed: {', '.join(files) if files else 'none'}")
+    if outcome.not_copied:
+        print("not copied into the box (as the member's result.json says):")
+        print("\n".join(f"  {line}" for line in outcome.not_copied))
     verified = result.get("verified")
     failed_test = isinstance(verified, dict) and not verified.get("passed")
     if isinstance(verified, dict):
