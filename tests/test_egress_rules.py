@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +121,28 @@ def test_the_proxy_refuses_a_host_in_disguise_even_when_it_is_allowlisted(
     policy = Policy([written, plain], "172.30.0.0/16", [])
     with pytest.raises(Denied, match="in disguise"):
         policy.resolve(written, 80)
+
+
+@pytest.mark.parametrize(
+    ("name", "allowed"),
+    [("docs", True), ("docs.example.org", False), ("172.30.0.5", False)],
+)
+def test_the_run_network_is_open_only_to_the_name_of_a_box_on_it(
+    monkeypatch: pytest.MonkeyPatch, name: str, allowed: bool
+) -> None:
+    """A service box's alias reaches it; a public name pointed at the run's network
+    (DNS rebinding) and a bare address do not. The lookup is answered here."""
+
+    def lookup(host: str, port: int, **kwargs: object) -> list:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("172.30.0.5", port))]
+
+    monkeypatch.setattr(egress_proxy.socket, "getaddrinfo", lookup)
+    policy = Policy([f"{name}:8080"], "172.30.0.0/16", [])
+    if allowed:
+        assert policy.resolve(name, 8080) == ("172.30.0.5", 8080)
+    else:
+        with pytest.raises(Denied, match="not globally routable"):
+            policy.resolve(name, 8080)
 
 
 # ---------------------------------------------------------------- fleet run

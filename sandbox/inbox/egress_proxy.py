@@ -22,8 +22,9 @@ service), 0.0.0.0/8, broadcast, documentation and benchmarking ranges, Teredo an
 every address of the Docker host Fleet knows of (its bridges' gateways and, with a
 local engine, every address of its interfaces, IPv4 and IPv6) are refused, also when
 an IPv6 address carries them (``::ffff:127.0.0.1``, NAT64, 6to4). The one exception
-is the run's own subnet (so an allowlisted service box on the run's network can be
-reached by its DNS alias). The connection goes to the checked address, never to a
+is the run's own subnet, and only for a one-label name (so an allowlisted service
+box on the run's network is reached by its DNS alias, ``corpus``, while a public
+name pointed at the run's boxes is not). The connection goes to the checked address, never to a
 second lookup, so DNS rebinding gains nothing.
 
 Why a proxy for the allowlist rather than per-run host firewall rules: it is per run
@@ -97,9 +98,16 @@ class Policy:
                 return True
         return False
 
-    def address_allowed(self, ip: IPAddress) -> str | None:
-        """None when ``ip`` may be reached, else the reason it may not."""
-        return address_refusal(ip, self.local_net, self.deny_ips)
+    def address_allowed(self, ip: IPAddress, name: str = "") -> str | None:
+        """None when ``ip`` (what ``name`` resolved to) may be reached, else why not.
+
+        The run's own network is open only to the name of a box on it: Docker's DNS
+        answers a service box's alias, one label (``corpus``). A dotted name that
+        resolves there is a public name pointed at the run's boxes (DNS rebinding),
+        and an address literal names no box: neither gets the exception.
+        """
+        local = self.local_net if name and "." not in name else None
+        return address_refusal(ip, local, self.deny_ips)
 
     def resolve(self, host: str, port: int) -> tuple[str, int]:
         """The address to connect to, or :class:`Denied`.
@@ -124,7 +132,7 @@ class Policy:
             raise Denied(f"{form.host} does not resolve: {e}") from e
         for *_, sockaddr in infos:
             ip = ipaddress.ip_address(sockaddr[0])
-            why = self.address_allowed(ip)
+            why = self.address_allowed(ip, form.host)
             if why:
                 raise Denied(f"{form.host} resolves to {ip}, {why}")
         return str(infos[0][4][0]), port

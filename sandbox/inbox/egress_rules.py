@@ -73,6 +73,9 @@ _NAMED_RANGES: tuple[tuple[str, str], ...] = (
     ("2001::/32", "a Teredo tunnel address (2001::/32)"),
 )
 _RANGES = [(ipaddress.ip_network(net), why) for net, why in _NAMED_RANGES]
+_PRIVATE = [
+    ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
+]
 
 
 def _special_purpose(ip: IPAddress) -> str | None:
@@ -90,8 +93,10 @@ def _special_purpose(ip: IPAddress) -> str | None:
         return "the unspecified address"
     if ip.is_reserved or (ip.version == 6 and ip.is_site_local):
         return "a reserved address"
-    if ip.is_private or not ip.is_global:  # RFC 1918, documentation, benchmarking, ...
-        return "a private or special-purpose address, not globally routable"
+    if any(ip in net for net in _PRIVATE if net.version == ip.version):
+        return "a private address, not globally routable"
+    if ip.is_private or not ip.is_global:  # documentation, benchmarking, ...
+        return "a special-purpose address, not globally routable"
     return None
 
 
