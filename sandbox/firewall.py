@@ -8,8 +8,8 @@ it crosses the host's ``input`` hook, never ``forward``, so Docker's isolation r
 for internal networks (which all act on forwarded packets) do not see it. Chromium
 goes through the egress proxy, but ``curl`` or a raw socket run by ``exec`` would
 reach every service listening on the host. The egress proxy is in the same position
-on its way-out network: its address checks (:mod:`sandbox.inbox.egress_proxy`) refuse the
-host's addresses it knows of, and this rule refuses the rest, whatever the address.
+on its way-out network: its address checks (:mod:`sandbox.inbox.egress_rules`) refuse
+the host's addresses it knows of, and this rule refuses the rest, whatever the address.
 
 Members of one run must not reach each other's boxes either: a browser box's CDP
 relay listens on all its addresses (the host drives Chromium through it), so any
@@ -51,16 +51,16 @@ because the kernel's bridge netfilter hands bridged IP to it
 on and :func:`ensure_host_rules` checks). Why this design for keeping members apart:
 it is static - one rule for every run, nothing to add per box or to leak when a
 process dies - and it fails closed: a box that does not carry the prefix is reachable
-by nobody but the host. A box cannot take the prefix itself, as destination or as source: changing its MAC
-or forging frames needs ``CAP_NET_ADMIN`` or ``CAP_NET_RAW``, which no box has. Ports
-rather than one MAC prefix per kind: a rule set of an earlier version (below) admits
-any port to the one prefix, and a box of either version must still reach its proxy
-while both are installed. Rejected
+by nobody but the host. A box cannot take the prefix itself, as destination or as
+source: changing its MAC or forging frames needs ``CAP_NET_ADMIN`` or ``CAP_NET_RAW``,
+which no box has. Ports rather than a MAC prefix per kind: an earlier version's table
+(below), which may stay installed beside this one, admits new connections only to
+the one prefix, so a proxy given another would be cut off from its boxes. Rejected
 alternatives: per-box allow rules (state to install and remove per box, leaked by a
 killed Fleet), bridge port isolation per box (``brport/isolated``: per-box root work,
 and nothing an administrator could install once for ``FLEET_HOST_FIREWALL=external``),
-Docker's ``enable_icc=false`` (it also cuts members off from the proxy and the corpus,
-and internal networks cannot publish ports), a network per member (the engine's
+Docker's ``enable_icc=false`` (it also cuts members off from their proxy, and
+internal networks cannot publish ports), a network per member (the engine's
 address pools give about 30 networks in all), a token on the CDP relay (leaves every
 other port of a sibling open). The ``peers`` rule matches ``fleetr*`` only, not
 ``fleet*``: bridges named by earlier versions have proxies without the prefix, and
