@@ -15,6 +15,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 
+import anyio
 import pytest
 from conftest import missing_dependency
 from network_support import CONNECT, proxy_exec, run_proxy, service_box
@@ -89,38 +90,36 @@ async def test_a_box_opens_its_proxy_and_service_only_on_their_service_ports(
     docker_client.api.exec_start(started, detach=True)
     waited = proxy_exec(docker_client, proxy, ["python3", "-c", _WAIT, str(OTHER_PORT)])
     assert waited.strip() == "up", waited
+    opened = [f"{proxy_ip}:{PROXY_PORT}"]
+    refused = [f"{proxy_ip}:{OTHER_PORT}", f"{service.ip}:{SERVICE_PORT}"]
+    refused += [f"{service.ip}:{OTHER_PORT}"]
+    requests = [f"GET http://docs:{p}/page.html HTTP/1.1" for p in (SERVICE_PORT, OTHER_PORT)]
+    from_proxy = [f"{service.ip}:{SERVICE_PORT}", f"{service.ip}:{OTHER_PORT}"]
+    out: dict[str, dict] = {}
+
+    async def member_json(key: str, argv: list[str]) -> None:
+        out[key] = json.loads((await member.exec(argv, timeout=60)).stdout)
+
+    async def proxy_json(key: str, argv: list[str]) -> None:
+        ran = await anyio.to_thread.run_sync(proxy_exec, docker_client, proxy, argv)
+        out[key] = json.loads(ran)
+
     try:
-        opened = [f"{proxy_ip}:{PROXY_PORT}"]
-        refused = [f"{proxy_ip}:{OTHER_PORT}", f"{service.ip}:{SERVICE_PORT}"]
-        refused += [f"{service.ip}:{OTHER_PORT}"]
-        raw = await member.exec(["python3", "-c", CONNECT, *opened, *refused], timeout=30)
-        seen = json.loads(raw.stdout)
+        # At once: a dropped connection waits out its timeout (the proxy's: 10 s).
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(member_json, "raw", ["python3", "-c", CONNECT, *opened, *refused])
+            fetch = ["python3", "-c", _FETCH, f"{proxy_ip}:{PROXY_PORT}", *requests]
+            tg.start_soon(member_json, "fetched", fetch)
+            tg.start_soon(proxy_json, "from_proxy", ["python3", "-c", CONNECT, *from_proxy])
+        seen = out["raw"]
         assert all(seen[t] == "connected" for t in opened), seen
         assert all(seen[t] != "connected" for t in refused), seen
-        requests = [f"GET http://docs:{p}/page.html HTTP/1.1" for p in (SERVICE_PORT, OTHER_PORT)]
-        fetched = await member.exec(
-            ["python3", "-c", _FETCH, f"{proxy_ip}:{PROXY_PORT}", *requests], timeout=60
-        )
-        answers = json.loads(fetched.stdout)
-        good = answers[f"http://docs:{SERVICE_PORT}/page.html"]
+        good = out["fetched"][f"http://docs:{SERVICE_PORT}/page.html"]
         assert good.startswith("HTTP/1.0 200") and "through the proxy" in good, good
-        bad = answers[f"http://docs:{OTHER_PORT}/page.html"]
+        bad = out["fetched"][f"http://docs:{OTHER_PORT}/page.html"]
         assert bad.startswith("HTTP/1.1 403") and "cannot connect" in bad, bad
-        from_proxy = json.loads(
-            proxy_exec(
-                docker_client,
-                proxy,
-                [
-                    "python3",
-                    "-c",
-                    CONNECT,
-                    f"{service.ip}:{SERVICE_PORT}",
-                    f"{service.ip}:{OTHER_PORT}",
-                ],
-            )
-        )
-        assert from_proxy[f"{service.ip}:{SERVICE_PORT}"] == "connected", from_proxy
-        assert from_proxy[f"{service.ip}:{OTHER_PORT}"] != "connected", from_proxy
+        assert out["from_proxy"][from_proxy[0]] == "connected", out
+        assert out["from_proxy"][from_proxy[1]] != "connected", out
     finally:
         await member.close()
         await service.close()
