@@ -138,6 +138,8 @@ def _ipv4_any_form(text: str) -> tuple[ipaddress.IPv4Address, str] | None:
     parts = text.split(".")
     if not 1 <= len(parts) <= 4 or not all(_IPV4_PART.fullmatch(p) for p in parts):
         return None
+    if any(len(p) > 32 for p in parts):  # too long for any address; a name ending in a number
+        return None
     values = [
         int(p[2:] or "0", 16) if p.startswith("0x") else int(p, 8 if p[0] == "0" else 10)
         for p in parts
