@@ -28,6 +28,7 @@ from pydantic import (
 
 from sandbox.errors import SandboxSpecError
 from sandbox.inbox.egress_proxy import Policy
+from sandbox.inbox.egress_rules import entry_refusal, read_host, split_entry
 from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
 from subagents.browser.config import BrowserConfig
 from subagents.kinds import get_kind
@@ -415,12 +416,25 @@ class FanoutPolicy(_Strict):
     waiting for one. A box is never reused."""
 
 
+def url_host(url: str) -> tuple[str, int]:
+    """The host and port the egress proxy would be asked for by ``url``; ValueError
+    when its host is written in disguise (``http://0x7f000001/``, ``http://a@host/``:
+    :func:`~sandbox.inbox.egress_rules.read_host`) or is one the proxy always refuses."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ValueError(f"the port of {parts.netloc!r} is not a TCP port (1-65535)") from None
+    why = entry_refusal(parts.netloc)
+    if why:
+        raise ValueError(f"its host can never be reached: {why}")
+    return read_host(split_entry(parts.netloc)[0]).host, port
+
+
 def _searchable(url: str, allow: list[str]) -> None:
     """Refuse a search URL whose host the egress proxy would refuse: every search of
     every browser member would fail, and the run would "succeed" with nothing found."""
-    parts = urlsplit(url.replace("{query}", "q"))
-    host = (parts.hostname or "").lower()
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host, port = url_host(url.replace("{query}", "q"))
     if not Policy(allow, None, []).name_allowed(host, port):
         wanted = ", ".join(f'"{h}"' for h in [*allow, f"{host}:{port}"])
         raise ValueError(
@@ -432,9 +446,7 @@ def _searchable(url: str, allow: list[str]) -> None:
 
 def _reachable(url: str, allow: list[str]) -> None:
     """Refuse an MCP server URL whose host the run's egress allowlist does not list."""
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host, port = url_host(url)
     if not Policy(allow, None, []).name_allowed(host, port):
         raise ValueError(
             f"its host {host}:{port} is not in egress.allow ({', '.join(allow)}); an MCP "
@@ -472,7 +484,9 @@ class Egress(_Strict):
         except ValidationError as exc:
             raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
         allow = info.data.get("allow")
-        if allow is not None:  # None: allow was itself invalid, reported on its own
+        if allow is None:  # allow was itself invalid, reported on its own
+            url_host(v.replace("{query}", "q"))
+        else:
             _searchable(v, allow)
         return v
 

@@ -373,7 +373,8 @@ class DockerBackend(SandboxBackend):
         """Create and start a box; browser boxes are returned once CDP answers.
 
         ``command`` overrides the image's command (service boxes use it to start their
-        server); a service box answers on the run network under ``member`` as its name.
+        server); a service box answers on the run network under ``member`` as its name,
+        on :data:`~sandbox.firewall.SERVICE_PORT` only, to the run's proxies only.
         """
         for what, value in (("run", run), ("member", member)):
             if not _NAME_RE.match(value):
@@ -406,7 +407,7 @@ class DockerBackend(SandboxBackend):
             command = _CODING_COMMAND  # a service box of a named image runs that image's server
         elif command is None and spec.kind == "browser" and not spec.image:
             command = _BROWSER_COMMAND
-        # A service box is one every member of its run may connect to (firewall.py).
+        # A service box is one its run's proxies may connect to (firewall.py).
         mac = infra_mac() if spec.kind == "service" and network != "none" else None
         args = (spec, image, labels, env, network, aliases, command, run, member, mac)
         info = await anyio.to_thread.run_sync(create_container, self.client, *args)

@@ -8,14 +8,23 @@ it crosses the host's ``input`` hook, never ``forward``, so Docker's isolation r
 for internal networks (which all act on forwarded packets) do not see it. Chromium
 goes through the egress proxy, but ``curl`` or a raw socket run by ``exec`` would
 reach every service listening on the host. The egress proxy is in the same position
-on its way-out network: its address checks (:mod:`sandbox.inbox.egress_proxy`) refuse the
-host's addresses it knows of, and this rule refuses the rest, whatever the address.
+on its way-out network: its address checks (:mod:`sandbox.inbox.egress_rules`) refuse
+the host's addresses it knows of, and this rule refuses the rest, whatever the address.
 
 Members of one run must not reach each other's boxes either: a browser box's CDP
 relay listens on all its addresses (the host drives Chromium through it), so any
 process in a sibling's box could otherwise open ``http://SIBLING:9223/json/list`` and
-take over that member's browser - and any port a sibling's command listens on. A
-run's boxes may reach only its egress proxy and its service boxes (the corpus).
+take over that member's browser - and any port a sibling's command listens on. Nor
+may a box reach more of the run's own infrastructure than it needs. What each kind
+of box needs on its run network, and all it gets:
+
+- a member's box (browser, or coding with an allowlist): a proxy, TCP
+  :data:`PROXY_PORT` (3128). Its programs reach everything else, the corpus included,
+  through the proxy (``--proxy-server``, ``http_proxy``), which applies the allowlist.
+- an egress proxy: a service box, TCP :data:`SERVICE_PORT` (8080, the corpus's
+  port); the world beyond leaves by ``flt-egress``, which this table does not limit.
+- a service box: nothing; it only answers. (The rule cannot tell a service box
+  from a proxy, so it could also open those two ports; nothing there serves it.)
 
 The rules. Every run network's bridge is named ``fleetr<9 hex>`` (see
 :func:`bridge_name`) and the proxies' way-out network's bridge is ``flt-egress``
@@ -25,14 +34,16 @@ it). A run's proxies and service boxes get a MAC address with Fleet's prefix
 ``02:42:...``). One nftables table holds everything, with no per-run state, for IPv4
 and IPv6 alike (:data:`RULESET`)::
 
-    table inet fleet
+    table inet fleet_v2
       chain input    (hook input):   from fleet* or flt-egress -> chain host
       chain host:                    replies (established, related) accepted, the rest
                                      rejected (port unreachable)
       chain forward  (hook forward): from fleet* to anything but fleet* -> drop;
                                      from fleetr* -> chain peers
       chain peers:                   replies accepted; a new connection accepted only
-                                     to a MAC with Fleet's prefix; the rest dropped
+                                     to a Fleet MAC on TCP 3128 (a proxy's port), or
+                                     from a Fleet MAC to one on TCP 8080 (a proxy to a
+                                     service box); the rest dropped
 
 Frames between two boxes of one bridge are bridged, not routed; they meet ``forward``
 because the kernel's bridge netfilter hands bridged IP to it
@@ -40,13 +51,16 @@ because the kernel's bridge netfilter hands bridged IP to it
 on and :func:`ensure_host_rules` checks). Why this design for keeping members apart:
 it is static - one rule for every run, nothing to add per box or to leak when a
 process dies - and it fails closed: a box that does not carry the prefix is reachable
-by nobody but the host. A box cannot take the prefix itself: changing its MAC or
-forging frames needs ``CAP_NET_ADMIN`` or ``CAP_NET_RAW``, which no box has. Rejected
+by nobody but the host. A box cannot take the prefix itself, as destination or as
+source: changing its MAC or forging frames needs ``CAP_NET_ADMIN`` or ``CAP_NET_RAW``,
+which no box has. Ports rather than a MAC prefix per kind: an earlier version's table
+(below), which may stay installed beside this one, admits new connections only to
+the one prefix, so a proxy given another would be cut off from its boxes. Rejected
 alternatives: per-box allow rules (state to install and remove per box, leaked by a
 killed Fleet), bridge port isolation per box (``brport/isolated``: per-box root work,
 and nothing an administrator could install once for ``FLEET_HOST_FIREWALL=external``),
-Docker's ``enable_icc=false`` (it also cuts members off from the proxy and the corpus,
-and internal networks cannot publish ports), a network per member (the engine's
+Docker's ``enable_icc=false`` (it also cuts members off from their proxy, and
+internal networks cannot publish ports), a network per member (the engine's
 address pools give about 30 networks in all), a token on the CDP relay (leaves every
 other port of a sibling open). The ``peers`` rule matches ``fleetr*`` only, not
 ``fleet*``: bridges named by earlier versions have proxies without the prefix, and
@@ -66,8 +80,14 @@ run network or the egress network is created, so a bridge never exists without i
 two Fleet processes installing it at once cannot open a window. It is not removed
 with a run: it matches nothing once no such bridge exists. A reboot clears it; the
 next network creation puts it back. To remove it by hand: ``nft delete table inet
-fleet``. (Fleet versions before this table installed the ``fleet+`` part of these
-rules with iptables, chain ``FLEET-HOST``; those rules agree with it and may stay.)
+fleet_v2``. Why the version in the table's name: nftables runs every table's chains
+on a packet and a drop in any of them is final, so two rule sets on one host (an
+earlier Fleet's ``inet fleet``, which admits any port to the prefix, or one left by
+an upgrade) hold together and the stricter wins; had both versions replaced one
+shared table, whichever created a network last would decide for every run on the
+host. An earlier table may stay and loosens nothing (``nft delete table inet
+fleet`` removes it). (Versions before the nftables table installed the ``fleet+``
+part of these rules with iptables, chain ``FLEET-HOST``; those rules agree with it.)
 
 Without root (or without ``nft``, Debian's ``nftables``) the rules cannot be
 installed, and Fleet fails closed: creating a browser or service box raises
@@ -95,9 +115,15 @@ RUN_BRIDGE_PREFIX = "fleetr"
 """Run networks' bridges: ``fleet*`` for the host rules, ``fleetr*`` for ``peers``."""
 INFRA_MAC_PREFIX = "02:f1:ee"
 """MAC prefix of a run's proxies and service boxes, the only peers a box may connect to."""
+PROXY_PORT = 3128
+"""The port a run's egress proxy listens on: the only one a box may open to it."""
+SERVICE_PORT = 8080
+"""The port a service box (the corpus) serves on: the only one a proxy may open to it."""
 EGRESS_BRIDGE = "flt-egress"
 """Bridge of the network the egress proxies leave by (see :mod:`sandbox.network`)."""
-TABLE = "fleet"
+TABLE = "fleet_v2"
+"""The rule set's name carries its version (see the module docstring)."""
+_INFRA = f"& ff:ff:ff:00:00:00 == {INFRA_MAC_PREFIX}:00:00:00"
 RULESET = f"""
 table inet {TABLE} {{
     chain input {{
@@ -116,7 +142,8 @@ table inet {TABLE} {{
     }}
     chain peers {{
         ct state established,related accept
-        ether daddr & ff:ff:ff:00:00:00 == {INFRA_MAC_PREFIX}:00:00:00 accept
+        ether daddr {_INFRA} tcp dport {PROXY_PORT} accept
+        ether saddr {_INFRA} ether daddr {_INFRA} tcp dport {SERVICE_PORT} accept
         drop
     }}
 }}

@@ -3,10 +3,12 @@
 Coding boxes get ``network_mode=none``: no interface but loopback. Browser and service
 boxes sit on their run's own ``--internal`` bridge network, ``fleet-run-<run>``: the
 host reaches them by IP (that is how CDP gets out), a box reaches the run's egress
-proxy and its service boxes (a service box answers under its member name as a DNS
-alias), and nothing else - not a sibling member's box (the host rules of
-:mod:`sandbox.firewall` drop that, by the MAC prefix proxies and service boxes get),
-and nothing off the bridge (an internal network has no route off it).
+proxy on its port and, through it, the run's service boxes (a service box answers
+under its member name as a DNS alias, on :data:`~sandbox.firewall.SERVICE_PORT`),
+and nothing else - not a sibling member's box, not another port of a proxy or a
+service box (the host rules of :mod:`sandbox.firewall` drop that, by the MAC prefix
+proxies and service boxes get and the port), and nothing off the bridge (an internal
+network has no route off it).
 
 The way out is the run's egress proxy (:mod:`sandbox.inbox.egress_proxy`): a small container
 of the coding image on the internal network and on ``fleet-egress``, one per distinct
@@ -16,8 +18,9 @@ to Chromium as ``--proxy-server``. The proxy refuses every address of the Docker
 it is told of (the gateways of the run network, of ``fleet-egress`` and of the
 default bridge, read by :func:`sandbox.host_addresses.bridge_gateways` even where the
 engine's description omits them, and, with a local engine, every address of the
-host's interfaces, IPv4 and IPv6), 169.254.0.0/16, loopback and private addresses
-outside the run's subnet, and every host not on the allowlist. Why a proxy for
+host's interfaces, IPv4 and IPv6), every address that is not globally routable
+(loopback, private, link-local, carrier-grade NAT, multicast, ...) outside the run's
+subnet, and every host not on the allowlist. Why a proxy for
 egress: see the proxy's module docstring (filtering by name, per-run lifetime).
 
 ``fleet-egress`` is an ordinary (not internal) bridge that only proxies join, one per
@@ -57,7 +60,7 @@ from .engine import engine_calls, engine_host
 from .errors import SandboxUnavailable
 from .host_addresses import bridge_gateways, engine_is_local, local_addresses
 
-PROXY_PORT = 3128
+PROXY_PORT = firewall.PROXY_PORT
 EGRESS_NETWORK = "fleet-egress"
 """The network every run's proxies leave by (one per engine, kept between runs)."""
 

@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from .errors import SandboxSpecError
-from .inbox.egress_proxy import entry_refusal
+from .inbox.egress_rules import entry_refusal
 
 BoxKind = Literal["coding", "browser", "service"]
 
@@ -149,15 +149,17 @@ class NetworkPolicy(_Strict):
         out = []
         for host in v:
             h = host.strip().lower()
-            if not _HOST_RE.match(h):
-                raise ValueError(
-                    f"{host!r} is not a host name; write e.g. 'docs.python.org' or 'corpus:8080'"
-                )
-            why = entry_refusal(h)  # the proxy's own rule: it would refuse this host every time
+            # First the proxy's own rule (it would refuse this host every time), which
+            # also says what an address in disguise (0x7f000001, a@b, [::1]) really is.
+            why = entry_refusal(h)
             if why:
                 raise ValueError(
                     f"{host!r} can never be reached: {why}; list a host the boxes may reach, "
                     "e.g. 'docs.python.org' or 'corpus:8080'"
+                )
+            if not _HOST_RE.match(h):
+                raise ValueError(
+                    f"{host!r} is not a host name; write e.g. 'docs.python.org' or 'corpus:8080'"
                 )
             out.append(h)
         return tuple(out)

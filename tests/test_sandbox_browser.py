@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from network_support import CONNECT
 
 from sandbox.docker import DockerBackend
 from sandbox.firewall import bridge_name
@@ -124,31 +125,11 @@ async def test_browser_reaches_only_allowlisted_hosts(
         # Nor straight to the host's listener, around the proxy. (An address, not a
         # name: a name's lookup could go out to the host's resolver.)
         host = f"{gateway}:{host_port}"
-        direct = await browser.exec(["python3", "-c", _CONNECT, host], timeout=30)
+        direct = await browser.exec(["python3", "-c", CONNECT, host], timeout=30)
         assert json.loads(direct.stdout)[host] != "connected", direct
     finally:
         await browser.close()
         await service.close()
-
-
-_CONNECT = """
-import json, socket, sys, threading
-out = {}
-def probe(target):
-    host, port = target.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), 3).close()
-        out[target] = "connected"
-    except OSError as e:
-        out[target] = type(e).__name__
-# All at once: a dropped connection takes its whole 3 s timeout to fail.
-probes = [threading.Thread(target=probe, args=(t,)) for t in sys.argv[1:]]
-for p in probes:
-    p.start()
-for p in probes:
-    p.join()
-print(json.dumps(out))
-"""
 
 
 class _Listener:
@@ -175,7 +156,8 @@ class _Listener:
 async def test_box_processes_cannot_reach_the_host_or_leave_the_run_network(
     backend: DockerBackend, run_id: str, docker_client
 ) -> None:
-    """A raw socket from exec (no proxy involved) reaches the run's peers, never the host."""
+    """A raw socket from exec (no proxy involved) reaches the run's proxy, never the host
+    (nor the service box: a member reaches that through the proxy)."""
     service = await docs_service(backend, run_id)
     policy = NetworkPolicy(egress="allowlist", allow=("docs:8080",))
     browser = await backend.create(
@@ -191,9 +173,10 @@ async def test_box_processes_cannot_reach_the_host_or_leave_the_run_network(
     proxy_inside = proxy_nets[net_name]["IPAddress"]
     proxy_outside = proxy_nets["fleet-egress"]["IPAddress"]
     try:
-        peers = [f"{service.ip}:8080", f"{proxy_inside}:3128"]
+        peers = [f"{proxy_inside}:3128"]
         blocked = [*(lis.address for lis in listeners), f"{proxy_outside}:3128"]
-        res = await browser.exec(["python3", "-c", _CONNECT, *peers, *blocked], timeout=30)
+        blocked.append(f"{service.ip}:8080")
+        res = await browser.exec(["python3", "-c", CONNECT, *peers, *blocked], timeout=30)
         import json
 
         seen = json.loads(res.stdout)
@@ -260,7 +243,7 @@ async def test_the_egress_proxy_cannot_reach_any_address_of_the_host(
         }
         targets = [lis.address for lis in listeners]
         ran = docker_client.api.exec_create(
-            proxy["Id"], ["python3", "-c", _CONNECT, *targets], user="1000:1000"
+            proxy["Id"], ["python3", "-c", CONNECT, *targets], user="1000:1000"
         )
         seen = json.loads(docker_client.api.exec_start(ran))
         assert all(seen[t] != "connected" for t in targets), seen
@@ -280,8 +263,8 @@ async def test_a_member_cannot_reach_a_siblings_box_but_the_host_drives_both(
     backend: DockerBackend, run_id: str, docker_client
 ) -> None:
     """Neither a sibling's CDP relay (:9223) nor any port a sibling's command listens on
-    can be opened from a box; the run's proxy and its service box still can, and the
-    host still drives both browsers."""
+    can be opened from a box; the run's proxy still can, and the host still drives
+    both browsers."""
     import functools
     import json
 
@@ -306,10 +289,10 @@ async def test_a_member_cannot_reach_a_siblings_box_but_the_host_drives_both(
                 " && exit 0; sleep 0.1; done; exit 1"
             )
             assert up.ok, up
-            allowed = [f"{service.ip}:8080", f"{proxy_ip}:3128"]
+            allowed = [f"{proxy_ip}:3128"]
             for box, sibling in ((one, two), (two, one)):
                 siblings = [f"{sibling.ip}:9223", f"{sibling.ip}:8000"]
-                res = await box.exec(["python3", "-c", _CONNECT, *allowed, *siblings], timeout=30)
+                res = await box.exec(["python3", "-c", CONNECT, *allowed, *siblings], timeout=30)
                 seen = json.loads(res.stdout)
                 assert all(seen[a] == "connected" for a in allowed), seen
                 assert all(seen[s] != "connected" for s in siblings), seen

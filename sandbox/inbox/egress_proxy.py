@@ -9,15 +9,23 @@ rules of :mod:`sandbox.firewall` refuse every connection a box opens to the host
 itself, so the proxy is the only path off the box for any program in it.
 
 It forwards plain HTTP (absolute-URI requests) and ``CONNECT`` tunnels, and only to
-hosts on the allowlist. The allowlist is checked on the name; then the name is
-resolved once and every address is checked: loopback, link-local (169.254.0.0/16,
-the cloud metadata service), multicast, unspecified and reserved addresses and every
-address of the Docker host Fleet knows of (its bridges' gateways and, with a local
-engine, every address of its interfaces, IPv4 and IPv6) are always refused, also when
-an IPv6 address carries them (``::ffff:127.0.0.1``); other private addresses are
-refused unless they lie in the run's own subnet (so an allowlisted service container
-on the run's network can be reached by its DNS alias). The connection goes to the
-checked address, never to a second lookup, so DNS rebinding gains nothing.
+hosts on the allowlist. First the host is read as resolvers and URL parsers read it
+(:func:`~.egress_rules.read_host`): an IP address in disguise - ``127.1``, ``0x7f000001``,
+``2852039166``, ``0177.0.0.1``, user information (``a@host``), percent-escapes, a
+trailing dot - is refused outright, since programs disagree on what such forms
+mean. The allowlist is checked on the plain name; then a name is resolved once and
+every address is checked, and an address literal is checked without any lookup.
+Only globally routable addresses pass (``ipaddress``'s ``is_global``, and not
+multicast, reserved or site-local): loopback, private, link-local (169.254.169.254),
+carrier-grade NAT (100.64.0.0/10, where 100.100.100.200 is a cloud metadata
+service), 0.0.0.0/8, broadcast, documentation and benchmarking ranges, Teredo and
+every address of the Docker host Fleet knows of (its bridges' gateways and, with a
+local engine, every address of its interfaces, IPv4 and IPv6) are refused, also when
+an IPv6 address carries them (``::ffff:127.0.0.1``, NAT64, 6to4). The one exception
+is the run's own subnet, and only for a one-label name (so an allowlisted service
+box on the run's network is reached by its DNS alias, ``corpus``, while a public
+name pointed at the run's boxes is not). The connection goes to the checked address, never to a
+second lookup, so DNS rebinding gains nothing.
 
 Why a proxy for the allowlist rather than per-run host firewall rules: it is per run
 (its lifetime is the run's, nothing per run to leak on the host), it filters by host
@@ -25,11 +33,14 @@ name (what a user writes in an allowlist) rather than by IP, and its decisions a
 logged one JSON line each on stderr (``docker logs``). Keeping boxes off the host
 itself is a fixed rule set on the host, independent of any run.
 
-The address rule is one function, :func:`address_refusal`; :func:`entry_refusal`
-applies it to an allowlist entry before any run starts (``egress.allow`` and
-``NetworkPolicy.allow`` call it), so a host the proxy would always refuse -
-``localhost``, ``169.254.169.254``, a private or loopback literal, a port past 65535 -
-is an error in the job file rather than a member that fails at its first fetch.
+The reading of a host is one function, :func:`~.egress_rules.read_host`, and the
+address rule one, :func:`~.egress_rules.address_refusal` (both in
+:mod:`.egress_rules`); :func:`~.egress_rules.entry_refusal` applies both to an allowlist entry
+before any run starts (``egress.allow`` and ``NetworkPolicy.allow`` call it, and the
+job reader calls it on every URL's host), so a host the proxy would always refuse -
+``localhost``, ``169.254.169.254``, ``0x7f000001``, a private or loopback literal, a
+port past 65535 - is an error in the job file, saying what it really is, rather than
+a member that fails at its first fetch.
 
 Configuration (environment): ``FLEET_ALLOW`` comma-separated ``host``, ``host:port``
 or ``*.domain`` entries; ``FLEET_LOCAL_NET`` the run network's CIDR;
@@ -51,73 +62,14 @@ import time
 _IDLE_S = 300.0
 _HEAD_LIMIT = 64 * 1024
 
+TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # imported on the host as sandbox.inbox.egress_proxy
+    from .egress_rules import IPAddress, address_refusal, disguise_refusal, read_host
+else:  # run as a script in the proxy's box, beside it in /opt/fleet (also under -I)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from egress_rules import IPAddress, address_refusal, disguise_refusal, read_host
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
-"""Loopback's names in every container's ``/etc/hosts``; ``*.localhost`` is loopback by
-RFC 6761 (or does not resolve at all): either way the proxy never gets anywhere."""
-
-
-def address_refusal(
-    ip: IPAddress,
-    local_net: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None,
-    deny_ips: frozenset[IPAddress] | set[IPAddress] = frozenset(),
-) -> str | None:
-    """None when the proxy may connect to ``ip``, else the reason it may not.
-
-    ``local_net`` is the run network (private addresses inside it are allowed);
-    ``deny_ips`` are the Docker host's addresses. Without them - before a run
-    exists - every private address is outside the run's network. An IPv6 address
-    that carries an IPv4 one (``::ffff:a.b.c.d``, NAT64's ``64:ff9b::/96``, 6to4) is
-    judged by that one too: ``::ffff:127.0.0.1`` is loopback, whatever Python says.
-    """
-    for inner in _embedded_ipv4(ip):
-        why = address_refusal(inner, local_net, deny_ips)
-        if why:
-            return f"{why} (inside {ip})"
-    if ip in deny_ips:
-        return "an address of the Docker host"
-    if ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified:
-        return "a loopback, link-local, multicast or unspecified address"
-    if ip.is_reserved:
-        return "a reserved address"
-    if local_net is not None and ip in local_net:
-        return None
-    if ip.is_private:
-        return "a private address outside the run's network"
-    return None
-
-
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-
-
-def _embedded_ipv4(ip: IPAddress) -> list[ipaddress.IPv4Address]:
-    if ip.version == 4:
-        return []
-    assert isinstance(ip, ipaddress.IPv6Address)
-    found = [a for a in (ip.ipv4_mapped, ip.sixtofour) if a is not None]
-    if ip in _NAT64:
-        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
-    return found
-
-
-def entry_refusal(entry: str) -> str | None:
-    """Why the allowlist entry ``name``, ``name:port`` or ``*.domain`` can never be
-    used through the proxy, or None. Judged without a run: a name that needs DNS is
-    not looked up (what it resolves to is checked when a box asks for it)."""
-    name, sep, port = entry.strip().lower().partition(":")
-    if sep and not (port.isdigit() and 1 <= int(port) <= 65535):
-        return f"port {port!r} is not a TCP port (1-65535)"
-    bare = name.removeprefix("*.").rstrip(".")
-    if bare in LOOPBACK_NAMES or bare.endswith(".localhost"):
-        return f"{bare} names the loopback address (RFC 6761), which the egress proxy refuses"
-    try:
-        ip = ipaddress.ip_address(bare)
-    except ValueError:
-        return None
-    why = address_refusal(ip)
-    return f"{bare} is {why}, which the egress proxy refuses" if why else None
+    del sys.path[0]
 
 
 class Denied(Exception):
@@ -133,7 +85,8 @@ class Policy:
         self.deny_ips = {ipaddress.ip_address(ip.strip()) for ip in deny_ips if ip.strip()}
 
     def name_allowed(self, host: str, port: int) -> bool:
-        host = host.lower().rstrip(".")
+        """Whether ``host`` (in its plain form, see :func:`read_host`) is allowlisted."""
+        host = host.lower()
         for entry in self.allow:
             name, _, want_port = entry.partition(":")
             if want_port and int(want_port) != port:
@@ -145,23 +98,43 @@ class Policy:
                 return True
         return False
 
-    def address_allowed(self, ip: IPAddress) -> str | None:
-        """None when ``ip`` may be reached, else the reason it may not."""
-        return address_refusal(ip, self.local_net, self.deny_ips)
+    def address_allowed(self, ip: IPAddress, name: str = "") -> str | None:
+        """None when ``ip`` (what ``name`` resolved to) may be reached, else why not.
+
+        The run's own network is open only to the name of a box on it: Docker's DNS
+        answers a service box's alias, one label (``corpus``). A dotted name that
+        resolves there is a public name pointed at the run's boxes (DNS rebinding),
+        and an address literal names no box: neither gets the exception.
+        """
+        local = self.local_net if name and "." not in name else None
+        return address_refusal(ip, local, self.deny_ips)
 
     def resolve(self, host: str, port: int) -> tuple[str, int]:
-        """The address to connect to, or :class:`Denied`."""
-        if not self.name_allowed(host, port):
-            raise Denied(f"{host}:{port} is not on this run's allowlist")
+        """The address to connect to, or :class:`Denied`.
+
+        Every address the name resolves to is checked, and the connection goes to
+        one of those, never to a second lookup: DNS rebinding gains nothing. An
+        address literal is never looked up at all, and one in disguise is refused.
+        """
+        form = read_host(host)
+        if form.disguises:
+            raise Denied(f"{host}: {disguise_refusal(form)}")
+        if not self.name_allowed(form.host, port):
+            raise Denied(f"{form.host}:{port} is not on this run's allowlist")
+        if form.address is not None:
+            why = self.address_allowed(form.address)
+            if why:
+                raise Denied(f"{form.host} is {why}")
+            return form.host, port
         try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            infos = socket.getaddrinfo(form.host, port, type=socket.SOCK_STREAM)
         except OSError as e:
-            raise Denied(f"{host} does not resolve: {e}") from e
+            raise Denied(f"{form.host} does not resolve: {e}") from e
         for *_, sockaddr in infos:
             ip = ipaddress.ip_address(sockaddr[0])
-            why = self.address_allowed(ip)
+            why = self.address_allowed(ip, form.host)
             if why:
-                raise Denied(f"{host} resolves to {ip}, {why}")
+                raise Denied(f"{form.host} resolves to {ip}, {why}")
         return str(infos[0][4][0]), port
 
 

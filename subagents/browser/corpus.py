@@ -13,10 +13,12 @@ import httpx
 
 from sandbox.base import Sandbox, SandboxBackend
 from sandbox.errors import SandboxUnavailable
+from sandbox.firewall import SERVICE_PORT
 from sandbox.spec import SandboxSpec
 
 CORPUS_MEMBER = "corpus"
-CORPUS_PORT = 8080
+CORPUS_PORT = SERVICE_PORT
+"""A service box's port: the only one the run's proxies may open to it."""
 CORPUS_ALLOW = f"{CORPUS_MEMBER}:{CORPUS_PORT}"
 """The allowlist entry that lets a browser box reach the corpus."""
 
