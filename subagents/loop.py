@@ -34,6 +34,7 @@ know the span (the adapter's retries, offloads, compaction) still carry it.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -203,7 +204,8 @@ class AgentLoop:
         outcome: MemberOutcome | None = None
         error: Exception | None = None
         async with anyio.create_task_group() as servers:
-            started = await servers.start(serve_servers, self.spec.mcp, self.tool_ctx.sandbox, stop)
+            serve = functools.partial(serve_servers, trace=self.tool_ctx.trace)
+            started = await servers.start(serve, self.spec.mcp, self.tool_ctx.sandbox, stop)
             try:
                 if isinstance(started, McpStartFailed):
                     error = started
