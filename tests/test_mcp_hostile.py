@@ -7,11 +7,11 @@ offer, an oversized schema, and a name twice."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rss_support import RssWatch
 from scripted_calls import tool_results
 
 from coordinator.cli import main
@@ -145,32 +145,6 @@ def _results(run: RunDir, member: str) -> list[tuple[str, bool, str, float]]:
     ]
 
 
-class RssWatch:
-    """The highest resident set of this process (the coordinator) while it runs."""
-
-    def __init__(self) -> None:
-        self.base = self.peak = self._rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    @staticmethod
-    def _rss() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * 4096
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self._rss())
-
-    def __enter__(self) -> RssWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 @pytest.mark.docker
 def test_a_100_mb_line_fails_only_its_server_while_a_sibling_keeps_calling(
     tmp_path, images, fake_api, cleanup
@@ -207,8 +181,7 @@ def test_a_100_mb_line_fails_only_its_server_while_a_sibling_keeps_calling(
     assert sibling_calls[0] < flood_failed.ts < sibling_calls[-1]
     slowest = max(r[3] for r in sibling)
     assert slowest < 5.0, f"a sibling's call took {slowest:.1f} s during the flood"
-    grew = (rss.peak - rss.base) / 2**20
-    assert grew < 96, f"the coordinator grew by {grew:.0f} MiB"
+    assert rss.grew_mib < 96, f"the coordinator grew by {rss.grew_mib:.0f} MiB"
 
 
 @pytest.mark.docker

@@ -1,11 +1,20 @@
-"""Resource limits hold: fork bombs, memory hogs and disk fills stay inside their box."""
+"""Resource limits hold: fork bombs, memory hogs and disk fills stay inside their box,
+and what a box writes reaches the host with a bound, whatever writes it: a command that
+forges frames on the box agent's stdout (it runs as the agent's user, so it can), on
+the long-lived stream and on a one-shot agent's, and a command flooding its output
+where the host applies the cap itself (an image without python3)."""
 
 from __future__ import annotations
 
+import re
+import time
+
 import anyio
 import pytest
+from rss_support import RssWatch
 
 from sandbox.docker import DockerBackend
+from sandbox.errors import SandboxUnavailable
 from sandbox.spec import SandboxSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.slow]
@@ -183,3 +192,42 @@ async def test_a_box_that_cannot_start_processes_is_reported_crashed(
         assert "cannot start a process" in str(err.value)
         with pytest.raises(SandboxCrashed, match="process-limit"):
             await box.exec("echo hi")
+
+
+# A length prefix of almost 4 GiB, then 200 MB, written on the agent's own stdout.
+FORGE = (
+    "a=$(pgrep -of 'boxagent.py') && [ -n \"$a\" ] && "
+    "printf '\\377\\377\\377\\360' > /proc/$a/fd/1 && head -c 200000000 /dev/zero > /proc/$a/fd/1"
+)
+ONE_SHOT_FORGE = FORGE.replace("$(pgrep -of 'boxagent.py')", "$PPID")
+
+
+@pytest.mark.parametrize("mode", ["agent", "oneshot"])
+async def test_a_command_forging_agent_frames_breaks_that_call_not_the_hosts_memory(
+    backend: DockerBackend, run_id: str, mode: str
+) -> None:
+    async with await backend.create(SandboxSpec(), run=run_id, member="c") as box:
+        if mode == "oneshot":  # as after two agent restarts: each call its own agent
+            box.transport.close()
+            box.transport.mode = "oneshot"
+        started = time.monotonic()
+        with RssWatch() as rss, anyio.fail_after(60):
+            with pytest.raises(SandboxUnavailable, match="over the 268435456-byte limit"):
+                await box.exec(FORGE if mode == "agent" else ONE_SHOT_FORGE, timeout=30)
+        assert time.monotonic() - started < 30
+        assert rss.grew_mib < 64, f"the host grew by {rss.grew_mib:.0f} MiB"
+        assert (await box.exec("echo after")).stdout == "after\n"
+
+
+async def test_output_capped_on_the_host_is_never_held_whole(
+    backend: DockerBackend, run_id: str, images
+) -> None:
+    spec = SandboxSpec(image=images["base"])  # no python3: the plain path
+    async with await backend.create(spec, run=run_id, member="c") as box:
+        assert box.mode == "plain"
+        with RssWatch() as rss:
+            res = await box.exec("head -c 300000000 /dev/zero; echo end", timeout=120)
+        assert res.truncated and res.stdout.endswith("end\n")
+        dropped = re.search(r"\[\.\.\. (\d+) bytes dropped \.\.\.\]", res.stdout)
+        assert dropped and int(dropped.group(1)) > 290_000_000
+        assert rss.grew_mib < 64, f"the host grew by {rss.grew_mib:.0f} MiB"
