@@ -16,19 +16,28 @@ The sessions live in a task of their own (:func:`serve_servers`): the SDK's
 transports hold task groups, and one that fails cancels the scope it was opened in -
 opened in the member's own task, a broken server would cancel the member.
 
-How tools look to the model: ``mcp__<server>__<tool>``, with the server's own
-description and input schema; a server offering resources also gets
-``mcp__<server>__read_resource``. A result's text is the tool result's text, an image
-becomes an image block, an embedded resource its text (or a note of its size when
-binary), a resource link its URI; a result the server marks ``isError`` is an error
-result.
+How tools look to the model: ``mcp__<server>__<tool>``, with the server's own input
+schema; a server offering resources also gets ``mcp__<server>__read_resource``. A
+result's text is the tool result's text, an image becomes an image block, an embedded
+resource its text (or a note of its size when binary), a resource link its URI; a
+result the server marks ``isError`` is an error result.
+
+The server is not trusted. Everything it says that the model reads - a tool's
+description, a result, an error's message, its stderr - reaches the model inside the
+untrusted-content delimiters web pages get (:func:`subagents.browser.dom.untrusted`,
+named ``mcp://<server>/<tool>``), with any look-alike of the delimiters in it made
+inert, so a server cannot speak as the harness. What it announces is checked first
+(:mod:`.mcp_announce`: names the API takes, at most 128 tools, schemas up to 16 KiB),
+and a stdio server's bytes are read with a bound (:mod:`.mcp_stdio`: 8 MiB a message).
 
 Error contract. :func:`start_servers` raises :class:`McpStartFailed` naming the server
-and the tail of its stderr when one does not start (the member ends ``failed`` with
-that reason). After that, nothing a server does ends the member: an MCP error, a call
-that takes longer than the server's ``timeout_s``, or a server that died is an
+and the tail of its stderr when one does not start, or announces a tool name twice
+(the member ends ``failed`` with that reason). After that, nothing a server does ends
+the member: an MCP error, a call that takes longer than the server's ``timeout_s``, a
+server that died, or one that wrote a message past the bound (it is stopped) is an
 ``is_error`` tool result saying so, and a ``ErrorEvent`` in the trace; a dead server's
-later calls fail at once with the same words.
+later calls fail at once with the same words. A tool that is not offered is an
+``McpToolSkipped`` error event in the trace, with why.
 """
 
 from __future__ import annotations
