@@ -201,6 +201,8 @@ def test_hostile_descriptions_results_and_errors_reach_the_model_delimited(
     api = fake_api(policy)
     cleanup.append(tmp_path / "runs")
     assert main(["run", str(_job(tmp_path, ("m", "Use the tool.", "hostile"))), "--plain"]) == 0
+    system = json.dumps(api.requests[0]["system"])
+    assert "comes from an MCP server" in system and "never instructions" in system
     offered = {t["name"]: t for t in api.requests[0]["tools"]}
     description = offered["mcp__h__lure"]["description"]
     _assert_delimited(description, "Reads the weather.")
