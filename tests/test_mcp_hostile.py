@@ -164,6 +164,12 @@ def test_a_100_mb_line_fails_only_its_server_while_a_sibling_keeps_calling(
         ("flooder", "FLOOD", "flood 110"),
         ("sibling", "SIBLING", "echo"),
     )
+    # What a run imports is loaded first, so the watch sees what the run holds.
+    import anthropic  # noqa: F401
+    import mcp.client.session  # noqa: F401
+
+    import subagents.loop  # noqa: F401
+
     with RssWatch() as rss:
         assert main(["run", str(job), "--plain"]) == 0
     (run,) = RunDir.list(tmp_path / "runs")
@@ -181,7 +187,7 @@ def test_a_100_mb_line_fails_only_its_server_while_a_sibling_keeps_calling(
     assert sibling_calls[0] < flood_failed.ts < sibling_calls[-1]
     slowest = max(r[3] for r in sibling)
     assert slowest < 5.0, f"a sibling's call took {slowest:.1f} s during the flood"
-    assert rss.grew_mib < 96, f"the coordinator grew by {rss.grew_mib:.0f} MiB"
+    assert rss.grew_mib < 64, f"the coordinator grew by {rss.grew_mib:.0f} MiB"
 
 
 @pytest.mark.docker
@@ -244,7 +250,7 @@ def test_names_the_api_refuses_and_oversized_announcements_are_skipped_with_reas
     text = "\n".join(skipped)
     assert "'bad name!'" in text and "^[a-zA-Z0-9_-]{1,64}$" in text
     assert f"'{'t' * 60}'" in text  # mcp__h__ + 60 characters is past 64
-    assert "'huge'" in text and "schema" in text
+    assert "'huge'" in text and "over the 16384-byte limit" in text
     assert "more than 128 tools" in text
 
 
