@@ -304,15 +304,16 @@ class BoxTransport:
 
         def run() -> int:
             # Streamed and capped as it arrives: the box decides how much it writes.
-            exec_id = self._api.exec_create(
+            started_exec = self._api.exec_create(
                 self.id, argv, workdir=req["cwd"], environment=env, user="1000:1000"
             )["Id"]
-            for chunk_out, chunk_err in self._api.exec_start(exec_id, stream=True, demux=True):
+            chunks = self._api.exec_start(started_exec, stream=True, demux=True)
+            for chunk_out, chunk_err in chunks:
                 if chunk_out:
                     out.feed(chunk_out)
                 if chunk_err:
                     err.feed(chunk_err)
-            return int(self._api.exec_inspect(exec_id)["ExitCode"])
+            return int(self._api.exec_inspect(started_exec)["ExitCode"])
 
         result = cap_output(await self.engine(run), out, err, started)
         if result.exit_code in (2, 125) and any(f in result.stderr for f in FORK_FAILED):
