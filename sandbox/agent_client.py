@@ -11,6 +11,13 @@ no thread per box and no thread hop per request, which is what makes an exec rou
 trip cost about a millisecond. Reading is cancel-safe: bytes go into a buffer that
 outlives any one caller, and whichever waiter holds the read lock parses whole frames
 and files every response under its id, so concurrent requests share the stream.
+
+Bounds. The agent runs as the box's user, so what arrives on its stdout is the box's
+to write: a frame's length prefix is believed only up to :data:`wire.MAX_FRAME` (a
+longer one breaks the stream at once, before its bytes are waited for, and the agent
+is restarted), so one box makes the host hold at most one frame of that size. A frame
+of :data:`THREAD_DECODE_BYTES` or more is decoded on a worker thread, so a large
+reply (a file read, a tree downloaded) does not stall the other boxes' requests.
 """
 
 from __future__ import annotations
@@ -28,6 +35,18 @@ import anyio
 from .inbox import wire
 
 _DOCKER_HEADER = struct.Struct(">BxxxI")
+THREAD_DECODE_BYTES = 1024 * 1024
+"""Frames at least this long are decoded off the event loop."""
+
+
+class FrameTooLarge(Exception):
+    """A frame's length prefix is past :data:`wire.MAX_FRAME`: the stream is not the agent's."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(
+            f"the box agent's stream announced a frame of {size} bytes, over the "
+            f"{wire.MAX_FRAME}-byte limit (something in the box wrote on the agent's stdout)"
+        )
 
 
 class StreamBroken(Exception):
@@ -65,16 +84,30 @@ class Demuxer:
             else:
                 self.stdout += payload
 
-    def next_frame(self) -> wire.Reply | None:
+    def frame_size(self) -> int | None:
+        """The next frame's body length once it is all there (else None);
+        :class:`FrameTooLarge` as soon as a length prefix says it could never be."""
         head = wire.HEADER.size
         if len(self.stdout) < head:
             return None
         (size,) = wire.HEADER.unpack_from(self.stdout)
-        if len(self.stdout) < head + size:
+        if size > wire.MAX_FRAME:
+            raise FrameTooLarge(size)
+        return size if len(self.stdout) >= head + size else None
+
+    def next_body(self) -> bytes | None:
+        """The next whole frame's body, taken out of the buffer (None: not all there)."""
+        size = self.frame_size()
+        if size is None:
             return None
+        head = wire.HEADER.size
         body = bytes(self.stdout[head : head + size])
         del self.stdout[: head + size]
-        return wire.decode(body)
+        return body
+
+    def next_frame(self) -> wire.Reply | None:
+        body = self.next_body()
+        return None if body is None else wire.decode(body)
 
 
 class AgentStream:
@@ -164,7 +197,17 @@ class AgentStream:
         if not data:
             raise self._break("the box agent's stream ended")
         self._demux.feed(data)
-        while (frame := self._demux.next_frame()) is not None:
+        while True:
+            try:
+                body = self._demux.next_body()
+            except FrameTooLarge as e:
+                raise self._break(str(e)) from None
+            if body is None:
+                return
+            if len(body) >= THREAD_DECODE_BYTES:
+                frame = await anyio.to_thread.run_sync(wire.decode, body)
+            else:
+                frame = wire.decode(body)
             rid = frame.get("id")
             if rid in self._waiting:
                 self._done[rid] = frame
@@ -218,6 +261,8 @@ def one_shot(
     ``body``, when given, writes the request's payload as raw bytes after it (the
     agent reads them from its stdin up to the end): how a large upload streams in.
     ``timeout`` bounds each send and receive, so a box that stops reading ends it.
+    Reading stops once the reply's frame is whole or could no longer be a frame (its
+    prefix past :data:`wire.MAX_FRAME`): whatever else the box writes is not held.
     """
     raw = raw_socket(sock)
     raw.settimeout(timeout)
@@ -234,6 +279,10 @@ def one_shot(
             if not data:
                 break
             demux.feed(data)
+            if demux.frame_size() is not None:
+                break
+    except FrameTooLarge as e:
+        return None, str(e)
     finally:
         raw.close()
     return demux.next_frame(), demux.stderr.decode("utf-8", "replace")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import functools
 import re
+import tarfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -148,29 +149,71 @@ def exec_result(reply: wire.ExecReply) -> ExecResult:
     )
 
 
-def _cap(data: bytes, limit: int) -> tuple[bytes, bool]:
-    if len(data) <= limit:
-        return data, False
-    half = limit // 2
-    dropped = len(data) - 2 * half
-    return data[:half] + f"\n[... {dropped} bytes dropped ...]\n".encode() + data[-half:], True
+class HeadTail:
+    """The first and last ``limit // 2`` bytes of a stream fed in pieces, and how many
+    were dropped between them: the agent's output cap, kept on the host for the plain
+    path, so a command's output never makes the host hold more than ``limit`` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.half = max(limit // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> None:
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        self.tail += data
+        if len(self.tail) > self.half:
+            cut = len(self.tail) - self.half
+            self.dropped += cut
+            del self.tail[:cut]
+
+    def value(self) -> tuple[bytes, bool]:
+        """The bytes kept (with a marker where some were dropped); whether any were."""
+        if not self.dropped:
+            return bytes(self.head + self.tail), False
+        marker = f"\n[... {self.dropped} bytes dropped ...]\n".encode()
+        return bytes(self.head) + marker + bytes(self.tail), True
 
 
-def cap_output(code: int, out: bytes, err: bytes, limit: int, started: float) -> ExecResult:
+def cap_output(code: int, out: HeadTail, err: HeadTail, started: float) -> ExecResult:
     """The plain path's result: the cap applied on the host, ``timeout``'s 124 kept,
     the leftovers counted from :data:`PLAIN_EXEC`'s last line."""
-    counted = LEFTOVERS_RE.search(err[-512:].decode("utf-8", "replace"))
-    out, t1 = _cap(out, limit)
-    err, t2 = _cap(err, limit)
+    stdout, t1 = out.value()
+    stderr, t2 = err.value()
+    counted = LEFTOVERS_RE.search(stderr[-512:].decode("utf-8", "replace"))
     return ExecResult(
         exit_code=code,
-        stdout=out.decode("utf-8", "replace"),
-        stderr=err.decode("utf-8", "replace"),
+        stdout=stdout.decode("utf-8", "replace"),
+        stderr=stderr.decode("utf-8", "replace"),
         timed_out=code == 124,
         truncated=t1 or t2,
         duration_s=time.monotonic() - started,
         leftovers=int(counted.group(1)) if counted else 0,
     )
+
+
+def bounded_data_filter(limit: int) -> Any:
+    """tarfile's ``data`` filter that also refuses, as :class:`OutputLimitExceeded`,
+    entries whose sizes add up past ``limit`` bytes."""
+    total = 0
+
+    def check(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        nonlocal total
+        total += member.size
+        if total > limit:
+            raise OutputLimitExceeded(
+                f"the archive's entries add up past {limit} bytes (its own size) at "
+                f"{member.name!r}",
+                limit=limit,
+                size=total,
+            )
+        return tarfile.data_filter(member, dest)
+
+    return check
 
 
 def agent_error(reply: wire.Reply, box: str) -> Exception:

@@ -50,12 +50,13 @@ import docker.errors
 
 from . import reaper
 from .base import BoxInfo, Command, ExecResult, FileInfo, Sandbox, SandboxBackend, owner_key
-from .boxops import exec_request, exec_result, ok_reply, wait_cdp
+from .boxops import bounded_data_filter, exec_request, exec_result, ok_reply, wait_cdp
 from .container import create_container
 from .engine import engine_calls
 from .errors import (
     PathRefused,
     SandboxClosed,
+    SandboxError,
     SandboxSpecError,
     SandboxUnavailable,
 )
@@ -236,12 +237,21 @@ class DockerSandbox(Sandbox):
 
         def unpack() -> None:
             local.mkdir(parents=True, exist_ok=True)
-            with tarfile.open(fileobj=io.BytesIO(base64.b64decode(reply["data"]))) as tar:
+            archive = base64.b64decode(reply["data"])
+            # "r:": an archive the box sends is never decompressed (a small gzip could
+            # unpack to far more than the frame that carried it); what it unpacks to is
+            # held to the archive's own size (a sparse entry may claim more).
+            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
                 # The box is not trusted: "data" refuses absolute names, '..', links out.
-                tar.extractall(local, filter="data")
+                tar.extractall(local, filter=bounded_data_filter(len(archive)))
 
         try:
             await anyio.to_thread.run_sync(unpack)
+        except tarfile.ReadError as e:
+            raise SandboxError(
+                f"sandbox {self.name}: the archive of {remote} is not a plain tar archive "
+                f"({e}); nothing more of it was unpacked"
+            ) from None
         except tarfile.FilterError as e:
             err = PathRefused(remote, ("the download's destination",))
             err.args = (

@@ -60,6 +60,7 @@ from .boxops import (
     AGENT_PATH,
     FORK_FAILED,
     PLAIN_EXEC,
+    HeadTail,
     agent_source,
     cap_output,
     crash_reason,
@@ -299,15 +300,22 @@ class BoxTransport:
         argv = ["/bin/sh", "-c", PLAIN_EXEC, "fleet-exec", exec_id, limit, *argv]
         started = time.monotonic()
 
-        def run() -> Any:
-            container = self._client.containers.get(self.id)
-            return container.exec_run(
-                argv, workdir=req["cwd"], environment=env, user="1000:1000", demux=True
-            )
+        out, err = HeadTail(req["limit"]), HeadTail(req["limit"])
 
-        res = await self.engine(run)
-        out, err = res.output
-        result = cap_output(res.exit_code, out or b"", err or b"", req["limit"], started)
+        def run() -> int:
+            # Streamed and capped as it arrives: the box decides how much it writes.
+            started_exec = self._api.exec_create(
+                self.id, argv, workdir=req["cwd"], environment=env, user="1000:1000"
+            )["Id"]
+            chunks = self._api.exec_start(started_exec, stream=True, demux=True)
+            for chunk_out, chunk_err in chunks:
+                if chunk_out:
+                    out.feed(chunk_out)
+                if chunk_err:
+                    err.feed(chunk_err)
+            return int(self._api.exec_inspect(started_exec)["ExitCode"])
+
+        result = cap_output(await self.engine(run), out, err, started)
         if result.exit_code in (2, 125) and any(f in result.stderr for f in FORK_FAILED):
             await self.probe()  # the box, not the command, may be what could not fork
         return result

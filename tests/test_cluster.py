@@ -591,7 +591,10 @@ def test_a_node_members_stdio_mcp_server_gets_its_files_through_ray(
     trace = list(read_trace(run.member_dir("coder") / "trace.jsonl"))
     (call,) = [e.call_id for e in trace if e.type == "tool_call" and e.tool == "mcp__echo__echo"]
     (result,) = [e for e in trace if e.type == "tool_result" and e.call_id == call]
-    assert (result.is_error, result.output) == (False, "from a node")
+    assert not result.is_error
+    assert result.output == (
+        '<untrusted_page_content url="mcp://echo/echo">\nfrom a node\n</untrusted_page_content>'
+    )
 
 
 def test_a_lead_jobs_members_run_on_the_nodes(tmp_path, ray_cluster, docker_client, cleanup):

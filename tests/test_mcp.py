@@ -45,6 +45,11 @@ files = "{files}"
     return path
 
 
+def said(origin: str, text: str) -> str:
+    """A server's text as the model gets it: in an untrusted block naming its origin."""
+    return f'<untrusted_page_content url="mcp://{origin}">\n{text}\n</untrusted_page_content>'
+
+
 def scripted(*calls: tuple[str, dict[str, Any]]) -> Any:
     def policy(body: dict[str, Any]) -> Any:
         step = len(tool_results(body))
@@ -75,7 +80,7 @@ def test_a_scripted_model_calls_a_tool_of_a_server_in_its_box(tmp_path, images, 
     assert offered["mcp__echo__echo"]["input_schema"]["required"] == ["text"]
     assert "note://readme" in offered["mcp__echo__read_resource"]["description"]
     results = _results(run)
-    assert results[0] == ("mcp__echo__echo", False, "hello from the model")
+    assert results[0] == ("mcp__echo__echo", False, said("echo/echo", "hello from the model"))
     assert "inside the member's box" in results[1][2]
     # The server is a process of the member's box, as its user, where files went.
     assert "python3 echo_server.py" in results[2][2] and "1000" in results[2][2]
@@ -90,7 +95,7 @@ def test_a_server_whose_files_are_one_file_runs_beside_it(tmp_path, images, fake
     job = _job(tmp_path, "python3 echo_server.py", files=EXAMPLE / "echo_server.py")
     assert main(["run", str(job), "--plain"]) == 0
     (run,) = RunDir.list(tmp_path / "runs")
-    assert _results(run)[0] == ("mcp__echo__echo", False, "one file")
+    assert _results(run)[0] == ("mcp__echo__echo", False, said("echo/echo", "one file"))
 
 
 @pytest.mark.docker
@@ -110,7 +115,7 @@ def test_a_server_that_crashes_mid_run_is_an_error_result_not_a_crashed_member(
     (run,) = RunDir.list(tmp_path / "runs")
     assert run.result("coder")["status"] == "ok"
     results = _results(run)
-    assert results[0][1:] == (False, "before")
+    assert results[0][1:] == (False, said("echo/echo", "before"))
     assert results[1][1] is True  # the call that killed it
     assert results[2][1] is True and "'echo' has stopped" in results[2][2]
     assert "crashing on request" in results[2][2]  # its stderr tail
@@ -166,7 +171,11 @@ def test_many_tools_are_deferred_and_loaded_through_tool_search(
     assert "mcp__echo__tool_7" in later and "mcp__echo__tool_8" not in later
     results = _results(run)
     assert results[0][0] == "tool_search" and '"required": [' in results[0][2]
-    assert results[1] == ("mcp__echo__tool_7", False, "tool_7: record r1 owner = ok")
+    assert results[1] == (
+        "mcp__echo__tool_7",
+        False,
+        said("echo/tool_7", "tool_7: record r1 owner = ok"),
+    )
 
 
 @pytest.mark.docker
@@ -247,7 +256,7 @@ def test_a_url_server_answers_through_the_runs_egress_proxy_and_only_its_allowed
         return answer, refused
 
     answer, refused = anyio.run(main)
-    assert answer.text == "through the proxy" and not answer.is_error
+    assert answer.text == said("web/echo", "through the proxy") and not answer.is_error
     assert isinstance(refused, McpStartFailed)
     assert "MCP server 'web' (http://mcpweb:8080/mcp) did not start" in str(refused)
     assert "through the run's egress proxy" in str(refused)

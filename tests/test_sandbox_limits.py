@@ -1,11 +1,21 @@
-"""Resource limits hold: fork bombs, memory hogs and disk fills stay inside their box."""
+"""Resource limits hold: fork bombs, memory hogs and disk fills stay inside their box,
+and what a box writes reaches the host with a bound, whatever writes it: a command that
+forges frames on the box agent's stdout (it runs as the agent's user, so it can), on
+the long-lived stream and on a one-shot agent's, a command answering a tree download
+in the agent's place with a gzip bomb, and a command flooding its output where the
+host applies the cap itself (an image without python3)."""
 
 from __future__ import annotations
 
+import re
+import time
+
 import anyio
 import pytest
+from rss_support import RssWatch
 
 from sandbox.docker import DockerBackend
+from sandbox.errors import SandboxUnavailable
 from sandbox.spec import SandboxSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.slow]
@@ -183,3 +193,90 @@ async def test_a_box_that_cannot_start_processes_is_reported_crashed(
         assert "cannot start a process" in str(err.value)
         with pytest.raises(SandboxCrashed, match="process-limit"):
             await box.exec("echo hi")
+
+
+# A length prefix of almost 4 GiB, then 200 MB, written on the agent's own stdout.
+FORGE = (
+    "a=$(pgrep -of 'boxagent.py') && [ -n \"$a\" ] && "
+    "printf '\\377\\377\\377\\360' > /proc/$a/fd/1 && head -c 200000000 /dev/zero > /proc/$a/fd/1"
+)
+ONE_SHOT_FORGE = FORGE.replace("$(pgrep -of 'boxagent.py')", "$PPID")
+
+
+@pytest.mark.parametrize("mode", ["agent", "oneshot"])
+async def test_a_command_forging_agent_frames_breaks_that_call_not_the_hosts_memory(
+    backend: DockerBackend, run_id: str, mode: str
+) -> None:
+    async with await backend.create(SandboxSpec(), run=run_id, member="c") as box:
+        if mode == "oneshot":  # as after two agent restarts: each call its own agent
+            box.transport.close()
+            box.transport.mode = "oneshot"
+        started = time.monotonic()
+        with RssWatch() as rss, anyio.fail_after(60):
+            with pytest.raises(SandboxUnavailable, match="over the 268435456-byte limit"):
+                await box.exec(FORGE if mode == "agent" else ONE_SHOT_FORGE, timeout=30)
+        assert time.monotonic() - started < 30
+        assert rss.grew_mib < 64, f"the host grew by {rss.grew_mib:.0f} MiB"
+        assert (await box.exec("echo after")).stdout == "after\n"
+
+
+async def test_output_capped_on_the_host_is_never_held_whole(
+    backend: DockerBackend, run_id: str, images
+) -> None:
+    spec = SandboxSpec(image=images["base"])  # no python3: the plain path
+    async with await backend.create(spec, run=run_id, member="c") as box:
+        assert box.mode == "plain"
+        with RssWatch() as rss:
+            res = await box.exec("head -c 300000000 /dev/zero; echo end", timeout=120)
+        assert res.truncated and res.stdout.endswith("end\n")
+        dropped = re.search(r"\[\.\.\. (\d+) bytes dropped \.\.\.\]", res.stdout)
+        assert dropped and int(dropped.group(1)) > 290_000_000
+        assert rss.grew_mib < 64, f"the host grew by {rss.grew_mib:.0f} MiB"
+
+
+def _gzip_bomb_reply(path: str) -> bytes:
+    """One agent frame that answers both a listing (``path`` is a directory) and a tree
+    download (a gzipped tar of 200 MB of zeros, about 200 KB)."""
+    import base64
+    import gzip
+    import io
+    import json
+    import struct
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("zeros")
+        info.size = 200_000_000
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+    name = path.rpartition("/")[2]
+    entry = {"name": name, "path": path, "type": "dir", "size": 0, "mtime": 0.0}
+    reply = {"id": 1, "ok": True, "entries": [entry], "data": ""}
+    reply["data"] = base64.b64encode(gzip.compress(raw.getvalue(), 1)).decode()
+    body = json.dumps(reply).encode()
+    return struct.pack(">I", len(body)) + body
+
+
+async def test_a_downloaded_tree_is_never_decompressed_whatever_the_box_answers(
+    backend: DockerBackend, run_id: str, tmp_path
+) -> None:
+    from sandbox.errors import SandboxError
+
+    async with await backend.create(SandboxSpec(), run=run_id, member="c") as box:
+        box.transport.close()  # each call its own one-shot agent, as after two restarts
+        box.transport.mode = "oneshot"
+        await box.write_file("/tmp/forged", _gzip_bomb_reply("/workspace/d"))
+        # A real tree slow enough to archive that the forged answer comes first.
+        await box.exec("mkdir -p d && head -c 40000000 /dev/urandom > d/big", timeout=60)
+        forger = (
+            "seen=$PPID; n=0; end=$(( $(date +%s) + 20 )); "
+            "while [ $n -lt 2 ] && [ $(date +%s) -lt $end ]; do "
+            'for p in $(pgrep -f \'boxagent[.]py --once\'); do case " $seen " in *" $p "*) continue;; esac; '
+            'seen="$seen $p"; cat /tmp/forged > /proc/$p/fd/1 && n=$((n+1)); done; done'
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: box.exec(forger, timeout=30))
+            await anyio.sleep(1.0)
+            with pytest.raises(SandboxError, match="not a plain tar archive"):
+                await box.download("/workspace/d", tmp_path / "out")
+        assert not (tmp_path / "out" / "zeros").exists()

@@ -26,6 +26,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..browser.dom import untrusted
 from ..result import estimate_tokens
 from .base import Tool, ToolContext, ToolOutput
 from .registry import ToolRegistry
@@ -34,6 +35,8 @@ DEFER_TOOLS = 10
 """More MCP tools than this are deferred."""
 DEFER_TOKENS = 5_000
 """MCP tool definitions estimated above this many tokens are deferred."""
+SOURCE = "mcp://tool_search"
+"""What the untrusted block of servers' listings and schemas is named."""
 
 
 class ToolView:
@@ -73,13 +76,17 @@ class ToolSearch(Tool):
 
     def __init__(self, view: ToolView) -> None:
         self.view = view
+        # Their names are checked (tools/mcp_announce.py); each first line and schema is
+        # a server's text, so the listing and the answers sit in one untrusted block.
         listing = "\n".join(
-            f"- {name}: {_first_line(tool.description)}" for name, tool in view.deferred.items()
+            f"- {name}: {_first_line(getattr(tool, 'summary', tool.description))}"
+            for name, tool in view.deferred.items()
         )
         self.description = (  # type: ignore[misc]
             "Load the full schema of tools listed here by name only, so that you can call "
             "them. Give their exact names (or words to search their descriptions); their "
-            "schemas come back and they are callable from your next turn on. Tools:\n" + listing
+            "schemas come back and they are callable from your next turn on. Tools, with "
+            "the first line their servers give:\n" + untrusted(SOURCE, listing)
         )
 
     async def run(self, args: ToolSearchInput, ctx: ToolContext) -> ToolOutput:
@@ -108,7 +115,7 @@ class ToolSearch(Tool):
         schemas = [deferred[n].definition() for n in found]
         return ToolOutput(
             text=f"Loaded {len(found)} tool(s); call them from your next turn on:\n"
-            + json.dumps(schemas, indent=1, ensure_ascii=False)
+            + untrusted(SOURCE, json.dumps(schemas, indent=1, ensure_ascii=False))
         )
 
 
