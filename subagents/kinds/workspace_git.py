@@ -1,0 +1,407 @@
+"""Fleet's own git work inside a coding box: the baseline snapshot, and the patch.
+
+This file runs in the box, not on the host: :mod:`subagents.kinds.coding` sends its
+source as ``python3 -I -S -c SOURCE snapshot|collect OUT BUNDLE ...`` (standard library
+only). ``-I -S`` and the working directory ``/`` mean no file the member can write is
+imported: not a ``glob.py`` in ``/workspace``, not a ``.pth`` file, no ``PYTHON*``
+variable.
+
+Everything in ``/workspace`` and ``/tmp`` is the member's: its uid can write, replace or
+delete any file there, Fleet's included. So nothing here trusts a file it did not make
+in the same call:
+
+* **No git directory outlives a call.** ``snapshot`` builds the baseline commit in a
+  fresh git directory, writes it out as a bundle, and throws the directory away; the
+  host keeps the commit's id. ``collect`` makes a fresh git directory, reads the bundle
+  into it (``index-pack`` re-hashes every object it takes in) and refuses it unless its
+  commit is the one the host kept: a bundle the member replaced or edited is refused,
+  a ``core.fsmonitor`` it wrote into a config is in no config git reads. Both calls run
+  after the member's commands have ended (the box agent kills what a command leaves
+  running), so nothing of the member's runs beside them.
+* **git reads only what Fleet wrote.** Its configuration is the fresh directory's own
+  plus :data:`GIT_CONFIG` given on the command line (no system or global file, no
+  hooks, fsmonitor, pager, external diff or textconv); the environment is built from
+  nothing. ``.gitattributes`` files in the workspace are still read by git, but the git
+  directory's ``info/attributes`` beats them and turns off filters, ``ident``,
+  end-of-line and encoding conversion and diff drivers - and no filter or driver is
+  configured anywhere git looks, so an attribute naming one names nothing.
+* **What is in the patch is decided here, not by git's walk.** Files are listed by a
+  walk of ``/workspace`` that skips only entries named ``.git`` (which no patch can
+  carry) and what the ignore rules *as they were at the snapshot* ignore: the
+  baseline's own ``.gitignore`` files, checked out into an empty shadow tree, plus
+  Fleet's :data:`EXCLUDES`. A ``.gitignore`` the member wrote is a change in the patch
+  like any other, but it hides nothing from it; a directory the member made into a
+  repository (``sub/.git``) still has its files listed one by one. Which files changed
+  is decided by comparing each file's blob id with the baseline's; git then stages
+  exactly those, and a path git will not take (``.Git/config``) is a failed collection
+  that names it, never a silently shorter patch.
+
+A failed collection keeps the member's edits: the changed files (or, without a usable
+baseline, every file the walk lists) go into ``edits.tar`` beside the result, up to
+:data:`ARCHIVE_BYTES`, with deleted and left-out paths listed in the result.
+
+Output goes to files in ``OUT``, a directory the host named and this program creates
+(it refuses one that exists): ``result.json``, ``patch.diff``, ``edits.tar``. Paths in
+``result.json`` are ``os.fsdecode`` strings (surrogate escapes for bytes that are not
+UTF-8, which JSON carries).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterable
+from typing import BinaryIO
+
+GIT = "/usr/bin/git"
+WORKSPACE = b"/workspace"
+ARCHIVE_BYTES = 64 * 1024 * 1024
+"""Most bytes of file content put into ``edits.tar`` (the rest is listed as left out)."""
+EXCLUDES = (
+    ".git\n__pycache__/\n*.pyc\n.pytest_cache/\n.mypy_cache/\n.ruff_cache/\n"
+    ".tox/\n.nox/\n.venv/\nnode_modules/\n"
+)
+"""Never in a patch, whatever the repository's rules: caches and environments a run makes."""
+RAW_ATTRIBUTES = "* -text -filter -ident !eol !working-tree-encoding !diff\n"
+"""Attributes under which git reads each file's bytes as they are and runs no driver."""
+SAFE_CONFIG: dict[str, str] = {
+    "core.fsmonitor": "false",
+    "core.hooksPath": "/dev/null",
+    "core.sshCommand": "",
+    "core.askPass": "",
+    "core.pager": "cat",
+    "core.editor": ":",
+    "sequence.editor": ":",
+    "credential.helper": "",
+    "diff.external": "",
+    "gpg.program": "",
+    "core.alternateRefsCommand": "",
+    "protocol.allow": "never",
+    "gc.auto": "0",
+    "maintenance.auto": "false",
+}
+"""Settings that would run a command, switched off on every git call Fleet makes - here
+and on the host (:mod:`coordinator.host_git` takes this list)."""
+GIT_CONFIG: dict[str, str] = {
+    **SAFE_CONFIG,
+    "core.attributesFile": "/dev/null",
+    "core.excludesFile": "/dev/null",
+    "core.autocrlf": "false",
+    "core.safecrlf": "false",
+    "core.untrackedCache": "false",
+    "core.fileMode": "true",
+    "core.symlinks": "true",
+    "core.ignoreCase": "false",
+    "core.quotePath": "false",
+    "color.ui": "never",
+    "diff.noprefix": "false",
+    "diff.mnemonicPrefix": "false",
+    "pack.window": "0",
+    "user.name": "fleet",
+    "user.email": "fleet@localhost",
+}
+"""Every setting the in-box calls would otherwise look up somewhere, fixed on git's
+command line (no file of the user's or the member's is read for them)."""
+_FIXED_DATE = "1700000000 +0000"
+BUNDLE_REF = "refs/heads/baseline"
+
+
+class Failed(Exception):
+    """A step that stops the collection; the message says which and why."""
+
+
+def git_env(gitdir: str, worktree: str) -> dict[str, str]:
+    """git's whole environment: nothing inherited, nothing read but Fleet's own."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/nonexistent",
+        "LC_ALL": "C",
+        "GIT_DIR": gitdir,
+        "GIT_WORK_TREE": worktree,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_OPTIONAL_LOCKS": "0",
+        "GIT_AUTHOR_DATE": _FIXED_DATE,
+        "GIT_COMMITTER_DATE": _FIXED_DATE,
+        "GIT_CONFIG_COUNT": str(len(GIT_CONFIG)),
+    }
+    for i, (key, value) in enumerate(GIT_CONFIG.items()):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    return env
+
+
+class Repo:
+    """A git directory this program made, with ``/workspace`` as its work tree."""
+
+    def __init__(self, gitdir: str) -> None:
+        self.gitdir = gitdir
+        self.env = git_env(gitdir, os.fsdecode(WORKSPACE))
+        self.run("init", "-q", "--template=")
+        info = os.path.join(gitdir, "info")
+        os.makedirs(info, exist_ok=True)
+        with open(os.path.join(info, "attributes"), "w") as f:
+            f.write(RAW_ATTRIBUTES)
+        with open(os.path.join(info, "exclude"), "w") as f:
+            f.write(EXCLUDES)
+
+    def run(
+        self, *args: str, stdin: bytes = b"", cwd: bytes = WORKSPACE, into: BinaryIO | None = None
+    ) -> bytes:
+        """git's output (or, with ``into``, written there); :class:`Failed` on an error."""
+        done = subprocess.run(
+            [GIT, *args],
+            input=stdin,
+            stdout=into or subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            cwd=cwd,
+            check=False,
+        )
+        if done.returncode != 0:
+            err = done.stderr.decode("utf-8", "replace").strip()[-400:]
+            raise Failed(f"git {args[0]} failed (exit {done.returncode}): {err}")
+        return done.stdout or b""
+
+    def ignored(self, paths: list[bytes], worktree: bytes) -> set[bytes]:
+        """Which of ``paths`` the ignore rules in ``worktree`` (and info/exclude) ignore."""
+        if not paths:
+            return set()
+        done = subprocess.run(
+            [GIT, "check-ignore", "-z", "--stdin"],
+            input=b"\0".join(paths) + b"\0",
+            capture_output=True,
+            env={**self.env, "GIT_WORK_TREE": os.fsdecode(worktree)},
+            cwd=worktree,
+            check=False,
+        )
+        if done.returncode not in (0, 1):
+            err = done.stderr.decode("utf-8", "replace").strip()[-400:]
+            raise Failed(f"git check-ignore failed: {err}")
+        return {p for p in done.stdout.split(b"\0") if p}
+
+
+def walk(repo: Repo, rules: bytes) -> list[bytes]:
+    """Files and symbolic links under /workspace (relative), level by level, minus
+    entries named ``.git`` and what the ignore rules in the tree ``rules`` ignore.
+    Directories are mirrored into ``rules`` when it is a shadow, so a rule for
+    directories only (``build/``) sees them as directories there."""
+    files: list[bytes] = []
+    level = [b""]
+    while level:
+        entries: list[tuple[bytes, bool]] = []
+        for parent in level:
+            try:
+                with os.scandir(os.path.join(WORKSPACE, parent)) as it:
+                    for e in it:
+                        if e.name == b".git":
+                            continue
+                        rel = os.path.join(parent, e.name)
+                        if e.is_dir(follow_symlinks=False):
+                            entries.append((rel, True))
+                        elif e.is_symlink() or e.is_file(follow_symlinks=False):
+                            entries.append((rel, False))
+            except OSError as exc:
+                raise Failed(f"cannot list {os.fsdecode(parent) or '.'}: {exc.strerror}") from None
+        if rules != WORKSPACE:
+            for rel, is_dir in entries:
+                if is_dir:
+                    os.makedirs(os.path.join(rules, rel), exist_ok=True)
+        drop = repo.ignored([rel for rel, _ in entries], rules)
+        level = [rel for rel, is_dir in entries if is_dir and rel not in drop]
+        files += [rel for rel, is_dir in entries if not is_dir and rel not in drop]
+    return sorted(files)
+
+
+def blob(rel: bytes) -> tuple[str, str] | None:
+    """``(mode, blob id)`` of a workspace path as git would stage it; None when it is
+    not there, or is neither a file nor a link."""
+    full = os.path.join(WORKSPACE, rel)
+    try:
+        st = os.lstat(full)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    h = hashlib.sha1(usedforsecurity=False)
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(full)
+        h.update(b"blob %d\0" % len(target) + target)
+        return "120000", h.hexdigest()
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    h.update(b"blob %d\0" % st.st_size)
+    size = 0
+    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        while chunk := f.read(1 << 20):
+            size += len(chunk)
+            h.update(chunk)
+    if size != st.st_size:
+        raise Failed(f"{os.fsdecode(rel)} changed while it was read")
+    return ("100755" if st.st_mode & stat.S_IXUSR else "100644"), h.hexdigest()
+
+
+def stage(repo: Repo, paths: Iterable[bytes]) -> None:
+    listed = b"".join(p + b"\0" for p in paths)
+    repo.run("update-index", "--add", "--remove", "--replace", "-z", "--stdin", stdin=listed)
+
+
+def staged(repo: Repo) -> set[bytes]:
+    return {p for p in repo.run("ls-files", "-z", "--cached").split(b"\0") if p}
+
+
+def snapshot(out: str, bundle: str) -> dict[str, object]:
+    """Commit /workspace as the baseline, into ``bundle``; its id and the paths git
+    would not take (kept with their blob ids, so only a change to one fails later)."""
+    gitdir = tempfile.mkdtemp(prefix="fleet-snapshot-", dir="/tmp")
+    try:
+        repo = Repo(gitdir)
+        files = walk(repo, WORKSPACE)
+        stage(repo, files)
+        refused = sorted(set(files) - staged(repo))
+        tree = repo.run("write-tree").strip().decode()
+        commit = repo.run("commit-tree", tree, "-m", "baseline").strip().decode()
+        repo.run("update-ref", BUNDLE_REF, commit)
+        repo.run("bundle", "create", "-q", bundle, BUNDLE_REF)
+        kept = {os.fsdecode(p): blob(p) for p in refused}
+        return {"ok": True, "commit": commit, "files": len(files), "refused": kept}
+    finally:
+        shutil.rmtree(gitdir, ignore_errors=True)
+
+
+def baseline_entries(repo: Repo, commit: str) -> dict[bytes, tuple[str, str]]:
+    listing = repo.run("ls-tree", "-r", "-z", "--full-tree", commit)
+    entries: dict[bytes, tuple[str, str]] = {}
+    for line in listing.split(b"\0"):
+        if line:
+            meta, _, path = line.partition(b"\t")
+            mode, _kind, oid = meta.decode().split()
+            entries[path] = (mode, oid)
+    return entries
+
+
+def shadow_rules(repo: Repo, base: dict[bytes, tuple[str, str]], shadow: bytes) -> None:
+    """The baseline's ``.gitignore`` files, written into the empty tree ``shadow``."""
+    for path, (mode, oid) in base.items():
+        if os.path.basename(path) == b".gitignore" and mode != "120000":
+            target = os.path.join(shadow, path)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(repo.run("cat-file", "blob", oid))
+
+
+def collect(
+    out: str, bundle: str, commit: str, refused: dict[str, list[str]], patch_bytes: int
+) -> dict[str, object]:
+    """The patch of /workspace against the baseline ``commit`` read from ``bundle``
+    (``refused``: the snapshot's paths git would not take, with their blob ids)."""
+    gitdir = tempfile.mkdtemp(prefix="fleet-collect-", dir="/tmp")
+    shadow = os.fsencode(tempfile.mkdtemp(prefix="fleet-rules-", dir="/tmp"))
+    changed: list[bytes] = []
+    try:
+        repo = Repo(gitdir)
+        try:
+            heads = repo.run("bundle", "unbundle", bundle, cwd=b"/")
+        except Failed as exc:
+            raise Failed(f"Fleet's baseline snapshot is unreadable ({exc})") from None
+        if heads.split()[:2] != [commit.encode(), BUNDLE_REF.encode()]:
+            raise Failed("Fleet's baseline snapshot was replaced in the box")
+        base = baseline_entries(repo, commit)
+        shadow_rules(repo, base, shadow)
+        repo.run("read-tree", commit)
+        known = dict(base)
+        known.update({os.fsencode(p): (m, o) for p, (m, o) in refused.items()})
+        candidates = set(walk(repo, shadow)) | set(base)
+        for path in sorted(candidates):
+            if blob(path) != known.get(path):
+                changed.append(path)
+        stage(repo, changed)
+        diff = ["diff", "--cached", "--no-renames", commit]
+        took = {p for p in repo.run(*diff, "--name-only", "-z").split(b"\0") if p}
+        left = sorted(set(changed) - took)
+        if left:
+            names = ", ".join(os.fsdecode(p) for p in left[:10])
+            raise Failed(f"git will not hold {len(left)} changed path(s) in a patch: {names}")
+        with open(os.path.join(out, "patch.diff"), "wb") as f:
+            repo.run(*diff, "--binary", "--no-color", "--no-ext-diff", "--no-textconv", into=f)
+            size = os.fstat(f.fileno()).st_size
+        if size > patch_bytes:
+            raise Failed(f"the patch is {size} bytes, over the {patch_bytes}-byte limit")
+        return {"ok": True, "changed": [os.fsdecode(p) for p in changed]}
+    except (Failed, OSError) as exc:
+        kept = changed or walk_all()
+        return {"ok": False, "error": str(exc), "changed": [os.fsdecode(p) for p in changed]} | (
+            archive(out, kept)
+        )
+    finally:
+        shutil.rmtree(gitdir, ignore_errors=True)
+        shutil.rmtree(shadow, ignore_errors=True)
+
+
+def walk_all() -> list[bytes]:
+    """Every file the walk lists under Fleet's excludes alone (no baseline to compare)."""
+    gitdir = tempfile.mkdtemp(prefix="fleet-collect-", dir="/tmp")
+    shadow = os.fsencode(tempfile.mkdtemp(prefix="fleet-rules-", dir="/tmp"))
+    try:
+        return walk(Repo(gitdir), shadow)
+    except (Failed, OSError):
+        return []
+    finally:
+        shutil.rmtree(gitdir, ignore_errors=True)
+        shutil.rmtree(shadow, ignore_errors=True)
+
+
+def archive(out: str, paths: list[bytes]) -> dict[str, object]:
+    """``edits.tar`` of the files among ``paths`` (links as links), up to ARCHIVE_BYTES."""
+    stored, deleted, left_out = [], [], []
+    total = 0
+    with tarfile.open(os.path.join(out, "edits.tar"), "w", format=tarfile.PAX_FORMAT) as tar:
+        for path in paths:
+            full = os.path.join(WORKSPACE, path)
+            try:
+                st = os.lstat(full)
+            except (FileNotFoundError, NotADirectoryError):
+                deleted.append(os.fsdecode(path))
+                continue
+            size = st.st_size if stat.S_ISREG(st.st_mode) else 0
+            if stat.S_ISDIR(st.st_mode) or total + size > ARCHIVE_BYTES:
+                left_out.append(os.fsdecode(path))
+                continue
+            try:
+                tar.add(os.fsdecode(full), arcname=os.fsdecode(path), recursive=False)
+            except OSError:
+                left_out.append(os.fsdecode(path))
+                continue
+            total += size
+            stored.append(os.fsdecode(path))
+    return {"archived": stored, "deleted": deleted, "left_out": left_out}
+
+
+def main(argv: list[str]) -> int:
+    action, out, bundle, *rest = argv
+    os.mkdir(out, 0o700)  # refuses a directory that is already there
+    request = json.loads(sys.stdin.read() or "{}")
+    try:
+        if action == "snapshot":
+            result = snapshot(out, bundle)
+        else:
+            refused, limit = request.get("refused", {}), request.get("patch_bytes", 1 << 26)
+            result = collect(out, bundle, rest[0], refused, limit)
+    except (Failed, OSError) as exc:
+        result = {"ok": False, "error": str(exc)}
+    with open(os.path.join(out, "result.json"), "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

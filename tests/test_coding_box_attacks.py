@@ -1,0 +1,185 @@
+"""Fleet's own code in a coding box runs nothing the member wrote, and the member cannot
+blank or trim its own patch: a scripted model (fake Messages API -> real anthropic
+client -> loop) attacks from inside a real box, and each test shows the attack's marker
+never ran, or that a collection it broke ends the member ``failed`` with its edits kept.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loop_support import coding_box, events, scripted
+
+from subagents.fake_api import tool_use
+from subagents.kinds import coding
+from subagents.policy import ToolPolicy
+from subagents.spec import MemberSpec
+
+pytestmark = [pytest.mark.docker, pytest.mark.anyio]
+
+FIX = {"path": "calc.py", "old_string": "return a - b", "new_string": "return a + b"}
+DONE = tool_use("submit_result", {"summary": "add() adds now."})
+MARKERS = "/tmp/ran"
+"""Every attack's payload touches a file in here; it must stay empty."""
+PAYLOAD = f"#!/bin/sh\nmkdir -p {MARKERS}; touch {MARKERS}/$$\n"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def box(docker_client, images, run_id: str) -> AsyncIterator:
+    files = {"calc.py": "def add(a, b):\n    return a - b\n", ".gitignore": "*.log\n"}
+    async with coding_box(docker_client, images, run_id, files) as sandbox:
+        await sandbox.write_file("/tmp/payload", PAYLOAD, mode=0o755)
+        yield sandbox
+
+
+def member(task: str, **extra: Any) -> MemberSpec:
+    return MemberSpec(id="coder", kind="coding", task=task, **extra)
+
+
+async def markers(box: Any) -> str:
+    listing = await box.exec(f"ls -A {MARKERS} 2>/dev/null; true")
+    return listing.stdout.strip()
+
+
+def shell(command: str) -> Any:
+    return tool_use("shell", {"command": command})
+
+
+async def test_a_git_config_the_member_writes_under_tmp_runs_nothing_at_collection(
+    box, tmp_path: Path
+) -> None:
+    # Every git config under /tmp gets an fsmonitor, a filter and a diff driver, and the
+    # workspace's .gitattributes names them: Fleet's git must run none of them.
+    poison = (
+        "for c in $(find /tmp -name config -path '*git*' 2>/dev/null); do "
+        "git config --file $c core.fsmonitor /tmp/payload; "
+        "git config --file $c filter.x.clean /tmp/payload; "
+        "git config --file $c filter.x.process /tmp/payload; "
+        "git config --file $c diff.x.textconv /tmp/payload; "
+        "git config --file $c diff.external /tmp/payload; "
+        "git config --file $c core.hooksPath /tmp; "
+        "echo poisoned $c; done"
+    )
+    script = [
+        tool_use("edit_file", FIX),
+        tool_use("write_file", {"path": ".gitattributes", "content": "* filter=x diff=x\n"}),
+        shell(poison),
+        DONE,
+    ]
+    outcome, _ = await scripted(box, tmp_path, member("Fix add()."), script)
+    assert await markers(box) == ""
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.result["files_changed"] == [".gitattributes", "calc.py"]
+    assert "-    return a - b\n+    return a + b" in outcome.result["patch"]
+
+
+async def test_a_path_git_will_not_take_fails_the_member_and_keeps_its_edits(
+    box, tmp_path: Path
+) -> None:
+    script = [
+        tool_use("edit_file", FIX),
+        tool_use("write_file", {"path": ".Git/config", "content": "[core]\n\tbare = true\n"}),
+        DONE,
+    ]
+    outcome, _ = await scripted(box, tmp_path, member("Fix add()."), script)
+    assert outcome.status == "failed"
+    assert "patch collection failed" in outcome.reason and ".Git/config" in outcome.reason
+    assert "edits.tar" in outcome.reason
+    result = outcome.result
+    assert result["collection_error"] and result["edits_archive"] == "edits.tar"
+    assert result["files_changed"] == [".Git/config", "calc.py"]
+    with tarfile.open(tmp_path / "edits.tar") as tar:
+        kept = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
+    assert kept["calc.py"] == b"def add(a, b):\n    return a + b\n"
+    assert set(kept) == {"calc.py", ".Git/config"}
+
+
+async def test_a_replaced_baseline_is_refused_not_diffed_against(box, tmp_path: Path) -> None:
+    # The member forges a baseline in which calc.py is already fixed, so that a diff
+    # against it would show nothing of the fix.
+    forge = (
+        "b=$(ls /tmp/fleet-baseline-*.bundle /tmp/fleet-baseline.git 2>/dev/null | head -1); "
+        "d=$(mktemp -d) && cp /workspace/calc.py /workspace/.gitignore $d && cd $d && "
+        "git init -q -b baseline && git add -A && "
+        "git -c user.name=m -c user.email=m@x commit -qm forged && "
+        'if [ -d "$b" ]; then rm -rf $b && git clone -q --bare . $b; '
+        'else git bundle create -q "$b" baseline; fi; echo forged $b'
+    )
+    script = [tool_use("edit_file", FIX), shell(forge), DONE]
+    outcome, _ = await scripted(box, tmp_path, member("Fix add()."), script)
+    assert outcome.status == "failed", outcome.result
+    assert "baseline snapshot was replaced" in outcome.reason
+    with tarfile.open(tmp_path / "edits.tar") as tar:
+        assert "calc.py" in tar.getnames()
+
+
+async def test_a_gitignore_or_a_nested_repository_the_member_makes_hides_nothing(
+    box, tmp_path: Path
+) -> None:
+    script = [
+        tool_use("edit_file", FIX),
+        tool_use("write_file", {"path": "helper.py", "content": "HELP = 1\n"}),
+        tool_use("write_file", {"path": "sub/inner.py", "content": "INNER = 1\n"}),
+        tool_use("write_file", {"path": "notes.log", "content": "ignored at baseline\n"}),
+        # Ignore everything, then make sub/ a repository of its own.
+        shell("printf '*\\n' >> .gitignore && git init -q sub && echo sub is a repo"),
+        DONE,
+    ]
+    outcome, _ = await scripted(box, tmp_path, member("Fix add()."), script)
+    assert outcome.status == "ok", outcome.reason
+    result = outcome.result
+    # notes.log stays out: *.log was in the repository's rules before the member came.
+    assert result["files_changed"] == [".gitignore", "calc.py", "helper.py", "sub/inner.py"]
+    assert "+HELP = 1" in result["patch"] and "+INNER = 1" in result["patch"]
+
+
+async def test_a_patch_over_the_limit_fails_the_member_and_keeps_its_edits(
+    box, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coding, "PATCH_BYTES", 4_000)
+    big = "".join(f"LINE_{i} = {i}\n" for i in range(500))
+    script = [
+        tool_use("edit_file", FIX),
+        tool_use("write_file", {"path": "big.py", "content": big}),
+        DONE,
+    ]
+    outcome, _ = await scripted(box, tmp_path, member("Fix add()."), script)
+    assert outcome.status == "failed"
+    assert "over the 4000-byte limit" in outcome.reason
+    with tarfile.open(tmp_path / "edits.tar") as tar:
+        assert tar.extractfile("big.py").read() == big.encode()  # type: ignore[union-attr]
+
+
+async def test_deny_shell_and_fleets_tools_run_no_file_the_member_wrote(
+    box, tmp_path: Path
+) -> None:
+    # Modules a plain `python3 -c` in /workspace would import instead of the standard ones.
+    hijack = "import os\nos.system('/tmp/payload')\n"
+    script = [
+        tool_use("write_file", {"path": "glob.py", "content": hijack}),
+        tool_use("write_file", {"path": "json.py", "content": hijack}),
+        tool_use("glob", {"pattern": "*.py"}),
+        tool_use("grep", {"pattern": "payload"}),
+        tool_use("read_file", {"path": "calc.py"}),
+        tool_use("edit_file", FIX),
+        shell("/tmp/payload"),  # denied: never runs
+        DONE,
+    ]
+    spec = member("Fix add().", policy=ToolPolicy(deny=["shell"]))
+    outcome, _ = await scripted(box, tmp_path, spec, script)
+    assert await markers(box) == ""
+    assert outcome.status == "ok", outcome.reason
+    found = {e.tool: e for e in events(tmp_path / "trace.jsonl", "tool_result")}
+    assert not found["glob"].is_error and "/workspace/glob.py" in found["glob"].output
+    assert "glob.py:2:os.system('/tmp/payload')" in found["grep"].output
+    assert found["shell"].is_error and "not permitted" in found["shell"].output
+    assert outcome.result["files_changed"] == ["calc.py", "glob.py", "json.py"]
