@@ -25,7 +25,10 @@ What a pattern is matched against, per tool:
 The policy is a guard against a member doing what the job's owner did not want done
 unasked; it is not the isolation boundary - the box is. A command can always be
 spelled in a way no pattern foresaw (a script written, then run), so ``deny`` rules
-are best written on tools (``deny = ["shell"]``) when a call must never happen.
+are best written on tools (``deny = ["shell"]``) when a call must never happen. No
+other built-in tool runs a file the member can write, so ``deny = ["shell"]`` keeps
+the model's own code from running through Fleet's tools; it does not stop what the
+job runs in the box (a coding member's check command runs the code it checks).
 
 ``submit_result`` and ``tool_search`` are never checked: they touch nothing outside
 the member's own context, and a member must always be able to finish.

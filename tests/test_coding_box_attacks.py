@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 from loop_support import coding_box, events, scripted
+from scripted_calls import tool_results
 
-from subagents.fake_api import tool_use
+from coordinator.cli import main
+from coordinator.runs import RunDir
+from subagents.fake_api import text, tool_use
 from subagents.kinds import coding
 from subagents.policy import ToolPolicy
 from subagents.spec import MemberSpec
@@ -129,6 +132,8 @@ async def test_a_gitignore_or_a_nested_repository_the_member_makes_hides_nothing
         tool_use("edit_file", FIX),
         tool_use("write_file", {"path": "helper.py", "content": "HELP = 1\n"}),
         tool_use("write_file", {"path": "sub/inner.py", "content": "INNER = 1\n"}),
+        # A name git would read as pathspec magic (":!" excludes) is still just a name.
+        tool_use("write_file", {"path": ":!odd.py", "content": "ODD = 1\n"}),
         tool_use("write_file", {"path": "notes.log", "content": "ignored at baseline\n"}),
         # Ignore everything, then make sub/ a repository of its own.
         shell("printf '*\\n' >> .gitignore && git init -q sub && echo sub is a repo"),
@@ -138,7 +143,8 @@ async def test_a_gitignore_or_a_nested_repository_the_member_makes_hides_nothing
     assert outcome.status == "ok", outcome.reason
     result = outcome.result
     # notes.log stays out: *.log was in the repository's rules before the member came.
-    assert result["files_changed"] == [".gitignore", "calc.py", "helper.py", "sub/inner.py"]
+    changed = [".gitignore", ":!odd.py", "calc.py", "helper.py", "sub/inner.py"]
+    assert result["files_changed"] == changed
     assert "+HELP = 1" in result["patch"] and "+INNER = 1" in result["patch"]
 
 
@@ -183,3 +189,37 @@ async def test_deny_shell_and_fleets_tools_run_no_file_the_member_wrote(
     assert "glob.py:2:os.system('/tmp/payload')" in found["grep"].output
     assert found["shell"].is_error and "not permitted" in found["shell"].output
     assert outcome.result["files_changed"] == ["calc.py", "glob.py", "json.py"]
+
+
+def test_fleet_code_says_a_failed_collection_and_where_the_edits_are(
+    tmp_path: Path, images, fake_api, cleanup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    steps = [
+        tool_use("write_file", {"path": "greet.txt", "content": "hello fleet\n"}),
+        tool_use("write_file", {"path": ".Git/config", "content": "[core]\n"}),
+        DONE,
+    ]
+
+    def policy(body: dict[str, Any]) -> Any:
+        tools = {t["name"] for t in body.get("tools") or []}
+        step = len(tool_results(body))
+        return steps[min(step, len(steps) - 1)] if "write_file" in tools else text("done")
+
+    fake_api(policy)
+    repo, out = tmp_path / "repo", tmp_path / "runs"
+    repo.mkdir()
+    (repo / "greet.txt").write_text("hello world\n")
+    cleanup.append(out)
+    args = ["code", str(repo), "Greet fleet.", "--model", "claude-sonnet-5"]
+    code = main([*args, "--output-dir", str(out), "--plain", "--apply"])
+    shown = capsys.readouterr().out
+    assert code == 1
+    assert "the patch could not be collected" in shown and ".Git/config" in shown
+    (run,) = RunDir.list(out)
+    edits = run.member_dir("coder") / "edits.tar"
+    assert f"changed files: {edits}" in shown
+    assert (repo / "greet.txt").read_text() == "hello world\n"  # nothing applied
+    with tarfile.open(edits) as tar:
+        assert tar.extractfile("greet.txt").read() == b"hello fleet\n"  # type: ignore[union-attr]
+    report = (run.path / "report.md").read_text()
+    assert "Its patch could not be collected" in report and "edits.tar" in report

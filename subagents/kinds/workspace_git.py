@@ -177,9 +177,11 @@ class Repo:
         """Which of ``paths`` the ignore rules in ``worktree`` (and info/exclude) ignore."""
         if not paths:
             return set()
+        # "./" first: a name starting ":(" or ":!" is then a name, not pathspec magic
+        # (check-ignore refuses GIT_LITERAL_PATHSPECS).
         done = subprocess.run(
             [GIT, "check-ignore", "-z", "--stdin"],
-            input=b"\0".join(paths) + b"\0",
+            input=b"".join(b"./" + p + b"\0" for p in paths),
             capture_output=True,
             env={**self.env, "GIT_WORK_TREE": os.fsdecode(worktree)},
             cwd=worktree,
@@ -188,7 +190,7 @@ class Repo:
         if done.returncode not in (0, 1):
             err = done.stderr.decode("utf-8", "replace").strip()[-400:]
             raise Failed(f"git check-ignore failed: {err}")
-        return {p for p in done.stdout.split(b"\0") if p}
+        return {p.removeprefix(b"./") for p in done.stdout.split(b"\0") if p}
 
 
 def walk(repo: Repo, rules: bytes) -> list[bytes]:
