@@ -106,21 +106,21 @@ async def test_a_path_git_will_not_take_fails_the_member_and_keeps_its_edits(
     assert set(kept) == {"calc.py", ".Git/config"}
 
 
-async def test_a_replaced_baseline_is_refused_not_diffed_against(box, tmp_path: Path) -> None:
-    # The member forges a baseline in which calc.py is already fixed, so that a diff
-    # against it would show nothing of the fix.
+async def test_a_changed_baseline_is_refused_not_diffed_against(box, tmp_path: Path) -> None:
+    # The member forges a commit in which calc.py is already fixed and writes it over
+    # every object of Fleet's snapshot, so that a diff against it would hide the fix.
     forge = (
-        "b=$(ls /tmp/fleet-baseline-*.bundle /tmp/fleet-baseline.git 2>/dev/null | head -1); "
+        "b=$(ls -d /tmp/fleet-baseline* | head -1); "
         "d=$(mktemp -d) && cp /workspace/calc.py /workspace/.gitignore $d && cd $d && "
-        "git init -q -b baseline && git add -A && "
-        "git -c user.name=m -c user.email=m@x commit -qm forged && "
-        'if [ -d "$b" ]; then rm -rf $b && git clone -q --bare . $b; '
-        'else git bundle create -q "$b" baseline; fi; echo forged $b'
+        "git init -q && git add -A && git -c user.name=m -c user.email=m@x commit -qm forged && "
+        "c=$(git rev-parse HEAD) && f=.git/objects/${c:0:2}/${c:2} && "
+        "for o in $(find $b/objects -type f -path '*/objects/??/*'); do cp -f $f $o; done; "
+        "echo forged $b"
     )
     script = [tool_use("edit_file", FIX), shell(forge), DONE]
     outcome, _ = await scripted(box, tmp_path, member("Fix add()."), script)
     assert outcome.status == "failed", outcome.result
-    assert "baseline snapshot was replaced" in outcome.reason
+    assert "baseline snapshot was changed in the box" in outcome.reason
     with tarfile.open(tmp_path / "edits.tar") as tar:
         assert "calc.py" in tar.getnames()
 

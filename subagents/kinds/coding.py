@@ -9,8 +9,9 @@ what must not be taken on the model's word:
   is never touched). Everything in the box is the member's to write, so that program
   runs no file of the member's (``python3 -I -S``), gives git a git directory made
   fresh for each call and a configuration of Fleet's alone (no hook, fsmonitor,
-  filter, diff driver or textconv can run), and takes the baseline only from a bundle
-  whose commit id the host kept: one the member replaced is refused.
+  filter, diff driver or textconv can run), and takes the baseline only from objects
+  that hash down from the commit id the host kept: an object the member changed is
+  refused.
 * the patch is of the files' bytes as they are, and nothing can hide a change from
   it: ``info/attributes`` (which beats the repository's ``.gitattributes``) turns off
   filters, end-of-line and encoding conversion and leaves binary detection to git (so
@@ -20,7 +21,7 @@ what must not be taken on the model's word:
   made into a repository still has its files in the patch. The patch is read back
   from the box as bytes (a file that is not UTF-8 stays intact), which is what
   ``fleet code --apply`` applies byte for byte.
-* a collection that fails - the baseline gone or replaced, a changed path git will
+* a collection that fails - the baseline gone or changed, a changed path git will
   not hold in a patch (``.Git/config``), a patch over ``PATCH_BYTES`` - ends the
   member ``failed`` with the reason (``collection_error``), never ``ok`` with a
   shorter patch; the changed files are kept in ``edits.tar`` in its run directory.
@@ -188,14 +189,14 @@ async def snapshot_workspace(ctx: ToolContext) -> None:
     """Record /workspace as the baseline the patch is computed against."""
     if ctx.sandbox is None:
         return
-    bundle = f"/tmp/fleet-baseline-{uuid.uuid4().hex}.bundle"
-    data, _ = await _in_box_git(ctx.sandbox, "snapshot", [bundle], {})
+    data, _ = await _in_box_git(ctx.sandbox, "snapshot", [], {})
     if data.get("ok") and isinstance(data.get("commit"), str):
         # The commit id is the baseline's fingerprint: kept here, out of the member's
-        # reach, so a bundle it replaced is refused at collection.
+        # reach, so an object of the snapshot it changed is refused at collection.
         ctx.state["baseline"] = {
-            "bundle": bundle,
+            "objects": str(data.get("objects")),
             "commit": data["commit"],
+            "stamps": str(data.get("stamps")),
             "refused": data.get("refused") or {},
         }
     else:
@@ -210,9 +211,13 @@ async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any
         result.setdefault("notes", []).append("patch unavailable: no sandbox")
         return result
     box = ctx.sandbox
-    baseline = ctx.state.get("baseline") or {"bundle": "/nonexistent", "commit": "none"}
-    request = {"refused": baseline.get("refused", {}), "patch_bytes": PATCH_BYTES}
-    args = [baseline["bundle"], baseline["commit"]]
+    baseline = ctx.state.get("baseline") or {"objects": "/nonexistent", "commit": "none"}
+    request = {
+        "stamps": baseline.get("stamps"),
+        "refused": baseline.get("refused", {}),
+        "patch_bytes": PATCH_BYTES,
+    }
+    args = [baseline["objects"], baseline["commit"]]
     found, out = await _in_box_git(box, "collect", args, request)
     # Names travel as os.fsdecode strings: one that is not UTF-8 arrives intact and is
     # shown as the tools show it.

@@ -1,23 +1,28 @@
 """Fleet's own git work inside a coding box: the baseline snapshot, and the patch.
 
 This file runs in the box, not on the host: :mod:`subagents.kinds.coding` sends its
-source as ``python3 -I -S -c SOURCE snapshot|collect OUT BUNDLE ...`` (standard library
-only). ``-I -S`` and the working directory ``/`` mean no file the member can write is
-imported: not a ``glob.py`` in ``/workspace``, not a ``.pth`` file, no ``PYTHON*``
-variable.
+source as ``python3 -I -S -c SOURCE snapshot OUT`` / ``... collect OUT OBJECTS COMMIT``
+(standard library only, one file because it travels as one ``-c``). ``-I -S`` and the
+working directory ``/`` mean no file the member can write is imported: not a
+``glob.py`` in ``/workspace``, not a ``.pth`` file, no ``PYTHON*`` variable.
 
 Everything in ``/workspace`` and ``/tmp`` is the member's: its uid can write, replace or
 delete any file there, Fleet's included. So nothing here trusts a file it did not make
-in the same call:
+in the same call, and nothing of the member's runs beside it (both calls come when the
+member's commands have ended, and the box agent kills what a command leaves running):
 
-* **No git directory outlives a call.** ``snapshot`` builds the baseline commit in a
-  fresh git directory, writes it out as a bundle, and throws the directory away; the
-  host keeps the commit's id. ``collect`` makes a fresh git directory, reads the bundle
-  into it (``index-pack`` re-hashes every object it takes in) and refuses it unless its
-  commit is the one the host kept: a bundle the member replaced or edited is refused,
-  a ``core.fsmonitor`` it wrote into a config is in no config git reads. Both calls run
-  after the member's commands have ended (the box agent kills what a command leaves
-  running), so nothing of the member's runs beside them.
+* **No git directory is used twice.** ``snapshot`` commits ``/workspace`` in a fresh
+  git directory under ``/tmp`` and returns the commit's id, which the host keeps, out
+  of the member's reach. ``collect`` makes another fresh git directory and copies into
+  it, from the snapshot's ``objects``, only the objects it needs - the commit, its
+  trees, the old content of changed files - each checked to hash to the id its parent
+  names, from the kept commit down (the loose-object format is read here, in bounded
+  steps). An object the member changed is refused; the snapshot's ``config``, hooks
+  and index are never read again, so a ``core.fsmonitor`` written there runs nothing.
+  The snapshot also stores each file's stamp (inode, size, mode, modification and
+  change times, as git's index does) as one more object, so only files whose stamp
+  moved are read again; the member can set a modification time back, not a change
+  time.
 * **git reads only what Fleet wrote.** Its configuration is the fresh directory's own
   plus :data:`GIT_CONFIG` given on the command line (no system or global file, no
   hooks, fsmonitor, pager, external diff or textconv); the environment is built from
@@ -32,7 +37,7 @@ in the same call:
   Fleet's :data:`EXCLUDES`. A ``.gitignore`` the member wrote is a change in the patch
   like any other, but it hides nothing from it; a directory the member made into a
   repository (``sub/.git``) still has its files listed one by one. Which files changed
-  is decided by comparing each file's blob id with the baseline's; git then stages
+  is decided by comparing each file's blob id with the baseline's; git stages
   exactly those, and a path git will not take (``.Git/config``) is a failed collection
   that names it, never a silently shorter patch.
 
@@ -57,8 +62,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
+import zlib
 from collections.abc import Iterable
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 GIT = "/usr/bin/git"
 WORKSPACE = b"/workspace"
@@ -103,14 +110,17 @@ GIT_CONFIG: dict[str, str] = {
     "color.ui": "never",
     "diff.noprefix": "false",
     "diff.mnemonicPrefix": "false",
-    "pack.window": "0",
+    "core.bigFileThreshold": "64g",
     "user.name": "fleet",
     "user.email": "fleet@localhost",
 }
 """Every setting the in-box calls would otherwise look up somewhere, fixed on git's
 command line (no file of the user's or the member's is read for them)."""
 _FIXED_DATE = "1700000000 +0000"
-BUNDLE_REF = "refs/heads/baseline"
+OBJECT_BYTES = 64 * 1024 * 1024
+"""Largest object whose content is read back from the baseline (trees, a commit,
+``.gitignore`` files); a blob only copied may declare up to 64 GiB, more than a box
+holds."""
 
 
 class Failed(Exception):
@@ -178,9 +188,10 @@ class Repo:
         if not paths:
             return set()
         # "./" first: a name starting ":(" or ":!" is then a name, not pathspec magic
-        # (check-ignore refuses GIT_LITERAL_PATHSPECS).
+        # (check-ignore refuses GIT_LITERAL_PATHSPECS). --no-index: tracked files are
+        # listed anyway, and with the index read each path costs a pass over it.
         done = subprocess.run(
-            [GIT, "check-ignore", "-z", "--stdin"],
+            [GIT, "check-ignore", "--no-index", "-z", "--stdin"],
             input=b"".join(b"./" + p + b"\0" for p in paths),
             capture_output=True,
             env={**self.env, "GIT_WORK_TREE": os.fsdecode(worktree)},
@@ -261,71 +272,152 @@ def staged(repo: Repo) -> set[bytes]:
     return {p for p in repo.run("ls-files", "-z", "--cached").split(b"\0") if p}
 
 
-def snapshot(out: str, bundle: str) -> dict[str, object]:
-    """Commit /workspace as the baseline, into ``bundle``; its id and the paths git
-    would not take (kept with their blob ids, so only a change to one fails later)."""
-    gitdir = tempfile.mkdtemp(prefix="fleet-snapshot-", dir="/tmp")
+def snapshot(out: str) -> dict[str, object]:
+    """Commit /workspace as the baseline: its id, where its objects are, and the paths
+    git would not take (kept with their blob ids, so only a change to one fails later)."""
+    # A file changed this close to the snapshot could be changed again within the
+    # same clock tick and keep its stamp; it gets none and is always read again.
+    settled = time.time_ns() - 2_000_000_000
+    gitdir = tempfile.mkdtemp(prefix="fleet-baseline-", dir="/tmp")
+    repo = Repo(gitdir)
+    files = walk(repo, WORKSPACE)
+    stage(repo, files)
+    refused = sorted(set(files) - staged(repo))
+    tree = repo.run("write-tree").strip().decode()
+    commit = repo.run("commit-tree", tree, "-m", "baseline").strip().decode()
+    listed = b"".join(p + b"\0" + (stamp(p, settled) or b"") + b"\0" for p in files)
+    stamps = repo.run("hash-object", "-w", "--stdin", stdin=listed).strip().decode()
+    return {
+        "ok": True,
+        "commit": commit,
+        "stamps": stamps,
+        "objects": os.path.join(gitdir, "objects"),
+        "files": len(files),
+        "refused": {os.fsdecode(p): blob(p) for p in refused},
+    }
+
+
+def stamp(rel: bytes, settled: int | None = None) -> bytes | None:
+    """What changes whenever a file's content or mode does (git's own test): inode,
+    size, mode, modification and change times. The member can set a modification time
+    back, never a change time. None: no such file, or one changed after ``settled``."""
     try:
-        repo = Repo(gitdir)
-        files = walk(repo, WORKSPACE)
-        stage(repo, files)
-        refused = sorted(set(files) - staged(repo))
-        tree = repo.run("write-tree").strip().decode()
-        commit = repo.run("commit-tree", tree, "-m", "baseline").strip().decode()
-        repo.run("update-ref", BUNDLE_REF, commit)
-        repo.run("bundle", "create", "-q", bundle, BUNDLE_REF)
-        kept = {os.fsdecode(p): blob(p) for p in refused}
-        return {"ok": True, "commit": commit, "files": len(files), "refused": kept}
-    finally:
-        shutil.rmtree(gitdir, ignore_errors=True)
+        st = os.lstat(os.path.join(WORKSPACE, rel))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if settled is not None and max(st.st_ctime_ns, st.st_mtime_ns) >= settled:
+        return None
+    return b"%d %d %d %d %d" % (st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def baseline_entries(repo: Repo, commit: str) -> dict[bytes, tuple[str, str]]:
-    listing = repo.run("ls-tree", "-r", "-z", "--full-tree", commit)
+def read_stamps(objects: str, mine: str, oid: str) -> dict[bytes, bytes]:
+    parts = copy_object(objects, mine, oid, b"blob").split(b"\0")
+    return dict(zip(parts[0:-1:2], parts[1::2], strict=True))
+
+
+def copy_object(src: str, dst: str, oid: str, kind: bytes, *, keep: bool = True) -> bytes:
+    """Copy the loose object ``oid`` from the objects directory ``src`` into ``dst``
+    once its bytes are shown to hash to ``oid`` and to be a ``kind``; its content
+    (b"" unless ``keep``). Inflated in bounded steps: a small file cannot make it
+    inflate without end."""
+    if len(oid) != 40 or oid.strip("0123456789abcdef"):
+        raise Failed(f"Fleet's baseline snapshot names a bad object id {oid!r}")
+    name = os.path.join(oid[:2], oid[2:])
+    os.makedirs(os.path.join(dst, oid[:2]), exist_ok=True)
+    unzip, h = zlib.decompressobj(), hashlib.sha1(usedforsecurity=False)
+    raw, total, bound = bytearray(), 0, None  # bound: header plus declared length
+    try:
+        with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as out:
+            while chunk := f.read(1 << 20):
+                out.write(chunk)
+                while chunk:
+                    data, chunk = unzip.decompress(chunk, 1 << 20), unzip.unconsumed_tail
+                    h.update(data)
+                    total += len(data)
+                    if keep or len(raw) < 64:
+                        raw += data
+                    if bound is None and b"\0" in raw[:64]:
+                        bound = raw.index(b"\0") + 1 + _length(raw, kind, keep)
+                    if total > (OBJECT_BYTES if bound is None else bound):
+                        raise Failed("Fleet's baseline snapshot was changed in the box")
+    except OSError as exc:
+        raise Failed(f"Fleet's baseline snapshot is unreadable ({exc.strerror}: {name})") from None
+    body = bytes(raw).partition(b"\0")[2]
+    if total != bound or not unzip.eof or unzip.unused_data or h.hexdigest() != oid:
+        raise Failed("Fleet's baseline snapshot was changed in the box")
+    return body if keep else b""
+
+
+def _length(raw: bytearray, kind: bytes, keep: bool) -> int:
+    """The content length an object's header (``kind LENGTH\\0``) declares."""
+    what, _, length = bytes(raw[: raw.index(b"\0")]).partition(b" ")
+    if what != kind or not length.isdigit() or int(length) > (OBJECT_BYTES if keep else 1 << 36):
+        raise Failed("Fleet's baseline snapshot was changed in the box")
+    return int(length)
+
+
+def baseline_entries(src: str, dst: str, commit: str) -> dict[bytes, tuple[str, str]]:
+    """Every file of the baseline ``commit`` as ``{path: (mode, blob id)}``, read from
+    objects each checked against its id, from the commit the host kept down."""
+    first = copy_object(src, dst, commit, b"commit").split(b"\n", 1)[0]
+    if not first.startswith(b"tree "):
+        raise Failed("Fleet's baseline snapshot was changed in the box")
     entries: dict[bytes, tuple[str, str]] = {}
-    for line in listing.split(b"\0"):
-        if line:
-            meta, _, path = line.partition(b"\t")
-            mode, _kind, oid = meta.decode().split()
-            entries[path] = (mode, oid)
+    trees = [(b"", first[5:].decode())]
+    while trees:
+        prefix, oid = trees.pop()
+        data, i = copy_object(src, dst, oid, b"tree"), 0
+        while i < len(data):
+            space = data.index(b" ", i)
+            nul = data.index(b"\0", space)
+            mode, name, sha = (
+                data[i:space].decode(),
+                data[space + 1 : nul],
+                data[nul + 1 : nul + 21],
+            )
+            i = nul + 21
+            if mode == "40000":
+                trees.append((prefix + name + b"/", sha.hex()))
+            else:
+                entries[prefix + name] = (mode, sha.hex())
     return entries
 
 
-def shadow_rules(repo: Repo, base: dict[bytes, tuple[str, str]], shadow: bytes) -> None:
+def shadow_rules(src: str, dst: str, base: dict[bytes, tuple[str, str]], shadow: bytes) -> None:
     """The baseline's ``.gitignore`` files, written into the empty tree ``shadow``."""
     for path, (mode, oid) in base.items():
         if os.path.basename(path) == b".gitignore" and mode != "120000":
             target = os.path.join(shadow, path)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "wb") as f:
-                f.write(repo.run("cat-file", "blob", oid))
+                f.write(copy_object(src, dst, oid, b"blob"))
 
 
-def collect(
-    out: str, bundle: str, commit: str, refused: dict[str, list[str]], patch_bytes: int
-) -> dict[str, object]:
-    """The patch of /workspace against the baseline ``commit`` read from ``bundle``
-    (``refused``: the snapshot's paths git would not take, with their blob ids)."""
+def collect(out: str, objects: str, commit: str, request: dict[str, Any]) -> dict[str, object]:
+    """The patch of /workspace against the baseline ``commit``, whose objects are in
+    ``objects``. ``request``: ``stamps`` (the id of the snapshot's file stamps),
+    ``refused`` (its paths git would not take, with blob ids) and ``patch_bytes``."""
     gitdir = tempfile.mkdtemp(prefix="fleet-collect-", dir="/tmp")
     shadow = os.fsencode(tempfile.mkdtemp(prefix="fleet-rules-", dir="/tmp"))
     changed: list[bytes] = []
     try:
         repo = Repo(gitdir)
-        try:
-            heads = repo.run("bundle", "unbundle", bundle, cwd=b"/")
-        except Failed as exc:
-            raise Failed(f"Fleet's baseline snapshot is unreadable ({exc})") from None
-        if heads.split()[:2] != [commit.encode(), BUNDLE_REF.encode()]:
-            raise Failed("Fleet's baseline snapshot was replaced in the box")
-        base = baseline_entries(repo, commit)
-        shadow_rules(repo, base, shadow)
+        mine = os.path.join(gitdir, "objects")
+        base = baseline_entries(objects, mine, commit)
+        shadow_rules(objects, mine, base, shadow)
         repo.run("read-tree", commit)
+        stamps = read_stamps(objects, mine, str(request.get("stamps")))
         known = dict(base)
+        refused = request.get("refused") or {}
         known.update({os.fsencode(p): (m, o) for p, (m, o) in refused.items()})
         candidates = set(walk(repo, shadow)) | set(base)
         for path in sorted(candidates):
+            if path in known and stamp(path) == stamps.get(path):
+                continue  # untouched since the snapshot: no need to read it again
             if blob(path) != known.get(path):
                 changed.append(path)
+                if path in base:  # the diff reads its old content
+                    copy_object(objects, mine, base[path][1], b"blob", keep=False)
         stage(repo, changed)
         diff = ["diff", "--cached", "--no-renames", commit]
         took = {p for p in repo.run(*diff, "--name-only", "-z").split(b"\0") if p}
@@ -336,6 +428,7 @@ def collect(
         with open(os.path.join(out, "patch.diff"), "wb") as f:
             repo.run(*diff, "--binary", "--no-color", "--no-ext-diff", "--no-textconv", into=f)
             size = os.fstat(f.fileno()).st_size
+        patch_bytes = int(request.get("patch_bytes", 1 << 26))
         if size > patch_bytes:
             raise Failed(f"the patch is {size} bytes, over the {patch_bytes}-byte limit")
         return {"ok": True, "changed": [os.fsdecode(p) for p in changed]}
@@ -389,15 +482,14 @@ def archive(out: str, paths: list[bytes]) -> dict[str, object]:
 
 
 def main(argv: list[str]) -> int:
-    action, out, bundle, *rest = argv
+    action, out, *rest = argv
     os.mkdir(out, 0o700)  # refuses a directory that is already there
     request = json.loads(sys.stdin.read() or "{}")
     try:
         if action == "snapshot":
-            result = snapshot(out, bundle)
+            result = snapshot(out)
         else:
-            refused, limit = request.get("refused", {}), request.get("patch_bytes", 1 << 26)
-            result = collect(out, bundle, rest[0], refused, limit)
+            result = collect(out, rest[0], rest[1], request)
     except (Failed, OSError) as exc:
         result = {"ok": False, "error": str(exc)}
     with open(os.path.join(out, "result.json"), "w") as f:
