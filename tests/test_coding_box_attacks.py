@@ -38,7 +38,12 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def box(docker_client, images, run_id: str) -> AsyncIterator:
-    files = {"calc.py": "def add(a, b):\n    return a - b\n", ".gitignore": "*.log\n"}
+    files = {
+        "calc.py": "def add(a, b):\n    return a - b\n",
+        ".gitignore": "*.log\n",
+        "build/.gitignore": "*\n",  # ignores itself too, as build directories often do
+        "build/out.o": "object\n",
+    }
     async with coding_box(docker_client, images, run_id, files) as sandbox:
         await sandbox.write_file("/tmp/payload", PAYLOAD, mode=0o755)
         yield sandbox
@@ -135,6 +140,7 @@ async def test_a_gitignore_or_a_nested_repository_the_member_makes_hides_nothing
         # A name git would read as pathspec magic (":!" excludes) is still just a name.
         tool_use("write_file", {"path": ":!odd.py", "content": "ODD = 1\n"}),
         tool_use("write_file", {"path": "notes.log", "content": "ignored at baseline\n"}),
+        tool_use("write_file", {"path": "build/new.o", "content": "ignored at baseline\n"}),
         # Ignore everything, then make sub/ a repository of its own.
         shell("printf '*\\n' >> .gitignore && git init -q sub && echo sub is a repo"),
         DONE,
@@ -142,7 +148,8 @@ async def test_a_gitignore_or_a_nested_repository_the_member_makes_hides_nothing
     outcome, _ = await scripted(box, tmp_path, member("Fix add()."), script)
     assert outcome.status == "ok", outcome.reason
     result = outcome.result
-    # notes.log stays out: *.log was in the repository's rules before the member came.
+    # notes.log and build/new.o stay out: the repository's rules had them ignored
+    # before the member came.
     changed = [".gitignore", ":!odd.py", "calc.py", "helper.py", "sub/inner.py"]
     assert result["files_changed"] == changed
     assert "+HELP = 1" in result["patch"] and "+INNER = 1" in result["patch"]

@@ -230,7 +230,12 @@ def walk(repo: Repo, rules: bytes) -> list[bytes]:
             for rel, is_dir in entries:
                 if is_dir:
                     os.makedirs(os.path.join(rules, rel), exist_ok=True)
-        drop = repo.ignored([rel for rel, _ in entries], rules)
+        # A .gitignore is always listed, even one that ignores itself ("*"): so the
+        # snapshot keeps its rules, and the member cannot hide one it wrote.
+        rule_files = {
+            rel for rel, is_dir in entries if not is_dir and os.path.basename(rel) == b".gitignore"
+        }
+        drop = repo.ignored([rel for rel, _ in entries], rules) - rule_files
         level = [rel for rel, is_dir in entries if is_dir and rel not in drop]
         files += [rel for rel, is_dir in entries if not is_dir and rel not in drop]
     return sorted(files)
