@@ -6,6 +6,7 @@ never ran, or that a collection it broke ends the member ``failed`` with its edi
 
 from __future__ import annotations
 
+import os
 import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from loop_support import coding_box, events, scripted
 from scripted_calls import tool_results
 
+from coordinator import host_git
 from coordinator.cli import main
 from coordinator.runs import RunDir
 from subagents.fake_api import text, tool_use
@@ -43,6 +45,7 @@ async def box(docker_client, images, run_id: str) -> AsyncIterator:
         ".gitignore": "*.log\n",
         "build/.gitignore": "*\n",  # ignores itself too, as build directories often do
         "build/out.o": "object\n",
+        "lib/util.py": "UTIL = 1\n",
     }
     async with coding_box(docker_client, images, run_id, files) as sandbox:
         await sandbox.write_file("/tmp/payload", PAYLOAD, mode=0o755)
@@ -116,7 +119,7 @@ async def test_a_changed_baseline_is_refused_not_diffed_against(box, tmp_path: P
     # every object of Fleet's snapshot, so that a diff against it would hide the fix.
     forge = (
         "b=$(ls -d /tmp/fleet-baseline* | head -1); "
-        "d=$(mktemp -d) && cp /workspace/calc.py /workspace/.gitignore $d && cd $d && "
+        "d=$(mktemp -d) && cp -r /workspace/. $d && rm -rf $d/.git && cd $d && "
         "git init -q && git add -A && git -c user.name=m -c user.email=m@x commit -qm forged && "
         "c=$(git rev-parse HEAD) && f=.git/objects/${c:0:2}/${c:2} && "
         "for o in $(find $b/objects -type f -path '*/objects/??/*'); do cp -f $f $o; done; "
@@ -153,6 +156,33 @@ async def test_a_gitignore_or_a_nested_repository_the_member_makes_hides_nothing
     changed = [".gitignore", ":!odd.py", "calc.py", "helper.py", "sub/inner.py"]
     assert result["files_changed"] == changed
     assert "+HELP = 1" in result["patch"] and "+INNER = 1" in result["patch"]
+
+
+async def test_a_directory_made_a_link_is_not_followed_and_a_file_made_a_directory_is_staged(
+    box, tmp_path: Path
+) -> None:
+    # lib/ becomes a link to a directory outside /workspace that holds a util.py too.
+    # And calc.py, a file, becomes a directory.
+    relink = (
+        "mkdir -p /tmp/outside && echo 'SECRET = 1' > /tmp/outside/util.py && "
+        "rm -rf lib && ln -s /tmp/outside lib && "
+        "rm calc.py && mkdir calc.py && echo 'X = 1' > calc.py/x.py && echo done"
+    )
+    outcome, _ = await scripted(box, tmp_path, member("Relink lib."), [shell(relink), DONE])
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.result["files_changed"] == ["calc.py", "calc.py/x.py", "lib", "lib/util.py"]
+    patch = outcome.result["patch"]
+    assert "deleted file mode 100644" in patch and "new file mode 120000" in patch
+    assert "SECRET" not in patch and "+/tmp/outside" in patch
+    # The patch applies, as fleet code --apply applies it, to the tree as it was.
+    host = tmp_path / "host"
+    (host / "lib").mkdir(parents=True)
+    (host / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (host / "lib" / "util.py").write_text("UTIL = 1\n")
+    done = host_git.apply(host, tmp_path / "patch.diff")
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(host / "lib") == "/tmp/outside"
+    assert (host / "calc.py" / "x.py").read_text() == "X = 1\n"
 
 
 async def test_a_patch_over_the_limit_fails_the_member_and_keeps_its_edits(

@@ -53,6 +53,7 @@ UTF-8, which JSON carries).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -64,7 +65,6 @@ import tarfile
 import tempfile
 import time
 import zlib
-from collections.abc import Iterable
 from typing import Any, BinaryIO
 
 GIT = "/usr/bin/git"
@@ -241,13 +241,36 @@ def walk(repo: Repo, rules: bytes) -> list[bytes]:
     return sorted(files)
 
 
+@functools.cache
+def _real_dir(rel: bytes) -> bool:
+    """Whether ``rel`` is a directory of the workspace reached through directories
+    only: a path under a link (``src`` made a link to ``/etc``) is not in the
+    workspace, and is never read."""
+    if not rel:
+        return True
+    try:
+        st = os.lstat(os.path.join(WORKSPACE, rel))
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and _real_dir(os.path.dirname(rel))
+
+
+def lstat(rel: bytes) -> os.stat_result | None:
+    """The workspace path's own status; None when it is not there (or under a link)."""
+    if not _real_dir(os.path.dirname(rel)):
+        return None
+    try:
+        return os.lstat(os.path.join(WORKSPACE, rel))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
 def blob(rel: bytes) -> tuple[str, str] | None:
     """``(mode, blob id)`` of a workspace path as git would stage it; None when it is
     not there, or is neither a file nor a link."""
     full = os.path.join(WORKSPACE, rel)
-    try:
-        st = os.lstat(full)
-    except (FileNotFoundError, NotADirectoryError):
+    st = lstat(rel)
+    if st is None:
         return None
     h = hashlib.sha1(usedforsecurity=False)
     if stat.S_ISLNK(st.st_mode):
@@ -268,9 +291,20 @@ def blob(rel: bytes) -> tuple[str, str] | None:
     return ("100755" if st.st_mode & stat.S_IXUSR else "100644"), h.hexdigest()
 
 
-def stage(repo: Repo, paths: Iterable[bytes]) -> None:
-    listed = b"".join(p + b"\0" for p in paths)
-    repo.run("update-index", "--add", "--remove", "--replace", "-z", "--stdin", stdin=listed)
+def _file_or_link(st: os.stat_result | None) -> bool:
+    return st is not None and (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode))
+
+
+def stage(repo: Repo, paths: list[bytes]) -> None:
+    """Put ``paths`` in the index as they are now: gone ones (or made directories) out
+    first, without git looking at the work tree (it refuses a path under a link), then
+    the rest."""
+    gone = {p for p in paths if not _file_or_link(lstat(p))}
+    here = [p for p in paths if p not in gone]
+    for flags, listed in ((["--force-remove"], sorted(gone)), (["--add", "--replace"], here)):
+        if listed:
+            names = b"".join(p + b"\0" for p in listed)
+            repo.run("update-index", *flags, "-z", "--stdin", stdin=names)
 
 
 def staged(repo: Repo) -> set[bytes]:
@@ -306,9 +340,8 @@ def stamp(rel: bytes, settled: int | None = None) -> bytes | None:
     """What changes whenever a file's content or mode does (git's own test): inode,
     size, mode, modification and change times. The member can set a modification time
     back, never a change time. None: no such file, or one changed after ``settled``."""
-    try:
-        st = os.lstat(os.path.join(WORKSPACE, rel))
-    except (FileNotFoundError, NotADirectoryError):
+    st = lstat(rel)
+    if st is None:
         return None
     if settled is not None and max(st.st_ctime_ns, st.st_mtime_ns) >= settled:
         return None
@@ -467,9 +500,8 @@ def archive(out: str, paths: list[bytes]) -> dict[str, object]:
     with tarfile.open(os.path.join(out, "edits.tar"), "w", format=tarfile.PAX_FORMAT) as tar:
         for path in paths:
             full = os.path.join(WORKSPACE, path)
-            try:
-                st = os.lstat(full)
-            except (FileNotFoundError, NotADirectoryError):
+            st = lstat(path)
+            if st is None:
                 deleted.append(os.fsdecode(path))
                 continue
             size = st.st_size if stat.S_ISREG(st.st_mode) else 0
