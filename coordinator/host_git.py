@@ -48,23 +48,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-SAFE_CONFIG: dict[str, str] = {
-    "core.fsmonitor": "false",
-    "core.hooksPath": "/dev/null",
-    "core.sshCommand": "",
-    "core.askPass": "",
-    "core.pager": "cat",
-    "core.editor": ":",
-    "sequence.editor": ":",
-    "credential.helper": "",
-    "diff.external": "",
-    "gpg.program": "",
-    "core.alternateRefsCommand": "",
-    "protocol.allow": "never",
-    "gc.auto": "0",
-    "maintenance.auto": "false",
-}
-"""Settings that would run a command, switched off on every call."""
+from subagents.kinds.workspace_git import SAFE_CONFIG
+
+__all__ = ["SAFE_CONFIG", "apply", "git"]
+
 _DRIVER_KEYS = {
     "filter": ("clean", "smudge", "process"),
     "diff": ("command", "textconv"),

@@ -137,7 +137,8 @@ class Report(_Strict):
     """Per ok member: its task (sub-question), its own summary and confidence."""
     code: list[dict[str, Any]] = Field(default_factory=list)
     """Coding members' changes: summary, files changed, tests, patch path, and
-    ``status`` (a ``failed`` entry is a patch whose test fails, kept for reading)."""
+    ``status`` (a ``failed`` entry is a patch whose test fails, kept for reading, or
+    one that could not be collected: ``collection_error``, its files in ``edits``)."""
     members: list[MemberLine] = Field(default_factory=list)
     failed: list[MemberLine] = Field(default_factory=list)
     memory: list[MemoryProblem] = Field(default_factory=list)
@@ -218,6 +219,11 @@ def render_markdown(report: Report) -> str:
                 if entry.get("status", "ok") != "ok"
                 else ""
             )
+            if entry.get("collection_error"):
+                failing = (
+                    f" **Its patch could not be collected** ({entry['collection_error']}); "
+                    f"its changed files are in `{entry.get('edits', 'nothing kept')}`."
+                )
             out.append(
                 f"- **{entry['member']}**: {entry.get('summary', '')} (files: {files}; "
                 f"patch: `{entry['patch']}`){failing}"

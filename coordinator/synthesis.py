@@ -105,13 +105,16 @@ def _claims_of(d: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _code_entry(d: dict[str, Any]) -> dict[str, Any]:
     r = d.get("result") or d.get("kept") or {}
-    keep = ("summary", "files_changed", "tests_run", "tests_passed", "verified")
-    return {
+    keep = ("summary", "files_changed", "tests_run", "tests_passed", "verified", "collection_error")
+    entry = {
         "member": d["member"],
         "status": d["status"],
         **{k: r[k] for k in keep if k in r},
         "patch": f"members/{d['member']}/patch.diff",
     }
+    if r.get("edits_archive"):
+        entry["edits"] = f"members/{d['member']}/{r['edits_archive']}"
+    return entry
 
 
 def _code_entries(digests: list[dict[str, Any]]) -> list[dict[str, Any]]:

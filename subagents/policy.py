@@ -40,7 +40,10 @@ The policy is a guard against a member doing what the job's owner did not want d
 unasked; it is not the isolation boundary - the box is. A line is read for what it
 says, not for what the programs it starts do: a script written, then run, or
 ``python -c`` doing the same work, is the command ``python``. So ``deny`` rules are
-best written on tools (``deny = ["shell"]``) when a call must never happen.
+best written on tools (``deny = ["shell"]``) when a call must never happen. No
+other built-in tool runs a file the member can write, so ``deny = ["shell"]`` keeps
+the model's own code from running through Fleet's tools; it does not stop what the
+job runs in the box (a coding member's check command runs the code it checks).
 
 ``submit_result`` and ``tool_search`` are never checked: they touch nothing outside
 the member's own context, and a member must always be able to finish.

@@ -11,6 +11,8 @@ subject (the trace-growth test, which makes hundreds of calls).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,6 +20,7 @@ import anyio
 from anthropic.types import Message
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.docker import DockerBackend
 from sandbox.errors import SandboxCrashed
 from subagents.fake_api import FakeMessagesAPI
 from subagents.kinds import Kind, register_kind
@@ -240,3 +243,29 @@ async def run_probe(
         finally:
             await model.aclose()
     return outcome, api
+
+
+async def scripted(
+    box: Any, run_dir: Path, spec: MemberSpec, script: list[Any]
+) -> tuple[MemberOutcome, FakeMessagesAPI]:
+    """Run ``spec`` in ``box`` with the fake API answering from ``script``."""
+    with FakeMessagesAPI(script) as api:
+        model = anthropic_model(api)
+        outcome = await run_member(
+            spec, sandbox=box, model=model, run_dir=run_dir, trace=writer(run_dir, spec.id)
+        )
+        await model.aclose()
+    return outcome, api
+
+
+@asynccontextmanager
+async def coding_box(
+    client: Any, images: dict[str, str], run: str, files: dict[str, str]
+) -> AsyncIterator[Any]:
+    """A coding member's box with ``files`` (relative to /workspace) written in it."""
+    spec = MemberSpec(id="coder", kind="coding", task="t").sandbox
+    sandbox = await DockerBackend(client, images=images).create(spec, run=run, member="coder")
+    async with sandbox:
+        for path, text in files.items():
+            await sandbox.write_file(f"/workspace/{path}", text)
+        yield sandbox

@@ -5,17 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
-from loop_support import anthropic_model, events, writer
+from loop_support import coding_box, events, scripted, writer
 
-from sandbox.docker import DockerBackend
-from subagents.fake_api import FakeMessagesAPI, reply, tool_use
+from subagents.fake_api import reply, tool_use
 from subagents.kinds.coding import CHECK_BRIEF, CodingSettings
 from subagents.member import run_member
-from subagents.outcome import MemberOutcome
 from subagents.spec import Limits, MemberSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
@@ -30,31 +27,13 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def box(docker_client, images, run_id: str) -> AsyncIterator:
-    spec = MemberSpec(id="coder", kind="coding", task="t").sandbox
-    sandbox = await DockerBackend(docker_client, images=images).create(
-        spec, run=run_id, member="coder"
-    )
-    async with sandbox:
-        await sandbox.write_file("/workspace/calc.py", "def add(a, b):\n    return a - b\n")
-        await sandbox.write_file("/workspace/README.md", "calc\n")
+    files = {"calc.py": "def add(a, b):\n    return a - b\n", "README.md": "calc\n"}
+    async with coding_box(docker_client, images, run_id, files) as sandbox:
         init = await sandbox.exec(
             "git init -q && git add -A && git -c user.name=u -c user.email=u@x commit -qm init"
         )
         assert init.ok, init.stderr
         yield sandbox
-
-
-async def scripted(
-    box: Any, run_dir: Path, spec: MemberSpec, script: list[Any]
-) -> tuple[MemberOutcome, FakeMessagesAPI]:
-    """Run ``spec`` in ``box`` with the fake API answering from ``script``."""
-    with FakeMessagesAPI(script) as api:
-        model = anthropic_model(api)
-        outcome = await run_member(
-            spec, sandbox=box, model=model, run_dir=run_dir, trace=writer(run_dir, "coder")
-        )
-        await model.aclose()
-    return outcome, api
 
 
 async def test_coding_member_fixes_a_bug_and_returns_the_patch(box, tmp_path: Path) -> None:

@@ -277,6 +277,13 @@ def cmd_code(args: argparse.Namespace) -> int:
             f"test: {verified.get('command')} -> exit {verified.get('exit_code')} ({verdict}, "
             "re-run by Fleet after the member finished)"
         )
+    if result.get("collection_error"):
+        # No patch stands for the member's work: say so, and where its files are.
+        kept = result.get("edits_archive")
+        where = patch.with_name(kept) if kept else "nothing could be kept"
+        print(f"the patch could not be collected: {result['collection_error']}")
+        print(f"changed files: {where}; {repo} is untouched (nothing to apply)")
+        return EXIT_FAILED
     if not patch.exists() or not patch.read_bytes().strip():
         print("no changes were made; nothing to apply")
         return EXIT_FAILED if failed_test else summary.exit_code

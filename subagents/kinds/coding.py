@@ -4,17 +4,27 @@ The model reports what it did (summary, tests it ran, notes); the harness suppli
 what must not be taken on the model's word:
 
 * ``patch`` and ``files_changed`` come from a git diff of ``/workspace`` against a
-  snapshot taken before the first turn. The snapshot lives in a separate git
-  directory under ``/tmp`` so a repository already in ``/workspace`` (its ``.git``,
-  index and branches) is never touched, and its ``.gitignore`` is honoured.
+  snapshot taken before the first turn, made by Fleet's own program in the box
+  (:mod:`.workspace_git`), never in ``/workspace``'s own ``.git`` (a repository there
+  is never touched). Everything in the box is the member's to write, so that program
+  runs no file of the member's (``python3 -I -S``), gives git a git directory made
+  fresh for each call and a configuration of Fleet's alone (no hook, fsmonitor,
+  filter, diff driver or textconv can run), and takes the baseline only from objects
+  that hash down from the commit id the host kept: an object the member changed is
+  refused.
 * the patch is of the files' bytes as they are, and nothing can hide a change from
-  it: the snapshot's own ``info/attributes`` (which beats the repository's
-  ``.gitattributes``) turns off filters, end-of-line and encoding conversion, and
-  leaves binary detection to git (so ``*.md binary`` cannot turn a text change into
-  "Binary files differ"); binary files travel as git binary patches; no textconv or
-  external diff runs, and no configuration outside the snapshot is read. The patch
-  is read back from the box as bytes (a file that is not UTF-8 stays intact), which
-  is what ``fleet code --apply`` applies byte for byte.
+  it: ``info/attributes`` (which beats the repository's ``.gitattributes``) turns off
+  filters, end-of-line and encoding conversion and leaves binary detection to git (so
+  ``*.md binary`` cannot turn a text change into "Binary files differ"); binary files
+  travel as git binary patches. New files are judged by the ignore rules as they were
+  at the snapshot, so a ``.gitignore`` the member wrote hides nothing; a directory it
+  made into a repository still has its files in the patch. The patch is read back
+  from the box as bytes (a file that is not UTF-8 stays intact), which is what
+  ``fleet code --apply`` applies byte for byte.
+* a collection that fails - the baseline gone or changed, a changed path git will
+  not hold in a patch (``.Git/config``), a patch over ``PATCH_BYTES`` - ends the
+  member ``failed`` with the reason (``collection_error``), never ``ok`` with a
+  shorter patch; the changed files are kept in ``edits.tar`` in its run directory.
 * when the job gave a check command (:class:`CodingSettings` ``test``) it is run once
   more after the model submits, and ``verified`` records its real exit code. A test
   that fails there makes the member ``failed`` ("test failed after edit: ..."),
@@ -32,34 +42,31 @@ cannot swamp the coordinator's report.
 
 from __future__ import annotations
 
-import shlex
+import json
+import uuid
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.base import Sandbox
 from sandbox.errors import OutputLimitExceeded
 
 from ..tools.base import ToolContext
 from ..tools.coding import coding_tools
 from ..tools.names import show
 from ..tools.registry import render_exec
-from . import Kind, register_kind
+from . import Kind, register_kind, workspace_git
 
-WORKSPACE = "/workspace"
-BASELINE_GIT = "/tmp/fleet-baseline.git"
 PATCH_CHARS = 200_000
-_GIT = (
-    f"export GIT_DIR={BASELINE_GIT} GIT_WORK_TREE={WORKSPACE} GIT_CONFIG_NOSYSTEM=1 "
-    "GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_NOSYSTEM=1; "
-    "git -c user.name=fleet -c user.email=fleet@localhost -c core.autocrlf=false "
-    "-c core.attributesFile=/dev/null"
-)
-_RAW_ATTRIBUTES = "* -text -filter -ident !eol !working-tree-encoding !diff\n"
-_NAMES = "/tmp/fleet-changed-names"
-_PATCH = "/tmp/fleet-patch.diff"
 PATCH_BYTES = 64 * 1024 * 1024
-"""Largest patch read back from the box."""
-_EXCLUDES = ".git\n__pycache__/\n*.pyc\n.pytest_cache/\n"
+"""Largest patch collected; a larger one fails the collection (edits kept in edits.tar)."""
+RESULT_BYTES = 16 * 1024 * 1024
+"""Largest ``result.json`` of the in-box program read back (it lists changed paths)."""
+ARCHIVE_READ_BYTES = 2 * workspace_git.ARCHIVE_BYTES
+"""``edits.tar`` read back: its file content is capped in the box, headers come on top."""
+_PROGRAM = Path(workspace_git.__file__).read_text()
+"""The in-box program's source, run with ``python3 -I -S -c`` (see its module)."""
 
 SYSTEM_PROMPT = """\
 You are a careful software engineer working alone in a Linux sandbox. The code is \
@@ -151,60 +158,116 @@ class CodingResult(CodingReport):
     """Paths (relative to /workspace) added, modified or deleted."""
     verified: VerifiedTests | None = None
     """The job's test command re-run after submission, when the job gave one."""
+    collection_error: str | None = None
+    """Why the patch could not be collected (the member then ends ``failed``)."""
+    edits_archive: str | None = None
+    """When the collection failed: the tar file in the member's run directory holding
+    the files found changed (links as links; deleted and left-out paths are in notes)."""
+
+
+async def _in_box_git(
+    box: Sandbox, action: str, args: list[str], request: dict[str, Any]
+) -> tuple[dict[str, Any], str]:
+    """Run the in-box program (:mod:`.workspace_git`); its result and output directory."""
+    out = f"/tmp/fleet-out-{uuid.uuid4().hex}"
+    argv = ["python3", "-I", "-S", "-c", _PROGRAM, action, out, *args]
+    res = await box.exec(argv, cwd="/", timeout=600, stdin=json.dumps(request))
+    try:
+        data = json.loads(await box.read_file(f"{out}/result.json", limit=RESULT_BYTES))
+    except (FileNotFoundError, OutputLimitExceeded, ValueError):
+        tail = (res.stderr or res.stdout).strip()[-500:]
+        return {
+            "ok": False,
+            "error": f"Fleet's in-box git stopped (exit {res.exit_code}): {tail}",
+        }, out
+    if not isinstance(data, dict):
+        return {"ok": False, "error": "Fleet's in-box git wrote no result"}, out
+    return data, out
 
 
 async def snapshot_workspace(ctx: ToolContext) -> None:
     """Record /workspace as the baseline the patch is computed against."""
     if ctx.sandbox is None:
         return
-    info = f"{BASELINE_GIT}/info"
-    script = (
-        f"{_GIT} init -q && printf {shlex.quote(_EXCLUDES)} > {info}/exclude && "
-        f"printf {shlex.quote(_RAW_ATTRIBUTES)} > {info}/attributes && "
-        f"{_GIT} add -A && {_GIT} commit -q --allow-empty --no-verify -m baseline"
-    )
-    res = await ctx.sandbox.exec(["bash", "-c", script], timeout=300)
-    ctx.state["baseline"] = res.ok
-    if not res.ok:
-        ctx.state["baseline_error"] = (res.stderr or res.stdout)[-500:]
+    data, _ = await _in_box_git(ctx.sandbox, "snapshot", [], {})
+    if data.get("ok") and isinstance(data.get("commit"), str):
+        # The commit id is the baseline's fingerprint: kept here, out of the member's
+        # reach, so an object of the snapshot it changed is refused at collection.
+        ctx.state["baseline"] = {
+            "objects": str(data.get("objects")),
+            "commit": data["commit"],
+            "stamps": str(data.get("stamps")),
+            "refused": data.get("refused") or {},
+        }
+    else:
+        ctx.state["baseline_error"] = str(data.get("error", "no result"))[-500:]
 
 
 async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    """Add patch, files_changed and the verified test run to the submitted report."""
+    """Add patch, files_changed and the verified test run to the submitted report; a
+    collection that fails sets ``collection_error`` and keeps the edits in edits.tar."""
     result = dict(data)
-    if ctx.sandbox is None or not ctx.state.get("baseline"):
-        why = ctx.state.get("baseline_error", "no sandbox")
-        result.setdefault("notes", []).append(
-            f"patch unavailable: baseline snapshot failed ({why})"
-        )
+    if ctx.sandbox is None:
+        result.setdefault("notes", []).append("patch unavailable: no sandbox")
         return result
     box = ctx.sandbox
-    # Through files, as bytes: a name or a line that is not UTF-8 arrives intact (a
-    # name is then shown as the tools show it, not in git's octal quoting).
-    diff = f"{_GIT} diff --cached --no-renames"
-    script = (
-        f"{{ {_GIT} add -A && {diff} --name-only -z; }} > {_NAMES}; "
-        f"{diff} --binary --no-color --no-ext-diff --no-textconv > {_PATCH}"
-    )
-    await box.exec(["bash", "-c", script], timeout=300)
-    names = (await box.read_file(_NAMES)).split(b"\0")
-    result["files_changed"] = [show(n.decode("utf-8", "surrogateescape")) for n in names if n]
-    too_large = False
-    try:
-        raw = await box.read_file(_PATCH, limit=PATCH_BYTES)
-    except OutputLimitExceeded as exc:
-        raw, too_large = b"", True
-        result.setdefault("notes", []).append(
-            f"patch not collected: {exc.size} bytes, over the {PATCH_BYTES}-byte limit"
+    baseline = ctx.state.get("baseline") or {"objects": "/nonexistent", "commit": "none"}
+    request = {
+        "stamps": baseline.get("stamps"),
+        "refused": baseline.get("refused", {}),
+        "patch_bytes": PATCH_BYTES,
+    }
+    args = [baseline["objects"], baseline["commit"]]
+    found, out = await _in_box_git(box, "collect", args, request)
+    # Names travel as os.fsdecode strings: one that is not UTF-8 arrives intact and is
+    # shown as the tools show it.
+    result["files_changed"] = [show(str(n)) for n in found.get("changed") or []]
+    if found.get("ok"):
+        try:
+            raw = await box.read_file(f"{out}/patch.diff", limit=PATCH_BYTES)
+        except (FileNotFoundError, OutputLimitExceeded) as exc:
+            found = {**found, "ok": False, "error": f"the patch could not be read back: {exc}"}
+    if found.get("ok"):
+        (ctx.run_dir / "patch.diff").write_bytes(raw)
+        patch = raw.decode("utf-8", "replace")
+        result["patch_truncated"] = len(patch) > PATCH_CHARS
+        result["patch"] = (
+            patch
+            if len(patch) <= PATCH_CHARS
+            else (patch[:PATCH_CHARS] + "\n[... patch cut; the full diff is in patch.diff ...]\n")
         )
-    (ctx.run_dir / "patch.diff").write_bytes(raw)
-    patch = raw.decode("utf-8", "replace")
-    result["patch_truncated"] = len(patch) > PATCH_CHARS or too_large
-    result["patch"] = (
-        patch
-        if len(patch) <= PATCH_CHARS
-        else (patch[:PATCH_CHARS] + "\n[... patch cut; the full diff is in patch.diff ...]\n")
-    )
+    else:
+        why = ctx.state.get("baseline_error")
+        error = str(found.get("error", "no result"))
+        result["collection_error"] = f"the baseline snapshot failed ({why})" if why else error
+        await _keep_edits(box, out, found, result, ctx)
+    await _verify(box, ctx, result)
+    return result
+
+
+async def _keep_edits(
+    box: Sandbox, out: str, found: dict[str, Any], result: dict[str, Any], ctx: ToolContext
+) -> None:
+    """Copy the failed collection's edits.tar to the run directory and say what it holds."""
+    try:
+        tar = await box.read_file(f"{out}/edits.tar", limit=ARCHIVE_READ_BYTES)
+    except (FileNotFoundError, OutputLimitExceeded):
+        tar = b""
+    notes = result.setdefault("notes", [])
+    if tar:
+        (ctx.run_dir / "edits.tar").write_bytes(tar)
+        result["edits_archive"] = "edits.tar"
+    for key, what in (("deleted", "deleted"), ("left_out", "not in edits.tar (too large)")):
+        names = [show(str(n)) for n in found.get(key) or []]
+        if names:
+            shown = ", ".join(names[:20]) + (
+                f" and {len(names) - 20} more" if len(names) > 20 else ""
+            )
+            notes.append(f"{what}: {shown}")
+
+
+async def _verify(box: Sandbox, ctx: ToolContext, result: dict[str, Any]) -> None:
+    """Run the job's check command again, after the collection (it runs the member's code)."""
     settings = ctx.settings
     test = settings.test if isinstance(settings, CodingSettings) else None
     if test is not None and test.strip():
@@ -217,7 +280,21 @@ async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any
             output_tail=tail,
             gate=settings.test_gate if isinstance(settings, CodingSettings) else True,
         ).model_dump()
-    return result
+
+
+def judge_result(result: dict[str, Any]) -> str | None:
+    """The member's failure reason: its patch could not be collected, or the job's test,
+    re-run by Fleet, fails."""
+    error = result.get("collection_error")
+    if error:
+        kept = result.get("edits_archive")
+        where = (
+            f"the changed files are kept in {kept} in the member's run directory"
+            if kept
+            else "no edits could be kept"
+        )
+        return f"patch collection failed: {error} ({where})"
+    return failed_test(result)
 
 
 def failed_test(result: dict[str, Any]) -> str | None:
@@ -249,7 +326,7 @@ CODING = register_kind(
         file_tools=True,
         setup=snapshot_workspace,
         finalize=collect_patch,
-        judge=failed_test,
+        judge=judge_result,
         settings=CodingSettings,
         brief=check_brief,
     )

@@ -1,5 +1,11 @@
 """Coding tools, confined to the member's box: shell, read, write, edit, glob, grep.
 
+None of these tools but ``shell`` runs a file the member can write: ``glob`` runs an
+isolated interpreter (``python3 -I -S``) from ``/``, ``grep`` runs ripgrep, which reads
+ignore files but runs nothing from them, and the file tools are the box agent's own
+operations. So a deny rule on ``shell`` keeps the model's code from running through
+them; it does not stop the job's own check command, which runs the code it tests.
+
 Every tool talks only to ``ctx.sandbox``; paths are resolved by the box's own rules
 (relative to ``/workspace``, refused outside its allowed roots), so a tool can never
 touch the host. Errors the model can fix raise :class:`ToolError` with what to do
@@ -34,7 +40,10 @@ LINE_CHARS = 2_000
 
 # Runs inside the box (python3 is in the coding image): glob with ``**`` support,
 # files only, newest first - the files an agent just touched are usually the ones
-# it wants.
+# it wants. Run as ``python3 -I -S`` from ``/``: with a plain ``python3 -c`` in
+# /workspace, a glob.py or json.py the member wrote there would be imported instead
+# of the standard module, and a .pth file would run - the member's code run by a tool
+# of Fleet's, even under a deny rule on shell.
 _GLOB_PY = r"""
 import glob, json, os, sys
 root, pattern, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -243,7 +252,9 @@ class Glob(Tool):
         box = _box(ctx)
         root = _path(box, args.path)
         res = await box.exec(
-            ["python3", "-c", _GLOB_PY, root, args.pattern, str(args.limit)], timeout=60
+            ["python3", "-I", "-S", "-c", _GLOB_PY, root, args.pattern, str(args.limit)],
+            timeout=60,
+            cwd="/",
         )
         if not res.ok:
             raise ToolError(f"glob failed: {res.stderr.strip()[-500:] or res.stdout[-500:]}")
