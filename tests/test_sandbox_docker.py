@@ -180,6 +180,42 @@ async def test_box_is_non_root_without_capabilities(box: DockerSandbox) -> None:
     assert nnp.stdout.split()[1] == "1"
 
 
+_ATTACH_TO_THE_AGENT = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+agents = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit() and int(pid) != os.getpid():
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"boxagent" in cmd:
+            agents.append(int(pid))
+for pid in agents:
+    attached = libc.ptrace(16, pid, 0, 0)  # PTRACE_ATTACH
+    print(pid, attached, os.strerror(ctypes.get_errno()))
+    if attached == 0:
+        libc.ptrace(17, pid, 0, 0)  # PTRACE_DETACH
+    try:
+        open(f"/proc/{pid}/mem", "rb").close()
+        print(pid, "mem opened")
+    except OSError as exc:
+        print(pid, "mem", exc.strerror)
+"""
+
+
+async def test_a_command_cannot_attach_to_or_read_the_box_agent(box: DockerSandbox) -> None:
+    """The agent runs as the member's user: a command that could ptrace it or open its
+    memory could fake everything it reports (files, exit codes, the patch)."""
+    probe = await box.exec(["python3", "-c", _ATTACH_TO_THE_AGENT])
+    lines = probe.stdout.splitlines()
+    assert lines, probe.stderr  # the agent serving this very call was found
+    assert all(
+        "Operation not permitted" in line or "Permission denied" in line for line in lines
+    ), lines
+
+
 async def test_coding_box_has_no_network(box: DockerSandbox) -> None:
     links = await box.exec("cat /proc/net/dev")
     ifaces = {line.split(":")[0].strip() for line in links.stdout.splitlines()[2:]}

@@ -79,6 +79,7 @@ _mains: set[int] = set()  # commands' own processes, until waited for (never lef
 _procs_lock = threading.Lock()  # a start and a leftover pass never overlap
 _SPAWN_RETRY_S = 2.0
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_DUMPABLE = 4
 _subreaper = False
 
 
@@ -353,7 +354,16 @@ def _no_processes() -> str:
 
 
 def _become_subreaper() -> None:
-    """Make orphans of commands this agent's children instead of init's (see module doc)."""
+    """Make orphans of commands this agent's children instead of init's (see module doc),
+    and this process one that the member's commands cannot attach to.
+
+    Commands run as the agent's own user, so without the second step any of them could
+    ``ptrace`` the agent (Docker's seccomp profile allows it, and a box has no Yama) or
+    write its ``/proc/PID/mem``, and fake whatever the agent reports - file contents,
+    exit codes, the collected patch. A process that is not dumpable can be attached to
+    only with CAP_SYS_PTRACE, which no box has. Its children become dumpable again when
+    they exec, so the member's own debugging of its programs is unchanged. Done before
+    the first command starts: until then no process of the member's exists."""
     global _subreaper
     if _subreaper:
         return
@@ -362,6 +372,7 @@ def _become_subreaper() -> None:
         import ctypes  # here, not at the top: it costs startup time every box pays
 
         libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # no prctl: orphans go to init, the other rules still end them
