@@ -6,7 +6,8 @@ sandbox gc --cluster`` refuse with exit 2 and the paragraph on how to turn it on
 run only with ``--insecure-cluster-without-auth``. Against the test cluster (token
 authentication on), a process without the token - or with a wrong one - can neither
 connect nor run a task, while one with it can; and a Fleet process without the token
-is told so at once instead of after Ray's retries.
+is told so at once instead of after Ray's retries. ``fleet doctor --cluster`` says
+which of the two a cluster is, and checks each node of the closed one.
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ def test_a_cluster_without_token_auth_is_refused_unless_the_user_says_insecure(
         assert "RAY_AUTH_MODE=token" in said and "ray get-auth-token --generate" in said
         assert INSECURE in said and "Traceback" not in refused.stderr
     assert not runs.exists() or not RunDir.list(runs), "nothing ran, no run directory"
+    doctor = _fleet("doctor", "--cluster", open_cluster.address, env=env)
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    auth, *rest = doctor.stdout.splitlines()
+    assert auth.startswith(f"FAIL  ray token auth: the cluster at {open_cluster.address} let in")
+    assert "fix: Turn token authentication on" in auth and "RAY_AUTH_MODE=token" in auth
+    assert rest == [next(r for r in rest if r.startswith("FAIL  nodes: not checked: "))]
+
     ran = _fleet(*run, INSECURE, env=env)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert f"{INSECURE} says to use it anyway" in " ".join(ran.stderr.split())
@@ -136,3 +144,18 @@ def test_fleet_without_the_clusters_token_is_told_at_once(tmp_path, ray_cluster)
     assert wrong.returncode == 2, wrong.stderr[-3000:]
     assert "refused this process: its token is missing or not the cluster's" in wrong.stderr
     assert not (tmp_path / "runs").exists() or not RunDir.list(tmp_path / "runs")
+
+
+def test_doctor_on_a_cluster_with_token_auth_checks_each_node(ray_cluster):
+    done = _fleet("doctor", "--cluster", ray_cluster.address, env=dict(os.environ))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == (
+        f"ok    ray token auth: the cluster at {ray_cluster.address} refuses a process "
+        "without its token"
+    )
+    for node in ray_cluster.nodes:
+        where = f"node {ray_cluster.name(node)} "
+        mine = [line.split(where, 1)[1] for line in lines if where in line]
+        assert {m.split(":")[0] for m in mine} >= {"engine", "images", "host firewall"}, lines
+        assert not any(line.startswith("FAIL") for line in lines)
