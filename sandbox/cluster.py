@@ -27,7 +27,7 @@ import ray
 import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .cluster_auth import own_token_refused, probe, refusal, warning
+from .cluster_auth import Probe, own_token_refused, probe, refusal, warning
 from .errors import SandboxUnavailable
 
 SLOTS = "fleet_slots"
@@ -48,13 +48,14 @@ def node_name(info: dict[str, Any]) -> str:
     return f"{info['NodeManagerAddress']}-{info['NodeID'][:6]}"
 
 
-def connect(address: str, *, insecure: bool = False) -> None:
+def connect(address: str, *, insecure: bool = False, probed: Probe | None = None) -> None:
     """Connect this process to the cluster at ``address`` (once), after making sure it
-    refuses a process without its token; ``insecure``: also to a cluster that does not,
-    or that cannot be told about (a warning on stderr says so)."""
+    refuses a process without its token (``probed``: already asked); ``insecure``: also
+    to a cluster that does not, or that cannot be told about (a warning on stderr says
+    so)."""
     if ray.is_initialized():
         return
-    found = probe(address)
+    found = probed or probe(address)
     refused = refusal(address, found, insecure=insecure)
     if refused is not None:
         raise ClusterUnavailable(refused)

@@ -129,13 +129,15 @@ def probe(address: str) -> Probe:
             )
         except subprocess.TimeoutExpired:
             return Probe("unknown", dialled, f"the check did not finish within {PROBE_S:g}s")
-    lines = done.stdout.strip().splitlines()
     try:
-        found = json.loads(lines[-1])
-        return Probe(found["state"], dialled, found.get("detail", ""))
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        state, detail = found["state"], str(found.get("detail", ""))
     except (IndexError, ValueError, KeyError, TypeError):
+        state, detail = "", ""
+    if state not in ("token", "open", "unreachable", "unknown"):
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
         return Probe("unknown", dialled, f"the check failed: {tail}")
+    return Probe(state, dialled, detail)
 
 
 def _ask(address: str) -> dict[str, str]:

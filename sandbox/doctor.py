@@ -316,8 +316,10 @@ def cluster_checks(address: str, *, insecure: bool = False) -> list[tuple[str, C
         fix="check the address and that the cluster's head is up",
     )
     out = [("", auth)]
+    if found.state == "unreachable":
+        return [*out, ("", Check(name="nodes", status="FAIL", seen="not checked: no cluster"))]
     try:
-        connect(address, insecure=insecure)
+        connect(address, insecure=insecure, probed=found)
         results = on_each_node(address, machine_checks)
     except ClusterUnavailable as exc:  # what is not known to hold does not hold
         return [*out, ("", Check(name="nodes", status="FAIL", seen=f"not checked: {exc}"))]
