@@ -30,8 +30,10 @@ test-deps:
 	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
 	  else echo "fleet: the tests need Chromium; run 'sudo apt-get install chromium'" >&2; exit 2; fi; }
 
-# Lint, format and types gate the tests: what a reviewer would check, CI checks first.
+# Lint, format and types gate the tests: what a reviewer would check, CI checks first;
+# then fleet doctor says which of Fleet's guarantees hold on this machine (exit 1 if one does not).
 test: setup test-deps lint
+	$(BIN)/fleet doctor
 	$(BIN)/python -m pytest -x -q
 
 lint: $(STAMP)

@@ -182,7 +182,9 @@ async def _preflight(job: Job, opts: RunOptions) -> None:
 
     try:
         parallel = await anyio.to_thread.run_sync(
-            lambda: preflight(job, out=opts.out, cluster=opts.cluster)
+            lambda: preflight(
+                job, out=opts.out, cluster=opts.cluster, insecure_cluster=opts.insecure_cluster
+            )
         )
     except (UsageError, CommandFailed) as exc:
         raise RunNotStarted(str(exc)) from None

@@ -73,6 +73,7 @@ from sandbox.cluster import (
     SLOTS,
     ClusterUnavailable,
     NodeUnreachable,
+    connect,
     fleet_nodes,
     node_name,
     on_each_node,
@@ -105,11 +106,20 @@ _Actor: Any = None  # ray.remote(NodeService), made on first use
 __all__ = ["ClusterUnavailable", "RayNodes", "check_nodes"]
 
 
-def check_nodes(address: str, images: list[str], own: dict[str, str], firewall: bool) -> int:
+def check_nodes(
+    address: str,
+    images: list[str],
+    own: dict[str, str],
+    firewall: bool,
+    *,
+    insecure: bool = False,
+) -> int:
     """Every Fleet node has the run's images - Fleet's (by name), and members' own
     (reference -> the field naming it) - and, for browser boxes, the host firewall rules;
     ClusterUnavailable naming each node that does not, and ``fleet setup``. Returns the
-    ``fleet_slots`` the nodes offer."""
+    ``fleet_slots`` the nodes offer. A cluster that lets in a process without its token
+    is refused unless ``insecure`` (:func:`sandbox.cluster.connect`)."""
+    connect(address, insecure=insecure)
     problems = []
     for name, found in on_each_node(address, check_node, images, own, firewall):
         if isinstance(found, NodeUnreachable):
@@ -181,9 +191,16 @@ class RayNodes(Nodes):
     """A run's members on the nodes of a Ray cluster (see the module docstring)."""
 
     def __init__(
-        self, address: str, *, setup: NodeSetup | None = None, approver: Approver | None = None
+        self,
+        address: str,
+        *,
+        setup: NodeSetup | None = None,
+        approver: Approver | None = None,
+        insecure: bool = False,
     ) -> None:
         self.address = address
+        self.insecure = insecure
+        """Use the cluster even if it lets in a process without its token."""
         self.setup = setup
         """Builds each node's side on the node (default: its Docker engine)."""
         self.approver = approver
@@ -206,6 +223,7 @@ class RayNodes(Nodes):
         self, run_id: str, units: list[MemberUnit], services: Services
     ) -> AsyncIterator[None]:
         self._run_id, self._services = run_id, services
+        connect(self.address, insecure=self.insecure)
         infos = fleet_nodes(self.address)
         members = len(units) if services.members is None else services.members
         share = allocate(
@@ -486,6 +504,7 @@ class RayNodes(Nodes):
 
     async def reap(self, run_id: str) -> int:
         """Remove a dead run's boxes on every Fleet node (before a resume)."""
+        connect(self.address, insecure=self.insecure)
         done = await anyio.to_thread.run_sync(on_each_node, self.address, reap_node, run_id)
         # A node that does not answer keeps its boxes until its own gc or their TTL.
         return sum(count for _, count in done if isinstance(count, int))

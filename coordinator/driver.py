@@ -65,6 +65,9 @@ class RunOptions:
     handle_signals: bool = True
     cluster: str | None = None
     """A Ray cluster's address: members run on its nodes (``fleet run --cluster``)."""
+    insecure_cluster: bool = False
+    """Run on the cluster even if it lets in a process without its token
+    (``--insecure-cluster-without-auth``): whoever reaches it can run code on its nodes."""
     on_event: list[Callable[[Any], None]] = field(default_factory=list)
     """Called with every trace event of every member, as it happens."""
     on_journal: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
@@ -100,7 +103,7 @@ def _nodes(opts: RunOptions, approver: FileApprover) -> Nodes:
     if opts.cluster:
         from .cluster import RayNodes
 
-        return RayNodes(opts.cluster, approver=approver)
+        return RayNodes(opts.cluster, approver=approver, insecure=opts.insecure_cluster)
     if opts.backend is None:
         from sandbox.docker import DockerBackend
 

@@ -62,16 +62,18 @@ def preflight(
     *,
     out: TextIO | None = None,
     cluster: str | None = None,
+    insecure_cluster: bool = False,
 ) -> Parallelism:
     """Everything a run needs before it starts; raises :class:`UsageError` (exit 2).
     With ``cluster``, the images and firewall are checked on each of its nodes instead
-    of on this machine (which may have no Docker engine). Returns how many members
-    will run at once (:func:`check_parallel`)."""
+    of on this machine (which may have no Docker engine), once the cluster is known to
+    refuse a process without its token (or ``insecure_cluster`` says to go on). Returns
+    how many members will run at once (:func:`check_parallel`)."""
     check_repos(job, flags)
     check_models(job, flags)
     slots = None
     if cluster:
-        slots = check_cluster(job, cluster)
+        slots = check_cluster(job, cluster, insecure=insecure_cluster)
     else:
         check_images(job, out=out)
     return check_parallel(job, cluster_slots=slots)
@@ -101,7 +103,7 @@ def check_parallel(job: Job, *, cluster_slots: int | None = None) -> Parallelism
     return choose(job_boxes(job), host)
 
 
-def check_cluster(job: Job, address: str) -> int:
+def check_cluster(job: Job, address: str, *, insecure: bool = False) -> int:
     """The cluster answers and each of its Fleet nodes has the job's images - Fleet's
     and any a member names itself (``sandbox.image``) - and, for browser boxes, the host
     firewall rules; else one paragraph naming the node and ``fleet setup``. A node
@@ -121,7 +123,7 @@ def check_cluster(job: Job, address: str) -> int:
         if m.sandbox.image
     }
     try:
-        return check_nodes(address, names, own, firewall="browser" in names)
+        return check_nodes(address, names, own, firewall="browser" in names, insecure=insecure)
     except ClusterUnavailable as exc:
         raise UsageError(str(exc)) from None
 

@@ -10,7 +10,9 @@ would go. ``rm NAME...`` removes the named boxes (a box a member kept for debugg
 and whatever of their run is left only for them (its egress proxy and networks).
 ``gc --cluster ADDRESS`` runs the same gc on every Fleet node of a Ray cluster,
 each by its own liveness rule (a run's boxes on a node live as long as the node's actor
-for that run), for boxes a killed coordinator left on other hosts.
+for that run), for boxes a killed coordinator left on other hosts; like every command
+that connects to a cluster, it refuses one that lets in a process without its token
+unless given ``--insecure-cluster-without-auth``.
 
 Exit codes: 0 done, 2 the engine is unavailable (one paragraph saying what to do),
 1 another sandbox error.
@@ -25,6 +27,7 @@ import time
 
 from . import reaper
 from .base import BoxInfo
+from .cluster_auth import add_insecure_flag
 from .errors import SandboxError, SandboxUnavailable
 
 
@@ -51,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="gc on every Fleet node of the Ray cluster at ADDRESS, each by its own "
         "liveness rule (needs the 'cluster' extra)",
     )
+    add_insecure_flag(gc)
     gc.set_defaults(func=cmd_gc)
     rm = sub.add_parser("rm", help="remove the named boxes (a box kept for debugging, say)")
     rm.add_argument("names", nargs="+", metavar="NAME", help="a box's name, as 'ls' shows it")
@@ -154,11 +158,14 @@ def gc_here(
     return before, removed, live
 
 
-def _gc_cluster(address: str, *args: bool) -> tuple[list[BoxInfo], reaper.Collected, set[str]]:
+def _gc_cluster(
+    address: str, *args: bool, insecure: bool = False
+) -> tuple[list[BoxInfo], reaper.Collected, set[str]]:
     """gc on every Fleet node of the cluster, each by its own liveness rule; nodes that
-    share an engine report a box once."""
+    share an engine report a box once. A cluster that lets in a process without its
+    token is refused unless ``insecure``."""
     try:
-        from .cluster import NodeUnreachable, on_each_node
+        from .cluster import NodeUnreachable, connect, on_each_node
     except ImportError:
         raise SandboxUnavailable(
             "--cluster needs Ray, which is not installed; install Fleet's 'cluster' extra: "
@@ -168,6 +175,7 @@ def _gc_cluster(address: str, *args: bool) -> tuple[list[BoxInfo], reaper.Collec
     boxes: dict[str, BoxInfo] = {}
     networks: dict[str, None] = {}
     live: set[str] = set()
+    connect(address, insecure=insecure)
     for name, done in on_each_node(address, gc_here, *args):
         if isinstance(done, NodeUnreachable):
             print(f"fleet: node {name} did not answer ({done}); its boxes stay", file=sys.stderr)
@@ -188,7 +196,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
     flags = (args.all, args.include_live, args.dry_run)
     try:
         if args.cluster:
-            before, removed, live = _gc_cluster(args.cluster, *flags)
+            before, removed, live = _gc_cluster(
+                args.cluster, *flags, insecure=args.insecure_cluster_without_auth
+            )
         else:
             before, removed, live = gc_here(*flags)
     except SandboxError as e:

@@ -1,4 +1,5 @@
-"""``fleet setup`` and ``fleet images build|ls|prune``; also wires ``fleet sandbox``.
+"""``fleet setup`` and ``fleet images build|ls|prune``; also wires ``fleet sandbox`` and
+``fleet doctor`` (:mod:`sandbox.doctor`).
 
 ``fleet setup`` makes a machine ready and is what ``make test`` and ``make demo`` run
 first: a reachable Docker engine (installed and started when absent and we are
@@ -61,6 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ls.set_defaults(func=cmd_images_ls)
     prune = sub.add_parser("prune", help="remove superseded fleet-* image tags not in use")
     prune.set_defaults(func=cmd_images_prune)
+
+    from . import doctor
+
+    doctor.register(subparsers)
 
     # ``fleet sandbox ls|gc`` lives in its own module; wire it when it is there.
     try:

@@ -8,14 +8,18 @@ coordinator's preflight and resume). The coordinator's placement of members is i
 ``coordinator/cluster.py``. Importing this module imports Ray (the ``cluster``
 extra), so nothing imports it unless a cluster is named.
 
-Ray runs code for anyone who reaches its port: run it with token authentication
-(``RAY_AUTH_MODE=token``) on a private network; this process then needs the token
-(``RAY_AUTH_TOKEN`` or ``~/.ray/auth_token``).
+Ray runs code for anyone who reaches its port, so :func:`connect` first asks the
+cluster from a process without the token (:mod:`sandbox.cluster_auth`) and refuses one
+that lets such a process in - or that it cannot tell about - unless the caller passes
+``insecure`` (``--insecure-cluster-without-auth``). With token authentication on
+(``RAY_AUTH_MODE=token``), this process needs the token too (``RAY_AUTH_TOKEN``,
+``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -23,6 +27,7 @@ import ray
 import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .cluster_auth import Probe, own_token_refused, probe, refusal, warning
 from .errors import SandboxUnavailable
 
 SLOTS = "fleet_slots"
@@ -34,8 +39,8 @@ T = TypeVar("T")
 
 
 class ClusterUnavailable(SandboxUnavailable):
-    """The cluster cannot serve: unreachable, no node with ``fleet_slots``, or nodes
-    not set up. The message names the node and what to do."""
+    """The cluster cannot serve: unreachable, no node with ``fleet_slots``, nodes not
+    set up, or open to anyone who reaches it. The message names what to do."""
 
 
 def node_name(info: dict[str, Any]) -> str:
@@ -43,10 +48,23 @@ def node_name(info: dict[str, Any]) -> str:
     return f"{info['NodeManagerAddress']}-{info['NodeID'][:6]}"
 
 
-def connect(address: str) -> None:
-    """Connect this process to the cluster at ``address`` (once)."""
+def connect(address: str, *, insecure: bool = False, probed: Probe | None = None) -> None:
+    """Connect this process to the cluster at ``address`` (once), after making sure it
+    refuses a process without its token (``probed``: already asked); ``insecure``: also
+    to a cluster that does not, or that cannot be told about (a warning on stderr says
+    so)."""
     if ray.is_initialized():
         return
+    found = probed or probe(address)
+    refused = refusal(address, found, insecure=insecure)
+    if refused is not None:
+        raise ClusterUnavailable(refused)
+    mine = own_token_refused(found)
+    if mine is not None:
+        raise ClusterUnavailable(_token_refused(address, mine))
+    warned = warning(address, found)
+    if warned is not None:
+        print(f"fleet: {warned}", file=sys.stderr, flush=True)
     try:
         ray.init(
             address=address,
@@ -54,6 +72,8 @@ def connect(address: str) -> None:
             log_to_driver=False,
             logging_level=logging.ERROR,
         )
+    except ray.exceptions.AuthenticationError as exc:
+        raise ClusterUnavailable(_token_refused(address, str(exc).splitlines()[0][:200])) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterUnavailable(
             f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}. "
@@ -62,6 +82,14 @@ def connect(address: str) -> None:
             "token authentication on, this process needs the cluster's token "
             "(RAY_AUTH_TOKEN or ~/.ray/auth_token)"
         ) from None
+
+
+def _token_refused(address: str, why: str) -> str:
+    return (
+        f"the Ray cluster at {address} refused this process: its token is missing or not "
+        f"the cluster's ({why}); give it the cluster's token (RAY_AUTH_TOKEN, "
+        "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
+    )
 
 
 def fleet_nodes(address: str) -> list[dict[str, Any]]:

@@ -95,18 +95,21 @@ installed, and Fleet fails closed: creating a browser or service box raises
 ``nftables`` when it is missing and the table. ``FLEET_HOST_FIREWALL=external`` says
 an administrator installed :data:`RULESET` (and turned on bridge netfilter);
 ``FLEET_HOST_FIREWALL=off`` accepts that box processes may reach host services and
-each other's boxes.
+each other's boxes. :func:`installed` says whether the rules are in force right now,
+whatever the mode claims (``fleet doctor``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import shutil
 import subprocess
 import threading
 from collections.abc import Callable
+from typing import Any, Literal
 
 from .errors import SandboxUnavailable
 
@@ -246,3 +249,63 @@ def setup(say: Callable[[str], None]) -> None:
 
         apt_install(["nftables"], say)
     ensure_host_rules()
+
+
+Found = Literal["ok", "off", "missing", "differs", "unreadable"]
+
+
+def installed() -> tuple[Found, str]:
+    """Whether the rules are in force now, as the kernel holds them (``fleet doctor``):
+    the table read back with ``nft`` and compared with :data:`RULESET` as ``nft`` itself
+    prints it - loaded for that into a throwaway network namespace, so spelling
+    differences between the two (``reject`` for ``reject with icmpx type
+    port-unreachable``) do not count and any real one does - and bridge netfilter on.
+    Reading the host's rules needs root. Returns the verdict and what was seen."""
+    if mode() == "off":
+        return "off", "switched off (FLEET_HOST_FIREWALL=off)"
+    if shutil.which("nft") is None:
+        return "unreadable", "nft (Debian's nftables) is not installed"
+    if os.geteuid() != 0:
+        return "unreadable", "reading the host's nftables rules needs root"
+    listed = _nft_json(["nft", "-j", "list", "table", "inet", TABLE], "")
+    if listed is None:
+        return "missing", f"there is no table inet {TABLE}"
+    script = f"nft -f /dev/stdin && nft -j list table inet {TABLE}"
+    expected = _nft_json(["unshare", "--net", "sh", "-c", script], RULESET)
+    if expected is None:
+        return "differs", f"table inet {TABLE} is there but could not be compared (unshare)"
+    if listed != expected:
+        return "differs", f"table inet {TABLE} is not Fleet's rule set"
+    off = [p for p in _BRIDGE_NF if not _reads_one(p)]
+    if off:
+        return "differs", f"bridged traffic bypasses the rules ({', '.join(off)} is not 1)"
+    return "ok", f"table inet {TABLE} is Fleet's rule set; bridged traffic is filtered"
+
+
+def _nft_json(cmd: list[str], stdin: str) -> list[Any] | None:
+    """``nft -j``'s objects without the parts that differ between two loads (handles,
+    nft's own version), or None when the command fails."""
+    try:
+        done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=30)
+        items = json.loads(done.stdout)["nftables"] if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+        return None
+    if items is None:
+        return None
+
+    def bare(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: bare(v) for k, v in x.items() if k != "handle"}
+        if isinstance(x, list):
+            return [bare(v) for v in x]
+        return x
+
+    return [bare(i) for i in items if "metainfo" not in i]
+
+
+def _reads_one(path: str) -> bool:
+    try:
+        with open(path) as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False

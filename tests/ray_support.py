@@ -11,14 +11,29 @@ machine.
 
 Only the processes this helper started are stopped (``Cluster.shutdown``); ``ray
 stop`` would end every Ray process of the machine, other people's included.
+
+:func:`ray_head` starts a one-node cluster the way the README's recipe does - ``ray
+start --head --block`` bound to 127.0.0.1, with a temp dir of its own - with token
+authentication on or off (the only way to test that Fleet refuses an open cluster),
+and stops it the recipe's way: by ending that one process, which ends its node.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 ENV = {
@@ -97,3 +112,81 @@ def ray_cluster(nodes: int = 2) -> Iterator[RayCluster]:
             else:
                 os.environ[key] = value
         reset_auth_token_state()
+
+
+AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def without_token(env: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment (this process's by default) with no Ray token or auth mode in it."""
+    return {k: v for k, v in (env or os.environ).items() if k not in AUTH_VARS}
+
+
+@dataclass
+class RayHead:
+    address: str
+    token: str
+    """The token its processes require ("" when authentication is off)."""
+    temp_dir: Path
+    pid: int
+    """The ``ray start --block`` process: ending it ends the node."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def own_processes(temp_dir: Path) -> list[int]:
+    """The pids whose command line names ``temp_dir`` (a head's GCS, raylet, monitors)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(temp_dir) in (proc / "cmdline").read_text():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+@contextmanager
+def ray_head(*, auth: bool, slots: int = 2) -> Iterator[RayHead]:
+    """A one-node Fleet cluster on 127.0.0.1 (``fleet_slots``), token authentication
+    ``auth``; stopped by ending its ``ray start --block`` process, nothing else."""
+    temp_dir = Path(tempfile.mkdtemp(prefix="fray-"))  # short: Ray's socket paths
+    token = secrets.token_hex(32) if auth else ""
+    # An explicit mode: "disabled" wins over a ~/.ray/auth_token, RAY_AUTH_TOKEN over it.
+    env = without_token() | ENV
+    env |= (
+        {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+        if auth
+        else {"RAY_AUTH_MODE": "disabled"}
+    )
+    address = f"{LOOPBACK}:{_free_port()}"
+    log = temp_dir / "start.log"
+    args = [RAY, "start", "--head", "--block", "--node-ip-address", LOOPBACK]
+    args += ["--port", address.rpartition(":")[2], "--temp-dir", str(temp_dir / "ray")]
+    args += ["--num-cpus", "1", "--resources", f'{{"fleet_slots": {slots}}}']
+    args += ["--include-dashboard=false", "--disable-usage-stats"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while b"will now block" not in log.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start failed: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield RayHead(address, token, temp_dir, proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        for pid in own_processes(temp_dir):  # whatever outlived it, still only its own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -34,6 +34,7 @@ COMMAND_MODULES = (
 # (about a second) at the top: the run commands load it once their job is read.
 COMMAND_HOMES = {
     "setup": "sandbox.cli",
+    "doctor": "sandbox.cli",
     "images": "sandbox.cli",
     "sandbox": "sandbox.cli",
     "run": "coordinator.cli.commands",

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
+from sandbox.cluster_auth import add_insecure_flag
 from sandbox.errors import SandboxError
 from subagents.browser.corpus import CORPUS_ALLOW
 from subagents.model.errors import ModelError
@@ -56,7 +57,7 @@ def _preflight(
 ) -> Parallelism:
     from ..preflight import preflight
 
-    return preflight(job, flags, cluster=_cluster(args))
+    return preflight(job, flags, cluster=_cluster(args), insecure_cluster=_insecure_cluster(args))
 
 
 def _toml_str(s: str) -> str:
@@ -68,6 +69,10 @@ def _cluster(args: argparse.Namespace) -> str | None:
     return getattr(args, "cluster", None) or os.environ.get("FLEET_CLUSTER") or None
 
 
+def _insecure_cluster(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "insecure_cluster_without_auth", False))
+
+
 def _options(args: argparse.Namespace) -> RunOptions:
     from ..driver import RunOptions
 
@@ -76,6 +81,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         approve_all=getattr(args, "approve_all", False),
         wait_approval=getattr(args, "wait_approval", False),
         cluster=_cluster(args),
+        insecure_cluster=_insecure_cluster(args),
     )
 
 
@@ -424,6 +430,7 @@ def _cluster_flag(p: argparse.ArgumentParser) -> None:
         help="run the members on the nodes of the Ray cluster at ADDRESS (HEAD:PORT; "
         "default: $FLEET_CLUSTER, else this machine); needs the 'cluster' extra",
     )
+    add_insecure_flag(p)
 
 
 def _count(top: int) -> Callable[[str], int]:
