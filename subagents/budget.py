@@ -300,6 +300,8 @@ class BudgetedModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         estimate, size = self.estimate(request)
+        # The loop forces a named tool only in the closing call after a limit
+        # (subagents.closing): that call spends what its member held for it.
         closing = (request.tool_choice or {}).get("type") == "tool"
         seq = await self.budget.reserve(self.member, estimate, closing=closing)
         used: Amount | None = None
@@ -311,6 +313,8 @@ class BudgetedModel:
             self._last_size = size
             return response
         finally:
+            # A call that failed (retries spent, cancelled) has no usage to settle with:
+            # its reservation is given back.
             self.budget.settle(seq, self.member, used)
 
     async def count_tokens(self, request: ModelRequest) -> int | None:

@@ -153,3 +153,22 @@ def test_a_budget_on_a_cluster_is_refused_rather_than_kept_per_node(tmp_path, ca
     assert main(["run", str(path), "--cluster", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
     assert "a [budget] cannot be kept on a cluster" in err and "Traceback" not in err, err
+
+
+@pytest.mark.docker
+def test_offline_members_cost_nothing_and_still_spend_a_token_budget(
+    tmp_path, images, docker_client, cleanup, monkeypatch, capsys
+):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, 4, "[budget]\ntokens = 12000")
+    job.write_text(job.read_text().replace(f'"{MODEL}"', '"offline"'))
+    main(["run", str(job), "--plain"])
+    err = capsys.readouterr().err
+    (run,) = RunDir.list(tmp_path / "runs")
+    spent = [e for e in run.journal.read() if e["event"] == "budget_spent"]
+    assert spent and all(e["usd"] == 0 and e["tokens"] > 0 for e in spent), err
+    assert spent[-1]["spent_usd"] == 0
+    assert spent[-1]["spent_tokens"] <= 12000 + max(e["tokens"] for e in spent)
+    results = [run.result(f"m{i + 1}") for i in range(4)]
+    assert any(r["limit"] == "budget" for r in results), err
