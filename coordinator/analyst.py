@@ -12,6 +12,7 @@ from subagents.outcome import MemberOutcome
 
 from .lead_report import lead_report
 from .report import Report, memory_problems
+from .run_budget import budget_lines
 from .runs import RunDir
 from .spec import Job, MemberJob
 from .synthesis import render_markdown, synthesize
@@ -33,7 +34,9 @@ async def write_report(
         report = lead_report(run, job, members, outcomes)
     else:
         report = await _analyse(run, job, members, outcomes, make_model)
-    report.memory = memory_problems(run.journal.read())
+    journal = run.journal.read()
+    report.memory = memory_problems(journal)
+    report.budget = budget_lines(journal)
     (run.path / "report.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")
     path = run.path / "report.md"
     path.write_text(render_markdown(report), encoding="utf-8")

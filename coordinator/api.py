@@ -145,16 +145,31 @@ def resume(
     on_journal: JournalCallback | None = None,
     echo: bool = False,
     retry_failed: bool = False,
+    budget_usd: float | None = None,
+    budget_tokens: int | None = None,
     options: RunOptions | None = None,
 ) -> RunSummary:
     """Run the members of an earlier run that have no final outcome (also the failed
-    ones with ``retry_failed``); ``run_ref`` is a run directory, id or id prefix."""
+    ones with ``retry_failed``, and those its budget stopped); ``run_ref`` is a run
+    directory, id or id prefix. ``budget_usd`` / ``budget_tokens`` raise (or set) the
+    run's budget, as ``fleet resume --budget-usd/--budget-tokens`` do."""
 
     async def go() -> RunSummary:
         found = RunDir.open(str(run_ref), root=Path(output_dir) if output_dir else None)
         parsed = found.job()
         opts = _options(options, on_event, on_journal, echo)
         opts.retry_failed = retry_failed or opts.retry_failed
+        if budget_usd is not None or budget_tokens is not None:
+            from .preflight import refuse_budget_on_cluster
+            from .run_budget import check_raise
+
+            try:
+                if opts.cluster:
+                    refuse_budget_on_cluster()
+                check_raise(found.journal.read(), usd=budget_usd, tokens=budget_tokens)
+            except UsageError as exc:
+                raise RunNotStarted(str(exc)) from None
+            opts.budget_usd, opts.budget_tokens = budget_usd, budget_tokens
         await _preflight(parsed, opts)
         return await _execute(found, parsed, opts, resume=True)
 

@@ -29,6 +29,7 @@ from anyio.abc import TaskStatus
 from sandbox import reaper
 from sandbox.base import SandboxBackend
 from subagents.browser.corpus import CORPUS_MEMBER
+from subagents.budget import register
 from subagents.model import Model, make_model, resolve_model
 from subagents.outcome import MemberOutcome
 
@@ -43,6 +44,7 @@ from .planner import plan
 from .prewarm import Prewarm
 from .progress import Progress
 from .report import memory_lines, memory_problems
+from .run_budget import budget_lines, make_budget
 from .runs import RunDir
 from .spec import LEAD_ID, Job, MemberJob
 from .worker import MemberUnit, Nodes, Recorder, Services
@@ -85,6 +87,10 @@ class RunOptions:
     it from the engine's host (:mod:`coordinator.capacity`); None: at most 4."""
     prewarm: Prewarm | None = None
     """The first wave's boxes, started before the run existed (:mod:`coordinator.prewarm`)."""
+    budget_usd: float | None = None
+    """Resume: the run's hard line in USD, raised (or set) instead of the job's."""
+    budget_tokens: int | None = None
+    """Resume: the run's hard line in tokens, raised (or set) instead of the job's."""
 
 
 @dataclass
@@ -351,6 +357,17 @@ async def _run_members(
     def journal(event: str, **fields: Any) -> None:
         tell(run.journal.append(event, **fields))
 
+    budget = make_budget(
+        job,
+        run.journal.read(),
+        usd=opts.budget_usd,
+        tokens=opts.budget_tokens,
+        journal=journal,
+        say=lambda line: print(f"fleet: {line}", file=opts.out, flush=True),
+    )
+    if budget is not None:
+        budget.start(resume=resume)
+    register(run.id, budget)  # every member's and the lead's model calls reserve from it
     approver.journal = journal
     approver.changed = progress.approvals_changed
     progress.approvals = approver.queue if approver.mode == "wait" else None
@@ -417,6 +434,7 @@ async def _run_members(
             got.outcomes = fanned.outcomes
             ended = "succeeded" if fanned.quorum_met else "failed"
     finally:
+        register(run.id, None)
         async with _cleanup("sending the last spans", opts.out):
             if live_otel is not None:
                 await anyio.to_thread.run_sync(live_otel.close, time.time(), ended)
@@ -486,6 +504,9 @@ async def _finish(
     problems = memory_problems(run.journal.read())
     if problems:
         verdict += "\nmemory: " + "\nmemory: ".join(memory_lines(problems))
+    spending = budget_lines(run.journal.read())
+    if spending:
+        verdict += "\nbudget: " + "\nbudget: ".join(spending)
     if report_path:
         verdict += f"\nreport: {report_path}"
     print(progress.summary(str(run.path), verdict), file=opts.out)

@@ -24,6 +24,7 @@ from subagents.tools.mcp import McpServerSpec
 from subagents.tools.registry import CustomToolSpec, ParamSpec
 
 from .spec import (
+    Budget,
     Egress,
     FanoutPolicy,
     FieldProblem,
@@ -82,6 +83,9 @@ _EXAMPLES: dict[str, str] = {
     "kinds": 'kinds = ["browser", "coding"]',
     "member_limits": "member_limits = { max_turns = 30, deadline_s = 600, max_tokens = 200000 }",
     "token_budget": "token_budget = 2000000",
+    "usd": "usd = 5.0             # [budget]: the run's hard line in US dollars",
+    "budget.tokens": "tokens = 2000000      # [budget]: input + output (+ cache reads at their price)",
+    "soft": "soft = 0.8            # [budget]: warn past this fraction of the hard line",
     "result_chars": "result_chars = 4000",
     "members.files": 'files = { "check.py" = "print(1 + 1)" }   # coding members only',
     "test_gate": "test_gate = false   # the test's exit code is a finding, not a gate",
@@ -116,6 +120,7 @@ _SECTION_EXAMPLES: dict[str, str] = {
     "sandbox": 'sandbox = { memory = "1g", cpus = 1 }',
     "memory": 'memory = { profile = "python-docs" }',
     "policy": '[policy]\ndeny = ["shell:git push*"]\nask = ["shell:rm *"]',
+    "budget": "[budget]\nusd = 5.0\nsoft = 0.8",
 }
 
 
@@ -158,6 +163,7 @@ def _known_fields(loc: tuple[str | int, ...]) -> str:
         "synthesis": Synthesis,
         "model": ModelDefaults,
         "policy": ToolPolicy,  # a member's MemberPolicy has the same fields
+        "budget": Budget,
     }
     names = [p for p in loc[:-1] if isinstance(p, str)]
     if len(names) >= 2 and names[-2] == "parameters":  # parameters.<name>.<field>

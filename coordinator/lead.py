@@ -32,6 +32,7 @@ from typing import Any
 
 import anyio
 
+from subagents.budget import budgeted
 from subagents.context.config import ContextConfig
 from subagents.delegation import Reply
 from subagents.kinds.lead import LeadSettings
@@ -172,7 +173,7 @@ async def _run_the_lead(
 
     trace.listeners.append(count)
     name = resolve_model(lead.model or job.model.name)
-    model = make_model(name, kind="lead", trace=trace)
+    model = budgeted(make_model(name, kind="lead", trace=trace), run.id, LEAD_ID)
     spec = lead_spec(job, name, offline=model.offline)
     resumed = (ldir / "conversation.json").is_file()
     if "plan" in spec.inputs and not resumed:

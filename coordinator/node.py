@@ -35,6 +35,7 @@ from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec
 from subagents.beside import beside
 from subagents.browser.corpus import start_corpus
+from subagents.budget import budgeted
 from subagents.model.base import Model, ModelError
 from subagents.outcome import MemberOutcome
 from subagents.policy import Approver
@@ -236,6 +237,7 @@ async def run_attempt(
 
             spec = await _with_proxies(soft_deadline(unit, started), deps.backend, unit.run_id)
             model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
+            model = budgeted(model, unit.run_id, unit.spec.id)
             # Only a harness that may ask is handed the approver (a test's own harness
             # need not take it).
             asks: dict[str, Approver] = {}

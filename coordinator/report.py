@@ -144,6 +144,9 @@ class Report(_Strict):
     memory: list[MemoryProblem] = Field(default_factory=list)
     """Memory conflicts (both versions kept in the file, between markers) and saves
     that failed (the member's edits are only in its run directory)."""
+    budget: list[str] = Field(default_factory=list)
+    """What the run's ``[budget]`` did: spent against the hard line, soft and hard
+    lines passed, and how to go on past it."""
     lead: str = ""
     """A lead run: how the lead ended (``ok``, or its status and reason)."""
     waves: list[WaveLine] = Field(default_factory=list)
@@ -263,4 +266,7 @@ def render_markdown(report: Report) -> str:
     if report.memory:
         out += ["", "## Memory", ""]
         out += [f"- {line}" for line in memory_lines(report.memory)]
+    if report.budget:
+        out += ["", "## Budget", ""]
+        out += [f"- {line}" for line in report.budget]
     return "\n".join(out) + "\n"

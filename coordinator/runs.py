@@ -277,11 +277,17 @@ class RunDir:
         self, members: builtins.list[MemberJob], *, retry_failed: bool = False
     ) -> builtins.list[MemberJob]:
         """Members to run on resume: those the journal shows without a final outcome
-        (never finished, or cancelled), plus the failed ones when asked."""
+        (never finished, or cancelled) or that the run's budget stopped, plus the
+        failed ones when asked."""
         last = self.state().members
         todo = []
         for m in members:
             status = last.get(m.id or "")
             if status not in FINISHED or (retry_failed and status != "ok"):
                 todo.append(m)
+            elif status == "incomplete" and self._stopped_by_budget(m.id or ""):
+                todo.append(m)  # the run's budget stopped it, not its own limits
         return todo
+
+    def _stopped_by_budget(self, member: str) -> bool:
+        return (self.result(member) or {}).get("limit") == "budget"

@@ -88,6 +88,26 @@ class ModelDefaults(_Strict):
     """Output token limit of one model call."""
 
 
+class Budget(_Strict):
+    """One budget for the whole run: every model call of every member (and the lead) is
+    reserved against it before it goes out (:mod:`subagents.budget`)."""
+
+    usd: float | None = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
+    """Hard line in US dollars, at the models' list prices (offline models cost 0)."""
+    tokens: int | None = Field(default=None, ge=1_000, le=10_000_000_000)
+    """Hard line in tokens: input + cache writes + output, with cache reads counted at
+    their price relative to input (0.1 of a token on every Claude model)."""
+    soft: float = Field(default=0.8, gt=0, lt=1, allow_inf_nan=False)
+    """Fraction of the hard line past which the run warns (live output, journal
+    ``budget_soft``, report)."""
+
+    @model_validator(mode="after")
+    def _a_line(self) -> Budget:
+        if self.usd is None and self.tokens is None:
+            raise FieldProblem("usd", "a [budget] needs a hard line: usd, tokens or both")
+        return self
+
+
 class SandboxOverrides(_Strict):
     """Per-member changes to the box's secure defaults (see ``sandbox.spec``)."""
 
@@ -524,6 +544,9 @@ class Job(_Strict):
     synthesis: Synthesis = Field(default_factory=Synthesis)
     policy: ToolPolicy = Field(default_factory=ToolPolicy)
     """Allow / ask / deny rules on every member's tool calls (``subagents.policy``)."""
+    budget: Budget | None = None
+    """The run's spending line (USD and/or tokens); none: only each member's limits.
+    With ``[lead]``, a token line bounds the lead's ``token_budget`` too."""
     output_dir: str = "runs"
     """Where run directories are created (relative to the current directory)."""
 
@@ -585,6 +608,15 @@ class Job(_Strict):
                 "fanout.min_success",
                 f"it is {self.fanout.min_success} but the job has only {total} member(s)",
             )
+        if self.lead is not None and self.budget is not None and self.budget.tokens:
+            # The lead plans spawns against token_budget (what members may reserve);
+            # [budget] is what may really be spent: the plan never promises more.
+            lead = self.lead
+            lead.token_budget = min(lead.token_budget, self.budget.tokens)
+            if lead.member_limits.max_tokens is not None:
+                lead.member_limits.max_tokens = min(
+                    lead.member_limits.max_tokens, lead.token_budget
+                )
         return self
 
     @property

@@ -56,6 +56,7 @@ _WHAT = {
     "turns": "turn limit",
     "tokens": "token limit",
     "deadline": "time limit",
+    "budget": "run's budget",
 }
 
 

@@ -47,6 +47,7 @@ from sandbox.deferred import DeferredSandbox
 
 from . import closing
 from .beside import beside
+from .budget import BudgetExhausted
 from .context.base import ContextLike
 from .conversation import Conversation
 from .delegation import Delegation
@@ -275,7 +276,14 @@ class AgentLoop:
             if limit is not None:
                 return limit
             conv.turn += 1
-            content, stop_reason = await conv.call()
+            try:
+                content, stop_reason = await conv.call()
+            except BudgetExhausted as exc:
+                conv.turn -= 1  # the call never went out
+                return (
+                    "budget",
+                    f"{exc} (after {conv.turn} turns and {self.calls.count} tool calls)",
+                )
             tool_uses = [b for b in content if b.get("type") == "tool_use"]
             if not tool_uses:
                 if stop_reason == "pause_turn":
@@ -390,6 +398,8 @@ class AgentLoop:
                 )
             except ModelError as exc:
                 return None, f"the closing call failed: {exc}"
+            except BudgetExhausted as exc:
+                return None, f"the budget left no room for a closing call: {exc}"
             answer = closing.read_answer(content, self.gate)
             if answer.call is not None:
                 self.calls.record(

@@ -4,7 +4,7 @@
 status      meaning
 =========== ===============================================================
 ok          ``submit_result`` was accepted; ``result`` holds it
-incomplete  a limit (turns, tokens) was reached, or the model stopped without
+incomplete  a limit (turns, tokens, the run's budget) was reached, or the model stopped without
             a result after one reminder; ``progress`` says what was done,
             ``partial_result`` holds what the member submitted in its closing
             call (limits only, when there was room for one)
@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .trace import TokenCounts
 
 Status = Literal["ok", "failed", "timed_out", "crashed", "cancelled", "incomplete"]
-LimitName = Literal["turns", "tokens", "deadline", "no_result"]
+LimitName = Literal["turns", "tokens", "deadline", "no_result", "budget"]
 
 
 class _Strict(BaseModel):

@@ -331,6 +331,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
             "or after that process is gone"
         )
     job = run.job()
+    raising = args.budget_usd is not None or args.budget_tokens is not None
+    if raising:
+        from ..preflight import refuse_budget_on_cluster
+        from ..run_budget import check_raise
+
+        if _cluster(args):
+            refuse_budget_on_cluster()
+        check_raise(run.journal.read(), usd=args.budget_usd, tokens=args.budget_tokens)
     parallel = _preflight(job, args=args)
     from ..lead import lead_finished
 
@@ -347,6 +355,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return 0 if state.status == "succeeded" else 1
     opts = _options(args)
     opts.retry_failed = args.retry_failed
+    opts.budget_usd, opts.budget_tokens = args.budget_usd, args.budget_tokens
     opts.max_parallel = parallel.members
     at_once = f"{parallel.members} at once: {parallel.why}"
     print(f"fleet: resuming {run.id} ({at_once}) in {run.path}", file=sys.stderr)
@@ -537,6 +546,19 @@ def register(subparsers: Any) -> None:
         "--retry-failed",
         action="store_true",
         help="also run members that ended failed, timed out or crashed",
+    )
+    p.add_argument(
+        "--budget-usd",
+        type=float,
+        metavar="X",
+        help="raise (or set) the run's hard line to X US dollars; members the budget "
+        "stopped run again",
+    )
+    p.add_argument(
+        "--budget-tokens",
+        type=int,
+        metavar="N",
+        help="raise (or set) the run's hard line to N tokens",
     )
     add_runs_dir(p)
     p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")

@@ -1,0 +1,325 @@
+"""One budget for the run: every model call of every member is reserved against it first.
+
+Why reserve before the call rather than count after it: a wide fan-out that only
+counts what came back overshoots the line by one turn of every member running at
+once (16 members, 16 turns past the line). Here a call goes out only when its
+*estimate* fits: the request's input tokens at their price (assumed uncached unless
+the previous call of that model read the prompt cache, as the rate governor
+estimates; what is new since is priced as input, the rest as cache reads) plus its
+``max_tokens`` of output at the output price. The reservation is settled with the
+API's own usage when the answer comes back (a call that failed without an answer
+spent nothing). A call whose reservation would cross the hard line does not go out:
+:class:`BudgetExhausted` is raised in the member, which ends ``incomplete`` with
+``limit = "budget"`` after its closing call.
+
+Room for that closing call is *held*, not hoped for (as the token limit reserves it,
+:mod:`subagents.closing`): a member whose call is admitted also holds one more call
+of the same size, so a regular call needs room for itself and its member's closing
+call, and a closing call only uses what its member held. Every member that has
+started keeps its closing call, so each one stopped at the line still hands in its
+partial result.
+
+Tokens: input + cache writes + output, with cache reads counted at their price
+relative to uncached input (``cache_read_per_mtok / input_per_mtok``, 0.1 on every
+Claude model), so a token budget tracks what the run costs. Offline models cost
+0 USD and still count their tokens (their cache reads at weight 1).
+
+The budget is one object per run in the coordinator process (:func:`register`,
+:func:`budgeted`), shared by every member and the lead, like the rate governor. Its
+state is the run's journal: ``budget`` (the lines, and what was spent so far, when a
+run starts or resumes), ``budget_spent`` after each call (the running totals: what a
+resume starts from), ``budget_soft`` (the soft line was passed, once per line) and
+``budget_hard`` (the first call refused). Members of a cluster run in node processes
+with no view of this object, so a ``[budget]`` job is refused with ``--cluster``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from .model.base import Model, ModelProfile, ModelRequest, ModelResponse
+
+Journal = Callable[..., None]
+"""``journal(event, **fields)``: appends one entry to the run's journal."""
+
+
+class BudgetExhausted(Exception):
+    """A call's reservation would cross the run's hard line; the call did not go out."""
+
+
+@dataclass(frozen=True)
+class Amount:
+    """Dollars and budget tokens (cache reads weighted by price)."""
+
+    usd: float = 0.0
+    tokens: float = 0.0
+
+    def __add__(self, other: Amount) -> Amount:
+        return Amount(self.usd + other.usd, self.tokens + other.tokens)
+
+    def __sub__(self, other: Amount) -> Amount:
+        return Amount(self.usd - other.usd, self.tokens - other.tokens)
+
+
+def _total(amounts: Iterable[Amount]) -> Amount:
+    out = Amount()
+    for a in amounts:
+        out = out + a
+    return out
+
+
+def cache_weight(profile: ModelProfile) -> float:
+    """What one cache-read token counts in a token budget (1 for a model that is free)."""
+    if profile.input_per_mtok <= 0:
+        return 1.0
+    return profile.cache_read_per_mtok / profile.input_per_mtok
+
+
+def usage_amount(usage: Any, profile: ModelProfile) -> Amount:
+    """What a call's usage (the API's ``usage``) spent."""
+    inp = usage.input_tokens or 0
+    out = usage.output_tokens or 0
+    read = getattr(usage, "cache_read_input_tokens", None) or 0
+    write = getattr(usage, "cache_creation_input_tokens", None) or 0
+    usd = (
+        inp * profile.input_per_mtok
+        + out * profile.output_per_mtok
+        + read * profile.cache_read_per_mtok
+        + write * profile.cache_write_per_mtok
+    ) / 1_000_000
+    return Amount(usd, inp + write + out + read * cache_weight(profile))
+
+
+@dataclass
+class RunBudget:
+    """The run's lines and what is spent, reserved and held against them."""
+
+    usd: float | None = None
+    """Hard line in USD (None: no USD line)."""
+    tokens: int | None = None
+    """Hard line in budget tokens (None: no token line)."""
+    soft: float = 0.8
+    """Fraction of each hard line past which the run is warned (once)."""
+    journal: Journal | None = None
+    say: Callable[[str], None] | None = None
+    """Prints a line in the live output."""
+    spent: Amount = field(default_factory=Amount)
+    _in_flight: dict[int, Amount] = field(default_factory=dict)
+    _held: dict[str, Amount] = field(default_factory=dict)
+    """Each started member's closing call."""
+    _seq: int = 0
+    _changed: anyio.Event | None = None
+    """Set when a call settles or a member ends (room may have come back)."""
+    _soft_told: bool = False
+    _hard_told: bool = False
+
+    # -- lines -----------------------------------------------------------------
+    def _over(self, total: Amount, fraction: float = 1.0) -> bool:
+        if self.usd is not None and total.usd > self.usd * fraction + 1e-12:
+            return True
+        return self.tokens is not None and total.tokens > self.tokens * fraction
+
+    def describe(self) -> str:
+        """The lines and what was spent, in words."""
+        parts = []
+        if self.usd is not None:
+            parts.append(f"${self.spent.usd:.4f} of ${self.usd:g}")
+        if self.tokens is not None:
+            parts.append(f"{round(self.spent.tokens):,} of {self.tokens:,} tokens")
+        return " and ".join(parts)
+
+    def start(self, *, resume: bool) -> None:
+        """Journal the lines (and what was spent) as the run starts or resumes."""
+        self._soft_told = self._over(self.spent, self.soft)
+        self._note(
+            "budget",
+            usd=self.usd,
+            tokens=self.tokens,
+            soft=self.soft,
+            spent_usd=round(self.spent.usd, 6),
+            spent_tokens=round(self.spent.tokens),
+            resume=resume,
+        )
+
+    # -- calls -----------------------------------------------------------------
+    async def reserve(self, member: str, estimate: Amount, *, closing: bool) -> int:
+        """Reserve one call of ``member`` (its id for :meth:`settle`), or raise
+        :class:`BudgetExhausted` when it would cross the hard line.
+
+        A call that fits only once calls in flight have settled waits for them: their
+        reservations are estimates, and what they really spend is usually less."""
+        if closing and member not in self._held:
+            # Its first call was refused: it never started, there is nothing to close.
+            raise BudgetExhausted("run budget reached before the member's first call")
+        while True:
+            others = _total(a for m, a in self._held.items() if m != member)
+            committed = self.spent + _total(self._in_flight.values()) + others
+            # A regular call also holds its member's closing call; a closing call uses it.
+            need = committed + estimate if closing else committed + estimate + estimate
+            if not self._over(need):
+                break
+            if not self._in_flight:
+                if closing:
+                    self._held.pop(member, None)
+                raise BudgetExhausted(self._refusal(member, estimate))
+            await self._next_change()
+        self._seq += 1
+        self._in_flight[self._seq] = estimate
+        if closing:
+            self._held.pop(member, None)
+        else:
+            self._held[member] = estimate
+        return self._seq
+
+    def settle(self, seq: int, member: str, used: Amount | None) -> None:
+        """The call ``seq`` ended: ``used`` is what it spent (None: no answer, nothing)."""
+        self._in_flight.pop(seq, None)
+        self._signal()
+        if used is None:
+            return
+        self.spent = self.spent + used
+        self._note(
+            "budget_spent",
+            member=member,
+            usd=round(used.usd, 6),
+            tokens=round(used.tokens),
+            spent_usd=round(self.spent.usd, 6),
+            spent_tokens=round(self.spent.tokens),
+        )
+        if not self._soft_told and self._over(self.spent, self.soft):
+            self._soft_told = True
+            line = f"budget: past the soft line ({self.soft:g} of the budget): {self.describe()}"
+            self._tell(line)
+            self._note("budget_soft", member=member, soft=self.soft, detail=self.describe())
+
+    def release(self, member: str) -> None:
+        """The member ended: the closing call it held is free again."""
+        self._held.pop(member, None)
+        self._signal()
+
+    async def _next_change(self) -> None:
+        if self._changed is None:
+            self._changed = anyio.Event()
+        await self._changed.wait()
+
+    def _signal(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def _refusal(self, member: str, estimate: Amount) -> str:
+        spent = self.describe()
+        why = f"run budget reached: {spent} spent; the next call (about ${estimate.usd:.4f}, "
+        why += f"{round(estimate.tokens):,} tokens) would cross the hard line"
+        if not self._hard_told:
+            self._hard_told = True
+            self._tell(f"budget: hard line reached ({spent}); members stop with what they have")
+            self._note("budget_hard", member=member, detail=spent)
+        return why
+
+    def _tell(self, line: str) -> None:
+        if self.say is not None:
+            self.say(line)
+
+    def _note(self, event: str, **fields: Any) -> None:
+        if self.journal is not None:
+            self.journal(event, **fields)
+
+
+def from_journal(entries: Iterable[dict[str, Any]]) -> tuple[Amount, dict[str, Any] | None]:
+    """What an earlier life of the run spent, and its last ``budget`` entry (its lines)."""
+    spent, lines = Amount(), None
+    for entry in entries:
+        event = entry.get("event")
+        if event == "budget":
+            lines = entry
+            spent = Amount(
+                float(entry.get("spent_usd") or 0), float(entry.get("spent_tokens") or 0)
+            )
+        elif event == "budget_spent":
+            spent = Amount(
+                float(entry.get("spent_usd") or 0), float(entry.get("spent_tokens") or 0)
+            )
+    return spent, lines
+
+
+# -- the process's budgets, by run -------------------------------------------------
+_BUDGETS: dict[str, RunBudget] = {}
+
+
+def register(run_id: str, budget: RunBudget | None) -> None:
+    """Make ``budget`` the run's (None: the run has none)."""
+    if budget is None:
+        _BUDGETS.pop(run_id, None)
+    else:
+        _BUDGETS[run_id] = budget
+
+
+def budgeted(model: Model, run_id: str, member: str) -> Model:
+    """``model`` with its calls reserved against the run's budget, when it has one."""
+    budget = _BUDGETS.get(run_id)
+    return model if budget is None else BudgetedModel(model, budget, member)
+
+
+class BudgetedModel:
+    """A model whose every call is reserved against the run's budget, then settled."""
+
+    def __init__(self, inner: Model, budget: RunBudget, member: str) -> None:
+        self.inner, self.budget, self.member = inner, budget, member
+        self.profile = inner.profile
+        self.offline = inner.offline
+        self._last_size = 0
+        self._cache_hit = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def estimate(self, request: ModelRequest) -> tuple[Amount, int]:
+        """The call's reservation: its input at input price (what the previous call of
+        this model cached, at the cache-read price) plus ``max_tokens`` of output; and the
+        request's size."""
+        body = {"system": request.system, "messages": request.messages, "tools": request.tools}
+        size = len(json.dumps(body, default=str))
+        tokens = max(1, size // 4)
+        cached = 0
+        if self._cache_hit and size >= self._last_size:
+            cached = self._last_size // 4
+        fresh = tokens - cached
+        p = self.profile
+        usd = (
+            fresh * p.input_per_mtok
+            + cached * p.cache_read_per_mtok
+            + request.max_tokens * p.output_per_mtok
+        ) / 1_000_000
+        return Amount(usd, fresh + cached * cache_weight(p) + request.max_tokens), size
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        estimate, size = self.estimate(request)
+        # The loop forces a named tool only in the closing call after a limit
+        # (subagents.closing): that call spends what its member held for it.
+        closing = (request.tool_choice or {}).get("type") == "tool"
+        seq = await self.budget.reserve(self.member, estimate, closing=closing)
+        used: Amount | None = None
+        try:
+            response = await self.inner.complete(request)
+            usage = response.message.usage
+            used = usage_amount(usage, self.profile)
+            self._cache_hit = bool(getattr(usage, "cache_read_input_tokens", 0))
+            self._last_size = size
+            return response
+        finally:
+            # A call that failed (retries spent, cancelled) has no usage to settle with:
+            # its reservation is given back.
+            self.budget.settle(seq, self.member, used)
+
+    async def count_tokens(self, request: ModelRequest) -> int | None:
+        return await self.inner.count_tokens(request)
+
+    async def aclose(self) -> None:
+        self.budget.release(self.member)
+        await self.inner.aclose()

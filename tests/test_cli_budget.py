@@ -1,0 +1,174 @@
+"""``fleet run`` with one ``[budget]`` for the run: real boxes, the real client against the
+fake Messages API, every member's calls reserved against the same line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from fleet_policies import coding_policy
+
+from coordinator.cli import main
+from coordinator.runs import RunDir
+from subagents.fake_api import tool_use
+from subagents.model.profiles import profile_for
+from subagents.trace import read_trace
+from subagents.usage import Usage
+
+MODEL = "claude-sonnet-5"
+HARD_USD = 0.06
+MEMBERS = 8
+
+
+def _job(tmp_path: Path, members: int, budget: str) -> Path:
+    text = f'name = "t"\noutput_dir = "{tmp_path / "runs"}"\n'
+    text += f'[model]\nname = "{MODEL}"\nmax_tokens = 256\n'
+    text += f"[fanout]\nmax_parallel = {members}\n{budget}\n"
+    for i in range(members):
+        text += f'[[members]]\nid = "m{i + 1}"\nkind = "coding"\ntask = "List the files."\n'
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def _answers_forced_submit(inner: Any) -> Any:
+    """``coding_policy``, but a call forcing submit_result gets one (as the API does)."""
+
+    def policy(body: dict[str, Any]) -> Any:
+        if (body.get("tool_choice") or {}).get("name") == "submit_result":
+            summary = "stopped early: listed some files, the rest is unfinished"
+            return tool_use("submit_result", {"summary": summary, "tests_run": [], "notes": []})
+        return inner(body)
+
+    return policy
+
+
+def _call_costs(run: RunDir) -> list[float]:
+    """What each model call of the run cost, from the members' traces."""
+    profile = profile_for(MODEL)
+    costs = []
+    for trace in sorted((run.path / "members").glob("*/trace.jsonl")):
+        for e in read_trace(trace):
+            if e.type == "model_call":
+                usage = Usage()
+                usage.add(
+                    SimpleNamespace(
+                        input_tokens=e.input_tokens,
+                        output_tokens=e.output_tokens,
+                        cache_read_input_tokens=e.cache_read_tokens,
+                        cache_creation_input_tokens=e.cache_write_tokens,
+                    ),
+                    profile,
+                )
+                costs.append(usage.cost_usd)
+    return costs
+
+
+@pytest.mark.docker
+def test_a_fan_out_stops_at_the_hard_line_and_resume_with_more_finishes_it(
+    tmp_path, images, docker_client, fake_api, cleanup, capsys
+):
+    # 8 members of 12 turns cost about $0.09 together; the budget holds $0.06.
+    fake_api(_answers_forced_submit(coding_policy(turns=12)))
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, MEMBERS, f"[budget]\nusd = {HARD_USD}")
+    code = main(["run", str(job), "--plain"])
+    out = capsys.readouterr().err
+    (run,) = RunDir.list(tmp_path / "runs")
+    results = {f"m{i + 1}": run.result(f"m{i + 1}") for i in range(MEMBERS)}
+    costs = _call_costs(run)
+    spent = sum(costs)
+    # Reserved before each call went out: the fan-out stops short of the line, not one
+    # turn of every member past it.
+    assert spent <= HARD_USD + max(costs), (spent, max(costs))
+    assert spent == pytest.approx(sum(r["cost_usd"] for r in results.values()), abs=1e-5)
+    stopped = {m: r for m, r in results.items() if r["status"] != "ok"}
+    assert stopped and code in (0, 1), out
+    for member, r in stopped.items():
+        assert (r["status"], r["limit"]) == ("incomplete", "budget"), (member, r["reason"])
+        assert r["reason"].startswith("run budget reached"), r["reason"]
+        if r["turns"]:  # a member that had started keeps what it did and says so
+            assert r["partial_result"]["summary"].startswith("stopped early"), r["reason"]
+            assert r["progress"]["last_actions"]
+    assert any(r["turns"] and r["partial_result"] for r in stopped.values())
+    journal = list(run.journal.read())
+    events = [e["event"] for e in journal]
+    assert events.count("budget_soft") == 1 and events.count("budget_hard") == 1
+    last = [e for e in journal if e["event"] == "budget_spent"][-1]
+    assert last["spent_usd"] == pytest.approx(spent, abs=1e-5)
+    assert "budget: past the soft line" in out and "budget: reached the hard line" in out
+    report = (run.path / "report.md").read_text()
+    assert "## Budget" in report and "reached the hard line" in report
+
+    # A raise below what was spent, or no number at all, is refused before anything runs.
+    for bad in ("0.001", "0", "nan", "-1"):
+        assert (
+            main(["resume", run.id, "--output-dir", str(tmp_path / "runs"), f"--budget-usd={bad}"])
+            == 2
+        )
+        assert "--budget-usd" in capsys.readouterr().err
+    # More money: the members the budget stopped run again and finish.
+    code = main(
+        ["resume", run.id, "--output-dir", str(tmp_path / "runs"), "--budget-usd", "1", "--plain"]
+    )
+    out = capsys.readouterr().err
+    assert code == 0, out
+    assert all(run.result(m)["status"] == "ok" for m in results), out
+    journal = list(run.journal.read())
+    raised = [e for e in journal if e["event"] == "budget"]
+    assert [e["usd"] for e in raised] == [HARD_USD, 1.0]
+    assert raised[1]["spent_usd"] == pytest.approx(spent, abs=1e-5)  # goes on from there
+    assert journal[-1]["event"] == "run_finished" and journal[-1]["status"] == "succeeded"
+    report = (run.path / "report.md").read_text()
+    assert "## Budget" in report and "reached the hard line" not in report
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ("[budget]\nusd = -1", "budget.usd: input should be greater than 0"),
+        ("[budget]\nusd = nan", "budget.usd: input should be a finite number"),
+        ("[budget]\nusd = 1\nsoft = 1.5", "budget.soft: input should be less than 1"),
+        ("[budget]\nsoft = 0.5", "a [budget] needs a hard line: usd, tokens or both"),
+        ("[budget]\ntokens = 10", "budget.tokens: input should be greater than or equal to 1000"),
+        ("[budget]\ndollars = 3", "budget.dollars: is not a known field"),
+    ],
+)
+def test_bad_budget_values_are_refused_with_what_is_wrong(tmp_path, capsys, table, said):
+    path = tmp_path / "job.toml"
+    path.write_text(f'name = "t"\n[[members]]\nkind = "coding"\ntask = "x"\n{table}\n')
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err, err
+
+
+def test_a_budget_on_a_cluster_is_refused_rather_than_kept_per_node(tmp_path, capsys):
+    path = tmp_path / "job.toml"
+    path.write_text(
+        'name = "t"\n[model]\nname = "offline"\n[[members]]\nkind = "coding"\n'
+        'task = "x"\n[budget]\nusd = 1\n'
+    )
+    assert main(["run", str(path), "--cluster", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "a [budget] cannot be kept on a cluster" in err and "Traceback" not in err, err
+
+
+@pytest.mark.docker
+def test_offline_members_cost_nothing_and_still_spend_a_token_budget(
+    tmp_path, images, docker_client, cleanup, monkeypatch, capsys
+):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, 4, "[budget]\ntokens = 12000")
+    job.write_text(job.read_text().replace(f'"{MODEL}"', '"offline"'))
+    main(["run", str(job), "--plain"])
+    err = capsys.readouterr().err
+    (run,) = RunDir.list(tmp_path / "runs")
+    spent = [e for e in run.journal.read() if e["event"] == "budget_spent"]
+    assert spent and all(e["usd"] == 0 and e["tokens"] > 0 for e in spent), err
+    assert spent[-1]["spent_usd"] == 0
+    assert spent[-1]["spent_tokens"] <= 12000 + max(e["tokens"] for e in spent)
+    results = [run.result(f"m{i + 1}") for i in range(4)]
+    assert any(r["limit"] == "budget" for r in results), err
