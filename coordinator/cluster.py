@@ -85,6 +85,7 @@ from subagents.outcome import MemberOutcome
 from subagents.policy import Approver
 from subagents.trace import ErrorEvent, MemberEnd, MemorySave, TraceEvent, TraceWriter
 
+from . import run_governor
 from .node_asks import ASK, UNASK, AskRelay
 from .node_service import EVENTS, NodeService, NodeSetup, check_node, reap_node
 from .repo_copy import copy_room, staged_copy
@@ -215,6 +216,8 @@ class RayNodes(Nodes):
         self._replacing = False
         self._ahead: list[Any] = []
         """Calls of :meth:`expect`, which nobody waits for; read when the run ends."""
+        self.governor: Any = None
+        """The run's rate governor actor (:mod:`coordinator.run_governor`)."""
 
     # ------------------------------------------------------------ placement
 
@@ -224,6 +227,7 @@ class RayNodes(Nodes):
     ) -> AsyncIterator[None]:
         self._run_id, self._services = run_id, services
         connect(self.address, insecure=self.insecure)
+        self.governor = run_governor.start()
         infos = fleet_nodes(self.address)
         members = len(units) if services.members is None else services.members
         share = allocate(
@@ -242,6 +246,8 @@ class RayNodes(Nodes):
                 with contextlib.suppress(Exception):
                     ray.get(ref, timeout=0)
             self._ahead.clear()
+            with contextlib.suppress(Exception):
+                ray.kill(self.governor)
 
     def expect(self, units: list[MemberUnit]) -> None:
         """A lead's later wave: each member's box is started ahead on a live node that
@@ -270,7 +276,7 @@ class RayNodes(Nodes):
             scheduling_strategy=pinned(info),
             max_restarts=0,
             max_task_retries=0,
-        ).remote(self._run_id, node_name(info), self.setup)
+        ).remote(self._run_id, node_name(info), self.setup, self.governor)
         return _Node(node_name(info), info, actor, slots, slots)
 
     async def _up(self, node: _Node, units: list[MemberUnit]) -> None:

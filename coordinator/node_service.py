@@ -141,9 +141,16 @@ class _Scratch:
 class NodeService:
     """One node's share of one run; see the module docstring."""
 
-    def __init__(self, run_id: str, node: str, setup: NodeSetup | None = None) -> None:
+    def __init__(
+        self, run_id: str, node: str, setup: NodeSetup | None = None, governor: Any = None
+    ) -> None:
         self.run_id = run_id
         self.node = node
+        if governor is not None:
+            # The run's one rate governor (a Ray actor): this node's model calls ask it.
+            from .run_governor import install
+
+            install(governor)
         self.deps = (setup or docker_node)(node)
         self.scratch = Path(tempfile.mkdtemp(prefix=f"fleet-{run_id}-"))
         self._stop: asyncio.Event | None = None

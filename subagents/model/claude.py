@@ -61,7 +61,7 @@ import pydantic
 from anthropic.types import Message
 
 from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelResponse
-from subagents.model.governor import Permit, RateGovernor, governor_for
+from subagents.model.governor import Governor, Permit, governor_for
 from subagents.model.profiles import profile_for
 from subagents.model.wire import BodyEncoder, StreamedMessage, build_params
 from subagents.trace import RateWait, Retry, TraceWriter
@@ -115,7 +115,7 @@ class AnthropicModel:
         trace: TraceWriter | None = None,
         on_retry: Callable[[Retry], None] | None = None,
         profile: ModelProfile | None = None,
-        governor: RateGovernor | None = None,
+        governor: Governor | None = None,
     ) -> None:
         key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         token = None if key else os.environ.get("ANTHROPIC_AUTH_TOKEN")

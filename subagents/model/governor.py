@@ -32,8 +32,10 @@ why, and :class:`~subagents.model.claude.AnthropicModel` records it as a ``rate_
 trace event that the live table and ``fleet trace`` show.
 
 Scope: one governor per (endpoint, key) in a process (:func:`governor_for`), so two
-runs started from one script share it too - they share the account. Members on other
-hosts of a cluster have their own process and so their own governor.
+runs started from one script share it too - they share the account. On a cluster the
+members run in the nodes' processes: there the run installs a source
+(:func:`use_source`) that hands out proxies of one governor for the whole run
+(:mod:`coordinator.run_governor`), so the nodes share one view of the account.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 import anyio
 import anyio.lowlevel
@@ -340,13 +343,55 @@ def _timestamp(value: str | None) -> float | None:
     return parsed.timestamp()
 
 
+class Governor(Protocol):
+    """What a model adapter needs of a governor: :class:`RateGovernor` in this process,
+    or a proxy of the run's one governor on a cluster node."""
+
+    patience_s: float
+
+    async def acquire(
+        self,
+        input_tokens: int,
+        max_tokens: int | None = None,
+        on_wait: Callable[[str, float], None] | None = None,
+    ) -> Permit: ...
+
+    def release(
+        self,
+        permit: Permit,
+        *,
+        status: int,
+        headers: Mapping[str, str] | None = None,
+        retry_after: float | None = None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> float: ...
+
+    def cancel(self, permit: Permit) -> None: ...
+
+
 _GOVERNORS: dict[str, RateGovernor] = {}
+_SOURCE: Callable[[str], Governor] | None = None
 
 
-def governor_for(base_url: str, api_key: str | None) -> RateGovernor:
-    """The process's governor for this endpoint and key (made on first use). The key
-    is kept only as a hash."""
-    digest = hashlib.sha256(f"{base_url}\0{api_key or ''}".encode()).hexdigest()[:16]
+def key_digest(base_url: str, api_key: str | None) -> str:
+    """Who shares a governor: an endpoint and key, as a hash (the key is never kept)."""
+    return hashlib.sha256(f"{base_url}\0{api_key or ''}".encode()).hexdigest()[:16]
+
+
+def use_source(source: Callable[[str], Governor] | None) -> None:
+    """Take this process's governors from ``source(digest)`` (a cluster node's proxies
+    of the run's governor); None: back to this process's own."""
+    global _SOURCE
+    _SOURCE = source
+
+
+def governor_for(base_url: str, api_key: str | None) -> Governor:
+    """The governor for this endpoint and key: the process's own (made on first use),
+    or the run's, where a source was installed."""
+    digest = key_digest(base_url, api_key)
+    if _SOURCE is not None:
+        return _SOURCE(digest)
     governor = _GOVERNORS.get(digest)
     if governor is None:
         governor = _GOVERNORS[digest] = RateGovernor()

@@ -1,0 +1,106 @@
+"""On a cluster the run has one rate governor: members on every node pace by one view
+of the account, through the run's governor actor (``coordinator/run_governor.py``).
+
+Real Ray cluster (``ray_cluster``: head + 2 nodes), real boxes, the real ``anthropic``
+client on the nodes against the fake Messages API on 127.0.0.1 with a request limit.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from fleet_policies import coding_policy
+from ray_support import ship_by_value
+
+from coordinator.fanout import MemberUnit, fan_out
+from coordinator.jobfile import parse_job
+from coordinator.node import NodeDeps
+from coordinator.runs import RunDir
+from coordinator.spec import RetryPolicy
+from coordinator.worker import Recorder, Services
+from sandbox.docker import DockerBackend
+from subagents.fake_api import FakeMessagesAPI, RateLimits
+from subagents.spec import MemberSpec
+from subagents.trace import read_trace
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+class _FakeApiNode:
+    """A node whose members' model is Claude's adapter pointed at the test's fake API
+    (the key is a test key: a real node reads its own environment)."""
+
+    def __init__(self, images: dict[str, str], url: str) -> None:
+        self.images, self.url = images, url
+
+    def __call__(self, node: str = "") -> NodeDeps:
+        from subagents.model.claude import AnthropicModel
+
+        def make(name: str, **kw: Any) -> Any:
+            return AnthropicModel(
+                "claude-sonnet-5", api_key="test", base_url=self.url, trace=kw.get("trace")
+            )
+
+        return NodeDeps(backend=DockerBackend(images=self.images, node=node), make_model=make)
+
+
+def test_members_on_every_node_share_the_runs_one_governor(tmp_path, ray_cluster, images, run_id):
+    from coordinator.cluster import RayNodes
+
+    ship_by_value(sys.modules[__name__])
+    members = 6
+    # 6 members x 3 calls against 6 requests a 3 s "minute": one node's governor alone
+    # would believe the whole bucket its own and both nodes would spend it twice over.
+    limits = RateLimits(requests_per_minute=6, minute_s=3.0)
+    job = parse_job('name = "t"\n[research]\nquestion = "q"')
+    run = RunDir.create(job, "", root=tmp_path, name=run_id)
+    units = [
+        MemberUnit(
+            run_id=run.id,
+            member_dir=str(run.member_dir(f"m{i}")),
+            spec=MemberSpec(id=f"m{i}", kind="coding", task="List the files."),
+            retry=RetryPolicy(attempts=1),
+            deadline_s=180,
+        )
+        for i in range(members)
+    ]
+    with FakeMessagesAPI(coding_policy(turns=2), limits=limits) as api:
+        nodes = RayNodes(ray_cluster.address, setup=_FakeApiNode(images, api.url))
+
+        async def go() -> Any:
+            try:
+                services = Services(max_parallel=members, warm_pool=False)
+                async with nodes.serve(run.id, units, services):
+                    record = Recorder(journal=run.journal.append)
+                    kw = {"max_parallel": members, "min_success": 1, "fail_fast": False}
+                    result = await fan_out(units, record, nodes=nodes, **kw)
+                    stats = await nodes.governor.stats.remote()
+                    return result, stats
+            finally:
+                await nodes.remove_boxes(run.id)
+
+        result, stats = anyio.run(go)
+        assert api.limiter is not None
+        rejected = api.limiter.rejected
+    outcomes = result.outcomes
+    assert all(o.status == "ok" for o in outcomes.values()), {
+        m: o.reason for m, o in outcomes.items()
+    }
+    nodes_used = {e.get("node") for e in run.journal.read() if e["event"] == "member_started"}
+    assert len(nodes_used) == 2, nodes_used  # members on both nodes
+    # Every call of both nodes went through the run's one governor ...
+    ((_digest, counters),) = stats.items()
+    assert counters["calls"] == len(api.requests) - rejected
+    # ... which paced them by the account's headers: next to no 429s.
+    assert rejected <= 2, rejected
+    waits = [
+        e
+        for i in range(members)
+        for e in read_trace(Path(run.member_dir(f"m{i}")) / "trace.jsonl")
+        if e.type == "rate_wait" and e.waited_s
+    ]
+    assert sum(w.waited_s for w in waits) > 2.0
