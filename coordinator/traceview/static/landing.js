@@ -85,5 +85,8 @@ const FleetLanding = (() => {
     return [head, ...rows];
   }
 
-  return { report, search };
+  // The run's data changed (a live page): the next search indexes it again.
+  const forget = () => { search.cache = null; };
+
+  return { report, search, forget };
 })();

@@ -1,9 +1,11 @@
 "use strict";
 // Fleet trace page: renders the inlined run data; no network, no dependencies.
 (function () {
-  const DATA = JSON.parse(document.getElementById("fleet-data").textContent);
-  const RUN = DATA.run;
-  const MEMBERS = DATA.members;
+  let DATA = JSON.parse(document.getElementById("fleet-data").textContent);
+  let RUN = DATA.run;
+  let MEMBERS = DATA.members;
+  // Served by `fleet view`: where this run's routes are (else the written page: none).
+  const API = DATA.live ? DATA.live.api : "/";
   const SVG = "http://www.w3.org/2000/svg";
 
   // Every string here was written by a model, a page or a box: it enters the DOM as text
@@ -70,8 +72,11 @@
   const totalIn = (x) => x.input_tokens + x.cache_read_tokens + x.cache_write_tokens;
   const pill = (status) => el("span", { class: "pill st-" + token(status), text: status });
   const FAILED = new Set(["failed", "crashed", "timed_out", "cancelled", "incomplete"]);
+  // Ids in natural order: research-2 before research-10.
+  const natural = (a, b) => String(a).localeCompare(String(b), "en", { numeric: true });
   // A lead run: the lead first, then its members wave by wave.
-  const ORDER = [...MEMBERS].sort((a, b) => (b.lead - a.lead) || ((a.wave || 0) - (b.wave || 0)) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  const order = () => [...MEMBERS].sort((a, b) => (b.lead - a.lead) || ((a.wave || 0) - (b.wave || 0)) || natural(a.id, b.id));
+  let ORDER = order();
   let statusFilter = "";
   const shown = (m) => !statusFilter || m.status === statusFilter;
   // Enter or Space on a focused row or lane opens it, as a click does.
@@ -92,6 +97,7 @@
       ["$" + t.cost_usd.toFixed(3), "est. cost"],
     ];
     const box = document.getElementById("cards");
+    box.textContent = "";
     for (const [v, l, sub] of items) box.append(el("div", { class: "card", title: sub || "" }, el("div", { class: "v", text: String(v) }), el("div", { class: "l", text: l })));
   }
 
@@ -238,7 +244,8 @@
     const head = el("tr", {}, COLS.map(([key, label, , num]) => el("th", { class: num ? "num" : "", text: label + (sortKey === key ? (sortDir > 0 ? " ▲" : " ▼") : ""),
       onclick: () => { sortDir = sortKey === key ? -sortDir : 1; sortKey = key; table(); } })));
     const val = (m) => (sortKey === "in" ? totalIn(m) : sortKey === "member" ? m.id : sortKey === "wave" ? (m.lead ? 0 : m.wave || 1e6) : m[sortKey]);
-    const rows = [...ORDER].filter(shown).sort((a, b) => (val(a) > val(b) ? 1 : val(a) < val(b) ? -1 : 0) * sortDir);
+    const cmp = (a, b) => (typeof a === "string" || typeof b === "string" ? natural(a, b) : a > b ? 1 : a < b ? -1 : 0);
+    const rows = [...ORDER].filter(shown).sort((a, b) => cmp(val(a), val(b)) * sortDir);
     const body = el("tbody", {}, rows.map((m) => el("tr", { "data-member": m.id, "data-status": m.status, tabindex: 0, onclick: () => openMember(m.id), onkeydown: onKeys(() => openMember(m.id)) },
       COLS.map(([key, , fn, num]) => el("td", { class: num ? "num" : key === "reason" ? "reason" : "" }, fn(m))))));
     tbl.append(el("thead", {}, head), body);
@@ -260,7 +267,7 @@
       const btn = el("button", { class: "load-full", text: "load full text" });
       btn.addEventListener("click", async () => {
         btn.disabled = true;
-        const resp = await fetch("/full/" + ref.split("/").map(encodeURIComponent).join("/"));
+        const resp = await fetch(API + "full/" + ref.split("/").map(encodeURIComponent).join("/"));
         if (!resp.ok) { btn.textContent = "not found (" + resp.status + ")"; return; }
         pre.textContent = await resp.text();
         pre.classList.add("full");
@@ -378,7 +385,13 @@
       node.dataset.filled = "1";
       node.append(el("div", { class: "turn-body" }, t.m.map(modelBlock), t.t.map(toolBlock), t.k.map(markBlock)));
     };
-    node.addEventListener("toggle", () => { if (node.open) node._fill(); });
+    node.addEventListener("toggle", () => {
+      if (!node.open) return;
+      node._fill();
+      // The address names the open turn, so it can be linked to.
+      const id = document.getElementById("member-view").dataset.member;
+      history.replaceState(null, "", "#member=" + encodeURIComponent(id) + "&turn=" + t.n + (t.a ? "&attempt=" + t.a : ""));
+    });
     node._search = (t.t.map((x) => x.n + " " + x.in + " " + x.out).join(" ") + " " + t.m.map((c) => c.x).join(" ") + " " + [...kinds].join(" ")).toLowerCase();
     node._flag = err || kinds.has("offload") || kinds.has("compaction");
     return node;
@@ -559,32 +572,68 @@
     }
   }
 
+  // `#member=ID&turn=N[&attempt=A]`: a link to a member, or to one of its turns.
   function route() {
-    const match = location.hash.match(/member=([^&]+)/);
-    let id = null;
-    try { id = match && decodeURIComponent(match[1]); } catch (e) { id = null; }
-    if (id !== null) openMember(id, false);
+    const params = new URLSearchParams(location.hash.slice(1));
+    const id = params.get("member");
+    const turn = /^\d+$/.test(params.get("turn") || "") ? Number(params.get("turn")) : null;
+    const attempt = /^\d+$/.test(params.get("attempt") || "") ? Number(params.get("attempt")) : null;
+    if (id !== null) openMember(id, false, turn, attempt);
     else showOverview(false);
   }
 
   // The landing view: the question and the report first, then a search over the run.
+  const H = { el, pill, token, fileLink: (p) => fileLink(p) };
+  const openFrom = (id, turn, attempt, query) => openMember(id, true, turn, attempt, query);
+  const rerunSearch = () => document.getElementById("search-results").replaceChildren(...FleetLanding.search(H, MEMBERS,
+    document.getElementById("run-search").value, (id) => shown(MEMBERS.find((m) => m.id === id)), openFrom));
   function landing() {
-    const h = { el, pill, token };
-    const open = (id, turn, attempt, query) => openMember(id, true, turn, attempt, query);
-    document.getElementById("landing").append(FleetLanding.report(h, RUN, open));
-    const input = document.getElementById("run-search"), results = document.getElementById("search-results");
+    document.getElementById("landing").replaceChildren(FleetLanding.report(H, RUN, openFrom));
     const select = document.getElementById("status-filter");
     const counts = {};
     for (const m of MEMBERS) counts[m.status] = (counts[m.status] || 0) + 1;  // the lead too
-    for (const st of Object.keys(counts).sort()) select.append(el("option", { value: st, text: `${st} (${counts[st]})` }));
-    const rerun = () => results.replaceChildren(...FleetLanding.search(h, MEMBERS, input.value, (id) => shown(MEMBERS.find((m) => m.id === id)), open));
-    let timer = 0;
-    input.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(rerun, 120); });
-    select.addEventListener("change", () => { statusFilter = select.value; table(); timeline(); rerun(); });
+    select.replaceChildren(el("option", { value: "", text: "all" }), ...Object.keys(counts).sort().map((st) => el("option", { value: st, text: `${st} (${counts[st]})` })));
+    select.value = statusFilter;
+  }
+  function heading() {
+    document.getElementById("run-title").textContent = `${RUN.id} · ${RUN.finished ? "finished" : "running"} · ${RUN.dir}`;
+  }
+  function asksPanel() {
+    document.getElementById("asks").replaceChildren(...[FleetLive.asks(H, DATA.live, () => null)].filter(Boolean));
   }
 
-  document.getElementById("run-title").textContent = `${RUN.id} · ${RUN.finished ? "finished" : "running"} · ${RUN.dir}`;
+  // New data from the server: everything is drawn again from it; an open member is
+  // redrawn only when its data changed, keeping its open turns and the scroll.
+  function refresh(next) {
+    const before = new Map(MEMBERS.map((m) => [m.id, JSON.stringify(m)]));
+    DATA = next; RUN = next.run; MEMBERS = next.members; ORDER = order();
+    FleetLanding.forget();
+    heading(); landing(); cards(); timeline(); table(); asksPanel();
+    if (document.getElementById("run-search").value) rerunSearch();
+    const view = document.getElementById("member-view");
+    const id = view.dataset.member;
+    if (view.hidden || !id) return;
+    const now = MEMBERS.find((m) => m.id === id);
+    if (!now || before.get(id) === JSON.stringify(now)) return;
+    const open = [...view.querySelectorAll("details.turn[open]")].map((d) => [d.dataset.turn, d.dataset.attempt]);
+    const y = window.scrollY;
+    openMember(id, false);
+    for (const [t, a] of open) {
+      const node = view.querySelector(`details.turn[data-turn="${t}"][data-attempt="${a}"]`);
+      if (node) { node.open = true; node._fill(); }
+    }
+    window.scrollTo(0, y);
+  }
+
+  heading();
   landing();
+  (() => {
+    let timer = 0;
+    document.getElementById("run-search").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(rerunSearch, 120); });
+    const select = document.getElementById("status-filter");
+    select.addEventListener("change", () => { statusFilter = select.value; table(); timeline(); rerunSearch(); });
+  })();
+  asksPanel();
   cards();
   legend(document.getElementById("tl-legend"), [["var(--model)", "model call"], ["var(--tool)", "tool call"], ["var(--tool-err)", "tool error"],
     ["var(--box)", "box start-up"], ["var(--compact)", "compaction"], ["var(--offload)", "offload"], ["var(--tool-err)", "retried attempt (×)"],
@@ -595,4 +644,5 @@
   window.addEventListener("resize", () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(timeline, 150); });
   window.addEventListener("popstate", route);
   route();
+  if (DATA.live) FleetLive.follow(DATA.live, () => RUN.finished && !(DATA.live.asks || []).length, refresh);
 })();
