@@ -257,7 +257,8 @@ def make_server(run_dir: Path, port: int = 0, *, index: bool = False) -> Threadi
             if routed is None or routed[2] != "answer":
                 return self._not_found()
             root = routed[0]
-            length = int(self.headers.get("Content-Length") or 0)
+            length_field = self.headers.get("Content-Length") or "0"
+            length = int(length_field) if length_field.isdigit() else 0
             raw = self.rfile.read(length) if 0 < length <= MAX_POST else b""
             why = post_refusal(
                 client=self.client_address[0],
