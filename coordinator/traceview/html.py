@@ -133,7 +133,8 @@ def _result(d: MemberDetail, run_dir: Path) -> dict[str, Any] | None:
         return None
     value, cuts = clip_result(d.result, RESULT_TEXT_LIMIT)
     file = f"{d.dir}/result.json"
-    return {"v": value, "cuts": cuts, "file": file if (run_dir / file).is_file() else ""}
+    return {"v": value, "cuts": cuts, "file": file if (run_dir / file).is_file() else "",
+            "partial": d.partial}  # fmt: skip
 
 
 def _member_data(

@@ -120,13 +120,21 @@
     // The run's span: its journal's end, or a later member event (a run still going).
     const span = Math.max(RUN.duration, RUN.end, ...MEMBERS.map((m) => m.end), 1);
     const x = (t) => L + (t / span) * (W - L - R);
-    // Lanes in display order; a lead run's waves each open with a heading row.
+    // Lanes in display order; a lead run's waves each open with a heading row, and a
+    // cluster run's members are grouped by the node they ran on, each node a heading.
     const rows = [];
-    let wave = null;
-    for (const m of ORDER.filter(shown)) {
+    let wave = null, node = null;
+    const byNode = !RUN.lead && MEMBERS.some((m) => m.node);
+    const lanes = ORDER.filter(shown);
+    if (byNode) lanes.sort((a, b) => natural(a.node || "", b.node || ""));  // stable: ids stay in order
+    for (const m of lanes) {
       if (RUN.lead && !m.lead && m.wave !== wave) {
         wave = m.wave;
         rows.push({ head: wave ? "wave " + wave : "not spawned by the lead" });
+      }
+      if (byNode && m.node !== node) {
+        node = m.node;
+        rows.push({ head: node ? "node " + node : "no node recorded" });
       }
       rows.push({ m });
     }
@@ -217,10 +225,12 @@
     }
   }
 
-  const COLS = [
+  // Computed per drawing: a live run's first node or wave adds its column.
+  const cols = () => [
     ["member", "member", (m) => el("span", { class: "mono", text: m.id })],
     ["kind", "kind", (m) => m.kind],
     ...(RUN.lead ? [["wave", "wave", (m) => (m.lead ? "lead" : m.wave || ""), 1]] : []),
+    ...(MEMBERS.some((m) => m.node) ? [["node", "node", (m) => m.node || ""]] : []),
     ["status", "status", (m) => pill(m.status)],
     ["attempts", "attempts", (m) => m.attempts, 1],
     ["duration_s", "wall", (m) => dur(m.duration_s), 1],
@@ -239,6 +249,7 @@
   let sortKey = RUN.lead ? "wave" : "member", sortDir = 1;
 
   function table() {
+    const COLS = cols();
     const tbl = document.getElementById("members");
     tbl.textContent = "";
     const head = el("tr", {}, COLS.map(([key, label, , num]) => el("th", { class: num ? "num" : "", text: label + (sortKey === key ? (sortDir > 0 ? " ▲" : " ▼") : ""),
@@ -478,22 +489,26 @@
       if (total === undefined) return null;
       const field = path.map((k) => (typeof k === "number" ? `[${k}]` : "." + k)).join("").replace(/^\./, "");
       const shown = pre ? pre.textContent.length : 0;
-      const note = el("div", { class: "cut" }, "truncated; full text in ", r.file ? fileLink(r.file) : "the member's trace", ` (field result.${field}, ${shown} of ${total} chars shown)`);
+      const note = el("div", { class: "cut" }, "truncated; full text in ", r.file ? fileLink(r.file) : "the member's trace", ` (field ${r.partial || "result"}.${field}, ${shown} of ${total} chars shown)`);
       if (RUN.served && pre && r.file) {
         const btn = el("button", { class: "load-full", text: "load full text" });
         btn.addEventListener("click", async () => {
           btn.disabled = true;
           const resp = await fetch(RUN.lb + r.file);
           if (!resp.ok) { btn.textContent = "not found (" + resp.status + ")"; return; }
-          pre.textContent = path.reduce((v, k) => (v == null ? v : v[k]), (await resp.json()).result);
+          pre.textContent = path.reduce((v, k) => (v == null ? v : v[k]), (await resp.json())[r.partial || "result"]);
           pre.classList.add("full");
-          note.replaceChildren("full text from ", fileLink(r.file), ` (field result.${field})`);
+          note.replaceChildren("full text from ", fileLink(r.file), ` (field ${r.partial || "result"}.${field})`);
         });
         note.append(" ", btn);
       }
       return note;
     };
     box.append(FleetTree.render(el, r.v, noteFor));
+    if (r.partial) {
+      const why = `the member ended ${m.status}` + (m.reason ? ": " + m.reason : "") + "; this is what it left, not a finished answer";
+      return el("div", { class: "panel result partial", id: "partial-result" }, el("h2", { text: "Partial result" }), el("div", { class: "reason-box", text: why }), box);
+    }
     return el("div", { class: "panel result" }, el("h2", { text: "Final result" }), box);
   }
 
