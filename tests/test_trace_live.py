@@ -131,3 +131,30 @@ def test_a_pending_ask_is_answered_from_the_page_and_shown_as_text(
         request = json.loads((queue.dir / f"{rid}.request.json").read_text())
         assert answer["sha256"] == shown_sha256(request["input"])
     assert queue.pending() == []
+
+
+def test_the_list_of_runs_shows_hostile_names_as_text_and_links_only_to_runs(
+    browser: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "runs"
+    run_id = "run-" + HOSTILE.replace("/", "")  # a directory name: no slash
+    made = tracegen.make_run(root, members=2, turns=2, failed=None, run_id=run_id)
+    job = json.loads((made.run_dir / "job.json").read_text())
+    (made.run_dir / "job.json").write_text(json.dumps(job | {"question": HOSTILE}))
+    with fleet_view("--output-dir", root) as base:
+        w = Watched(browser)
+        w.page.goto(base)
+        row = w.page.locator("#runs tbody tr")
+        row.wait_for()
+        assert row.get_attribute("data-run") == run_id
+        assert HOSTILE.replace("\u202e", "") in row.inner_text().replace("\u202e", "")
+        assert w.page.locator("#runs img, #runs script").count() == 0
+        # The override is a visible mark of its own, as on the run's page.
+        assert row.locator('.bidi[data-cp="U+202E"]').count() >= 2  # the id and the question
+        row.locator("a.run-link").click()
+        w.page.wait_for_selector("#timeline-svg")
+        assert run_id in w.page.locator("#run-title").inner_text()
+        assert w.page.locator(".lane").count() == 2
+        assert w.page.evaluate("window.__pwned") is None
+        assert w.problems == []

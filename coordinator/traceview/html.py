@@ -266,8 +266,8 @@ def embed_json(value: Any) -> str:
     return _UNSAFE_IN_SCRIPT.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-PAGE_SCRIPTS = ("tree.js", "landing.js", "live.js", "viewer.js")
-INDEX_SCRIPTS = ("runs.js",)
+PAGE_SCRIPTS = ("text.js", "tree.js", "landing.js", "live.js", "viewer.js")
+INDEX_SCRIPTS = ("text.js", "runs.js")
 
 
 def _scripts(names: tuple[str, ...] = PAGE_SCRIPTS) -> str:

@@ -9,10 +9,10 @@
     for (const [k, v] of Object.entries(attrs || {})) {
       if (v === null || v === undefined || v === false) continue;
       if (k === "class") node.className = v;
-      else if (k === "text") node.textContent = String(v);
+      else if (k === "text") node.replaceChildren(FleetText.textOf(v));
       else node.setAttribute(k, v);
     }
-    for (const kid of kids.flat()) if (kid !== null && kid !== undefined) node.append(typeof kid === "string" ? document.createTextNode(kid) : kid);
+    for (const kid of kids.flat()) if (kid !== null && kid !== undefined) node.append(typeof kid === "string" ? FleetText.textOf(kid) : kid);
     return node;
   }
   const token = (s) => String(s).replace(/[^A-Za-z0-9_-]/g, "_");
