@@ -1,11 +1,20 @@
-"""``fleet view RUN``: the run's page and its files, served on 127.0.0.1 only.
+"""``fleet view [RUN]``: a run's live page and its files, or every run, on 127.0.0.1 only.
 
-The page is rendered per request (so a running run shows its latest state on reload)
-with links pointing at ``/files/``, which serves files from inside the run directory
-only: paths are resolved and must stay under it, so ``..`` cannot reach the host.
-``/full/<file>:<line>`` answers the full text of one trace event (a tool result, a
-tool input, a model reply, a compaction summary) that the page shows cut; the page
-fetches it only when the user asks, so a 16 x 200-turn run still opens at once.
+Routes of a run (at ``/`` for ``fleet view RUN``; at ``/run/<id>/`` under the list of
+runs that ``fleet view`` serves at ``/``, with ``/runs.json`` for its updates; an id
+names a run directly under the runs directory, nothing else):
+
+* ``""`` - the page, rendered per request, holding what it needs to follow the run
+  (``live``: the routes' prefix, the run's change stamp, its asks and answer token);
+* ``data?since=STAMP`` - the page's data again when the run changed, else 204
+  (:mod:`coordinator.traceview.live` says why the page polls);
+* ``files/<path>`` - a file from inside the run directory only: paths are resolved
+  and must stay under it, so ``..`` cannot reach the host;
+* ``full/<file>:<line>`` - the full text of one trace event (a tool result, a tool
+  input, a model reply, a compaction summary) the page shows cut; fetched only when
+  the user asks, so a 16 x 200-turn run still opens at once;
+* ``POST answer`` - a person's answer to a pending ask (:func:`post_refusal` says
+  what it must carry), recorded by the approval queue as ``fleet approve`` does.
 
 Any web page the person has open can make their browser ask this server, and a page
 whose name is rebound to 127.0.0.1 (DNS rebinding) would even be its same origin and
