@@ -5,6 +5,7 @@ incomplete member's partial result shown as such, and links to a member's turn."
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,39 @@ def test_members_in_natural_order_with_nodes_partial_results_and_turn_links(
     assert "research-10 turn 2" in opened.inner_text()
     assert fresh.page.locator('#member-view details.turn[data-turn="1"][open]').count() == 0
     assert w.problems == [] and fresh.problems == []
+
+
+def test_the_info_panel_shows_the_job_as_written_its_model_and_usage_per_model(
+    browser: Any,  # noqa: F811
+    cluster: Path,
+    tmp_path: Path,
+) -> None:
+    cluster = Path(shutil.copytree(cluster, tmp_path / "cluster"))  # the fixture stays as made
+    written = (
+        'name = "c"\n# <img src=x onerror=window.__pwned=1> \u202e\n[model]\nname = "offline"\n'
+    )
+    (cluster / "job.toml").write_text(written)
+    job = json.loads((cluster / "job.json").read_text())
+    (cluster / "job.json").write_text(
+        json.dumps(job | {"model": {"name": "m", "temperature": 0.3}})
+    )
+    run = load_run(cluster)
+    out = tmp_path / "page.html"
+    write_page(run, out)
+    w = Watched(browser)
+    w.page.goto(out.as_uri())
+    w.page.locator("#info-panel summary").click()
+    assert w.page.locator("#info-panel .job-text").text_content() == written
+    assert w.page.locator("#info-panel img").count() == 0
+    assert "temperature" in w.page.locator("#info-panel").inner_text()
+    from coordinator.traceview import rollup_run
+
+    members = rollup_run(run).members
+    for model in {m.model for m in members}:
+        row = w.page.locator(f'#info-panel tr.model-row[data-model="{model}"]')
+        cells = row.locator("td").all_inner_texts()
+        mine = [m for m in members if m.model == model]
+        assert cells[1] == str(len(mine))
+        assert cells[5].rstrip("*") == f"${sum(m.cost_usd for m in mine):.3f}"
+    assert w.page.evaluate("window.__pwned") is None
+    assert w.problems == []

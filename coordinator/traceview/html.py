@@ -204,6 +204,23 @@ def _report(run_dir: Path) -> dict[str, Any] | None:
     return value
 
 
+JOB_TEXT_LIMIT = 20_000
+"""Characters of the job file as written shown on the page (the rest is in job.toml)."""
+
+
+def _job_text(run_dir: Path) -> str:
+    """The job file as the person wrote it (``job.toml``), cut to :data:`JOB_TEXT_LIMIT`."""
+    try:
+        text = (run_dir / "job.toml").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return (
+        text
+        if len(text) <= JOB_TEXT_LIMIT
+        else text[:JOB_TEXT_LIMIT] + "\n[cut; whole in job.toml]"
+    )
+
+
 def page_data(
     run: RunTrace,
     *,
@@ -238,6 +255,7 @@ def page_data(
             "job": job if len(job) < 4_000 else job[:4_000] + "…",
             "dir": str(run.dir), "limit": per_content, "lb": link_base, "served": served,
             "question": run.question(), "report": _report(run.dir),
+            "job_text": _job_text(run.dir), "model_cfg": run.job.get("model"),
             "lead": any(m.is_lead for m in run.members),
         },
         "members": members,

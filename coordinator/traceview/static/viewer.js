@@ -83,6 +83,30 @@
     for (const [v, l, sub] of items) box.append(el("div", { class: "card", title: sub || "" }, el("div", { class: "v", text: String(v) }), el("div", { class: "l", text: l })));
   }
 
+  // The job as written, its model's settings, and tokens and cost per model (per
+  // member: the table below).
+  function info() {
+    const per = new Map();
+    for (const m of MEMBERS) {
+      const row = per.get(m.model || "?") || { n: 0, i: 0, cr: 0, o: 0, c: 0, est: false };
+      row.n += 1; row.i += totalIn(m); row.cr += m.cache_read_tokens; row.o += m.output_tokens; row.c += m.cost_usd; row.est = row.est || m.cost_estimated;
+      per.set(m.model || "?", row);
+    }
+    const head = el("tr", {}, ["model", "members", "in", "cached", "out", "cost"].map((t, i) => el("th", { class: i ? "num" : "", text: t })));
+    const rows = [...per.entries()].sort((a, b) => natural(a[0], b[0])).map(([model, r]) => el("tr", { class: "model-row", "data-model": model },
+      el("td", { class: "mono", text: model }), el("td", { class: "num", text: String(r.n) }), el("td", { class: "num", text: tok(r.i) }),
+      el("td", { class: "num", text: tok(r.cr) }), el("td", { class: "num", text: tok(r.o) }), el("td", { class: "num", text: "$" + r.c.toFixed(3) + (r.est ? "*" : "") })));
+    const cfg = RUN.model_cfg;
+    document.getElementById("info").replaceChildren(el("details", { class: "panel", id: "info-panel" },
+      el("summary", {}, el("h2", { text: "Job, model and usage" })),
+      el("h3", { text: "Tokens and cost per model" }), el("table", { class: "per-model" }, el("thead", {}, head), el("tbody", {}, rows)),
+      el("div", { class: "meta", text: "per member: the Members table; * priced from the model's profile" }),
+      el("h3", { text: "Model and its settings" }),
+      cfg && typeof cfg === "object" ? FleetTree.render(el, cfg) : el("div", { class: "mono", text: cfg ? String(cfg) : "(not recorded)" }),
+      el("h3", { text: "The job as written" }),
+      RUN.job_text ? el("pre", { class: "job-text", text: RUN.job_text }) : el("pre", { class: "job-text", text: RUN.job || "(not recorded)" })));
+  }
+
   function legend(box, items) {
     for (const [color, label] of items) box.append(el("span", {}, el("i", { style: "background:" + color }), label));
   }
@@ -605,7 +629,9 @@
     const before = new Map(MEMBERS.map((m) => [m.id, JSON.stringify(m)]));
     DATA = next; RUN = next.run; MEMBERS = next.members; ORDER = order();
     FleetLanding.forget();
-    heading(); landing(); cards(); timeline(); table(); asksPanel();
+    const infoOpen = document.getElementById("info-panel").open;
+    heading(); landing(); cards(); info(); timeline(); table(); asksPanel();
+    document.getElementById("info-panel").open = infoOpen;
     if (document.getElementById("run-search").value) rerunSearch();
     const view = document.getElementById("member-view");
     const id = view.dataset.member;
@@ -632,6 +658,7 @@
   })();
   asksPanel();
   cards();
+  info();
   legend(document.getElementById("tl-legend"), [["var(--model)", "model call"], ["var(--tool)", "tool call"], ["var(--tool-err)", "tool error"],
     ["var(--box)", "box start-up"], ["var(--compact)", "compaction"], ["var(--offload)", "offload"], ["var(--tool-err)", "retried attempt (×)"],
     ["var(--fail)", "failed member"]]);
