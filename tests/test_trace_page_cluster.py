@@ -134,3 +134,36 @@ def test_the_info_panel_shows_the_job_as_written_its_model_and_usage_per_model(
         assert cells[5].rstrip("*") == f"${sum(m.cost_usd for m in mine):.3f}"
     assert w.page.evaluate("window.__pwned") is None
     assert w.problems == []
+
+
+def test_a_check_shows_what_ran_and_its_whole_output_beside_the_claim(
+    browser: Any,  # noqa: F811
+    cluster: Path,
+    tmp_path: Path,
+) -> None:
+    cluster = Path(shutil.copytree(cluster, tmp_path / "cluster"))
+    session = ">>> import asyncio\n>>> asyncio.run(main())\n<script>window.__pwned=1</script>\nCancelledError"
+    output = f"{session}\nline 2 of the output\n\u202eevil"
+    result = json.loads((cluster / "members" / "research-2" / "result.json").read_text())
+    result["result"]["verified"] = {"command": "python3 check.py", "exit_code": 0,
+                                    "passed": True, "output_tail": output}  # fmt: skip
+    (cluster / "members" / "research-2" / "result.json").write_text(json.dumps(result))
+    check = {"member": "research-2", "wave": 1, "claim_member": "research-10", "claim": 0,
+             "command": "python3 check.py", "exit_code": 0, "verdict": "verified",
+             "detail": "exit 0"}  # fmt: skip
+    claim = {"text": "cancellation is cooperative",
+             "citations": [{"member": "research-10", "claim": 0}]}  # fmt: skip
+    (cluster / "report.json").write_text(json.dumps(
+        {"summary": "s", "analyst": "offline", "claims": [claim], "checks": [check]}))  # fmt: skip
+    out = tmp_path / "page.html"
+    write_page(load_run(cluster), out)
+    w = Watched(browser)
+    w.page.goto(out.as_uri())
+    beside = w.page.locator(".findings li .check-session")
+    assert beside.count() == 1
+    beside.locator("summary").click()
+    shown = beside.locator("pre.session").text_content()
+    assert shown == "$ python3 check.py\n" + output
+    assert w.page.locator("#report script, #report img").count() == 0
+    assert w.page.evaluate("window.__pwned") is None
+    assert w.problems == []

@@ -604,7 +604,12 @@
   }
 
   // The landing view: the question and the report first, then a search over the run.
-  const H = { el, pill, token, fileLink: (p) => fileLink(p) };
+  const verified = (id) => {
+    const m = MEMBERS.find((x) => x.id === id);
+    const v = m && m.result && m.result.v && m.result.v.verified;
+    return v && typeof v === "object" ? v : null;
+  };
+  const H = { el, pill, token, verified, fileLink: (p) => fileLink(p) };
   const openFrom = (id, turn, attempt, query) => openMember(id, true, turn, attempt, query);
   const rerunSearch = () => document.getElementById("search-results").replaceChildren(...FleetLanding.search(H, MEMBERS,
     document.getElementById("run-search").value, (id) => shown(MEMBERS.find((m) => m.id === id)), openFrom));
