@@ -27,7 +27,6 @@ from typing import Any
 
 from coordinator.approvals import ApprovalQueue, answerer, shown_sha256
 from coordinator.run_lookup import is_run_dir, run_dirs
-from coordinator.runs import RunDir
 
 _WATCHED_DIRS = ("", "members", "approvals")
 """Folders of a run (and each member folder) whose files' stats make the stamp."""
@@ -154,6 +153,9 @@ class RunIndex:
 
     @staticmethod
     def _row(path: Path) -> dict[str, Any]:
+        # Imported here: the run directory's reader brings the job model (and the Docker
+        # SDK with it), which `fleet view RUN` never needs.
+        from coordinator.runs import RunDir
         from coordinator.traceview.load import load_run
         from coordinator.traceview.rollup import rollup_run
 
