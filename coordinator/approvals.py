@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import getpass
 import json
 import os
 import time
@@ -314,6 +315,15 @@ def _approval(answer: dict[str, Any]) -> Approval:
         by=str(answer.get("by") or "unknown"),
         always=bool(answer.get("always")),
     )
+
+
+def answerer() -> str:
+    """Who this process answers as (its pid and user), written beside each answer."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid {os.getuid()}"
+    return f"pid {os.getpid()}, user {user}"
 
 
 def shown_sha256(args: Any) -> str:

@@ -161,10 +161,11 @@ def test_view_serves_the_page_and_run_files_on_loopback(
 
 
 @contextmanager
-def fleet_view(run_dir: Path) -> Iterator[str]:
-    """A real ``fleet view`` process serving ``run_dir`` on a free port; its base URL."""
+def fleet_view(*args: str | Path) -> Iterator[str]:
+    """A real ``fleet view ARGS`` process (a run directory, or ``--output-dir DIR`` for
+    every run) serving on a free port; its base URL."""
     proc = subprocess.Popen(
-        [FLEET, "view", str(run_dir), "--port", "0"],
+        [FLEET, "view", *map(str, args), "--port", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

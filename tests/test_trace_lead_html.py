@@ -247,3 +247,16 @@ def test_the_page_reads_at_390_pixels(browser: Any, lead_run: RunDir, tmp_path: 
     assert w.problems == []
     w.page.screenshot(path=str(Path(__file__).parent / "artifacts" / "trace_lead_390.png"))
     w.page.close()
+
+
+def test_fleet_trace_shows_each_members_wave(lead_run: RunDir) -> None:
+    fleet = str(Path(sys.executable).parent / "fleet")
+    shown = subprocess.run([fleet, "trace", str(lead_run.path)], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("MEMBER"))
+    assert header.split()[:3] == ["MEMBER", "WAVE", "KIND"]
+    waves = {line.split()[0]: line.split()[1] for line in lines[lines.index(header) + 1 :]
+             if line.split() and line.split()[0] in ("lead", "w1-1", "w1-2", "w2-1")}  # fmt: skip
+    assert waves == {"lead": "lead", "w1-1": "1", "w1-2": "1", "w2-1": "2"}
+    assert "WAVE = the lead's spawn call" in shown.stdout

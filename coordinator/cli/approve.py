@@ -19,13 +19,11 @@ turn; elsewhere it lists them. ``--wait S`` waits up to S seconds for an ask to 
 from __future__ import annotations
 
 import argparse
-import getpass
-import os
 import sys
 import time
 from typing import Any
 
-from ..approvals import ApprovalQueue, shown_sha256
+from ..approvals import ApprovalQueue, answerer, shown_sha256
 from ..errors import UsageError
 from ..runs import RunDir, RunNotFound
 from . import add_runs_dir
@@ -59,7 +57,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
         rid = str(req["id"])
         sha = shown_sha256(req.get("input", {}))
         if queue.answer(
-            rid, allowed=allowed, always=always, by="fleet approve", sha256=sha, who=_who()
+            rid, allowed=allowed, always=always, by="fleet approve", sha256=sha, who=answerer()
         ):
             word = "always (this rule)" if always else "yes" if allowed else "no"
             print(f"{rid}: {word} - {queue.describe(req)}")
@@ -91,14 +89,6 @@ def _refusal(
         f"{queue.review_file(req)}, then answer with --sha256 {sha} (12 or more of its "
         "hex digits)."
     )
-
-
-def _who() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = f"uid {os.getuid()}"
-    return f"pid {os.getpid()}, user {user}"
 
 
 def _pending(queue: ApprovalQueue, rid: str | None, wait_s: float) -> list[dict[str, Any]]:

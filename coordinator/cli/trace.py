@@ -4,8 +4,9 @@
 turn by turn; ``--json`` gives the same views as stable JSON (pydantic models, fields
 in declaration order, members sorted by id) for scripts; ``--follow`` tails a run
 live; ``--html FILE`` writes the self-contained page; ``--otlp URL`` exports the run
-as OpenTelemetry spans. ``fleet view RUN`` serves the page on 127.0.0.1 only: the
-page embeds task texts and tool outputs, which must not be reachable from the LAN.
+as OpenTelemetry spans. ``fleet view RUN`` serves the page, following the run live,
+on 127.0.0.1 only: the page embeds task texts and tool outputs, which must not be
+reachable from the LAN. ``fleet view`` with no run serves the list of every run.
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_runs_dir(p)
     p.set_defaults(func=cmd_trace)
 
-    v = subparsers.add_parser("view", help="serve a run's trace page on 127.0.0.1")
-    v.add_argument("run", help="run id (or the start of one) or run directory")
+    v = subparsers.add_parser(
+        "view", help="serve a run's live trace page (or, with no run, every run) on 127.0.0.1"
+    )
+    v.add_argument(
+        "run", nargs="?", help="run id (or the start of one) or run directory; none: every run"
+    )
     v.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (8765; 0 = any)")
     add_runs_dir(v)
     v.set_defaults(func=cmd_view)
@@ -130,7 +135,17 @@ def _export_otlp(run, endpoint: str, *, content: bool) -> bool:  # type: ignore[
 def cmd_view(args: argparse.Namespace) -> int:
     from coordinator.traceview.serve import serve_forever
 
-    run = _load(args)
     if not 0 <= args.port <= 65535:
         raise _usage(f"--port {args.port} is not a TCP port; use 0-65535, e.g. --port 8765.")
+    if args.run is None:
+        from coordinator.run_lookup import RUNS_DIR_ENV, runs_root
+
+        root = runs_root(args.output_dir)
+        if not root.is_dir():
+            raise _usage(
+                f"no runs directory at {root}/; start a run first, or name where runs are: "
+                f"--output-dir DIR or {RUNS_DIR_ENV}=DIR"
+            )
+        return serve_forever(root, port=args.port, index=True)
+    run = _load(args)
     return serve_forever(run.dir, port=args.port)

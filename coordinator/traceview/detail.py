@@ -160,6 +160,10 @@ class MemberDetail(_View):
     """Marks before the first model call (sandbox creation, memory loading)."""
     turns: list[TurnView] = Field(default_factory=list)
     result: dict[str, Any] | None = None
+    partial: str = ""
+    """Where ``result`` came from when it is not a finished answer: ``partial_result``
+    (what an incomplete or timed-out member submitted in its closing call) or
+    ``progress`` (what the harness recorded it did, when it submitted nothing)."""
     dir: str = ""
     """The member directory, relative to the run directory."""
     pages: list[PageView] = Field(default_factory=list)
@@ -318,6 +322,13 @@ def member_detail(
     outcome = member.result or {}
     if isinstance(outcome.get("result"), dict):
         detail.result = outcome["result"]
+    else:
+        # An unfinished member's work is still worth reading: what it submitted in its
+        # closing call, else what the harness recorded of its progress.
+        for key in ("partial_result", "progress"):
+            if isinstance(outcome.get(key), dict) and outcome[key]:
+                detail.result, detail.partial = outcome[key], key
+                break
     turns: dict[tuple[int, int], TurnView] = {}
     calls: dict[str, ToolView] = {}
     cuts = set(split_attempts(member.events))
@@ -332,7 +343,7 @@ def member_detail(
             continue
         if isinstance(ev, MemberEnd):
             if ev.result is not None:
-                detail.result = ev.result
+                detail.result, detail.partial = ev.result, ""
             continue
         if isinstance(ev, Prompt):
             if not detail.system:

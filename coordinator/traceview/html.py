@@ -133,7 +133,8 @@ def _result(d: MemberDetail, run_dir: Path) -> dict[str, Any] | None:
         return None
     value, cuts = clip_result(d.result, RESULT_TEXT_LIMIT)
     file = f"{d.dir}/result.json"
-    return {"v": value, "cuts": cuts, "file": file if (run_dir / file).is_file() else ""}
+    return {"v": value, "cuts": cuts, "file": file if (run_dir / file).is_file() else "",
+            "partial": d.partial}  # fmt: skip
 
 
 def _member_data(
@@ -203,13 +204,37 @@ def _report(run_dir: Path) -> dict[str, Any] | None:
     return value
 
 
+JOB_TEXT_LIMIT = 20_000
+"""Characters of the job file as written shown on the page (the rest is in job.toml)."""
+
+
+def _job_text(run_dir: Path) -> str:
+    """The job file as the person wrote it (``job.toml``), cut to :data:`JOB_TEXT_LIMIT`."""
+    try:
+        text = (run_dir / "job.toml").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return (
+        text
+        if len(text) <= JOB_TEXT_LIMIT
+        else text[:JOB_TEXT_LIMIT] + "\n[cut; whole in job.toml]"
+    )
+
+
 def page_data(
-    run: RunTrace, *, limit: int = 1_200, link_base: str = "", served: bool = False
+    run: RunTrace,
+    *,
+    limit: int = 1_200,
+    link_base: str = "",
+    served: bool = False,
+    live: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything the page shows, with times relative to the run's start.
 
     ``link_base`` prefixes run-relative paths in links; ``served`` tells the page that
-    ``fleet view`` answers ``/full/<ref>``, so cut texts can be loaded in full on demand.
+    ``fleet view`` answers ``full/<ref>`` (cut texts load in full on demand); ``live``
+    (served pages only) holds what the page needs to follow the run and answer its asks:
+    ``api`` (the prefix of the run's routes), ``stamp``, ``token`` and ``asks``.
     """
     roll = rollup_run(run)
     base = roll.start
@@ -230,9 +255,11 @@ def page_data(
             "job": job if len(job) < 4_000 else job[:4_000] + "…",
             "dir": str(run.dir), "limit": per_content, "lb": link_base, "served": served,
             "question": run.question(), "report": _report(run.dir),
+            "job_text": _job_text(run.dir), "model_cfg": run.job.get("model"),
             "lead": any(m.is_lead for m in run.members),
         },
         "members": members,
+        "live": live,
     }  # fmt: skip
 
 
@@ -257,21 +284,40 @@ def embed_json(value: Any) -> str:
     return _UNSAFE_IN_SCRIPT.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def _scripts() -> str:
-    return "\n".join(_asset(name) for name in ("tree.js", "landing.js", "viewer.js"))
+PAGE_SCRIPTS = ("text.js", "tree.js", "landing.js", "live.js", "viewer.js")
+INDEX_SCRIPTS = ("text.js", "runs.js")
 
 
-def script_source() -> str:
+def _scripts(names: tuple[str, ...] = PAGE_SCRIPTS) -> str:
+    return "\n".join(_asset(name) for name in names)
+
+
+def script_source(names: tuple[str, ...] = PAGE_SCRIPTS) -> str:
     """The CSP source that allows the page's one inline script and nothing else."""
-    digest = hashlib.sha256(_scripts().encode("utf-8")).digest()
+    digest = hashlib.sha256(_scripts(names).encode("utf-8")).digest()
     return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
 
 
+def render_index(rows: list[dict[str, Any]], root: str) -> str:
+    """``fleet view``'s list of runs as one HTML string (same template, its own script)."""
+    data = embed_json({"runs": rows, "root": root})
+    head, tail = _asset("runs.html").split("{{DATA}}", 1)
+    head = head.replace("/*{{CSS}}*/", _asset("viewer.css"))
+    head = head.replace("{{SCRIPT_SRC}}", script_source(INDEX_SCRIPTS))
+    tail = tail.replace("/*{{JS}}*/", _scripts(INDEX_SCRIPTS))
+    return head + data + tail
+
+
 def render_page(
-    run: RunTrace, *, limit: int = 1_200, link_base: str = "", served: bool = False
+    run: RunTrace,
+    *,
+    limit: int = 1_200,
+    link_base: str = "",
+    served: bool = False,
+    live: dict[str, Any] | None = None,
 ) -> str:
     """The page as one HTML string."""
-    data = embed_json(page_data(run, limit=limit, link_base=link_base, served=served))
+    data = embed_json(page_data(run, limit=limit, link_base=link_base, served=served, live=live))
     head, tail = _asset("viewer.html").split("{{DATA}}", 1)
     head = head.replace("/*{{CSS}}*/", _asset("viewer.css"))
     head = head.replace("{{SCRIPT_SRC}}", script_source())

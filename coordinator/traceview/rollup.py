@@ -97,6 +97,8 @@ class MemberRollup(_View, TokenCounts):
     reason: str = ""
     node: str = ""
     """The cluster node its last attempt ran on ("" on one machine)."""
+    wave: int | None = None
+    """A lead run: the wave (the lead's spawn call) that started it; None otherwise."""
     start: float = 0.0
     """Unix time its first box began being created (or its first event)."""
     end: float = 0.0
@@ -330,9 +332,10 @@ def rollup_run(run: RunTrace) -> RunRollup:
     rows = [
         rollup_member(m, run_finished=finished, journal=journals.get(m.id)) for m in run.members
     ]
-    kinds = run.planned_kinds()
+    kinds, waves = run.planned_kinds(), run.waves()
     for r in rows:
         r.kind = r.kind or kinds.get(r.member, "")
+        r.wave = waves.get(r.member)
     out = RunRollup(run=run.id, finished=finished, members=rows)
     with_events = [r for r in rows if r.start]
     if with_events:

@@ -60,10 +60,11 @@ _COLUMNS = ("MEMBER", "KIND", "STATUS", "ATT", "WALL", "BOX", "TURNS", "IN", "CA
             "TOOLS", "ERR", "OFFL", "COMP", "COST", "REASON")  # fmt: skip
 
 
-def _row(r: MemberRollup, nodes: bool) -> list[str]:
+def _row(r: MemberRollup, nodes: bool, waves: bool) -> list[str]:
     cost = f"${r.cost_usd:.3f}" + ("*" if r.cost_estimated else "")
+    wave = "lead" if r.kind == "lead" else str(r.wave or "-")
     return [
-        r.member, *([r.node or "-"] if nodes else []), r.kind, r.status, str(r.attempts),
+        r.member, *([wave] if waves else []), *([r.node or "-"] if nodes else []), r.kind, r.status, str(r.attempts),
         human_duration(r.duration_s),
         human_duration(r.box_s), str(r.turns),
         human_tokens(r.total_input), human_tokens(r.cache_read_tokens),
@@ -95,8 +96,11 @@ def format_run(roll: RunRollup) -> str:
     )
     # NODE only for a run on a cluster: where each member's last attempt ran.
     nodes = any(r.node for r in roll.members)
-    columns = [_COLUMNS[0], *(["NODE"] if nodes else []), *_COLUMNS[1:]]
-    rows = [columns, *(_row(r, nodes) for r in roll.members)]
+    # WAVE only for a lead run: which of the lead's spawn calls started each member.
+    waves = any(r.wave for r in roll.members)
+    columns = [_COLUMNS[0], *(["WAVE"] if waves else []), *(["NODE"] if nodes else []),
+               *_COLUMNS[1:]]  # fmt: skip
+    rows = [columns, *(_row(r, nodes, waves) for r in roll.members)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     lines = [head, ""]
     for row in rows:
@@ -114,6 +118,7 @@ def format_run(roll: RunRollup) -> str:
         "(box start-up, every attempt and back-off included); BOX = box start-up time; "
         "IN counts every input token (uncached + cache read + cache write); * = estimated cost."
         + (" NODE = the cluster node the member's last attempt ran on." if nodes else "")
+        + (" WAVE = the lead's spawn call that started the member." if waves else "")
     )
     return "\n".join(lines)
 

@@ -2,7 +2,7 @@
 // The landing view's top: what a person looks for first - the job's question and the
 // run's report (its findings citing members, what running code verified, what stayed
 // open) - and a search over every member's turns and result. `h` is the page's helpers
-// ({el, pill, token}); `open(id, turn, attempt, query)` opens a member (at a turn, the query's
+// ({el, pill, token, verified(member): its result's verified run or null}); `open(id, turn, attempt, query)` opens a member (at a turn, the query's
 // places unfolded), so this file
 // stays free of page state.
 const FleetLanding = (() => {
@@ -11,11 +11,16 @@ const FleetLanding = (() => {
     return h.el("button", { class: "cite", title: c.url || "", "data-member": c.member, text: label, onclick: () => open(c.member) });
   }
 
+  // A check, and beside it what ran and what it printed (the checking member's
+  // verified run, as its result holds it), folded.
   function checkLine(h, k, open) {
     const ran = k.command ? `\`${k.command}\` exit ${k.exit_code}` : "nothing ran";
+    const v = h.verified(k.member);
+    const session = v ? h.el("details", { class: "check-session" }, h.el("summary", { text: "what ran and its output" }),
+      h.el("pre", { class: "session", text: "$ " + String(v.command || k.command || "") + "\n" + String(v.output_tail || "(no output recorded)") })) : null;
     return h.el("div", { class: "check v-" + h.token(k.verdict), "data-verdict": k.verdict },
       h.el("b", { text: k.verdict }), " by ", h.el("button", { class: "cite", text: k.member, onclick: () => open(k.member) }),
-      ` (wave ${k.wave}): ${ran}` + (k.detail ? " - " + k.detail : ""));
+      ` (wave ${k.wave}): ${ran}` + (k.detail ? " - " + k.detail : ""), session);
   }
 
   // The question and the report, as report.json has them.
@@ -85,5 +90,8 @@ const FleetLanding = (() => {
     return [head, ...rows];
   }
 
-  return { report, search };
+  // The run's data changed (a live page): the next search indexes it again.
+  const forget = () => { search.cache = null; };
+
+  return { report, search, forget };
 })();

@@ -1,33 +1,17 @@
 "use strict";
 // Fleet trace page: renders the inlined run data; no network, no dependencies.
 (function () {
-  const DATA = JSON.parse(document.getElementById("fleet-data").textContent);
-  const RUN = DATA.run;
-  const MEMBERS = DATA.members;
+  let DATA = JSON.parse(document.getElementById("fleet-data").textContent);
+  let RUN = DATA.run;
+  let MEMBERS = DATA.members;
+  // Served by `fleet view`: where this run's routes are (else the written page: none).
+  const API = DATA.live ? DATA.live.api : "/";
   const SVG = "http://www.w3.org/2000/svg";
 
   // Every string here was written by a model, a page or a box: it enters the DOM as text
-  // (never as markup), a URL only when it resolves to the page's own kind of link, and a
-  // class only as one token. A bidirectional control character (the "\u202e" that makes
-  // text read backwards) is kept in the text but shown as a visible mark in a box of its
-  // own, so it cannot reorder the text around it: a person sees what was written.
-  const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/;
-  const BIDI_SPLIT = /([\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069])/;
-  function textOf(s) {
-    s = String(s);
-    if (!BIDI.test(s)) return document.createTextNode(s);
-    const frag = document.createDocumentFragment();
-    for (const part of s.split(BIDI_SPLIT)) {
-      if (!part) continue;
-      if (!BIDI.test(part)) { frag.append(part); continue; }
-      const mark = document.createElement("span");
-      mark.className = "bidi";
-      mark.dataset.cp = "U+" + part.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0");
-      mark.textContent = part;
-      frag.append(mark);
-    }
-    return frag;
-  }
+  // (never as markup, bidirectional controls made visible: FleetText), a URL only when it
+  // resolves to the page's own kind of link, and a class only as one token.
+  const textOf = FleetText.textOf;
   // Links lead to run files (relative, http(s) under `fleet view`, file: when written);
   // anything else (javascript:, data:, ...) is dropped.
   const LINKABLE = new Set(["http:", "https:", "file:"]);
@@ -70,8 +54,11 @@
   const totalIn = (x) => x.input_tokens + x.cache_read_tokens + x.cache_write_tokens;
   const pill = (status) => el("span", { class: "pill st-" + token(status), text: status });
   const FAILED = new Set(["failed", "crashed", "timed_out", "cancelled", "incomplete"]);
+  // Ids in natural order: research-2 before research-10.
+  const natural = (a, b) => String(a).localeCompare(String(b), "en", { numeric: true });
   // A lead run: the lead first, then its members wave by wave.
-  const ORDER = [...MEMBERS].sort((a, b) => (b.lead - a.lead) || ((a.wave || 0) - (b.wave || 0)) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  const order = () => [...MEMBERS].sort((a, b) => (b.lead - a.lead) || ((a.wave || 0) - (b.wave || 0)) || natural(a.id, b.id));
+  let ORDER = order();
   let statusFilter = "";
   const shown = (m) => !statusFilter || m.status === statusFilter;
   // Enter or Space on a focused row or lane opens it, as a click does.
@@ -92,7 +79,32 @@
       ["$" + t.cost_usd.toFixed(3), "est. cost"],
     ];
     const box = document.getElementById("cards");
+    box.textContent = "";
     for (const [v, l, sub] of items) box.append(el("div", { class: "card", title: sub || "" }, el("div", { class: "v", text: String(v) }), el("div", { class: "l", text: l })));
+  }
+
+  // The job as written, its model's settings, and tokens and cost per model (per
+  // member: the table below).
+  function info() {
+    const per = new Map();
+    for (const m of MEMBERS) {
+      const row = per.get(m.model || "?") || { n: 0, i: 0, cr: 0, o: 0, c: 0, est: false };
+      row.n += 1; row.i += totalIn(m); row.cr += m.cache_read_tokens; row.o += m.output_tokens; row.c += m.cost_usd; row.est = row.est || m.cost_estimated;
+      per.set(m.model || "?", row);
+    }
+    const head = el("tr", {}, ["model", "members", "in", "cached", "out", "cost"].map((t, i) => el("th", { class: i ? "num" : "", text: t })));
+    const rows = [...per.entries()].sort((a, b) => natural(a[0], b[0])).map(([model, r]) => el("tr", { class: "model-row", "data-model": model },
+      el("td", { class: "mono", text: model }), el("td", { class: "num", text: String(r.n) }), el("td", { class: "num", text: tok(r.i) }),
+      el("td", { class: "num", text: tok(r.cr) }), el("td", { class: "num", text: tok(r.o) }), el("td", { class: "num", text: "$" + r.c.toFixed(3) + (r.est ? "*" : "") })));
+    const cfg = RUN.model_cfg;
+    document.getElementById("info").replaceChildren(el("details", { class: "panel", id: "info-panel" },
+      el("summary", {}, el("h2", { text: "Job, model and usage" })),
+      el("h3", { text: "Tokens and cost per model" }), el("table", { class: "per-model" }, el("thead", {}, head), el("tbody", {}, rows)),
+      el("div", { class: "meta", text: "per member: the Members table; * priced from the model's profile" }),
+      el("h3", { text: "Model and its settings" }),
+      cfg && typeof cfg === "object" ? FleetTree.render(el, cfg) : el("div", { class: "mono", text: cfg ? String(cfg) : "(not recorded)" }),
+      el("h3", { text: "The job as written" }),
+      RUN.job_text ? el("pre", { class: "job-text", text: RUN.job_text }) : el("pre", { class: "job-text", text: RUN.job || "(not recorded)" })));
   }
 
   function legend(box, items) {
@@ -114,13 +126,21 @@
     // The run's span: its journal's end, or a later member event (a run still going).
     const span = Math.max(RUN.duration, RUN.end, ...MEMBERS.map((m) => m.end), 1);
     const x = (t) => L + (t / span) * (W - L - R);
-    // Lanes in display order; a lead run's waves each open with a heading row.
+    // Lanes in display order; a lead run's waves each open with a heading row, and a
+    // cluster run's members are grouped by the node they ran on, each node a heading.
     const rows = [];
-    let wave = null;
-    for (const m of ORDER.filter(shown)) {
+    let wave = null, node = null;
+    const byNode = !RUN.lead && MEMBERS.some((m) => m.node);
+    const lanes = ORDER.filter(shown);
+    if (byNode) lanes.sort((a, b) => natural(a.node || "", b.node || ""));  // stable: ids stay in order
+    for (const m of lanes) {
       if (RUN.lead && !m.lead && m.wave !== wave) {
         wave = m.wave;
         rows.push({ head: wave ? "wave " + wave : "not spawned by the lead" });
+      }
+      if (byNode && m.node !== node) {
+        node = m.node;
+        rows.push({ head: node ? "node " + node : "no node recorded" });
       }
       rows.push({ m });
     }
@@ -211,10 +231,12 @@
     }
   }
 
-  const COLS = [
+  // Computed per drawing: a live run's first node or wave adds its column.
+  const cols = () => [
     ["member", "member", (m) => el("span", { class: "mono", text: m.id })],
     ["kind", "kind", (m) => m.kind],
     ...(RUN.lead ? [["wave", "wave", (m) => (m.lead ? "lead" : m.wave || ""), 1]] : []),
+    ...(MEMBERS.some((m) => m.node) ? [["node", "node", (m) => m.node || ""]] : []),
     ["status", "status", (m) => pill(m.status)],
     ["attempts", "attempts", (m) => m.attempts, 1],
     ["duration_s", "wall", (m) => dur(m.duration_s), 1],
@@ -233,12 +255,14 @@
   let sortKey = RUN.lead ? "wave" : "member", sortDir = 1;
 
   function table() {
+    const COLS = cols();
     const tbl = document.getElementById("members");
     tbl.textContent = "";
     const head = el("tr", {}, COLS.map(([key, label, , num]) => el("th", { class: num ? "num" : "", text: label + (sortKey === key ? (sortDir > 0 ? " ▲" : " ▼") : ""),
       onclick: () => { sortDir = sortKey === key ? -sortDir : 1; sortKey = key; table(); } })));
     const val = (m) => (sortKey === "in" ? totalIn(m) : sortKey === "member" ? m.id : sortKey === "wave" ? (m.lead ? 0 : m.wave || 1e6) : m[sortKey]);
-    const rows = [...ORDER].filter(shown).sort((a, b) => (val(a) > val(b) ? 1 : val(a) < val(b) ? -1 : 0) * sortDir);
+    const cmp = (a, b) => (typeof a === "string" || typeof b === "string" ? natural(a, b) : a > b ? 1 : a < b ? -1 : 0);
+    const rows = [...ORDER].filter(shown).sort((a, b) => cmp(val(a), val(b)) * sortDir);
     const body = el("tbody", {}, rows.map((m) => el("tr", { "data-member": m.id, "data-status": m.status, tabindex: 0, onclick: () => openMember(m.id), onkeydown: onKeys(() => openMember(m.id)) },
       COLS.map(([key, , fn, num]) => el("td", { class: num ? "num" : key === "reason" ? "reason" : "" }, fn(m))))));
     tbl.append(el("thead", {}, head), body);
@@ -260,7 +284,7 @@
       const btn = el("button", { class: "load-full", text: "load full text" });
       btn.addEventListener("click", async () => {
         btn.disabled = true;
-        const resp = await fetch("/full/" + ref.split("/").map(encodeURIComponent).join("/"));
+        const resp = await fetch(API + "full/" + ref.split("/").map(encodeURIComponent).join("/"));
         if (!resp.ok) { btn.textContent = "not found (" + resp.status + ")"; return; }
         pre.textContent = await resp.text();
         pre.classList.add("full");
@@ -378,7 +402,13 @@
       node.dataset.filled = "1";
       node.append(el("div", { class: "turn-body" }, t.m.map(modelBlock), t.t.map(toolBlock), t.k.map(markBlock)));
     };
-    node.addEventListener("toggle", () => { if (node.open) node._fill(); });
+    node.addEventListener("toggle", () => {
+      if (!node.open) return;
+      node._fill();
+      // The address names the open turn, so it can be linked to.
+      const id = document.getElementById("member-view").dataset.member;
+      history.replaceState(null, "", "#member=" + encodeURIComponent(id) + "&turn=" + t.n + (t.a ? "&attempt=" + t.a : ""));
+    });
     node._search = (t.t.map((x) => x.n + " " + x.in + " " + x.out).join(" ") + " " + t.m.map((c) => c.x).join(" ") + " " + [...kinds].join(" ")).toLowerCase();
     node._flag = err || kinds.has("offload") || kinds.has("compaction");
     return node;
@@ -465,22 +495,26 @@
       if (total === undefined) return null;
       const field = path.map((k) => (typeof k === "number" ? `[${k}]` : "." + k)).join("").replace(/^\./, "");
       const shown = pre ? pre.textContent.length : 0;
-      const note = el("div", { class: "cut" }, "truncated; full text in ", r.file ? fileLink(r.file) : "the member's trace", ` (field result.${field}, ${shown} of ${total} chars shown)`);
+      const note = el("div", { class: "cut" }, "truncated; full text in ", r.file ? fileLink(r.file) : "the member's trace", ` (field ${r.partial || "result"}.${field}, ${shown} of ${total} chars shown)`);
       if (RUN.served && pre && r.file) {
         const btn = el("button", { class: "load-full", text: "load full text" });
         btn.addEventListener("click", async () => {
           btn.disabled = true;
           const resp = await fetch(RUN.lb + r.file);
           if (!resp.ok) { btn.textContent = "not found (" + resp.status + ")"; return; }
-          pre.textContent = path.reduce((v, k) => (v == null ? v : v[k]), (await resp.json()).result);
+          pre.textContent = path.reduce((v, k) => (v == null ? v : v[k]), (await resp.json())[r.partial || "result"]);
           pre.classList.add("full");
-          note.replaceChildren("full text from ", fileLink(r.file), ` (field result.${field})`);
+          note.replaceChildren("full text from ", fileLink(r.file), ` (field ${r.partial || "result"}.${field})`);
         });
         note.append(" ", btn);
       }
       return note;
     };
     box.append(FleetTree.render(el, r.v, noteFor));
+    if (r.partial) {
+      const why = `the member ended ${m.status}` + (m.reason ? ": " + m.reason : "") + "; this is what it left, not a finished answer";
+      return el("div", { class: "panel result partial", id: "partial-result" }, el("h2", { text: "Partial result" }), el("div", { class: "reason-box", text: why }), box);
+    }
     return el("div", { class: "panel result" }, el("h2", { text: "Final result" }), box);
   }
 
@@ -559,33 +593,77 @@
     }
   }
 
+  // `#member=ID&turn=N[&attempt=A]`: a link to a member, or to one of its turns.
   function route() {
-    const match = location.hash.match(/member=([^&]+)/);
-    let id = null;
-    try { id = match && decodeURIComponent(match[1]); } catch (e) { id = null; }
-    if (id !== null) openMember(id, false);
+    const params = new URLSearchParams(location.hash.slice(1));
+    const id = params.get("member");
+    const turn = /^\d+$/.test(params.get("turn") || "") ? Number(params.get("turn")) : null;
+    const attempt = /^\d+$/.test(params.get("attempt") || "") ? Number(params.get("attempt")) : null;
+    if (id !== null) openMember(id, false, turn, attempt);
     else showOverview(false);
   }
 
   // The landing view: the question and the report first, then a search over the run.
+  const verified = (id) => {
+    const m = MEMBERS.find((x) => x.id === id);
+    const v = m && m.result && m.result.v && m.result.v.verified;
+    return v && typeof v === "object" ? v : null;
+  };
+  const H = { el, pill, token, verified, fileLink: (p) => fileLink(p) };
+  const openFrom = (id, turn, attempt, query) => openMember(id, true, turn, attempt, query);
+  const rerunSearch = () => document.getElementById("search-results").replaceChildren(...FleetLanding.search(H, MEMBERS,
+    document.getElementById("run-search").value, (id) => shown(MEMBERS.find((m) => m.id === id)), openFrom));
   function landing() {
-    const h = { el, pill, token };
-    const open = (id, turn, attempt, query) => openMember(id, true, turn, attempt, query);
-    document.getElementById("landing").append(FleetLanding.report(h, RUN, open));
-    const input = document.getElementById("run-search"), results = document.getElementById("search-results");
+    document.getElementById("landing").replaceChildren(FleetLanding.report(H, RUN, openFrom));
     const select = document.getElementById("status-filter");
     const counts = {};
     for (const m of MEMBERS) counts[m.status] = (counts[m.status] || 0) + 1;  // the lead too
-    for (const st of Object.keys(counts).sort()) select.append(el("option", { value: st, text: `${st} (${counts[st]})` }));
-    const rerun = () => results.replaceChildren(...FleetLanding.search(h, MEMBERS, input.value, (id) => shown(MEMBERS.find((m) => m.id === id)), open));
-    let timer = 0;
-    input.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(rerun, 120); });
-    select.addEventListener("change", () => { statusFilter = select.value; table(); timeline(); rerun(); });
+    select.replaceChildren(el("option", { value: "", text: "all" }), ...Object.keys(counts).sort().map((st) => el("option", { value: st, text: `${st} (${counts[st]})` })));
+    select.value = statusFilter;
+  }
+  function heading() {
+    document.getElementById("run-title").textContent = `${RUN.id} · ${RUN.finished ? "finished" : "running"} · ${RUN.dir}`;
+  }
+  function asksPanel() {
+    document.getElementById("asks").replaceChildren(...[FleetLive.asks(H, DATA.live, () => null)].filter(Boolean));
   }
 
-  document.getElementById("run-title").textContent = `${RUN.id} · ${RUN.finished ? "finished" : "running"} · ${RUN.dir}`;
+  // New data from the server: everything is drawn again from it; an open member is
+  // redrawn only when its data changed, keeping its open turns and the scroll.
+  function refresh(next) {
+    const before = new Map(MEMBERS.map((m) => [m.id, JSON.stringify(m)]));
+    DATA = next; RUN = next.run; MEMBERS = next.members; ORDER = order();
+    FleetLanding.forget();
+    const infoOpen = document.getElementById("info-panel").open;
+    heading(); landing(); cards(); info(); timeline(); table(); asksPanel();
+    document.getElementById("info-panel").open = infoOpen;
+    if (document.getElementById("run-search").value) rerunSearch();
+    const view = document.getElementById("member-view");
+    const id = view.dataset.member;
+    if (view.hidden || !id) return;
+    const now = MEMBERS.find((m) => m.id === id);
+    if (!now || before.get(id) === JSON.stringify(now)) return;
+    const open = [...view.querySelectorAll("details.turn[open]")].map((d) => [d.dataset.turn, d.dataset.attempt]);
+    const y = window.scrollY;
+    openMember(id, false);
+    for (const [t, a] of open) {
+      const node = view.querySelector(`details.turn[data-turn="${t}"][data-attempt="${a}"]`);
+      if (node) { node.open = true; node._fill(); }
+    }
+    window.scrollTo(0, y);
+  }
+
+  heading();
   landing();
+  (() => {
+    let timer = 0;
+    document.getElementById("run-search").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(rerunSearch, 120); });
+    const select = document.getElementById("status-filter");
+    select.addEventListener("change", () => { statusFilter = select.value; table(); timeline(); rerunSearch(); });
+  })();
+  asksPanel();
   cards();
+  info();
   legend(document.getElementById("tl-legend"), [["var(--model)", "model call"], ["var(--tool)", "tool call"], ["var(--tool-err)", "tool error"],
     ["var(--box)", "box start-up"], ["var(--compact)", "compaction"], ["var(--offload)", "offload"], ["var(--tool-err)", "retried attempt (×)"],
     ["var(--fail)", "failed member"]]);
@@ -595,4 +673,5 @@
   window.addEventListener("resize", () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(timeline, 150); });
   window.addEventListener("popstate", route);
   route();
+  if (DATA.live) FleetLive.follow(DATA.live, () => RUN.finished && !(DATA.live.asks || []).length, refresh);
 })();
