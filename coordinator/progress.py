@@ -59,6 +59,8 @@ class Row:
     attempts: int = 0
     recorded: float | None = None
     """Duration recorded by an earlier life of the run (a resume shows it, not 0)."""
+    wave: int | None = None
+    """A lead run: the wave that started this member (None elsewhere)."""
 
     def elapsed(self, now: float) -> float:
         if self.recorded is not None:
@@ -144,6 +146,10 @@ class Progress:
         ev = entry["event"]
         if ev == "approval_answered":
             self._answered(entry)
+            return
+        if ev == "member_queued":
+            if entry.get("wave") is not None:  # shown in the table, not worth a plain line
+                row.wave, self._dirty = int(entry["wave"]), True
             return
         if ev == "member_started":
             row.status, row.attempts = "running", entry.get("attempt", 1)
@@ -232,7 +238,9 @@ class Progress:
     def table(self, *, colour: bool = False) -> list[str]:
         now = time.monotonic()
         width = max([len(m) for m in self.rows] + [6])
-        head = f"{'member':<{width}}  {'status':<10} {'turn':>4} {'in':>7} {'out':>7} {'time':>7}  last action"
+        # WAVE only on a lead run: the wave (the lead's spawn call) each member came in.
+        waves = any(r.wave is not None for r in self.rows.values())
+        head = f"{'member':<{width}}  {'wave ' if waves else ''}{'status':<10} {'turn':>4} {'in':>7} {'out':>7} {'time':>7}  last action"
         lines = [head]
         for r in self.rows.values():
             status = f"{r.status:<10}"
@@ -242,8 +250,9 @@ class Progress:
             if not (r.whole and last is r.last):
                 last = last[:60]
             last = visible(last)
+            wave = (f"{r.wave:>4} " if r.wave is not None else "     ") if waves else ""
             lines.append(
-                f"{r.member:<{width}}  {status} {r.turn:>4} {_k(r.tokens_in):>7} "
+                f"{r.member:<{width}}  {wave}{status} {r.turn:>4} {_k(r.tokens_in):>7} "
                 f"{_k(r.tokens_out):>7} {r.elapsed(now):>6.1f}s  {last}"
             )
         return lines

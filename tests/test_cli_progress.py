@@ -120,3 +120,19 @@ def test_a_resume_shows_members_finished_before_it_with_their_recorded_figures(t
     line = out.getvalue().strip()
     assert "done: ok after 4.2s, 3 turns, 1.5k in / 45 out" in line
     assert "before the resume" in line
+
+
+def test_a_lead_runs_table_shows_the_wave_each_member_came_in():
+    p = Progress(["lead"], out=io.StringIO())
+    p.on_journal({"event": "member_queued", "member": "w1-1", "wave": 1})
+    p.on_journal({"event": "member_queued", "member": "w2-1", "wave": 2})
+    p.on_journal({"event": "member_started", "member": "w2-1", "attempt": 1})
+    head, *rows = p.table()
+    assert head.split()[:3] == ["member", "wave", "status"]
+    by_member = {line.split()[0]: line.split() for line in rows}
+    assert by_member["w1-1"][1:3] == ["1", "queued"]
+    assert by_member["w2-1"][1:3] == ["2", "running"]
+    assert by_member["lead"][1] == "queued"  # the lead came in no wave
+    plain = Progress(["a"], out=io.StringIO())
+    plain.on_journal({"event": "member_queued", "member": "a"})
+    assert "wave" not in plain.table()[0]  # no column off a lead run
