@@ -419,15 +419,20 @@ async def _run_members(
                 await anyio.to_thread.run_sync(live_otel.close, time.time(), ended)
 
 
+_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
 def _live_otel(run_id: str, name: str, deps: Recorder) -> Any:
-    """Live OpenTelemetry export when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``otel`` extra)."""
-    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    """Live OpenTelemetry export when ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``otel`` extra)."""
+    named = [v for v in _OTLP_ENDPOINTS if os.environ.get(v, "").strip()]
+    if not named:
         return None
     try:
         from .traceview.otel import live_from_env
     except ImportError as exc:
         print(
-            f"fleet: OTEL_EXPORTER_OTLP_ENDPOINT is set but {exc.name} is missing; "
+            f"fleet: {named[0]} is set but {exc.name} is missing; "
             "install the 'otel' extra (pip install 'fleet[otel]') to export spans",
             file=sys.stderr,
         )

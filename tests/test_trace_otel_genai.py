@@ -72,8 +72,12 @@ def _check(collector: Collector, run_id: str, port: int) -> None:
                  and a["gen_ai.agent.id"] == f"{run_id}/{m}"]
              for m in ("asker", "one", "two")}  # fmt: skip
     # Claude through the fake API: who answered, which response, which conversation.
-    asked = chats["asker"]
+    *asked, refused = chats["asker"]
     assert len(asked) == 2
+    # The call the API refused is a chat span too, with the API's error.
+    assert refused["error.type"] == "invalid_request_error"
+    assert refused["http.response.status_code"] == 400
+    assert "gen_ai.response.id" not in refused
     for chat in asked:
         assert chat["gen_ai.provider.name"] == "anthropic"
         assert chat["gen_ai.conversation.id"] == f"{run_id}/asker"
