@@ -440,6 +440,14 @@ def _live_otel(run_id: str, name: str, deps: Recorder) -> Any:
     live = live_from_env(run_id, start=time.time(), name=name)
     if live is not None:
         deps.listeners.append(live)
+        journal = deps.journal
+
+        def noting(event: str, **fields: Any) -> Any:
+            if event == "lead_spawn":  # the spans of a lead's members go under the lead's
+                live.spawned(fields)
+            return journal(event, **fields) if journal is not None else None
+
+        deps.journal = noting
     return live
 
 

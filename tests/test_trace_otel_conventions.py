@@ -23,7 +23,15 @@ from coordinator.traceview import load_run, otel
 from subagents.fake_api import FakeMessagesAPI, fault, reply, text, tool_use
 from subagents.member import run_member
 from subagents.spec import MemberSpec
-from subagents.trace import MemberEnd, MemberStart, Messages, ModelCall, TraceWriter
+from subagents.trace import (
+    MemberEnd,
+    MemberStart,
+    Messages,
+    ModelCall,
+    ToolCall,
+    ToolResult,
+    TraceWriter,
+)
 
 FLEET = str(Path(sys.executable).parent / "fleet")
 RUN = "conventions-20261201-0001"
@@ -172,3 +180,50 @@ def test_content_capture_keeps_the_task_when_the_history_is_too_long() -> None:
     assert history[0]["parts"][0]["content"] == task["content"]
     assert history[-1]["parts"][0]["content"].startswith("reply 39 ")
     assert len(history) < 79  # some of the middle had to go
+
+
+def _lead_run(run_dir: Path) -> None:
+    """A lead that spawns two waves (m1, then m2), as a lead run writes them."""
+    lead = TraceWriter(run_dir / "lead" / "trace.jsonl", run=run_dir.name, member="lead")
+    lead.emit(MemberStart(ts=100.0, kind="lead", task="q", model=ASKED))
+    entries = []
+    for wave, (member, call, at) in enumerate((("m1", "s1", 101.0), ("m2", "s2", 110.0)), 1):
+        lead.emit(ModelCall(ts=at, turn=wave, model=ANSWERED, latency_s=0.5))
+        lead.emit(ToolCall(ts=at + 0.1, turn=wave, call_id=call, tool="spawn", input={}))
+        lead.emit(ToolResult(ts=at + 0.2, turn=wave, call_id=call, tool="spawn", output="ok"))
+        entry = {"event": "lead_spawn", "call_id": call, "wave": wave,
+                 "members": [{"id": member, "kind": "coding", "task": "t"}]}  # fmt: skip
+        entries.append(json.dumps(entry))
+        member_trace = TraceWriter(
+            run_dir / "members" / member / "trace.jsonl", run=run_dir.name, member=member
+        )
+        member_trace.emit(MemberStart(ts=at + 1, kind="coding", task="t", model=ASKED))
+        member_trace.emit(ModelCall(ts=at + 2, turn=1, model=ANSWERED, latency_s=0.5))
+        member_trace.emit(MemberEnd(ts=at + 3, status="ok"))
+        member_trace.close()
+    lead.emit(MemberEnd(ts=120.0, status="ok"))
+    lead.close()
+    (run_dir / "journal.jsonl").write_text("\n".join(entries) + "\n", encoding="utf-8")
+
+
+def test_a_lead_runs_its_members_under_its_own_span(tmp_path: Path, collector: Collector) -> None:
+    run_dir = tmp_path / "lead-run-20261201-0001"
+    _lead_run(run_dir)
+    done = subprocess.run([FLEET, "trace", str(run_dir), "--otlp", collector.url],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    spans = {s.name: s for s in collector.spans()}
+    (workflow,) = [s for n, s in spans.items() if n.startswith("invoke_workflow")]
+    lead = spans["invoke_agent lead"]
+    assert lead.parent_span_id == workflow.span_id
+    spawn_calls = {
+        attributes(s.attributes)["gen_ai.tool.call.id"]: s
+        for s in collector.spans() if s.name == "execute_tool spawn"
+    }  # fmt: skip
+    for member, wave, call in (("m1", 1, "s1"), ("m2", 2, "s2")):
+        agent = spans[f"invoke_agent {member}"]
+        assert agent.parent_span_id == lead.span_id
+        assert attributes(agent.attributes)["fleet.lead.wave"] == wave
+        (link,) = agent.links
+        assert link.span_id == spawn_calls[call].span_id
+        assert link.trace_id == workflow.trace_id

@@ -21,6 +21,12 @@ message carries), not Anthropic's. A model call that got no answer is a chat spa
 too, with the API's error type as ``error.type`` and its HTTP status, so a failed
 member's 400 is seen where it happened. Tool spans carry the tool's description.
 
+In a lead run the lead spawns members in waves: each member's span is a child of
+the lead's ``invoke_agent`` span (the lead waits on them: their work is part of its
+turn), with ``fleet.lead.wave`` and a link to the lead's ``execute_tool spawn`` span
+that started it. Which spawn started a member is the journal's ``lead_spawn``
+entry: :meth:`LiveRun.spawned` takes it live, and a replay reads the journal.
+
 Trace and span ids come from :class:`RunIds`: derived from the run id and each span's
 place in the run (member, attempt, call), so exporting a run again - live, then
 replayed - gives the same trace and the same spans, which a backend keeps once.
@@ -71,10 +77,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
 from coordinator.traceview import otel_messages as msg
-from coordinator.traceview.load import RunTrace
+from coordinator.traceview.load import LEAD_DIR, RunTrace
 from coordinator.traceview.otel_send import otlp_traces_url, send_spans
 from subagents.trace import (
     Clip,
@@ -222,14 +228,25 @@ class _MemberSpans:
                 "fleet.run.id": self.live.run_id,
             }
             attrs["fleet.member.attempt"] = self.attempt
+            context, links = self.live.context, []
+            if spawn := self.live.spawns.get(self.member):
+                # A lead's member runs inside the lead's work: under its span, linked
+                # to the spawn call that started it.
+                wave, call_id = spawn
+                attrs["fleet.lead.wave"] = wave
+                context = self.live.lead_context or context
+                if (called := self.live.spawn_calls.get(call_id)) is not None:
+                    links.append(Link(called))
             # The member's span starts when its box started being created (the create
             # event is written once the box is up, with how long that took), so the
             # span covers the sandbox's start-up too.
             self.agent = self.live.start(
                 f"agent/{self.member}/{self.attempt}", f"invoke_agent {self.member}",
-                context=self.live.context, kind=SpanKind.INTERNAL,
+                context=context, kind=SpanKind.INTERNAL, links=links,
                 attributes=attrs, start_time=_ns(min(ts, self.first_ts or ts)),
             )  # fmt: skip
+            if self.member == LEAD_DIR:  # the lead's id is its directory's name
+                self.live.lead_context = ot.set_span_in_context(self.agent)
             self.live.agent_spans += 1
         return self.agent
 
@@ -376,11 +393,13 @@ class _MemberSpans:
             attrs["gen_ai.tool.description"] = description[:_MAX_ATTR]
         if self.live.content:
             attrs["gen_ai.tool.call.arguments"] = _fit(ev.input)
-        self.tools[ev.call_id] = self.live.start(
+        span = self.tools[ev.call_id] = self.live.start(
             f"tool/{self.member}/{self.attempt}/{ev.call_id}", f"execute_tool {ev.tool}",
             context=ot.set_span_in_context(agent),
             kind=SpanKind.INTERNAL, attributes=attrs, start_time=_ns(ev.ts),
         )  # fmt: skip
+        if self.member == LEAD_DIR and ev.tool == "spawn":
+            self.live.spawn_calls[ev.call_id] = span.get_span_context()
 
     def _tool_end(self, ev: ToolResult) -> None:
         span = self.tools.pop(ev.call_id, None)
@@ -465,6 +484,12 @@ class LiveRun:
         """invoke_agent spans started (one per member attempt)."""
         self.failures = 0
         """Events the live export failed on (ignored so the run goes on)."""
+        self.spawns: dict[str, tuple[int, str]] = {}
+        """A lead run: member id -> (its wave, the lead's spawn call id)."""
+        self.spawn_calls: dict[str, SpanContext] = {}
+        """The lead's spawn calls' spans, by call id."""
+        self.lead_context: Any = None
+        """The lead's (latest) ``invoke_agent`` span as a parent context."""
 
     def start(self, key: str, name: str, **kwargs: Any) -> Span:
         """Start a span whose id (with :class:`RunIds`) is derived from ``key``: the
@@ -479,6 +504,13 @@ class LiveRun:
             finally:
                 if self.ids is not None:
                     self.ids.key = None
+
+    def spawned(self, entry: dict[str, Any]) -> None:
+        """Note a journal ``lead_spawn`` entry, before its members' events come."""
+        wave, call_id = entry.get("wave"), str(entry.get("call_id") or "")
+        for member in entry.get("members") or []:
+            if isinstance(member, dict) and isinstance(wave, int) and member.get("id"):
+                self.spawns[str(member["id"])] = (wave, call_id)
 
     def listener(self, member: str) -> Callable[[Any], None]:
         """The callable to append to that member's ``TraceWriter.listeners``."""
@@ -560,6 +592,9 @@ def _replay(run: RunTrace, exporter: SpanExporter, content: bool) -> int:
     start, end = (min(stamps + starts), max(stamps)) if stamps else (0.0, 0.0)
     name = str((run.job or {}).get("name") or "")
     live = LiveRun(run.id, provider, start=start, content=content, name=name)
+    for entry in run.journal:
+        if entry.get("event") == "lead_spawn":
+            live.spawned(entry)
     count = 1
     for member in run.members:
         listen = live.listener(member.id)
