@@ -20,6 +20,9 @@ name it); the dated model that answered is ``gen_ai.response.model``. It has
 message carries), not Anthropic's. A model call that got no answer is a chat span
 too, with the API's error type as ``error.type`` and its HTTP status, so a failed
 member's 400 is seen where it happened. Tool spans carry the tool's description.
+The coordinator's own calls (planner, analyst) go through :class:`TracedModel` in a
+live export: an ``invoke_agent coordinator.planner`` (or ``.analyst``) span with its
+chat span. They are in no member's trace file, so a replay has no such spans.
 
 In a lead run the lead spawns members in waves: each member's span is a child of
 the lead's ``invoke_agent`` span (the lead waits on them: their work is part of its
@@ -67,6 +70,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
@@ -82,6 +86,8 @@ from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, Statu
 from coordinator.traceview import otel_messages as msg
 from coordinator.traceview.load import LEAD_DIR, RunTrace
 from coordinator.traceview.otel_send import otlp_traces_url, send_spans
+from subagents.model.base import Model, ModelRequest, ModelResponse
+from subagents.model.errors import ModelError
 from subagents.trace import (
     Clip,
     Compaction,
@@ -98,6 +104,7 @@ from subagents.trace import (
     ToolCall,
     ToolResult,
 )
+from subagents.usage import model_call_event
 
 _MAX_ATTR = 8_000
 """Content attributes are cut to this many characters (collectors reject huge values)."""
@@ -512,6 +519,14 @@ class LiveRun:
             if isinstance(member, dict) and isinstance(wave, int) and member.get("id"):
                 self.spawns[str(member["id"])] = (wave, call_id)
 
+    def traced(self, make_model: Callable[..., Model], agent: str) -> Callable[..., Model]:
+        """``make_model`` whose models' calls are traced as ``agent``'s (:class:`TracedModel`)."""
+
+        def make(*args: Any, **kwargs: Any) -> Model:
+            return TracedModel(self, make_model(*args, **kwargs), agent)  # type: ignore[return-value]
+
+        return make
+
     def listener(self, member: str) -> Callable[[Any], None]:
         """The callable to append to that member's ``TraceWriter.listeners``."""
         return self.members.setdefault(member, _MemberSpans(self, member))
@@ -537,6 +552,50 @@ class LiveRun:
         self.span.end(end_time=_ns(end))
         self.provider.force_flush()
         self.provider.shutdown()
+
+
+class TracedModel:
+    """The coordinator's own model (the planner's, the analyst's): each call becomes an
+    ``invoke_agent <agent>`` span with its ``chat`` span under the workflow span, a
+    failed call included. Members trace their calls themselves; this is for the
+    calls no member makes. Everything else is the wrapped model's."""
+
+    def __init__(self, live: LiveRun, model: Model, agent: str) -> None:
+        self._live, self._model, self._agent = live, model, agent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        model = self._model
+        requested = getattr(model, "name", "") or model.profile.name
+        span = f"{self._agent}/t1/model"
+        self._live(MemberStart(kind="coordinator", task="", model=requested,
+                               offline=model.offline, member=self._agent))  # fmt: skip
+        if self._live.content:
+            system = request.system if isinstance(request.system, str) else "\n".join(
+                str(b.get("text", "")) for b in request.system if isinstance(b, dict)
+            )  # fmt: skip
+            self._live(Prompt(system=system, tools=request.tools, member=self._agent))
+            self._live(Messages(messages=request.messages, member=self._agent))
+        started = time.monotonic()
+        try:
+            response = await model.complete(request)
+        except ModelError as exc:
+            self._live(ErrorEvent(error=exc.error_type or "model_error", message=str(exc)[:2_000],
+                                  model=requested, status=exc.status or 0,
+                                  latency_s=time.monotonic() - started, turn=1, span=span,
+                                  member=self._agent))  # fmt: skip
+            self._live(MemberEnd(status="failed", reason=str(exc)[:200], member=self._agent))
+            raise
+        content = [b.model_dump(mode="json", exclude_none=True) for b in response.message.content]
+        call = model_call_event(response, content, span=span, parent=self._agent, turn=1,
+                                default_model=model.profile.name, request_model=requested,
+                                max_tokens=request.max_tokens)  # fmt: skip
+        call.member = self._agent
+        self._live(call)
+        self._live(MemberEnd(status="ok", member=self._agent))
+        return response
 
 
 CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
