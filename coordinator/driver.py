@@ -254,6 +254,8 @@ class _Progressed:
     members: list[MemberJob] = field(default_factory=list)
     progress: Progress | None = None
     outcomes: dict[str, MemberOutcome] = field(default_factory=dict)
+    live_otel: Any = None
+    """The run's live OpenTelemetry export (None: off)."""
 
 
 async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> RunSummary:
@@ -264,8 +266,31 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
     """
     approver = _approver(run, opts)
     nodes = _nodes(opts, approver)
-    got = _Progressed()
+    # Live spans cover the whole run, the planner's and the analyst's calls included.
+    got = _Progressed(live_otel=_live_otel(run.id, job.name))
     signals = _Signals(opts.out)
+    ended = "interrupted"  # unless the run comes to its end: the workflow span's status
+    try:
+        summary = await _execute(run, job, opts, nodes, got, approver, signals, resume=resume)
+        ended = summary.status
+    finally:
+        if got.live_otel is not None:
+            async with _cleanup("sending the last spans", opts.out):
+                await anyio.to_thread.run_sync(got.live_otel.close, time.time(), ended)
+    return summary
+
+
+async def _execute(
+    run: RunDir,
+    job: Job,
+    opts: RunOptions,
+    nodes: Nodes,
+    got: _Progressed,
+    approver: FileApprover,
+    signals: _Signals,
+    *,
+    resume: bool,
+) -> RunSummary:
     async with anyio.create_task_group() as guard:
         if opts.handle_signals:
             await guard.start(signals.watch)  # receiving before the run does anything
@@ -282,7 +307,10 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
         progress = got.progress or Progress(
             [m.id or "" for m in got.members], out=opts.out, tty=False
         )
-        summary = await _finish(run, job, got.members, progress, opts, got.outcomes, signals)
+        make_model = _traced(opts.make_model, got.live_otel, "coordinator.analyst")
+        summary = await _finish(
+            run, job, got.members, progress, opts, got.outcomes, signals, make_model
+        )
         guard.cancel_scope.cancel()
     return summary
 
@@ -342,7 +370,8 @@ async def _run_members(
     if job.lead is not None:
         members = got.members = [s.job for s in spawned_members(run)]
     else:
-        members = got.members = await plan_members(run, job, opts.make_model)
+        planner = _traced(opts.make_model, got.live_otel, "coordinator.planner")
+        members = got.members = await plan_members(run, job, planner)
     pending = run.pending_members(members, retry_failed=opts.retry_failed) if resume else members
     if job.lead is not None and lead_finished(run, retry_failed=opts.retry_failed):
         pending = []  # a finished lead's unfinished members would reach no one
@@ -377,7 +406,8 @@ async def _run_members(
     for entry in run.journal.append_many("member_queued", [{"member": m.id} for m in pending]):
         tell(entry)
     deps = Recorder(listeners=[progress.on_event, *opts.on_event], journal=journal)
-    live_otel = _live_otel(run.id, job.name, deps)
+    if got.live_otel is not None:
+        _attach_otel(got.live_otel, deps)
     units = _units(run, job, pending)
     waiting = {m.id for m in pending}
     already_ok = sum(
@@ -390,7 +420,6 @@ async def _run_members(
         keys = opts.keys if opts.keys is not None else sys.stdin.isatty()
         if keys and approver.mode == "wait":
             tg.start_soon(read_keys, approver.queue, sys.stdin.fileno(), progress.approvals_changed)
-    ended = "interrupted"  # unless the fan-out comes back: the workflow span's status
     parallel = job.fanout.max_parallel or opts.max_parallel or choose(job_boxes(job), None).members
     fan = Fanout(
         deps,
@@ -422,7 +451,6 @@ async def _run_members(
                 on_members=lambda ms: setattr(got, "members", ms),
                 retry_failed=opts.retry_failed,
             )
-            ended = "succeeded" if fan.result().quorum_met else "failed"
             return
         services = Services(
             max_parallel=parallel,
@@ -432,31 +460,47 @@ async def _run_members(
         async with nodes.serve(run.id, units, services):
             fanned = await fan.run(units)
             got.outcomes = fanned.outcomes
-            ended = "succeeded" if fanned.quorum_met else "failed"
     finally:
-        register(run.id, None)
-        async with _cleanup("sending the last spans", opts.out):
-            if live_otel is not None:
-                await anyio.to_thread.run_sync(live_otel.close, time.time(), ended)
+        register(run.id, None)  # the run's budget, whatever ended the fan-out
 
 
-def _live_otel(run_id: str, name: str, deps: Recorder) -> Any:
-    """Live OpenTelemetry export when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``otel`` extra)."""
-    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def _live_otel(run_id: str, name: str) -> Any:
+    """Live OpenTelemetry export when ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``otel`` extra)."""
+    named = [v for v in _OTLP_ENDPOINTS if os.environ.get(v, "").strip()]
+    if not named:
         return None
     try:
         from .traceview.otel import live_from_env
     except ImportError as exc:
         print(
-            f"fleet: OTEL_EXPORTER_OTLP_ENDPOINT is set but {exc.name} is missing; "
+            f"fleet: {named[0]} is set but {exc.name} is missing; "
             "install the 'otel' extra (pip install 'fleet[otel]') to export spans",
             file=sys.stderr,
         )
         return None
-    live = live_from_env(run_id, start=time.time(), name=name)
-    if live is not None:
-        deps.listeners.append(live)
-    return live
+    return live_from_env(run_id, start=time.time(), name=name)
+
+
+def _attach_otel(live: Any, deps: Recorder) -> None:
+    """Members' trace events, and the lead's spawns, go to the live export too."""
+    deps.listeners.append(live)
+    journal = deps.journal
+
+    def noting(event: str, **fields: Any) -> Any:
+        if event == "lead_spawn":  # the spans of a lead's members go under the lead's
+            live.spawned(fields)
+        return journal(event, **fields) if journal is not None else None
+
+    deps.journal = noting
+
+
+def _traced(make_model: Callable[..., Model], live: Any, agent: str) -> Callable[..., Model]:
+    """``make_model``, its calls traced as ``agent``'s when spans are exported live."""
+    return make_model if live is None else live.traced(make_model, agent)
 
 
 async def _finish(
@@ -467,6 +511,7 @@ async def _finish(
     opts: RunOptions,
     extra: dict[str, MemberOutcome],
     signals: _Signals,
+    make_model: Callable[..., Model],
 ) -> RunSummary:
     # result.json is the record; members cancelled while queued have none, so the
     # fan-out's own outcome (status cancelled, with its reason) fills the gap.
@@ -487,7 +532,7 @@ async def _finish(
     lead_done = job.lead is not None and lead_finished(run)
     if not signals.got and job.synthesis.enabled and (finished or lead_done):
         with anyio.CancelScope() as signals.scope:  # Ctrl-C stops the analyst too
-            report_path = await write_report(run, job, members, finished, opts.make_model)
+            report_path = await write_report(run, job, members, finished, make_model)
     if signals.got:
         run.journal.append("run_interrupted", status="interrupted")
         run.clear_live()

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from .context.base import ContextLike
 from .model.base import Model, ModelRequest
-from .trace import Messages, Prompt, TraceWriter
+from .model.errors import ModelError
+from .trace import ErrorEvent, Messages, Prompt, TraceWriter
 from .usage import Usage, model_call_event
 
 
@@ -144,8 +146,24 @@ class Conversation:
             context_management=self.context.context_management(),
         )
         span = f"{self.turn_span}/model"
+        requested = getattr(self.model, "name", "") or profile.name
+        started = time.monotonic()
         with self.trace.scope(span, self.turn_span, self.turn):  # the adapter's retries
-            response = await self.model.complete(request)
+            try:
+                response = await self.model.complete(request)
+            except ModelError as exc:
+                # A call that got no answer is traced too, so it can be seen as the
+                # failed call it was, not only in the member's end reason.
+                self.trace.emit(
+                    ErrorEvent(
+                        error=exc.error_type or "model_error",
+                        message=str(exc)[:2_000],
+                        model=requested,
+                        status=exc.status or 0,
+                        latency_s=round(time.monotonic() - started, 4),
+                    )
+                )
+                raise
         message = response.message
         self.offline = self.offline or response.offline
         self.usage.add(message.usage, profile)
@@ -159,6 +177,8 @@ class Conversation:
                 parent=self.turn_span,
                 turn=self.turn,
                 default_model=profile.name,
+                request_model=requested,
+                max_tokens=request.max_tokens,
                 closing=closing,
             )
         )

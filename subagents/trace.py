@@ -95,6 +95,13 @@ class Messages(_Event):
 class ModelCall(_Event, TokenCounts):
     type: Literal["model_call"] = "model_call"
     model: str
+    """The model that answered, as the response names it (``claude-sonnet-4-6-20260301``)."""
+    request_model: str = ""
+    """The model the request named (``claude-sonnet-4-6``); empty in older traces."""
+    max_tokens: int = 0
+    """The request's output token limit; 0 when not recorded."""
+    stream: bool | None = None
+    """Whether the answer was streamed; None when not recorded."""
     stop_reason: str | None = None
     context_tokens: int = 0
     """Tokens in the context sent (API usage when known, else the local estimate)."""
@@ -280,6 +287,13 @@ class ErrorEvent(_Event):
     type: Literal["error"] = "error"
     error: str
     message: str
+    model: str = ""
+    """Set when a model call failed for good: the model the request named (``error`` is
+    then the API's error type, ``invalid_request_error``)."""
+    status: int = 0
+    """The failed model call's HTTP status (0: none, or no answer came)."""
+    latency_s: float = 0.0
+    """How long the failed model call took, retries included."""
 
 
 class Screenshot(_Event):

@@ -52,6 +52,8 @@ def model_call_event(
     parent: str,
     turn: int,
     default_model: str,
+    request_model: str = "",
+    max_tokens: int = 0,
     closing: bool = False,
 ) -> ModelCall:
     """The ``ModelCall`` event of one response (``content`` already dumped to dicts)."""
@@ -63,6 +65,9 @@ def model_call_event(
         parent=parent,
         turn=turn,
         model=message.model or default_model,
+        request_model=request_model or default_model,
+        max_tokens=max_tokens,
+        stream=response.streamed,
         stop_reason=message.stop_reason,
         input_tokens=usage.input_tokens or 0,
         output_tokens=usage.output_tokens or 0,

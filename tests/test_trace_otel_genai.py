@@ -41,7 +41,7 @@ def _job(tmp_path: Path) -> Path:
     job = tmp_path / "otel.toml"
     job.write_text(
         'name = "otel-job"\n[model]\nname = "claude-haiku-4-5"\n'
-        "[fanout]\nmax_parallel = 3\nmin_success = 3\n[synthesis]\nenabled = false\n"
+        "[fanout]\nmax_parallel = 3\nmin_success = 3\n"
         '[[members]]\nid = "asker"\nkind = "coding"\ntask = "Say hi from the shell."\n'
         f'[[members]]\nid = "one"\n{offline}[[members]]\nid = "two"\n{offline}'
     )
@@ -52,7 +52,10 @@ SCRIPT = [
     reply(text("Looking at the workspace."), tool_use("shell", {"command": "echo hi"})),
     reply(text("Once more."), tool_use("shell", {"command": "echo again"})),
     fault(400, "invalid_request_error", "scripted refusal"),  # the member fails, so does the run
+    fault(400, "invalid_request_error", "no report"),  # the analyst's call, after the members
 ]
+ANSWERED = "claude-haiku-4-5-20261001"
+"""The dated model the fake API says answered."""
 
 
 def _spans(collector: Collector) -> list[tuple[str, dict[str, Any], Any]]:
@@ -72,9 +75,15 @@ def _check(collector: Collector, run_id: str, port: int) -> None:
                  and a["gen_ai.agent.id"] == f"{run_id}/{m}"]
              for m in ("asker", "one", "two")}  # fmt: skip
     # Claude through the fake API: who answered, which response, which conversation.
-    asked = chats["asker"]
+    *asked, refused = chats["asker"]
     assert len(asked) == 2
+    # The call the API refused is a chat span too, with the API's error.
+    assert refused["error.type"] == "invalid_request_error"
+    assert refused["http.response.status_code"] == 400
+    assert "gen_ai.response.id" not in refused
     for chat in asked:
+        assert chat["gen_ai.request.model"] == "claude-haiku-4-5"
+        assert chat["gen_ai.response.model"] == ANSWERED
         assert chat["gen_ai.provider.name"] == "anthropic"
         assert chat["gen_ai.conversation.id"] == f"{run_id}/asker"
         assert chat["gen_ai.response.id"].startswith("msg_fake")
@@ -108,10 +117,26 @@ def _check(collector: Collector, run_id: str, port: int) -> None:
     assert len(calls) == len(set(calls)) > 4
 
 
+def _check_coordinator(collector: Collector, run_id: str) -> None:
+    """The coordinator's own model call (the analyst's, refused here) is a chat span
+    of the run, and the workflow span ends after it."""
+    spans = _spans(collector)
+    (_, _, workflow), *_ = [x for x in spans if x[1]["gen_ai.operation.name"] == "invoke_workflow"]
+    (analyst,) = [(a, s) for _, a, s in spans if a["gen_ai.operation.name"] == "invoke_agent"
+                  and a["gen_ai.agent.name"] == "coordinator.analyst"]  # fmt: skip
+    (chat,) = [(a, s) for _, a, s in spans if a["gen_ai.operation.name"] == "chat"
+               and a["gen_ai.agent.id"] == f"{run_id}/coordinator.analyst"]  # fmt: skip
+    assert analyst[1].parent_span_id == workflow.span_id
+    assert chat[1].parent_span_id == analyst[1].span_id
+    assert chat[0]["error.type"] == "invalid_request_error"
+    assert chat[0]["gen_ai.request.model"] == "claude-haiku-4-5"
+    assert workflow.end_time_unix_nano >= chat[1].end_time_unix_nano
+
+
 def test_genai_spans_of_a_real_run_live_and_replayed(tmp_path, images, docker_client):
     out = tmp_path / "runs"
     live, replayed = Collector(), Collector()
-    api = FakeMessagesAPI(SCRIPT).start()
+    api = FakeMessagesAPI(SCRIPT, model_name=ANSWERED).start()
     try:
         env = os.environ | {
             "ANTHROPIC_API_KEY": "k",
@@ -127,6 +152,7 @@ def test_genai_spans_of_a_real_run_live_and_replayed(tmp_path, images, docker_cl
         (run,) = RunDir.list(out)
         port = int(api.url.rsplit(":", 1)[1])
         _check(live, run.id, port)
+        _check_coordinator(live, run.id)
         again = subprocess.run(
             [FLEET, "trace", str(run.path), "--otlp", replayed.url, "--otel-content"],
             capture_output=True, text=True, timeout=120,

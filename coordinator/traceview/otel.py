@@ -10,9 +10,32 @@ name, not the run id, so the name stays low-cardinality; it carries
 ``gen_ai.workflow.name`` and, because the conventions' first standalone release
 renames that to ``gen_ai.agent.name`` on workflow spans, that too; the run id is
 ``fleet.run.id``. A run that did not succeed has ``error.type`` (its status) on the
-workflow span, as a member that did not end ok has on its own. A chat span has
-``gen_ai.conversation.id`` (the member: ``<run>/<member>``), ``gen_ai.response.id``
-and ``server.address``/``server.port`` of the API that answered.
+workflow span, as a member that did not end ok has on its own. A chat span is named
+by the model the request asked for (``gen_ai.request.model``, as the conventions
+name it); the dated model that answered is ``gen_ai.response.model``. It has
+``gen_ai.conversation.id`` (the member: ``<run>/<member>``), ``gen_ai.response.id``,
+``server.address``/``server.port`` of the API that answered,
+``gen_ai.request.max_tokens``, ``gen_ai.request.stream`` and
+``gen_ai.response.finish_reasons`` in the conventions' words (the ones the output
+message carries), not Anthropic's. A model call that got no answer is a chat span
+too, with the API's error type as ``error.type`` and its HTTP status, so a failed
+member's 400 is seen where it happened. Tool spans carry the tool's description.
+The coordinator's own calls (planner, analyst) go through :class:`TracedModel` in a
+live export: an ``invoke_agent coordinator.planner`` (or ``.analyst``) span with its
+chat span. They are in no member's trace file, so a replay has no such spans.
+
+In a lead run the lead spawns members in waves: each member's span is a child of
+the lead's ``invoke_agent`` span (the lead waits on them: their work is part of its
+turn), with ``fleet.lead.wave`` and a link to the lead's ``execute_tool spawn`` span
+that started it. Which spawn started a member is the journal's ``lead_spawn``
+entry: :meth:`LiveRun.spawned` takes it live, and a replay reads the journal.
+
+Trace and span ids come from :class:`RunIds`: derived from the run id and each span's
+place in the run (member, attempt, call), so exporting a run again - live, then
+replayed - gives the same trace and the same spans, which a backend keeps once.
+``service.name`` is ``fleet`` unless ``OTEL_SERVICE_NAME`` says otherwise, and live
+export starts when either ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, as the OTLP exporter specification has it.
 ``gen_ai.provider.name`` is ``anthropic`` only for Claude: offline policies say
 ``fleet.offline`` and replays ``fleet.replay`` (the conventions allow custom
 values), so no dashboard counts them as Anthropic traffic.
@@ -44,7 +67,10 @@ Needs the ``otel`` extra (``opentelemetry-sdk``, ``opentelemetry-exporter-otlp-p
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
+import time
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
@@ -54,11 +80,14 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
 from coordinator.traceview import otel_messages as msg
-from coordinator.traceview.load import RunTrace
+from coordinator.traceview.load import LEAD_DIR, RunTrace
 from coordinator.traceview.otel_send import otlp_traces_url, send_spans
+from subagents.model.base import Model, ModelRequest, ModelResponse
+from subagents.model.errors import ModelError
 from subagents.trace import (
     Clip,
     Compaction,
@@ -75,6 +104,7 @@ from subagents.trace import (
     ToolCall,
     ToolResult,
 )
+from subagents.usage import model_call_event
 
 _MAX_ATTR = 8_000
 """Content attributes are cut to this many characters (collectors reject huge values)."""
@@ -100,14 +130,61 @@ def _ns(ts: float) -> int:
     return int(ts * 1e9)
 
 
+class RunIds(IdGenerator):
+    """Trace and span ids derived from the run id and each span's place in the run.
+
+    The same run exported twice (live, then replayed; or replayed again) is then one
+    trace with the same spans, which a backend stores once, instead of two traces
+    that look like two runs. W3C Trace Context only asks ids to be unique, and a
+    hash of a unique run id is; :meth:`is_trace_id_random` says they are not random,
+    so samplers that rely on random bits do not. A span started without a key
+    (``key`` is None) gets a random id.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.key: str | None = None
+        self._random = RandomIdGenerator()
+
+    def _hash(self, what: str, size: int) -> int:
+        digest = hashlib.sha256(f"fleet\0{self.run_id}\0{what}".encode()).digest()
+        return int.from_bytes(digest[:size], "big") or 1  # an all-zero id is invalid
+
+    def generate_trace_id(self) -> int:
+        return self._hash("trace", 16)
+
+    def generate_span_id(self) -> int:
+        if self.key is None:
+            return self._random.generate_span_id()
+        return self._hash(self.key, 8)
+
+    def is_trace_id_random(self) -> bool:
+        return False
+
+
+def _resource() -> Resource:
+    """``service.name`` is ``fleet`` unless ``OTEL_SERVICE_NAME`` (or ``service.name`` in
+    ``OTEL_RESOURCE_ATTRIBUTES``) names another: the SDK's detector reads both, and
+    attributes given here would override them."""
+    attrs: dict[str, Any] = {"service.version": _version()}
+    named = os.environ.get("OTEL_SERVICE_NAME", "").strip() or any(
+        pair.split("=", 1)[0].strip() == "service.name"
+        for pair in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
+    )
+    if not named:
+        attrs["service.name"] = "fleet"
+    return Resource.create(attrs)
+
+
 def make_provider(
-    *, endpoint: str | None = None, exporter: SpanExporter | None = None
+    *, endpoint: str | None = None, exporter: SpanExporter | None = None, run_id: str = ""
 ) -> TracerProvider:
-    """A tracer provider exporting to ``exporter`` (synchronously) or to OTLP/HTTP ``endpoint``."""
+    """A tracer provider exporting to ``exporter`` (synchronously) or to OTLP/HTTP ``endpoint``;
+    with ``run_id``, its ids are that run's (:class:`RunIds`)."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    resource = Resource.create({"service.name": "fleet", "service.version": _version()})
-    provider = TracerProvider(resource=resource)
+    ids = RunIds(run_id) if run_id else None
+    provider = TracerProvider(resource=_resource(), id_generator=ids)
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
@@ -139,6 +216,9 @@ class _MemberSpans:
         self.conversation: list[dict[str, Any]] = []
         """The member's messages so far (kept only when content is exported)."""
         self.prompt: Prompt | None = None
+        self.tool_descriptions: dict[str, str] = {}
+        """Each tool's description, from the member's prompt (not content: the
+        conventions recommend it on every tool span)."""
 
     @property
     def conversation_id(self) -> str:
@@ -155,13 +235,25 @@ class _MemberSpans:
                 "fleet.run.id": self.live.run_id,
             }
             attrs["fleet.member.attempt"] = self.attempt
+            context, links = self.live.context, []
+            if spawn := self.live.spawns.get(self.member):
+                # A lead's member runs inside the lead's work: under its span, linked
+                # to the spawn call that started it.
+                wave, call_id = spawn
+                attrs["fleet.lead.wave"] = wave
+                context = self.live.lead_context or context
+                if (called := self.live.spawn_calls.get(call_id)) is not None:
+                    links.append(Link(called))
             # The member's span starts when its box started being created (the create
             # event is written once the box is up, with how long that took), so the
             # span covers the sandbox's start-up too.
-            self.agent = self.live.tracer.start_span(
-                f"invoke_agent {self.member}", context=self.live.context, kind=SpanKind.INTERNAL,
+            self.agent = self.live.start(
+                f"agent/{self.member}/{self.attempt}", f"invoke_agent {self.member}",
+                context=context, kind=SpanKind.INTERNAL, links=links,
                 attributes=attrs, start_time=_ns(min(ts, self.first_ts or ts)),
             )  # fmt: skip
+            if self.member == LEAD_DIR:  # the lead's id is its directory's name
+                self.live.lead_context = ot.set_span_in_context(self.agent)
             self.live.agent_spans += 1
         return self.agent
 
@@ -183,6 +275,11 @@ class _MemberSpans:
             agent.set_attribute("fleet.member.kind", ev.kind)
             agent.set_attribute("gen_ai.request.model", ev.model)
             return
+        if isinstance(ev, Prompt):
+            self.tool_descriptions = {
+                str(t.get("name", "")): str(t["description"])
+                for t in ev.tools if isinstance(t, dict) and t.get("description")
+            }  # fmt: skip
         if isinstance(ev, Prompt | Messages | Compaction) and self.live.content:
             self._remember(ev)
         if isinstance(ev, Prompt | Messages):
@@ -191,6 +288,8 @@ class _MemberSpans:
             agent = self._agent(ev.ts)
         elif isinstance(ev, Offload | Compaction | Clip | Retry | ErrorEvent | MemorySave):
             agent = self._agent(ev.ts)
+            if isinstance(ev, ErrorEvent) and ev.model:
+                self._failed_chat(agent, ev)
             agent.add_event(f"fleet.{ev.type}", attributes=_event_attrs(ev), timestamp=_ns(ev.ts))
             return
         else:
@@ -229,17 +328,12 @@ class _MemberSpans:
         self.usage[0] += total_in
         self.usage[1] += ev.output_tokens
         attrs: dict[str, Any] = {
-            "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": provider_name(ev.model, ev.offline),
-            "gen_ai.request.model": ev.model,
             "gen_ai.response.model": ev.model,
-            "gen_ai.conversation.id": self.conversation_id,
             "gen_ai.usage.input_tokens": total_in,
             "gen_ai.usage.output_tokens": ev.output_tokens,
             "gen_ai.usage.cache_read.input_tokens": ev.cache_read_tokens,
             "gen_ai.usage.cache_creation.input_tokens": ev.cache_write_tokens,
-            "gen_ai.agent.id": self.conversation_id,
-            "fleet.turn": ev.turn,
             "fleet.context_tokens": ev.context_tokens,
             "fleet.retries": ev.retries,
         }
@@ -248,17 +342,50 @@ class _MemberSpans:
         if ev.server_address:
             attrs["server.address"] = ev.server_address
             attrs["server.port"] = ev.server_port
+        if ev.max_tokens:
+            attrs["gen_ai.request.max_tokens"] = ev.max_tokens
+        if ev.stream is not None:
+            attrs["gen_ai.request.stream"] = ev.stream
         if ev.stop_reason:
-            attrs["gen_ai.response.finish_reasons"] = [ev.stop_reason]
+            # The conventions' word, the one the output message carries too.
+            attrs["gen_ai.response.finish_reasons"] = [msg.finish_reason(ev.stop_reason)]
+        if self.live.content:
+            attrs["gen_ai.output.messages"] = _fit(msg.output_messages(ev.content, ev.stop_reason))
+        # Older traces did not record the request's model: the response's is the closest.
+        self._chat_span(agent, ev, ev.request_model or ev.model, attrs, ev.latency_s)
+
+    def _failed_chat(self, agent: Span, ev: ErrorEvent) -> None:
+        """A model call that got no answer: a chat span with the API's error."""
+        attrs: dict[str, Any] = {"gen_ai.provider.name": self.provider, "error.type": ev.error}
+        if ev.status:
+            attrs["http.response.status_code"] = ev.status
+        span = self._chat_span(agent, ev, ev.model, attrs, ev.latency_s)
+        span.set_status(Status(StatusCode.ERROR, ev.message[:200]))
+        span.end(end_time=_ns(ev.ts))
+
+    def _chat_span(
+        self, agent: Span, ev: ModelCall | ErrorEvent, model: str, attrs: dict[str, Any],
+        latency_s: float,
+    ) -> Span:  # fmt: skip
+        """A chat span named by the requested model; ended here unless it failed."""
+        attrs |= {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": model,
+            "gen_ai.conversation.id": self.conversation_id,
+            "gen_ai.agent.id": self.conversation_id,
+            "fleet.turn": ev.turn,
+        }
         if self.live.content:
             attrs["gen_ai.input.messages"] = _fit(msg.input_messages(self.conversation))
-            attrs["gen_ai.output.messages"] = _fit(msg.output_messages(ev.content, ev.stop_reason))
             attrs.update(self._prompt_attrs())
-        span = self.live.tracer.start_span(
-            f"chat {ev.model}", context=ot.set_span_in_context(agent), kind=SpanKind.CLIENT,
-            attributes=attrs, start_time=_ns(ev.ts - ev.latency_s),
+        span = self.live.start(
+            f"chat/{self.member}/{self.attempt}/{ev.span}", f"chat {model}",
+            context=ot.set_span_in_context(agent), kind=SpanKind.CLIENT,
+            attributes=attrs, start_time=_ns(ev.ts - latency_s),
         )  # fmt: skip
-        span.end(end_time=_ns(ev.ts))
+        if isinstance(ev, ModelCall):
+            span.end(end_time=_ns(ev.ts))
+        return span
 
     def _tool_start(self, agent: Span, ev: ToolCall) -> None:
         attrs: dict[str, Any] = {
@@ -269,12 +396,17 @@ class _MemberSpans:
             "gen_ai.agent.id": f"{self.live.run_id}/{self.member}",
             "fleet.turn": ev.turn,
         }
+        if description := self.tool_descriptions.get(ev.tool):
+            attrs["gen_ai.tool.description"] = description[:_MAX_ATTR]
         if self.live.content:
             attrs["gen_ai.tool.call.arguments"] = _fit(ev.input)
-        self.tools[ev.call_id] = self.live.tracer.start_span(
-            f"execute_tool {ev.tool}", context=ot.set_span_in_context(agent),
+        span = self.tools[ev.call_id] = self.live.start(
+            f"tool/{self.member}/{self.attempt}/{ev.call_id}", f"execute_tool {ev.tool}",
+            context=ot.set_span_in_context(agent),
             kind=SpanKind.INTERNAL, attributes=attrs, start_time=_ns(ev.ts),
         )  # fmt: skip
+        if self.member == LEAD_DIR and ev.tool == "spawn":
+            self.live.spawn_calls[ev.call_id] = span.get_span_context()
 
     def _tool_end(self, ev: ToolResult) -> None:
         span = self.tools.pop(ev.call_id, None)
@@ -341,9 +473,13 @@ class LiveRun:
         self.provider = provider
         self.content = content
         self.tracer = provider.get_tracer("fleet", _version())
+        ids = provider.id_generator
+        self.ids = ids if isinstance(ids, RunIds) else None
+        self._lock = threading.Lock()
+        self._keys: dict[str, int] = {}
         workflow = name or DEFAULT_WORKFLOW
-        self.span = self.tracer.start_span(
-            f"invoke_workflow {workflow}", kind=SpanKind.INTERNAL,
+        self.span = self.start(
+            "workflow", f"invoke_workflow {workflow}", kind=SpanKind.INTERNAL,
             attributes={"gen_ai.operation.name": "invoke_workflow",
                         "gen_ai.workflow.name": workflow, "gen_ai.agent.name": workflow,
                         "fleet.run.id": run_id},
@@ -355,6 +491,41 @@ class LiveRun:
         """invoke_agent spans started (one per member attempt)."""
         self.failures = 0
         """Events the live export failed on (ignored so the run goes on)."""
+        self.spawns: dict[str, tuple[int, str]] = {}
+        """A lead run: member id -> (its wave, the lead's spawn call id)."""
+        self.spawn_calls: dict[str, SpanContext] = {}
+        """The lead's spawn calls' spans, by call id."""
+        self.lead_context: Any = None
+        """The lead's (latest) ``invoke_agent`` span as a parent context."""
+
+    def start(self, key: str, name: str, **kwargs: Any) -> Span:
+        """Start a span whose id (with :class:`RunIds`) is derived from ``key``: the
+        same place in the run gets the same id however often the run is exported.
+        A key seen before gets a count appended, so ids stay unique."""
+        with self._lock:
+            seen = self._keys[key] = self._keys.get(key, 0) + 1
+            if self.ids is not None:
+                self.ids.key = f"{key}#{seen}"
+            try:
+                return self.tracer.start_span(name, **kwargs)
+            finally:
+                if self.ids is not None:
+                    self.ids.key = None
+
+    def spawned(self, entry: dict[str, Any]) -> None:
+        """Note a journal ``lead_spawn`` entry, before its members' events come."""
+        wave, call_id = entry.get("wave"), str(entry.get("call_id") or "")
+        for member in entry.get("members") or []:
+            if isinstance(member, dict) and isinstance(wave, int) and member.get("id"):
+                self.spawns[str(member["id"])] = (wave, call_id)
+
+    def traced(self, make_model: Callable[..., Model], agent: str) -> Callable[..., Model]:
+        """``make_model`` whose models' calls are traced as ``agent``'s (:class:`TracedModel`)."""
+
+        def make(*args: Any, **kwargs: Any) -> Model:
+            return TracedModel(self, make_model(*args, **kwargs), agent)  # type: ignore[return-value]
+
+        return make
 
     def listener(self, member: str) -> Callable[[Any], None]:
         """The callable to append to that member's ``TraceWriter.listeners``."""
@@ -383,8 +554,62 @@ class LiveRun:
         self.provider.shutdown()
 
 
+class TracedModel:
+    """The coordinator's own model (the planner's, the analyst's): each call becomes an
+    ``invoke_agent <agent>`` span with its ``chat`` span under the workflow span, a
+    failed call included. Members trace their calls themselves; this is for the
+    calls no member makes. Everything else is the wrapped model's."""
+
+    def __init__(self, live: LiveRun, model: Model, agent: str) -> None:
+        self._live, self._model, self._agent = live, model, agent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        model = self._model
+        requested = getattr(model, "name", "") or model.profile.name
+        span = f"{self._agent}/t1/model"
+        self._live(MemberStart(kind="coordinator", task="", model=requested,
+                               offline=model.offline, member=self._agent))  # fmt: skip
+        if self._live.content:
+            system = request.system if isinstance(request.system, str) else "\n".join(
+                str(b.get("text", "")) for b in request.system if isinstance(b, dict)
+            )  # fmt: skip
+            self._live(Prompt(system=system, tools=request.tools, member=self._agent))
+            self._live(Messages(messages=request.messages, member=self._agent))
+        started = time.monotonic()
+        try:
+            response = await model.complete(request)
+        except ModelError as exc:
+            self._live(ErrorEvent(error=exc.error_type or "model_error", message=str(exc)[:2_000],
+                                  model=requested, status=exc.status or 0,
+                                  latency_s=time.monotonic() - started, turn=1, span=span,
+                                  member=self._agent))  # fmt: skip
+            self._live(MemberEnd(status="failed", reason=str(exc)[:200], member=self._agent))
+            raise
+        content = [b.model_dump(mode="json", exclude_none=True) for b in response.message.content]
+        call = model_call_event(response, content, span=span, parent=self._agent, turn=1,
+                                default_model=model.profile.name, request_model=requested,
+                                max_tokens=request.max_tokens)  # fmt: skip
+        call.member = self._agent
+        self._live(call)
+        self._live(MemberEnd(status="ok", member=self._agent))
+        return response
+
+
 CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 """The GenAI instrumentations' switch for message content; honoured by live export."""
+
+
+TRACES_ENDPOINT_ENV = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+"""Where spans go, by the OTLP exporter specification: the traces-only variable (a
+full URL, used as is) wins over the general one (a base URL, ``/v1/traces`` appended)."""
+
+
+def endpoint_from_env() -> str:
+    """The OTLP traces endpoint the environment names, or "" when it names none."""
+    return next((v for v in map(os.environ.get, TRACES_ENDPOINT_ENV) if v and v.strip()), "")
 
 
 def live_from_env(run_id: str, *, start: float, name: str = "") -> LiveRun | None:
@@ -393,10 +618,11 @@ def live_from_env(run_id: str, *, start: float, name: str = "") -> LiveRun | Non
     The SDK's exporter reads the endpoint (and headers, timeouts) from the standard
     ``OTEL_EXPORTER_OTLP_*`` variables; content is included when ``$CONTENT_ENV`` is true.
     """
-    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    if not endpoint_from_env():
         return None
     content = os.environ.get(CONTENT_ENV, "").strip().lower() in ("1", "true", "yes")
-    return LiveRun(run_id, make_provider(), start=start, content=content, name=name)
+    provider = make_provider(run_id=run_id)
+    return LiveRun(run_id, provider, start=start, content=content, name=name)
 
 
 def export_run(
@@ -417,7 +643,7 @@ def export_run(
 
 
 def _replay(run: RunTrace, exporter: SpanExporter, content: bool) -> int:
-    provider = make_provider(exporter=exporter)
+    provider = make_provider(exporter=exporter, run_id=run.id)
     stamps = [ev.ts for m in run.members for ev in m.events]
     # A box's creation began before its event was written (the event carries how long).
     starts = [ev.ts - ev.duration_s for m in run.members for ev in m.events
@@ -425,6 +651,9 @@ def _replay(run: RunTrace, exporter: SpanExporter, content: bool) -> int:
     start, end = (min(stamps + starts), max(stamps)) if stamps else (0.0, 0.0)
     name = str((run.job or {}).get("name") or "")
     live = LiveRun(run.id, provider, start=start, content=content, name=name)
+    for entry in run.journal:
+        if entry.get("event") == "lead_spawn":
+            live.spawned(entry)
     count = 1
     for member in run.members:
         listen = live.listener(member.id)

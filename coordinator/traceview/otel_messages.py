@@ -13,9 +13,10 @@ order; a block with no counterpart keeps its type as a generic part.
 
 The Python SDK's span attributes cannot hold nested values, so each attribute is a
 JSON string, which the conventions allow. :func:`fit` keeps it under the size cap
-collectors accept *as valid JSON*: long strings are shortened first, then the
-oldest messages dropped (the conventions let instrumentations truncate) - never a
-cut in the middle of the JSON text.
+collectors accept *as valid JSON*: long strings are shortened first, then messages
+dropped from the middle - the first (the task) and the latest stay, as they say
+what was asked and what the model answered to (the conventions let
+instrumentations truncate) - never a cut in the middle of the JSON text.
 """
 
 from __future__ import annotations
@@ -129,14 +130,17 @@ def _shorten(value: Any, cap: int) -> Any:
 
 def fit(value: Any, limit: int) -> str:
     """``value`` as JSON of at most ``limit`` characters, still valid JSON: strings
-    shortened, then (a list) the oldest items dropped; empty JSON if nothing fits."""
+    shortened, then (a list) items dropped from the middle, the first and the last
+    kept longest; empty JSON if nothing fits."""
     text = _dumps(value)
     for cap in (2_000, 300, 40):
         if len(text) <= limit:
             return text
         short = _shorten(value, cap)
-        while isinstance(short, list) and len(short) > 1 and len(_dumps(short)) > limit:
-            short = short[1:]
+        while isinstance(short, list) and len(short) > 2 and len(_dumps(short)) > limit:
+            del short[len(short) // 2]
+        if isinstance(short, list) and len(short) == 2 and len(_dumps(short)) > limit:
+            short = short[:1]  # the first (the task) says what the rest was about
         text = _dumps(short)
     if len(text) <= limit:
         return text

@@ -35,6 +35,15 @@ _CHUNK = 512
 _TIMEOUT_ENV = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 
 
+def _env_endpoint() -> str:
+    """The endpoint the exporter takes from the environment, as it will use it."""
+    if traces := os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip():
+        return traces
+    if base := os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip():
+        return otlp_traces_url(base)
+    return "$OTEL_EXPORTER_OTLP_ENDPOINT"
+
+
 class ExportFailed(Exception):
     """The OTLP endpoint did not accept the spans; the message says where, why and what to do."""
 
@@ -54,7 +63,7 @@ def send_spans(spans: Sequence[ReadableSpan], endpoint: str | None) -> int:
     url = otlp_traces_url(endpoint) if endpoint else None
     timeout = None if any(os.environ.get(v) for v in _TIMEOUT_ENV) else EXPORT_TIMEOUT_S
     target = OTLPSpanExporter(endpoint=url, timeout=timeout)
-    where = url or "$OTEL_EXPORTER_OTLP_ENDPOINT"
+    where = url or _env_endpoint()
     accepted = 0
     with _kept_exporter_logs() as records:
         try:

@@ -56,6 +56,8 @@ class ModelResponse(BaseModel):
     """Host the answer came from (the API's, or ``ANTHROPIC_BASE_URL``'s); empty offline."""
     server_port: int = 0
     """Its port (443 for https when the URL names none); 0 offline."""
+    streamed: bool = False
+    """The answer came as a stream of server-sent events."""
 
 
 @runtime_checkable

@@ -216,6 +216,7 @@ class AnthropicModel:
             retries=attempt + limited,
             server_address=url.host,
             server_port=url.port or (443 if url.scheme == "https" else 80),
+            streamed=True,
         )
 
     async def count_tokens(self, request: ModelRequest) -> int | None:
@@ -347,6 +348,14 @@ class AnthropicModel:
             self.on_retry(event)
 
     def _as_model_error(self, exc: Exception, retries: int) -> ModelError:
+        error = self._model_error(exc, retries)
+        if isinstance(exc, anthropic.APIStatusError):
+            error.error_type = _error_type(exc) or str(exc.status_code)
+        else:
+            error.error_type = "overloaded_error" if error.status == 529 else type(exc).__name__
+        return error
+
+    def _model_error(self, exc: Exception, retries: int) -> ModelError:
         after = f" after {retries} retries" if retries else ""
         if isinstance(exc, _EarlyStreamFailure):
             return ModelError(f"{self.name}: {exc}{after}", retryable=True, status=529)
