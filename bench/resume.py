@@ -9,7 +9,7 @@ from, whether the workspace it went on with was the one at that turn (the checkp
 on disk at the kill holds lines 0 .. turn-1), and whether the final patch holds every
 line exactly once.
 
-    .venv/bin/python bench/resume.py [--steps 50] [--kill-at 40]
+    .venv/bin/python bench/resume.py [--steps 50] [--kill-at 40] [--when transcript|trace]
 """
 
 from __future__ import annotations
@@ -30,23 +30,46 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT / "tests")
 sys.path.insert(1, str(ROOT))
 FLEET = [str(Path(sys.executable).with_name("fleet"))]
+CODER = "careful software engineer"
+"""Opens the coding member's system prompt."""
 TASK = "Append the lines."
 
 
 def _member_calls(api: Any) -> int:
-    return sum(1 for r in api.requests if TASK in json.dumps(r["messages"][0]))
+    return sum(1 for r in api.requests if CODER in json.dumps(r.get("system")))
 
 
-def _results(trace: Path) -> int:
+def _done(mdir: Path, when: str) -> int:
+    """Tool results of the member so far: in its trace, or in its saved transcript."""
     from subagents.trace import read_trace
 
-    return sum(1 for e in read_trace(trace) if e.type == "tool_result") if trace.exists() else 0
+    if when == "trace":
+        trace = mdir / "trace.jsonl"
+        return sum(1 for e in read_trace(trace) if e.type == "tool_result") if trace.exists() else 0
+    try:
+        messages = json.loads((mdir / "conversation.json").read_bytes())["messages"]
+    except (OSError, ValueError, KeyError):
+        return 0
+    return sum(
+        1
+        for m in messages
+        if m["role"] == "user" and isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--kill-at", type=int, default=40)
+    ap.add_argument(
+        "--when",
+        choices=["transcript", "trace"],
+        default="transcript",
+        help="kill once turn N is in the member's transcript (default), or as soon as its "
+        "tool result is in the trace (before the turn's checkpoint is written)",
+    )
     args = ap.parse_args()
     from fleet_policies import appending_policy
 
@@ -69,12 +92,14 @@ def main() -> int:
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         while proc.poll() is None:
-            found = list((tmp / "runs").glob("*/members/m/trace.jsonl"))
-            if found and _results(found[0]) >= args.kill_at:
+            found = list((tmp / "runs").glob("*/members/m"))
+            if found and _done(found[0], args.when) >= args.kill_at:
                 break
             time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
+        # A call sent just before the kill reaches the server's log a moment later.
+        time.sleep(1)
         (run,) = RunDir.list(tmp / "runs")
         mdir = run.path / "members" / "m"
         before = _member_calls(api)

@@ -15,7 +15,7 @@ repository's own ``.git``.
 
 from __future__ import annotations
 
-from sandbox.errors import OutputLimitExceeded
+from sandbox.errors import OutputLimitExceeded, SandboxClosed, SandboxUnavailable
 
 from ..durable import CHECKPOINT_BYTES, CheckpointTooLarge, CheckpointUnavailable
 from ..tools.base import ToolContext
@@ -37,13 +37,17 @@ async def checkpoint_workspace(ctx: ToolContext, tools: list[str]) -> bytes | No
     if not ctx.state.get("baseline"):
         raise CheckpointUnavailable("no baseline snapshot of /workspace")
     diff = f"{_GIT} diff --cached --no-renames --binary --no-color --no-ext-diff --no-textconv"
-    res = await box.exec(["bash", "-c", f"{_GIT} add -A && {diff} > {_DIFF}"], timeout=300)
-    if not res.ok:
-        raise CheckpointUnavailable(f"git diff failed: {(res.stderr or res.stdout)[-300:]}")
     try:
+        res = await box.exec(["bash", "-c", f"{_GIT} add -A && {diff} > {_DIFF}"], timeout=300)
+        if not res.ok:
+            raise CheckpointUnavailable(f"git diff failed: {(res.stderr or res.stdout)[-300:]}")
         return await box.read_file(_DIFF, limit=CHECKPOINT_BYTES)
     except OutputLimitExceeded as exc:
         raise CheckpointTooLarge(exc.size or CHECKPOINT_BYTES + 1) from exc
+    except (SandboxUnavailable, SandboxClosed) as exc:
+        # A box dying under the turn's last tool: its next call says how (a crash), as
+        # it did before checkpoints; this turn only cannot be resumed from.
+        raise CheckpointUnavailable(f"the box did not answer: {exc}") from exc
 
 
 async def restore_workspace(ctx: ToolContext, data: bytes) -> str:
