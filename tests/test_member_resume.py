@@ -163,3 +163,38 @@ def test_a_crashed_box_starts_over_unless_the_job_says_always(
         # The call that killed the box is answered as interrupted, not run again.
         answered = first_of_retry["messages"][-1]["content"]
         assert answered[0]["is_error"] and "interrupted" in json.dumps(answered)
+
+
+def test_a_retry_after_the_model_gave_up_goes_on_from_the_last_turn(
+    tmp_path, images, fake_api, cleanup
+):
+    from subagents.fake_api import fault
+
+    steps, fail_at, failures = 5, 3, 5  # the first call, then the adapter's 4 retries
+    appending = appending_policy(steps)
+    served: list[int] = []
+
+    def policy(body: dict[str, Any]) -> Any:
+        if CODER in json.dumps(body.get("system")) and len(served) < failures:
+            if sum(m["role"] == "assistant" for m in body["messages"]) == fail_at:
+                served.append(1)
+                return fault(500, "api_error", "internal error", retry_after=0.05)
+        return appending(body)
+
+    api = fake_api(policy)
+    cleanup.append(tmp_path / "runs")
+    job = _job(tmp_path, retry='on = ["overloaded"]')
+    env = {**os.environ, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    done = subprocess.run(
+        [*FLEET, "run", str(job), "--plain"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = RunDir.list(tmp_path / "runs")
+    assert run.result("m")["status"] == "ok"
+    assert any(e["event"] == "member_retry" for e in run.journal.read())
+    assert _patch_lines(run) == [f"line {k}" for k in range(steps)]
+    events = list(read_trace(run.path / "members" / "m" / "trace.jsonl"))
+    (mark,) = [e for e in events if e.type == "resumed"]
+    assert mark.turn == fail_at and mark.pending_tools == 0
+    # The failed calls, then the turns left and the submission - not turn 0 again.
+    assert len(_member_calls(api)) == fail_at + failures + (steps - fail_at) + 1
