@@ -45,6 +45,18 @@ def _tool_results(trace: Path) -> int:
     return sum(1 for e in read_trace(trace) if e.type == "tool_result")
 
 
+def _run_to_the_end(api: Any, job: Path) -> RunDir:
+    """``fleet run JOB`` to its end; its one run, whose member ended ``ok``."""
+    env = {**os.environ, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    done = subprocess.run(
+        [*FLEET, "run", str(job), "--plain"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = RunDir.list(job.parent / "runs")
+    assert run.result("m")["status"] == "ok"
+    return run
+
+
 def _member_calls(api: Any) -> list[dict[str, Any]]:
     """The coding member's requests (the analyst's also name its task)."""
     return [r for r in api.requests if CODER in json.dumps(r.get("system"))]
@@ -137,13 +149,7 @@ def test_a_crashed_box_starts_over_unless_the_job_says_always(
     api = fake_api(appending_policy(steps, oom_at=oom_at))
     cleanup.append(tmp_path / "runs")
     job = _job(tmp_path, retry=f'on = ["crashed"]\nresume = "{resume}"', memory="256m")
-    env = {**os.environ, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
-    done = subprocess.run(
-        [*FLEET, "run", str(job), "--plain"], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run,) = RunDir.list(tmp_path / "runs")
-    assert run.result("m")["status"] == "ok"
+    run = _run_to_the_end(api, job)
     assert _patch_lines(run) == [f"line {k}" for k in range(steps)]
     events = list(read_trace(run.path / "members" / "m" / "trace.jsonl"))
     marks = [e for e in events if e.type == "resumed"]
@@ -184,13 +190,7 @@ def test_a_retry_after_the_model_gave_up_goes_on_from_the_last_turn(
     api = fake_api(policy)
     cleanup.append(tmp_path / "runs")
     job = _job(tmp_path, retry='on = ["overloaded"]')
-    env = {**os.environ, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
-    done = subprocess.run(
-        [*FLEET, "run", str(job), "--plain"], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run,) = RunDir.list(tmp_path / "runs")
-    assert run.result("m")["status"] == "ok"
+    run = _run_to_the_end(api, job)
     assert any(e["event"] == "member_retry" for e in run.journal.read())
     assert _patch_lines(run) == [f"line {k}" for k in range(steps)]
     events = list(read_trace(run.path / "members" / "m" / "trace.jsonl"))
