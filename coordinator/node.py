@@ -36,6 +36,7 @@ from sandbox.spec import SandboxSpec
 from subagents.beside import beside
 from subagents.browser.corpus import start_corpus
 from subagents.budget import budgeted
+from subagents.durable import TRANSCRIPT
 from subagents.model.base import Model, ModelError
 from subagents.outcome import MemberOutcome
 from subagents.policy import Approver
@@ -243,6 +244,9 @@ async def run_attempt(
             asks: dict[str, Approver] = {}
             if deps.approver is not None:
                 asks["approver"] = deps.approver
+            durable: dict[str, Any] = {}
+            if deps.run_member is None:  # the harness keeps its transcript (subagents.durable)
+                durable["conversation_file"] = (member_dir or Path(unit.member_dir)) / TRANSCRIPT
 
             async def attempt() -> MemberOutcome:
                 try:
@@ -253,6 +257,7 @@ async def run_attempt(
                         run_dir=member_dir or Path(unit.member_dir),
                         trace=trace,
                         **asks,
+                        **durable,
                     )
                 finally:
                     member_ended.set()

@@ -46,6 +46,8 @@ class MemberLine(_Strict):
     reason: str = ""
     wave: int | None = None
     """A lead run: the wave the member was spawned in."""
+    resumed_from: int | None = None
+    """The turn its last attempt went on from (None: it started at turn 0)."""
 
 
 Verdict = Literal["verified", "contradicted", "inconclusive"]
@@ -254,7 +256,9 @@ def render_markdown(report: Report) -> str:
         "|---|---|" + ("---|" if wave else "") + "---|---|---|",
     ]
     for m in report.members:
-        task, reason = (x.replace("|", "/").replace("\n", " ") for x in (m.task, m.reason))
+        resumed = f"resumed from turn {m.resumed_from}" if m.resumed_from else ""
+        why = "; ".join(x for x in (m.reason, resumed) if x)
+        task, reason = (x.replace("|", "/").replace("\n", " ") for x in (m.task, why))
         col = f" {m.wave if m.wave is not None else ''} |" if wave else ""
         out.append(f"| {m.member} | {m.kind} |{col} {m.status} | {task[:160]} | {reason[:300]} |")
     if report.failed:

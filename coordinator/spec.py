@@ -414,6 +414,12 @@ class RetryPolicy(_Strict):
     """Longest wait between tries."""
     on: list[RetryOn] = Field(default_factory=lambda: list(_RETRY_DEFAULT))
     """Failures that retry: ``crashed`` (box died), ``overloaded`` (model), ``timed_out``."""
+    resume: Literal["auto", "always", "never"] = "auto"
+    """Where a retry starts: ``auto`` goes on from the last completed turn after the
+    model was overloaded, and starts over after a crashed box or a deadline (what was
+    in the box may be what broke it); ``always`` goes on after every failure;
+    ``never`` always starts over. ``fleet resume`` goes on from the last completed
+    turn unless this is ``never``."""
 
 
 class FanoutPolicy(_Strict):

@@ -81,6 +81,7 @@ def digest(outcomes: list[MemberOutcome], tasks: dict[str, str], cap: int) -> li
             "task": tasks.get(o.member, ""),
             "status": o.status,
             "reason": o.reason,
+            "resumed_from": o.resumed_from,
             "result": cap_result(o.result, cap) if o.status == "ok" else None,
             # A failed member's kept result (a coding patch whose test fails): listed
             # in the report's code changes as failing, never given to the analyst.
@@ -92,7 +93,10 @@ def digest(outcomes: list[MemberOutcome], tasks: dict[str, str], cap: int) -> li
 
 def _lines(digests: list[dict[str, Any]]) -> tuple[list[MemberLine], list[MemberLine]]:
     lines = [
-        MemberLine(**{k: d[k] for k in ("member", "kind", "task", "status", "reason")})
+        MemberLine(
+            **{k: d[k] for k in ("member", "kind", "task", "status", "reason")},
+            resumed_from=d.get("resumed_from"),
+        )
         for d in digests
     ]
     return lines, [m for m in lines if m.status != "ok"]

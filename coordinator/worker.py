@@ -24,6 +24,14 @@ model being overloaded - plus ``timed_out`` when the job asks. A member whose ta
 itself failed (an ``incomplete`` result, a bad request) is not retried: the same
 inputs would fail the same way and cost the same again.
 
+Resume. The harness keeps each member's transcript (and its box's checkpoint) after
+every completed turn (:mod:`subagents.durable`), and an attempt that finds them goes
+on from there. Whether a retry does is :func:`goes_on`'s (``fanout.retry.resume``):
+after an overloaded model it does, after a crashed box or a deadline it starts over
+(unless the job says ``always``). A member with a final outcome has its transcript
+removed, so only a member whose attempt never ended (the coordinator killed, Ctrl-C)
+finds one on ``fleet resume``.
+
 Memory. Every attempt loads the member's memory profile as it is then and merges its
 own changes back at its end (:mod:`subagents.context.memory_profile`), so a retry
 neither misses what the failed attempt saved nor applies it twice. Each save is
@@ -44,6 +52,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from subagents.durable import forget
 from subagents.outcome import MemberOutcome
 from subagents.spec import MemberSpec
 from subagents.trace import MemorySave, PolicyDecision, Retry, TraceWriter
@@ -157,6 +166,14 @@ def retry_class(outcome: MemberOutcome) -> str | None:
     return None
 
 
+def goes_on(policy: RetryPolicy, why: str | None) -> bool:
+    """Whether the next attempt after a failure of class ``why`` (None: an attempt that
+    never ended) continues from the last completed turn rather than turn 0."""
+    if policy.resume != "auto":
+        return policy.resume == "always"
+    return why in (None, "overloaded")
+
+
 def backoff(policy: RetryPolicy, attempt: int) -> float:
     """Wait before attempt ``attempt + 1`` (attempt counts from 1)."""
     return min(policy.backoff_s * 2 ** (attempt - 1), policy.backoff_max_s)
@@ -208,6 +225,8 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
 
     trace.listeners.append(journal_memory)
     trace.listeners.append(journal_policy)
+    if not goes_on(unit.retry, None):
+        forget(Path(mdir))
     try:
         while True:
             attempt += 1
@@ -231,6 +250,8 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
                 trace.emit(
                     Retry(what="member", attempt=attempt, reason=outcome.reason, delay_s=delay)
                 )
+                if not goes_on(unit.retry, why):
+                    forget(Path(mdir))
                 await anyio.sleep(delay)
                 continue
             break
@@ -244,6 +265,7 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
         )
         trace.close()
         raise
+    forget(Path(mdir))  # a final outcome: nothing is left to go on from
     _write_result(mdir, outcome)
     deps.note(
         "member_finished",

@@ -15,7 +15,11 @@ A durable conversation (``save_to``: the lead's) is written whole to that file a
 every change, atomically (temporary file, fsync, rename), so a coordinator killed at
 any instant leaves the last complete exchange on disk; :meth:`Conversation.restore`
 reads it back for the member to continue from where it was. It holds the messages as
-the context left them (compacted, offloaded), which is what the model saw last.
+the context left them (compacted, offloaded), which is what the model saw last - so
+its size is the member's context budget, not its history. A member's transcript was
+written from what the model and the box produced: it is read back only up to
+``TRANSCRIPT_BYTES`` and only when every message has the shape the loop writes;
+anything else is no transcript (the member starts from turn 0).
 """
 
 from __future__ import annotations
@@ -31,6 +35,24 @@ from .model.base import Model, ModelRequest
 from .model.errors import ModelError
 from .trace import ErrorEvent, Messages, Prompt, TraceWriter
 from .usage import Usage, model_call_event
+
+TRANSCRIPT_BYTES = 64 * 1024 * 1024
+"""Largest saved conversation read back (a context window is a few MB at most)."""
+
+
+def _well_formed(messages: Any) -> bool:
+    """The saved messages have the shape the loop writes (roles, block lists)."""
+    if not isinstance(messages, list) or not messages:
+        return False
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            return False
+        content = m.get("content")
+        if not isinstance(content, str) and not (
+            isinstance(content, list) and all(isinstance(b, dict) for b in content)
+        ):
+            return False
+    return messages[0].get("role") == "user"
 
 
 class Conversation:
@@ -94,15 +116,32 @@ class Conversation:
         if self.save_to is None or not self.save_to.is_file():
             return False
         try:
-            data = json.loads(self.save_to.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            with self.save_to.open("rb") as fh:
+                raw = fh.read(TRANSCRIPT_BYTES + 1)
+            if len(raw) > TRANSCRIPT_BYTES:
+                return False
+            data = json.loads(raw)
+        except (OSError, ValueError, RecursionError):
             return False
         messages = data.get("messages") if isinstance(data, dict) else None
-        if not isinstance(messages, list) or not messages:
+        if not _well_formed(messages):
             return False
+        assert isinstance(messages, list)
         self.messages = messages
         self.turn = sum(1 for m in messages if m.get("role") == "assistant")
         return True
+
+    @property
+    def completed_turn(self) -> int:
+        """The last turn whose tool calls all answered (the saved conversation ends with
+        their results); the turn before it when its answer's tool calls are pending."""
+        last = self.messages[-1] if self.messages else None
+        pending = (
+            last is not None
+            and last.get("role") == "assistant"
+            and any(b.get("type") == "tool_use" for b in last.get("content") or [])
+        )
+        return self.turn - 1 if pending else self.turn
 
     def trace_prompt(self) -> None:
         """Trace what the model is told besides the messages (once, at the start)."""

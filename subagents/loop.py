@@ -51,6 +51,7 @@ from .budget import BudgetExhausted
 from .context.base import ContextLike
 from .conversation import Conversation
 from .delegation import Delegation
+from .durable import Checkpoints, forget
 from .kinds import Kind
 from .model.base import Model, ModelError
 from .outcome import LimitName, MemberOutcome, Progress, Status
@@ -63,7 +64,7 @@ from .tools.base import Tool, ToolContext
 from .tools.deferred import ToolSearch, ToolView
 from .tools.mcp import McpStartFailed, serve_servers
 from .tools.registry import ToolRegistry, build_custom_tool
-from .trace import TraceWriter
+from .trace import Resumed, TraceWriter
 
 HARNESS_RULES = """\
 How you work here:
@@ -86,6 +87,10 @@ NUDGE_TEMPLATE = (
     "in the result)."
 )
 NUDGE = NUDGE_TEMPLATE.format(submit="submit_result")
+INTERRUPTED = (
+    "Not run: this member was interrupted while the call ran, and its box was put back "
+    "as it was before the call. Call it again if it is still needed."
+)
 
 
 class AgentLoop:
@@ -162,6 +167,11 @@ class AgentLoop:
             gate=self.policy,
             result_tool=kind.submit_name,
         )
+        self.checkpoints = Checkpoints(
+            run_dir, self.tool_ctx, trace, save=kind.checkpoint, restore=kind.restore
+        )
+        self.resumed_from: int | None = None
+        """The turn this member went on from (None: it started at turn 0)."""
         self.closing_turn = False
         """A closing call was made (after a limit): the last of ``conv.turn``'s turns
         is that call, not a turn of the member's own."""
@@ -299,19 +309,31 @@ class AgentLoop:
                 conv.append({"role": "user", "content": [{"type": "text", "text": nudge}]})
                 continue
             await self.box_ready()
-            results = await self.calls.run(tool_uses, turn=conv.turn, turn_span=conv.turn_span)
-            conv.append({"role": "user", "content": results})
+            await self._tools_of_turn(tool_uses)
             if self.view is not None:  # tool_search may have loaded deferred tools
                 conv.tools = self.view.definitions()
             if self.gate.accepted is not None:
                 return await self._accept()
 
+    async def _tools_of_turn(self, tool_uses: list[dict[str, Any]]) -> None:
+        """Run a turn's tool calls; keep the box's checkpoint, then their results
+        (:mod:`subagents.durable` says why in this order)."""
+        conv = self.conv
+        results = await self.calls.run(tool_uses, turn=conv.turn, turn_span=conv.turn_span)
+        if conv.save_to is not None:
+            await self.checkpoints.after_tools(conv.turn, [str(b.get("name")) for b in tool_uses])
+        conv.append({"role": "user", "content": results})
+        if conv.save_to is not None:
+            self.checkpoints.committed(conv.turn)
+
     async def _start(self) -> bool:
         """The first message - or the saved conversation, continued; True when that
         already ends with an accepted result."""
         if self.conv.restore():
-            await self.box_ready()
-            return await self._answer_pending()
+            if await self._resume():
+                return await self._answer_pending()
+        elif self.conv.save_to is not None:  # no usable transcript: no stale checkpoint
+            forget(self.conv.save_to.parent)
         memory = await self.context.start()
         blocks = [{"type": "text", "text": self.spec.task}]
         brief = self.kind.brief(self.spec.settings) if self.kind.brief is not None else None
@@ -328,20 +350,56 @@ class AgentLoop:
         self.conv.append({"role": "user", "content": blocks})
         return False
 
+    async def _resume(self) -> bool:
+        """The box put back as of the restored conversation's last completed turn, and
+        the resume traced; False (conversation and checkpoints dropped) when the box
+        cannot be put back - the member then starts from turn 0."""
+        conv = self.conv
+        await self.box_ready()
+        done = conv.completed_turn
+        restored = await self.checkpoints.restore(done)
+        if restored is None:
+            conv.messages, conv.turn = [], 0
+            if conv.save_to is not None:
+                forget(conv.save_to.parent)
+            return False
+        self.resumed_from = done
+        pending = len(self._pending_tool_uses()) if self.kind.needs_box else 0
+        self.conv.trace.emit(
+            Resumed(span=self.spec.id, turn=done, pending_tools=pending, restored=restored)
+        )
+        return True
+
+    def _pending_tool_uses(self) -> list[dict[str, Any]]:
+        last = self.conv.messages[-1]
+        if last.get("role") != "assistant":
+            return []
+        return [b for b in last.get("content") or [] if b.get("type") == "tool_use"]
+
     async def _answer_pending(self) -> bool:
         """A restored conversation whose last answer asked for tools that never
-        answered (the process was killed while they ran): run them now, as the loop
-        would have; True when one of them was the accepted result."""
-        conv = self.conv
-        last = conv.messages[-1]
-        if last.get("role") != "assistant":
-            return False
-        tool_uses = [b for b in last.get("content") or [] if b.get("type") == "tool_use"]
+        answered (the process died while they ran); True when one of them was the
+        accepted result.
+
+        A member with a box answers them as interrupted, not run: its box is back as
+        it was before them, and a call that was running when the box died may be what
+        killed it - the model decides whether to call it again. The lead (no box)
+        runs them, as the loop would have: a spawn it repeats gets its journalled
+        answer."""
+        tool_uses = self._pending_tool_uses()
         if not tool_uses:
             return False
-        results = await self.calls.run(tool_uses, turn=conv.turn, turn_span=conv.turn_span)
-        conv.append({"role": "user", "content": results})
-        return self.gate.accepted is not None
+        if not self.kind.needs_box:
+            await self._tools_of_turn(tool_uses)
+            return self.gate.accepted is not None
+        results = [
+            {"type": "tool_result", "tool_use_id": b.get("id"), "is_error": True,
+             "content": INTERRUPTED}
+            for b in tool_uses
+        ]  # fmt: skip
+        self.conv.append({"role": "user", "content": results})
+        self.checkpoints.committed(self.conv.turn)
+        return False
 
     def _waiting(self) -> str:
         """What the member was still waiting for a person's answer on, if anything."""
@@ -500,6 +558,7 @@ class AgentLoop:
             progress=progress,
             result_truncated=self.gate.truncated and result is not None,
             retryable=retryable,
+            resumed_from=self.resumed_from,
             turns=turns,
             input_tokens=u.input,
             output_tokens=u.output,

@@ -78,6 +78,9 @@ class MemberOutcome(_Strict, TokenCounts):
     """The result was over its cap even after condensing, and was cut (marked)."""
     retryable: bool = False
     """A later attempt may succeed (model overload, crashed box)."""
+    resumed_from: int | None = None
+    """The turn this attempt went on from, its transcript's last completed turn
+    (:mod:`subagents.durable`); None: it started at turn 0."""
     turns: int = 0
     cost_usd: float = 0.0
     duration_s: float = 0.0

@@ -243,6 +243,27 @@ class Retry(_Event):
     delay_s: float = 0.0
 
 
+class Resumed(_Event):
+    """A member went on from its durable transcript instead of turn 0: ``turn`` is
+    its last completed turn (the next model call is turn + 1)."""
+
+    type: Literal["resumed"] = "resumed"
+    pending_tools: int = 0
+    """Tool calls of the last answer that had not completed: answered as interrupted."""
+    restored: str = ""
+    """What of the box was restored, in words (the workspace as of turn N, the page)."""
+
+
+def resumed_text(ev: Resumed) -> str:
+    """A resume in words, for a person."""
+    text = f"resumed from turn {ev.turn}"
+    if ev.restored:
+        text += f": {ev.restored}"
+    if ev.pending_tools:
+        text += f"; {ev.pending_tools} interrupted tool call(s) answered as not run"
+    return text
+
+
 class RateWait(_Event):
     """A model call waited for the run's rate governor before going out (the account's
     per-minute limits, a 429/529 pause, or the adaptive limit on calls in flight)."""
@@ -318,6 +339,7 @@ TraceEvent = Annotated[
     | MemorySave
     | SandboxEvent
     | Retry
+    | Resumed
     | RateWait
     | PolicyDecision
     | ErrorEvent

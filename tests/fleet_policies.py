@@ -81,6 +81,36 @@ def coding_policy(*, turns: int = 3, latency_s: float = 0.0) -> Any:
     return policy
 
 
+def _ran(body: dict[str, Any]) -> int:
+    """Calls that ran (a call answered as interrupted did not)."""
+    return sum(
+        1
+        for m in body.get("messages") or []
+        if m.get("role") == "user" and isinstance(m.get("content"), list)
+        for b in m["content"]
+        if b.get("type") == "tool_result" and not b.get("is_error")
+    )
+
+
+def appending_policy(steps: int, *, latency_s: float = 0.0, oom_at: int | None = None) -> Any:
+    """Step k appends ``line k`` to /workspace/log.txt; after ``steps`` of them, submit.
+    ``oom_at``: on the member's first attempt, that step kills its box instead."""
+    crashed: list[bool] = []
+
+    def policy(body: dict[str, Any]) -> Any:
+        step = _ran(body)
+        if oom_at is not None and step == oom_at and not crashed:
+            crashed.append(True)
+            return tool_use("shell", {"command": OOM_BOX}, latency_s=latency_s)
+        if step < steps:
+            return tool_use(
+                "shell", {"command": f"echo line {step} >> /workspace/log.txt"}, latency_s=latency_s
+            )
+        return tool_use("submit_result", {"summary": f"appended {step} lines"}, latency_s=latency_s)
+
+    return policy
+
+
 def _task_and_memory(body: dict[str, Any]) -> tuple[str, str]:
     """The member's task (first block of its first message) and its loaded memory."""
     msgs = body.get("messages") or []

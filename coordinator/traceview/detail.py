@@ -36,6 +36,7 @@ from subagents.trace import (
     Offload,
     PolicyDecision,
     Prompt,
+    Resumed,
     Retry,
     SandboxEvent,
     Screenshot,
@@ -43,6 +44,7 @@ from subagents.trace import (
     TokenCounts,
     ToolCall,
     ToolResult,
+    resumed_text,
 )
 
 
@@ -281,6 +283,8 @@ def _mark(ev: Any, ref: str, limit: int, prefix: str) -> Mark | None:
         return Mark(
             kind="todos", ts=ev.ts, text=text, summary=compact_json(ev.todos)[:limit], ref=ref
         )
+    if isinstance(ev, Resumed):
+        return Mark(kind="resumed", ts=ev.ts, text=resumed_text(ev)[:limit], ref=ref)
     if isinstance(ev, Retry):
         text = f"{ev.what} attempt {ev.attempt}: {ev.reason}"
         return Mark(kind="retry", ts=ev.ts, text=text, ref=ref)

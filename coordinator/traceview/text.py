@@ -19,10 +19,12 @@ from subagents.trace import (
     Offload,
     PolicyDecision,
     RateWait,
+    Resumed,
     SandboxEvent,
     Screenshot,
     ToolCall,
     ToolResult,
+    resumed_text,
 )
 
 
@@ -273,6 +275,8 @@ def format_event(member: str, ev: Any, width: int = 160) -> str | None:
         body = f"MEMORY {state}{conflicts} -> {ev.profile}"
     elif isinstance(ev, Screenshot):
         body = f"screenshot {ev.path}"
+    elif isinstance(ev, Resumed):
+        body = f"RESUMED {resumed_text(ev)}"
     elif isinstance(ev, RateWait):
         body = (
             f"RATE waited {ev.waited_s:.1f}s: {ev.reason}"

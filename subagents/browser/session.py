@@ -153,6 +153,12 @@ class BrowserSession:
     def connected(self) -> bool:
         return self._browser is not None and self._browser.is_connected()
 
+    @property
+    def current_url(self) -> str:
+        """The open page's URL ("" when no page is open); no reconnect is tried."""
+        page = self._page
+        return "" if page is None or page.is_closed() else page.url
+
     async def page(self) -> Page:
         """The live page, reconnecting or reopening a crashed tab once if needed."""
         if not self.connected:

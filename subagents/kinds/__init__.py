@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox.spec import BoxKind
 
+from ..durable import Checkpoint, Restore
 from ..tools.base import Tool, ToolContext
 
 ToolsFactory = Callable[[Any], list[Tool]]
@@ -85,6 +86,11 @@ class Kind:
     whose test fails after its edit ends ``failed``, its result kept)."""
     teardown: Setup | None = None
     """Runs once when the member ends, however it ends (e.g. close a browser connection)."""
+    checkpoint: Checkpoint | None = None
+    """Saves the box's state after a turn, so a resumed member's new box can be put
+    back as it was (:mod:`subagents.durable`); None: the box holds nothing to keep."""
+    restore: Restore | None = None
+    """Puts a checkpoint back into a fresh box before a resumed member goes on."""
     settings: type[BaseModel] = NoSettings
     """The model of a member's settings of this kind (``MemberSpec.settings``; the hooks
     read them as ``ToolContext.settings``)."""

@@ -21,14 +21,15 @@ egress allowlist defaults to the offline corpus (``corpus:8080``).
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..browser.config import BrowserConfig
 from ..browser.pages import verify_quote
-from ..tools.base import ToolContext
-from ..tools.browser import browser_tools, close_session, page_store
+from ..tools.base import ToolContext, ToolError
+from ..tools.browser import Navigate, browser_tools, close_session, page_store
 from . import Kind, register_kind
 
 SYSTEM_PROMPT = """\
@@ -121,6 +122,37 @@ async def verify_findings(data: dict[str, Any], ctx: ToolContext) -> dict[str, A
     return result.model_dump(mode="json")
 
 
+URL_CHARS = 8_192
+"""Longest page URL kept in a checkpoint (and read back from one)."""
+
+
+async def checkpoint_page(ctx: ToolContext, tools: list[str]) -> bytes | None:
+    """The open page's URL, so a resumed member's new browser opens it again."""
+    current = ctx.state.get("browser")
+    url = current.current_url if current is not None else ""
+    if not url.startswith(("http://", "https://")) or len(url) > URL_CHARS:
+        return None
+    return json.dumps({"url": url}).encode()
+
+
+async def restore_page(ctx: ToolContext, data: bytes) -> str:
+    """Open the checkpoint's page again; a page that does not load is said, not fatal
+    (the model navigates on)."""
+    try:
+        url = json.loads(data[: URL_CHARS * 2])["url"]
+    except (ValueError, KeyError, TypeError):
+        return "no page to reload"
+    if not isinstance(url, str) or len(url) > URL_CHARS:
+        return "no page to reload"
+    settings = ctx.settings if isinstance(ctx.settings, BrowserConfig) else BrowserConfig()
+    try:
+        # goto refuses anything but http(s); the egress allowlist still decides.
+        await Navigate(settings).goto(ctx, url)
+    except ToolError as exc:
+        return f"page not reloaded: {str(exc)[:300]}"
+    return f"page reloaded: {url[:300]}"
+
+
 async def _teardown(ctx: ToolContext) -> None:
     try:
         await close_session(ctx)
@@ -141,6 +173,8 @@ BROWSER = register_kind(
         ),
         box_kind="browser",
         finalize=verify_findings,
+        checkpoint=checkpoint_page,
+        restore=restore_page,
         teardown=_teardown,
         settings=BrowserConfig,
     )

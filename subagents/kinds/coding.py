@@ -310,6 +310,13 @@ def failed_test(result: dict[str, Any]) -> str | None:
     )
 
 
+def _checkpoint() -> Any:
+    # Imported on use: the checkpoint module builds on this one's git settings.
+    from . import coding_checkpoint
+
+    return coding_checkpoint
+
+
 CODING = register_kind(
     Kind(
         name="coding",
@@ -325,6 +332,8 @@ CODING = register_kind(
         box_kind="coding",
         file_tools=True,
         setup=snapshot_workspace,
+        checkpoint=lambda ctx, tools: _checkpoint().checkpoint_workspace(ctx, tools),
+        restore=lambda ctx, data: _checkpoint().restore_workspace(ctx, data),
         finalize=collect_patch,
         judge=judge_result,
         settings=CodingSettings,
