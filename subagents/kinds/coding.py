@@ -211,14 +211,7 @@ async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any
         result.setdefault("notes", []).append("patch unavailable: no sandbox")
         return result
     box = ctx.sandbox
-    baseline = ctx.state.get("baseline") or {"objects": "/nonexistent", "commit": "none"}
-    request = {
-        "stamps": baseline.get("stamps"),
-        "refused": baseline.get("refused", {}),
-        "patch_bytes": PATCH_BYTES,
-    }
-    args = [baseline["objects"], baseline["commit"]]
-    found, out = await _in_box_git(box, "collect", args, request)
+    found, out = await _diff_now(ctx)
     # Names travel as os.fsdecode strings: one that is not UTF-8 arrives intact and is
     # shown as the tools show it.
     result["files_changed"] = [show(str(n)) for n in found.get("changed") or []]
@@ -311,10 +304,23 @@ def failed_test(result: dict[str, Any]) -> str | None:
 
 
 def _checkpoint() -> Any:
-    # Imported on use: the checkpoint module builds on this one's git settings.
+    # Imported on use: only a member that may resume pays for it.
     from . import coding_checkpoint
 
     return coding_checkpoint
+
+
+async def _diff_now(ctx: ToolContext) -> tuple[dict[str, Any], str]:
+    """The in-box collection against the kept baseline, for a checkpoint."""
+    assert ctx.sandbox is not None
+    baseline = ctx.state.get("baseline") or {"objects": "/nonexistent", "commit": "none"}
+    request = {
+        "stamps": baseline.get("stamps"),
+        "refused": baseline.get("refused", {}),
+        "patch_bytes": PATCH_BYTES,
+    }
+    args = [baseline["objects"], baseline["commit"]]
+    return await _in_box_git(ctx.sandbox, "collect", args, request)
 
 
 CODING = register_kind(
@@ -332,7 +338,7 @@ CODING = register_kind(
         box_kind="coding",
         file_tools=True,
         setup=snapshot_workspace,
-        checkpoint=lambda ctx, tools: _checkpoint().checkpoint_workspace(ctx, tools),
+        checkpoint=lambda ctx, tools: _checkpoint().checkpoint_workspace(ctx, tools, _diff_now),
         restore=lambda ctx, data: _checkpoint().restore_workspace(ctx, data),
         finalize=collect_patch,
         judge=judge_result,

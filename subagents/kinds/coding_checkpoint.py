@@ -1,10 +1,12 @@
 """A coding member's checkpoint: its workspace as a binary diff against the baseline.
 
 After each turn that ran a tool which may write (anything but the read-only tools in
-``READ_ONLY``), the box's ``/workspace`` is diffed against the baseline snapshot the
-patch is computed against (:mod:`subagents.kinds.coding`), with the same rules: bytes
-as they are, binary files as git binary patches, ``.gitignore``'d files and the
-excluded ones (``.git/``, caches) left out. The diff is read back bounded
+``READ_ONLY``), the box's ``/workspace`` is diffed against the baseline snapshot by
+the same hardened in-box program that collects the final patch
+(:mod:`subagents.kinds.workspace_git`, through the ``collect`` the coding kind hands
+in): bytes as they are, binary files as git binary patches, files the baseline's
+ignore rules left out and the excluded ones (``.git/``, caches) left out, no setting
+or attribute of the member's obeyed. The diff is read back bounded
 (:data:`~subagents.durable.CHECKPOINT_BYTES`) and kept on the host by
 :mod:`subagents.durable`; a resumed member's fresh box, whose baseline is the same
 repository, gets it back with ``git apply`` inside the box - the host only carries
@@ -15,33 +17,44 @@ repository's own ``.git``.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from sandbox.errors import OutputLimitExceeded, SandboxClosed, SandboxUnavailable
 
 from ..durable import CHECKPOINT_BYTES, CheckpointTooLarge, CheckpointUnavailable
 from ..tools.base import ToolContext
-from .coding import _GIT, WORKSPACE
+from .workspace_git import GIT, GIT_CONFIG, RAW_ATTRIBUTES, WORKSPACE
+
+Collect = Callable[[ToolContext], Awaitable[tuple[dict[str, Any], str]]]
+"""Runs the in-box ``collect`` against the kept baseline: its result and output dir."""
 
 READ_ONLY = frozenset(
     {"read_file", "glob", "grep", "write_todos", "read_saved", "tool_search", "submit_result"}
 )
 """Tools that cannot change ``/workspace``: a turn of only these needs no checkpoint."""
-_DIFF = "/tmp/fleet-checkpoint.diff"
 _RESTORE = "/tmp/fleet-restore.diff"
+_APPLY_GIT = "/tmp/fleet-restore.git"
 
 
-async def checkpoint_workspace(ctx: ToolContext, tools: list[str]) -> bytes | None:
+async def checkpoint_workspace(
+    ctx: ToolContext, tools: list[str], collect: Collect
+) -> bytes | None:
     """The workspace's diff against the baseline, when this turn's tools may have written."""
     box = ctx.sandbox
     if box is None or READ_ONLY.issuperset(tools):
         return None
     if not ctx.state.get("baseline"):
         raise CheckpointUnavailable("no baseline snapshot of /workspace")
-    diff = f"{_GIT} diff --cached --no-renames --binary --no-color --no-ext-diff --no-textconv"
     try:
-        res = await box.exec(["bash", "-c", f"{_GIT} add -A && {diff} > {_DIFF}"], timeout=300)
-        if not res.ok:
-            raise CheckpointUnavailable(f"git diff failed: {(res.stderr or res.stdout)[-300:]}")
-        return await box.read_file(_DIFF, limit=CHECKPOINT_BYTES)
+        found, out = await collect(ctx)
+        try:
+            if not found.get("ok"):
+                error = str(found.get("error"))[-300:]
+                raise CheckpointUnavailable(f"the diff failed: {error}")
+            return await box.read_file(f"{out}/patch.diff", limit=CHECKPOINT_BYTES)
+        finally:  # one such directory a turn would fill the box's /tmp
+            await box.exec(["rm", "-rf", out], timeout=60)
     except OutputLimitExceeded as exc:
         raise CheckpointTooLarge(exc.size or CHECKPOINT_BYTES + 1) from exc
     except (SandboxUnavailable, SandboxClosed) as exc:
@@ -58,8 +71,32 @@ async def restore_workspace(ctx: ToolContext, data: bytes) -> str:
     if not data:
         return "workspace unchanged from its baseline"
     await box.write_file(_RESTORE, data)
-    script = f"cd {WORKSPACE} && {_GIT} apply --binary --whitespace=nowarn {_RESTORE}"
-    res = await box.exec(["bash", "-c", script], timeout=300)
+    # git of Fleet's own settings only: an empty git directory made here, no system,
+    # global or repository config, attributes that name no filter or driver - the
+    # workspace's .git and .gitattributes (the repository's, untrusted) are not obeyed.
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/nonexistent",
+        "GIT_DIR": _APPLY_GIT,
+        "GIT_WORK_TREE": WORKSPACE.decode(),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_CONFIG_COUNT": str(len(GIT_CONFIG)),
+    }
+    for i, (key, value) in enumerate(GIT_CONFIG.items()):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    script = (
+        f"rm -rf {_APPLY_GIT} && {GIT} init -q --template= {_APPLY_GIT} && "
+        f"mkdir -p {_APPLY_GIT}/info && "
+        f"printf '%s' {_shell_quote(RAW_ATTRIBUTES)} > {_APPLY_GIT}/info/attributes && "
+        f"cd {WORKSPACE.decode()} && {GIT} apply --binary --whitespace=nowarn {_RESTORE}"
+    )
+    res = await box.exec(["bash", "-c", script], timeout=300, env=env, cwd="/")
     if not res.ok:
         raise RuntimeError(f"git apply refused it: {(res.stderr or res.stdout)[-300:]}")
     return f"workspace restored ({len(data)}-byte diff against its baseline)"
+
+
+def _shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
