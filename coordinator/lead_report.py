@@ -6,6 +6,11 @@ as for the analyst, so the lead cannot cite a claim no member returned. A lead t
 ended without finishing (failed, a limit, its deadline) loses none of its members'
 work: the offline analyst assembles their results, and the report says why.
 
+A member a limit stopped counts too: its partial result is cited (marked partial),
+and what it left open - its open questions, and its task when it found nothing - is
+either re-asked (a later member's task is it) or added to the open questions here,
+whatever the lead wrote: a lead can pass over it, the report cannot.
+
 What the code adds, never the lead: the wave each finding (and member) came from, the
 waves themselves, and each check a coding member ran - which claim it put to the test
 (as the spawn named it), the command Fleet ran in its box and its exit code, and the
@@ -26,7 +31,7 @@ from .lead import lead_outcome, spawned_members
 from .report import Check, Report, Verdict, WaveLine
 from .runs import RunDir
 from .spec import Job, MemberJob
-from .synthesis import digest, offline_report, report_from
+from .synthesis import digest, offline_report, open_questions_of, report_from, unfinished
 
 _CANNOT = re.compile(
     r"NameError|ModuleNotFoundError|ImportError|SyntaxError|command not found|"
@@ -70,6 +75,7 @@ def lead_report(
         report.summary += (
             f" (The lead did not finish - {why} - so the offline analyst assembled this.)"
         )
+    _keep_open(report, digests, members)
     report.lead = (
         "ok"
         if ended is not None and ended.status == "ok"
@@ -77,6 +83,28 @@ def lead_report(
     )
     _add_waves(report, run, {o.member: o for o in outcomes})
     return report
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().replace("?", " ").split())
+
+
+def _keep_open(report: Report, digests: list[dict[str, Any]], members: list[MemberJob]) -> None:
+    """What a member a limit stopped left open - its open questions and, when it had
+    nothing to show, its task - is re-asked (some member's task is it) or listed as
+    open: the lead may pass over it, the report does not."""
+    listed = {_norm(q) for q in report.open_questions}
+    for d in digests:
+        if d["status"] == "ok" or d["kind"] == "coding":
+            continue
+        asked = {_norm(m.task) for m in members if m.id != d["member"]}
+        left = [q for q in open_questions_of(d) if _norm(q) not in asked]
+        if _norm(d["task"]) not in asked:
+            left += unfinished([d])
+        for q in left:
+            if _norm(q) not in listed:
+                report.open_questions.append(q)
+                listed.add(_norm(q))
 
 
 def _add_waves(report: Report, run: RunDir, outcomes: dict[str, MemberOutcome]) -> None:
