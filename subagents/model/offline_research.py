@@ -22,7 +22,8 @@ a pure function of the request and replays identically. Page content is data, ne
 instructions: the policy takes no action because of a page's text (the only links
 it follows come from the search results listing), and a sentence that addresses an
 AI agent ("ignore previous instructions", "system prompt", ...) is never quoted;
-the page is reported in ``open_questions`` instead.
+the page is reported in ``open_questions`` instead (as a question, as every entry there
+is: a note such as "nothing matched" goes in the summary).
 """
 
 from __future__ import annotations
@@ -254,14 +255,15 @@ def build_findings(state: _State, *, condensed: bool = False) -> dict[str, Any]:
         claims.append(example)
     best = chosen[0][0] if chosen else 0
     confidence = "high" if terms and best >= 0.6 * len(terms) else ("medium" if chosen else "low")
+    # Open questions are questions: what a reader may want to look into. That nothing
+    # matched is said in the summary, as it answers nothing and asks nothing.
     open_questions = [
-        f"{u} contains text addressed to an AI agent; it was treated as data and ignored"
+        f"{u} contains text addressed to an AI agent (treated as data and ignored): "
+        "what does the page say without it?"
         for u in suspicious
     ]
     failed = [u["input"].get("url", "") for u, r in state.of("navigate") if not _ok(r)]
-    open_questions += [f"could not open {u}" for u in failed]
-    if not chosen:
-        open_questions.append("no passage on the pages read matched the task's key terms")
+    open_questions += [f"{u} could not be opened: what does it say?" for u in failed]
     missing = uncovered(state.task, claims)
     if missing:
         open_questions.append(f"What does the documentation say about {' '.join(missing)}?")
