@@ -34,7 +34,7 @@ from .lead import lead_outcome, spawned_members
 from .report import Check, Report, Verdict, WaveLine
 from .runs import RunDir
 from .spec import Job, MemberJob
-from .synthesis import digest, offline_report, open_questions_of, report_from, unfinished
+from .synthesis import digest, keep_open, offline_report, report_from
 
 _CANNOT = re.compile(
     r"NameError|ModuleNotFoundError|ImportError|SyntaxError|command not found|"
@@ -105,7 +105,7 @@ def lead_report(
         report.summary += (
             f" (The lead did not finish - {why} - so the offline analyst assembled this.)"
         )
-    _keep_open(report, digests, members)
+    keep_open(report, digests)
     report.lead = (
         "ok"
         if ended is not None and ended.status == "ok"
@@ -113,28 +113,6 @@ def lead_report(
     )
     _add_waves(report, run, {o.member: o for o in outcomes})
     return report
-
-
-def _norm(text: str) -> str:
-    return " ".join(text.lower().replace("?", " ").split())
-
-
-def _keep_open(report: Report, digests: list[dict[str, Any]], members: list[MemberJob]) -> None:
-    """What a member a limit stopped left open - its open questions and, when it had
-    nothing to show, its task - is re-asked (some member's task is it) or listed as
-    open: the lead may pass over it, the report does not."""
-    listed = {_norm(q) for q in report.open_questions}
-    for d in digests:
-        if d["status"] == "ok" or d["kind"] == "coding":
-            continue
-        asked = {_norm(m.task) for m in members if m.id != d["member"]}
-        left = [q for q in open_questions_of(d) if _norm(q) not in asked]
-        if _norm(d["task"]) not in asked:
-            left += unfinished([d])
-        for q in left:
-            if _norm(q) not in listed:
-                report.open_questions.append(q)
-                listed.add(_norm(q))
 
 
 def _add_waves(report: Report, run: RunDir, outcomes: dict[str, MemberOutcome]) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "Report",
     "cap_result",
     "digest",
+    "keep_open",
     "model_report",
     "offline_report",
     "render_markdown",
@@ -127,6 +128,29 @@ def open_questions_of(d: dict[str, Any]) -> list[str]:
     absence of a finding, which nobody could answer - and stay in its result."""
     qs = findings(d).get("open_questions") or []
     return [q.strip() for q in qs if isinstance(q, str) and q.strip().endswith("?")]
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().replace("?", " ").split())
+
+
+def keep_open(report: Report, digests: list[dict[str, Any]]) -> None:
+    """What a member that did not end ok left open - its open questions and, when it
+    had nothing to show, its task - is asked again (another member's task is it) or
+    listed as open: the model that wrote the report may pass over it, the report does
+    not."""
+    listed = {_norm(q) for q in report.open_questions}
+    for d in digests:
+        if d["status"] == "ok" or d["kind"] == "coding":
+            continue
+        asked = {_norm(x["task"]) for x in digests if x["member"] != d["member"]}
+        left = [q for q in open_questions_of(d) if _norm(q) not in asked]
+        if _norm(d["task"]) not in asked:
+            left += unfinished([d])
+        for q in left:
+            if _norm(q) not in listed:
+                report.open_questions.append(q)
+                listed.add(_norm(q))
 
 
 def _lines(digests: list[dict[str, Any]]) -> tuple[list[MemberLine], list[MemberLine]]:
@@ -380,7 +404,9 @@ async def model_report(
     )
     if block is None or not isinstance(block.input, dict):
         raise ModelError("the analyst model did not call submit_report", retryable=False)
-    return report_from(title, question, block.input, digests, analyst=model.profile.name)
+    report = report_from(title, question, block.input, digests, analyst=model.profile.name)
+    keep_open(report, digests)
+    return report
 
 
 def report_from(

@@ -141,3 +141,35 @@ def test_the_analyst_of_a_plain_fan_out_uses_a_partial_result_and_keeps_its_ques
     assert report["open_questions"] == [LEFT_OPEN, "What does B return when it is cancelled?"]
     assert "partial results included" in report["summary"]
     assert "a#0 (partial)" in (run.path / "report.md").read_text()
+
+
+def test_a_model_analyst_that_passes_over_a_partial_members_question_does_not_drop_it(
+    tmp_path: Path, images: Any, docker_client: Any, fake_api: Any, cleanup: list[Path]
+) -> None:
+    seen: list[str] = []
+
+    def policy(body: dict[str, Any]) -> Any:
+        if "analyst of a research team" not in json.dumps(body.get("system")):
+            return members(body)
+        seen.append(json.dumps(body["messages"]))
+        claims = [{"text": "A is cancelled.", "cites": [{"member": "a", "claim": 0}]}]
+        return tool_use("submit_report", {"summary": "A.", "claims": claims})
+
+    fake_api(policy)
+    cleanup.append(tmp_path / "runs")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "partial-analyst"\noutput_dir = "{tmp_path / "runs"}"\n'
+        '[model]\nname = "claude-sonnet-5"\n'
+        '[[members]]\nid = "a"\nkind = "browser"\ntask = "What does A do? [stuck]"\n'
+        "limits = { max_turns = 2 }\n"
+        '[[members]]\nid = "b"\nkind = "browser"\ntask = "What does B do?"\n'
+    )
+    main(["run", str(job), "--plain"])  # exit 1 or 0: a member ended incomplete
+    (run,) = RunDir.list(tmp_path / "runs")
+    (asked,) = seen
+    # The analyst read the partial result, said to be partial, outside its block.
+    assert "PARTIAL result" in asked and "Request cancellation of the Task." in asked
+    report = _report(run)
+    assert [(c["member"], c["partial"]) for c in report["claims"][0]["citations"]] == [("a", True)]
+    assert report["open_questions"] == [LEFT_OPEN]
