@@ -58,6 +58,22 @@ def members(body: dict[str, Any]) -> Any:
     return tool_use("submit_result", PARTIAL if "[stuck]" in task else FOUND)
 
 
+def _fan_out(tmp_path: Path, cleanup: list[Path], synthesis: str) -> RunDir:
+    """A plain fan-out of a ``[stuck]`` member and one that answers, run to its end."""
+    cleanup.append(tmp_path / "runs")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "partial-fanout"\noutput_dir = "{tmp_path / "runs"}"\n'
+        '[model]\nname = "claude-sonnet-5"\n' + synthesis + "[[members]]\n"
+        'id = "a"\nkind = "browser"\ntask = "What does A do? [stuck]"\n'
+        "limits = { max_turns = 2 }\n"
+        '[[members]]\nid = "b"\nkind = "browser"\ntask = "What does B do?"\n'
+    )
+    main(["run", str(job), "--plain"])  # exit 1 or 0: a member ended incomplete
+    (run,) = RunDir.list(tmp_path / "runs")
+    return run
+
+
 def _report(run: RunDir) -> dict[str, Any]:
     return json.loads((run.path / "report.json").read_text())
 
@@ -120,17 +136,7 @@ def test_the_analyst_of_a_plain_fan_out_uses_a_partial_result_and_keeps_its_ques
     tmp_path: Path, images: Any, docker_client: Any, fake_api: Any, cleanup: list[Path]
 ) -> None:
     fake_api(members)
-    cleanup.append(tmp_path / "runs")
-    job = tmp_path / "job.toml"
-    job.write_text(
-        f'name = "partial-fanout"\noutput_dir = "{tmp_path / "runs"}"\n'
-        '[model]\nname = "claude-sonnet-5"\n[synthesis]\nmodel = "offline"\n'
-        '[[members]]\nid = "a"\nkind = "browser"\ntask = "What does A do? [stuck]"\n'
-        "limits = { max_turns = 2 }\n"
-        '[[members]]\nid = "b"\nkind = "browser"\ntask = "What does B do?"\n'
-    )
-    main(["run", str(job), "--plain"])  # exit 1 or 0: a member ended incomplete
-    (run,) = RunDir.list(tmp_path / "runs")
+    run = _fan_out(tmp_path, cleanup, '[synthesis]\nmodel = "offline"\n')
     assert run.result("a")["status"] == "incomplete"
     report = _report(run)
     cites = {(c["member"], c["partial"]) for cl in report["claims"] for c in cl["citations"]}
@@ -156,17 +162,7 @@ def test_a_model_analyst_that_passes_over_a_partial_members_question_does_not_dr
         return tool_use("submit_report", {"summary": "A.", "claims": claims})
 
     fake_api(policy)
-    cleanup.append(tmp_path / "runs")
-    job = tmp_path / "job.toml"
-    job.write_text(
-        f'name = "partial-analyst"\noutput_dir = "{tmp_path / "runs"}"\n'
-        '[model]\nname = "claude-sonnet-5"\n'
-        '[[members]]\nid = "a"\nkind = "browser"\ntask = "What does A do? [stuck]"\n'
-        "limits = { max_turns = 2 }\n"
-        '[[members]]\nid = "b"\nkind = "browser"\ntask = "What does B do?"\n'
-    )
-    main(["run", str(job), "--plain"])  # exit 1 or 0: a member ended incomplete
-    (run,) = RunDir.list(tmp_path / "runs")
+    run = _fan_out(tmp_path, cleanup, "")
     (asked,) = seen
     # The analyst read the partial result, said to be partial, outside its block.
     assert "PARTIAL result" in asked and "Request cancellation of the Task." in asked
