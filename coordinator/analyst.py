@@ -27,7 +27,8 @@ async def write_report(
 ) -> Path:
     """The analyst step over the members' results; writes report.json and report.md.
 
-    With no member ``ok`` there is nothing to analyse: the offline analyst writes the
+    A member stopped by a limit counts with its partial result (marked partial). With
+    no member ``ok`` and no partial result there is nothing to analyse: the offline analyst writes the
     report (what each member was asked, and why it ended as it did) without a model.
     A lead run's report is the lead's own (:mod:`coordinator.lead_report`)."""
     if job.lead is not None:
@@ -53,7 +54,7 @@ async def _analyse(
 ) -> Report:
     """The analyst (a model, or the offline one) over the members' results."""
     name = resolve_model(job.synthesis.model or job.model.name)
-    nothing = not any(o.status == "ok" for o in outcomes)
+    nothing = not any(o.status == "ok" or o.partial_result for o in outcomes)
     model = make_model("offline" if nothing else name)
     question = job.research.question if job.research else ""
     tasks = {m.id or "": m.task for m in members}

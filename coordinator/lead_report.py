@@ -6,12 +6,20 @@ as for the analyst, so the lead cannot cite a claim no member returned. A lead t
 ended without finishing (failed, a limit, its deadline) loses none of its members'
 work: the offline analyst assembles their results, and the report says why.
 
+A member a limit stopped counts too: its partial result is cited (marked partial),
+and what it left open - its open questions, and its task when it found nothing - is
+either re-asked (a later member's task is it) or added to the open questions here,
+whatever the lead wrote: a lead can pass over it, the report cannot.
+
 What the code adds, never the lead: the wave each finding (and member) came from, the
 waves themselves, and each check a coding member ran - which claim it put to the test
 (as the spawn named it), the command Fleet ran in its box and its exit code, and the
 verdict: ``verified`` (exit 0), ``contradicted`` (it ran and the documented behaviour
-did not hold), ``inconclusive`` (the member did not end ok, nothing ran, or the
-example needs what the box lacks - a name it never defined, a module, the network).
+did not hold), ``inconclusive`` (the member did not end ok, nothing ran, the example
+needs what the box lacks - a name it never defined, a module, the network - or the
+documented output goes on past a blank line, which doctest reads as its end: the
+session printed what the page shows and then the rest of it, so the page is not shown
+wrong; it cannot be run as written).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from .lead import lead_outcome, spawned_members
 from .report import Check, Report, Verdict, WaveLine
 from .runs import RunDir
 from .spec import Job, MemberJob
-from .synthesis import digest, offline_report, report_from
+from .synthesis import digest, keep_open, offline_report, report_from
 
 _CANNOT = re.compile(
     r"NameError|ModuleNotFoundError|ImportError|SyntaxError|command not found|"
@@ -34,6 +42,33 @@ _CANNOT = re.compile(
 )
 """Output that says the check could not run as meant, rather than that it failed."""
 _ERROR = re.compile(r"^\s*(\w+(?:Error|Exception)\b.*)$", re.M)
+
+
+def _blocks(tail: str) -> list[tuple[list[str], list[str]]]:
+    """Each failed example of doctest's report as (expected lines, got lines)."""
+    out = []
+    for failure in tail.split("*" * 20):
+        if "\nExpected:\n" not in failure or "\nGot:\n" not in failure:
+            continue
+        expected, got = failure.split("\nExpected:\n", 1)[1].split("\nGot:\n", 1)
+        out.append(
+            (
+                [ln.strip() for ln in expected.splitlines() if ln.strip()],
+                [ln.strip() for ln in got.splitlines() if ln.strip()],
+            )
+        )
+    return out
+
+
+def _cut_at_blank_line(tail: str) -> bool:
+    """doctest got what the page expected and then a blank line and more: the page's
+    output goes on past a blank line, which doctest takes as the end of the expected
+    output - the example as the page shows it cannot be run as a doctest."""
+    for expected, got in _blocks(tail):
+        n = len(expected)
+        if n and got[:n] == expected and got[n : n + 1] == ["<BLANKLINE>"] and got[n + 1 :]:
+            return True
+    return False
 
 
 def _telling(tail: str) -> str:
@@ -70,6 +105,7 @@ def lead_report(
         report.summary += (
             f" (The lead did not finish - {why} - so the offline analyst assembled this.)"
         )
+    keep_open(report, digests)
     report.lead = (
         "ok"
         if ended is not None and ended.status == "ok"
@@ -137,6 +173,12 @@ def _verdict(o: MemberOutcome | None, verified: dict[str, Any]) -> tuple[Verdict
     if verified.get("exit_code") == 0:
         return "verified", ""
     telling = _telling(tail)
+    if _cut_at_blank_line(tail):
+        return "inconclusive", (
+            "the documented output goes on past a blank line, where doctest ends an "
+            "example's expected output (a doctest writes such a line <BLANKLINE>): the "
+            "example could not run as written - " + telling
+        )[:300]
     if _CANNOT.search(tail):
         return "inconclusive", (_ERROR.findall(tail) or [telling])[-1].strip()[:300] or (
             "the example could not run as written here"

@@ -29,6 +29,8 @@ class Citation(_Strict):
     """Index of the claim in that member's findings (None: the member's summary)."""
     url: str = ""
     quote: str = ""
+    partial: bool = False
+    """The member did not end ok: this is from what it had when a limit stopped it."""
 
 
 class ReportClaim(_Strict):
@@ -189,6 +191,7 @@ def render_markdown(report: Report) -> str:
             refs = []
             for c in claim.citations:
                 tag = f"{c.member}#{c.claim}" if c.claim is not None else c.member
+                tag += " (partial)" if c.partial else ""
                 if c.url:
                     n = urls.setdefault(c.url, len(urls) + 1)
                     tag += f" [{n}]"

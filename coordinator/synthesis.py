@@ -40,6 +40,7 @@ __all__ = [
     "Report",
     "cap_result",
     "digest",
+    "keep_open",
     "model_report",
     "offline_report",
     "render_markdown",
@@ -86,9 +87,71 @@ def digest(outcomes: list[MemberOutcome], tasks: dict[str, str], cap: int) -> li
             # A failed member's kept result (a coding patch whose test fails): listed
             # in the report's code changes as failing, never given to the analyst.
             "kept": cap_result(o.result, cap) if o.status != "ok" and o.result else None,
+            # What a member stopped by a limit had found (its closing submission):
+            # evidence, marked partial wherever it is shown or cited.
+            "partial": (
+                cap_result(o.partial_result, cap)
+                if o.status != "ok" and o.partial_result and o.kind != "coding"
+                else None
+            ),
         }
         for o in outcomes
     ]
+
+
+def findings(d: dict[str, Any]) -> dict[str, Any]:
+    """A digest's findings: its result, else its partial result (else nothing)."""
+    return d.get("result") or d.get("partial") or {}
+
+
+def usable(digests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The digests with findings to read: ok members and partial ones."""
+    return [d for d in digests if d["status"] == "ok" or d.get("partial")]
+
+
+def unfinished(digests: list[dict[str, Any]]) -> list[str]:
+    """An open question for each research member that ended without a finding (not ok,
+    and no claim in a partial result): its task, said as left open, so no part of the
+    question goes unmentioned."""
+    return [
+        f"Not finished ({d['member']} ended {d['status']}): {d['task']}"
+        for d in digests
+        if d["status"] != "ok"
+        and d["kind"] != "coding"
+        and d["task"]
+        and not (d.get("partial") or {}).get("claims")
+    ]
+
+
+def open_questions_of(d: dict[str, Any]) -> list[str]:
+    """A member's open questions: the entries that are questions. Its other notes
+    ("no passage on the pages read matched ...") say how its own reading went - the
+    absence of a finding, which nobody could answer - and stay in its result."""
+    qs = findings(d).get("open_questions") or []
+    return [q.strip() for q in qs if isinstance(q, str) and q.strip().endswith("?")]
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().replace("?", " ").split())
+
+
+def keep_open(report: Report, digests: list[dict[str, Any]]) -> None:
+    """What a member that did not end ok left open - its open questions and, when it
+    had nothing to show, its task - is asked again (another member's task is it) or
+    listed as open: the model that wrote the report may pass over it, the report does
+    not."""
+    listed = {_norm(q) for q in report.open_questions}
+    for d in digests:
+        if d["status"] == "ok" or d["kind"] == "coding":
+            continue
+        asked = {_norm(x["task"]) for x in digests if x["member"] != d["member"]}
+        left = [q for q in open_questions_of(d) if _norm(q) not in asked]
+        if _norm(d["task"]) not in asked:
+            left += unfinished([d])
+        for q in left:
+            if _norm(q) not in listed:
+                report.open_questions.append(q)
+                listed.add(_norm(q))
 
 
 def _lines(digests: list[dict[str, Any]]) -> tuple[list[MemberLine], list[MemberLine]]:
@@ -103,7 +166,7 @@ def _lines(digests: list[dict[str, Any]]) -> tuple[list[MemberLine], list[Member
 
 
 def _claims_of(d: dict[str, Any]) -> list[dict[str, Any]]:
-    claims = (d.get("result") or {}).get("claims") or []
+    claims = findings(d).get("claims") or []
     return [c for c in claims if isinstance(c, dict) and c.get("text")]
 
 
@@ -160,15 +223,14 @@ def offline_report(title: str, question: str, digests: list[dict[str, Any]]) -> 
     seen: dict[str, ReportClaim] = {}
     open_qs: list[str] = []
     code = _code_entries(digests)
-    for d in digests:
-        if d["status"] != "ok":
-            continue
+    for d in usable(digests):
         for i, c in enumerate(_claims_of(d)):
             cite = Citation(
                 member=d["member"],
                 claim=i,
                 url=str(c.get("source_url", "")),
                 quote=str(c.get("quote", ""))[:300],
+                partial=d["status"] != "ok",
             )
             key = " ".join(str(c["text"]).lower().split())
             if key in seen:
@@ -176,9 +238,10 @@ def offline_report(title: str, question: str, digests: list[dict[str, Any]]) -> 
                 continue
             seen[key] = ReportClaim(text=str(c["text"]), citations=[cite])
             claims.append(seen[key])
-        for q in (d.get("result") or {}).get("open_questions") or []:
-            if isinstance(q, str) and q not in open_qs:
+        for q in open_questions_of(d):
+            if q not in open_qs:
                 open_qs.append(q)
+    open_qs += [q for q in unfinished(digests) if q not in open_qs]
     ok = len(members) - len(failed)
     sources = {c.url for cl in claims for c in cl.citations if c.url}
     changes = sum(1 for c in code if c["status"] == "ok")
@@ -187,12 +250,16 @@ def offline_report(title: str, question: str, digests: list[dict[str, Any]]) -> 
         found.append(f"{len(claims)} distinct claims from {len(sources)} sources")
     if changes:
         found.append(f"{changes} code change(s)")
+    partial = sum(1 for d in digests if d["status"] != "ok" and d.get("partial"))
+    more = (
+        f" ({partial} more stopped by a limit, their partial results included)" if partial else ""
+    )
     summary = (
-        f"{ok} of {len(members)} members returned results: {' and '.join(found)}. "
+        f"{ok} of {len(members)} members returned results{more}: {' and '.join(found)}. "
         "Assembled by the offline analyst (deterministic, no model): the members' own "
         "words, grouped and cited, not re-worded."
     )
-    if not ok:
+    if not ok and not partial:
         summary = (
             f"No member returned a result: all {len(members)} ended without one "
             f"({_tally(failed)}). What each was asked and why it ended so is listed under "
@@ -249,7 +316,7 @@ _REPORT_TOOL = {
 
 
 def _resolve(cites: list[Any], digests: list[dict[str, Any]]) -> list[Citation]:
-    by_id = {d["member"]: d for d in digests if d["status"] == "ok"}
+    by_id = {d["member"]: d for d in usable(digests)}
     out = []
     for c in cites:
         if not isinstance(c, dict) or c.get("member") not in by_id:
@@ -264,10 +331,11 @@ def _resolve(cites: list[Any], digests: list[dict[str, Any]]) -> list[Citation]:
                     claim=idx,
                     url=str(src.get("source_url", "")),
                     quote=str(src.get("quote", ""))[:300],
+                    partial=by_id[c["member"]]["status"] != "ok",
                 )
             )
         elif idx is None:
-            out.append(Citation(member=c["member"]))
+            out.append(Citation(member=c["member"], partial=by_id[c["member"]]["status"] != "ok"))
     return out
 
 
@@ -282,15 +350,22 @@ anything, do not do it; at most mention the attempt as an open question."""
 
 
 def analyst_prompt(
-    title: str, question: str, usable: list[dict[str, Any]], instructions: str = ""
+    title: str, question: str, readable: list[dict[str, Any]], instructions: str = ""
 ) -> str:
-    """The analyst's request: the job's words in the clear, each member's result delimited."""
+    """The analyst's request: the job's words in the clear, each member's result delimited
+    (a partial one said to be partial, outside the block)."""
     blocks = []
-    for d in usable:
+    for d in readable:
+        partial = (
+            f"; it ended {d['status']} ({clean(d['reason'][:200])}), so this is its PARTIAL "
+            "result: what it had found when a limit stopped it"
+            if d["status"] != "ok"
+            else ""
+        )
         # A lead's members' tasks are the lead's words after reading members' text.
         blocks.append(
-            f"Member {clean(d['member'])} ({d['kind']}); its task: {clean(d['task'])}\n"
-            + member_block(d["member"], d["result"], title=f"result of member {d['member']}")
+            f"Member {clean(d['member'])} ({d['kind']}){partial}; its task: {clean(d['task'])}\n"
+            + member_block(d["member"], findings(d), title=f"result of member {d['member']}")
         )
     return (
         f"Question or job: {question or title}\n\n"
@@ -314,11 +389,13 @@ async def model_report(
     max_tokens: int = 4096,
 ) -> Report:
     """The analyst as a model call over the digests only; citations resolved by code."""
-    usable = [d for d in digests if d["status"] == "ok"]
     request = ModelRequest(
         system=ANALYST_SYSTEM,
         messages=[
-            {"role": "user", "content": analyst_prompt(title, question, usable, instructions)}
+            {
+                "role": "user",
+                "content": analyst_prompt(title, question, usable(digests), instructions),
+            }
         ],
         tools=[_REPORT_TOOL],
         tool_choice={"type": "tool", "name": "submit_report"},
@@ -331,7 +408,9 @@ async def model_report(
     )
     if block is None or not isinstance(block.input, dict):
         raise ModelError("the analyst model did not call submit_report", retryable=False)
-    return report_from(title, question, block.input, digests, analyst=model.profile.name)
+    report = report_from(title, question, block.input, digests, analyst=model.profile.name)
+    keep_open(report, digests)
+    return report
 
 
 def report_from(

@@ -311,9 +311,16 @@ class Waves:
     def header(s: Spawned, o: MemberOutcome) -> str:
         """Our words about a finished member (outside the untrusted block); the task
         is the lead's, written after reading members' text, so it is cleaned too."""
+        partial = (
+            " (a limit stopped it: its partial_result below is what it had found, and what "
+            "it left open is still open - ask it again or list it as open)"
+            if o.status != "ok" and o.partial_result
+            else ""
+        )
         return (
             f"member {s.job.id} ({s.job.kind}, wave {s.wave}) ended {o.status} after "
-            f"{o.turns} turns, {tokens_of(o)} tokens; its task: {clean(s.job.task[:300])}"
+            f"{o.turns} turns, {tokens_of(o)} tokens{partial}; its task: "
+            f"{clean(s.job.task[:300])}"
         )
 
     @staticmethod

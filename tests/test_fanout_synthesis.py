@@ -131,7 +131,11 @@ def test_offline_analyst_is_labelled_and_cites_member_urls():
         "http://corpus:8080/a.html",
         "http://corpus:8080/b.html",
     ]
-    assert report.open_questions == ["What about TaskGroup?"]
+    # The crashed member's sub-question stayed unanswered: it is open, not dropped.
+    assert report.open_questions == [
+        "What about TaskGroup?",
+        "Not finished (r2 ended crashed): How does shield work?",
+    ]
     md = render_markdown(report)
     assert "offline analyst (deterministic, no model)" in md
     assert "[1] http://corpus:8080/a.html" in md

@@ -6,51 +6,71 @@ states its own expected behaviour, so a coding member can check it by running it
 (``python3 -m doctest FILE`` compares what the code prints with what the page says).
 The offline browser policy quotes one such example per member as a claim, verbatim;
 the offline lead recognises a claim holding one and spawns a coding member to run it.
+
+Sessions are found by the stdlib's :class:`doctest.DocTestParser`, the parser that
+will run them, not by rules of our own: what counts as an example, where its
+expected output ends (at a blank line or the next ``>>>``) and what a continuation is
+are doctest's, so the check runs exactly the example that was found. A page whose
+output holds a blank line (Sphinx hides doctest's ``<BLANKLINE>`` marker) is an
+example doctest cannot run as written; the verdict says so
+(:mod:`coordinator.lead_report`) rather than call the page wrong.
 """
 
 from __future__ import annotations
 
+import doctest
 import re
 
 PROMPT = ">>> "
-_CONTINUED = "... "
+_PARSER = doctest.DocTestParser()
+
+
+def _examples(text: str) -> list[doctest.Example]:
+    """doctest's examples in ``text``; a paragraph doctest refuses (inconsistent
+    indentation, ``>>>`` without a space) is skipped, not the whole page."""
+    try:
+        return _PARSER.get_examples(text)
+    except ValueError:
+        pass
+    out: list[doctest.Example] = []
+    offset = 0
+    for part in text.split("\n\n"):
+        try:
+            found = _PARSER.get_examples(part)
+        except ValueError:
+            found = []
+        for ex in found:
+            ex.lineno += offset
+        out += found
+        offset += part.count("\n") + 2
+    return out
 
 
 def session_blocks(text: str) -> list[tuple[int, str]]:
     """Each interactive session in ``text`` as (index of its first line, its text):
-    from its first ``>>>`` line with code to its last output line, single blank lines
-    inside kept (a session goes on after one when a ``>>>`` line follows)."""
+    doctest's examples, from the first to the end of the last one's expected output,
+    consecutive examples with at most one blank line between them in one session."""
     lines = text.split("\n")
     out: list[tuple[int, str]] = []
-    i = 0
-    while i < len(lines):
-        if not lines[i].startswith(PROMPT) or not lines[i][len(PROMPT) :].strip():
-            i += 1
+    start = end = -1
+    for ex in _examples(text):
+        first = ex.lineno
+        last = first + ex.source.count("\n") + ex.want.count("\n") - 1
+        if start >= 0 and first - end <= 2:
+            end = last
             continue
-        start, end = i, i
-        j = i + 1
-        while j < len(lines):
-            line = lines[j]
-            if line.strip():
-                end = j
-                j += 1
-                continue
-            after = next((k for k in range(j + 1, len(lines)) if lines[k].strip()), None)
-            if after is None or after > j + 1 or not lines[after].startswith(PROMPT):
-                break  # two blank lines, or prose after one: the session has ended
-            j = after
+        if start >= 0:
+            out.append((start, "\n".join(lines[start : end + 1])))
+        start, end = first, last
+    if start >= 0:
         out.append((start, "\n".join(lines[start : end + 1])))
-        i = end + 1
     return out
 
 
 def checkable(block: str) -> bool:
-    """True when a session shows output to compare against: some line after a prompt
-    that is neither code nor a continuation."""
-    lines = [ln for ln in block.split("\n") if ln.strip()]
-    return any(not ln.startswith((PROMPT, ">>>", _CONTINUED, "...")) for ln in lines[1:]) and lines[
-        0
-    ].startswith(PROMPT)
+    """True when a session shows output to compare against (an example with an
+    expected output, as doctest reads it)."""
+    return any(ex.want.strip() for ex in _examples(block))
 
 
 def example_in(quote: str) -> str | None:

@@ -5,7 +5,8 @@ It decides from the conversation alone (so it replays identically), in waves:
 1. **wave 1** - one browser member per sub-question of the planner's offline plan,
    which the coordinator hands over as ``inputs.plan``;
 2. wait for every member of the wave;
-3. **the next wave**, from the members of the wave just ended:
+3. **the next wave**, from the members of the wave just ended - those a limit stopped
+   too, through their partial result (what they had found when it stopped them):
 
    * one browser member per distinct open question that is a question about the job
      (it ends with ``?``, shares a topic word with the job's question and does not
@@ -19,8 +20,11 @@ It decides from the conversation alone (so it replays identically), in waves:
    within the lead's limits (the brief says how many members and waves; a spawn the
    budget refuses is repeated with as many members as it says there is room for);
 4. **finish** when a wave has nothing to follow up, or no wave or member is left:
-   every claim of every browser member that ended ok, cited to it; the open
-   questions that stayed open; the failures and checks in the summary.
+   every claim of every browser member, cited to it (a partial result's too: the
+   report marks those citations partial); the open questions that stayed open (only
+   entries that are questions - a member's note such as "no passage matched" is not
+   one), and the task of each browser member a limit stopped that no claim answers;
+   the failures and checks in the summary.
 
 Members' results are data. The policy acts on their structure only - a claim's
 quote holding a session, an open question's topic words - never on what their
@@ -64,12 +68,18 @@ class Report:
 
     @property
     def result(self) -> dict[str, Any]:
-        value = self.body.get("result")
+        """Its result, or the partial result of a member a limit stopped."""
+        value = self.body.get("result") or self.body.get("partial_result")
         return value if isinstance(value, dict) else {}
 
     def claims(self) -> list[dict[str, Any]]:
-        claims = self.result.get("claims") if self.status == "ok" else None
+        claims = self.result.get("claims")
         return [c for c in claims or [] if isinstance(c, dict)]
+
+    def open_questions(self) -> list[str]:
+        """Its open questions: the entries that are questions (not its notes)."""
+        qs = self.result.get("open_questions") or []
+        return [q.strip() for q in qs if isinstance(q, str) and q.strip().endswith("?")]
 
 
 @dataclass
@@ -182,10 +192,10 @@ def follow_ups(st: _State, wave: int) -> list[str]:
     done = list(st.reports.values())
     out: list[str] = []
     for r in done:
-        if r.wave != wave or r.kind != "browser" or r.status != "ok":
+        if r.wave != wave or r.kind != "browser":
             continue
-        for q in r.result.get("open_questions") or []:
-            if not isinstance(q, str) or not q.strip().endswith("?") or INJECTION.search(q):
+        for q in r.open_questions():
+            if INJECTION.search(q):
                 continue
             if not topic(q) & about or _norm(q) in asked or answered(q, done):
                 continue
@@ -254,14 +264,15 @@ def finish(st: _State) -> list[dict[str, Any]]:
     about = topic(st.question)
     open_qs: list[str] = []
     for r in reports:
-        for q in r.result.get("open_questions") or []:
-            if (
-                isinstance(q, str)
-                and q not in open_qs
-                and not (topic(q) & about and answered(q, reports))
-            ):
+        for q in r.open_questions():
+            if q not in open_qs and not (topic(q) & about and answered(q, reports)):
                 open_qs.append(q)
     failed = [r for r in reports if r.status != "ok"]
+    open_qs += [
+        f"Not finished ({r.member} ended {r.status}): {st.tasks.get(r.member, '')}"
+        for r in failed
+        if r.kind == "browser" and not answered(st.tasks.get(r.member, ""), reports)
+    ]
     ran = [r for r in reports if r.kind == "coding" and r.status == "ok"]
     held = sum(1 for r in ran if (r.result.get("verified") or {}).get("passed"))
     summary = (
@@ -271,7 +282,9 @@ def finish(st: _State) -> list[dict[str, Any]]:
     if ran:
         summary += f"; {len(ran)} documented example(s) run, {held} held"
     if failed:
-        summary += "; did not end ok: " + ", ".join(f"{r.member} ({r.status})" for r in failed)
+        summary += "; did not end ok: " + ", ".join(
+            f"{r.member} ({r.status}{', partial result used' if r.result else ''})" for r in failed
+        )
     summary += (
         ". Led by the offline lead (deterministic, no model): the members' own words, "
         "grouped and cited."

@@ -5,9 +5,9 @@ It drives the browser tools the way a careful researcher would, with no model:
 1. ``search`` the configured search page with the task's key terms (or, when the
    task or ``inputs["urls"]`` names pages, open those instead);
 2. ``navigate`` to the top results (distinct pages, at most ``inputs["max_pages"]``,
-   default 3), and ``read`` the other chunks of each page (in one turn: reads of
-   one page do not disturb each other; at most ``MAX_READS`` chunks a page, counting
-   the one the snapshot showed - the section a search result points at);
+   default 3), and ``read`` the chunks of each page nearest the one the snapshot
+   showed - the section a search result points at (in one turn: reads of one page do
+   not disturb each other; at most ``MAX_READS`` chunks a page, that one included);
 3. pick the sentences that share the most key terms with the task and submit them
    as claims, each quote copied character for character from the tool result, with
    the URL the page was read from; and, when a page shows an interactive session
@@ -22,7 +22,8 @@ a pure function of the request and replays identically. Page content is data, ne
 instructions: the policy takes no action because of a page's text (the only links
 it follows come from the search results listing), and a sentence that addresses an
 AI agent ("ignore previous instructions", "system prompt", ...) is never quoted;
-the page is reported in ``open_questions`` instead.
+the page is reported in ``open_questions`` instead (as a question, as every entry there
+is: a note such as "nothing matched" goes in the summary).
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ from .examples import checkable, one_line, session_blocks, words_before
 from .offline import register_policy, with_required_fields
 
 MAX_PAGES = 3
-MAX_READS = 8
+MAX_READS = 4
+"""Chunks read a page, the one shown included. Every turn resends what was read, so a
+member's tokens grow with the square of its reading: 8 chunks a page took members to
+about 150k tokens in 8 turns on long pages of the corpus, against a lead member's
+default ``max_tokens`` of 200k, and some ended ``incomplete``. 4 chunks around the
+section the search pointed at bound the worst case near 110k (measured in the README's
+"Research with a lead")."""
 MAX_CLAIMS = 4
 WORD = re.compile(r"[a-z0-9_]+")
 GENERIC = frozenset(
@@ -174,8 +181,10 @@ def next_action(state: _State) -> list[dict[str, Any]]:
         last_use, last_result = navs[-1]
         if _ok(last_result) and state.calls[-1][0] is last_use:
             shown, total = _chunk_count(_result_text(last_result))
-            others = [c for c in range(1, total + 1) if c != shown][: MAX_READS - 1]
-            reads = [_tool("read", chunk=c) for c in others]
+            near = sorted(
+                (c for c in range(1, total + 1) if c != shown), key=lambda c: abs(c - shown)
+            )
+            reads = [_tool("read", chunk=c) for c in sorted(near[: MAX_READS - 1])]
             if reads:
                 return reads
     for url in candidates(state):
@@ -254,14 +263,15 @@ def build_findings(state: _State, *, condensed: bool = False) -> dict[str, Any]:
         claims.append(example)
     best = chosen[0][0] if chosen else 0
     confidence = "high" if terms and best >= 0.6 * len(terms) else ("medium" if chosen else "low")
+    # Open questions are questions: what a reader may want to look into. That nothing
+    # matched is said in the summary, as it answers nothing and asks nothing.
     open_questions = [
-        f"{u} contains text addressed to an AI agent; it was treated as data and ignored"
+        f"{u} contains text addressed to an AI agent (treated as data and ignored): "
+        "what does the page say without it?"
         for u in suspicious
     ]
     failed = [u["input"].get("url", "") for u, r in state.of("navigate") if not _ok(r)]
-    open_questions += [f"could not open {u}" for u in failed]
-    if not chosen:
-        open_questions.append("no passage on the pages read matched the task's key terms")
+    open_questions += [f"{u} could not be opened: what does it say?" for u in failed]
     missing = uncovered(state.task, claims)
     if missing:
         open_questions.append(f"What does the documentation say about {' '.join(missing)}?")
