@@ -61,6 +61,21 @@ def visible(text: str) -> str:
     return _SPACES.sub(lambda m: f"\u27e8{len(m.group())} spaces\u27e9", "".join(out))
 
 
+def on_terminal(text: str) -> str:
+    """A whole view (``fleet trace``'s tables and turns) made safe to print: its line
+    breaks and tabs kept, every other control, format, separator, surrogate, private
+    or unassigned character escaped as :func:`visible` does - no escape sequence from a
+    model, a page or a box reaches the terminal, none reorders what follows. Spaces are
+    left alone (a table's columns are runs of them)."""
+    out: list[str] = []
+    for c in text:
+        if c in "\n\t" or unicodedata.category(c) not in _HIDDEN_CATEGORIES:
+            out.append(c)
+        else:
+            out.append(_escape(c))
+    return "".join(out)
+
+
 def shown(value: Any) -> str:
     """A tool call's arguments as a person is shown them: JSON, whole, :func:`visible`."""
     return visible(json.dumps(value, ensure_ascii=False, default=str))

@@ -23,6 +23,7 @@ from coordinator.traceview.detail import member_detail
 from coordinator.traceview.load import RunNotFound, load_run
 from coordinator.traceview.rollup import rollup_run
 from coordinator.traceview.text import format_member, format_run
+from coordinator.visible import on_terminal
 
 
 def _usage(message: str) -> Exception:
@@ -96,13 +97,19 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def _print_views(run, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     if args.member is None:
         roll = rollup_run(run)
-        print(json.dumps(roll.model_dump(mode="json"), indent=2) if args.json else format_run(roll))
+        print(
+            json.dumps(roll.model_dump(mode="json"), indent=2)
+            if args.json
+            else on_terminal(format_run(roll))
+        )
         return 0
     index = next(i for i, m in enumerate(run.members) if m.id == args.member)
     row = rollup_run(run).members[index]
     detail = member_detail(run.members[index], limit=args.limit, rollup=row)
     print(
-        json.dumps(detail.model_dump(mode="json"), indent=2) if args.json else format_member(detail)
+        json.dumps(detail.model_dump(mode="json"), indent=2)
+        if args.json
+        else on_terminal(format_member(detail))
     )
     return 0
 

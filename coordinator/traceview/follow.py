@@ -24,6 +24,7 @@ from coordinator.traceview.load import (
 )
 from coordinator.traceview.rollup import rollup_run
 from coordinator.traceview.text import format_event, format_run
+from coordinator.visible import on_terminal
 
 
 def follow(
@@ -36,7 +37,12 @@ def follow(
 ) -> int:
     """Print the run table, then every new event as it is written; return 0 at the run's end."""
     run = load_run(name)
-    out.write(format_run(rollup_run(run)) + "\n\nfollowing " + str(run.dir) + " (Ctrl-C to stop)\n")
+    out.write(
+        on_terminal(format_run(rollup_run(run)))
+        + "\n\nfollowing "
+        + on_terminal(str(run.dir))
+        + " (Ctrl-C to stop)\n"
+    )
     out.flush()
     while True:
         was_finished = run.finished
@@ -48,7 +54,7 @@ def follow(
             for ev in read_new_events(m):
                 line = format_event(m.id, ev)
                 if line is not None:
-                    out.write(line + "\n")
+                    out.write(on_terminal(line) + "\n")
                     printed += 1
         out.flush()
         # Exit only after one full poll that started with the run already over, so
@@ -59,6 +65,6 @@ def follow(
         sleep(interval)
     for m in run.members:
         m.result = read_json(m.dir / "result.json")
-    out.write("\n" + format_run(rollup_run(run)) + "\n")
+    out.write("\n" + on_terminal(format_run(rollup_run(run))) + "\n")
     out.flush()
     return 0
