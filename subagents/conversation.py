@@ -102,8 +102,13 @@ class Conversation:
         if self.save_to is None:
             return
         tmp = self.save_to.with_name(f".{self.save_to.name}.{os.getpid()}.tmp")
-        with tmp.open("w", encoding="utf-8") as fh:
-            json.dump({"messages": self.messages}, fh, ensure_ascii=False)
+        text = json.dumps({"messages": self.messages}, ensure_ascii=False)
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate from the model: kept as an escape
+            data = json.dumps({"messages": self.messages}).encode("ascii")
+        with tmp.open("wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.save_to)

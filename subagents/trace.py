@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic_core import PydanticSerializationError
 
 
 class TokenCounts(BaseModel):
@@ -388,7 +390,7 @@ class TraceWriter:
                 event.span = self.member
         if not event.parent and event.span == self.member:
             event.parent = self.run
-        self._fh.write(event.model_dump_json(exclude_none=True) + "\n")
+        self._fh.write(_line(event) + "\n")
         self._fh.flush()
         for listener in self.listeners:
             listener(event)
@@ -398,6 +400,26 @@ class TraceWriter:
             self._fh.flush()
             os.fsync(self._fh.fileno())
             self._fh.close()
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def no_lone_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate (which UTF-8 cannot encode) made U+FFFD; the
+    model's text and tools' output pass through it before any record or request."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+def _line(event: _Event) -> str:
+    """The event as one JSON line. A lone surrogate - a model can write one as a
+    ``\\ud800`` escape, a file's undecodable bytes become them - cannot be encoded as
+    UTF-8: such an event is written with every non-ASCII character escaped instead,
+    which reads back to the same text, rather than failing the member."""
+    try:
+        return event.model_dump_json(exclude_none=True)
+    except PydanticSerializationError:
+        return json.dumps(event.model_dump(mode="json", exclude_none=True), ensure_ascii=True)
 
 
 def read_trace(path: Path) -> Iterator[Any]:

@@ -64,7 +64,7 @@ from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelRe
 from subagents.model.governor import Governor, Permit, governor_for
 from subagents.model.profiles import profile_for
 from subagents.model.wire import BodyEncoder, StreamedMessage, build_params
-from subagents.trace import RateWait, Retry, TraceWriter
+from subagents.trace import RateWait, Retry, TraceWriter, no_lone_surrogates
 
 _CONTEXT_BETAS = {
     "compact_20260112": "compact-2026-01-12",
@@ -390,11 +390,24 @@ class AnthropicModel:
 
 def _as_message(data: dict[str, Any]) -> Message:
     """A plain ``Message``; beta-only blocks (a server-side ``compaction`` block) are
-    kept unvalidated so they dump back to the same dict the API expects next turn."""
+    kept unvalidated so they dump back to the same dict the API expects next turn.
+    A lone surrogate the model wrote as a JSON escape becomes U+FFFD: no record of the
+    run, nor the next request, could be encoded with it."""
+    data = _clean(data)
     try:
         return Message.model_validate(data)
     except pydantic.ValidationError:
         return Message.construct(**data)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return no_lone_surrogates(value)
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
 
 
 # -- error details -------------------------------------------------------------

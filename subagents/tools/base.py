@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from sandbox.base import Sandbox
 
 from ..delegation import Delegation
-from ..trace import TraceWriter
+from ..trace import TraceWriter, no_lone_surrogates
 
 CALL_ID: ContextVar[str] = ContextVar("fleet_tool_call_id", default="")
 """The ``tool_use`` id of the call being run (set per call, so concurrent calls each
@@ -57,6 +57,11 @@ class ToolOutput:
     """Extra content blocks for the model (e.g. an image), rarely used."""
     blocked: bool = False
     """A policy refused the call (:class:`Blocked`)."""
+
+    def __post_init__(self) -> None:
+        # Bytes a box wrote that are not UTF-8 can arrive surrogate-escaped (a file
+        # name, a grep line): no record or request could be encoded with them.
+        self.text = no_lone_surrogates(self.text)
 
 
 @dataclass
