@@ -30,7 +30,9 @@ def policy(body: dict[str, Any]) -> Any:
     """``[rm]`` members run ``rm -rf build`` (twice with ``[rm2]``) then ``ls``; others
     run ``echo`` once; then each submits. ``[slow]``: each answer takes a second."""
     task = json.dumps(body["messages"][0])
-    step = len(tool_results(body))
+    # A call a killed run never ran (answered "Not run: ..." on resume) is made again,
+    # as a model would: it is not a step done.
+    step = sum(1 for r in tool_results(body) if "Not run: this member" not in json.dumps(r))
     plan = ["mkdir -p build && echo made", "echo hello"]
     if "[rm]" in task:
         plan = ["mkdir -p build && echo made", "rm -rf build", "ls -d build || echo gone"]
