@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import missing_dependency
 
-from sandbox.firewall import RULESET
+from sandbox.firewall import RULESET, TABLE
 
 pytestmark = [pytest.mark.docker]
 FLEET = str(Path(sys.executable).with_name("fleet"))
@@ -87,7 +87,9 @@ def test_doctor_reads_the_host_firewall_rules_from_the_kernel(tmp_path, docker_c
     # (empty) nftables - the host's own rules, which other runs rely on, are not touched.
     fresh = ["unshare", "--net"]
     absent = _lines(_doctor(env={"FLEET_HOST_FIREWALL": "external"}, wrap=fresh).stdout)
-    assert absent["host firewall"].startswith("FAIL  host firewall: there is no table inet fleet")
+    assert absent["host firewall"].startswith(
+        f"FAIL  host firewall: there is no table inet {TABLE}"
+    )
     assert "(FLEET_HOST_FIREWALL=external)" in absent["host firewall"]
     assert "fix: load sandbox/firewall.py's RULESET" in absent["host firewall"]
 
@@ -96,8 +98,8 @@ def test_doctor_reads_the_host_firewall_rules_from_the_kernel(tmp_path, docker_c
     own = tmp_path / "own.nft"
     own.write_text(RULESET)
     for rules, verdict in (
-        (tampered, "FAIL  host firewall: table inet fleet is not Fleet's"),
-        (own, "ok    host firewall: table inet fleet is Fleet's rule set"),
+        (tampered, f"FAIL  host firewall: table inet {TABLE} is not Fleet's"),
+        (own, f"ok    host firewall: table inet {TABLE} is Fleet's rule set"),
     ):
         loaded = ["unshare", "--net", "sh", "-c", 'nft -f "$0" && exec "$@"', str(rules)]
         done = _doctor(wrap=loaded)
