@@ -245,7 +245,10 @@ async def run_attempt(
             if deps.approver is not None:
                 asks["approver"] = deps.approver
             durable: dict[str, Any] = {}
-            if deps.run_member is None:  # the harness keeps its transcript (subagents.durable)
+            # The harness keeps its transcript (subagents.durable) - not for a member with
+            # explicit memory: its memory writes live in its box and are not checkpointed,
+            # so going on from a later turn would lose them from the save; it starts over.
+            if deps.run_member is None and unit.spec.memory_dir is None:
                 durable["conversation_file"] = (member_dir or Path(unit.member_dir)) / TRANSCRIPT
 
             async def attempt() -> MemberOutcome:
