@@ -87,9 +87,20 @@ from subagents.trace import ErrorEvent, MemberEnd, MemorySave, TraceEvent, Trace
 
 from . import run_governor
 from .node_asks import ASK, UNASK, AskRelay
+from .node_durable import DURABLE, DurableRefused
+from .node_durable import keep as keep_durable
+from .node_durable import load as load_durable
 from .node_service import EVENTS, NodeService, NodeSetup, check_node, reap_node
 from .repo_copy import copy_room, staged_copy
-from .shipping import NodeReply, NodeRequest, pack, pack_path, shipped_mcp, unpack
+from .shipping import (
+    NodeReply,
+    NodeRequest,
+    not_from_node,
+    pack,
+    pack_path,
+    shipped_mcp,
+    unpack,
+)
 from .worker import CANCELLED, MemberUnit, Nodes, Services, Started, failed_outcome
 
 GRACE_S = 10.0
@@ -218,6 +229,8 @@ class RayNodes(Nodes):
         """Calls of :meth:`expect`, which nobody waits for; read when the run ends."""
         self.governor: Any = None
         """The run's rate governor actor (:mod:`coordinator.run_governor`)."""
+        self._lost_with_node: dict[str, MemberOutcome] = {}
+        """Each member's last outcome made here for its node being lost."""
 
     # ------------------------------------------------------------ placement
 
@@ -433,6 +446,8 @@ class RayNodes(Nodes):
                         asks.ask(payload)
                     elif kind == UNASK:
                         asks.unask(payload)
+                    elif kind == DURABLE:
+                        await _keep_turn(unit, trace, payload)
                     else:
                         reply = payload
         except TimeoutError:
@@ -450,7 +465,9 @@ class RayNodes(Nodes):
             return self._ended(unit, trace, reason, t0, status="failed")
         except ray.exceptions.RayError as exc:
             self._lose(node, _lost_reason(exc))
-            return self._ended(unit, trace, f"node {node.name} lost: {node.lost}", t0)
+            lost = self._ended(unit, trace, f"node {node.name} lost: {node.lost}", t0)
+            self._lost_with_node[unit.spec.id] = lost
+            return lost
         if reply is None:
             return self._ended(unit, trace, f"node {node.name} ended without a result", t0)
         saved = await anyio.to_thread.run_sync(_keep, unit, reply, request, held.key)
@@ -483,6 +500,9 @@ class RayNodes(Nodes):
             )
         )
         return outcome
+
+    def lost_node(self, outcome: MemberOutcome) -> bool:
+        return self._lost_with_node.get(outcome.member) is outcome
 
     # ------------------------------------------------------------ cleanup
 
@@ -571,13 +591,24 @@ def _request(unit: MemberUnit) -> NodeRequest:
             request.memory_seq = loaded.seq
     for name, path in shipped_mcp(unit):
         request.mcp_files[name] = pack_path(path)
+    request.durable = load_durable(Path(unit.member_dir))
     return request
+
+
+async def _keep_turn(unit: MemberUnit, trace: TraceWriter, sent: Any) -> None:
+    """A saved turn's transcript and checkpoint from the node, into the member's run
+    directory; an update that breaks a bound is traced and left out (the member then
+    resumes from its last good one, or from turn 0)."""
+    try:
+        await anyio.to_thread.run_sync(keep_durable, Path(unit.member_dir), sent)
+    except DurableRefused as exc:
+        trace.emit(ErrorEvent(error="DurableRefused", message=str(exc)))
 
 
 def _keep(unit: MemberUnit, reply: NodeReply, request: NodeRequest, key: str) -> MemorySave | None:
     """The member's files into its run directory; its memory changes merged into its
     profile here, as a member on this host saves them (the returned event says how)."""
-    unpack(reply.files, Path(unit.member_dir))
+    unpack(reply.files, Path(unit.member_dir), drop=not_from_node)
     profile = unit.spec.memory_dir
     if profile is None or not reply.memory:
         return None

@@ -175,13 +175,16 @@ async def run_attempt(
     *,
     member_dir: Path | None = None,
     staged_repo: Path | None = None,
+    on_turn_saved: Callable[[], None] | None = None,
 ) -> MemberOutcome:
     """One attempt: box up, harness, box down. Never raises except on cancellation.
 
     ``member_dir`` is where the harness writes the member's files (default: the unit's
     own run subdirectory; a cluster node passes a scratch directory). ``staged_repo``
     is the repository selection already made (a node gets it from the coordinator);
-    default: selected here from ``unit.repo``.
+    default: selected here from ``unit.repo``. ``on_turn_saved`` is called each time
+    the member's transcript and checkpoint hold a completed turn (a node sends them to
+    the coordinator then).
     """
     from subagents.member import run_member as default_run_member
 
@@ -250,6 +253,8 @@ async def run_attempt(
             # so going on from a later turn would lose them from the save; it starts over.
             if deps.run_member is None and unit.spec.memory_dir is None:
                 durable["conversation_file"] = (member_dir or Path(unit.member_dir)) / TRANSCRIPT
+                if on_turn_saved is not None:
+                    durable["on_turn_saved"] = on_turn_saved
 
             async def attempt() -> MemberOutcome:
                 try:

@@ -48,6 +48,7 @@ from subagents.trace import TraceWriter
 
 from .node import NodeDeps, remove_run_boxes, run_attempt, serving
 from .node_asks import NodeAsks
+from .node_durable import Mirror, is_durable, place
 from .shipping import (
     COORDINATOR_FILES,
     NodeReply,
@@ -133,7 +134,7 @@ class _Scratch:
     def reply(self, outcome: MemberOutcome) -> NodeReply:
         return NodeReply(
             outcome=outcome,
-            files=pack(self.member_dir, skip=COORDINATOR_FILES),
+            files=pack(self.member_dir, skip=COORDINATOR_FILES, skip_if=is_durable),
             memory=memory_changes(self.before, self.memory_dir) if self.memory_dir else [],
         )
 
@@ -203,7 +204,7 @@ class NodeService:
         """Run one attempt; yields ``("events", [event, ...])`` while it runs - and
         ``("ask", ...)`` / ``("unask", id)`` for its policy's asks - then
         ``("reply", NodeReply)``. Never raises for the member's own failure."""
-        if request.repo is not None or request.memory is not None or request.mcp_files:
+        if request.repo is not None or request.memory is not None or request.has_payload():
             here = await anyio.to_thread.run_sync(self._prepare, request)
         else:
             here = self._prepare(request)
@@ -221,7 +222,12 @@ class NodeService:
             try:
                 with scope:
                     outcome = await run_attempt(
-                        unit, deps, trace, member_dir=here.member_dir, staged_repo=here.repo
+                        unit,
+                        deps,
+                        trace,
+                        member_dir=here.member_dir,
+                        staged_repo=here.repo,
+                        on_turn_saved=Mirror(here.member_dir, queue.put_nowait),
                     )
                     done.append(await anyio.to_thread.run_sync(here.reply, outcome))
             finally:
@@ -266,6 +272,7 @@ class NodeService:
         here = _Scratch(unit=request.unit, member_dir=self.scratch / "members" / mid)
         shutil.rmtree(here.member_dir, ignore_errors=True)  # an earlier attempt's went back
         here.member_dir.mkdir(parents=True)
+        place(here.member_dir, request.durable)  # it goes on from its last saved turn
         if request.repo is not None:
             here.repo = self.scratch / "repos" / mid
             shutil.rmtree(here.repo, ignore_errors=True)

@@ -2,11 +2,14 @@
 
 To the node (:class:`NodeRequest`): the member's unit as JSON, and - because nodes
 share no file system with the coordinator - its repository selection, its memory
-directory and its MCP servers' ``files`` as tar archives. From the node: batches of trace events while the member
-runs, then one :class:`NodeReply`: the outcome, the member's files as a tar archive
-(pages, offloads, transcripts, screenshots, patch; not ``trace.jsonl``, whose events
-already came, nor ``result.json``, which the coordinator writes last) and the memory
-changes. Everything is plain data (JSON-ready models and bytes): no host-local object
+directory and its MCP servers' ``files`` as tar archives, and an earlier attempt's
+transcript and checkpoint. From the node: batches of trace events while the member
+runs, its transcript and checkpoint after each saved turn
+(:mod:`coordinator.node_durable`), then one :class:`NodeReply`: the outcome, the
+member's files as a tar archive (pages, offloads, screenshots, patch; not
+``trace.jsonl``, whose events already came, nor ``result.json``, which the
+coordinator writes last, nor the durable files, which came their own bounded way)
+and the memory changes. Everything is plain data (JSON-ready models and bytes): no host-local object
 crosses, and the API key never does - a node's model client reads its own environment.
 
 Archives are unpacked with tarfile's ``data`` filter: no absolute paths, no ``..``,
@@ -17,15 +20,18 @@ member file) cannot place anything outside the member's directory on the coordin
 from __future__ import annotations
 
 import io
+import os
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from subagents.context.memory_profile import META
+from subagents.durable import TRANSCRIPT
 from subagents.outcome import MemberOutcome
 
+from .node_durable import is_durable
 from .worker import MemberUnit
 
 COORDINATOR_FILES = frozenset({"trace.jsonl", "result.json"})
@@ -48,11 +54,24 @@ class NodeRequest(BaseModel):
     """Saves in the profile's ledger when it was shipped (the merge's starting point)."""
     mcp_files: dict[str, bytes] = Field(default_factory=dict)
     """Each stdio MCP server's ``files`` (tar, by server name; see :func:`pack_path`)."""
+    durable: dict[str, bytes] = Field(default_factory=dict)
+    """The member's transcript and checkpoint from an earlier attempt, by file name
+    (:mod:`coordinator.node_durable`): the attempt goes on from its last saved turn."""
 
     @staticmethod
     def has_files(unit: MemberUnit) -> bool:
-        """Whether the attempt has files to pack (a repo, memory, MCP servers' files)."""
-        return bool(unit.repo) or unit.spec.memory_dir is not None or shipped_mcp(unit) != []
+        """Whether the attempt has files to pack (a repo, memory, MCP servers' files,
+        an earlier attempt's transcript)."""
+        return (
+            bool(unit.repo)
+            or unit.spec.memory_dir is not None
+            or shipped_mcp(unit) != []
+            or (Path(unit.member_dir) / TRANSCRIPT).exists()
+        )
+
+    def has_payload(self) -> bool:
+        """Whether files beyond the repository and memory came (written off the loop)."""
+        return bool(self.mcp_files or self.durable)
 
 
 class MemoryChange(BaseModel):
@@ -77,19 +96,33 @@ class NodeReply(BaseModel):
     """The member's memory changes, for the coordinator to merge into the profile."""
 
 
+def not_from_node(name: str) -> bool:
+    """Member files the coordinator writes itself or takes only their own bounded way
+    (:mod:`coordinator.node_durable`): left out of a node's archive, whatever the node
+    put in it."""
+    return name in COORDINATOR_FILES or is_durable(name)
+
+
 def _no_links(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if info.issym() or info.islnk() else info
 
 
-def pack(root: Path, *, skip: Iterable[str] = (), links: bool = True) -> bytes:
-    """``root``'s files as a tar archive; top-level names in ``skip`` are left out.
-    Symlinks are kept as links (never followed), or left out with ``links=False``."""
+def pack(
+    root: Path,
+    *,
+    skip: Iterable[str] = (),
+    links: bool = True,
+    skip_if: Callable[[str], bool] | None = None,
+) -> bytes:
+    """``root``'s files as a tar archive; top-level names in ``skip`` (or for which
+    ``skip_if`` is true) are left out. Symlinks are kept as links (never followed), or
+    left out with ``links=False``."""
     left_out = set(skip)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         if root.is_dir():
             for entry in sorted(root.iterdir()):
-                if entry.name not in left_out:
+                if entry.name not in left_out and not (skip_if and skip_if(entry.name)):
                     tar.add(entry, arcname=entry.name, filter=None if links else _no_links)
     return buf.getvalue()
 
@@ -114,16 +147,29 @@ def shipped_mcp(unit: MemberUnit) -> list[tuple[str, Path]]:
     ]
 
 
-def unpack(data: bytes, dest: Path, *, any_links: bool = False) -> None:
+def unpack(
+    data: bytes,
+    dest: Path,
+    *,
+    any_links: bool = False,
+    drop: Callable[[str], bool] | None = None,
+) -> None:
     """Unpack an archive made by :func:`pack` into ``dest``. The ``data`` filter refuses
     anything that would land outside ``dest``; ``any_links`` (for a repository from the
     coordinator, whose links may point anywhere, as the user has them) keeps links as
-    they are, still refusing paths outside ``dest`` and set-id bits."""
+    they are, still refusing paths outside ``dest`` and set-id bits. Entries whose
+    top-level name ``drop`` is true for are left out (files that reach ``dest`` only
+    another way)."""
     dest.mkdir(parents=True, exist_ok=True)
     if not data:
         return
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        tar.extractall(dest, filter="tar" if any_links else "data")
+        members = [
+            m
+            for m in tar.getmembers()
+            if drop is None or not drop(os.path.normpath(m.name).lstrip("/").split("/", 1)[0])
+        ]
+        tar.extractall(dest, members=members, filter="tar" if any_links else "data")
 
 
 def snapshot(profile: Path) -> dict[str, bytes]:

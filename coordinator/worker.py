@@ -27,8 +27,10 @@ inputs would fail the same way and cost the same again.
 Resume. The harness keeps each member's transcript (and its box's checkpoint) after
 every completed turn (:mod:`subagents.durable`), and an attempt that finds them goes
 on from there. Whether a retry does is :func:`goes_on`'s (``fanout.retry.resume``):
-after an overloaded model it does, after a crashed box or a deadline it starts over
-(unless the job says ``always``). A member with a final outcome has its transcript
+after an overloaded model or a lost cluster node it does, after a crashed box or a
+deadline it starts over (unless the job says ``always``). On a cluster the node sends
+the transcript and checkpoint back after every saved turn, so they are in the run
+directory here whichever node ran the attempt (:mod:`coordinator.node_durable`). A member with a final outcome has its transcript
 removed, so only a member whose attempt never ended (the coordinator killed, Ctrl-C)
 finds one on ``fleet resume``.
 
@@ -128,6 +130,11 @@ class Nodes(abc.ABC):
         """Run one attempt of ``unit`` where it belongs; its trace events reach ``trace``
         as they happen and its files land in ``unit.member_dir``."""
 
+    def lost_node(self, outcome: MemberOutcome) -> bool:
+        """Whether ``outcome`` is its attempt's node being lost (the box went with the
+        node, not for anything the member did). Default: no node is ever lost."""
+        return False
+
     def expect(self, units: list[MemberUnit]) -> None:  # noqa: B027 - optional hook
         """More units are coming to a run already served (a lead's later wave): a node
         may start boxes for them ahead of need. Default: nothing."""
@@ -168,10 +175,11 @@ def retry_class(outcome: MemberOutcome) -> str | None:
 
 def goes_on(policy: RetryPolicy, why: str | None) -> bool:
     """Whether the next attempt after a failure of class ``why`` (None: an attempt that
-    never ended) continues from the last completed turn rather than turn 0."""
+    never ended; ``lost``: its node was lost) continues from the last completed turn
+    rather than turn 0."""
     if policy.resume != "auto":
         return policy.resume == "always"
-    return why in (None, "overloaded")
+    return why in (None, "overloaded", "lost")
 
 
 def backoff(policy: RetryPolicy, attempt: int) -> float:
@@ -250,7 +258,7 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
                 trace.emit(
                     Retry(what="member", attempt=attempt, reason=outcome.reason, delay_s=delay)
                 )
-                if not goes_on(unit.retry, why):
+                if not goes_on(unit.retry, "lost" if nodes.lost_node(outcome) else why):
                     forget(Path(mdir))
                 await anyio.sleep(delay)
                 continue

@@ -100,9 +100,12 @@ class Checkpoints:
         *,
         save: Checkpoint | None,
         restore: Restore | None,
+        on_saved: Callable[[], None] | None = None,
     ) -> None:
         self.dir, self.ctx, self.trace = Path(run_dir), ctx, trace
         self._save, self._restore = save, restore
+        self.on_saved = on_saved
+        """Called once a turn is saved whole (a cluster node sends the files on)."""
 
     async def after_tools(self, turn: int, tools: list[str]) -> None:
         """Keep the box's state after ``turn``'s tools (before their results are saved)."""
@@ -123,6 +126,8 @@ class Checkpoints:
         for entry in _entries(self.dir):
             if kept is not None and _turn_of(entry) < _turn_of(kept):
                 entry.unlink(missing_ok=True)
+        if self.on_saved is not None:
+            self.on_saved()
 
     async def restore(self, turn: int) -> str | None:
         """Put the box back as it was after ``turn``; what was restored in words ("":

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,10 +110,12 @@ class AgentLoop:
         approver: Approver | None = None,
         delegate: Delegation | None = None,
         conversation_file: Path | None = None,
+        on_turn_saved: Callable[[], None] | None = None,
     ) -> None:
         """``delegate`` runs a lead's members; ``conversation_file`` makes the
         conversation durable: kept there after every change, and continued from when
-        it already holds one (a resumed lead)."""
+        it already holds one (a resumed lead); ``on_turn_saved`` is called each time
+        a turn's results and checkpoint are saved whole."""
         self.spec, self.kind, self.context = spec, kind, context
         self.limits = spec.limits
         job_schema = spec.job_result_schema()
@@ -168,7 +171,12 @@ class AgentLoop:
             result_tool=kind.submit_name,
         )
         self.checkpoints = Checkpoints(
-            run_dir, self.tool_ctx, trace, save=kind.checkpoint, restore=kind.restore
+            run_dir,
+            self.tool_ctx,
+            trace,
+            save=kind.checkpoint,
+            restore=kind.restore,
+            on_saved=on_turn_saved,
         )
         self.resumed_from: int | None = None
         """The turn this member went on from (None: it started at turn 0)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -73,6 +74,7 @@ async def run_member(
     approver: Approver | None = None,
     delegate: Delegation | None = None,
     conversation_file: Path | None = None,
+    on_turn_saved: Callable[[], None] | None = None,
 ) -> MemberOutcome:
     """Run one member to its end and return how it ended (see the module docstring).
 
@@ -81,7 +83,8 @@ async def run_member(
     the member's tool policy (None: nobody to ask, the policy's ``ask_default``).
     ``delegate`` runs a lead's members (:mod:`subagents.delegation`);
     ``conversation_file`` keeps the conversation durable, and a member whose file
-    already holds one continues it.
+    already holds one continues it; ``on_turn_saved`` is called after each turn saved
+    there whole.
     """
     started = time.monotonic()
     run_dir = Path(run_dir)
@@ -123,6 +126,7 @@ async def run_member(
             approver=approver,
             delegate=delegate,
             conversation_file=conversation_file,
+            on_turn_saved=on_turn_saved,
         )
         outcome = await loop.run()
     except SandboxCrashed as exc:

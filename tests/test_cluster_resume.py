@@ -1,0 +1,123 @@
+"""On a cluster a member goes on from its last completed turn, and the run keeps one
+budget: through the real CLI (``fleet run --cluster``, ``fleet resume --cluster``)
+on the Ray test cluster (``ray_cluster``: head + 2 nodes sharing this machine's
+Docker engine), real boxes, the offline coding model on the nodes.
+
+The node's scratch directory goes with its actor; what a resumed member goes on from
+is what reached the coordinator through the attempt's stream.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cluster import _cluster_run, _fleet, _wait_for
+
+from coordinator.runs import RunDir
+from subagents.trace import read_trace
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EDIT = 'task = "Replace `Hello, {name}!` with `Hello there, {name}!` in `greet.py`."'
+SLOW_SECOND = (
+    "n=$(cat /tmp/runs 2>/dev/null || echo 0); echo $((n+1)) > /tmp/runs; "
+    '[ "$n" = 1 ] && sleep 12; python3 test_greet.py'
+)
+"""The check command: slow the second time it runs in a box (the offline coder runs it
+before and after its edit), while the test stops the run; quick in a fresh box."""
+
+
+def _events(run: RunDir, member: str) -> list[Any]:
+    path = run.path / "members" / member / "trace.jsonl"
+    return list(read_trace(path)) if path.exists() else []
+
+
+def _shell_calls(run: RunDir, member: str) -> int:
+    return sum(1 for e in _events(run, member) if e.type == "tool_call" and e.tool == "shell")
+
+
+def _coder_job(tmp_path: Path, fanout: str = "") -> Path:
+    shutil.copytree(EXAMPLES / "sample-repo", tmp_path / "sample-repo")
+    text = f'name = "resumed"\n[model]\nname = "offline"\n[fanout]\n{fanout}\n'
+    text += '[[members]]\nid = "c"\nkind = "coding"\nrepo = "sample-repo"\n'
+    text += f"{EDIT}\ntest = {json.dumps(SLOW_SECOND)}\n"
+    job = tmp_path / "job.toml"
+    job.write_text(text)
+    return job
+
+
+def _in_the_check_after_the_edit(run: RunDir) -> None:
+    """Waits until the member runs its check after the edit (its third turn, slow):
+    the edit's turn is saved by then."""
+    _wait_for(lambda: _shell_calls(run, "c") >= 2, 180, "the check after the edit")
+
+
+def _went_on_from_the_edit(run: RunDir) -> None:
+    """The member went on from its second turn with the workspace of that turn."""
+    result = run.result("c")
+    assert result["status"] == "ok", result["reason"]
+    events = _events(run, "c")
+    (mark,) = [e for e in events if e.type == "resumed"]
+    # It went on from the edit's turn, its workspace put back as of that turn ...
+    assert mark.turn == 2 and "workspace restored" in mark.restored, mark
+    after = events[events.index(mark) :]
+    # ... so only the check and the submission were asked for again, not every turn,
+    assert [e.type for e in after].count("model_call") == 2
+    # the edit that had completed did not run again (it would fail: already applied),
+    assert [e.tool for e in after if e.type == "tool_call"] == ["shell", "submit_result"]
+    assert not any("refused" in n for n in result["result"]["notes"]), result["result"]
+    # and the workspace was the turn's: the patch holds the edit once, the check passed.
+    patch = result["result"]["patch"]
+    assert patch.count('+    return f"Hello there, {name}!"') == 1, patch
+    assert result["result"]["tests_passed"] is True
+    assert result["resumed_from"] == 2
+    # A final outcome leaves no transcript or checkpoint behind.
+    mdir = run.path / "members" / "c"
+    assert not (mdir / "conversation.json").exists() and not list(mdir.glob("checkpoint-*"))
+
+
+def test_a_member_killed_with_its_coordinator_resumes_from_its_last_turn_on_the_cluster(
+    tmp_path, ray_cluster, docker_client, cleanup
+):
+    cleanup.append(tmp_path / "runs")
+    with _cluster_run(tmp_path, _coder_job(tmp_path), ray_cluster.address) as (proc, run):
+        _in_the_check_after_the_edit(run)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert run.state().status == "dead"
+    calls_before = sum(1 for e in _events(run, "c") if e.type == "model_call")
+    assert calls_before == 3, calls_before
+
+    resumed = _fleet("resume", str(run.path), "--plain", "--cluster", ray_cluster.address)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _went_on_from_the_edit(run)
+    report = (run.path / "report.md").read_text()
+    assert "resumed from turn 2" in report
+    shown = _fleet("trace", str(run.path), "c")
+    assert "resumed from turn 2" in shown.stdout, shown.stdout[-2000:]
+
+
+def test_a_member_whose_node_is_lost_goes_on_from_its_last_turn_on_another_node(
+    tmp_path, ray_cluster, docker_client, cleanup
+):
+    # One member at a time: the run's one slot is on the node with the most of them.
+    doomed = ray_cluster.add_node(slots=8)
+    name = ray_cluster.name(doomed)
+    cleanup.append(tmp_path / "runs")
+    retry = 'retry = { attempts = 2, backoff_s = 0, on = ["crashed"] }\nmax_parallel = 1'
+    with _cluster_run(tmp_path, _coder_job(tmp_path, retry), ray_cluster.address) as (proc, run):
+        _in_the_check_after_the_edit(run)
+        ray_cluster.remove_node(doomed)
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    journal = list(run.journal.read())
+    started = [e.get("node") for e in journal if e["event"] == "member_started"]
+    assert started[0] == name and len(started) == 2 and started[1] != name, started
+    (retry_entry,) = [e for e in journal if e["event"] == "member_retry"]
+    assert retry_entry["reason"].startswith(f"node {name} lost: ")
+    _went_on_from_the_edit(run)
