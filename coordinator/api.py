@@ -160,12 +160,9 @@ def resume(
         opts = _options(options, on_event, on_journal, echo)
         opts.retry_failed = retry_failed or opts.retry_failed
         if budget_usd is not None or budget_tokens is not None:
-            from .preflight import refuse_budget_on_cluster
             from .run_budget import check_raise
 
             try:
-                if opts.cluster:
-                    refuse_budget_on_cluster()
                 check_raise(found.journal.read(), usd=budget_usd, tokens=budget_tokens)
             except UsageError as exc:
                 raise RunNotStarted(str(exc)) from None

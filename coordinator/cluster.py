@@ -80,6 +80,7 @@ from sandbox.cluster import (
     pinned,
 )
 from sandbox.spec import SandboxSpec
+from subagents.budget import run_budget
 from subagents.context.memory_profile import FileChange, load_profile, save_profile
 from subagents.outcome import MemberOutcome
 from subagents.policy import Approver
@@ -87,10 +88,11 @@ from subagents.trace import ErrorEvent, MemberEnd, MemorySave, TraceEvent, Trace
 
 from . import run_governor
 from .node_asks import ASK, UNASK, AskRelay
+from .node_budget import RELEASE, RESERVE, SETTLE, UNRESERVE, BudgetRelay
 from .node_durable import DURABLE, DurableRefused
 from .node_durable import keep as keep_durable
 from .node_durable import load as load_durable
-from .node_service import EVENTS, NodeService, NodeSetup, check_node, reap_node
+from .node_service import EVENTS, REPLY, NodeService, NodeSetup, check_node, reap_node
 from .repo_copy import copy_room, staged_copy
 from .shipping import (
     NodeReply,
@@ -411,15 +413,29 @@ class RayNodes(Nodes):
             request = await anyio.to_thread.run_sync(_request, unit)
         else:
             request = NodeRequest(unit=unit)
+        budget = run_budget(unit.run_id)
+        request.budget = budget is not None
         call = node.actor.attempt.options(num_returns="streaming").remote(request)
         async with anyio.create_task_group() as tg:
-            # The attempt's asks are answered in tg; whatever is still open when the
-            # attempt ends (its node lost, its deadline) is closed as abandoned.
+            # The attempt's asks and reservations are answered in tg; whatever is still
+            # open when the attempt ends (its node lost, its deadline) is closed then.
             asks = AskRelay(self.approver, _replier(node.actor), tg)
+            relay: dict[str, Callable[[Any], Any]] = {ASK: asks.ask, UNASK: asks.unask}
+            reservations = None
+            if budget is not None:
+                reservations = BudgetRelay(budget, unit.spec.id, _replier(node.actor), tg)
+                relay |= {
+                    RESERVE: reservations.reserve,
+                    UNRESERVE: reservations.unreserve,
+                    SETTLE: reservations.settle,
+                    RELEASE: reservations.release,
+                }
             try:
-                outcome = await self._follow(node, unit, trace, t0, call, request, asks)
+                outcome = await self._follow(node, unit, trace, t0, call, request, relay)
             finally:
                 tg.cancel_scope.cancel()
+                if reservations is not None:
+                    reservations.close()
         return outcome
 
     async def _follow(
@@ -430,9 +446,10 @@ class RayNodes(Nodes):
         t0: float,
         call: Any,
         request: NodeRequest,
-        asks: AskRelay,
+        relay: dict[str, Callable[[Any], Any]],
     ) -> MemberOutcome:
-        """The attempt's stream to its end: events traced, asks relayed, its reply kept."""
+        """The attempt's stream to its end: events traced, asks and reservations
+        relayed (``relay``: item kind -> handler), its reply kept."""
         reply: NodeReply | None = None
         held = _Held()
         try:
@@ -442,13 +459,11 @@ class RayNodes(Nodes):
                     if kind == EVENTS:
                         for event in payload:
                             held.emit(trace, _EVENT.validate_python(event))
-                    elif kind == ASK:
-                        asks.ask(payload)
-                    elif kind == UNASK:
-                        asks.unask(payload)
+                    elif kind in relay:
+                        relay[kind](payload)
                     elif kind == DURABLE:
                         await _keep_turn(unit, trace, payload)
-                    else:
+                    elif kind == REPLY:
                         reply = payload
         except TimeoutError:
             # The node's own deadline would have ended the member GRACE_S ago: a node

@@ -35,7 +35,7 @@ from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec
 from subagents.beside import beside
 from subagents.browser.corpus import start_corpus
-from subagents.budget import budgeted
+from subagents.budget import Reserves, budgeted
 from subagents.durable import TRANSCRIPT
 from subagents.model.base import Model, ModelError
 from subagents.outcome import MemberOutcome
@@ -88,6 +88,9 @@ class NodeDeps:
     each member's ``ask_default`` applies."""
     prewarm: Prewarm | None = None
     """Boxes started before the run existed (:mod:`coordinator.prewarm`), for its pools."""
+    budget: Reserves | None = None
+    """What members' calls reserve from when not the run's budget in this process (a
+    cluster node's relay to the coordinator's, :mod:`coordinator.node_budget`)."""
 
     async def acquire(self, spec: SandboxSpec, run: str, member: str) -> tuple[Sandbox, Any]:
         """A fresh box for ``member`` (from a warm pool when there is one) and its pool."""
@@ -241,7 +244,7 @@ async def run_attempt(
 
             spec = await _with_proxies(soft_deadline(unit, started), deps.backend, unit.run_id)
             model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
-            model = budgeted(model, unit.run_id, unit.spec.id)
+            model = budgeted(model, unit.run_id, unit.spec.id, deps.budget)
             # Only a harness that may ask is handed the approver (a test's own harness
             # need not take it).
             asks: dict[str, Approver] = {}

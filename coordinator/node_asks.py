@@ -60,16 +60,9 @@ class RelayApprover:
 
     async def ask(self, request: ApprovalRequest, timeout_s: float | None) -> Approval:
         aid = uuid.uuid4().hex
-        slot = self.asks.waiting[aid] = _Waiting()
-        self.send((ASK, {"id": aid, "request": request.model_dump(), "timeout_s": timeout_s}))
-        try:
-            await slot.done.wait()
-        except anyio.get_cancelled_exc_class():
-            self.send((UNASK, aid))
-            raise
-        finally:
-            self.asks.waiting.pop(aid, None)
-        return Approval.model_validate(slot.answer)
+        item = {"id": aid, "request": request.model_dump(), "timeout_s": timeout_s}
+        answer = await self.asks.wait(self.send, aid, (ASK, item), (UNASK, aid))
+        return Approval.model_validate(answer)
 
 
 class NodeAsks:
@@ -81,6 +74,26 @@ class NodeAsks:
     def approver(self, send: Callable[[tuple[str, Any]], None]) -> RelayApprover:
         """The approver of one attempt whose stream items go to ``send``."""
         return RelayApprover(send, self)
+
+    async def wait(
+        self,
+        send: Callable[[tuple[str, Any]], None],
+        aid: str,
+        item: tuple[str, Any],
+        gave_up: tuple[str, Any],
+    ) -> dict[str, Any] | None:
+        """Send ``item`` and wait for the coordinator's answer to ``aid``; ``gave_up`` is
+        sent instead when the wait is cancelled."""
+        slot = self.waiting[aid] = _Waiting()
+        send(item)
+        try:
+            await slot.done.wait()
+        except anyio.get_cancelled_exc_class():
+            send(gave_up)
+            raise
+        finally:
+            self.waiting.pop(aid, None)
+        return slot.answer
 
     def answer(self, aid: str, approval: dict[str, Any]) -> bool:
         """Deliver the answer to ask ``aid``; False when nobody waits for it any more."""

@@ -10,7 +10,9 @@ trace events as they happen, then a :class:`~coordinator.shipping.NodeReply` wit
 outcome and the member's files. The coordinator writes all of it into ``runs/RUN/``;
 nothing here touches the coordinator's file system. A member whose tool policy may
 ask gets an approver that asks the coordinator through the same stream and waits for
-:meth:`NodeService.answer` (:mod:`coordinator.node_asks`).
+:meth:`NodeService.answer` (:mod:`coordinator.node_asks`); in a run with a
+``[budget]``, each model call's reservation goes the same way
+(:mod:`coordinator.node_budget`).
 
 Why the agent loop runs here and not on the coordinator: the box's exec stream, CDP
 port and run network are reachable only from the host that holds it.
@@ -48,6 +50,7 @@ from subagents.trace import TraceWriter
 
 from .node import NodeDeps, remove_run_boxes, run_attempt, serving
 from .node_asks import NodeAsks
+from .node_budget import RelayBudget
 from .node_durable import Mirror, is_durable, place
 from .shipping import (
     COORDINATOR_FILES,
@@ -215,6 +218,8 @@ class NodeService:
         deps = self.deps
         if unit.spec.policy.may_ask:  # its asks go to the coordinator, through the stream
             deps = dataclasses.replace(deps, approver=self._asks.approver(queue.put_nowait))
+        if request.budget:  # and its calls' reservations, to the run's one budget there
+            deps = dataclasses.replace(deps, budget=RelayBudget(queue.put_nowait, self._asks))
         scope = anyio.CancelScope()
         done: list[NodeReply] = []
 

@@ -41,7 +41,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TextIO
 
 import anyio
 
@@ -72,25 +72,11 @@ def preflight(
     check_repos(job, flags)
     check_models(job, flags)
     slots = None
-    if cluster and job.budget is not None:
-        refuse_budget_on_cluster()
     if cluster:
         slots = check_cluster(job, cluster, insecure=insecure_cluster)
     else:
         check_images(job, out=out)
     return check_parallel(job, cluster_slots=slots)
-
-
-def refuse_budget_on_cluster() -> NoReturn:
-    """A run's budget is one object in the coordinator's process; members on a cluster
-    run in node processes that cannot reserve from it."""
-    raise UsageError(
-        "a [budget] cannot be kept on a cluster yet: members there run in the nodes' own "
-        "processes, which cannot reserve their calls from the run's one budget, so each "
-        "node would spend as if it were alone. Run the job on this machine (leave out "
-        "--cluster and FLEET_CLUSTER), or leave out [budget] and bound each member with "
-        "limits.max_tokens"
-    )
 
 
 def check_parallel(job: Job, *, cluster_slots: int | None = None) -> Parallelism:

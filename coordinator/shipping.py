@@ -54,6 +54,9 @@ class NodeRequest(BaseModel):
     """Saves in the profile's ledger when it was shipped (the merge's starting point)."""
     mcp_files: dict[str, bytes] = Field(default_factory=dict)
     """Each stdio MCP server's ``files`` (tar, by server name; see :func:`pack_path`)."""
+    budget: bool = False
+    """The run has a ``[budget]``: the member's calls reserve from it through the
+    stream (:mod:`coordinator.node_budget`)."""
     durable: dict[str, bytes] = Field(default_factory=dict)
     """The member's transcript and checkpoint from an earlier attempt, by file name
     (:mod:`coordinator.node_durable`): the attempt goes on from its last saved turn."""

@@ -25,12 +25,13 @@ Claude model), so a token budget tracks what the run costs. Offline models cost
 0 USD and still count their tokens (their cache reads at weight 1).
 
 The budget is one object per run in the coordinator process (:func:`register`,
-:func:`budgeted`), shared by every member and the lead, like the rate governor. Its
+:func:`budgeted`), shared by every member and the lead, like the rate governor;
+members on cluster nodes reserve from it through their attempt's stream
+(:mod:`coordinator.node_budget`), so a run has one budget wherever its members run. Its
 state is the run's journal: ``budget`` (the lines, and what was spent so far, when a
 run starts or resumes), ``budget_spent`` after each call (the running totals: what a
 resume starts from), ``budget_soft`` (the soft line was passed, once per line) and
-``budget_hard`` (the first call refused). Members of a cluster run in node processes
-with no view of this object, so a ``[budget]`` job is refused with ``--cluster``.
+``budget_hard`` (the first call refused).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -176,6 +177,10 @@ class RunBudget:
             self._held[member] = estimate
         return self._seq
 
+    def reserved(self, seq: int) -> Amount:
+        """What the call ``seq`` holds until it settles (nothing once it has)."""
+        return self._in_flight.get(seq, Amount())
+
     def settle(self, seq: int, member: str, used: Amount | None) -> None:
         """The call ``seq`` ended: ``used`` is what it spent (None: no answer, nothing)."""
         self._in_flight.pop(seq, None)
@@ -260,16 +265,33 @@ def register(run_id: str, budget: RunBudget | None) -> None:
         _BUDGETS[run_id] = budget
 
 
-def budgeted(model: Model, run_id: str, member: str) -> Model:
-    """``model`` with its calls reserved against the run's budget, when it has one."""
-    budget = _BUDGETS.get(run_id)
+def run_budget(run_id: str) -> RunBudget | None:
+    """The run's budget in this process (None: it has none)."""
+    return _BUDGETS.get(run_id)
+
+
+class Reserves(Protocol):
+    """What a member's calls reserve from: the run's :class:`RunBudget`, or on a
+    cluster node its relay to the coordinator's (:mod:`coordinator.node_budget`)."""
+
+    async def reserve(self, member: str, estimate: Amount, *, closing: bool) -> int: ...
+
+    def settle(self, seq: int, member: str, used: Amount | None) -> None: ...
+
+    def release(self, member: str) -> None: ...
+
+
+def budgeted(model: Model, run_id: str, member: str, budget: Reserves | None = None) -> Model:
+    """``model`` with its calls reserved against ``budget``, else the run's budget in
+    this process, when it has one."""
+    budget = budget or _BUDGETS.get(run_id)
     return model if budget is None else BudgetedModel(model, budget, member)
 
 
 class BudgetedModel:
     """A model whose every call is reserved against the run's budget, then settled."""
 
-    def __init__(self, inner: Model, budget: RunBudget, member: str) -> None:
+    def __init__(self, inner: Model, budget: Reserves, member: str) -> None:
         self.inner, self.budget, self.member = inner, budget, member
         self.profile = inner.profile
         self.offline = inner.offline

@@ -144,17 +144,6 @@ def test_bad_budget_values_are_refused_with_what_is_wrong(tmp_path, capsys, tabl
     assert said in err and "Traceback" not in err, err
 
 
-def test_a_budget_on_a_cluster_is_refused_rather_than_kept_per_node(tmp_path, capsys):
-    path = tmp_path / "job.toml"
-    path.write_text(
-        'name = "t"\n[model]\nname = "offline"\n[[members]]\nkind = "coding"\n'
-        'task = "x"\n[budget]\nusd = 1\n'
-    )
-    assert main(["run", str(path), "--cluster", "127.0.0.1:1"]) == 2
-    err = capsys.readouterr().err
-    assert "a [budget] cannot be kept on a cluster" in err and "Traceback" not in err, err
-
-
 @pytest.mark.docker
 def test_offline_members_cost_nothing_and_still_spend_a_token_budget(
     tmp_path, images, docker_client, cleanup, monkeypatch, capsys

@@ -121,3 +121,54 @@ def test_a_member_whose_node_is_lost_goes_on_from_its_last_turn_on_another_node(
     (retry_entry,) = [e for e in journal if e["event"] == "member_retry"]
     assert retry_entry["reason"].startswith(f"node {name} lost: ")
     _went_on_from_the_edit(run)
+
+
+def _budget_job(tmp_path: Path, members: int, tokens: int) -> Path:
+    text = 'name = "budget"\n[model]\nname = "offline"\nmax_tokens = 256\n'
+    text += f"[fanout]\nmax_parallel = {members}\n[budget]\ntokens = {tokens}\n"
+    for i in range(members):
+        text += f'[[members]]\nid = "m{i}"\nkind = "coding"\ntask = "List the files."\n'
+    job = tmp_path / "job.toml"
+    job.write_text(text)
+    return job
+
+
+def test_a_fan_out_across_nodes_keeps_the_runs_one_budget(tmp_path, ray_cluster, cleanup):
+    # 4 offline members of 2 calls each spend about 13,000 tokens; the line is 9,000.
+    members, hard = 4, 9000
+    cleanup.append(tmp_path / "runs")
+    job = _budget_job(tmp_path, members, hard)
+    out = str(tmp_path / "runs")
+    done = _fleet("run", str(job), "--output-dir", out, "--plain", "--cluster", ray_cluster.address)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    (run,) = RunDir.list(tmp_path / "runs")
+    journal = list(run.journal.read())
+    nodes = {e.get("node") for e in journal if e["event"] == "member_started"}
+    assert len(nodes) == 2, nodes  # members on both nodes reserved from the one line
+    calls = [e["tokens"] for e in journal if e["event"] == "budget_spent"]
+    assert calls and sum(calls) <= hard + max(calls), (sum(calls), calls)
+    assert [e["event"] for e in journal].count("budget_hard") == 1
+    results = {f"m{i}": run.result(f"m{i}") for i in range(members)}
+    stopped = {m: r for m, r in results.items() if r["status"] != "ok"}
+    assert stopped and len(stopped) < members, {m: r["reason"] for m, r in results.items()}
+    for member, r in stopped.items():
+        assert (r["status"], r["limit"]) == ("incomplete", "budget"), (member, r["reason"])
+        assert r["reason"].startswith("run budget reached"), r["reason"]
+        if r["turns"]:  # a member that had started keeps what it did
+            assert r["partial_result"] and r["progress"]["last_actions"], r
+    # Two first calls fit with their closing calls held, no third; no second call of
+    # both: one member stopped after its first turn.
+    assert any(r["turns"] for r in stopped.values()), stopped
+    assert "reached the hard line" in (run.path / "report.md").read_text()
+
+    # More tokens: the members the budget stopped run again, on the nodes, and finish.
+    more = _fleet(
+        "resume", str(run.path), "--plain", "--budget-tokens", "100000",
+        "--cluster", ray_cluster.address,
+    )  # fmt: skip
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert all(run.result(m)["status"] == "ok" for m in results)
+    journal = list(run.journal.read())
+    assert [e["tokens"] for e in journal if e["event"] == "budget"] == [hard, 100000]
+    spent = [e for e in journal if e["event"] == "budget_spent"][-1]["spent_tokens"]
+    assert spent > sum(calls)  # went on from what the first life spent

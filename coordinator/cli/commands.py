@@ -333,11 +333,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     job = run.job()
     raising = args.budget_usd is not None or args.budget_tokens is not None
     if raising:
-        from ..preflight import refuse_budget_on_cluster
         from ..run_budget import check_raise
 
-        if _cluster(args):
-            refuse_budget_on_cluster()
         check_raise(run.journal.read(), usd=args.budget_usd, tokens=args.budget_tokens)
     parallel = _preflight(job, args=args)
     from ..lead import lead_finished

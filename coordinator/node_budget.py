@@ -1,0 +1,175 @@
+"""The run's ``[budget]`` for members on cluster nodes: reserved on the coordinator.
+
+A run's budget (:mod:`subagents.budget`) is one object, and its state is the run's
+journal, which only the coordinator writes. On one machine every member's model calls
+reserve from it directly. A member on a cluster node reserves through its attempt's
+stream, the one that carries its trace events and policy asks back:
+
+* on the node, :class:`RelayBudget` stands in for the budget: a call's reservation
+  becomes a ``("reserve", {...})`` item and only that call waits for the answer (the
+  answer comes back through ``NodeService.answer``, as a policy ask's does); how the
+  call ended (``"settle"``), a wait given up (``"unreserve"``) and the member's end
+  (``"release"``) are items the node does not wait on;
+* on the coordinator, :class:`BudgetRelay` (one per attempt) reserves each call from
+  the run's one :class:`~subagents.budget.RunBudget` - the same reservation a member
+  on this host makes, its closing call held the same way - and answers. So a fan-out
+  across any number of nodes stops where one on this host does: short of the hard
+  line by less than one call of each member, never a turn of every member past it.
+
+The attempt's end closes what the node left open, whatever ended it (its node lost,
+its deadline, Ctrl-C): a reservation granted and never settled counts as spent at
+its estimate - its call may have been answered and billed, and the node can no
+longer say (erring on the side of the line) - and the member's held closing call is
+released.
+
+Trust. The node is less trusted than the coordinator: it names only its own
+reservations (by the id it chose; the member is the attempt's, never the node's
+word), and amounts must be finite and not negative. What a call really spent is the
+node's report of the API's usage - the node makes the call, as on one machine the
+harness does. This module imports no Ray: the cluster passes in how an answer
+reaches the node.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from subagents.budget import Amount, BudgetExhausted, RunBudget
+
+from .node_asks import NodeAsks
+
+RESERVE = "reserve"
+"""Stream item: ``{"id", "usd", "tokens", "closing"}``, a call waiting for room."""
+UNRESERVE = "unreserve"
+"""Stream item: the id of a reservation the node no longer waits for."""
+SETTLE = "settle"
+"""Stream item: ``{"id", "used": {"usd", "tokens"} | None}``, how a call ended."""
+RELEASE = "release"
+"""Stream item (payload None): the member ended; its held closing call is free."""
+
+
+class RelayBudget:
+    """A node member's budget: reservations go through its attempt's stream (``send``)
+    and wait until :meth:`NodeAsks.answer` delivers the coordinator's answer."""
+
+    def __init__(self, send: Callable[[tuple[str, Any]], None], asks: NodeAsks) -> None:
+        self.send = send
+        self.asks = asks
+        self._ids: dict[int, str] = {}
+        self._seq = 0
+
+    async def reserve(self, member: str, estimate: Amount, *, closing: bool) -> int:
+        rid = uuid.uuid4().hex
+        item = {"id": rid, "usd": estimate.usd, "tokens": estimate.tokens, "closing": closing}
+        answer = await self.asks.wait(self.send, rid, (RESERVE, item), (UNRESERVE, rid)) or {}
+        if not answer.get("ok"):
+            raise BudgetExhausted(str(answer.get("refused") or "run budget reached"))
+        self._seq += 1
+        self._ids[self._seq] = rid
+        return self._seq
+
+    def settle(self, seq: int, member: str, used: Amount | None) -> None:
+        rid = self._ids.pop(seq, None)
+        if rid is not None:
+            spent = None if used is None else {"usd": used.usd, "tokens": used.tokens}
+            self.send((SETTLE, {"id": rid, "used": spent}))
+
+    def release(self, member: str) -> None:
+        self.send((RELEASE, None))
+
+
+def _amount(value: Any) -> Amount | None:
+    """A node's amount, or None when it is not two finite, non-negative numbers."""
+    if not isinstance(value, dict):
+        return None
+    usd, tokens = value.get("usd"), value.get("tokens")
+    numbers = [v for v in (usd, tokens) if isinstance(v, int | float) and not isinstance(v, bool)]
+    if len(numbers) != 2 or not all(math.isfinite(v) and v >= 0 for v in numbers):
+        return None
+    return Amount(float(usd), float(tokens))  # type: ignore[arg-type]
+
+
+class BudgetRelay:
+    """One attempt's reservations, on the coordinator (see the module docstring): each
+    is made in a task of ``tg`` (the attempt's; cancelling it gives up what still
+    waits), and the answer goes to the node through ``reply(id, answer)``."""
+
+    def __init__(
+        self,
+        budget: RunBudget,
+        member: str,
+        reply: Callable[[str, dict[str, Any]], Awaitable[None]],
+        tg: TaskGroup,
+    ) -> None:
+        self.budget, self.member, self.reply, self.tg = budget, member, reply, tg
+        self.waiting: dict[str, anyio.CancelScope] = {}
+        self.granted: dict[str, int] = {}
+        """The node's reservation id -> the budget's, until settled."""
+
+    def reserve(self, payload: Any) -> None:
+        rid = payload.get("id") if isinstance(payload, dict) else None
+        if not isinstance(rid, str) or not 0 < len(rid) <= 64 or rid in self.granted:
+            return  # not a reservation of this attempt's: nobody can wait on it
+        estimate = _amount(payload)
+        if estimate is None:
+            self.tg.start_soon(self._answer, rid, {"refused": "the node's estimate is not valid"})
+            return
+        # Made now, not in the task: an unreserve may come before the task first runs.
+        scope = self.waiting[rid] = anyio.CancelScope()
+        self.tg.start_soon(self._reserve, rid, estimate, payload.get("closing") is True, scope)
+
+    async def _reserve(
+        self, rid: str, estimate: Amount, closing: bool, scope: anyio.CancelScope
+    ) -> None:
+        with scope:
+            try:
+                seq = await self.budget.reserve(self.member, estimate, closing=closing)
+            except BudgetExhausted as exc:
+                answer: dict[str, Any] = {"refused": str(exc)}
+            else:
+                self.granted[rid] = seq
+                answer = {"ok": True}
+            self.waiting.pop(rid, None)
+            await self._answer(rid, answer)
+
+    async def _answer(self, rid: str, answer: dict[str, Any]) -> None:
+        await self.reply(rid, answer)
+
+    def unreserve(self, rid: Any) -> None:
+        scope = self.waiting.pop(rid, None) if isinstance(rid, str) else None
+        if scope is not None:
+            scope.cancel()
+        seq = self.granted.pop(rid, None) if isinstance(rid, str) else None
+        if seq is not None:
+            self.budget.settle(seq, self.member, None)
+
+    def settle(self, payload: Any) -> None:
+        rid = payload.get("id") if isinstance(payload, dict) else None
+        seq = self.granted.pop(rid, None) if isinstance(rid, str) else None
+        if seq is None:
+            return
+        used = payload.get("used")
+        # A report that is not an amount: the reservation stands for what was spent.
+        amount = None if used is None else _amount(used)
+        if used is not None and amount is None:
+            amount = self.budget.reserved(seq)
+        self.budget.settle(seq, self.member, amount)
+
+    def release(self, _payload: Any = None) -> None:
+        self.budget.release(self.member)
+
+    def close(self) -> None:
+        """The attempt ended: what its node left open is given back."""
+        for scope in self.waiting.values():
+            scope.cancel()
+        self.waiting.clear()
+        for seq in self.granted.values():
+            self.budget.settle(seq, self.member, self.budget.reserved(seq))
+        self.granted.clear()
+        self.budget.release(self.member)
