@@ -9,12 +9,18 @@ from, whether the workspace it went on with was the one at that turn (the checkp
 on disk at the kill holds lines 0 .. turn-1), and whether the final patch holds every
 line exactly once.
 
-    .venv/bin/python bench/resume.py [--steps 50] [--kill-at 40] [--when transcript|trace]
+With ``--cluster`` the run is ``fleet run --cluster`` / ``fleet resume --cluster`` on
+a Ray cluster of two nodes started on this machine for the bench (``tests/ray_support.py``:
+loopback only, token authentication on, stopped at the end); the member's transcript
+and checkpoint are then the copies its node sent to the coordinator.
+
+    .venv/bin/python bench/resume.py [--steps 50] [--kill-at 40] [--when transcript|trace] [--cluster]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -23,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +66,25 @@ def _done(mdir: Path, when: str) -> int:
     )
 
 
+@contextlib.contextmanager
+def _where(cluster: bool, env: dict[str, str]) -> Iterator[list[str]]:
+    """The flags that put the run on a cluster of this machine (none: this machine)."""
+    if not cluster:
+        yield []
+        return
+    from ray_support import ray_cluster
+
+    saved = dict(os.environ)
+    os.environ.update(env)  # the nodes' model clients read their own environment
+    try:
+        with ray_cluster(nodes=2) as found:
+            env.update(os.environ)  # the cluster's token, for fleet
+            yield ["--cluster", found.address]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=50)
@@ -70,12 +96,11 @@ def main() -> int:
         help="kill once turn N is in the member's transcript (default), or as soon as its "
         "tool result is in the trace (before the turn's checkpoint is written)",
     )
+    ap.add_argument("--cluster", action="store_true", help="on a Ray cluster of this machine")
     args = ap.parse_args()
     from fleet_policies import appending_policy
 
-    from coordinator.runs import RunDir
     from subagents.fake_api import FakeMessagesAPI
-    from subagents.trace import read_trace
 
     api = FakeMessagesAPI(appending_policy(args.steps, latency_s=0.2)).start()
     tmp = Path(tempfile.mkdtemp(prefix="fleet-bench-resume-"))
@@ -86,52 +111,63 @@ def main() -> int:
         f"[members.limits]\nmax_turns = {args.steps + 10}\n"
     )
     env = {**os.environ, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    env.pop("FLEET_CLUSTER", None)
     try:
-        proc = subprocess.Popen(
-            [*FLEET, "run", str(job), "--plain"], env=env, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        while proc.poll() is None:
-            found = list((tmp / "runs").glob("*/members/m"))
-            if found and _done(found[0], args.when) >= args.kill_at:
-                break
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        # A call sent just before the kill reaches the server's log a moment later.
-        time.sleep(1)
-        (run,) = RunDir.list(tmp / "runs")
-        mdir = run.path / "members" / "m"
-        before = _member_calls(api)
-        kept = {
-            int(m.group(1)): p.read_bytes()
-            for p in mdir.iterdir()
-            if (m := re.fullmatch(r"checkpoint-(\d+)\.bin", p.name))
-        }
-        t0 = time.monotonic()
-        done = subprocess.run(
-            [*FLEET, "resume", str(run.path), "--plain"], env=env, capture_output=True, text=True
-        )
-        took = time.monotonic() - t0
-        if done.returncode != 0:
-            print(done.stderr[-3000:])
-            return 1
-        after = _member_calls(api) - before
-        (mark,) = [e for e in read_trace(mdir / "trace.jsonl") if e.type == "resumed"]
-        base = kept.get(max((t for t in kept if t <= mark.turn), default=-1))
-        at_turn = re.findall(rb"^\+line (\d+)$", base, re.M) if base is not None else []
-        workspace_equal = [int(x) for x in at_turn] == list(range(mark.turn))
-        patch = run.result("m")["result"]["patch"]
-        lines = re.findall(r"^\+line (\d+)$", patch, re.M)
-        print(f"killed after {before} model calls; resumed from turn {mark.turn} ({mark.restored})")
-        print(f"model calls after the resume: {after} (goal <= 12; from turn 0: {args.steps + 1})")
-        print(f"workspace at the resume equals turn {mark.turn}'s: {workspace_equal}")
-        print(
-            f"final patch: every line once, in order: {lines == [str(k) for k in range(args.steps)]}"
-        )
-        print(f"fleet resume took {took:.1f} s; status {run.result('m')['status']}")
+        with _where(args.cluster, env) as where:
+            return _measure(args, job, env, where, api)
     finally:
         api.stop()
+
+
+def _measure(args: Any, job: Path, env: dict[str, str], where: list[str], api: Any) -> int:
+    from coordinator.runs import RunDir
+    from subagents.trace import read_trace
+
+    tmp = job.parent
+    proc = subprocess.Popen(
+        [*FLEET, "run", str(job), "--plain", *where], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    while proc.poll() is None:
+        found = list((tmp / "runs").glob("*/members/m"))
+        if found and _done(found[0], args.when) >= args.kill_at:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    # A call sent just before the kill reaches the server's log a moment later.
+    time.sleep(1)
+    (run,) = RunDir.list(tmp / "runs")
+    mdir = run.path / "members" / "m"
+    before = _member_calls(api)
+    kept = {
+        int(m.group(1)): p.read_bytes()
+        for p in mdir.iterdir()
+        if (m := re.fullmatch(r"checkpoint-(\d+)\.bin", p.name))
+    }
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [*FLEET, "resume", str(run.path), "--plain", *where],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    took = time.monotonic() - t0
+    if done.returncode != 0:
+        print(done.stderr[-3000:])
+        return 1
+    after = _member_calls(api) - before
+    (mark,) = [e for e in read_trace(mdir / "trace.jsonl") if e.type == "resumed"]
+    base = kept.get(max((t for t in kept if t <= mark.turn), default=-1))
+    at_turn = re.findall(rb"^\+line (\d+)$", base, re.M) if base is not None else []
+    workspace_equal = [int(x) for x in at_turn] == list(range(mark.turn))
+    patch = run.result("m")["result"]["patch"]
+    lines = re.findall(r"^\+line (\d+)$", patch, re.M)
+    print(f"killed after {before} model calls; resumed from turn {mark.turn} ({mark.restored})")
+    print(f"model calls after the resume: {after} (goal <= 12; from turn 0: {args.steps + 1})")
+    print(f"workspace at the resume equals turn {mark.turn}'s: {workspace_equal}")
+    print(f"final patch: every line once, in order: {lines == [str(k) for k in range(args.steps)]}")
+    print(f"fleet resume took {took:.1f} s; status {run.result('m')['status']}")
     return 0
 
 
