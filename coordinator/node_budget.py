@@ -114,8 +114,10 @@ class BudgetRelay:
 
     def reserve(self, payload: Any) -> None:
         rid = payload.get("id") if isinstance(payload, dict) else None
-        if not isinstance(rid, str) or not 0 < len(rid) <= 64 or rid in self.granted:
-            return  # not a reservation of this attempt's: nobody can wait on it
+        if not isinstance(rid, str) or not 0 < len(rid) <= 64:
+            return  # not a reservation anybody on the node can wait on
+        if rid in self.granted or rid in self.waiting:
+            return  # one reservation per id: a second would be one nobody settles
         estimate = _amount(payload)
         if estimate is None:
             self.tg.start_soon(self._answer, rid, {"refused": "the node's estimate is not valid"})

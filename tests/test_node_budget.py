@@ -103,7 +103,11 @@ def test_a_node_can_neither_settle_for_less_nor_touch_another_reservation():
             link = _Link(budget, tg)
             await link.node.reserve("m", CALL, closing=False)
             rid = next(p["id"] for k, p in link.items if k == RESERVE)
-            # Settling an id it never reserved changes nothing ...
+            # Reserving again under a granted id makes no second reservation ...
+            link.coord.reserve({"id": rid, "usd": 0, "tokens": 10})
+            await anyio.wait_all_tasks_blocked()
+            assert list(link.coord.granted) == [rid] and budget.reserved(2) == Amount()
+            # ... settling an id it never reserved changes nothing ...
             link.coord.settle({"id": "someone-else", "used": {"usd": 0, "tokens": 0}})
             assert budget.reserved(1) == CALL
             # ... and a usage that is not an amount counts the whole reservation.
