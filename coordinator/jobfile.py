@@ -297,7 +297,15 @@ def load_job(path: str | Path) -> tuple[Job, str]:
             str(p), [f"(file): cannot be read as UTF-8 text ({exc.__class__.__name__})"]
         ) from None
     job = parse_job(text, source=str(p))
-    base = p.resolve().parent
+    resolve_paths(job, p.resolve().parent, source=str(p), relative_to="the job file")
+    return job, text
+
+
+def resolve_paths(job: Job, base: Path, *, source: str, relative_to: str) -> None:
+    """Make the job's paths (members' ``repo``, MCP ``files``, memory ``dir``) absolute
+    against ``base``, in place; :class:`JobError` naming each one that is missing.
+    Every way in - a job file, TOML text, a dict - is checked the same: a missing
+    repository is refused before the run exists, not found empty in the box."""
     problems = []
     for i, m in enumerate(job.members):
         if m.repo is not None:
@@ -305,7 +313,7 @@ def load_job(path: str | Path) -> tuple[Job, str]:
             if not repo.is_dir():
                 problems.append(
                     f"members[{i}].repo: {m.repo!r} is not a directory (paths are relative "
-                    f"to the job file).\n    example of right: {_EXAMPLES['repo']}"
+                    f"to {relative_to}).\n    example of right: {_EXAMPLES['repo']}"
                 )
             m.repo = str(repo)
         for j, server in enumerate(m.mcp):
@@ -314,14 +322,13 @@ def load_job(path: str | Path) -> tuple[Job, str]:
                 if not files.exists():
                     problems.append(
                         f"members[{i}].mcp[{j}].files: {server.files!r} does not exist (paths "
-                        f"are relative to the job file).\n    example of right: {_EXAMPLES['files']}"
+                        f"are relative to {relative_to}).\n    example of right: {_EXAMPLES['files']}"
                     )
                 server.files = str(files)
         if m.memory is not None and m.memory.dir is not None:
             m.memory.dir = str((base / m.memory.dir).resolve())
     if problems:
-        raise JobError(str(p), problems)
-    return job, text
+        raise JobError(source, problems)
 
 
 def render_toml(data: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 from conftest import remove_run
 from fleet_policies import coding_policy
@@ -196,6 +197,7 @@ def test_an_engine_gone_after_the_preflight_is_one_paragraph_and_exit_1(
 ):
     """The engine's error surfaces from the run's task group wrapped in an exception
     group; the user sees its message and the run directory, never a traceback."""
+    from coordinator.api import Ready
     from coordinator.cli.commands import _go
     from coordinator.driver import RunOptions
 
@@ -209,7 +211,7 @@ def test_an_engine_gone_after_the_preflight_is_one_paragraph_and_exit_1(
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     monkeypatch.setenv("FLEET_HOME", str(tmp_path / "fleet-home"))
     with pytest.raises(SystemExit) as ended:
-        _go(run, job, RunOptions(tty=False, out=sys.stderr))
+        _go(lambda: anyio.run(Ready(job, RunOptions(tty=False, out=sys.stderr), run=run).go))
     assert ended.value.code == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "ExceptionGroup" not in err
@@ -264,7 +266,7 @@ def test_two_quick_ctrl_c_end_the_run_interrupted_with_no_boxes_left(
         assert time.monotonic() - sent < 60
         assert proc.returncode == 130, err
         assert "Traceback" not in err and "KeyboardInterrupt" not in err
-        assert f"interrupted: resume with 'fleet resume {run.id}'" in err
+        assert f"interrupted: resume with '{run.resume_command()}'" in err
         assert f"run directory: {run.path}" in err  # the orderly end, not a cut-short one
         assert run.state().status == "interrupted" and run.owner_pid() is None
         left = docker_client.api.containers(all=True, filters={"label": f"fleet.run={run.id}"})
