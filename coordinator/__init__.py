@@ -29,6 +29,15 @@ if TYPE_CHECKING:
     )
     from .driver import RunOptions, RunSummary
     from .jobfile import JobError
+    from .run_handle import (
+        JournalEntry,
+        RunCreated,
+        RunEnded,
+        RunHandle,
+        start,
+        start_resume,
+        stream,
+    )
     from .run_lookup import RunNotFound
     from .spec import Job, MemberJob
 
@@ -50,14 +59,25 @@ _EXPORTS = {
     "MemberOutcome": "subagents.outcome",
     "ModelError": "subagents.model",
     "SandboxError": "sandbox.errors",
+    "start": "coordinator.run_handle",
+    "start_resume": "coordinator.run_handle",
+    "stream": "coordinator.run_handle",
+    "RunHandle": "coordinator.run_handle",
+    "RunCreated": "coordinator.run_handle",
+    "JournalEntry": "coordinator.run_handle",
+    "RunEnded": "coordinator.run_handle",
 }
 __all__ = [
     "Job",
     "JobError",
+    "JournalEntry",
     "MemberJob",
     "MemberOutcome",
     "ModelError",
+    "RunCreated",
+    "RunEnded",
     "RunFailed",
+    "RunHandle",
     "RunInProgress",
     "RunNotFound",
     "RunNotStarted",
@@ -69,6 +89,9 @@ __all__ = [
     "resume_async",
     "run",
     "run_async",
+    "start",
+    "start_resume",
+    "stream",
 ]
 
 

@@ -187,19 +187,15 @@ class Ready:
         count = f"{n} member{'' if n == 1 else 's'}"
         where = f"{self.run.id} ({count}, {self.at_once}) in {self.run.path}"
         print(f"fleet: run {where}", file=self.opts.out)
+        for entry in self.run.journal.read():  # run_created, written before any listener
+            for listener in self.opts.on_journal:
+                listener(entry)
         return self.run
 
-    async def go(self, on_open: Callable[[RunDir], None] | None = None) -> RunSummary:
+    async def go(self) -> RunSummary:
         """Open the run, then run it to its end; :class:`RunFailed` when its engine or
         model went away."""
-        fresh = self.run is None
         run = self.open()
-        if on_open is not None:
-            on_open(run)
-        if fresh:  # the run's first entry, written before the run had listeners
-            for entry in run.journal.read():
-                for listener in self.opts.on_journal:
-                    listener(entry)
         try:
             return await execute(run, self.job, self.opts, resume=self.resume)
         except (SandboxError, ModelError, BaseExceptionGroup) as exc:

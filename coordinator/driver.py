@@ -92,6 +92,9 @@ class RunOptions:
     """Resume: the run's hard line in USD, raised (or set) instead of the job's."""
     budget_tokens: int | None = None
     """Resume: the run's hard line in tokens, raised (or set) instead of the job's."""
+    on_fanout: list[Callable[[Fanout], None]] = field(default_factory=list)
+    """Told of the run's fan-out once it exists (a caller cancels one member through
+    :meth:`Fanout.cancel`)."""
 
 
 @dataclass
@@ -441,6 +444,8 @@ async def _run_members(
         nodes=nodes,
         already_ok=already_ok,
     )
+    for told in opts.on_fanout:
+        told(fan)
     try:
         if job.lead is not None:
             got.outcomes = await run_lead(

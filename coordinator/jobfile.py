@@ -131,7 +131,9 @@ class JobError(Exception):
         self.source = source
         self.problems = problems
         body = "\n".join(f"  {p}" for p in problems)
-        super().__init__(f"job file {source} is invalid:\n{body}")
+        # "<dict>", "<MemberJob>": a job given to the Python API, not read from a file.
+        what = f"the job ({source[1:-1]})" if source.startswith("<") else f"job file {source}"
+        super().__init__(f"{what} is invalid:\n{body}")
 
 
 def _dotted(loc: tuple[str | int, ...]) -> str:

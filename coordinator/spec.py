@@ -17,8 +17,6 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -30,6 +28,7 @@ from sandbox.errors import SandboxSpecError
 from sandbox.inbox.egress_proxy import Policy
 from sandbox.inbox.egress_rules import entry_refusal, read_host, split_entry
 from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
+from sandbox.strict import Strict
 from subagents.browser.config import BrowserConfig
 from subagents.kinds import get_kind
 from subagents.policy import MemberPolicy, ToolPolicy
@@ -75,11 +74,19 @@ class FieldProblem(ValueError):
         self.field = field
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _JobModel(Strict):
+    """A part of a job. Built directly (``MemberJob(kind="coder")``), a bad field is a
+    :class:`~coordinator.jobfile.JobError` naming it and what is allowed, as a job
+    file's would be - not pydantic's error."""
+
+    @classmethod
+    def _invalid(cls, exc: ValidationError) -> Exception:
+        from .jobfile import JobError, describe_validation  # it reads this module
+
+        return JobError(f"<{cls.__name__}>", describe_validation(exc))
 
 
-class ModelDefaults(_Strict):
+class ModelDefaults(_JobModel):
     """The model every member uses unless it names its own."""
 
     name: str = "auto"
@@ -88,7 +95,7 @@ class ModelDefaults(_Strict):
     """Output token limit of one model call."""
 
 
-class Budget(_Strict):
+class Budget(_JobModel):
     """One budget for the whole run: every model call of every member (and the lead) is
     reserved against it before it goes out (:mod:`subagents.budget`)."""
 
@@ -108,7 +115,7 @@ class Budget(_Strict):
         return self
 
 
-class SandboxOverrides(_Strict):
+class SandboxOverrides(_JobModel):
     """Per-member changes to the box's secure defaults (see ``sandbox.spec``)."""
 
     cpus: float | None = Field(default=None, gt=0, le=64)
@@ -149,7 +156,7 @@ class SandboxOverrides(_Strict):
         return SandboxSpec(kind=kind, network=network, **changes)
 
 
-class MemoryProfile(_Strict):
+class MemoryProfile(_JobModel):
     """Explicit memory a member loads at start and may amend; nothing is inherited."""
 
     profile: str
@@ -165,7 +172,7 @@ class MemoryProfile(_Strict):
         return v
 
 
-class MemberJob(_Strict):
+class MemberJob(_JobModel):
     """One member as the job file names it."""
 
     id: str | None = None
@@ -316,7 +323,7 @@ class MemberJob(_Strict):
         return self
 
 
-class Research(_Strict):
+class Research(_JobModel):
     """A research question the planner splits into one browser member per sub-question."""
 
     question: str = Field(min_length=1)
@@ -339,7 +346,7 @@ LEAD_ID = "lead"
 """The lead's own id (its directory, trace and progress row); no member may take it."""
 
 
-class Lead(_Strict):
+class Lead(_JobModel):
     """A question for a lead that spawns members in waves (instead of ``[research]``)."""
 
     question: str = Field(min_length=1)
@@ -403,7 +410,7 @@ class Lead(_Strict):
 _RETRY_DEFAULT: tuple[RetryOn, ...] = ("crashed", "overloaded")
 
 
-class RetryPolicy(_Strict):
+class RetryPolicy(_JobModel):
     """Which failures are tried again, and how often. The task failing never is."""
 
     attempts: int = Field(default=2, ge=1, le=10)
@@ -422,7 +429,7 @@ class RetryPolicy(_Strict):
     turn unless this is ``never``."""
 
 
-class FanoutPolicy(_Strict):
+class FanoutPolicy(_JobModel):
     """How members run together and when the run counts as a success."""
 
     max_parallel: int | None = Field(default=None, ge=1, le=256)
@@ -481,7 +488,7 @@ def _reachable(url: str, allow: list[str]) -> None:
         )
 
 
-class Egress(_Strict):
+class Egress(_JobModel):
     """Where browser members may connect (coding members never have a network)."""
 
     allow: list[str] = Field(default_factory=lambda: ["corpus:8080"])
@@ -517,7 +524,7 @@ class Egress(_Strict):
         return v
 
 
-class Synthesis(_Strict):
+class Synthesis(_JobModel):
     """The analyst step: it reads only the members' structured results."""
 
     enabled: bool = True
@@ -536,7 +543,7 @@ class Synthesis(_Strict):
     """Each member's result is cut to this many characters before the analyst sees it."""
 
 
-class Job(_Strict):
+class Job(_JobModel):
     """A whole job file."""
 
     name: str = Field(min_length=1, max_length=60)

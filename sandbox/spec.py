@@ -20,6 +20,7 @@ from pydantic import (
 
 from .errors import SandboxSpecError
 from .inbox.egress_rules import entry_refusal
+from .strict import Strict
 
 BoxKind = Literal["coding", "browser", "service"]
 
@@ -119,17 +120,15 @@ def spec_error(model: type[BaseModel], exc: ValidationError) -> SandboxSpecError
     )
 
 
-class _Strict(BaseModel):
+class _Strict(Strict):
     """Direct construction raises :class:`SandboxSpecError` (a ``ValueError``), not
     pydantic's multi-line error, so API users get the same one paragraph as the CLI."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def __init__(self, /, **data: object) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise spec_error(type(self), exc) from None
+    @classmethod
+    def _invalid(cls, exc: ValidationError) -> Exception:
+        return spec_error(cls, exc)
 
 
 class NetworkPolicy(_Strict):

@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
+import types
 from pathlib import Path
 from typing import Any
 
@@ -273,3 +275,70 @@ def test_ctrl_c_in_a_scripts_run_ends_it_interrupted_not_dead(
     run = RunDir(path)
     assert run.state().status == "interrupted", err
     assert docker_client.containers.list(all=True, filters={"label": f"fleet.run={run.id}"}) == []
+
+
+def test_every_error_a_caller_can_meet_is_exported_and_listed(tmp_path):
+    errors = {
+        "JobError",
+        "RunNotStarted",
+        "RunInProgress",
+        "RunNotFound",
+        "RunFailed",
+        "ModelError",
+        "SandboxError",
+    }
+    assert errors <= set(fleet.__all__) <= set(dir(fleet))
+    assert all(issubclass(getattr(fleet, name), Exception) for name in errors)
+    for _ in range(2):  # a second look must not find a submodule of the same name
+        assert not any(isinstance(getattr(fleet, n), types.ModuleType) for n in fleet.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        fleet.nothing  # noqa: B018
+    # The packages say they are typed, and the wheel carries the marker.
+    root = Path(__file__).resolve().parent.parent
+    for package in ("coordinator", "subagents", "sandbox"):
+        assert (root / package / "py.typed").is_file()
+    data = tomllib.loads((root / "pyproject.toml").read_text())
+    assert "py.typed" in data["tool"]["setuptools"]["package-data"]["*"]
+
+
+def test_a_job_part_built_directly_with_a_bad_field_is_a_job_error():
+    with pytest.raises(fleet.JobError) as got:
+        fleet.MemberJob(kind="coder", task="t")
+    message = str(got.value)
+    assert "kind: 'coder' is not allowed" in message and "'browser' or 'coding'" in message
+    assert "pydantic" not in message and "validation error" not in message
+    with pytest.raises(fleet.JobError, match="name"):
+        fleet.Job(members=[{"kind": "coding", "task": "t"}])
+
+
+@pytest.mark.docker
+def test_a_stream_goes_from_run_created_to_run_ended_with_typed_events(
+    tmp_path, images, docker_client, cleanup, monkeypatch
+):
+    """Only the public API: the run's id and path come first, every journal entry
+    and trace event follows as a typed model, the outcome last; a started run
+    cancelled at once ends interrupted."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    cleanup.append(tmp_path / "runs")
+
+    async def everything() -> list[Any]:
+        return [event async for event in fleet.stream(_coding_job(tmp_path))]
+
+    events = anyio.run(everything)
+    first, last = events[0], events[-1]
+    assert isinstance(first, fleet.RunCreated) and first.path.is_dir()
+    assert first.path.name == first.run_id
+    assert isinstance(last, fleet.RunEnded) and last.status == "succeeded"
+    assert last.outcomes["coder"].status == "ok"
+    entries = [e for e in events if isinstance(e, fleet.JournalEntry)]
+    written = (first.path / "journal.jsonl").read_text().splitlines()
+    assert [e.event for e in entries] == [json.loads(line)["event"] for line in written]
+    assert any(e.type == "model_call" and e.member == "coder" for e in events)
+
+    async def cancelled() -> fleet.RunSummary:
+        async with fleet.start(_coding_job(tmp_path)) as run:
+            run.cancel()
+            return await run.wait()
+
+    stopped = anyio.run(cancelled)
+    assert stopped.status == "interrupted" and stopped.run.state().status == "interrupted"
