@@ -55,11 +55,12 @@ import anyio
 from pydantic import ValidationError
 
 from sandbox.errors import SandboxError
+from subagents.beside import leaves
 from subagents.model import ModelError
 from subagents.outcome import MemberOutcome
 
 from .driver import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunOptions, RunSummary, execute
-from .errors import CommandFailed, UsageError, leaves
+from .errors import CommandFailed, UsageError
 from .jobfile import JobError, describe_validation, load_job, parse_job, render_toml, resolve_paths
 from .runs import RunDir, RunDirUnavailable, check_root, root_for
 from .spec import Job

@@ -28,6 +28,7 @@ from anyio.abc import TaskStatus
 
 from sandbox import reaper
 from sandbox.base import SandboxBackend
+from subagents.beside import leaves
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.budget import register
 from subagents.model import Model, make_model, resolve_model
@@ -36,7 +37,6 @@ from subagents.outcome import MemberOutcome
 from .analyst import write_report
 from .approvals import ApprovalQueue, FileApprover, Mode, read_keys
 from .capacity import choose, job_boxes
-from .errors import leaves
 from .executor import Executor
 from .fanout import Fanout, to_member_spec
 from .lead import lead_finished, run_lead, spawned_members

@@ -11,11 +11,3 @@ class UsageError(Exception):
 class CommandFailed(Exception):
     """The command started and failed for a reason it has already explained in the
     message (exit 1), e.g. an image build that broke."""
-
-
-def leaves(exc: BaseException) -> list[BaseException]:
-    """The errors inside (nested) exception groups, which task groups wrap them in;
-    ``[exc]`` for an error that is not a group."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
-    return [exc]

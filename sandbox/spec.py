@@ -241,6 +241,12 @@ class SandboxSpec(_Strict):
         return v
 
     @property
+    def pool_key(self) -> str:
+        """Boxes of equal specs are interchangeable: the key of a warm pool, of a
+        node's pooled boxes and of a prewarmed box (one definition for all three)."""
+        return self.model_dump_json()
+
+    @property
     def memory_bytes(self) -> int:
         return parse_size(self.memory)
 
