@@ -342,3 +342,40 @@ def test_a_stream_goes_from_run_created_to_run_ended_with_typed_events(
 
     stopped = anyio.run(cancelled)
     assert stopped.status == "interrupted" and stopped.run.state().status == "interrupted"
+
+
+@pytest.mark.docker
+def test_cancelling_a_running_member_ends_it_alone_and_removes_its_box(
+    tmp_path, images, docker_client, cleanup, fake_api
+):
+    """A member whose model call hangs is cancelled through the handle: it ends
+    ``cancelled`` at once (its box removed), the run ends on its own, and a resume
+    would run that member again."""
+    cleanup.append(tmp_path / "runs")
+    fake_api(coding_policy())
+    job = _coding_job(tmp_path, task="[hang] " + TASK)
+    job["model"] = {"name": "claude-sonnet-5"}
+    job["fanout"] = {"min_success": 0}
+
+    handles: list[fleet.RunHandle] = []
+
+    def listen(entry: dict[str, Any]) -> None:
+        if entry["event"] == "member_started":
+            assert handles[0].cancel_member("coder")
+
+    async def cancel_it_once_it_runs() -> fleet.RunSummary:
+        async with fleet.start(job, on_journal=listen) as run:
+            handles.append(run)  # before the run's task gets to run
+            with anyio.fail_after(120):
+                return await run.wait()
+
+    summary = anyio.run(cancel_it_once_it_runs)
+    assert summary.status == "succeeded"  # min_success 0: the run itself went fine
+    assert summary.outcomes["coder"].status == "cancelled"
+    assert "the caller cancelled" in summary.outcomes["coder"].reason
+    assert summary.run.state().members["coder"] == "cancelled"
+    assert [m.id for m in summary.run.pending_members(summary.run.job().members)] == ["coder"]
+    assert (
+        docker_client.containers.list(all=True, filters={"label": f"fleet.run={summary.run.id}"})
+        == []
+    )
