@@ -13,36 +13,85 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import RunFailed, RunNotStarted, load, resume, run, run_async
+    from sandbox.errors import SandboxError
+    from subagents.model import ModelError
+    from subagents.outcome import MemberOutcome
+
+    from .api import (
+        RunFailed,
+        RunInProgress,
+        RunNotStarted,
+        load,
+        resume,
+        resume_async,
+        run,
+        run_async,
+    )
     from .driver import RunOptions, RunSummary
     from .jobfile import JobError
+    from .run_handle import (
+        JournalEntry,
+        RunCreated,
+        RunEnded,
+        RunHandle,
+        start,
+        start_resume,
+        stream,
+    )
+    from .run_lookup import RunNotFound
     from .spec import Job, MemberJob
 
 _EXPORTS = {
-    "load": "api",
-    "run": "api",
-    "run_async": "api",
-    "resume": "api",
-    "RunFailed": "api",
-    "RunNotStarted": "api",
-    "RunOptions": "driver",
-    "RunSummary": "driver",
-    "JobError": "jobfile",
-    "Job": "spec",
-    "MemberJob": "spec",
+    "load": "coordinator.api",
+    "run": "coordinator.api",
+    "run_async": "coordinator.api",
+    "resume": "coordinator.api",
+    "resume_async": "coordinator.api",
+    "RunFailed": "coordinator.api",
+    "RunInProgress": "coordinator.api",
+    "RunNotStarted": "coordinator.api",
+    "RunNotFound": "coordinator.run_lookup",
+    "RunOptions": "coordinator.driver",
+    "RunSummary": "coordinator.driver",
+    "JobError": "coordinator.jobfile",
+    "Job": "coordinator.spec",
+    "MemberJob": "coordinator.spec",
+    "MemberOutcome": "subagents.outcome",
+    "ModelError": "subagents.model",
+    "SandboxError": "sandbox.errors",
+    "start": "coordinator.run_handle",
+    "start_resume": "coordinator.run_handle",
+    "stream": "coordinator.run_handle",
+    "RunHandle": "coordinator.run_handle",
+    "RunCreated": "coordinator.run_handle",
+    "JournalEntry": "coordinator.run_handle",
+    "RunEnded": "coordinator.run_handle",
 }
 __all__ = [
     "Job",
     "JobError",
+    "JournalEntry",
     "MemberJob",
+    "MemberOutcome",
+    "ModelError",
+    "RunCreated",
+    "RunEnded",
     "RunFailed",
+    "RunHandle",
+    "RunInProgress",
+    "RunNotFound",
     "RunNotStarted",
     "RunOptions",
     "RunSummary",
+    "SandboxError",
     "load",
     "resume",
+    "resume_async",
     "run",
     "run_async",
+    "start",
+    "start_resume",
+    "stream",
 ]
 
 
@@ -50,4 +99,9 @@ def __getattr__(name: str) -> Any:
     home = _EXPORTS.get(name)
     if home is None:
         raise AttributeError(f"module 'coordinator' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    """The lazy names too, so completion and ``dir(fleet)`` show the API."""
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -7,35 +7,47 @@
     result.status, result.exit_code, result.run.path, result.report_path
     result.outcomes["research-1"].result             # each member's validated result
 
-:func:`run` takes the same steps as ``fleet run`` - validate the job, check that its
+There is one flow: ``fleet run``, ``research``, ``code`` and ``resume`` call
+:func:`run_job` and :func:`resume_run` here and add only the terminal (the live
+table, the keys that answer asks, Ctrl-C as a signal, exit codes). A run takes the
+same steps either way - validate the job (its repositories too), check that its
 models can be made and its images exist (building missing ones), create the run
-directory, then plan, fan out and write the report - with three differences a
-program wants: it prints nothing unless asked (``echo``), it reports progress
-through callbacks (every trace event, every journal entry), and it raises typed
-errors instead of exiting:
+directory, then plan, fan out and write the report - and a resume refuses a run
+that another process still runs. A program gets three differences: nothing is
+printed unless asked (``echo``), progress comes through callbacks (every trace event,
+every journal entry) or :func:`stream`, and errors are raised:
 
 - :class:`~coordinator.jobfile.JobError`: the job is invalid (which field, what was
   wrong, an example of right), before anything exists;
 - :class:`RunNotStarted`: the job is valid but cannot run here (no API key for its
   model, no Docker engine, images that cannot be built, an output directory that
   cannot be made); no run directory exists;
+- :class:`RunInProgress` (a :class:`RunNotStarted`): a resume of a run that another
+  live process is running - resuming it would remove that run's boxes under it;
+- :class:`~coordinator.run_lookup.RunNotFound`: no run matches what resume was given;
 - :class:`RunFailed`: the run started and its Docker engine (or model) went away;
   the run directory and every finished member's result are kept, and
   :func:`resume` runs what did not finish.
 
 A member failing is never an exception: it is that member's outcome, and the run's
 ``status`` (``succeeded`` when the quorum was met, else ``failed``) says the rest.
-:func:`run_async` is the same inside an event loop that is already running (it does
-not install signal handlers; cancel its scope to stop the run, which then ends
-``interrupted`` with its boxes removed).
+A run that is cancelled - a cancelled scope around :func:`run_async`, or Ctrl-C in a
+script's :func:`run` (which then raises ``KeyboardInterrupt``) - removes its boxes
+and is journalled ``interrupted``, so ``fleet runs`` says so and it can be resumed
+at once.
+
+Why sync functions beside async ones: a script calls :func:`run`, a program with an
+event loop awaits :func:`run_async`. Both are the same checks (:func:`check_new`,
+which runs in a thread from async code because the preflight runs its own event
+loop) followed by the same coroutine (:meth:`Ready.go`).
 """
 
 from __future__ import annotations
 
 import io
 import os
-import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,22 +55,42 @@ import anyio
 from pydantic import ValidationError
 
 from sandbox.errors import SandboxError
+from subagents.beside import leaves
 from subagents.model import ModelError
+from subagents.outcome import MemberOutcome
 
-from .driver import RunOptions, RunSummary, execute
+from .driver import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunOptions, RunSummary, execute
 from .errors import CommandFailed, UsageError
-from .jobfile import JobError, describe_validation, load_job, parse_job, render_toml
+from .jobfile import JobError, describe_validation, load_job, parse_job, render_toml, resolve_paths
 from .runs import RunDir, RunDirUnavailable, check_root, root_for
 from .spec import Job
 
 JobSource = Job | Mapping[str, Any] | str | os.PathLike[str]
 EventCallback = Callable[[Any], None]
 JournalCallback = Callable[[dict[str, Any]], None]
+OutputDir = str | os.PathLike[str] | None
 
 
 class RunNotStarted(Exception):
     """The job is valid but cannot run here; nothing was created. The message says
-    what to do (e.g. set ANTHROPIC_API_KEY, run ``fleet setup``)."""
+    what to do (e.g. set ANTHROPIC_API_KEY, run ``fleet setup``). ``usage``: what was
+    given is at fault (the command line exits 2), not this machine (exit 1)."""
+
+    def __init__(self, message: str, *, usage: bool = True) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class RunInProgress(RunNotStarted):
+    """The run is still running in another process (``pid``); resume it once that
+    process has ended. Resuming now would reap the live run's boxes."""
+
+    def __init__(self, run: RunDir, pid: int) -> None:
+        super().__init__(
+            f"run {run.id} is still running (pid {pid}); resume it once it ends "
+            "or after that process is gone"
+        )
+        self.run, self.pid = run, pid
 
 
 class RunFailed(Exception):
@@ -72,75 +104,252 @@ class RunFailed(Exception):
 
 def load(source: JobSource) -> Job:
     """A validated :class:`Job` from a job file's path, TOML text, a dict or a Job;
-    raises :class:`JobError` naming every bad field."""
-    job, _ = _load(source)
+    raises :class:`JobError` naming every bad field (a missing repository too)."""
+    job, _ = load_with_text(source)
     return job
 
 
-def _load(source: JobSource) -> tuple[Job, str]:
-    """The job and the TOML text its run keeps as ``job.toml``."""
+def load_with_text(source: JobSource) -> tuple[Job, str]:
+    """The job and the TOML text its run keeps as ``job.toml``. Paths in a job that
+    is not a file are relative to the current directory, and checked as a file's are."""
+    if isinstance(source, str) and "\n" in source:
+        job = parse_job(source, source="<text>")
+        resolve_paths(job, Path.cwd(), source="<text>", relative_to="the current directory")
+        return job, source
     if isinstance(source, Job):
-        job = source
+        job, where = source.model_copy(deep=True), "<Job>"
     elif isinstance(source, Mapping):
         try:
-            job = Job.model_validate(dict(source))
+            job, where = Job.model_validate(dict(source)), "<dict>"
         except ValidationError as exc:
             raise JobError("<dict>", describe_validation(exc)) from None
-    elif isinstance(source, str) and "\n" in source:
-        return parse_job(source, source="<text>"), source
     else:
         return load_job(Path(source))
+    resolve_paths(job, Path.cwd(), source=where, relative_to="the current directory")
     return job, render_toml(job.model_dump(mode="json", exclude_defaults=True))
+
+
+class _Discard(io.StringIO):
+    """Where a quiet run's progress goes: nowhere (a StringIO would keep it all)."""
+
+    def write(self, s: str) -> int:
+        return len(s)
+
+
+def make_options(
+    options: RunOptions | None = None,
+    *,
+    on_event: EventCallback | None = None,
+    on_journal: JournalCallback | None = None,
+    echo: bool = False,
+) -> RunOptions:
+    """The run options of an API call: no signal handlers (the caller's loop owns
+    them), no live table; nothing printed unless ``echo`` (then to ``options.out``,
+    by default standard error)."""
+    opts = options or RunOptions(handle_signals=False, tty=False)
+    if not echo:
+        opts.out, opts.tty = _Discard(), False
+    if on_event is not None:
+        opts.on_event.append(on_event)
+    if on_journal is not None:
+        opts.on_journal.append(on_journal)
+    return opts
+
+
+@dataclass
+class Ready:
+    """A job checked to run here (or a run checked to resume); :meth:`go` runs it."""
+
+    job: Job
+    opts: RunOptions
+    run: RunDir | None = None
+    """The run, once it exists; None: a new run, made by :meth:`open`."""
+    resume: bool = False
+    text: str = ""
+    root: Path | None = None
+    at_once: str = ""
+
+    def open(self) -> RunDir:
+        """The run's directory: the resumed one, or a new one made now."""
+        if self.run is not None:
+            if self.resume:
+                where = f"{self.run.id} ({self.at_once}) in {self.run.path}"
+                print(f"fleet: resuming {where}", file=self.opts.out)
+            return self.run
+        # Boxes started while the job was read carry the run's id, chosen then.
+        prewarm = self.opts.prewarm
+        try:
+            self.run = RunDir.create(
+                self.job, self.text, root=self.root, name=prewarm.run if prewarm else None
+            )
+        except RunDirUnavailable as exc:
+            raise RunNotStarted(str(exc)) from None
+        n = self.job.member_count
+        count = f"{n} member{'' if n == 1 else 's'}"
+        where = f"{self.run.id} ({count}, {self.at_once}) in {self.run.path}"
+        print(f"fleet: run {where}", file=self.opts.out)
+        for entry in self.run.journal.read():  # run_created, written before any listener
+            for listener in self.opts.on_journal:
+                listener(entry)
+        return self.run
+
+    async def go(self) -> RunSummary:
+        """Open the run, then run it to its end; :class:`RunFailed` when its engine or
+        model went away."""
+        run = self.open()
+        try:
+            return await execute(run, self.job, self.opts, resume=self.resume)
+        except (SandboxError, ModelError, BaseExceptionGroup) as exc:
+            # An engine that dies after the preflight surfaces from the run's task group,
+            # wrapped in an exception group: its message, not a traceback.
+            found = leaves(exc)
+            if not all(isinstance(e, SandboxError | ModelError) for e in found):
+                raise
+            reason = "; ".join(dict.fromkeys(str(e) for e in found))
+            run.journal.append("run_finished", status="failed", error=reason)
+            run.clear_live()
+            raise RunFailed(
+                f"run {run.id} failed: {reason}\nrun directory: {run.path} (once fixed, "
+                f"'{run.resume_command()}' runs the members that did not finish)",
+                run,
+            ) from None
+
+
+def check_new(
+    job: Job,
+    text: str,
+    opts: RunOptions,
+    *,
+    output_dir: OutputDir = None,
+    flags: dict[str, str] | None = None,
+) -> Ready:
+    """Where the run goes and the preflight, before anything exists; ``flags`` names
+    the command-line flag behind a field in the preflight's messages."""
+    root = root_for(job, output_dir)
+    try:
+        check_root(root)  # at once, before images are built
+    except RunDirUnavailable as exc:
+        raise RunNotStarted(str(exc)) from None
+    return Ready(job, opts, text=text, root=root, at_once=_preflight(job, opts, flags))
+
+
+def check_resume(
+    run_ref: str | os.PathLike[str],
+    opts: RunOptions,
+    *,
+    output_dir: OutputDir = None,
+    budget_usd: float | None = None,
+    budget_tokens: int | None = None,
+) -> Ready | RunSummary:
+    """A run to resume, checked; or, when it has nothing left to run, its summary."""
+    run = RunDir.open(str(run_ref), root=Path(output_dir) if output_dir else None)
+    owner = run.owner_pid()
+    if owner is not None:
+        raise RunInProgress(run, owner)
+    job = run.job()
+    if budget_usd is not None or budget_tokens is not None:
+        from .run_budget import check_raise
+
+        try:
+            check_raise(run.journal.read(), usd=budget_usd, tokens=budget_tokens)
+        except UsageError as exc:
+            raise RunNotStarted(str(exc)) from None
+        opts.budget_usd, opts.budget_tokens = budget_usd, budget_tokens
+    done = _nothing_left(run, job, opts)
+    if done is not None:
+        return done
+    return Ready(job, opts, run=run, resume=True, at_once=_preflight(job, opts, None))
+
+
+def _nothing_left(run: RunDir, job: Job, opts: RunOptions) -> RunSummary | None:
+    """The run as it ended, when a resume would run nothing: nothing is recorded."""
+    from .lead import lead_finished
+
+    members = run.planned_members()
+    if members is None:
+        return None  # never planned: the resume plans it
+    pending = run.pending_members(members, retry_failed=opts.retry_failed)
+    lead_open = job.lead is not None and not lead_finished(run, retry_failed=opts.retry_failed)
+    if pending or lead_open:
+        return None
+    state = run.state()
+    print(
+        f"fleet: run {run.id} has nothing left to run ({state.status}); "
+        "use --retry-failed to run its failed members again",
+        file=opts.out,
+    )
+    code = EXIT_OK if state.status == "succeeded" else EXIT_FAILED
+    return summary_of(run, state.status, code)
+
+
+def summary_of(run: RunDir, status: str, exit_code: int) -> RunSummary:
+    """A summary read back from the run directory (its members' ``result.json``)."""
+    outcomes = {}
+    for member, data in run.results().items():
+        try:
+            outcomes[member] = MemberOutcome.model_validate(data)
+        except ValueError:
+            continue
+    report = run.path / "report.md"
+    return RunSummary(run, status, exit_code, outcomes, report if report.exists() else None)
+
+
+def interrupted(run: RunDir) -> RunSummary:
+    """The summary of a run that was cancelled (the driver journalled it)."""
+    return summary_of(run, "interrupted", EXIT_INTERRUPTED)
 
 
 def run(
     job: JobSource,
     *,
-    output_dir: str | os.PathLike[str] | None = None,
+    output_dir: OutputDir = None,
     on_event: EventCallback | None = None,
     on_journal: JournalCallback | None = None,
     echo: bool = False,
     options: RunOptions | None = None,
 ) -> RunSummary:
     """Validate, check and run ``job`` to the end; see the module docstring."""
-    return anyio.run(
-        lambda: run_async(
-            job,
-            output_dir=output_dir,
-            on_event=on_event,
-            on_journal=on_journal,
-            echo=echo,
-            options=options,
-        )
-    )
+    parsed, text = load_with_text(job)
+    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo)
+    return run_job(parsed, text, opts, output_dir=output_dir)
+
+
+def run_job(
+    job: Job,
+    text: str,
+    opts: RunOptions,
+    *,
+    output_dir: OutputDir = None,
+    flags: dict[str, str] | None = None,
+) -> RunSummary:
+    """:func:`run` for a job already read, with its options made: what ``fleet run``,
+    ``research`` and ``code`` call."""
+    ready = check_new(job, text, opts, output_dir=output_dir, flags=flags)
+    return anyio.run(ready.go)
 
 
 async def run_async(
     job: JobSource,
     *,
-    output_dir: str | os.PathLike[str] | None = None,
+    output_dir: OutputDir = None,
     on_event: EventCallback | None = None,
     on_journal: JournalCallback | None = None,
     echo: bool = False,
     options: RunOptions | None = None,
 ) -> RunSummary:
     """:func:`run` inside a running event loop."""
-    parsed, text = _load(job)
-    opts = _options(options, on_event, on_journal, echo)
-    root = root_for(parsed, output_dir)
-    try:
-        check_root(root)  # at once, before images are built
-        await _preflight(parsed, opts)
-        created = RunDir.create(parsed, text, root=root)
-    except RunDirUnavailable as exc:
-        raise RunNotStarted(str(exc)) from None
-    return await _execute(created, parsed, opts, resume=False)
+    parsed, text = load_with_text(job)
+    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo)
+    ready = await anyio.to_thread.run_sync(
+        lambda: check_new(parsed, text, opts, output_dir=output_dir)
+    )
+    return await ready.go()
 
 
 def resume(
     run_ref: str | os.PathLike[str],
     *,
-    output_dir: str | os.PathLike[str] | None = None,
+    output_dir: OutputDir = None,
     on_event: EventCallback | None = None,
     on_journal: JournalCallback | None = None,
     echo: bool = False,
@@ -152,77 +361,65 @@ def resume(
     """Run the members of an earlier run that have no final outcome (also the failed
     ones with ``retry_failed``, and those its budget stopped); ``run_ref`` is a run
     directory, id or id prefix. ``budget_usd`` / ``budget_tokens`` raise (or set) the
-    run's budget, as ``fleet resume --budget-usd/--budget-tokens`` do."""
-
-    async def go() -> RunSummary:
-        found = RunDir.open(str(run_ref), root=Path(output_dir) if output_dir else None)
-        parsed = found.job()
-        opts = _options(options, on_event, on_journal, echo)
-        opts.retry_failed = retry_failed or opts.retry_failed
-        if budget_usd is not None or budget_tokens is not None:
-            from .run_budget import check_raise
-
-            try:
-                check_raise(found.journal.read(), usd=budget_usd, tokens=budget_tokens)
-            except UsageError as exc:
-                raise RunNotStarted(str(exc)) from None
-            opts.budget_usd, opts.budget_tokens = budget_usd, budget_tokens
-        await _preflight(parsed, opts)
-        return await _execute(found, parsed, opts, resume=True)
-
-    return anyio.run(go)
+    run's budget, as ``fleet resume --budget-usd/--budget-tokens`` do. A run with
+    nothing left to run is returned as it ended; one that another process still runs
+    is :class:`RunInProgress`."""
+    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo)
+    opts.retry_failed = retry_failed or opts.retry_failed
+    return resume_run(
+        run_ref, opts, output_dir=output_dir, budget_usd=budget_usd, budget_tokens=budget_tokens
+    )
 
 
-def _options(
-    options: RunOptions | None,
-    on_event: EventCallback | None,
-    on_journal: JournalCallback | None,
-    echo: bool,
-) -> RunOptions:
-    opts = options or RunOptions(handle_signals=False)
-    opts.out = sys.stderr if echo else io.StringIO()
-    opts.tty = False
-    if on_event is not None:
-        opts.on_event.append(on_event)
-    if on_journal is not None:
-        opts.on_journal.append(on_journal)
-    return opts
+def resume_run(
+    run_ref: str | os.PathLike[str],
+    opts: RunOptions,
+    *,
+    output_dir: OutputDir = None,
+    budget_usd: float | None = None,
+    budget_tokens: int | None = None,
+) -> RunSummary:
+    """:func:`resume` with its options made: what ``fleet resume`` calls."""
+    ready = check_resume(
+        run_ref, opts, output_dir=output_dir, budget_usd=budget_usd, budget_tokens=budget_tokens
+    )
+    return ready if isinstance(ready, RunSummary) else anyio.run(ready.go)
 
 
-async def _preflight(job: Job, opts: RunOptions) -> None:
-    from .preflight import preflight  # its checks run their own event loop: a thread
-
-    try:
-        parallel = await anyio.to_thread.run_sync(
-            lambda: preflight(
-                job, out=opts.out, cluster=opts.cluster, insecure_cluster=opts.insecure_cluster
-            )
+async def resume_async(
+    run_ref: str | os.PathLike[str],
+    *,
+    output_dir: OutputDir = None,
+    on_event: EventCallback | None = None,
+    on_journal: JournalCallback | None = None,
+    echo: bool = False,
+    retry_failed: bool = False,
+    budget_usd: float | None = None,
+    budget_tokens: int | None = None,
+    options: RunOptions | None = None,
+) -> RunSummary:
+    """:func:`resume` inside a running event loop."""
+    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo)
+    opts.retry_failed = retry_failed or opts.retry_failed
+    ready = await anyio.to_thread.run_sync(
+        lambda: check_resume(
+            run_ref, opts, output_dir=output_dir, budget_usd=budget_usd, budget_tokens=budget_tokens
         )
-    except (UsageError, CommandFailed) as exc:
-        raise RunNotStarted(str(exc)) from None
-    opts.max_parallel = parallel.members
-    print(f"fleet: {parallel.members} members at once: {parallel.why}", file=opts.out)
+    )
+    return ready if isinstance(ready, RunSummary) else await ready.go()
 
 
-async def _execute(run_dir: RunDir, job: Job, opts: RunOptions, *, resume: bool) -> RunSummary:
+def _preflight(job: Job, opts: RunOptions, flags: dict[str, str] | None) -> str:
+    """The preflight (:mod:`coordinator.preflight`); how many members run at once, and why."""
+    from .preflight import preflight
+
     try:
-        return await execute(run_dir, job, opts, resume=resume)
-    except (SandboxError, ModelError, BaseExceptionGroup) as exc:
-        leaves = _leaves(exc)
-        if not all(isinstance(e, SandboxError | ModelError) for e in leaves):
-            raise
-        reason = "; ".join(dict.fromkeys(str(e) for e in leaves))
-        run_dir.journal.append("run_finished", status="failed", error=reason)
-        run_dir.clear_live()
-        raise RunFailed(
-            f"run {run_dir.id} failed: {reason} (its directory {run_dir.path} is kept; "
-            "resume it once fixed)",
-            run_dir,
-        ) from None
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The errors inside (nested) exception groups, which task groups wrap them in."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
+        parallel = preflight(
+            job, flags, out=opts.out, cluster=opts.cluster, insecure_cluster=opts.insecure_cluster
+        )
+    except UsageError as exc:
+        raise RunNotStarted(str(exc)) from None
+    except CommandFailed as exc:
+        raise RunNotStarted(str(exc), usage=False) from None
+    opts.max_parallel = parallel.members
+    return f"{parallel.members} at once: {parallel.why}"

@@ -271,7 +271,7 @@ class RayNodes(Nodes):
         whose spec no node pools get their box when they start, as on one machine."""
         ahead: dict[int, list[SandboxSpec]] = {}
         for unit in units:
-            key = unit.spec.sandbox.model_dump_json()
+            key = unit.spec.sandbox.pool_key
             holders = [i for i, n in enumerate(self.nodes) if not n.lost and key in n.pooled]
             if not holders:
                 continue
@@ -315,9 +315,7 @@ class RayNodes(Nodes):
             for i, node in enumerate(self.nodes):
                 mine = [u for j, u in enumerate(units) if owners[j % len(owners)] == i]
                 if self._services.warm_pool:
-                    node.pooled = {
-                        u.spec.sandbox.model_dump_json() for u in mine if not u.spec.sandbox.keep
-                    }
+                    node.pooled = {u.spec.sandbox.pool_key for u in mine if not u.spec.sandbox.keep}
                 tg.start_soon(self._up, node, mine)
         problems = [f"node {n.name}: {n.lost}" for n in self.nodes if n.lost]
         if self.nodes and all(n.lost for n in self.nodes):
@@ -394,7 +392,7 @@ class RayNodes(Nodes):
         self, unit: MemberUnit, trace: TraceWriter, started: Started
     ) -> MemberOutcome:
         t0 = time.monotonic()
-        node = await self._take(unit.spec.sandbox.model_dump_json())
+        node = await self._take(unit.spec.sandbox.pool_key)
         if node is None:
             lost = "; ".join(f"{n.name}: {n.lost}" for n in self.nodes)
             started("")

@@ -28,6 +28,7 @@ from anyio.abc import TaskStatus
 
 from sandbox import reaper
 from sandbox.base import SandboxBackend
+from subagents.beside import leaves
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.budget import register
 from subagents.model import Model, make_model, resolve_model
@@ -91,6 +92,9 @@ class RunOptions:
     """Resume: the run's hard line in USD, raised (or set) instead of the job's."""
     budget_tokens: int | None = None
     """Resume: the run's hard line in tokens, raised (or set) instead of the job's."""
+    on_fanout: list[Callable[[Fanout], None]] = field(default_factory=list)
+    """Told of the run's fan-out once it exists (a caller cancels one member through
+    :meth:`Fanout.cancel`)."""
 
 
 @dataclass
@@ -264,20 +268,35 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
     Ctrl-C is watched from the first line, so an interrupt while a resume reaps boxes
     or while the planner runs leaves the run ``interrupted`` (resumable), not dead.
     """
-    approver = _approver(run, opts)
-    nodes = _nodes(opts, approver)
+    run.journal.listeners.extend(opts.on_journal)  # every entry, from here to the end
     # Live spans cover the whole run, the planner's and the analyst's calls included.
     got = _Progressed(live_otel=_live_otel(run.id, job.name))
     signals = _Signals(opts.out)
     ended = "interrupted"  # unless the run comes to its end: the workflow span's status
     try:
+        approver = _approver(run, opts)
+        nodes = _nodes(opts, approver)
         summary = await _execute(run, job, opts, nodes, got, approver, signals, resume=resume)
         ended = summary.status
+    except BaseException as exc:
+        stopped = (anyio.get_cancelled_exc_class(), KeyboardInterrupt)
+        if all(isinstance(e, stopped) for e in leaves(exc)):
+            # Cancelled from outside (a caller's scope, asyncio's Ctrl-C) or Ctrl-C before
+            # the signal watcher was up: the boxes are gone (removed under a shield), so
+            # the run is interrupted and resumable - not left looking alive, then dead.
+            _journal_interrupted(run, opts.out)
+        raise
     finally:
         if got.live_otel is not None:
             async with _cleanup("sending the last spans", opts.out):
                 await anyio.to_thread.run_sync(got.live_otel.close, time.time(), ended)
     return summary
+
+
+def _journal_interrupted(run: RunDir, out: TextIO) -> None:
+    run.journal.append("run_interrupted", status="interrupted")
+    run.clear_live()
+    print(f"fleet: interrupted: resume with '{run.resume_command()}'", file=out, flush=True)
 
 
 async def _execute(
@@ -377,14 +396,10 @@ async def _run_members(
         pending = []  # a finished lead's unfinished members would reach no one
     rows = ([LEAD_ID] if job.lead is not None else []) + [m.id or "" for m in members]
     progress = got.progress = _progress(run, rows, members, pending, opts)
-
-    def tell(entry: dict[str, Any]) -> None:
-        progress.on_journal(entry)
-        for listener in opts.on_journal:
-            listener(entry)
+    run.journal.listeners.insert(0, progress.on_journal)
 
     def journal(event: str, **fields: Any) -> None:
-        tell(run.journal.append(event, **fields))
+        run.journal.append(event, **fields)  # the journal tells its listeners
 
     budget = make_budget(
         job,
@@ -403,8 +418,7 @@ async def _run_members(
     progress.approve_hint = f"fleet approve {run.id}"
     # One write and one fsync for the whole queue: one each per member made a
     # 10,000-member run wait most of a minute before its first member started.
-    for entry in run.journal.append_many("member_queued", [{"member": m.id} for m in pending]):
-        tell(entry)
+    run.journal.append_many("member_queued", [{"member": m.id} for m in pending])
     deps = Recorder(listeners=[progress.on_event, *opts.on_event], journal=journal)
     if got.live_otel is not None:
         _attach_otel(got.live_otel, deps)
@@ -430,6 +444,8 @@ async def _run_members(
         nodes=nodes,
         already_ok=already_ok,
     )
+    for told in opts.on_fanout:
+        told(fan)
     try:
         if job.lead is not None:
             got.outcomes = await run_lead(
@@ -537,7 +553,7 @@ async def _finish(
         run.journal.append("run_interrupted", status="interrupted")
         run.clear_live()
         print(
-            progress.summary(str(run.path), f"interrupted: resume with 'fleet resume {run.id}'"),
+            progress.summary(str(run.path), f"interrupted: resume with '{run.resume_command()}'"),
             file=opts.out,
         )
         return RunSummary(run, "interrupted", EXIT_INTERRUPTED, outcomes)

@@ -43,6 +43,8 @@ from .node import Deps, LocalNodes
 from .spec import Egress, MemberJob
 from .worker import MemberUnit, Nodes, Recorder, failed_outcome, run_unit
 
+CANCELLED_BY_CALLER = "cancelled: the caller cancelled this member"
+
 __all__ = ["Deps", "Fanout", "FanoutResult", "MemberUnit", "fan_out", "to_member_spec"]
 
 
@@ -144,6 +146,8 @@ class Fanout:
         self.closed = False
         """No more units are taken: :meth:`close` was called, fail-fast struck, or the
         fan-out ended."""
+        self._cancelled: set[str] = set()
+        self._scopes: dict[str, anyio.CancelScope] = {}
         self._send, self._receive = anyio.create_memory_object_stream[MemberUnit](math.inf)
 
     def _on_done(self, unit: MemberUnit, result: MemberOutcome | BaseException) -> bool:
@@ -153,7 +157,8 @@ class Fanout:
             )
         self.outcomes[unit.spec.id] = result
         stop = False
-        if self.fail_fast and result.status != "ok" and not self.stopper:
+        asked = unit.spec.id in self._cancelled  # the caller's cancel is not a failure
+        if self.fail_fast and result.status != "ok" and not asked and not self.stopper:
             self.stopper.append(unit.spec.id)
             self.closed = True
             self.deps.note("fail_fast", member=unit.spec.id, reason=result.reason)
@@ -163,7 +168,27 @@ class Fanout:
         return stop
 
     async def _worker(self, unit: MemberUnit) -> MemberOutcome:
-        return await run_unit(unit, self.deps, self.nodes)
+        member, started = unit.spec.id, time.monotonic()
+        if member not in self._cancelled:
+            with anyio.CancelScope() as self._scopes[member]:
+                try:
+                    return await run_unit(unit, self.deps, self.nodes)
+                finally:
+                    del self._scopes[member]
+        # Cancelled by the caller (cancel): while it ran (run_unit journalled it and
+        # released its box) or before it started (the run's end journals it).
+        return failed_outcome(unit, "cancelled", CANCELLED_BY_CALLER, started)
+
+    def cancel(self, member: str) -> bool:
+        """End one member ``cancelled`` - at once if it runs (its box is released), before
+        it starts if it waits - while its siblings go on; a later resume runs it again.
+        False when it has already ended."""
+        if member in self.outcomes:
+            return False
+        self._cancelled.add(member)
+        if member in self._scopes:
+            self._scopes[member].cancel()
+        return True
 
     async def run(self, units: list[MemberUnit]) -> FanoutResult:
         """Run every unit of a fixed list (through the executor's ``map``)."""

@@ -23,11 +23,12 @@ from subagents.spec import Limits
 from subagents.tools.mcp import McpServerSpec
 from subagents.tools.registry import CustomToolSpec, ParamSpec
 
+from . import job_problems as problems
+from .job_problems import EXAMPLES, JobError, dotted
 from .spec import (
     Budget,
     Egress,
     FanoutPolicy,
-    FieldProblem,
     Job,
     Lead,
     MemberJob,
@@ -39,112 +40,8 @@ from .spec import (
     Synthesis,
 )
 
-# One line of TOML that would be right, by the field's last name.
-_EXAMPLES: dict[str, str] = {
-    "name": 'name = "asyncio-survey"',
-    "kind": 'kind = "browser"        # or "coding"',
-    "task": 'task = "Find how asyncio tasks are cancelled"',
-    "id": 'id = "cancel-docs"',
-    "inputs": 'inputs = { topic = "asyncio", depth = 2 }',
-    "model": 'model = "offline"      # or "claude-sonnet-4-5"',
-    "max_tokens": "max_tokens = 4096",
-    "max_turns": "max_turns = 30",
-    "deadline_s": "deadline_s = 600",
-    "result_tokens": "result_tokens = 2000",
-    "cpus": "cpus = 1.5",
-    "memory": 'memory = "1g"',
-    "pids": "pids = 256",
-    "workspace_size": 'workspace_size = "2g"',
-    "image": 'image = "python:3.12-slim"   # already on this engine; Fleet never pulls',
-    "profile": 'memory = { profile = "python-docs" }',
-    "context": "context = { compact_fraction = 0.9, offload_result_tokens = 20000 }",
-    "todos": "todos = true",
-    "result_schema": 'result_schema = { type = "object", properties = { answer = { type = "string" } } }',
-    "repo": 'repo = "./my-project"   # coding members only',
-    "test": 'test = "python -m pytest -q"',
-    "tools": '[[members.tools]]\nname = "word_count"\ndescription = "Count words"\ncommand = "wc -w {path}"\nparameters = { path = { type = "string" } }',
-    "command": 'command = "wc -w {path}"   # run in the box; each {name} is a shell-quoted argument',
-    "parameters": 'parameters = { path = { type = "string", description = "file to count" } }',
-    "callable": 'callable = "mypkg.tools:lookup"   # runs on the host: needs host = true',
-    "host": "host = true   # only for a callable, which runs outside every box",
-    "description": 'description = "Count the words of a file in /workspace"',
-    "timeout_s": "timeout_s = 120",
-    "deny": 'deny = ["shell:git push*", "write_file:/workspace/.git/**"]',
-    "ask": 'ask = ["shell:rm *", "mcp__docs__*"]   # TOOL, or TOOL:PATTERN on its arguments',
-    "ask_default": 'ask_default = "deny"   # or "allow": the answer when nobody can answer',
-    "ask_timeout_s": "ask_timeout_s = 300",
-    "mcp": '[[members.mcp]]\nname = "echo"\ncommand = "python3 echo_server.py"\nfiles = "mcp"',
-    "files": 'files = "mcp"   # copied into the box at /tmp/mcp/<name>; the command runs there',
-    "url": 'url = "https://mcp.example.com/mcp"   # its host must be in [egress] allow',
-    "start_timeout_s": "start_timeout_s = 30",
-    "question": 'question = "How does asyncio cancel tasks?"',
-    "max_members": "max_members = 12",
-    "max_waves": "max_waves = 3",
-    "kinds": 'kinds = ["browser", "coding"]',
-    "member_limits": "member_limits = { max_turns = 30, deadline_s = 600, max_tokens = 200000 }",
-    "token_budget": "token_budget = 2000000",
-    "usd": "usd = 5.0             # [budget]: the run's hard line in US dollars",
-    "budget.tokens": "tokens = 2000000      # [budget]: input + output (+ cache reads at their price)",
-    "soft": "soft = 0.8            # [budget]: warn past this fraction of the hard line",
-    "result_chars": "result_chars = 4000",
-    "members.files": 'files = { "check.py" = "print(1 + 1)" }   # coding members only',
-    "test_gate": "test_gate = false   # the test's exit code is a finding, not a gate",
-    # Where a field's last name means something else elsewhere: table.field first.
-    "lead.members": "members = 3            # the first wave; at most max_members",
-    "member_limits.max_tokens": "member_limits = { max_tokens = 200000 }",
-    "members": '[[members]]\nkind = "coding"\ntask = "Add a --verbose flag"   (or a [research] table)',
-    "max_parallel": "max_parallel = 4",
-    "min_success": "min_success = 2        # at most the number of members",
-    "fail_fast": "fail_fast = false",
-    "warm_pool": "warm_pool = true",
-    "attempts": "attempts = 2",
-    "backoff_s": "backoff_s = 1.0",
-    "backoff_max_s": "backoff_max_s = 30",
-    "on": 'on = ["crashed", "overloaded"]   # the task itself failing is never retried',
-    "allow": 'allow = ["corpus:8080", "docs.python.org"]',
-    "search_url": 'search_url = "http://corpus:8080/search?q={query}"',
-    "instructions": 'instructions = "Compare the approaches; name trade-offs"',
-    "max_result_chars": "max_result_chars = 8000",
-    "output_dir": 'output_dir = "runs"',
-}
 
-_SECTION_EXAMPLES: dict[str, str] = {
-    "model": '[model]\nname = "offline"',
-    "research": '[research]\nquestion = "How does asyncio cancel tasks?"\nmembers = 3',
-    "lead": '[lead]\nquestion = "How does asyncio cancel tasks?"\nmax_members = 12',
-    "fanout": "[fanout]\nmax_parallel = 4\nmin_success = 1",
-    "retry": '[fanout.retry]\nattempts = 2\non = ["crashed", "overloaded"]',
-    "egress": '[egress]\nallow = ["corpus:8080"]',
-    "synthesis": '[synthesis]\ninstructions = "Focus on pitfalls"',
-    "limits": "limits = { max_turns = 30, deadline_s = 600 }",
-    "sandbox": 'sandbox = { memory = "1g", cpus = 1 }',
-    "memory": 'memory = { profile = "python-docs" }',
-    "policy": '[policy]\ndeny = ["shell:git push*"]\nask = ["shell:rm *"]',
-    "budget": "[budget]\nusd = 5.0\nsoft = 0.8",
-}
-
-
-class JobError(Exception):
-    """A job file that cannot be used; the message names each bad field."""
-
-    def __init__(self, source: str, problems: list[str]) -> None:
-        self.source = source
-        self.problems = problems
-        body = "\n".join(f"  {p}" for p in problems)
-        super().__init__(f"job file {source} is invalid:\n{body}")
-
-
-def _dotted(loc: tuple[str | int, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
-def _known_fields(loc: tuple[str | int, ...]) -> str:
+def known_fields(loc: tuple[str | int, ...]) -> str:
     """The fields the table holding an unknown key does accept."""
     sections: dict[str, type[BaseModel]] = {
         "members": MemberJob,
@@ -172,49 +69,9 @@ def _known_fields(loc: tuple[str | int, ...]) -> str:
     return ", ".join(model.model_fields)
 
 
-def _example(loc: tuple[str | int, ...], error_type: str) -> str:
-    names = [p for p in loc if isinstance(p, str)]
-    last = names[-1] if names else ""
-    if error_type in {"model_type", "dict_type"} and last in _SECTION_EXAMPLES:
-        return _SECTION_EXAMPLES[last]
-    both = ".".join(names[-2:])
-    return _EXAMPLES.get(both) or _EXAMPLES.get(last, "")
-
-
-def _words(err: Any) -> str:
-    kind, msg, value = err["type"], err["msg"], err.get("input")
-    if kind == "extra_forbidden":
-        return "is not a known field (check the spelling; unknown keys are refused)"
-    if kind == "missing":
-        return "is required but missing"
-    if kind == "literal_error":
-        return f"{value!r} is not allowed; {msg[0].lower()}{msg[1:]}"
-    if kind == "value_error":
-        return msg.removeprefix("Value error, ")
-    msg = re.sub(r" or instance of \w+", "", msg)
-    got = repr(value)
-    if len(got) > 80:  # a huge value is not printed back whole
-        got = f"{got[:60]}... ({len(got):,} characters)"
-    return f"{msg[0].lower()}{msg[1:]} (got {got})"
-
-
 def describe_validation(exc: ValidationError, *, prefix: tuple[str | int, ...] = ()) -> list[str]:
-    """Each pydantic error as ``path: what was wrong. example: ...``."""
-    problems: list[str] = []
-    for err in exc.errors():
-        loc = prefix + tuple(err["loc"])
-        cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, FieldProblem):
-            loc = loc + tuple(int(p) if p.isdigit() else p for p in cause.field.split("."))
-        line = f"{_dotted(loc)}: {_words(err)}."
-        example = _example(loc, err["type"])
-        if err["type"] == "extra_forbidden":
-            line += f"\n    known fields here: {_known_fields(loc)}"
-        elif example:
-            example = example.replace("\n", "\n" + " " * 22)
-            line += f"\n    example of right: {example}"
-        problems.append(line)
-    return problems
+    """Each pydantic error of a job as ``path: what was wrong. example: ...``."""
+    return problems.describe_validation(exc, known_fields, prefix=prefix)
 
 
 MAX_JOB_FILE_BYTES = 8 * 1024 * 1024
@@ -232,7 +89,7 @@ def _too_deep(data: Any) -> str | None:
     while stack:
         value, loc = stack.pop()
         if len(loc) > MAX_DEPTH:
-            return _dotted(loc[:6]) + "..."
+            return dotted(loc[:6]) + "..."
         if isinstance(value, dict):
             stack += [(v, (*loc, k)) for k, v in value.items()]
         elif isinstance(value, list):
@@ -297,7 +154,15 @@ def load_job(path: str | Path) -> tuple[Job, str]:
             str(p), [f"(file): cannot be read as UTF-8 text ({exc.__class__.__name__})"]
         ) from None
     job = parse_job(text, source=str(p))
-    base = p.resolve().parent
+    resolve_paths(job, p.resolve().parent, source=str(p), relative_to="the job file")
+    return job, text
+
+
+def resolve_paths(job: Job, base: Path, *, source: str, relative_to: str) -> None:
+    """Make the job's paths (members' ``repo``, MCP ``files``, memory ``dir``) absolute
+    against ``base``, in place; :class:`JobError` naming each one that is missing.
+    Every way in - a job file, TOML text, a dict - is checked the same: a missing
+    repository is refused before the run exists, not found empty in the box."""
     problems = []
     for i, m in enumerate(job.members):
         if m.repo is not None:
@@ -305,7 +170,7 @@ def load_job(path: str | Path) -> tuple[Job, str]:
             if not repo.is_dir():
                 problems.append(
                     f"members[{i}].repo: {m.repo!r} is not a directory (paths are relative "
-                    f"to the job file).\n    example of right: {_EXAMPLES['repo']}"
+                    f"to {relative_to}).\n    example of right: {EXAMPLES['repo']}"
                 )
             m.repo = str(repo)
         for j, server in enumerate(m.mcp):
@@ -314,14 +179,13 @@ def load_job(path: str | Path) -> tuple[Job, str]:
                 if not files.exists():
                     problems.append(
                         f"members[{i}].mcp[{j}].files: {server.files!r} does not exist (paths "
-                        f"are relative to the job file).\n    example of right: {_EXAMPLES['files']}"
+                        f"are relative to {relative_to}).\n    example of right: {EXAMPLES['files']}"
                     )
                 server.files = str(files)
         if m.memory is not None and m.memory.dir is not None:
             m.memory.dir = str((base / m.memory.dir).resolve())
     if problems:
-        raise JobError(str(p), problems)
-    return job, text
+        raise JobError(source, problems)
 
 
 def render_toml(data: dict[str, Any]) -> str:

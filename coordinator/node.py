@@ -94,7 +94,7 @@ class NodeDeps:
 
     async def acquire(self, spec: SandboxSpec, run: str, member: str) -> tuple[Sandbox, Any]:
         """A fresh box for ``member`` (from a warm pool when there is one) and its pool."""
-        key = spec.model_dump_json()
+        key = spec.pool_key
         pool = self.pools.get(key)
         if pool is None:
             return await self.backend.create(spec, run=run, member=member), None
@@ -108,7 +108,7 @@ class NodeDeps:
         """Members with these boxes are coming (a lead's later wave): the warm pool of
         each spec that has one starts boxes for them (never more than it may hold)."""
         for spec in specs:
-            key = spec.model_dump_json()
+            key = spec.pool_key
             self.demand[key] = self.demand.get(key, 0) + 1
         for key, pool in self.pools.items():
             pool.keep_idle(min(self.demand.get(key, 0), pool.max_size))
@@ -342,7 +342,7 @@ async def open_pools(
     specs: dict[str, Any] = {}
     for u in units:
         spec = u.spec.sandbox
-        key = spec.model_dump_json()
+        key = spec.pool_key
         specs[key] = spec
         deps.demand[key] = deps.demand.get(key, 0) + 1
     for key, spec in specs.items():

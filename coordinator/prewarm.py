@@ -97,7 +97,7 @@ class Prewarm:
                     spec, run=self.run, member=f"pool-{i + 1}", image=image
                 )
                 with self._lock:
-                    self._boxes.append((spec.model_dump_json(), info))
+                    self._boxes.append((spec.pool_key, info))
 
             with ThreadPoolExecutor(max_workers=len(wanted) or 1) as threads:
                 list(threads.map(one, range(len(wanted))))

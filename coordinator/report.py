@@ -13,14 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from sandbox.strict import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Citation(_Strict):
+class Citation(Strict):
     member: str
     """The member whose finding this is."""
     wave: int | None = None
@@ -33,14 +31,14 @@ class Citation(_Strict):
     """The member did not end ok: this is from what it had when a limit stopped it."""
 
 
-class ReportClaim(_Strict):
+class ReportClaim(Strict):
     text: str
     citations: list[Citation] = Field(default_factory=list)
     uncited: bool = False
     """True when none of the analyst's citations resolved to a member's finding."""
 
 
-class MemberLine(_Strict):
+class MemberLine(Strict):
     member: str
     kind: str
     task: str
@@ -55,7 +53,7 @@ class MemberLine(_Strict):
 Verdict = Literal["verified", "contradicted", "inconclusive"]
 
 
-class Check(_Strict):
+class Check(Strict):
     """A lead run's coding member that put a documented behaviour to the test."""
 
     member: str
@@ -76,12 +74,12 @@ class Check(_Strict):
     """Why, in a line (the output's telling line, or the member's status)."""
 
 
-class WaveLine(_Strict):
+class WaveLine(Strict):
     wave: int
     members: list[str]
 
 
-class MemoryProblem(_Strict):
+class MemoryProblem(Strict):
     """A memory save that left a conflict in its profile, or failed."""
 
     kind: Literal["conflict", "not_saved"]
@@ -126,7 +124,7 @@ def memory_lines(problems: list[MemoryProblem]) -> list[str]:
     return out
 
 
-class Report(_Strict):
+class Report(Strict):
     """``report.json``: what the run found, with every claim citing its members."""
 
     title: str

@@ -24,8 +24,10 @@ import builtins
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,10 +92,14 @@ def _fsync_write(path: Path, text: str) -> None:
 
 
 class Journal:
-    """Append-only JSONL of state changes; every append is fsync'd before returning."""
+    """Append-only JSONL of state changes; every append is fsync'd before returning.
+
+    ``listeners`` hear every entry once it is on disk, whoever appended it: a run's
+    progress table and the API's ``on_journal`` see the same entries the file holds."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         return self.append_many(event, [fields])[0]
@@ -113,6 +119,9 @@ class Journal:
             os.fsync(fd)
         finally:
             os.close(fd)
+        for entry in entries:
+            for listener in self.listeners:
+                listener(entry)
         return entries
 
     def read(self) -> list[dict[str, Any]]:
@@ -169,7 +178,10 @@ class RunDir:
         try:
             (path / "job.toml").write_text(job_text, encoding="utf-8")
             _fsync_write(path / "job.json", job.model_dump_json(indent=2))
-            run.journal.append("run_created", name=job.name, members=job.member_count)
+            # The creator's pid: a run whose coordinator died before it started is dead.
+            run.journal.append(
+                "run_created", name=job.name, members=job.member_count, pid=os.getpid()
+            )
         except OSError as exc:  # e.g. a full disk: leave no half-made run behind
             shutil.rmtree(path, ignore_errors=True)
             raise RunDirUnavailable(_cannot(root, exc.strerror or str(exc))) from None
@@ -252,9 +264,12 @@ class RunDir:
 
     def state(self) -> RunState:
         st = RunState()
+        creator: int | None = None
         for e in self.journal.read():
             ev, m = e.get("event"), str(e.get("member", ""))
-            if ev == "run_started":
+            if ev == "run_created":
+                creator = e.get("pid") if isinstance(e.get("pid"), int) else None
+            elif ev == "run_started":
                 st.status, st.started = "running", st.started or e["ts"]
             elif ev in ("run_finished", "run_interrupted"):
                 st.status, st.finished = e.get("status", "interrupted"), e["ts"]
@@ -271,7 +286,17 @@ class RunDir:
                 st.reasons[m] = e.get("reason", "")
         if st.status == "running" and self.owner_pid() is None:
             st.status = "dead"
+        elif st.status == "created" and creator is not None and not pid_alive(creator):
+            st.status = "dead"  # its coordinator died before the run started
         return st
+
+    def resume_command(self) -> str:
+        """The command that resumes this run, with ``--output-dir`` when the run is not
+        where ``fleet resume`` looks by default."""
+        where = self.path.parent
+        if where.resolve() == runs_root().resolve():
+            return f"fleet resume {self.id}"
+        return f"fleet resume {self.id} --output-dir {shlex.quote(str(where))}"
 
     def pending_members(
         self, members: builtins.list[MemberJob], *, retry_failed: bool = False

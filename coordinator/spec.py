@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -30,6 +30,7 @@ from sandbox.errors import SandboxSpecError
 from sandbox.inbox.egress_proxy import Policy
 from sandbox.inbox.egress_rules import entry_refusal, read_host, split_entry
 from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
+from sandbox.strict import Strict
 from subagents.browser.config import BrowserConfig
 from subagents.kinds import get_kind
 from subagents.policy import MemberPolicy, ToolPolicy
@@ -38,6 +39,7 @@ from subagents.spec import Limits, check_tool_names
 from subagents.tools.mcp import McpServerSpec
 from subagents.tools.registry import CustomToolSpec, load_callable
 
+from .job_problems import FieldProblem, JobError, describe_validation
 from .run_names import slug
 from .schema_check import member_fields
 
@@ -67,19 +69,17 @@ def within_text_limit(what: str, text: str, hint: str) -> None:
         )
 
 
-class FieldProblem(ValueError):
-    """A cross-field check that failed; ``field`` is the path below the model checked."""
+class _JobModel(Strict):
+    """A part of a job. Built directly (``MemberJob(kind="coder")``), a bad field is a
+    :class:`~coordinator.jobfile.JobError` naming it and what is allowed, as a job
+    file's would be - not pydantic's error."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    @classmethod
+    def _invalid(cls, exc: ValidationError) -> Exception:
+        return JobError(f"<{cls.__name__}>", describe_validation(exc, _fields_of(cls)))
 
 
-class ModelDefaults(_Strict):
+class ModelDefaults(_JobModel):
     """The model every member uses unless it names its own."""
 
     name: str = "auto"
@@ -88,7 +88,7 @@ class ModelDefaults(_Strict):
     """Output token limit of one model call."""
 
 
-class Budget(_Strict):
+class Budget(_JobModel):
     """One budget for the whole run: every model call of every member (and the lead) is
     reserved against it before it goes out (:mod:`subagents.budget`)."""
 
@@ -108,7 +108,7 @@ class Budget(_Strict):
         return self
 
 
-class SandboxOverrides(_Strict):
+class SandboxOverrides(_JobModel):
     """Per-member changes to the box's secure defaults (see ``sandbox.spec``)."""
 
     cpus: float | None = Field(default=None, gt=0, le=64)
@@ -149,7 +149,7 @@ class SandboxOverrides(_Strict):
         return SandboxSpec(kind=kind, network=network, **changes)
 
 
-class MemoryProfile(_Strict):
+class MemoryProfile(_JobModel):
     """Explicit memory a member loads at start and may amend; nothing is inherited."""
 
     profile: str
@@ -165,7 +165,7 @@ class MemoryProfile(_Strict):
         return v
 
 
-class MemberJob(_Strict):
+class MemberJob(_JobModel):
     """One member as the job file names it."""
 
     id: str | None = None
@@ -316,7 +316,7 @@ class MemberJob(_Strict):
         return self
 
 
-class Research(_Strict):
+class Research(_JobModel):
     """A research question the planner splits into one browser member per sub-question."""
 
     question: str = Field(min_length=1)
@@ -339,7 +339,7 @@ LEAD_ID = "lead"
 """The lead's own id (its directory, trace and progress row); no member may take it."""
 
 
-class Lead(_Strict):
+class Lead(_JobModel):
     """A question for a lead that spawns members in waves (instead of ``[research]``)."""
 
     question: str = Field(min_length=1)
@@ -403,7 +403,7 @@ class Lead(_Strict):
 _RETRY_DEFAULT: tuple[RetryOn, ...] = ("crashed", "overloaded")
 
 
-class RetryPolicy(_Strict):
+class RetryPolicy(_JobModel):
     """Which failures are tried again, and how often. The task failing never is."""
 
     attempts: int = Field(default=2, ge=1, le=10)
@@ -422,7 +422,7 @@ class RetryPolicy(_Strict):
     turn unless this is ``never``."""
 
 
-class FanoutPolicy(_Strict):
+class FanoutPolicy(_JobModel):
     """How members run together and when the run counts as a success."""
 
     max_parallel: int | None = Field(default=None, ge=1, le=256)
@@ -481,7 +481,7 @@ def _reachable(url: str, allow: list[str]) -> None:
         )
 
 
-class Egress(_Strict):
+class Egress(_JobModel):
     """Where browser members may connect (coding members never have a network)."""
 
     allow: list[str] = Field(default_factory=lambda: ["corpus:8080"])
@@ -517,7 +517,7 @@ class Egress(_Strict):
         return v
 
 
-class Synthesis(_Strict):
+class Synthesis(_JobModel):
     """The analyst step: it reads only the members' structured results."""
 
     enabled: bool = True
@@ -536,7 +536,7 @@ class Synthesis(_Strict):
     """Each member's result is cut to this many characters before the analyst sees it."""
 
 
-class Job(_Strict):
+class Job(_JobModel):
     """A whole job file."""
 
     name: str = Field(min_length=1, max_length=60)
@@ -641,3 +641,8 @@ class Job(_Strict):
 
     def slug(self) -> str:
         return slug(self.name)
+
+
+def _fields_of(model: type[BaseModel]) -> Callable[[tuple[str | int, ...]], str]:
+    """The fields a directly built model accepts, for an unknown key's error."""
+    return lambda loc: ", ".join(model.model_fields)

@@ -20,6 +20,7 @@ from pydantic import (
 
 from .errors import SandboxSpecError
 from .inbox.egress_rules import entry_refusal
+from .strict import Strict
 
 BoxKind = Literal["coding", "browser", "service"]
 
@@ -119,17 +120,15 @@ def spec_error(model: type[BaseModel], exc: ValidationError) -> SandboxSpecError
     )
 
 
-class _Strict(BaseModel):
+class _Strict(Strict):
     """Direct construction raises :class:`SandboxSpecError` (a ``ValueError``), not
     pydantic's multi-line error, so API users get the same one paragraph as the CLI."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def __init__(self, /, **data: object) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise spec_error(type(self), exc) from None
+    @classmethod
+    def _invalid(cls, exc: ValidationError) -> Exception:
+        return spec_error(cls, exc)
 
 
 class NetworkPolicy(_Strict):
@@ -240,6 +239,12 @@ class SandboxSpec(_Strict):
         if not v.startswith("/"):
             raise ValueError(f"workdir {v!r} must be an absolute path such as '/workspace'")
         return v
+
+    @property
+    def pool_key(self) -> str:
+        """Boxes of equal specs are interchangeable: the key of a warm pool, of a
+        node's pooled boxes and of a prewarmed box (one definition for all three)."""
+        return self.model_dump_json()
 
     @property
     def memory_bytes(self) -> int:

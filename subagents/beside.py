@@ -19,6 +19,14 @@ import anyio
 T = TypeVar("T")
 
 
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The errors inside (nested) exception groups, which task groups wrap them in, in
+    order; ``[exc]`` for an error that is not a group. The one place that unwraps them."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
+
+
 async def beside(
     main: Callable[[], Awaitable[T]],
     side: Callable[[], Coroutine[Any, Any, None]],

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from sandbox.strict import Strict
 
 from .trace import TokenCounts
 
@@ -36,11 +38,7 @@ Status = Literal["ok", "failed", "timed_out", "crashed", "cancelled", "incomplet
 LimitName = Literal["turns", "tokens", "deadline", "no_result", "budget"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Progress(_Strict):
+class Progress(Strict):
     """What a member that did not finish got done (for the coordinator and a person)."""
 
     turns: int = 0
@@ -53,7 +51,7 @@ class Progress(_Strict):
     """The model's last words (capped), which often say where it was."""
 
 
-class MemberOutcome(_Strict, TokenCounts):
+class MemberOutcome(Strict, TokenCounts):
     """How one member ended; JSON-ready, written to ``result.json``."""
 
     member: str

@@ -16,7 +16,6 @@ from typing import Any
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     SerializeAsAny,
     ValidationInfo,
@@ -25,6 +24,7 @@ from pydantic import (
 )
 
 from sandbox.spec import SandboxSpec
+from sandbox.strict import Strict
 
 from .context.config import ContextConfig
 from .kinds import NoSettings, get_kind, kind_settings
@@ -34,11 +34,7 @@ from .tools.mcp import McpServerSpec
 from .tools.registry import CustomToolSpec
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Limits(_Strict):
+class Limits(Strict):
     """How far one member may go before it must stop with what it has.
 
     One class for the job file's ``limits`` tables and the harness: the job file's
@@ -93,7 +89,7 @@ def _default_box(data: dict[str, Any]) -> SandboxSpec:
     return SandboxSpec(kind=get_kind(data["kind"]).box_kind) if "kind" in data else SandboxSpec()
 
 
-class MemberSpec(_Strict):
+class MemberSpec(Strict):
     """Everything one member needs, serializable: the unit of work."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

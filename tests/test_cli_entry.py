@@ -49,18 +49,22 @@ def test_every_argument_of_the_run_commands_says_what_it_is_for() -> None:
 
 
 def test_the_first_line_counts_one_member_in_the_singular(tmp_path, monkeypatch, capsys) -> None:
-    import argparse
+    import sys
 
+    from coordinator import api, preflight
     from coordinator.capacity import Parallelism
-    from coordinator.cli import commands
+    from coordinator.driver import RunOptions
     from coordinator.jobfile import parse_job
 
-    monkeypatch.setattr(commands, "_go", lambda run, job, opts: opts)
+    def checked(job, flags, **_):
+        return Parallelism(job.member_count, f"{job.member_count} CPUs")
+
+    monkeypatch.setattr(preflight, "preflight", checked)
     text = 'name = "one"\n[[members]]\nkind = "coding"\ntask = "t"\n'
-    args = argparse.Namespace(output_dir=str(tmp_path), plain=True)
-    commands._start(parse_job(text), text, args, Parallelism(1, "all of them"))
-    assert "(1 member, 1 at once: all of them) in" in capsys.readouterr().err
+    api.check_new(parse_job(text), text, RunOptions(out=sys.stderr), output_dir=tmp_path).open()
+    assert "(1 member, 1 at once: 1 CPUs) in" in capsys.readouterr().err
     two = parse_job(text + text.split("\n", 1)[1])
-    opts = commands._start(two, text, args, Parallelism(2, "2 CPUs"))
+    opts = RunOptions(out=sys.stderr)
+    api.check_new(two, text, opts, output_dir=tmp_path).open()
     assert "(2 members, 2 at once: 2 CPUs) in" in capsys.readouterr().err
     assert opts.max_parallel == 2  # what the first line says is what the run uses

@@ -9,8 +9,10 @@ from the page, so the page is what must stay right.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -207,3 +209,44 @@ def test_no_inline_code_span_crosses_a_line_break() -> None:
             if line.startswith("    "):
                 continue
             assert line.count("`") % 2 == 0, f"{doc.name}: a code span is cut at: {line!r}"
+
+
+def _python_blocks(section: str) -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index(f"## {section}\n")
+    end = text.index("\n## ", start)
+    return [m.group(2) for m in FENCE.finditer(text[start:end]) if m.group(1) == "python"]
+
+
+@pytest.mark.docker
+def test_the_python_api_examples_run_as_written(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    images: dict[str, str],
+    docker_client: Any,
+    cleanup: list[Path],
+) -> None:
+    """The "Python API" section's code blocks, run in order in one namespace from a
+    directory with examples/ in it, as a reader would paste them: a run, a stream
+    broken out of (the run ends interrupted) and resumed, one member cancelled."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    cleanup.append(tmp_path / "runs")
+    blocks = _python_blocks("Python API")
+    assert len(blocks) == 3
+    names: dict[str, Any] = {}
+    for block in blocks:
+        exec(compile(block, "README.md (Python API)", "exec"), names)
+    assert (names["result"].status, names["result"].outcomes["coder"].status) == ("succeeded", "ok")
+    assert names["status"] == "succeeded"
+    summary = names["summary"]
+    assert summary.status == "failed" and "the caller cancelled" in summary.outcomes["coder"].reason
+    lives = {
+        path.name: [json.loads(line)["event"] for line in open(path / "journal.jsonl")]
+        for path in (tmp_path / "runs").iterdir()
+        if path.is_dir() and (path / "journal.jsonl").exists()
+    }
+    streamed = [e for e in lives.values() if "run_interrupted" in e]
+    assert len(lives) == 3 and len(streamed) == 1
+    assert streamed[0].index("run_interrupted") < streamed[0].index("run_finished")

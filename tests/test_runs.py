@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 from conftest import remove_run
 from fleet_policies import coding_policy
@@ -196,6 +197,7 @@ def test_an_engine_gone_after_the_preflight_is_one_paragraph_and_exit_1(
 ):
     """The engine's error surfaces from the run's task group wrapped in an exception
     group; the user sees its message and the run directory, never a traceback."""
+    from coordinator.api import Ready
     from coordinator.cli.commands import _go
     from coordinator.driver import RunOptions
 
@@ -209,12 +211,13 @@ def test_an_engine_gone_after_the_preflight_is_one_paragraph_and_exit_1(
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     monkeypatch.setenv("FLEET_HOME", str(tmp_path / "fleet-home"))
     with pytest.raises(SystemExit) as ended:
-        _go(run, job, RunOptions(tty=False, out=sys.stderr))
+        _go(lambda: anyio.run(Ready(job, RunOptions(tty=False, out=sys.stderr), run=run).go))
     assert ended.value.code == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and "ExceptionGroup" not in err
     assert f"fleet: run {run.id} failed: the Docker engine is not reachable" in err
     assert f"run directory: {run.path}" in err
+    assert f"'fleet resume {run.id} --output-dir {tmp_path}'" in err  # not the default place
     assert run.state().status == "failed" and run.owner_pid() is None
     assert run.id not in reaper.live_runs(), "a run that ended must not stay marked live"
 
@@ -264,7 +267,7 @@ def test_two_quick_ctrl_c_end_the_run_interrupted_with_no_boxes_left(
         assert time.monotonic() - sent < 60
         assert proc.returncode == 130, err
         assert "Traceback" not in err and "KeyboardInterrupt" not in err
-        assert f"interrupted: resume with 'fleet resume {run.id}'" in err
+        assert f"interrupted: resume with '{run.resume_command()}'" in err
         assert f"run directory: {run.path}" in err  # the orderly end, not a cut-short one
         assert run.state().status == "interrupted" and run.owner_pid() is None
         left = docker_client.api.containers(all=True, filters={"label": f"fleet.run={run.id}"})
@@ -274,3 +277,88 @@ def test_two_quick_ctrl_c_end_the_run_interrupted_with_no_boxes_left(
             proc.kill()
         if run is not None:
             remove_run(docker_client, run.id)
+
+
+def _fleet_closed_stdout(args: list[str]) -> tuple[int, str]:
+    """``fleet ARGS | head -0``: the reader has gone before Fleet writes a byte."""
+    proc = subprocess.Popen([FLEET, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # Fleet takes a third of a second to start: long gone by then
+    err = proc.stderr.read().decode()
+    return proc.wait(timeout=60), err
+
+
+def test_a_reader_that_closes_the_pipe_ends_runs_and_trace_quietly(tmp_path):
+    run = _run(tmp_path)
+    for args in (["runs", "--json"], ["runs"], ["trace", run.id]):
+        code, err = _fleet_closed_stdout([*args, "--output-dir", str(tmp_path)])
+        assert (code, err) == (141, ""), args  # as `git log | head`: no traceback, no noise
+
+
+def test_a_run_whose_coordinator_died_before_it_started_is_dead(tmp_path):
+    """Killed between making the run directory and starting the run, a coordinator
+    left a run that said ``created 0/0`` forever; its pid is in the journal."""
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from coordinator.jobfile import parse_job; "
+            "from coordinator.runs import RunDir; "
+            "RunDir.create(parse_job(sys.argv[1]), sys.argv[1], root=sys.argv[2])",
+            JOB,
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    (run,) = RunDir.list(tmp_path)
+    assert run.state().status == "dead"
+    listed = subprocess.run(
+        [FLEET, "runs", "--json", "--output-dir", str(tmp_path)], capture_output=True, text=True
+    )
+    assert [r["status"] for r in json.loads(listed.stdout)] == ["dead"]
+    assert _run(tmp_path).state().status == "created"  # its maker is alive: not dead
+
+
+def test_the_resume_hint_names_the_runs_directory_unless_it_is_the_default(tmp_path, monkeypatch):
+    run = _run(tmp_path / "elsewhere")
+    monkeypatch.delenv("FLEET_RUNS_DIR", raising=False)
+    assert run.resume_command() == f"fleet resume {run.id} --output-dir {tmp_path / 'elsewhere'}"
+    monkeypatch.setenv("FLEET_RUNS_DIR", str(tmp_path / "elsewhere"))
+    assert run.resume_command() == f"fleet resume {run.id}"
+    monkeypatch.delenv("FLEET_RUNS_DIR")
+    monkeypatch.chdir(tmp_path)  # ./runs is where fleet resume looks by default
+    default = _run(tmp_path / "runs")
+    assert default.resume_command() == f"fleet resume {default.id}"
+    spaced = _run(tmp_path / "my runs")
+    assert spaced.resume_command().endswith(f"--output-dir '{tmp_path / 'my runs'}'")
+
+
+@pytest.mark.docker
+def test_fail_fasts_final_table_shows_the_member_it_stopped_as_cancelled(
+    tmp_path, images, docker_client
+):
+    """The member that never started is journalled ``cancelled`` at the run's end; the
+    final table says so too (it said ``queued``)."""
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "ff"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "claude-sonnet-5"\n'
+        "[fanout]\nmax_parallel = 1\nfail_fast = true\n"
+        '[[members]]\nid = "breaks"\nkind = "coding"\ntask = "[bad-request] t"\n'
+        '[[members]]\nid = "waits"\nkind = "coding"\ntask = "u"\n'
+    )
+    with FakeMessagesAPI(coding_policy()) as api:
+        proc = _fleet(["run", str(job), "--plain"], api_url=api.url)
+        try:
+            _, err = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for run in RunDir.list(tmp_path / "runs"):
+                remove_run(docker_client, run.id)
+    assert proc.returncode == 1, err
+    final = err[err.rindex("member ") :].splitlines()  # the last table printed
+    (row,) = [line for line in final if line.startswith("waits ")]
+    assert row.split()[1] == "cancelled", final

@@ -7,7 +7,8 @@ package in ``coordinator/``, and reading traces in ``coordinator/traceview/``.
 Each room registers its own sub-commands (``sandbox.cli`` for ``images`` and
 ``sandbox``; the coordinator's modules for the rest), so this file only wires
 them together and turns expected errors into one-paragraph messages with exit
-code 2 (bad input), 1 (failure) or 130 (interrupted) - never a traceback.
+code 2 (bad input), 1 (failure), 130 (interrupted) or 141 (the reader of its output
+went away, as in ``fleet runs | head``) - never a traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import CommandFailed, UsageError
+
+EXIT_BROKEN_PIPE = 128 + 13
+"""A reader that closed the pipe: what a process killed by SIGPIPE (git, cat) exits with."""
 
 # Modules that define ``register(subparsers)``; each adds its commands with
 # ``set_defaults(func=...)`` where ``func(args) -> int``.
@@ -82,10 +86,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The interrupt guard covers building the parser too: a command's module may
     # still be importing (the model client takes about a second) when Ctrl-C comes.
     try:
-        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+        code = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
+        return code
     except KeyboardInterrupt:
         print("fleet: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`fleet runs --json | head`): stop quietly, as git does.
+        # Python would print a traceback, then complain again when stdout is flushed
+        # at exit; pointing stdout at /dev/null leaves nothing to flush.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def _dispatch(argv: list[str]) -> int:

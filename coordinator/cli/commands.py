@@ -26,38 +26,29 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
 from sandbox.cluster_auth import add_insecure_flag
-from sandbox.errors import SandboxError
 from subagents.browser.corpus import CORPUS_ALLOW
-from subagents.model.errors import ModelError
 
 from .. import host_git
-from ..errors import UsageError
+from ..errors import CommandFailed, UsageError
 from ..jobfile import JobError, load_job, parse_job
 from ..run_lookup import runs_root
-from ..runs import RunDir, RunDirUnavailable, RunNotFound, check_root, root_for
+from ..runs import RunDir, RunNotFound
 from ..spec import Job
 from . import add_runs_dir
 
 if TYPE_CHECKING:
-    from ..capacity import Parallelism
     from ..driver import RunOptions, RunSummary
+
+T = TypeVar("T")
 
 # What runs a job (the driver, the preflight, the lead) is imported by the command that
 # runs one, after its job has been read: a job file with a mistake, and `fleet runs`,
 # answer without loading the model client (about a second).
-
-
-def _preflight(
-    job: Job, flags: dict[str, str] | None = None, *, args: argparse.Namespace
-) -> Parallelism:
-    from ..preflight import preflight
-
-    return preflight(job, flags, cluster=_cluster(args), insecure_cluster=_insecure_cluster(args))
 
 
 def _toml_str(s: str) -> str:
@@ -85,75 +76,36 @@ def _options(args: argparse.Namespace) -> RunOptions:
     )
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The errors inside (nested) exception groups, which task groups wrap them in."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
-
-
-def _go(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> RunSummary:
-    from ..driver import execute
+def _go(call: Callable[[], T]) -> T:
+    """Run or resume through the API (:mod:`coordinator.api`), its errors as the
+    command line says them: one paragraph and an exit code, never a traceback."""
+    from ..api import RunFailed, RunNotStarted
 
     try:
-        return anyio.run(lambda: execute(run, job, opts, resume=resume))
-    except (SandboxError, ModelError, BaseExceptionGroup) as exc:
-        # An engine that dies after the preflight surfaces from the run's task group,
-        # wrapped in an exception group: the user gets its message, not a traceback.
-        leaves = _leaves(exc)
-        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
-            _interrupted(run)
-        if not all(isinstance(e, SandboxError | ModelError) for e in leaves):
-            raise
-        reason = "; ".join(dict.fromkeys(str(e) for e in leaves))
-        run.journal.append("run_finished", status="failed", error=reason)
-        run.clear_live()
-        print(
-            f"fleet: run {run.id} failed: {reason}\nrun directory: {run.path} (once fixed, "
-            f"'fleet resume {run.id}' runs the members that did not finish)",
-            file=sys.stderr,
-        )
+        return call()
+    except RunNotStarted as exc:
+        raise (UsageError if exc.usage else CommandFailed)(str(exc)) from None
+    except RunFailed as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
-        _interrupted(run)
+        # Ctrl-C before the run's signal watcher was up: the run already said it is
+        # interrupted and how to resume it; a second Ctrl-C must not cut the exit short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise SystemExit(130) from None
 
 
-def _interrupted(run: RunDir) -> NoReturn:
-    """Ctrl-C before the run's signal watcher was up: the run is still interrupted and
-    resumable, not left looking dead."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
-    run.journal.append("run_interrupted", status="interrupted")
-    run.clear_live()
-    print(f"fleet: interrupted: resume with 'fleet resume {run.id}'", file=sys.stderr)
-    raise SystemExit(130) from None
+def _start(
+    job: Job, text: str, args: argparse.Namespace, flags: dict[str, str] | None = None
+) -> RunSummary:
+    from ..api import check_new
 
-
-def _root(job: Job, args: argparse.Namespace) -> Path:
-    """Where the run directory goes; :class:`UsageError` when none can be made there."""
-    root = root_for(job, getattr(args, "output_dir", None))
-    try:
-        check_root(root)
-    except RunDirUnavailable as exc:
-        raise UsageError(str(exc)) from None
-    return root
-
-
-def _start(job: Job, text: str, args: argparse.Namespace, parallel: Parallelism) -> RunSummary:
-    # Boxes started while the job was read carry the run's id, chosen then.
-    prewarm = getattr(args, "prewarm", None)
-    try:
-        run = RunDir.create(
-            job, text, root=_root(job, args), name=prewarm.run if prewarm is not None else None
-        )
-    except RunDirUnavailable as exc:
-        raise UsageError(str(exc)) from None
-    count = f"{job.member_count} member{'' if job.member_count == 1 else 's'}"
-    at_once = f"{parallel.members} at once: {parallel.why}"
-    print(f"fleet: run {run.id} ({count}, {at_once}) in {run.path}", file=sys.stderr)
     opts = _options(args)
-    opts.max_parallel = parallel.members
-    opts.prewarm = prewarm
-    return _go(run, job, opts)
+    opts.prewarm = getattr(args, "prewarm", None)  # boxes started while the job was read
+    # The checks run before the event loop, so Ctrl-C during an image build ends the
+    # command at once (no run exists yet).
+    ready = _go(lambda: check_new(job, text, opts, output_dir=args.output_dir, flags=flags))
+    return _go(lambda: anyio.run(ready.go))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -161,9 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         job, text = load_job(args.job)
     except JobError as exc:
         raise UsageError(str(exc)) from None
-    _root(job, args)
-    parallel = _preflight(job, args=args)
-    return _start(job, text, args, parallel).exit_code
+    return _start(job, text, args).exit_code
 
 
 def research_toml(
@@ -228,9 +178,7 @@ def cmd_research(args: argparse.Namespace) -> int:
             "model.name": "--model",
         },
     )
-    _root(job, args)
-    parallel = _preflight(job, {"model.name": "--model"}, args=args)
-    return _start(job, text, args, parallel).exit_code
+    return _start(job, text, args, {"model.name": "--model"}).exit_code
 
 
 def cmd_code(args: argparse.Namespace) -> int:
@@ -257,9 +205,7 @@ def cmd_code(args: argparse.Namespace) -> int:
     job = _parse_flags(
         text, {"members[0].task": "TASK", "members[0].test": "--test", "model.name": "--model"}
     )
-    _root(job, args)
-    parallel = _preflight(job, {"model.name": "--model", "members[0].repo": "REPO"}, args=args)
-    summary = _start(job, text, args, parallel)
+    summary = _start(job, text, args, {"model.name": "--model", "members[0].repo": "REPO"})
     from ..driver import EXIT_FAILED
 
     outcome = summary.outcomes.get("coder")
@@ -320,43 +266,22 @@ def _apply(repo: Path, patch: Path) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    try:
-        run = RunDir.open(args.run, root=args.output_dir)
-    except RunNotFound as exc:
-        raise UsageError(str(exc)) from None
-    owner = run.owner_pid()
-    if owner is not None:
-        raise UsageError(
-            f"run {run.id} is still running (pid {owner}); resume it once it ends "
-            "or after that process is gone"
-        )
-    job = run.job()
-    raising = args.budget_usd is not None or args.budget_tokens is not None
-    if raising:
-        from ..run_budget import check_raise
+    from ..api import resume_run
 
-        check_raise(run.journal.read(), usd=args.budget_usd, tokens=args.budget_tokens)
-    parallel = _preflight(job, args=args)
-    from ..lead import lead_finished
-
-    members = run.planned_members()
-    pending = run.pending_members(members or [], retry_failed=args.retry_failed)
-    lead_open = job.lead is not None and not lead_finished(run, retry_failed=args.retry_failed)
-    if members is not None and not pending and not lead_open:
-        state = run.state()
-        print(
-            f"fleet: run {run.id} has nothing left to run ({state.status}); "
-            "use --retry-failed to run its failed members again",
-            file=sys.stderr,
-        )
-        return 0 if state.status == "succeeded" else 1
     opts = _options(args)
     opts.retry_failed = args.retry_failed
-    opts.budget_usd, opts.budget_tokens = args.budget_usd, args.budget_tokens
-    opts.max_parallel = parallel.members
-    at_once = f"{parallel.members} at once: {parallel.why}"
-    print(f"fleet: resuming {run.id} ({at_once}) in {run.path}", file=sys.stderr)
-    return _go(run, job, opts, resume=True).exit_code
+    try:
+        return _go(
+            lambda: resume_run(
+                args.run,
+                opts,
+                output_dir=args.output_dir,
+                budget_usd=args.budget_usd,
+                budget_tokens=args.budget_tokens,
+            )
+        ).exit_code
+    except RunNotFound as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _age(ts: float) -> str:

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from sandbox.strict import Strict
 
 from ..delegation import Delegation
 from .base import Tool, ToolContext, ToolError, ToolOutput, current_call_id
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ClaimRef(_Strict):
+class ClaimRef(Strict):
     """One claim of one member's result."""
 
     member: str = Field(min_length=1)
@@ -31,7 +29,7 @@ class ClaimRef(_Strict):
     """The claim's index in that member's claims (from 0)."""
 
 
-class MemberRequest(_Strict):
+class MemberRequest(Strict):
     """One member the lead asks for."""
 
     kind: str = Field(min_length=1)
@@ -54,12 +52,12 @@ class MemberRequest(_Strict):
     """Coding members: the member claim this check puts to the test."""
 
 
-class SpawnInput(_Strict):
+class SpawnInput(Strict):
     members: list[MemberRequest] = Field(min_length=1, max_length=32)
     """The members of this wave (each runs in its own box, in parallel)."""
 
 
-class WaitInput(_Strict):
+class WaitInput(Strict):
     until: Literal["any", "all"] = "any"
     """``any``: return as soon as a member you have not heard from finishes; ``all``:
     when every member spawned so far has finished."""
@@ -67,7 +65,7 @@ class WaitInput(_Strict):
     """Return after this long even if nothing finished (you then see who still runs)."""
 
 
-class ReadResultInput(_Strict):
+class ReadResultInput(Strict):
     member: str = Field(min_length=1)
     """The id of a finished member."""
 

@@ -57,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sandbox.base import Sandbox
 from sandbox.process import BoxProcess
 
+from ..beside import leaves
 from ..browser.dom import untrusted
 from ..trace import ErrorEvent, TraceWriter
 from .base import Tool, ToolContext, ToolError, ToolOutput
@@ -416,24 +417,12 @@ async def serve_servers(
             failed = _find_start_failure(exc)
             if failed is None and tried:
                 last = tried[-1]
-                failed = McpStartFailed(_start_failure(last.spec, last, _leaf(exc)))
+                failed = McpStartFailed(_start_failure(last.spec, last, leaves(exc)[0]))
             task_status.started(failed or McpStartFailed(f"MCP servers did not start: {exc}"))
 
 
-def _leaf(exc: BaseException) -> BaseException:
-    """The first exception that is not a group of others."""
-    inner = getattr(exc, "exceptions", None)
-    return _leaf(inner[0]) if inner else exc
-
-
 def _find_start_failure(exc: BaseException) -> McpStartFailed | None:
-    if isinstance(exc, McpStartFailed):
-        return exc
-    for inner in getattr(exc, "exceptions", ()):
-        found = _find_start_failure(inner)
-        if found is not None:
-            return found
-    return None
+    return next((e for e in leaves(exc) if isinstance(e, McpStartFailed)), None)
 
 
 def _what(spec: McpServerSpec) -> str:
