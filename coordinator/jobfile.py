@@ -29,6 +29,7 @@ from .spec import (
     FanoutPolicy,
     FieldProblem,
     Job,
+    JobSandbox,
     Lead,
     MemberJob,
     MemoryProfile,
@@ -106,6 +107,7 @@ _EXAMPLES: dict[str, str] = {
     "instructions": 'instructions = "Compare the approaches; name trade-offs"',
     "max_result_chars": "max_result_chars = 8000",
     "output_dir": 'output_dir = "runs"',
+    "runtime": 'runtime = "gvisor"       # or "runc" (the default)',
 }
 
 _SECTION_EXAMPLES: dict[str, str] = {
@@ -168,6 +170,8 @@ def _known_fields(loc: tuple[str | int, ...]) -> str:
     names = [p for p in loc[:-1] if isinstance(p, str)]
     if len(names) >= 2 and names[-2] == "parameters":  # parameters.<name>.<field>
         return ", ".join(ParamSpec.model_fields)
+    if names == ["sandbox"]:  # the job's [sandbox], not a member's sandbox = {...}
+        return ", ".join(JobSandbox.model_fields)
     model = sections.get(names[-1], Job) if names else Job
     return ", ".join(model.model_fields)
 

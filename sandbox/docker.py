@@ -61,6 +61,7 @@ from .errors import (
     SandboxUnavailable,
 )
 from .firewall import infra_mac
+from .gvisor import exec_prefix
 from .inbox import wire
 from .network import PROXY_PORT, RunNetworks, proxy_env
 from .process import BoxProcess
@@ -108,7 +109,8 @@ class DockerSandbox(Sandbox):
         self.member = member
         nets = info["NetworkSettings"]["Networks"]
         self.ip = next((n["IPAddress"] for n in nets.values() if n.get("IPAddress")), None)
-        self.transport = BoxTransport(backend.client, self.id, self.name)
+        prefix = exec_prefix(spec)
+        self.transport = BoxTransport(backend.client, self.id, self.name, prefix)
         self._closed = False
         self._cdp: str | None = None
 
