@@ -226,9 +226,9 @@ def ensure_registered(client: docker.DockerClient, say: Say = print) -> None:
 
 
 def unregistered_message(missing: list[str]) -> str:
-    """A box asked for gVisor on an engine without it: what to do."""
+    """gVisor was asked for on an engine without it: what to do."""
     return (
-        f'this box asks for runtime = "gvisor" but the Docker engine lacks Fleet\'s gVisor '
+        f'runtime = "gvisor" was asked for, but the Docker engine lacks Fleet\'s gVisor '
         f"runtimes ({', '.join(missing)}); run 'fleet setup --gvisor' as root (it installs "
         f'runsc and registers it without restarting the engine), or use runtime = "runc"'
     )

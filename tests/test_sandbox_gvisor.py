@@ -337,3 +337,22 @@ sandbox = { runtime = "runc" }
     with pytest.raises(JobError) as err:
         load_job(path)
     assert "sandbox.runtime" in str(err.value) and "'runc' or 'gvisor'" in str(err.value)
+
+
+def test_a_job_asking_for_gvisor_where_it_is_not_registered_is_refused_before_any_box(
+    tmp_path: Path, gvisor_engine: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    from coordinator.cli import main
+
+    # The real engine, asked for one more runtime than it has.
+    absent = {**gvisor.RUNTIMES, "fleet-gvisor-absent": ["--platform=ptrace"]}
+    monkeypatch.setattr(gvisor, "RUNTIMES", absent)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "gv"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "offline"\n'
+        '[[members]]\nkind = "coding"\ntask = "t"\nsandbox = { runtime = "gvisor" }\n'
+    )
+    assert main(["run", str(job), "--plain"]) == 2
+    err = capsys.readouterr().err
+    assert "fleet-gvisor-absent" in err and "fleet setup --gvisor" in err, err
+    assert not (tmp_path / "runs").exists()
