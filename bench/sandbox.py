@@ -5,8 +5,8 @@ measurement and the fast-path/docker-exec ratio. Every box it makes belongs to o
 run (``bench-<hex>``) that is removed at the end, Ctrl-C included.
 
 ``--runtime gvisor`` runs the same measurements with boxes under gVisor;
-``--runtime both`` measures what a runtime changes, runc and gVisor one after the
-other, and prints the medians side by side: coding cold start, exec round trip, browser
+``--runtime both`` measures what a runtime changes, runc and gVisor in alternating
+blocks (``--blocks``), and prints the medians side by side: coding cold start, exec round trip, browser
 cold start, a coding turn's box work (a Python process, a file read and a write, a
 grep) and a whole offline coding member (``examples/code.toml``: box, repository copy,
 turns, the test; the offline model costs next to nothing).
@@ -146,7 +146,7 @@ async def bench_turn(backend: DockerBackend, run: str, rounds: int) -> float:
     return show("coding turn's box work (4 tool calls)", samples)
 
 
-def bench_member(rounds: int) -> float:
+def bench_member(rounds: int, *, warm: bool = True) -> float:
     """``examples/code.toml`` end to end, offline, each in a fresh output directory."""
     import coordinator as fleet
 
@@ -154,14 +154,14 @@ def bench_member(rounds: int) -> float:
     text = text.replace('repo = "sample-repo"', f'repo = "{EXAMPLES / "sample-repo"}"')
     text += f'\n[sandbox]\nruntime = "{RUNTIME}"\n'
     samples = []
-    for _ in range(rounds + 1):  # the first one warms the process up, uncounted
+    for _ in range(rounds + warm):  # a first one warms the process up, uncounted
         with tempfile.TemporaryDirectory() as out:
             start = time.perf_counter()
             result = fleet.run(fleet.load(text), output_dir=out)
             samples.append(time.perf_counter() - start)
             if result.exit_code != 0:
                 raise SystemExit(f"the coding member did not succeed: {result.status}")
-    return show("offline coding member, end to end", samples[1:])
+    return show("offline coding member, end to end", samples[warm:])
 
 
 async def bench_concurrent(backend: DockerBackend, run: str, rounds: int, n: int = 16) -> None:
@@ -217,17 +217,22 @@ async def runtime_figures(rounds: int) -> dict[str, float]:
             await backend.remove_run(run)
 
 
-def compare(rounds: int, member_rounds: int) -> None:
+def compare(blocks: int) -> None:
+    """runc and gVisor in alternating blocks (a busy machine's load drifts: neither
+    runtime gets the quiet part); each figure is the median of its blocks' medians."""
     global RUNTIME
-    medians: dict[str, dict[str, float]] = {}
-    for runtime in ("runc", "gvisor"):
-        RUNTIME = runtime
-        print(f"-- {runtime}")
-        medians[runtime] = anyio.run(runtime_figures, rounds)
-        medians[runtime]["offline coding member, end to end"] = bench_member(member_rounds)
-    print(f"\n{'median':<40} {'runc':>10} {'gVisor':>10} {'gVisor/runc':>12}")
-    for name, runc in medians["runc"].items():
-        gv = medians["gvisor"][name]
+    medians: dict[str, dict[str, list[float]]] = {"runc": {}, "gvisor": {}}
+    for block in range(blocks):
+        for runtime in ("runc", "gvisor"):
+            RUNTIME = runtime
+            print(f"-- {runtime}, block {block + 1} of {blocks}")
+            figures = anyio.run(runtime_figures, 2)
+            figures["offline coding member, end to end"] = bench_member(1, warm=block == 0)
+            for name, value in figures.items():
+                medians[runtime].setdefault(name, []).append(value)
+    print(f"\n{'median of block medians':<40} {'runc':>10} {'gVisor':>10} {'gVisor/runc':>12}")
+    for name, values in medians["runc"].items():
+        runc, gv = statistics.median(values), statistics.median(medians["gvisor"][name])
         print(f"{name:<40} {runc * 1000:8.1f}ms {gv * 1000:8.1f}ms {gv / runc:11.2f}x")
 
 
@@ -242,11 +247,11 @@ if __name__ == "__main__":
         "'fleet setup --gvisor')",
     )
     parser.add_argument(
-        "--member-rounds", type=int, default=3, help="offline members per runtime ('both')"
+        "--blocks", type=int, default=5, help="alternating blocks per runtime ('both')"
     )
     args = parser.parse_args()
     if args.runtime == "both":
-        compare(args.rounds, args.member_rounds)
+        compare(args.blocks)
     else:
         RUNTIME = args.runtime
         anyio.run(main, args.rounds)

@@ -119,7 +119,15 @@ async def test_forks_past_pids_fail_and_the_box_lives(box: DockerSandbox) -> Non
     res = await box.exec(["python3", "-c", forks], timeout=120)
     errno, started = res.stdout.split()
     assert errno == "11" and int(started) < 128, res  # EAGAIN, within the box's pids
+    assert res.leftovers >= int(started), res  # the agent ended them with the command
     await alive(box)
+
+
+async def test_a_command_past_its_timeout_ends_with_what_it_started(box: DockerSandbox) -> None:
+    res = await box.exec("echo started; sleep 60 & sleep 60", timeout=1)
+    assert res.timed_out and res.stdout == "started\n" and res.duration_s < 15, res
+    left = await box.exec("ps -eo args | grep -c '^sleep 60' || true")
+    assert left.stdout.strip() == "0", left
 
 
 async def test_a_full_tmp_is_enospc_and_the_box_lives(box: DockerSandbox) -> None:
@@ -356,3 +364,16 @@ def test_a_job_asking_for_gvisor_where_it_is_not_registered_is_refused_before_an
     err = capsys.readouterr().err
     assert "fleet-gvisor-absent" in err and "fleet setup --gvisor" in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_doctor_says_whether_gvisor_is_available(
+    gvisor_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox.doctor import _gvisor
+
+    info = gvisor_engine.info()
+    assert _gvisor(info).status == "ok"
+    monkeypatch.setattr(gvisor, "RUNTIMES", {**gvisor.RUNTIMES, "fleet-gvisor-absent": []})
+    absent = _gvisor(info)
+    assert absent.status == "warn" and "fleet-gvisor-absent" in absent.seen
+    assert "fleet setup --gvisor" in absent.fix
