@@ -56,12 +56,13 @@ from .engine import engine_calls
 from .errors import (
     PathRefused,
     SandboxClosed,
+    SandboxCrashed,
     SandboxError,
     SandboxSpecError,
     SandboxUnavailable,
 )
 from .firewall import infra_mac
-from .gvisor import exec_prefix
+from .gvisor import exec_prefix, no_prlimit_message
 from .inbox import wire
 from .network import PROXY_PORT, RunNetworks, proxy_env
 from .process import BoxProcess
@@ -445,9 +446,16 @@ class DockerBackend(SandboxBackend):
             await box.transport.start()
             if spec.kind == "browser":
                 await box.cdp_endpoint()
-        except BaseException:
+        except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await self.remove_container(box.id)
+            command = (info.get("Config") or {}).get("Cmd") or [""]
+            if isinstance(exc, SandboxCrashed) and exc.reason == "exited(127)":
+                # A gVisor box's command goes through prlimit first: 127 is its absence.
+                if command[0] != "prlimit":
+                    raise
+                image = spec.image or str(info["Config"]["Image"])
+                raise SandboxUnavailable(no_prlimit_message(image)) from None
             raise
         return box
 

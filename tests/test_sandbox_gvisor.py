@@ -377,3 +377,19 @@ def test_doctor_says_whether_gvisor_is_available(
     absent = _gvisor(info)
     assert absent.status == "warn" and "fleet-gvisor-absent" in absent.seen
     assert "fleet setup --gvisor" in absent.fix
+
+
+async def test_an_image_without_prlimit_is_refused_with_what_to_do(
+    backend: DockerBackend, module_run: str, gvisor_engine: Any, images: dict[str, str]
+) -> None:
+    import io
+
+    tag = f"fleet-test-noprlimit:{os.getpid()}"
+    dockerfile = f"FROM {images['coding']}\nUSER root\nRUN rm /usr/bin/prlimit\nUSER agent\n"
+    gvisor_engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
+    try:
+        spec = SandboxSpec(runtime="gvisor", image=tag)
+        with pytest.raises(SandboxUnavailable, match="has no 'prlimit'"):
+            await backend.create(spec, run=module_run, member="gv-noprlimit")
+    finally:
+        gvisor_engine.images.remove(tag, force=True)
