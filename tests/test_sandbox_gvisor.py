@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -360,7 +361,9 @@ def test_a_job_asking_for_gvisor_where_it_is_not_registered_is_refused_before_an
         f'name = "gv"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "offline"\n'
         '[[members]]\nkind = "coding"\ntask = "t"\nsandbox = { runtime = "gvisor" }\n'
     )
-    assert main(["run", str(job), "--plain"]) == 2
+    # On a thread of its own: this module's event loop may be running on this one.
+    with ThreadPoolExecutor(1) as worker:
+        assert worker.submit(main, ["run", str(job), "--plain"]).result() == 2
     err = capsys.readouterr().err
     assert "fleet-gvisor-absent" in err and "fleet setup --gvisor" in err, err
     assert not (tmp_path / "runs").exists()
