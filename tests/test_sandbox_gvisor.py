@@ -19,7 +19,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -396,3 +397,65 @@ async def test_an_image_without_prlimit_is_refused_with_what_to_do(
             await backend.create(spec, run=module_run, member="gv-noprlimit")
     finally:
         gvisor_engine.images.remove(tag, force=True)
+
+
+@pytest.fixture
+def failing_runtime(gvisor_engine: Any) -> Iterator[str]:
+    """A runsc runtime without a network mode, registered for one test: a box on the
+    host's network cannot start under it ("cannot run with network enabled in root
+    network namespace"), and such a failed start is what leaves runsc processes behind."""
+    if os.geteuid() != 0 or gvisor.engine_host() != gvisor.DEFAULT_HOST:
+        missing_dependency("registering a runtime needs root on the local engine")
+    name = f"fleet-gvisor-test-{os.getpid()}"
+
+    def reload(present: bool) -> None:
+        for pid in gvisor._dockerd_pids():
+            os.kill(pid, signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while (name in (gvisor_engine.info().get("Runtimes") or {})) != present:
+            assert time.monotonic() < deadline, f"the engine did not reload {gvisor.DAEMON_JSON}"
+            time.sleep(0.2)
+
+    def change(update: Callable[[dict[str, Any]], None]) -> None:
+        config = json.loads(gvisor.DAEMON_JSON.read_text())
+        update(config["runtimes"])
+        gvisor._write_config(config)
+
+    change(lambda r: r.update({name: {"path": gvisor.RUNSC, "runtimeArgs": ["--platform=ptrace"]}}))
+    try:
+        reload(True)
+        yield name
+    finally:
+        change(lambda r: r.pop(name, None))
+        reload(False)
+
+
+def test_a_box_whose_start_fails_leaves_no_runsc_process(
+    gvisor_engine: Any,
+    images: dict[str, str],
+    module_run: str,
+    failing_runtime: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sandbox.container import create_container
+    from sandbox.reaper import box_labels
+
+    monkeypatch.setattr(gvisor, "runtime_name", lambda spec, network: failing_runtime)
+    spec = SandboxSpec(runtime="gvisor")
+    before = set(gvisor.runsc_processes())
+    labels = box_labels(spec, module_run, "gv-fail")
+    with pytest.raises(SandboxUnavailable, match="could not start"):
+        create_container(
+            gvisor_engine,
+            spec,
+            images["coding"],
+            labels,
+            {},
+            "host",
+            [],
+            None,
+            module_run,
+            "gv-fail",
+        )
+    left = {pid: cid for pid, cid in gvisor.runsc_processes().items() if pid not in before}
+    assert not left, f"runsc processes left by the failed start: {left}"
