@@ -115,9 +115,7 @@ def create_container(
         api.start(created["Id"])
     except docker.errors.APIError as e:
         api.remove_container(created["Id"], force=True)
-        if spec.runtime == "gvisor":
+        if spec.runtime == "gvisor":  # a failed start can leave runsc's processes running
             gvisor.end_orphans(client, only=created["Id"])
-            if "prlimit" in str(e):
-                raise SandboxUnavailable(gvisor.no_prlimit_message(image)) from None
         raise SandboxUnavailable(f"the engine could not start box {name}: {e}") from None
     return api.inspect_container(created["Id"])

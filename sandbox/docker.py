@@ -29,6 +29,8 @@ OOM killer ends the agent itself (a file operation too big for the box), the cal
 Security defaults (from :class:`SandboxSpec`): user 1000, all capabilities dropped,
 no-new-privileges, read-only root, pids/memory (no swap)/CPU limits, an init process,
 no network for coding boxes, never the Docker socket, never the host's environment.
+``spec.runtime = "gvisor"`` puts gVisor's kernel between the box and the host's, with
+every process the backend starts in the box under gVisor's limits (:mod:`sandbox.gvisor`).
 """
 
 from __future__ import annotations
