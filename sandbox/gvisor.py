@@ -53,7 +53,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,6 +74,7 @@ RUNTIMES: dict[str, list[str]] = {
 }
 """Fleet's runtimes as daemon.json registers them (see the module docstring)."""
 DAEMON_JSON = Path("/etc/docker/daemon.json")
+DOCKERD_PIDFILE = "/var/run/docker.pid"
 RELOAD_TIMEOUT_S = 15.0
 
 SENTRY_MEMORY = 256 * 2**20
@@ -180,8 +180,22 @@ def _write_config(config: dict[str, Any]) -> None:
 
 
 def _dockerd_pids() -> list[int]:
-    proc = subprocess.run(["pidof", "dockerd"], capture_output=True, text=True, check=False)
-    return [int(p) for p in proc.stdout.split()]
+    """The default engine's dockerd: its pid file, else every dockerd (a reload of
+    another engine's own configuration changes nothing there)."""
+    try:
+        pid = int(Path(DOCKERD_PIDFILE).read_text().strip())
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "dockerd":
+            return [pid]
+    except (OSError, ValueError):
+        pass
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(f"/proc/{entry}/comm").read_text().strip() == "dockerd":
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
 
 
 def ensure_registered(client: docker.DockerClient, say: Say = print) -> None:
