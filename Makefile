@@ -31,8 +31,11 @@ test-deps:
 	  else echo "fleet: the tests need Chromium; run 'sudo apt-get install chromium'" >&2; exit 2; fi; }
 
 # Lint, format and types gate the tests: what a reviewer would check, CI checks first;
-# then fleet doctor says which of Fleet's guarantees hold on this machine (exit 1 if one does not).
+# then gVisor is registered (the tests run boxes under it too; registering needs root, and
+# without it they skip, or fail under CI) and fleet doctor says which of Fleet's
+# guarantees hold on this machine (exit 1 if one does not).
 test: setup test-deps lint
+	$(BIN)/fleet setup --gvisor || [ "$$(id -u)" != 0 ]
 	$(BIN)/fleet doctor
 	$(BIN)/python -m pytest -x -q
 

@@ -3,6 +3,13 @@
 Run: ``.venv/bin/python bench/sandbox.py [--rounds N]``. Prints median and p95 per
 measurement and the fast-path/docker-exec ratio. Every box it makes belongs to one
 run (``bench-<hex>``) that is removed at the end, Ctrl-C included.
+
+``--runtime gvisor`` runs the same measurements with boxes under gVisor;
+``--runtime both`` measures what a runtime changes, runc and gVisor in alternating
+blocks (``--blocks``), and prints the medians side by side: coding cold start, exec round trip, browser
+cold start, a coding turn's box work (a Python process, a file read and a write, a
+grep) and a whole offline coding member (``examples/code.toml``: box, repository copy,
+turns, the test; the offline model costs next to nothing).
 """
 
 from __future__ import annotations
@@ -11,9 +18,11 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 # Run as a script, this file's folder comes first on sys.path and its name would
 # shadow the ``sandbox`` package.
@@ -24,7 +33,19 @@ import anyio  # noqa: E402
 
 from sandbox.docker import DockerBackend  # noqa: E402
 from sandbox.pool import SandboxPool  # noqa: E402
-from sandbox.spec import SandboxSpec  # noqa: E402
+from sandbox.spec import NetworkPolicy, Runtime, SandboxSpec  # noqa: E402
+
+RUNTIME: Runtime = "runc"
+"""The boxes' runtime for the measurements (``--runtime``)."""
+EXAMPLES = Path(_HERE).parent / "examples"
+
+
+def coding() -> SandboxSpec:
+    return SandboxSpec(runtime=RUNTIME)
+
+
+def browser() -> SandboxSpec:
+    return SandboxSpec(kind="browser", runtime=RUNTIME, network=NetworkPolicy(egress="allowlist"))
 
 
 def stats(samples: list[float]) -> tuple[float, float]:
@@ -48,19 +69,19 @@ async def timed(fn: Callable[[], Awaitable[object]]) -> float:
     return time.perf_counter() - start
 
 
-async def bench_cold(backend: DockerBackend, run: str, rounds: int) -> None:
+async def bench_cold(backend: DockerBackend, run: str, rounds: int) -> float:
     samples = []
     for i in range(rounds):
         start = time.perf_counter()
-        box = await backend.create(SandboxSpec(), run=run, member=f"cold-{i}")
+        box = await backend.create(coding(), run=run, member=f"cold-{i}")
         await box.exec(["true"])
         samples.append(time.perf_counter() - start)
         await box.close()
-    show("coding cold start to first exec", samples, 400)
+    return show("coding cold start to first exec", samples, 400)
 
 
-async def bench_browser(backend: DockerBackend, run: str, rounds: int) -> None:
-    spec = SandboxSpec(kind="browser")
+async def bench_browser(backend: DockerBackend, run: str, rounds: int) -> float:
+    spec = browser()
     warm = await backend.create(spec, run=run, member="browser-warmup")  # network + proxy
     await warm.close()
     samples = []
@@ -70,12 +91,12 @@ async def bench_browser(backend: DockerBackend, run: str, rounds: int) -> None:
         await box.cdp_endpoint()
         samples.append(time.perf_counter() - start)
         await box.close()
-    show("browser cold start to CDP ready", samples, 2000)
+    return show("browser cold start to CDP ready", samples, 2000)
 
 
 async def bench_pool(backend: DockerBackend, run: str, rounds: int) -> None:
     samples = []
-    async with SandboxPool(backend, SandboxSpec(), run=run, min_idle=2, max_size=4) as pool:
+    async with SandboxPool(backend, coding(), run=run, min_idle=2, max_size=4) as pool:
         for i in range(rounds):
             await pool.wait_idle()
             start = time.perf_counter()
@@ -85,8 +106,8 @@ async def bench_pool(backend: DockerBackend, run: str, rounds: int) -> None:
     show("pool acquire (idle box ready)", samples, 10)
 
 
-async def bench_exec(backend: DockerBackend, run: str, rounds: int) -> None:
-    box = await backend.create(SandboxSpec(), run=run, member="exec")
+async def bench_exec(backend: DockerBackend, run: str, rounds: int) -> float:
+    box = await backend.create(coding(), run=run, member="exec")
     try:
         fast = [await timed(lambda: box.exec(["true"])) for _ in range(rounds * 20)]
         container = backend.client.containers.get(box.id)
@@ -99,6 +120,48 @@ async def bench_exec(backend: DockerBackend, run: str, rounds: int) -> None:
     f = show("exec round trip, agent fast path", fast, 10)
     p = show("exec round trip, docker exec", plain)
     print(f"{'  ratio docker exec / fast path':<40} {p / f:8.1f}x")
+    return f
+
+
+TURN_SCRIPT = "import json, pathlib; print(len(json.dumps(sorted(pathlib.Path('.').iterdir()))))"
+
+
+async def bench_turn(backend: DockerBackend, run: str, rounds: int) -> float:
+    """A coding turn's box work, as a member's tools do it: a Python process (the
+    project's test, say), a file read, a file written, a search."""
+    box = await backend.create(coding(), run=run, member="turn")
+    try:
+        for i in range(20):
+            await box.write_file(f"mod{i}.py", f"def f{i}():\n    return {i}\n" * 20)
+
+        async def turn() -> None:
+            await box.exec(["python3", "-c", TURN_SCRIPT])
+            await box.read_file("mod3.py")
+            await box.write_file("notes.txt", "a turn's note\n" * 100)
+            await box.exec(["grep", "-rn", "return 7", "."])
+
+        samples = [await timed(turn) for _ in range(rounds * 2)]
+    finally:
+        await box.close()
+    return show("coding turn's box work (4 tool calls)", samples)
+
+
+def bench_member(rounds: int, *, warm: bool = True) -> float:
+    """``examples/code.toml`` end to end, offline, each in a fresh output directory."""
+    import coordinator as fleet
+
+    text = (EXAMPLES / "code.toml").read_text()
+    text = text.replace('repo = "sample-repo"', f'repo = "{EXAMPLES / "sample-repo"}"')
+    text += f'\n[sandbox]\nruntime = "{RUNTIME}"\n'
+    samples = []
+    for _ in range(rounds + warm):  # a first one warms the process up, uncounted
+        with tempfile.TemporaryDirectory() as out:
+            start = time.perf_counter()
+            result = fleet.run(fleet.load(text), output_dir=out)
+            samples.append(time.perf_counter() - start)
+            if result.exit_code != 0:
+                raise SystemExit(f"the coding member did not succeed: {result.status}")
+    return show("offline coding member, end to end", samples[warm:])
 
 
 async def bench_concurrent(backend: DockerBackend, run: str, rounds: int, n: int = 16) -> None:
@@ -107,7 +170,7 @@ async def bench_concurrent(backend: DockerBackend, run: str, rounds: int, n: int
         boxes: list = []
 
         async def one(i: int, r: int = r, boxes: list = boxes) -> None:
-            box = await backend.create(SandboxSpec(), run=run, member=f"c{r}-{i}")
+            box = await backend.create(coding(), run=run, member=f"c{r}-{i}")
             await box.exec(["true"])
             boxes.append(box)
 
@@ -136,7 +199,59 @@ async def main(rounds: int) -> None:
             await backend.remove_run(run)
 
 
+async def runtime_figures(rounds: int) -> dict[str, float]:
+    """The medians a runtime changes, for ``--runtime both``."""
+    backend = DockerBackend()
+    run = f"bench-{uuid.uuid4().hex[:8]}"
+    try:
+        return {
+            "coding cold start to first exec": await bench_cold(backend, run, rounds),
+            "exec round trip, agent fast path": await bench_exec(backend, run, rounds),
+            "browser cold start to CDP ready": await bench_browser(
+                backend, run, max(3, rounds // 2)
+            ),
+            "coding turn's box work (4 tool calls)": await bench_turn(backend, run, rounds),
+        }
+    finally:
+        with anyio.CancelScope(shield=True):
+            await backend.remove_run(run)
+
+
+def compare(blocks: int) -> None:
+    """runc and gVisor in alternating blocks (a busy machine's load drifts: neither
+    runtime gets the quiet part); each figure is the median of its blocks' medians."""
+    global RUNTIME
+    medians: dict[str, dict[str, list[float]]] = {"runc": {}, "gvisor": {}}
+    for block in range(blocks):
+        for runtime in ("runc", "gvisor"):
+            RUNTIME = runtime
+            print(f"-- {runtime}, block {block + 1} of {blocks}")
+            figures = anyio.run(runtime_figures, 2)
+            figures["offline coding member, end to end"] = bench_member(1, warm=block == 0)
+            for name, value in figures.items():
+                medians[runtime].setdefault(name, []).append(value)
+    print(f"\n{'median of block medians':<40} {'runc':>10} {'gVisor':>10} {'gVisor/runc':>12}")
+    for name, values in medians["runc"].items():
+        runc, gv = statistics.median(values), statistics.median(medians["gvisor"][name])
+        print(f"{name:<40} {runc * 1000:8.1f}ms {gv * 1000:8.1f}ms {gv / runc:11.2f}x")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10, help="samples per measurement")
-    anyio.run(main, parser.parse_args().rounds)
+    parser.add_argument(
+        "--runtime",
+        choices=["runc", "gvisor", "both"],
+        default="runc",
+        help="the boxes' runtime; 'both': runc and gVisor side by side (needs "
+        "'fleet setup --gvisor')",
+    )
+    parser.add_argument(
+        "--blocks", type=int, default=5, help="alternating blocks per runtime ('both')"
+    )
+    args = parser.parse_args()
+    if args.runtime == "both":
+        compare(args.blocks)
+    else:
+        RUNTIME = args.runtime
+        anyio.run(main, args.rounds)

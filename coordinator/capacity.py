@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sandbox.gvisor import host_memory
 from sandbox.spec import NetworkPolicy, SandboxSpec
 
 if TYPE_CHECKING:  # the job model imports the harness; choose() must not (prewarm.py)
@@ -73,7 +74,7 @@ def choose(boxes: Sequence[SandboxSpec], host: HostSize | None) -> Parallelism:
         return Parallelism(1, "no members")
     if host is None:
         return Parallelism(min(count, 4), "the engine did not report its host's size")
-    largest = max(b.box_memory_bytes for b in boxes)
+    largest = max(host_memory(b) for b in boxes)  # a gVisor box's Sentry included
     by_memory = int(host.memory_bytes * MEMORY_OVERCOMMIT // largest)
     share = max(CPU_SHARE.get(b.kind, 1.0) for b in boxes)
     by_cpu = int(host.cpus / share)
@@ -101,12 +102,16 @@ def job_boxes(job: Job) -> list[SandboxSpec]:
 
     from .spec import SandboxOverrides
 
-    none = NetworkPolicy()
-    boxes = [m.sandbox.box(get_kind(m.kind).box_kind, network=none) for m in job.members]
+    none, runtime = NetworkPolicy(), job.sandbox.runtime
+    boxes = [
+        m.sandbox.box(get_kind(m.kind).box_kind, network=none, runtime=runtime) for m in job.members
+    ]
     if job.research is not None:
-        boxes += [SandboxOverrides().box("browser", network=none)] * job.research.members
+        research = SandboxOverrides().box("browser", network=none, runtime=runtime)
+        boxes += [research] * job.research.members
     if job.lead is not None:
         kinds = [get_kind(k).box_kind for k in job.lead.kinds]
         heaviest = max(kinds, key=lambda k: CPU_SHARE.get(k, 1.0))
-        boxes += [SandboxOverrides().box(heaviest, network=none)] * job.lead.max_members
+        spawned = SandboxOverrides().box(heaviest, network=none, runtime=runtime)
+        boxes += [spawned] * job.lead.max_members
     return boxes

@@ -177,6 +177,7 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
             egress=job.egress,
             memory_root=run.path.parent / "memory",
             policy=job.policy,
+            runtime=job.sandbox.runtime,
         )
         out.append(
             MemberUnit(

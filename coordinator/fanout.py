@@ -29,7 +29,7 @@ from pathlib import Path
 import anyio
 from pydantic import BaseModel
 
-from sandbox.spec import NetworkPolicy
+from sandbox.spec import NetworkPolicy, Runtime
 from subagents.browser.config import DEFAULT_SEARCH_URL, BrowserConfig
 from subagents.context.config import ContextConfig
 from subagents.kinds import get_kind
@@ -56,9 +56,11 @@ def to_member_spec(
     egress: Egress,
     memory_root: Path,
     policy: ToolPolicy | None = None,
+    runtime: Runtime = "runc",
 ) -> MemberSpec:
     """The harness's spec for a job member (soft deadline 10% before the hard one;
-    ``policy`` is the job's, merged with the member's own)."""
+    ``policy`` is the job's, merged with the member's own; ``runtime`` the job's box
+    runtime, unless the member names its own)."""
     lim = job.limits
     settings: BaseModel
     if job.kind == "coding":
@@ -84,7 +86,7 @@ def to_member_spec(
         ),
         stated_deadline_s=lim.deadline_s,
         max_output_tokens=max_tokens,
-        sandbox=job.sandbox.box(get_kind(job.kind).box_kind, network=network),
+        sandbox=job.sandbox.box(get_kind(job.kind).box_kind, network=network, runtime=runtime),
         memory_dir=memory_dir,
         todos=job.todos,
         context=ContextConfig.model_validate(job.context),

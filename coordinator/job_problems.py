@@ -92,6 +92,7 @@ EXAMPLES: dict[str, str] = {
     "instructions": 'instructions = "Compare the approaches; name trade-offs"',
     "max_result_chars": "max_result_chars = 8000",
     "output_dir": 'output_dir = "runs"',
+    "runtime": 'runtime = "gvisor"       # or "runc" (the default)',
 }
 
 _SECTION_EXAMPLES: dict[str, str] = {

@@ -30,6 +30,7 @@ from .spec import (
     Egress,
     FanoutPolicy,
     Job,
+    JobSandbox,
     Lead,
     MemberJob,
     MemoryProfile,
@@ -65,6 +66,8 @@ def known_fields(loc: tuple[str | int, ...]) -> str:
     names = [p for p in loc[:-1] if isinstance(p, str)]
     if len(names) >= 2 and names[-2] == "parameters":  # parameters.<name>.<field>
         return ", ".join(ParamSpec.model_fields)
+    if names == ["sandbox"]:  # the job's [sandbox], not a member's sandbox = {...}
+        return ", ".join(JobSandbox.model_fields)
     model = sections.get(names[-1], Job) if names else Job
     return ", ".join(model.model_fields)
 

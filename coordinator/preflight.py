@@ -76,7 +76,31 @@ def preflight(
         slots = check_cluster(job, cluster, insecure=insecure_cluster)
     else:
         check_images(job, out=out)
+        check_runtime(job)
     return check_parallel(job, cluster_slots=slots)
+
+
+def check_runtime(job: Job) -> None:
+    """A job that asks for gVisor finds it registered with the engine, or is refused
+    (exit 2) with the command that registers it - before any box starts."""
+    from sandbox.engine import connect
+    from sandbox.gvisor import missing_runtimes, unregistered_message
+
+    wants = job.sandbox.runtime == "gvisor" or any(
+        m.sandbox.runtime == "gvisor" for m in job.members
+    )
+    if not wants:
+        return
+    try:
+        client = connect()
+    except SandboxUnavailable as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        missing = missing_runtimes(client.info())
+    finally:
+        client.close()
+    if missing:
+        raise UsageError(unregistered_message(missing))
 
 
 def check_parallel(job: Job, *, cluster_slots: int | None = None) -> Parallelism:

@@ -159,20 +159,24 @@ def _first_wave(raw: dict[str, Any]) -> tuple[str, list[SandboxSpec], list[Sandb
     if raw.get("lead") or (raw.get("fanout") or {}).get("warm_pool") is False:
         return name, [], []  # a lead decides its members later; no pool, nothing early
     members: Sequence[dict[str, Any]] = raw.get("members") or []
+    # The job's [sandbox] runtime, unless a member names its own: an early box is taken
+    # only by a member whose box spec is the same, runtime included.
+    runtime = {"runtime": (raw.get("sandbox") or {}).get("runtime", "runc")}
     boxes = [
         SandboxSpec(
-            kind="browser" if m.get("kind") == "browser" else "coding", **(m.get("sandbox") or {})
+            kind="browser" if m.get("kind") == "browser" else "coding",
+            **{**runtime, **(m.get("sandbox") or {})},
         )
         for m in members
     ]
     research = raw.get("research")
     if isinstance(research, dict):
-        boxes += [SandboxSpec(kind="browser")] * int(research.get("members", 3))
+        boxes += [SandboxSpec(kind="browser", **runtime)] * int(research.get("members", 3))
     limit = (raw.get("fanout") or {}).get("max_parallel")
     wave = members[:limit] if isinstance(limit, int) and limit > 0 else members
     first = []
     for member in wave:
-        overrides = dict(member.get("sandbox") or {})
+        overrides = {**runtime, **(member.get("sandbox") or {})}
         if member.get("kind") != "coding" or overrides.get("image") or overrides.get("keep"):
             continue  # a kept box is the member's own, never a pool's
         first.append(SandboxSpec(kind="coding", network=NetworkPolicy(), **overrides))

@@ -29,7 +29,14 @@ from pydantic import (
 from sandbox.errors import SandboxSpecError
 from sandbox.inbox.egress_proxy import Policy
 from sandbox.inbox.egress_rules import entry_refusal, read_host, split_entry
-from sandbox.spec import BoxKind, NetworkPolicy, SandboxSpec, check_image_reference, parse_size
+from sandbox.spec import (
+    BoxKind,
+    NetworkPolicy,
+    Runtime,
+    SandboxSpec,
+    check_image_reference,
+    parse_size,
+)
 from sandbox.strict import Strict
 from subagents.browser.config import BrowserConfig
 from subagents.kinds import get_kind
@@ -125,6 +132,9 @@ class SandboxOverrides(_JobModel):
     """Image reference instead of Fleet's image for the member's kind."""
     keep: bool = False
     """Keep the box after the member ends, for debugging."""
+    runtime: Runtime | None = None
+    """``runc`` or ``gvisor`` (gVisor's user-space kernel between the box and the
+    host's); default the job's ``[sandbox] runtime``."""
 
     @field_validator("memory", "workspace_size", "tmpfs_size")
     @classmethod
@@ -142,11 +152,24 @@ class SandboxOverrides(_JobModel):
     def _image(cls, v: str | None) -> str | None:
         return check_image_reference(v)
 
-    def box(self, kind: BoxKind, *, network: NetworkPolicy) -> SandboxSpec:
+    def box(
+        self, kind: BoxKind, *, network: NetworkPolicy, runtime: Runtime = "runc"
+    ) -> SandboxSpec:
         """The member's box: its kind's secure defaults with these changes (the field
-        names are ``SandboxSpec``'s), built once, here at the job boundary."""
+        names are ``SandboxSpec``'s), built once, here at the job boundary; ``runtime``
+        is the job's, unless the member names its own."""
         changes = self.model_dump(exclude_none=True, exclude_defaults=True)
+        changes.setdefault("runtime", runtime)
         return SandboxSpec(kind=kind, network=network, **changes)
+
+
+class JobSandbox(_JobModel):
+    """What every member's box gets unless the member says otherwise."""
+
+    runtime: Runtime = "runc"
+    """The boxes' OCI runtime: ``runc`` (the host kernel, behind seccomp) or ``gvisor``
+    (gVisor's user-space kernel between the boxes and the host's; needs
+    ``fleet setup --gvisor``). A member's ``sandbox.runtime`` overrides it."""
 
 
 class MemoryProfile(_JobModel):
@@ -547,6 +570,7 @@ class Job(_JobModel):
     lead: Lead | None = None
     fanout: FanoutPolicy = Field(default_factory=FanoutPolicy)
     egress: Egress = Field(default_factory=Egress)
+    sandbox: JobSandbox = Field(default_factory=JobSandbox)
     synthesis: Synthesis = Field(default_factory=Synthesis)
     policy: ToolPolicy = Field(default_factory=ToolPolicy)
     """Allow / ask / deny rules on every member's tool calls (``subagents.policy``)."""

@@ -3,7 +3,8 @@
 ``ls`` shows every Fleet container on the engine (boxes and egress proxies) with its
 run, member, kind, state, age, TTL and whether its run is still live. ``gc`` removes
 boxes whose run is over (its live marker is gone or names a dead process), boxes
-whose TTL has passed, and run networks left behind. ``--all`` also removes kept
+whose TTL has passed, run networks left behind, and gVisor processes left on the
+host with no box behind them. ``--all`` also removes kept
 boxes, but never those of a live run (another process may be using them; gc says how
 many it spared) unless ``--include-live`` is given too; ``--dry-run`` only says what
 would go. ``rm NAME...`` removes the named boxes (a box a member kept for debugging)
@@ -175,6 +176,7 @@ def _gc_cluster(
     boxes: dict[str, BoxInfo] = {}
     networks: dict[str, None] = {}
     live: set[str] = set()
+    orphans = 0
     connect(address, insecure=insecure)
     for name, done in on_each_node(address, gc_here, *args):
         if isinstance(done, NodeUnreachable):
@@ -184,8 +186,9 @@ def _gc_cluster(
         before.update((x.id, x) for x in b)
         boxes.update((x.id, x) for x in r.boxes)
         networks.update(dict.fromkeys(r.networks))
+        orphans += r.orphans
         live |= lv
-    removed = reaper.Collected(boxes=list(boxes.values()), networks=list(networks))
+    removed = reaper.Collected(boxes=list(boxes.values()), networks=list(networks), orphans=orphans)
     return list(before.values()), removed, live
 
 
@@ -210,6 +213,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(f"{verb} {box.name} (run {box.run}, member {box.member}{where})")
     for net in removed.networks:
         print(f"{verb} network {net}")
+    if removed.orphans:
+        print(f"ended {removed.orphans} gVisor process(es) left with no box behind them")
     print(f"{verb} {len(removed.boxes)} box(es) and {len(removed.networks)} network(s)")
     taken = {b.id for b in removed.boxes}
     spared = [b for b in before if b.owner in live and b.id not in taken]

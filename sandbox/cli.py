@@ -4,7 +4,9 @@
 ``fleet setup`` makes a machine ready and is what ``make test`` and ``make demo`` run
 first: a reachable Docker engine (installed and started when absent and we are
 root), as root the host firewall rules of :mod:`sandbox.firewall` (``nftables``
-installed when missing), then every image built or confirmed up to date. When all is done it costs
+installed when missing), with ``--gvisor`` gVisor's runtimes (:mod:`sandbox.gvisor`:
+``runsc`` installed, registered, the engine reloaded), then every image built or
+confirmed up to date. When all is done it costs
 one ping and one inspect per image, and prints one line.
 
 Exit codes: 0 ready, 1 a build failed, 2 the engine is unavailable or the input is
@@ -29,6 +31,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="make this machine ready: Docker engine and images",
         description="Check (install and start, as root) the Docker engine, then build "
         "every image that is missing or out of date. Fast when everything is done.",
+    )
+    setup.add_argument(
+        "--gvisor",
+        action="store_true",
+        help='also make gVisor available to boxes (runtime = "gvisor"): install runsc, '
+        "register it in /etc/docker/daemon.json and reload the engine (root; no restart)",
     )
     setup.set_defaults(func=cmd_setup)
 
@@ -87,7 +95,7 @@ def fail(exc: BaseException, code: int) -> int:
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
-    from . import firewall
+    from . import firewall, gvisor
     from .engine import ensure_engine
     from .image_build import ensure_images
 
@@ -98,6 +106,8 @@ def cmd_setup(args: argparse.Namespace) -> int:
         return fail(exc, 2)
     try:
         firewall.setup(say)
+        if args.gvisor:
+            gvisor.ensure_registered(client, say)
     except SandboxUnavailable as exc:
         client.close()
         return fail(exc, 2)
@@ -107,7 +117,11 @@ def cmd_setup(args: argparse.Namespace) -> int:
         return fail(exc, 1)
     finally:
         client.close()
-    say(f"ready: Docker engine up, {len(refs)} images current ({time.monotonic() - started:.1f} s)")
+    with_gvisor = ", gVisor registered" if args.gvisor else ""
+    say(
+        f"ready: Docker engine up{with_gvisor}, {len(refs)} images current "
+        f"({time.monotonic() - started:.1f} s)"
+    )
     return 0
 
 

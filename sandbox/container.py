@@ -27,6 +27,10 @@ runs what it builds - a repo's ``./run-tests.sh``, a compiled test binary, a vir
 not contain anything anyway (``sh FILE``, ``python3 FILE`` and the dynamic loader run any
 readable file); the boundary is the non-root user, the dropped capabilities,
 no-new-privileges and ``nosuid``/``nodev``, which stay.
+
+Runtime. ``spec.runtime`` picks the engine's default (runc) or one of gVisor's
+runtimes; a gVisor box also gets the host limits and the in-box process limits that
+keep its promises the same (:mod:`sandbox.gvisor`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import secrets
 import docker
 import docker.errors
 
+from . import gvisor
 from .engine import on_engine
 from .errors import SandboxUnavailable
 from .spec import SHM_BYTES, SandboxSpec, parse_size
@@ -56,7 +61,7 @@ def create_container(
     mac_address: str | None = None,
 ) -> dict:
     api = client.api
-    mem = spec.box_memory_bytes
+    mem = gvisor.host_memory(spec)
     host_config = api.create_host_config(
         network_mode=network,
         cap_drop=["ALL"],
@@ -69,12 +74,13 @@ def create_container(
                 "uid=1000,gid=1000,mode=0755"
             ),
         },
-        pids_limit=spec.pids,
+        pids_limit=gvisor.host_pids(spec),
         mem_limit=mem,
         memswap_limit=mem,
         shm_size=SHM_BYTES,
         nano_cpus=int(spec.cpus * 1e9),
         init=True,
+        runtime=gvisor.runtime_name(spec, network),
     )
     networking = None
     if aliases:
@@ -84,10 +90,10 @@ def create_container(
     try:
         created = api.create_container(
             image,
-            command,
+            [*gvisor.exec_prefix(spec), *command] if command else command,
             name=name,
             user="1000:1000",
-            environment=env,
+            environment={**env, **gvisor.box_env(spec)},
             labels=labels,
             working_dir=spec.workdir,
             host_config=host_config,
@@ -101,10 +107,15 @@ def create_container(
             f"'fleet images build' (or name an existing image in the spec)"
         ) from None
     except docker.errors.APIError as e:
+        missing = gvisor.missing_runtimes(client.info()) if spec.runtime == "gvisor" else []
+        if missing:
+            raise SandboxUnavailable(gvisor.unregistered_message(missing)) from None
         raise SandboxUnavailable(f"the engine refused to create box {name}: {e}") from None
     try:
         api.start(created["Id"])
     except docker.errors.APIError as e:
         api.remove_container(created["Id"], force=True)
+        if spec.runtime == "gvisor":  # a failed start can leave runsc's processes running
+            gvisor.end_orphans(client, only=created["Id"])
         raise SandboxUnavailable(f"the engine could not start box {name}: {e}") from None
     return api.inspect_container(created["Id"])

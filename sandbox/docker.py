@@ -29,6 +29,8 @@ OOM killer ends the agent itself (a file operation too big for the box), the cal
 Security defaults (from :class:`SandboxSpec`): user 1000, all capabilities dropped,
 no-new-privileges, read-only root, pids/memory (no swap)/CPU limits, an init process,
 no network for coding boxes, never the Docker socket, never the host's environment.
+``spec.runtime = "gvisor"`` puts gVisor's kernel between the box and the host's, with
+every process the backend starts in the box under gVisor's limits (:mod:`sandbox.gvisor`).
 """
 
 from __future__ import annotations
@@ -56,11 +58,13 @@ from .engine import engine_calls
 from .errors import (
     PathRefused,
     SandboxClosed,
+    SandboxCrashed,
     SandboxError,
     SandboxSpecError,
     SandboxUnavailable,
 )
 from .firewall import infra_mac
+from .gvisor import exec_prefix, no_prlimit_message
 from .inbox import wire
 from .network import PROXY_PORT, RunNetworks, proxy_env
 from .process import BoxProcess
@@ -108,7 +112,8 @@ class DockerSandbox(Sandbox):
         self.member = member
         nets = info["NetworkSettings"]["Networks"]
         self.ip = next((n["IPAddress"] for n in nets.values() if n.get("IPAddress")), None)
-        self.transport = BoxTransport(backend.client, self.id, self.name)
+        prefix = exec_prefix(spec)
+        self.transport = BoxTransport(backend.client, self.id, self.name, prefix)
         self._closed = False
         self._cdp: str | None = None
 
@@ -443,9 +448,16 @@ class DockerBackend(SandboxBackend):
             await box.transport.start()
             if spec.kind == "browser":
                 await box.cdp_endpoint()
-        except BaseException:
+        except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await self.remove_container(box.id)
+            command = (info.get("Config") or {}).get("Cmd") or [""]
+            if isinstance(exc, SandboxCrashed) and exc.reason == "exited(127)":
+                # A gVisor box's command goes through prlimit first: 127 is its absence.
+                if command[0] != "prlimit":
+                    raise
+                image = spec.image or str(info["Config"]["Image"])
+                raise SandboxUnavailable(no_prlimit_message(image)) from None
             raise
         return box
 

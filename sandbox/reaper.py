@@ -10,7 +10,9 @@ exists and names a process that is still alive. The backend writes the marker wh
 run's first box is created and removes it in ``remove_run``; a coordinator killed
 with SIGKILL leaves a marker whose pid is dead, which counts as over. ``gc`` then
 removes: boxes whose run is over (unless kept for debugging), boxes whose TTL has
-passed (kept or not), and run networks with no live run and no containers. Boxes of
+passed (kept or not), run networks with no live run and no containers, and gVisor
+processes on the host with no container behind them (a box whose start failed can
+leave them; :func:`sandbox.gvisor.end_orphans`). Boxes of
 a live run are otherwise never touched - not even by ``--all`` - unless the caller
 says ``include_live``: on a shared engine, a live run is someone's work in progress.
 
@@ -36,6 +38,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from . import gvisor
 from .base import BoxInfo, owner_key
 from .engine import on_engine
 from .spec import SandboxSpec
@@ -255,6 +258,8 @@ class Collected:
     boxes: list[BoxInfo] = field(default_factory=list)
     networks: list[str] = field(default_factory=list)
     """Names of the run networks left without a live run and without containers."""
+    orphans: int = 0
+    """gVisor processes ended that no container stood behind (:func:`gvisor.end_orphans`)."""
 
 
 @on_engine
@@ -290,6 +295,7 @@ def collect(
             out.networks.append(str(net.get("Name") or net["Id"][:12]))
     if not dry_run:
         prune_stale_markers()
+        out.orphans = gvisor.end_orphans(client)
     return out
 
 

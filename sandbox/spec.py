@@ -23,6 +23,7 @@ from .inbox.egress_rules import entry_refusal
 from .strict import Strict
 
 BoxKind = Literal["coding", "browser", "service"]
+Runtime = Literal["runc", "gvisor"]
 
 _HOST_RE = re.compile(
     r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*(:\d{1,5})?$"
@@ -210,6 +211,9 @@ class SandboxSpec(_Strict):
     """Bytes kept per output stream of one ``exec`` (head and tail kept)."""
     keep: bool = False
     """Keep the box after its owner ends, for debugging (``gc`` still removes it)."""
+    runtime: Runtime = "runc"
+    """The box's OCI runtime: ``runc`` (the host kernel, behind seccomp) or ``gvisor``
+    (gVisor's user-space kernel between the box and the host; see :mod:`sandbox.gvisor`)."""
 
     @field_validator("memory", "tmpfs_size", "workspace_size")
     @classmethod

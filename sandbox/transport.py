@@ -82,8 +82,13 @@ longest a call on a frozen (paused) box waits before it is reported crashed."""
 class BoxTransport:
     """The exec transport of one box: the agent stream, its fallbacks, crash detection."""
 
-    def __init__(self, client: docker.DockerClient, box_id: str, name: str) -> None:
+    def __init__(
+        self, client: docker.DockerClient, box_id: str, name: str, prefix: list[str] | None = None
+    ) -> None:
         self._client = client
+        self.prefix = list(prefix or [])
+        """Put in front of every process started in the box (gVisor's limits, see
+        :func:`sandbox.gvisor.exec_prefix`)."""
         self._api = client.api
         self.id = box_id
         self.name = name
@@ -143,7 +148,7 @@ class BoxTransport:
         def start() -> Any:
             exec_id = self._api.exec_create(
                 self.id,
-                ["/bin/sh", "-c", command],
+                [*self.prefix, "/bin/sh", "-c", command],
                 stdin=True,
                 user="1000:1000",
                 workdir=cwd,
@@ -155,7 +160,8 @@ class BoxTransport:
         return BoxProcess(await self.engine(start), f"'{command}' in {self.name}")
 
     def _open_exec(self, cmd: list[str]) -> Any:
-        exec_id = self._api.exec_create(self.id, cmd, stdin=True, user="1000:1000")["Id"]
+        argv = [*self.prefix, *cmd]
+        exec_id = self._api.exec_create(self.id, argv, stdin=True, user="1000:1000")["Id"]
         return self._api.exec_start(exec_id, socket=True)
 
     # ------------------------------------------------------------ the agent
@@ -297,7 +303,7 @@ class BoxTransport:
         # ends with it (see PLAIN_EXEC).
         exec_id = secrets.token_hex(8)
         limit = str(req.get("timeout") or 0)
-        argv = ["/bin/sh", "-c", PLAIN_EXEC, "fleet-exec", exec_id, limit, *argv]
+        argv = [*self.prefix, "/bin/sh", "-c", PLAIN_EXEC, "fleet-exec", exec_id, limit, *argv]
         started = time.monotonic()
 
         out, err = HeadTail(req["limit"]), HeadTail(req["limit"])
@@ -329,7 +335,8 @@ class BoxTransport:
 
         def fork() -> Any:
             container = self._client.containers.get(self.id)
-            return container.exec_run(["/bin/sh", "-c", "/bin/true & wait $!"], user="1000:1000")
+            argv = [*self.prefix, "/bin/sh", "-c", "/bin/true & wait $!"]
+            return container.exec_run(argv, user="1000:1000")
 
         res = await self.engine(fork)
         if res.exit_code != 0:
