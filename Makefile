@@ -37,7 +37,7 @@ test-deps:
 test: setup test-deps lint
 	$(BIN)/fleet setup --gvisor || [ "$$(id -u)" != 0 ]
 	$(BIN)/fleet doctor
-	$(BIN)/python -m pytest -x -q
+	$(BIN)/python -m pytest -x -q -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -30,6 +30,13 @@ Stable interface, used by every test module:
     ``anthropic`` client of this process (``ANTHROPIC_BASE_URL``, a test key) at it;
     every server started is stopped at teardown.
 
+``make test`` runs the suite on two pytest-xdist workers (``-n 2``; about half the
+suite's time is spent waiting on boxes, Ray and subprocesses, not on this machine's
+CPUs). :func:`pytest_xdist_make_scheduler` hands out whole test modules, so a
+module-scoped fixture is made once, and every Ray test - ``tests/test_cluster*.py``
+and the ``[ray]`` cases of the fan-out contract - to one worker, first: the session's
+one test cluster serves all of them, and they are the longest part of the suite.
+
 ``missing_dependency(reason)`` is the one rule for absent dependencies: skip locally,
 fail under ``CI=true``. Call it from your own fixtures (``from conftest import
 missing_dependency``) instead of ``pytest.skip``.
@@ -67,6 +74,31 @@ def missing_dependency(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"required dependency missing under CI: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def uses_ray(nodeid: str) -> bool:
+    """Whether a test (by its node id) runs on the session's Ray test cluster."""
+    path, _, name = nodeid.partition("::")
+    return Path(path).name.startswith("test_cluster") or "[ray" in name
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Whole modules per worker; every Ray test on the same worker (see above). The
+    scheduler sees only node ids, so the rule is by name (:func:`uses_ray`)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndRay(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "ray" if uses_ray(nodeid) else nodeid.partition("::")[0]
+
+    config.option.loadscopereorder = False  # collection order: the Ray tests first
+    return ModulesAndRay(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The Ray tests first (a stable sort: the rest keep their order), so that the worker
+    that takes them starts on the suite's longest part at once."""
+    items.sort(key=lambda item: not uses_ray(item.nodeid))
 
 
 @pytest.fixture(scope="session")
