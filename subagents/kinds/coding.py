@@ -62,6 +62,8 @@ PATCH_CHARS = 200_000
 PATCH_BYTES = 64 * 1024 * 1024
 """Largest patch collected; a larger one fails the collection (edits kept in edits.tar)."""
 RESULT_BYTES = 16 * 1024 * 1024
+_SAME = json.dumps({"ok": True, "same": True})
+"""What the in-box program prints for a checkpoint equal to the last one."""
 """Largest ``result.json`` of the in-box program read back (it lists changed paths)."""
 ARCHIVE_READ_BYTES = 2 * workspace_git.ARCHIVE_BYTES
 """``edits.tar`` read back: its file content is capped in the box, headers come on top."""
@@ -172,6 +174,9 @@ async def _in_box_git(
     out = f"/tmp/fleet-out-{uuid.uuid4().hex}"
     argv = ["python3", "-I", "-S", "-c", _PROGRAM, action, out, *args]
     res = await box.exec(argv, cwd="/", timeout=600, stdin=json.dumps(request))
+    if request.get("same_as") and res.exit_code == 0 and res.stdout.strip() == _SAME:
+        # The patch equals the last checkpoint's: the program removed ``out`` itself.
+        return {"ok": True, "same": True}, out
     try:
         data = json.loads(await box.read_file(f"{out}/result.json", limit=RESULT_BYTES))
     except (FileNotFoundError, OutputLimitExceeded, ValueError):
@@ -310,8 +315,9 @@ def _checkpoint() -> Any:
     return coding_checkpoint
 
 
-async def _diff_now(ctx: ToolContext) -> tuple[dict[str, Any], str]:
-    """The in-box collection against the kept baseline, for a checkpoint."""
+async def _diff_now(ctx: ToolContext, same_as: str | None = None) -> tuple[dict[str, Any], str]:
+    """The in-box collection against the kept baseline (for a checkpoint: ``same_as``,
+    the SHA-256 of the last one kept, answers ``{"same": True}`` when it has not changed)."""
     assert ctx.sandbox is not None
     baseline = ctx.state.get("baseline") or {"objects": "/nonexistent", "commit": "none"}
     request = {
@@ -319,6 +325,8 @@ async def _diff_now(ctx: ToolContext) -> tuple[dict[str, Any], str]:
         "refused": baseline.get("refused", {}),
         "patch_bytes": PATCH_BYTES,
     }
+    if same_as is not None:
+        request["same_as"] = same_as
     args = [baseline["objects"], baseline["commit"]]
     return await _in_box_git(ctx.sandbox, "collect", args, request)
 

@@ -17,6 +17,7 @@ repository's own ``.git``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,13 +27,17 @@ from ..durable import CHECKPOINT_BYTES, CheckpointTooLarge, CheckpointUnavailabl
 from ..tools.base import ToolContext
 from .workspace_git import GIT, GIT_CONFIG, RAW_ATTRIBUTES, WORKSPACE
 
-Collect = Callable[[ToolContext], Awaitable[tuple[dict[str, Any], str]]]
-"""Runs the in-box ``collect`` against the kept baseline: its result and output dir."""
+Collect = Callable[[ToolContext, str | None], Awaitable[tuple[dict[str, Any], str]]]
+"""Runs the in-box ``collect`` against the kept baseline: its result and output dir;
+given the SHA-256 of the last checkpoint, ``{"same": True}`` when the patch equals it."""
 
 READ_ONLY = frozenset(
     {"read_file", "glob", "grep", "write_todos", "read_saved", "tool_search", "submit_result"}
 )
 """Tools that cannot change ``/workspace``: a turn of only these needs no checkpoint."""
+_LAST = "checkpoint_sha256"
+"""ctx.state key: the SHA-256 of the newest checkpoint kept on the host (absent: none
+kept, or the last turn's could not be)."""
 _RESTORE = "/tmp/fleet-restore.diff"
 _APPLY_GIT = "/tmp/fleet-restore.git"
 
@@ -46,13 +51,17 @@ async def checkpoint_workspace(
         return None
     if not ctx.state.get("baseline"):
         raise CheckpointUnavailable("no baseline snapshot of /workspace")
+    last = ctx.state.pop(_LAST, None)  # put back only once this turn's is kept
     try:
-        found, out = await collect(ctx)
+        found, out = await collect(ctx, last)
+        if found.get("same") and last is not None:
+            ctx.state[_LAST] = last
+            return None  # the last checkpoint is this turn's state too
         try:
             if not found.get("ok"):
                 error = str(found.get("error"))[-300:]
                 raise CheckpointUnavailable(f"the diff failed: {error}")
-            return await box.read_file(f"{out}/patch.diff", limit=CHECKPOINT_BYTES)
+            data = await box.read_file(f"{out}/patch.diff", limit=CHECKPOINT_BYTES)
         finally:  # one such directory a turn would fill the box's /tmp
             await box.exec(["rm", "-rf", out], timeout=60)
     except OutputLimitExceeded as exc:
@@ -61,6 +70,8 @@ async def checkpoint_workspace(
         # A box dying under the turn's last tool: its next call says how (a crash), as
         # it did before checkpoints; this turn only cannot be resumed from.
         raise CheckpointUnavailable(f"the box did not answer: {exc}") from exc
+    ctx.state[_LAST] = hashlib.sha256(data).hexdigest()
+    return data
 
 
 async def restore_workspace(ctx: ToolContext, data: bytes) -> str:
@@ -95,6 +106,7 @@ async def restore_workspace(ctx: ToolContext, data: bytes) -> str:
     res = await box.exec(["bash", "-c", script], timeout=300, env=env, cwd="/")
     if not res.ok:
         raise RuntimeError(f"git apply refused it: {(res.stderr or res.stdout)[-300:]}")
+    ctx.state[_LAST] = hashlib.sha256(data).hexdigest()
     return f"workspace restored ({len(data)}-byte diff against its baseline)"
 
 

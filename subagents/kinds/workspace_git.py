@@ -46,7 +46,10 @@ baseline, every file the walk lists) go into ``edits.tar`` beside the result, up
 :data:`ARCHIVE_BYTES`, with deleted and left-out paths listed in the result.
 
 Output goes to files in ``OUT``, a directory the host named and this program creates
-(it refuses one that exists): ``result.json``, ``patch.diff``, ``edits.tar``. Paths in
+(it refuses one that exists): ``result.json``, ``patch.diff``, ``edits.tar``. A
+``collect`` given ``same_as`` (the SHA-256 of the host's last checkpoint) whose patch
+hashes to it removes ``OUT`` and prints ``{"ok": true, "same": true}`` instead: the
+host then has nothing to read back or to clean up. Paths in
 ``result.json`` are ``os.fsdecode`` strings (surrogate escapes for bytes that are not
 UTF-8, which JSON carries).
 """
@@ -529,9 +532,27 @@ def main(argv: list[str]) -> int:
             result = collect(out, rest[0], rest[1], request)
     except (Failed, OSError) as exc:
         result = {"ok": False, "error": str(exc)}
+    same = request.get("same_as")
+    if (
+        isinstance(same, str)
+        and result.get("ok")
+        and _sha256(os.path.join(out, "patch.diff")) == same
+    ):
+        # A checkpoint equal to the host's last: nothing to read back, nothing to keep.
+        shutil.rmtree(out, ignore_errors=True)
+        print(json.dumps({"ok": True, "same": True}))
+        return 0
     with open(os.path.join(out, "result.json"), "w") as f:
         json.dump(result, f)
     return 0
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(functools.partial(f.read, 1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 if __name__ == "__main__":
