@@ -8,10 +8,12 @@ reads nothing back, and a resume drops the checkpoints of turns that will run ag
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from sandbox.docker import DockerBackend, DockerSandbox
@@ -73,28 +75,37 @@ async def test_an_unchanged_turn_writes_no_checkpoint_and_reads_nothing_back(
     box: DockerSandbox, tmp_path: Path
 ) -> None:
     await box.write_file("/workspace/a.txt", "one\n")
+    written = time.monotonic()
     counted = Counted(box)
     store, ctx = _store(tmp_path, counted)
+    # Once the workspace's times have settled, a turn that changed nothing is answered
+    # from its stamps alone: with the baseline's objects out of the way, a collection
+    # could not even run (it would be checkpoint-1.over).
+    await anyio.sleep(max(0.0, written + 2.2 - time.monotonic()))
     await coding.snapshot_workspace(ctx)
-
-    await store.after_tools(1, ["shell"])  # the first checkpoint is always kept
+    objects = ctx.state["baseline"]["objects"]
+    await box.exec(["mv", objects, f"{objects}.away"])
+    await store.after_tools(1, ["shell"])
+    await box.exec(["mv", f"{objects}.away", objects])
     store.committed(1)
-    assert _kept(tmp_path) == ["checkpoint-1.bin"]
+    assert _kept(tmp_path) == []  # the baseline is turn 1's state: nothing to keep
+
+    # Same size, modification time set back: the change time still gives it away.
+    edit = "touch -r a.txt t && echo two > a.txt && touch -r t a.txt && rm t"
+    await box.exec(["sh", "-c", edit], cwd="/workspace")
+    await store.after_tools(2, ["shell"])
+    store.committed(2)
+    assert _kept(tmp_path) == ["checkpoint-2.bin"]
+    assert b"+two" in (tmp_path / "checkpoint-2.bin").read_bytes()
 
     outputs = ["sh", "-c", "ls -d /tmp/fleet-out-* | wc -l"]  # the snapshot's stays
     before = (await box.exec(outputs)).stdout
     counted.calls.clear()
-    await store.after_tools(2, ["shell"])  # nothing changed
-    store.committed(2)
-    assert _kept(tmp_path) == ["checkpoint-1.bin"]
+    await store.after_tools(3, ["shell"])  # nothing changed (times not settled yet)
+    store.committed(3)
+    assert _kept(tmp_path) == ["checkpoint-2.bin"]
     assert counted.calls == ["exec"], counted.calls  # the diff alone: no read, no clean-up
     assert (await box.exec(outputs)).stdout == before, "the in-box program left its output"
-
-    await box.write_file("/workspace/a.txt", "two\n")
-    await store.after_tools(3, ["shell"])
-    store.committed(3)
-    assert _kept(tmp_path) == ["checkpoint-3.bin"]
-    assert b"+two" in (tmp_path / "checkpoint-3.bin").read_bytes()
 
     await box.write_file("/workspace/a.txt", "one\n")  # back to the baseline: a change too
     await store.after_tools(4, ["shell"])
