@@ -48,6 +48,7 @@ from subagents.model import ModelError
 from .driver import RunOptions, RunSummary, execute
 from .errors import CommandFailed, UsageError
 from .jobfile import JobError, describe_validation, load_job, parse_job, render_toml
+from .prewarm import Prewarm
 from .runs import RunDir, RunDirUnavailable, check_root, root_for
 from .spec import Job
 
@@ -128,13 +129,31 @@ async def run_async(
     parsed, text = _load(job)
     opts = _options(options, on_event, on_journal, echo)
     root = root_for(parsed, output_dir)
+    # The first wave's boxes start beside the preflight, as `fleet run` starts them
+    # while it loads (coordinator/prewarm.py); what no run takes is removed below.
+    warm = _prewarm(text, opts)
     try:
-        check_root(root)  # at once, before images are built
-        await _preflight(parsed, opts)
-        created = RunDir.create(parsed, text, root=root)
-    except RunDirUnavailable as exc:
-        raise RunNotStarted(str(exc)) from None
-    return await _execute(created, parsed, opts, resume=False)
+        try:
+            check_root(root)  # at once, before images are built
+            await _preflight(parsed, opts)
+            created = RunDir.create(parsed, text, root=root, name=warm.run if warm else None)
+        except RunDirUnavailable as exc:
+            raise RunNotStarted(str(exc)) from None
+        return await _execute(created, parsed, opts, resume=False)
+    finally:
+        if warm is not None:
+            opts.prewarm = None
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(warm.close)
+
+
+def _prewarm(text: str, opts: RunOptions) -> Prewarm | None:
+    """Boxes for the job's first wave, started now in a thread - unless the caller chose
+    its own backend, a cluster runs the members, or boxes were started already."""
+    if opts.prewarm is not None or opts.backend is not None or opts.cluster:
+        return None
+    opts.prewarm = Prewarm.from_text(text)
+    return opts.prewarm
 
 
 def resume(

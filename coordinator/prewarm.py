@@ -1,4 +1,5 @@
-"""The first wave's boxes, started as soon as ``fleet run JOB`` has read the job file.
+"""The first wave's boxes, started as soon as ``fleet run JOB`` has read the job file
+(or :func:`coordinator.api.run_async` its job).
 
 A job of explicit members has no planning phase for box start-up to hide behind, and
 until now its warm pool opened when the run began, so its first members waited for
@@ -9,6 +10,9 @@ and the preflight checks. This module starts the boxes at the very beginning of 
 in a thread, from the job file's own text (``tomllib``: nothing heavy to import; the
 job is still validated as always afterwards), so that they are running when the
 members start. The run's warm pool takes them over (:func:`coordinator.node.open_pools`).
+A program calling the API has imported all that already, but the run's preflight
+(models, images, the engine's host: 0.15-0.3 s here) still comes before its first
+member, so ``run_async`` starts the same boxes beside it.
 
 What is started: boxes for the explicit coding members that will run first - the
 first ``max_parallel`` members in the job's order, ``max_parallel`` as the job sets it
@@ -61,8 +65,16 @@ class Prewarm:
         """Start the first wave's boxes of ``job_file``; None when there is nothing to
         start early or the file does not read as a job (its validation says why later)."""
         try:
-            raw = tomllib.loads(Path(job_file).read_text(encoding="utf-8"))
-            name, members, first = _first_wave(raw)
+            text = Path(job_file).read_text(encoding="utf-8")
+        except Exception:
+            return None
+        return cls.from_text(text)
+
+    @classmethod
+    def from_text(cls, job_text: str) -> Prewarm | None:
+        """The same from a job's TOML text (:func:`coordinator.api.run_async` has it)."""
+        try:
+            name, members, first = _first_wave(tomllib.loads(job_text))
         except Exception:
             return None
         if not first:

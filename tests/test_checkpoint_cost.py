@@ -86,9 +86,13 @@ async def test_an_unchanged_turn_writes_no_checkpoint_and_reads_nothing_back(
     objects = ctx.state["baseline"]["objects"]
     await box.exec(["mv", objects, f"{objects}.away"])
     await store.after_tools(1, ["shell"])
-    await box.exec(["mv", f"{objects}.away", objects])
     store.committed(1)
     assert _kept(tmp_path) == []  # the baseline is turn 1's state: nothing to keep
+    # So is the final patch: empty, and no collection ran for it either.
+    done = await coding.collect_patch({"summary": "nothing to change"}, ctx)
+    assert done["patch"] == "" and done["files_changed"] == [], done
+    assert "collection_error" not in done and (tmp_path / "patch.diff").read_bytes() == b""
+    await box.exec(["mv", f"{objects}.away", objects])
 
     # Same size, modification time set back: the change time still gives it away.
     edit = "touch -r a.txt t && echo two > a.txt && touch -r t a.txt && rm t"
@@ -112,6 +116,10 @@ async def test_an_unchanged_turn_writes_no_checkpoint_and_reads_nothing_back(
     store.committed(4)
     assert _kept(tmp_path) == ["checkpoint-4.bin"]
     assert (tmp_path / "checkpoint-4.bin").read_bytes() == b""
+
+    await box.write_file("/workspace/b.txt", "new\n")  # the final patch sees a change
+    done = await coding.collect_patch({"summary": "added b.txt"}, ctx)
+    assert done["files_changed"] == ["b.txt"] and "+new" in done["patch"], done
 
 
 async def test_a_resume_drops_checkpoints_of_turns_that_run_again(

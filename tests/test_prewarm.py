@@ -132,3 +132,50 @@ def test_a_member_that_ends_before_its_box_is_ready_is_one_attempt(
     (member,) = rollup_run(load_run(run)).members
     assert member.attempts == 1 and [a.status for a in member.per_attempt] == ["failed"]
     assert docker_client.api.containers(all=True, filters={"label": f"fleet.run={run.name}"}) == []
+
+
+@pytest.fixture
+def started_api(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every Prewarm made from a job's text (what the Python API starts)."""
+    seen: list[Any] = []
+    real = prewarm_module.Prewarm.from_text.__func__  # type: ignore[attr-defined]
+
+    def recording(cls: Any, text: str) -> Any:
+        warm = real(cls, text)
+        seen.append(warm)
+        return warm
+
+    monkeypatch.setattr(prewarm_module.Prewarm, "from_text", classmethod(recording))
+    return seen
+
+
+def test_the_api_starts_the_first_wave_beside_its_preflight(
+    tmp_path, images, docker_client, cleanup, monkeypatch, started_api
+):
+    from coordinator import api
+
+    cleanup.append(tmp_path / "runs")
+    summary = api.run(_job(tmp_path, 2))
+    assert summary.status == "succeeded"
+    (warm,) = started_api
+    made = {info["Name"].lstrip("/"): info for _, info in warm._boxes}
+    assert len(made) == 2 and summary.run.path.name == warm.run
+    used = [
+        e.box
+        for m in ("c0", "c1")
+        for e in read_trace(summary.run.path / "members" / m / "trace.jsonl")
+        if e.type == "sandbox" and e.action == "create"
+    ]
+    assert sorted(used) == sorted(made)
+    gone = docker_client.api.containers(all=True, filters={"label": f"fleet.run={warm.run}"})
+    assert gone == []
+
+    # A run the preflight refuses (no key for its model) leaves none of its early boxes.
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    job = _job(tmp_path, 2).read_text().replace('"offline"', '"claude-sonnet-5"')
+    with pytest.raises(api.RunNotStarted):
+        api.run(job)
+    refused = started_api[-1]
+    assert refused is not None and refused is not warm
+    left = docker_client.api.containers(all=True, filters={"label": f"fleet.run={refused.run}"})
+    assert left == []

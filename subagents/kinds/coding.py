@@ -242,11 +242,14 @@ async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any
         result.setdefault("notes", []).append("patch unavailable: no sandbox")
         return result
     box = ctx.sandbox
-    found, out = await _diff_now(ctx)
+    # A workspace still as its baseline (its stamps say so) has the empty patch: the
+    # box answers "same" without a collection.
+    found, out = await _diff_now(ctx, _checkpoint().baseline_state(ctx))
     # Names travel as os.fsdecode strings: one that is not UTF-8 arrives intact and is
     # shown as the tools show it.
     result["files_changed"] = [show(str(n)) for n in found.get("changed") or []]
-    if found.get("ok"):
+    raw = b""
+    if found.get("ok") and not found.get("same"):
         try:
             raw = await box.read_file(f"{out}/patch.diff", limit=PATCH_BYTES)
         except (FileNotFoundError, OutputLimitExceeded) as exc:

@@ -54,6 +54,12 @@ def from_baseline(ctx: ToolContext, stamps_print: str) -> None:
     ctx.state[_LAST] = {"sha256": _EMPTY, "stamps_print": stamps_print}
 
 
+def baseline_state(ctx: ToolContext) -> dict[str, str | None] | None:
+    """The newest checkpoint when it is the empty patch (the workspace as its baseline)."""
+    last = ctx.state.get(_LAST)
+    return last if last is not None and last.get("sha256") == _EMPTY else None
+
+
 async def checkpoint_workspace(
     ctx: ToolContext, tools: list[str], collect: Collect
 ) -> bytes | None:
