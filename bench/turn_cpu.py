@@ -10,7 +10,8 @@ process* (this script with ``--serve``). That process reads the coordinator's CP
 clock (``clock_gettime`` on the coordinator's process CPU clock: every thread, live
 or ended, nanoseconds) as each request arrives; the figure is the CPU between the
 member's second and last model call, over the turns between them. So the set-up
-(preflight, run directory, box start) is out, and everything a turn costs is in: the
+(preflight, run directory, box start: reported apart, from the API call to the first
+model call) is out, and everything a turn costs is in: the
 tool call's way to the box and back, the trace and journal writes, the progress, the
 model client, and every thread the process keeps busy meanwhile (the Docker SDK's, the
 pool's, anyio's workers).
@@ -134,13 +135,15 @@ class Server:
 _NONCE = iter(range(1, 1_000_000))
 
 
-def per_turn_ms(server: Server, turns: int, out: Path) -> float:
-    """CPU per turn between the member's second and last model call, in ms."""
+def per_turn_ms(server: Server, turns: int, out: Path) -> tuple[float, float]:
+    """CPU per turn between the member's second and last model call, and CPU from the
+    API call to its first model call (preflight, run directory, box start), in ms."""
     nonce = f"n{next(_NONCE)}"
+    start = time.process_time()  # the clock the server reads from outside
     anyio.run(one_member, turns, nonce, out)
     stamps = server.stamps(nonce)
     assert len(stamps) == turns, (len(stamps), turns)
-    return (stamps[-1] - stamps[1]) / (turns - 2) * 1_000
+    return (stamps[-1] - stamps[1]) / (turns - 2) * 1_000, (stamps[0] - start) * 1_000
 
 
 def profile(turns: int, out: Path, dest: Path) -> None:
@@ -192,12 +195,17 @@ def main() -> None:
             if args.profile:
                 profile(max(counts), out, args.profile)
                 return
-            rows = ["| turns | CPU per turn, median (ms) | min | max |", "|---:|---:|---:|---:|"]
+            rows = [
+                "| turns | CPU per turn, median (ms) | min | max | CPU before the first "
+                "model call, median (ms) |",
+                "|---:|---:|---:|---:|---:|",
+            ]
             for turns in counts:
                 runs = [per_turn_ms(server, turns, out) for _ in range(args.repeats)]
+                per = [r[0] for r in runs]
                 rows.append(
-                    f"| {turns} | {statistics.median(runs):.2f} | {min(runs):.2f} | "
-                    f"{max(runs):.2f} |"
+                    f"| {turns} | {statistics.median(per):.2f} | {min(per):.2f} | "
+                    f"{max(per):.2f} | {statistics.median(r[1] for r in runs):.1f} |"
                 )
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             print(
