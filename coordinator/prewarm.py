@@ -20,6 +20,23 @@ or as :mod:`coordinator.capacity` will choose it from the engine's host - with t
 settings each member asks for, only coding boxes without a network and on Fleet's
 image (no run network or proxy has to exist first). Anything else starts as before.
 
+What was measured before choosing this over the other ways to have boxes ready
+(2-core engine, Docker 20.10). A pool that outlives its run - idle boxes kept for
+the next run of the same image and settings - would make a second run's boxes free,
+but only for a process that runs several jobs (``fleet run`` runs one), and it would
+be a daemon in all but name: boxes idle between runs, owned by whichever process
+made them, to be bounded, timed out and found by ``fleet sandbox gc``; and it would
+hide what a first run costs. A faster OCI runtime is the other lever: Debian's
+``crun`` starts a container of the coding image for 7 ms of CPU where ``runc`` takes
+30-34 ms (``runc``/``crun run`` of the same bundle, 40 each), and every ``docker
+exec`` (a box's agent start) pays the runtime again. But the engine must be
+configured to offer it (``daemon.json`` and a reload of dockerd), which Fleet does
+not do to a user's engine. What Fleet controls is what its boxes burn once started,
+and that was the larger share: a coding member's per-turn checkpoint ran a
+collection in the box (Python, git: about 100 ms of the box's CPU a turn), so 16
+members doing five turns put 8 CPU-seconds on two cores; a turn that changed nothing
+now costs the box about a quarter of that (:mod:`subagents.kinds.workspace_git`).
+
 Safety. The boxes carry the run's id: its directory name is chosen here, and the run
 is created with it. The run is marked live before the first box is made, so a
 ``fleet sandbox gc`` on a shared engine leaves them alone. If the run never starts (the
