@@ -26,12 +26,13 @@ the next run of the same image and settings - would make a second run's boxes fr
 but only for a process that runs several jobs (``fleet run`` runs one), and it would
 be a daemon in all but name: boxes idle between runs, owned by whichever process
 made them, to be bounded, timed out and found by ``fleet sandbox gc``; and it would
-hide what a first run costs. A faster OCI runtime is the other lever: Debian's
-``crun`` starts a container of the coding image for 7 ms of CPU where ``runc`` takes
-30-34 ms (``runc``/``crun run`` of the same bundle, 40 each), and every ``docker
-exec`` (a box's agent start) pays the runtime again. But the engine must be
-configured to offer it (``daemon.json`` and a reload of dockerd), which Fleet does
-not do to a user's engine. What Fleet controls is what its boxes burn once started,
+hide what a first run costs. A faster OCI runtime is the other lever (``runc``
+takes 35 ms of CPU to run a container of the coding image here, and every ``docker
+exec`` - a box's agent start - runs it again; ``bench/runtime.py``), but Debian 12's
+``crun`` (1.8.1) does not run on this host at all ("cgroups in hybrid mode not
+supported"), and using any other runtime means registering it in the engine's
+``daemon.json`` and reloading dockerd, which Fleet does not do to an engine it shares
+with its user. What Fleet controls is what its boxes burn once started,
 and that was the larger share: a coding member's per-turn checkpoint ran a
 collection in the box (Python, git: about 100 ms of the box's CPU a turn), so 16
 members doing five turns put 8 CPU-seconds on two cores; a turn that changed nothing
