@@ -18,6 +18,11 @@ taken, and the medians are printed.
 what a user waits for, and where the first wave's boxes start while Fleet loads
 (:mod:`coordinator.prewarm`).
 
+Beside the wall times (API call only): the coordinator process's CPU per run and the
+CPU its boxes burned (each box's cgroup, read as it is removed) - the work a run
+puts on the machine, which other people's load on a shared machine changes far less
+than it changes wall times.
+
 Usage: ``.venv/bin/python bench/fanout.py [--counts 1,8,16] [--rounds 3] [--max-parallel N] [--cli]``
 Targets on this 2-core machine, with the defaults: 8 members <= 1.10x of 1, 16 <= 1.25x.
 """
@@ -25,6 +30,7 @@ Targets on this 2-core machine, with the defaults: 8 members <= 1.10x of 1, 16 <
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -72,6 +78,32 @@ def job(n: int, max_parallel: int | None) -> dict[str, Any]:
         "fanout": fanout,
         "synthesis": {"enabled": False},
     }
+
+
+BOX_CPU: list[float] = []
+"""CPU seconds of each box, read from its cgroup just before it is removed."""
+
+
+def count_box_cpu() -> None:
+    """Record each box's CPU (cgroup v1 ``cpuacct``) as the backend removes it: what
+    the members' commands and Fleet's in-box programs cost, which the load average of
+    a shared machine does not change much."""
+    from sandbox.docker import DockerBackend
+
+    remove = DockerBackend.remove_container
+
+    def used(ident: str) -> None:
+        usage = Path(f"/sys/fs/cgroup/cpuacct/docker/{ident}/cpuacct.usage")
+        try:
+            BOX_CPU.append(int(usage.read_text()) / 1e9)
+        except (OSError, ValueError):
+            pass  # another cgroup layout: no figure
+
+    async def counted(self: DockerBackend, ident: str) -> None:
+        used(ident)  # a small file of the kernel's: no need for a thread
+        await remove(self, ident)
+
+    DockerBackend.remove_container = counted  # type: ignore[method-assign]
 
 
 async def one_run(n: int, max_parallel: int | None, out: Path) -> float:
@@ -126,6 +158,9 @@ def main() -> None:
         text=True,
     )
     walls: dict[int, list[float]] = {n: [] for n in counts}
+    cpu: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
+    if not args.cli:
+        count_box_cpu()
     try:
         assert server.stdout is not None
         os.environ["ANTHROPIC_BASE_URL"] = server.stdout.readline().strip()
@@ -135,7 +170,11 @@ def main() -> None:
             def timed(n: int) -> float:
                 if args.cli:
                     return one_cli_run(n, args.max_parallel, Path(tmp))
-                return anyio.run(one_run, n, args.max_parallel, Path(tmp))
+                BOX_CPU.clear()
+                before = time.process_time()
+                wall = anyio.run(one_run, n, args.max_parallel, Path(tmp))
+                cpu[n].append((time.process_time() - before, sum(BOX_CPU)))
+                return wall
 
             timed(1)  # warm-up: caches, image layers
             for _ in range(args.rounds):
@@ -153,14 +192,20 @@ def main() -> None:
         f"model latency {LATENCY_S * 1000:.0f} ms, {args.rounds} interleaved rounds; "
         f"load average after: {load}\n"
     )
-    print("| members | wall, median (s) | min | max | x of 1, median of rounds |")
-    print("|---:|---:|---:|---:|---:|")
+    print(
+        "| members | wall, median (s) | min | max | x of 1, median of rounds "
+        "| coordinator CPU (s) | boxes' CPU (s) |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     base = walls[counts[0]]
     for n in counts:
         ratios = [w / b for w, b in zip(walls[n], base, strict=True)]
+        used = cpu[n] or [(math.nan, math.nan)]
         print(
             f"| {n} | {statistics.median(walls[n]):.2f} | {min(walls[n]):.2f} | "
-            f"{max(walls[n]):.2f} | {statistics.median(ratios):.2f}x |"
+            f"{max(walls[n]):.2f} | {statistics.median(ratios):.2f}x | "
+            f"{statistics.median(c for c, _ in used):.2f} | "
+            f"{statistics.median(b for _, b in used):.2f} |"
         )
 
 

@@ -1,4 +1,5 @@
-"""The first wave's boxes, started as soon as ``fleet run JOB`` has read the job file.
+"""The first wave's boxes, started as soon as ``fleet run JOB`` has read the job file
+(or :func:`coordinator.api.run_async` its job).
 
 A job of explicit members has no planning phase for box start-up to hide behind, and
 until now its warm pool opened when the run began, so its first members waited for
@@ -9,12 +10,33 @@ and the preflight checks. This module starts the boxes at the very beginning of 
 in a thread, from the job file's own text (``tomllib``: nothing heavy to import; the
 job is still validated as always afterwards), so that they are running when the
 members start. The run's warm pool takes them over (:func:`coordinator.node.open_pools`).
+A program calling the API has imported all that already, but the run's preflight
+(models, images, the engine's host: 0.15-0.3 s here) still comes before its first
+member, so ``run_async`` starts the same boxes beside it.
 
 What is started: boxes for the explicit coding members that will run first - the
 first ``max_parallel`` members in the job's order, ``max_parallel`` as the job sets it
 or as :mod:`coordinator.capacity` will choose it from the engine's host - with the box
 settings each member asks for, only coding boxes without a network and on Fleet's
 image (no run network or proxy has to exist first). Anything else starts as before.
+
+What was measured before choosing this over the other ways to have boxes ready
+(2-core engine, Docker 20.10). A pool that outlives its run - idle boxes kept for
+the next run of the same image and settings - would make a second run's boxes free,
+but only for a process that runs several jobs (``fleet run`` runs one), and it would
+be a daemon in all but name: boxes idle between runs, owned by whichever process
+made them, to be bounded, timed out and found by ``fleet sandbox gc``; and it would
+hide what a first run costs. A faster OCI runtime is the other lever (``runc``
+takes 35 ms of CPU to run a container of the coding image here, and every ``docker
+exec`` - a box's agent start - runs it again; ``bench/runtime.py``), but Debian 12's
+``crun`` (1.8.1) does not run on this host at all ("cgroups in hybrid mode not
+supported"), and using any other runtime means registering it in the engine's
+``daemon.json`` and reloading dockerd, which Fleet does not do to an engine it shares
+with its user. What Fleet controls is what its boxes burn once started,
+and that was the larger share: a coding member's per-turn checkpoint ran a
+collection in the box (Python, git: about 100 ms of the box's CPU a turn), so 16
+members doing five turns put 8 CPU-seconds on two cores; a turn that changed nothing
+now costs the box about a quarter of that (:mod:`subagents.kinds.workspace_git`).
 
 Safety. The boxes carry the run's id: its directory name is chosen here, and the run
 is created with it. The run is marked live before the first box is made, so a
@@ -61,8 +83,16 @@ class Prewarm:
         """Start the first wave's boxes of ``job_file``; None when there is nothing to
         start early or the file does not read as a job (its validation says why later)."""
         try:
-            raw = tomllib.loads(Path(job_file).read_text(encoding="utf-8"))
-            name, members, first = _first_wave(raw)
+            text = Path(job_file).read_text(encoding="utf-8")
+        except Exception:
+            return None
+        return cls.from_text(text)
+
+    @classmethod
+    def from_text(cls, job_text: str) -> Prewarm | None:
+        """The same from a job's TOML text (:func:`coordinator.api.run_async` has it)."""
+        try:
+            name, members, first = _first_wave(tomllib.loads(job_text))
         except Exception:
             return None
         if not first:

@@ -12,7 +12,8 @@ What to do with an answer - run its tools, remind, stop, close - is the loop's
 (:mod:`subagents.loop`); this module only keeps the exchange and its accounts.
 
 A durable conversation (``save_to``: the lead's) is written whole to that file after
-every change, atomically (temporary file, fsync, rename), so a coordinator killed at
+every change, atomically (temporary file, fsync, rename) - each message JSON-encoded
+once, when it is new, not again at every save -, so a coordinator killed at
 any instant leaves the last complete exchange on disk; :meth:`Conversation.restore`
 reads it back for the member to continue from where it was. It holds the messages as
 the context left them (compacted, offloaded), which is what the model saw last - so
@@ -33,6 +34,7 @@ from typing import Any
 from .context.base import ContextLike
 from .model.base import Model, ModelRequest
 from .model.errors import ModelError
+from .model.wire import BodyEncoder
 from .trace import ErrorEvent, Messages, Prompt, TraceWriter
 from .usage import Usage, model_call_event
 
@@ -86,6 +88,9 @@ class Conversation:
         """How many of the context's compaction summary calls are in ``usage``."""
         self.save_to = save_to
         """Where the conversation is kept after every change (None: nowhere)."""
+        self._saved = BodyEncoder()
+        """Each message's JSON, made once: a save writes the whole file but encodes only
+        what changed since the last (the contract of :mod:`subagents.model.wire`)."""
 
     @property
     def turn_span(self) -> str:
@@ -102,9 +107,8 @@ class Conversation:
         if self.save_to is None:
             return
         tmp = self.save_to.with_name(f".{self.save_to.name}.{os.getpid()}.tmp")
-        text = json.dumps({"messages": self.messages}, ensure_ascii=False)
         try:
-            data = text.encode("utf-8")
+            data = self._saved.encode({"messages": self.messages})
         except UnicodeEncodeError:  # a lone surrogate from the model: kept as an escape
             data = json.dumps({"messages": self.messages}).encode("ascii")
         with tmp.open("wb") as fh:

@@ -22,6 +22,10 @@ as of that turn: tool calls whose results are in the transcript are never run ag
 (their results are read from it), and calls of the last answer that had not all
 answered run again on a box put back to before them.
 
+A turn that leaves the box as the newest checkpoint has it writes none (the kind's
+checkpoint answers None): the newest checkpoint no later than the turn is that turn's
+state too, so a turn that changed nothing costs no write on the host.
+
 Bounds. A checkpoint over ``CHECKPOINT_BYTES`` is not kept: the turn is marked
 ``checkpoint-<turn>.over`` instead (so is a turn whose state could not be read:
 ``CheckpointUnavailable``), and a member whose last completed turn stands on
@@ -63,7 +67,8 @@ class CheckpointTooLarge(CheckpointUnavailable):
 
 Checkpoint = Callable[[ToolContext, list[str]], Awaitable[bytes | None]]
 """The box's state after a turn that ran these tools, or None: nothing to keep (the
-tools could not change it). Raises CheckpointUnavailable."""
+tools could not change it, or the newest checkpoint kept is that state already).
+Raises CheckpointUnavailable."""
 Restore = Callable[[ToolContext, bytes], Awaitable[str]]
 """Put a checkpoint back into a fresh box; returns what was restored, in words."""
 
@@ -132,6 +137,11 @@ class Checkpoints:
     async def restore(self, turn: int) -> str | None:
         """Put the box back as it was after ``turn``; what was restored in words ("":
         nothing to restore), or None when it cannot be (the member starts over)."""
+        for later in _entries(self.dir):
+            # Kept for a turn that runs again now: it must not stand for that turn's
+            # state, which the new run's checkpoint may leave unwritten (unchanged).
+            if _turn_of(later) > turn:
+                later.unlink(missing_ok=True)
         entry = self._newest(turn)
         if entry is None:
             return ""

@@ -49,7 +49,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.base import Sandbox
+from sandbox.base import ExecResult, Sandbox
 from sandbox.errors import OutputLimitExceeded
 
 from ..tools.base import ToolContext
@@ -62,6 +62,17 @@ PATCH_CHARS = 200_000
 PATCH_BYTES = 64 * 1024 * 1024
 """Largest patch collected; a larger one fails the collection (edits kept in edits.tar)."""
 RESULT_BYTES = 16 * 1024 * 1024
+_SAME = '{"ok": true, "same": true'
+"""How the in-box program's answer for a checkpoint equal to the last one begins."""
+
+
+def _print_or_none(value: object) -> str | None:
+    """The box's stamps print, if it looks like one (a SHA-256 in hex)."""
+    if isinstance(value, str) and len(value) == 64 and not value.strip("0123456789abcdef"):
+        return value
+    return None
+
+
 """Largest ``result.json`` of the in-box program read back (it lists changed paths)."""
 ARCHIVE_READ_BYTES = 2 * workspace_git.ARCHIVE_BYTES
 """``edits.tar`` read back: its file content is capped in the box, headers come on top."""
@@ -172,6 +183,9 @@ async def _in_box_git(
     out = f"/tmp/fleet-out-{uuid.uuid4().hex}"
     argv = ["python3", "-I", "-S", "-c", _PROGRAM, action, out, *args]
     res = await box.exec(argv, cwd="/", timeout=600, stdin=json.dumps(request))
+    same = _said_same(res) if len(args) == 4 else None
+    if same is not None:
+        return same, out  # the program removed ``out`` itself
     try:
         data = json.loads(await box.read_file(f"{out}/result.json", limit=RESULT_BYTES))
     except (FileNotFoundError, OutputLimitExceeded, ValueError):
@@ -182,7 +196,22 @@ async def _in_box_git(
         }, out
     if not isinstance(data, dict):
         return {"ok": False, "error": "Fleet's in-box git wrote no result"}, out
+    if "stamps_print" in data:
+        data["stamps_print"] = _print_or_none(data["stamps_print"])
     return data, out
+
+
+def _said_same(res: ExecResult) -> dict[str, Any] | None:
+    """The in-box program's answer that the workspace is as at the last checkpoint."""
+    if res.exit_code != 0 or not res.stdout.startswith(_SAME):
+        return None
+    try:
+        said = json.loads(res.stdout[:1024])
+    except ValueError:
+        return None
+    if not isinstance(said, dict) or said.get("same") is not True:
+        return None
+    return {"ok": True, "same": True, "stamps_print": _print_or_none(said.get("stamps_print"))}
 
 
 async def snapshot_workspace(ctx: ToolContext) -> None:
@@ -199,6 +228,8 @@ async def snapshot_workspace(ctx: ToolContext) -> None:
             "stamps": str(data.get("stamps")),
             "refused": data.get("refused") or {},
         }
+        if data.get("stamps_print"):
+            _checkpoint().from_baseline(ctx, data["stamps_print"])
     else:
         ctx.state["baseline_error"] = str(data.get("error", "no result"))[-500:]
 
@@ -211,11 +242,14 @@ async def collect_patch(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any
         result.setdefault("notes", []).append("patch unavailable: no sandbox")
         return result
     box = ctx.sandbox
-    found, out = await _diff_now(ctx)
+    # A workspace still as its baseline (its stamps say so) has the empty patch: the
+    # box answers "same" without a collection.
+    found, out = await _diff_now(ctx, _checkpoint().baseline_state(ctx))
     # Names travel as os.fsdecode strings: one that is not UTF-8 arrives intact and is
     # shown as the tools show it.
     result["files_changed"] = [show(str(n)) for n in found.get("changed") or []]
-    if found.get("ok"):
+    raw = b""
+    if found.get("ok") and not found.get("same"):
         try:
             raw = await box.read_file(f"{out}/patch.diff", limit=PATCH_BYTES)
         except (FileNotFoundError, OutputLimitExceeded) as exc:
@@ -310,8 +344,12 @@ def _checkpoint() -> Any:
     return coding_checkpoint
 
 
-async def _diff_now(ctx: ToolContext) -> tuple[dict[str, Any], str]:
-    """The in-box collection against the kept baseline, for a checkpoint."""
+async def _diff_now(
+    ctx: ToolContext, last: dict[str, str | None] | None = None
+) -> tuple[dict[str, Any], str]:
+    """The in-box collection against the kept baseline. For a checkpoint, ``last`` is
+    the newest one kept (``sha256`` of its patch, the box's ``stamps_print`` then):
+    the answer is ``{"same": True}`` when the workspace has not changed since."""
     assert ctx.sandbox is not None
     baseline = ctx.state.get("baseline") or {"objects": "/nonexistent", "commit": "none"}
     request = {
@@ -320,6 +358,8 @@ async def _diff_now(ctx: ToolContext) -> tuple[dict[str, Any], str]:
         "patch_bytes": PATCH_BYTES,
     }
     args = [baseline["objects"], baseline["commit"]]
+    if last is not None:
+        args += [str(last["sha256"]), last.get("stamps_print") or "-"]
     return await _in_box_git(ctx.sandbox, "collect", args, request)
 
 

@@ -17,6 +17,7 @@ repository's own ``.git``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,15 +27,37 @@ from ..durable import CHECKPOINT_BYTES, CheckpointTooLarge, CheckpointUnavailabl
 from ..tools.base import ToolContext
 from .workspace_git import GIT, GIT_CONFIG, RAW_ATTRIBUTES, WORKSPACE
 
-Collect = Callable[[ToolContext], Awaitable[tuple[dict[str, Any], str]]]
-"""Runs the in-box ``collect`` against the kept baseline: its result and output dir."""
+Collect = Callable[
+    [ToolContext, dict[str, str | None] | None], Awaitable[tuple[dict[str, Any], str]]
+]
+"""Runs the in-box ``collect`` against the kept baseline: its result and output dir;
+given the last checkpoint (its patch's ``sha256``, the box's ``stamps_print`` then),
+``{"same": True}`` when the workspace is as it was."""
 
 READ_ONLY = frozenset(
     {"read_file", "glob", "grep", "write_todos", "read_saved", "tool_search", "submit_result"}
 )
 """Tools that cannot change ``/workspace``: a turn of only these needs no checkpoint."""
+_LAST = "last_checkpoint"
+"""ctx.state key: the newest checkpoint kept on the host - the SHA-256 of its patch and
+the box's stamps print of the workspace then, if settled - (absent: none kept, or the
+last turn's could not be)."""
+_EMPTY = hashlib.sha256(b"").hexdigest()
 _RESTORE = "/tmp/fleet-restore.diff"
 _APPLY_GIT = "/tmp/fleet-restore.git"
+
+
+def from_baseline(ctx: ToolContext, stamps_print: str) -> None:
+    """The baseline snapshot is the member's first state: a workspace still as it was
+    (same stamps print) is its empty patch, which no checkpoint needs to hold (a resume
+    with no checkpoint starts from the baseline)."""
+    ctx.state[_LAST] = {"sha256": _EMPTY, "stamps_print": stamps_print}
+
+
+def baseline_state(ctx: ToolContext) -> dict[str, str | None] | None:
+    """The newest checkpoint when it is the empty patch (the workspace as its baseline)."""
+    last = ctx.state.get(_LAST)
+    return last if last is not None and last.get("sha256") == _EMPTY else None
 
 
 async def checkpoint_workspace(
@@ -46,13 +69,19 @@ async def checkpoint_workspace(
         return None
     if not ctx.state.get("baseline"):
         raise CheckpointUnavailable("no baseline snapshot of /workspace")
+    last = ctx.state.pop(_LAST, None)  # put back only once this turn's is kept
     try:
-        found, out = await collect(ctx)
+        # No checkpoint kept yet: nothing can be "same", but the box's stamps print is
+        # taken, so that the next turn may be answered from it.
+        found, out = await collect(ctx, last or {"sha256": "-", "stamps_print": None})
+        if found.get("same") and last is not None:
+            ctx.state[_LAST] = {**last, "stamps_print": found.get("stamps_print")}
+            return None  # the last checkpoint is this turn's state too
         try:
             if not found.get("ok"):
                 error = str(found.get("error"))[-300:]
                 raise CheckpointUnavailable(f"the diff failed: {error}")
-            return await box.read_file(f"{out}/patch.diff", limit=CHECKPOINT_BYTES)
+            data = await box.read_file(f"{out}/patch.diff", limit=CHECKPOINT_BYTES)
         finally:  # one such directory a turn would fill the box's /tmp
             await box.exec(["rm", "-rf", out], timeout=60)
     except OutputLimitExceeded as exc:
@@ -61,6 +90,11 @@ async def checkpoint_workspace(
         # A box dying under the turn's last tool: its next call says how (a crash), as
         # it did before checkpoints; this turn only cannot be resumed from.
         raise CheckpointUnavailable(f"the box did not answer: {exc}") from exc
+    ctx.state[_LAST] = {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "stamps_print": found.get("stamps_print"),
+    }
+    return data
 
 
 async def restore_workspace(ctx: ToolContext, data: bytes) -> str:
@@ -95,6 +129,7 @@ async def restore_workspace(ctx: ToolContext, data: bytes) -> str:
     res = await box.exec(["bash", "-c", script], timeout=300, env=env, cwd="/")
     if not res.ok:
         raise RuntimeError(f"git apply refused it: {(res.stderr or res.stdout)[-300:]}")
+    ctx.state[_LAST] = {"sha256": hashlib.sha256(data).hexdigest(), "stamps_print": None}
     return f"workspace restored ({len(data)}-byte diff against its baseline)"
 
 

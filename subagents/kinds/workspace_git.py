@@ -46,29 +46,88 @@ baseline, every file the walk lists) go into ``edits.tar`` beside the result, up
 :data:`ARCHIVE_BYTES`, with deleted and left-out paths listed in the result.
 
 Output goes to files in ``OUT``, a directory the host named and this program creates
-(it refuses one that exists): ``result.json``, ``patch.diff``, ``edits.tar``. Paths in
+(it refuses one that exists): ``result.json``, ``patch.diff``, ``edits.tar``. A
+``collect OUT OBJECTS COMMIT SAME_AS PRINT`` (a checkpoint: ``SAME_AS`` is the
+SHA-256 of the host's last one, ``PRINT`` the box's :func:`stamps_print` then, or
+``-``; a snapshot returns the print too) whose patch hashes to ``SAME_AS`` removes ``OUT`` and prints ``{"ok": true,
+"same": true, "stamps_print": ...}`` instead: the host has nothing to read back or
+clean up. When the workspace's stamps print is still ``PRINT``, nothing was written
+since: it answers so before importing anything a collection needs (:func:`quick`),
+which is most of the cost of a turn that changed nothing. A box that lies about
+either only spoils its own member's resume, as a forged patch would. Paths in
 ``result.json`` are ``os.fsdecode`` strings (surrogate escapes for bytes that are not
 UTF-8, which JSON carries).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
 import os
-import shutil
 import stat
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
-import zlib
-from typing import Any, BinaryIO
+
+try:
+    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]  # no OpenSSL
+except ImportError:  # pragma: no cover - a Python built without it
+    from hashlib import sha256 as _sha256
+
+WORKSPACE = b"/workspace"
+
+
+def stamps_print() -> str | None:
+    """One hash of every entry under /workspace with its stamp (inode, size, mode,
+    modification and change times), links not followed: any write, creation, removal,
+    rename or mode change moves it (a change time cannot be set back). None when an
+    entry changed in the last two seconds: a file's times have the clock's coarse
+    granularity, so a second write in the same tick would not move them (as for the
+    snapshot's stamps)."""
+    settled = time.time_ns() - 2_000_000_000
+    digest = _sha256()
+    pending = [WORKSPACE]
+    while pending:
+        here = pending.pop()
+        try:
+            entries = sorted(os.scandir(here), key=lambda e: e.name)
+        except OSError as exc:
+            digest.update(b"?%s %d\n" % (here, exc.errno or 0))
+            continue
+        for entry in entries:
+            st = entry.stat(follow_symlinks=False)
+            if max(st.st_ctime_ns, st.st_mtime_ns) >= settled:
+                return None
+            digest.update(
+                b"%s\0%d %d %o %d %d\n"
+                % (entry.path, st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
+            )
+            if stat.S_ISDIR(st.st_mode):
+                pending.append(entry.path)
+    return digest.hexdigest()
+
+
+def quick(argv: list[str]) -> bool:
+    """``collect OUT OBJECTS COMMIT SAME_AS PRINT`` whose workspace still has ``PRINT``:
+    say ``same`` and stop, before the imports a collection needs (most of its cost)."""
+    if len(argv) != 6 or argv[0] != "collect" or argv[5] == "-" or stamps_print() != argv[5]:
+        return False
+    sys.stdin.buffer.read()
+    sys.stdout.write(f'{{"ok": true, "same": true, "stamps_print": "{argv[5]}"}}\n')
+    return True
+
+
+if __name__ == "__main__" and quick(sys.argv[1:]):
+    sys.exit(0)
+
+import functools  # noqa: E402 - after the quick answer, which needs none of these
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tarfile  # noqa: E402
+import tempfile  # noqa: E402
+import zlib  # noqa: E402
+from typing import Any, BinaryIO  # noqa: E402
 
 GIT = "/usr/bin/git"
-WORKSPACE = b"/workspace"
 ARCHIVE_BYTES = 64 * 1024 * 1024
 """Most bytes of file content put into ``edits.tar`` (the rest is listed as left out)."""
 EXCLUDES = (
@@ -522,6 +581,8 @@ def main(argv: list[str]) -> int:
     action, out, *rest = argv
     os.mkdir(out, 0o700)  # refuses a directory that is already there
     request = json.loads(sys.stdin.read() or "{}")
+    same = rest[2] if action == "collect" and len(rest) == 4 else None
+    seen = stamps_print() if action == "snapshot" or same is not None else None
     try:
         if action == "snapshot":
             result = snapshot(out)
@@ -529,9 +590,28 @@ def main(argv: list[str]) -> int:
             result = collect(out, rest[0], rest[1], request)
     except (Failed, OSError) as exc:
         result = {"ok": False, "error": str(exc)}
+    if seen is not None:
+        result["stamps_print"] = seen
+    if (
+        result.get("ok")
+        and same is not None
+        and file_sha256(os.path.join(out, "patch.diff")) == same
+    ):
+        # A checkpoint equal to the host's last: nothing to read back, nothing to keep.
+        shutil.rmtree(out, ignore_errors=True)
+        print(json.dumps({"ok": True, "same": True, "stamps_print": seen}))
+        return 0
     with open(os.path.join(out, "result.json"), "w") as f:
         json.dump(result, f)
     return 0
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(functools.partial(f.read, 1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,225 @@
+"""Coordinator CPU per turn as a user pays it: the whole process, a real box, measured from outside.
+
+    .venv/bin/python bench/turn_cpu.py [--turns 10,100,200] [--repeats 3] [--latency-ms 0]
+    .venv/bin/python bench/turn_cpu.py --profile FILE [--turns 200]
+
+One coding member runs through the Python API (:func:`coordinator.api.run_async`, the
+job's defaults, the analyst off) in its own Docker box; each turn the model asks for
+``ls /`` and the last turn submits. The model is the fake Messages API in *another
+process* (this script with ``--serve``). That process reads the coordinator's CPU
+clock (``clock_gettime`` on the coordinator's process CPU clock: every thread, live
+or ended, nanoseconds) as each request arrives; the figure is the CPU between the
+member's second and last model call, over the turns between them. So the set-up
+(preflight, run directory, box start: reported apart, from the API call to the first
+model call) is out, and everything a turn costs is in: the
+tool call's way to the box and back, the trace and journal writes, the progress, the
+model client, and every thread the process keeps busy meanwhile (the Docker SDK's, the
+pool's, anyio's workers).
+
+``bench/harness.py`` measures the loop alone (tools in-process, their CPU subtracted);
+this script is the same member with its real box and the rest of a run around it.
+
+``--profile FILE`` runs one member under :mod:`cProfile` on every thread
+(``threading.setprofile``) and writes the stats, for ``python -m pstats``; the top
+entries by own time are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+# bench/sandbox.py would shadow the sandbox package: the script's directory goes.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT)
+
+PLAN = re.compile(r"PLAN\[(\d+):(\w+)\]")
+
+
+def serve(coordinator: int, latency_s: float) -> None:
+    """The fake Messages API: ``ls /`` until the plan's turns are done, then submit.
+    Each request's arrival is stamped with the coordinator's process CPU time."""
+    from subagents.fake_api import FakeMessagesAPI, tool_use
+
+    clock = ((~coordinator) << 3) | 2  # the CPU clock of process `coordinator` (Linux)
+    stamps: dict[str, list[float]] = {}
+    lock = threading.Lock()
+
+    def policy(body: dict[str, Any]) -> Any:
+        cpu = time.clock_gettime(clock)
+        found = PLAN.search(json.dumps(body["messages"][0]))
+        assert found is not None, "no PLAN[...] in the task"
+        turns, nonce = int(found.group(1)), found.group(2)
+        with lock:
+            stamps.setdefault(nonce, []).append(cpu)
+            step = len(stamps[nonce]) - 1
+        if step >= turns - 1:
+            return tool_use(
+                "submit_result",
+                {"summary": "done", "tests_run": [], "notes": []},
+                latency_s=latency_s,
+            )
+        return tool_use("shell", {"command": "ls /"}, latency_s=latency_s)
+
+    api = FakeMessagesAPI(policy).start()
+    api.record = lambda entry: None  # type: ignore[method-assign]  # keep no bodies
+    print(api.url, flush=True)
+    for line in sys.stdin:  # "NONCE": answer that member's stamps
+        with lock:
+            print(json.dumps(stamps.get(line.strip(), [])), flush=True)
+    api.stop()
+
+
+def job(turns: int, nonce: str) -> dict[str, Any]:
+    return {
+        "name": "turn-cpu",
+        "model": {"name": "claude-sonnet-5"},
+        "members": [
+            {
+                "id": "m0",
+                "kind": "coding",
+                "task": f"List the root directory. PLAN[{turns}:{nonce}]",
+                "limits": {"max_turns": turns + 5},
+            }
+        ],
+        "synthesis": {"enabled": False},
+    }
+
+
+async def one_member(turns: int, nonce: str, out: Path) -> None:
+    from coordinator.api import run_async
+
+    summary = await run_async(job(turns, nonce), output_dir=out)
+    outcome = summary.outcomes["m0"]
+    assert outcome.status == "ok" and outcome.turns == turns, outcome
+
+
+class Server:
+    def __init__(self, latency_s: float) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(os.getpid()), str(latency_s)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        self.url = self.proc.stdout.readline().strip()
+
+    def stamps(self, nonce: str) -> list[float]:
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        self.proc.stdin.write(nonce + "\n")
+        self.proc.stdin.flush()
+        return list(json.loads(self.proc.stdout.readline()))
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+_NONCE = iter(range(1, 1_000_000))
+
+
+def per_turn_ms(server: Server, turns: int, out: Path) -> tuple[float, float]:
+    """CPU per turn between the member's second and last model call, and CPU from the
+    API call to its first model call (preflight, run directory, box start), in ms."""
+    nonce = f"n{next(_NONCE)}"
+    start = time.process_time()  # the clock the server reads from outside
+    anyio.run(one_member, turns, nonce, out)
+    stamps = server.stamps(nonce)
+    assert len(stamps) == turns, (len(stamps), turns)
+    return (stamps[-1] - stamps[1]) / (turns - 2) * 1_000, (stamps[0] - start) * 1_000
+
+
+def profile(turns: int, out: Path, dest: Path) -> None:
+    """One member under cProfile on every thread; the top entries by own time."""
+    profiles: list[cProfile.Profile] = []
+
+    def thread_profile(*_: Any) -> None:
+        # Runs at a new thread's first event: give that thread a profiler of its own.
+        threading.setprofile(None)  # this thread only from here on
+        prof = cProfile.Profile(time.thread_time)
+        profiles.append(prof)
+        prof.enable()
+
+    main = cProfile.Profile(time.thread_time)
+    threading.setprofile(thread_profile)
+    main.enable()
+    anyio.run(one_member, turns, f"p{next(_NONCE)}", out)
+    main.disable()
+    threading.setprofile(None)
+    stats = pstats.Stats(main)
+    for prof in profiles:
+        prof.disable()
+        stats.add(prof)
+    stats.dump_stats(dest)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--turns", default="10,100,200")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--latency-ms", type=float, default=0.0, help="fake model latency per call")
+    ap.add_argument("--profile", type=Path, default=None, help="write cProfile stats here")
+    ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        serve(int(args.serve[0]), float(args.serve[1]))
+        return
+    server = Server(args.latency_ms / 1000)
+    os.environ["ANTHROPIC_BASE_URL"] = server.url
+    os.environ["ANTHROPIC_API_KEY"] = "bench-key"
+    counts = [int(t) for t in args.turns.split(",")]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+            per_turn_ms(server, 10, out)  # warm-up: imports, the image's layers
+            if args.profile:
+                profile(max(counts), out, args.profile)
+                return
+            rows = [
+                "| turns | CPU per turn, median (ms) | min | max | CPU before the first "
+                "model call, median (ms) |",
+                "|---:|---:|---:|---:|---:|",
+            ]
+            for turns in counts:
+                runs = [per_turn_ms(server, turns, out) for _ in range(args.repeats)]
+                per = [r[0] for r in runs]
+                rows.append(
+                    f"| {turns} | {statistics.median(per):.2f} | {min(per):.2f} | "
+                    f"{max(per):.2f} | {statistics.median(r[1] for r in runs):.1f} |"
+                )
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            print(
+                "Coordinator CPU per turn, one coding member with its Docker box (`ls /` a "
+                f"turn), fake model {args.latency_ms:.0f} ms a call in another process\n"
+            )
+            print("\n".join(rows))
+            print(
+                f"\ncoordinator peak RSS {rss:.0f} MiB; load average after: "
+                f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+            )
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    main()
