@@ -256,7 +256,11 @@ def test_fleet_trace_shows_each_members_wave(lead_run: RunDir) -> None:
     lines = shown.stdout.splitlines()
     header = next(line for line in lines if line.startswith("MEMBER"))
     assert header.split()[:3] == ["MEMBER", "WAVE", "KIND"]
-    waves = {line.split()[0]: line.split()[1] for line in lines[lines.index(header) + 1 :]
+    # The table runs from its header to the first blank line; later sections (waits,
+    # timings) may start their lines with a member's id too.
+    rows = lines[lines.index(header) + 1 :]
+    table = rows[: rows.index("")] if "" in rows else rows
+    waves = {line.split()[0]: line.split()[1] for line in table
              if line.split() and line.split()[0] in ("lead", "w1-1", "w1-2", "w2-1")}  # fmt: skip
     assert waves == {"lead": "lead", "w1-1": "1", "w1-2": "1", "w2-1": "2"}
     assert "WAVE = the lead's spawn call" in shown.stdout
