@@ -33,9 +33,10 @@ Stable interface, used by every test module:
 ``make test`` runs the suite on two pytest-xdist workers (``-n 2``; about half the
 suite's time is spent waiting on boxes, Ray and subprocesses, not on this machine's
 CPUs). :func:`pytest_xdist_make_scheduler` hands out whole test modules, so a
-module-scoped fixture is made once, and every Ray test - ``tests/test_cluster*.py``
-and the ``[ray]`` cases of the fan-out contract - to one worker, first: the session's
-one test cluster serves all of them, and they are the longest part of the suite.
+module-scoped fixture is made once. The Ray tests - ``tests/test_cluster*.py`` and
+the ``[ray]`` cases of the fan-out contract - come first, dealt out to two workers
+(:func:`ray_groups`), each of which starts its own session test cluster: they are the
+longest part of the suite, and on one worker they were its critical path.
 
 ``missing_dependency(reason)`` is the one rule for absent dependencies: skip locally,
 fail under ``CI=true``. Call it from your own fixtures (``from conftest import
@@ -82,14 +83,44 @@ def uses_ray(nodeid: str) -> bool:
     return Path(path).name.startswith("test_cluster") or "[ray" in name
 
 
+RAY_GROUPS = 2
+"""Workers that run Ray tests, each with its own session test cluster: one worker alone
+took longer over them than the rest of the suite took on the other."""
+
+SPLIT_BY_TEST = {"test_cluster.py"}
+"""Ray modules whose tests are shared out one by one (no module-scoped fixture, and
+long enough that one module on one worker would be the suite's critical path); every
+other Ray module goes to one worker whole."""
+
+
+def ray_groups(nodeids: list[str]) -> dict[str, str]:
+    """Each Ray test's group (``ray-0``, ``ray-1``, ...): the Ray modules, and the tests
+    of :data:`SPLIT_BY_TEST`, dealt out in turn in collection order."""
+    groups: dict[str, str] = {}
+    keys: dict[str, str] = {}
+    for nodeid in nodeids:
+        if not uses_ray(nodeid):
+            continue
+        path = nodeid.partition("::")[0]
+        key = nodeid if Path(path).name in SPLIT_BY_TEST else path
+        keys.setdefault(key, f"ray-{len(keys) % RAY_GROUPS}")
+        groups[nodeid] = keys[key]
+    return groups
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Whole modules per worker; every Ray test on the same worker (see above). The
-    scheduler sees only node ids, so the rule is by name (:func:`uses_ray`)."""
+    """Whole modules per worker, the Ray tests first and in :data:`RAY_GROUPS` groups
+    (see above). The scheduler sees only node ids, so the rule is by name
+    (:func:`uses_ray`)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModulesAndRay(LoadScopeScheduling):  # type: ignore[misc]
+        _ray: dict[str, str] | None = None
+
         def _split_scope(self, nodeid: str) -> str:
-            return "ray" if uses_ray(nodeid) else nodeid.partition("::")[0]
+            if self._ray is None:  # the collection is known once scopes are asked for
+                self._ray = ray_groups(list(self.collection or []))
+            return self._ray.get(nodeid) or nodeid.partition("::")[0]
 
     config.option.loadscopereorder = False  # collection order: the Ray tests first
     return ModulesAndRay(config, log)
