@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from coordinator.cli import build_parser
-from coordinator.jobfile import load_job
+from coordinator.job.jobfile import load_job
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
