@@ -50,7 +50,7 @@ def _policy(turns: int) -> Any:
 
 def _run(way: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from coordinator.cli import main
-    from coordinator.runs import RunDir
+    from coordinator.rundir.runs import RunDir
     from subagents import budget
     from subagents.model.profiles import profile_for
     from subagents.trace import read_trace

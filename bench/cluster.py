@@ -43,11 +43,11 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 from fleet_policies import coding_policy  # noqa: E402
 from ray_support import ray_cluster  # noqa: E402
 
-from coordinator.cluster import RayNodes  # noqa: E402
-from coordinator.fanout import Deps, MemberUnit, fan_out  # noqa: E402
-from coordinator.node import open_pools  # noqa: E402
-from coordinator.spec import RetryPolicy  # noqa: E402
-from coordinator.worker import Recorder, Services  # noqa: E402
+from coordinator.fanout.fanout import Deps, MemberUnit, fan_out  # noqa: E402
+from coordinator.job.spec import RetryPolicy  # noqa: E402
+from coordinator.nodes.cluster import RayNodes  # noqa: E402
+from coordinator.nodes.node import open_pools  # noqa: E402
+from coordinator.nodes.worker import Recorder, Services  # noqa: E402
 from sandbox.docker import DockerBackend, new_run_id  # noqa: E402
 from sandbox.image_build import ensure_images  # noqa: E402
 from subagents.fake_api import FakeMessagesAPI  # noqa: E402

@@ -16,7 +16,7 @@ taken, and the medians are printed.
 
 ``--cli`` times the real ``fleet run JOB --plain`` process instead, start-up included:
 what a user waits for, and where the first wave's boxes start while Fleet loads
-(:mod:`coordinator.prewarm`).
+(:mod:`coordinator.nodes.prewarm`).
 
 Beside the wall times (API call only): the coordinator process's CPU per run and the
 CPU its boxes burned (each box's cgroup, read as it is removed) - the work a run
@@ -119,7 +119,7 @@ async def one_run(n: int, max_parallel: int | None, out: Path) -> float:
 
 def one_cli_run(n: int, max_parallel: int | None, out: Path) -> float:
     """``fleet run JOB --plain`` as a user types it: the whole process, start-up included."""
-    from coordinator.jobfile import render_toml
+    from coordinator.job.jobfile import render_toml
 
     path = out / f"fanout-{n}.toml"
     path.write_text(render_toml({**job(n, max_parallel), "output_dir": str(out)}))

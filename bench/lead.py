@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # bench/sandbox.py would shadow the sandbox package
 
-from coordinator.runs import RunDir  # noqa: E402
+from coordinator.rundir.runs import RunDir  # noqa: E402
 from subagents.context.budget import Budget  # noqa: E402
 from subagents.context.config import ContextConfig  # noqa: E402
 from subagents.context.tokens import estimate_text  # noqa: E402

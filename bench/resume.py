@@ -120,7 +120,7 @@ def main() -> int:
 
 
 def _measure(args: Any, job: Path, env: dict[str, str], where: list[str], api: Any) -> int:
-    from coordinator.runs import RunDir
+    from coordinator.rundir.runs import RunDir
     from subagents.trace import read_trace
 
     tmp = job.parent

@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python bench/upload.py [--sizes 1,50,200] [--rounds 3]``. For each
 size (MB, in 10 MB files of random bytes plus one small file) it times, on a fresh
 box each round, the two steps a coding member's start takes: staging the selection
-(``coordinator.repo_copy.staged_copy``, hard links) and ``upload`` into
+(``coordinator.nodes.repo_copy.staged_copy``, hard links) and ``upload`` into
 ``/workspace`` (one request up to ``INLINE_UPLOAD_BYTES``, a tar stream past it).
 Prints the median and the throughput, and the load average, which these figures
 follow closely on a shared machine. Every box belongs to one run (``bench-<hex>``),
@@ -28,7 +28,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import anyio  # noqa: E402
 
-from coordinator.repo_copy import staged_copy  # noqa: E402
+from coordinator.nodes.repo_copy import staged_copy  # noqa: E402
 from sandbox.docker import INLINE_UPLOAD_BYTES, DockerBackend  # noqa: E402
 from sandbox.spec import SandboxSpec  # noqa: E402
 

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
         run,
         run_async,
     )
-    from .driver import RunOptions, RunSummary
-    from .jobfile import JobError
+    from .job.jobfile import JobError
+    from .job.spec import Job, MemberJob
     from .run_handle import (
         JournalEntry,
         RunCreated,
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
         start_resume,
         stream,
     )
-    from .run_lookup import RunNotFound
-    from .spec import Job, MemberJob
+    from .rundir.run_lookup import RunNotFound
+    from .runner.driver import RunOptions, RunSummary
 
 _EXPORTS = {
     "load": "coordinator.api",
@@ -50,12 +50,12 @@ _EXPORTS = {
     "RunFailed": "coordinator.api",
     "RunInProgress": "coordinator.api",
     "RunNotStarted": "coordinator.api",
-    "RunNotFound": "coordinator.run_lookup",
-    "RunOptions": "coordinator.driver",
-    "RunSummary": "coordinator.driver",
-    "JobError": "coordinator.jobfile",
-    "Job": "coordinator.spec",
-    "MemberJob": "coordinator.spec",
+    "RunNotFound": "coordinator.rundir.run_lookup",
+    "RunOptions": "coordinator.runner.driver",
+    "RunSummary": "coordinator.runner.driver",
+    "JobError": "coordinator.job.jobfile",
+    "Job": "coordinator.job.spec",
+    "MemberJob": "coordinator.job.spec",
     "MemberOutcome": "subagents.outcome",
     "ModelError": "subagents.model",
     "SandboxError": "sandbox.errors",

@@ -17,14 +17,14 @@ that another process still runs. A program gets three differences: nothing is
 printed unless asked (``echo``), progress comes through callbacks (every trace event,
 every journal entry) or :func:`stream`, and errors are raised:
 
-- :class:`~coordinator.jobfile.JobError`: the job is invalid (which field, what was
+- :class:`~coordinator.job.jobfile.JobError`: the job is invalid (which field, what was
   wrong, an example of right), before anything exists;
 - :class:`RunNotStarted`: the job is valid but cannot run here (no API key for its
   model, no Docker engine, images that cannot be built, an output directory that
   cannot be made); no run directory exists;
 - :class:`RunInProgress` (a :class:`RunNotStarted`): a resume of a run that another
   live process is running - resuming it would remove that run's boxes under it;
-- :class:`~coordinator.run_lookup.RunNotFound`: no run matches what resume was given;
+- :class:`~coordinator.rundir.run_lookup.RunNotFound`: no run matches what resume was given;
 - :class:`RunFailed`: the run started and its Docker engine (or model) went away;
   the run directory and every finished member's result are kept, and
   :func:`resume` runs what did not finish.
@@ -59,11 +59,18 @@ from subagents.beside import leaves
 from subagents.model import ModelError
 from subagents.outcome import MemberOutcome
 
-from .driver import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunOptions, RunSummary, execute
 from .errors import CommandFailed, UsageError
-from .jobfile import JobError, describe_validation, load_job, parse_job, render_toml, resolve_paths
-from .runs import RunDir, RunDirUnavailable, check_root, root_for
-from .spec import Job
+from .job.jobfile import (
+    JobError,
+    describe_validation,
+    load_job,
+    parse_job,
+    render_toml,
+    resolve_paths,
+)
+from .job.spec import Job
+from .rundir.runs import RunDir, RunDirUnavailable, check_root, root_for
+from .runner.driver import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunOptions, RunSummary, execute
 
 JobSource = Job | Mapping[str, Any] | str | os.PathLike[str]
 EventCallback = Callable[[Any], None]
@@ -248,7 +255,7 @@ def check_resume(
         raise RunInProgress(run, owner)
     job = run.job()
     if budget_usd is not None or budget_tokens is not None:
-        from .run_budget import check_raise
+        from .runner.run_budget import check_raise
 
         try:
             check_raise(run.journal.read(), usd=budget_usd, tokens=budget_tokens)
@@ -263,7 +270,7 @@ def check_resume(
 
 def _nothing_left(run: RunDir, job: Job, opts: RunOptions) -> RunSummary | None:
     """The run as it ended, when a resume would run nothing: nothing is recorded."""
-    from .lead import lead_finished
+    from .lead.lead import lead_finished
 
     members = run.planned_members()
     if members is None:
@@ -410,8 +417,8 @@ async def resume_async(
 
 
 def _preflight(job: Job, opts: RunOptions, flags: dict[str, str] | None) -> str:
-    """The preflight (:mod:`coordinator.preflight`); how many members run at once, and why."""
-    from .preflight import preflight
+    """The preflight (:mod:`coordinator.runner.preflight`); how many members run at once, and why."""
+    from .runner.preflight import preflight
 
     try:
         parallel = preflight(

@@ -51,9 +51,9 @@ from .api import (
     load_with_text,
     make_options,
 )
-from .driver import RunOptions, RunSummary
-from .fanout import Fanout
-from .runs import RunDir
+from .fanout.fanout import Fanout
+from .rundir.runs import RunDir
+from .runner.driver import RunOptions, RunSummary
 
 
 class _Event(BaseModel):
@@ -230,7 +230,7 @@ def start(
     options: RunOptions | None = None,
 ) -> RunHandle:
     """A new run of ``job`` beside the caller: ``async with fleet.start(job) as run:``.
-    The job is read now (:class:`~coordinator.jobfile.JobError`); the checks of
+    The job is read now (:class:`~coordinator.job.jobfile.JobError`); the checks of
     :func:`coordinator.api.run` run on entering the block."""
     parsed, text = load_with_text(job)
     opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo)

@@ -5,7 +5,7 @@ A Docker host joins with ``ray start --address HEAD:PORT --resources
 and how many members it runs at once. This module connects to such a cluster, lists
 its Fleet nodes and runs a function on each (``fleet sandbox gc --cluster``; the
 coordinator's preflight and resume). The coordinator's placement of members is in
-``coordinator/cluster.py``. Importing this module imports Ray (the ``cluster``
+``coordinator/nodes/cluster.py``. Importing this module imports Ray (the ``cluster``
 extra), so nothing imports it unless a cluster is named.
 
 Ray runs code for anyone who reaches its port, so :func:`connect` first asks the

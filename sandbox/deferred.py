@@ -6,7 +6,7 @@ takes to start or longer: 0.3-2 s for a box (a browser box until its CDP port
 answers; many boxes at once on a small host take longer), 2-30 s for Claude's first
 answer. Waiting for the box first adds the two; overlapping them hides the box. So
 the node hands the member a :class:`DeferredSandbox` at once and starts the box
-beside it (:func:`coordinator.node.run_attempt`): every call on it waits until the
+beside it (:func:`coordinator.nodes.node.run_attempt`): every call on it waits until the
 box is ready and then goes to the box; a box that could not be made raises the
 error that stopped it, on every call, as a dead box raises its crash. The harness
 awaits :meth:`DeferredSandbox.ready` before a turn's tools run

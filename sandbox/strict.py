@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 class Strict(BaseModel):
     """``extra="forbid"``: a typo in a key is an error, not a silently ignored field.
     ``Model(...)`` written in code raises what :meth:`_invalid` makes of pydantic's
-    error (the job file's :class:`~coordinator.jobfile.JobError`, the sandbox's
+    error (the job file's :class:`~coordinator.job.jobfile.JobError`, the sandbox's
     :class:`~sandbox.errors.SandboxSpecError`); by default pydantic's own."""
 
     model_config = ConfigDict(extra="forbid")

@@ -27,7 +27,7 @@ Claude model), so a token budget tracks what the run costs. Offline models cost
 The budget is one object per run in the coordinator process (:func:`register`,
 :func:`budgeted`), shared by every member and the lead, like the rate governor;
 members on cluster nodes reserve from it through their attempt's stream
-(:mod:`coordinator.node_budget`), so a run has one budget wherever its members run. Its
+(:mod:`coordinator.nodes.node_budget`), so a run has one budget wherever its members run. Its
 state is the run's journal: ``budget`` (the lines, and what was spent so far, when a
 run starts or resumes), ``budget_spent`` after each call (the running totals: what a
 resume starts from), ``budget_soft`` (the soft line was passed, once per line) and
@@ -272,7 +272,7 @@ def run_budget(run_id: str) -> RunBudget | None:
 
 class Reserves(Protocol):
     """What a member's calls reserve from: the run's :class:`RunBudget`, or on a
-    cluster node its relay to the coordinator's (:mod:`coordinator.node_budget`)."""
+    cluster node its relay to the coordinator's (:mod:`coordinator.nodes.node_budget`)."""
 
     async def reserve(self, member: str, estimate: Amount, *, closing: bool) -> int: ...
 

@@ -6,7 +6,7 @@ read back what those members returned. This module is the whole of what the harn
 knows about that: a :class:`Delegation` answers ``spawn``, ``wait`` and
 ``read_result`` with a :class:`Reply` (text for the model, or an error it can act
 on). How members run - their boxes, retries, quorum, the journal - is the
-coordinator's (:mod:`coordinator.lead`), which implements this protocol; the harness
+coordinator's (:mod:`coordinator.lead.lead`), which implements this protocol; the harness
 stays ignorant of fan-out, as the package's rule says.
 
 Error contract: a request the delegation refuses (past a member, wave or token

@@ -215,7 +215,7 @@ def ray_cluster(images: dict[str, str]) -> Iterator[Any]:
 @pytest.fixture
 def cleanup(docker_client: docker.DockerClient) -> Iterator[list[Path]]:
     """Run directories whose boxes are removed at teardown, whatever happened."""
-    from coordinator.runs import RunDir
+    from coordinator.rundir.runs import RunDir
 
     roots: list[Path] = []
     yield roots

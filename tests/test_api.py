@@ -171,7 +171,7 @@ def test_resume_refuses_a_run_another_live_process_runs_and_touches_nothing(tmp_
     """The API refuses as ``fleet resume`` does (the same error type, exported): a
     resume would first reap the run's boxes - those of the live run."""
     job = fleet.load(_coding_job(tmp_path))
-    from coordinator.runs import RunDir
+    from coordinator.rundir.runs import RunDir
 
     run = RunDir.create(job, "", root=tmp_path / "runs")
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -270,7 +270,7 @@ def test_ctrl_c_in_a_scripts_run_ends_it_interrupted_not_dead(
                 script.kill()
     assert "KeyboardInterrupt" in err
     (path,) = (tmp_path / "runs").iterdir()
-    from coordinator.runs import RunDir
+    from coordinator.rundir.runs import RunDir
 
     run = RunDir(path)
     assert run.state().status == "interrupted", err

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import anyio
 
-from coordinator.approvals import ApprovalQueue, FileApprover, shown_sha256
+from coordinator.oversight.approvals import ApprovalQueue, FileApprover, shown_sha256
 from subagents.policy import ApprovalRequest
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 import coordinator as fleet
-from coordinator.capacity import HostSize, Parallelism, choose, engine_host, job_boxes
-from coordinator.jobfile import parse_job
-from coordinator.preflight import check_parallel
+from coordinator.job.jobfile import parse_job
+from coordinator.nodes.capacity import HostSize, Parallelism, choose, engine_host, job_boxes
+from coordinator.runner.preflight import check_parallel
 from sandbox.spec import SandboxSpec
 
 GIB = 2**30

@@ -28,8 +28,8 @@ from test_cli_policy import (
     waiting_run,
 )
 
-from coordinator.approvals import ApprovalQueue
-from coordinator.runs import RunDir
+from coordinator.oversight.approvals import ApprovalQueue
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import tool_use
 
 pytestmark = pytest.mark.docker

@@ -11,7 +11,7 @@ import pytest
 from fleet_policies import coding_policy
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import tool_use
 from subagents.model.profiles import profile_for
 from subagents.trace import read_trace

@@ -51,10 +51,11 @@ def test_every_argument_of_the_run_commands_says_what_it_is_for() -> None:
 def test_the_first_line_counts_one_member_in_the_singular(tmp_path, monkeypatch, capsys) -> None:
     import sys
 
-    from coordinator import api, preflight
-    from coordinator.capacity import Parallelism
-    from coordinator.driver import RunOptions
-    from coordinator.jobfile import parse_job
+    from coordinator import api
+    from coordinator.job.jobfile import parse_job
+    from coordinator.nodes.capacity import Parallelism
+    from coordinator.runner import preflight
+    from coordinator.runner.driver import RunOptions
 
     def checked(job, flags, **_):
         return Parallelism(job.member_count, f"{job.member_count} CPUs")

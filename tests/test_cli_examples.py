@@ -9,8 +9,8 @@ import pytest
 from conftest import remove_run
 
 from coordinator.cli import main
-from coordinator.jobfile import load_job
-from coordinator.runs import RunDir
+from coordinator.job.jobfile import load_job
+from coordinator.rundir.runs import RunDir
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -15,7 +15,7 @@ _PROBE = """
 import json, sys
 from coordinator.cli import main
 code = main(sys.argv[1:])
-print(json.dumps([code, sorted(m for m in ("anthropic", "coordinator.driver") if m in sys.modules)]))
+print(json.dumps([code, sorted(m for m in ("anthropic", "coordinator.runner.driver") if m in sys.modules)]))
 """
 
 

@@ -18,7 +18,7 @@ from scripted_calls import tool_results
 from terminal_support import at_a_terminal
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import tool_use
 from subagents.trace import read_trace
 

@@ -22,9 +22,9 @@ from conftest import remove_run
 import sandbox.image_build as image_build
 import sandbox.images as images_mod
 from coordinator.cli import main
-from coordinator.preflight import needed_images
-from coordinator.runs import RunDir
-from coordinator.spec import Job
+from coordinator.job.spec import Job
+from coordinator.rundir.runs import RunDir
+from coordinator.runner.preflight import needed_images
 
 FLEET = str(Path(sys.executable).with_name("fleet"))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from coordinator.progress import Progress
+from coordinator.oversight.progress import Progress
 from subagents.trace import MemberStart, ModelCall, SandboxEvent, ToolCall
 
 
@@ -90,9 +90,9 @@ def test_a_kept_box_is_named_whole_in_the_last_action_column():
 def test_a_resume_shows_members_finished_before_it_with_their_recorded_figures(tmp_path):
     """After a SIGKILL and ``fleet resume``, a member that had finished keeps its turns,
     tokens and time (from its result.json) in the table, not ``ok 0 0 0 0.0s``."""
-    from coordinator.driver import RunOptions, _progress
-    from coordinator.jobfile import parse_job
-    from coordinator.runs import RunDir
+    from coordinator.job.jobfile import parse_job
+    from coordinator.rundir.runs import RunDir
+    from coordinator.runner.driver import RunOptions, _progress
 
     text = 'name = "r"\n' + "".join(
         f'[[members]]\nid = "{m}"\nkind = "coding"\ntask = "t"\n' for m in ("done", "todo")

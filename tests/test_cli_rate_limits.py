@@ -10,7 +10,7 @@ import pytest
 from fleet_policies import coding_policy
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import Overload, RateLimits
 from subagents.trace import read_trace
 

@@ -18,7 +18,7 @@ import pytest
 from fleet_policies import coding_policy
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.trace import read_trace
 
 pytestmark = pytest.mark.docker

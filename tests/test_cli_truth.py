@@ -18,7 +18,7 @@ import pytest
 from conftest import remove_run
 from fleet_policies import coding_policy
 
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import FakeMessagesAPI, tool_use
 from subagents.trace import read_trace
 

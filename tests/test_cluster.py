@@ -32,13 +32,13 @@ import anyio
 import pytest
 from ray_support import SLOTS, ship_by_value
 
-from coordinator.approvals import ApprovalQueue
-from coordinator.fanout import MemberUnit, fan_out
-from coordinator.jobfile import parse_job
-from coordinator.node import NodeDeps
-from coordinator.runs import RunDir
-from coordinator.spec import RetryPolicy
-from coordinator.worker import Recorder, Services
+from coordinator.fanout.fanout import MemberUnit, fan_out
+from coordinator.job.jobfile import parse_job
+from coordinator.job.spec import RetryPolicy
+from coordinator.nodes.node import NodeDeps
+from coordinator.nodes.worker import Recorder, Services
+from coordinator.oversight.approvals import ApprovalQueue
+from coordinator.rundir.runs import RunDir
 from sandbox.docker import DockerBackend
 from sandbox.reaper import fleet_home, pid_alive
 from subagents.model.offline import OfflineModel, with_required_fields
@@ -557,7 +557,7 @@ class _McpNode:
 def test_a_node_members_stdio_mcp_server_gets_its_files_through_ray(
     tmp_path, ray_cluster, images, run_id
 ):
-    from coordinator.cluster import RayNodes
+    from coordinator.nodes.cluster import RayNodes
 
     ship_by_value(sys.modules[__name__])
     files = tmp_path / "mcp"  # the server's files, on the coordinator's host only

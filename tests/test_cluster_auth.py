@@ -24,7 +24,7 @@ import pytest
 from conftest import missing_dependency
 from ray_support import LOOPBACK, RayHead, ray_head, without_token
 
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 FLEET = str(Path(sys.executable).with_name("fleet"))

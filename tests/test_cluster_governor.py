@@ -16,12 +16,12 @@ import pytest
 from fleet_policies import coding_policy
 from ray_support import ship_by_value
 
-from coordinator.fanout import MemberUnit, fan_out
-from coordinator.jobfile import parse_job
-from coordinator.node import NodeDeps
-from coordinator.runs import RunDir
-from coordinator.spec import RetryPolicy
-from coordinator.worker import Recorder, Services
+from coordinator.fanout.fanout import MemberUnit, fan_out
+from coordinator.job.jobfile import parse_job
+from coordinator.job.spec import RetryPolicy
+from coordinator.nodes.node import NodeDeps
+from coordinator.nodes.worker import Recorder, Services
+from coordinator.rundir.runs import RunDir
 from sandbox.docker import DockerBackend
 from subagents.fake_api import FakeMessagesAPI, RateLimits
 from subagents.spec import MemberSpec
@@ -49,7 +49,7 @@ class _FakeApiNode:
 
 
 def test_members_on_every_node_share_the_runs_one_governor(tmp_path, ray_cluster, images, run_id):
-    from coordinator.cluster import RayNodes
+    from coordinator.nodes.cluster import RayNodes
 
     ship_by_value(sys.modules[__name__])
     members = 6

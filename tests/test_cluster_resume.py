@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from test_cluster import _cluster_run, _fleet, _wait_for
 
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.trace import read_trace
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 
 pytestmark = pytest.mark.docker
 FLEET = str(Path(sys.executable).with_name("fleet"))

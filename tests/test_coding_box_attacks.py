@@ -16,9 +16,9 @@ import pytest
 from loop_support import coding_box, events, scripted
 from scripted_calls import tool_results
 
-from coordinator import host_git
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.nodes import host_git
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import text, tool_use
 from subagents.kinds import coding
 from subagents.policy import ToolPolicy

@@ -20,12 +20,12 @@ from typing import Any
 import anyio
 import pytest
 
-from coordinator.fanout import Deps, FanoutResult, MemberUnit, fan_out
-from coordinator.jobfile import parse_job
-from coordinator.node import NodeDeps
-from coordinator.runs import RunDir
-from coordinator.spec import RetryPolicy
-from coordinator.worker import Recorder, Services
+from coordinator.fanout.fanout import Deps, FanoutResult, MemberUnit, fan_out
+from coordinator.job.jobfile import parse_job
+from coordinator.job.spec import RetryPolicy
+from coordinator.nodes.node import NodeDeps
+from coordinator.nodes.worker import Recorder, Services
+from coordinator.rundir.runs import RunDir
 from sandbox.deferred import DeferredSandbox
 from sandbox.docker import DockerBackend
 from subagents.context.config import ContextConfig
@@ -147,7 +147,7 @@ def _fan(
             return anyio.run(lambda: fan_out(units, deps, **kw))
         finally:
             timing.append(time.monotonic() - t0)
-    from coordinator.cluster import RayNodes
+    from coordinator.nodes.cluster import RayNodes
 
     async def go() -> FanoutResult:
         nodes = RayNodes(where.address, setup=setup)

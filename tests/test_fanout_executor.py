@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import anyio
 
-from coordinator.executor import LocalExecutor
+from coordinator.fanout.executor import LocalExecutor
 
 
 def test_local_executor_bounds_parallelism_and_keeps_queue_order():

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import repo_copy
 from coordinator.cli import main
-from coordinator.repo_copy import RepoTooLarge, select_files, staged_copy
+from coordinator.nodes import repo_copy
+from coordinator.nodes.repo_copy import RepoTooLarge, select_files, staged_copy
 
 
 def _git(repo: Path, *args: str) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 from forged_tags import CLOSE, FORGED, closing_tags
 
-from coordinator.planner import offline_plan, plan
-from coordinator.synthesis import digest, render_markdown, synthesize
+from coordinator.job.planner import offline_plan, plan
+from coordinator.report.synthesis import digest, render_markdown, synthesize
 from subagents.fake_api import FakeMessagesAPI, tool_use
 from subagents.member_text import clean
 from subagents.model.claude import AnthropicModel

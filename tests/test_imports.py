@@ -1,14 +1,22 @@
 """Imports run one way: no module of ours imports - at the top, lazily inside a
-function, or under ``TYPE_CHECKING`` - a module that imports it back.
+function, or under ``TYPE_CHECKING`` - a module that imports it back, and no room of
+the coordinator imports a room above it.
 
 A circle held apart by a lazy import works until someone moves the import; it also
 says that a type sits in the wrong file. The check reads the source (every
 ``import`` statement anywhere in a module), so it sees what a run would not.
+
+The coordinator's rooms (its sub-packages) are layered: :data:`ROOMS` says which rooms
+each one builds on, and a room may import those and whatever they build on, never a
+room above it. A module-level circle check alone would let two rooms import each other
+through different modules; then neither can be read, tested or moved without the
+other, and the next import closes a real circle.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,3 +79,88 @@ def test_no_module_imports_a_module_that_imports_it_back() -> None:
     assert graph["subagents.loop"], "the import reader found nothing: it is broken"
     circles = [" -> ".join(c) for c in _circles(graph)]
     assert circles == [], "import circles:\n" + "\n".join(circles)
+
+
+# The rooms each room builds on directly; a room may import these and all they build on.
+# The top-level modules are rooms of their own: ``errors`` (any room may raise the
+# expected errors) and ``api`` (the package, api.py and run_handle.py: the Python API,
+# which drives a run through ``runner``). Lowest first.
+ROOMS: dict[str, set[str]] = {
+    "errors": set(),
+    "job": {"errors"},
+    "rundir": {"job"},
+    "oversight": {"errors"},
+    "report": {"errors"},
+    "nodes": {"rundir"},
+    "fanout": {"nodes"},
+    "lead": {"fanout", "oversight", "report"},
+    "traceview": {"rundir", "oversight", "report"},
+    "runner": {"lead", "traceview"},
+    "api": {"runner"},
+    "cli": {"api"},
+}
+TOP_LEVEL = {
+    "coordinator": "api",
+    "coordinator.api": "api",
+    "coordinator.run_handle": "api",
+    "coordinator.errors": "errors",
+}
+
+
+def _room(module: str) -> str | None:
+    """The room of one of the coordinator's modules (None: it has none yet)."""
+    if module in TOP_LEVEL:
+        return TOP_LEVEL[module]
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else None
+
+
+def _below(room: str) -> set[str]:
+    """Every room ``room`` builds on, directly or through another."""
+    seen: set[str] = set()
+    todo = [room]
+    while todo:
+        for lower in ROOMS[todo.pop()] - seen:
+            seen.add(lower)
+            todo.append(lower)
+    return seen
+
+
+def test_the_rooms_are_layered_with_no_circle() -> None:
+    assert set().union(*ROOMS.values()) <= set(ROOMS), "a room builds on an unknown room"
+    circles = [" -> ".join(c) for c in _circles(ROOMS)]
+    assert circles == [], "the rooms build on each other in a circle:\n" + "\n".join(circles)
+    packages = {p.name for p in (ROOT / "coordinator").iterdir() if (p / "__init__.py").exists()}
+    assert packages == set(ROOMS) - {"errors", "api"}, "a room without a place, or the reverse"
+
+
+def test_no_room_imports_a_room_above_it() -> None:
+    known = _modules()
+    ours = {name: path for name, path in known.items() if name.split(".")[0] == "coordinator"}
+    homeless = sorted(name for name in ours if _room(name) is None)
+    assert homeless == [], f"modules in no room (give each a room): {homeless}"
+    reaching_up, across = [], 0
+    for name, path in ours.items():
+        room = _room(name)
+        assert room is not None
+        allowed = _below(room) | {room}
+        for target in sorted(_imports(name, path, known)):
+            up = _room(target) if target.split(".")[0] == "coordinator" else room
+            across += up != room
+            if up not in allowed:
+                reaching_up.append(f"{name} ({room}) imports {target} ({up})")
+    assert across > 50, "the room reader found no import between rooms: it is broken"
+    assert reaching_up == [], "a lower room imports a higher one:\n" + "\n".join(reaching_up)
+
+
+def test_no_room_hides_a_name_of_the_python_api() -> None:
+    """Importing a sub-package binds its name on ``coordinator``, and a bound name is
+    found before the lazy exports' ``__getattr__``: a room named ``run`` would turn
+    ``fleet.run`` into a module as soon as anything imported it."""
+    import coordinator as fleet
+
+    for room in set(ROOMS) - {"errors", "api"}:
+        importlib.import_module(f"coordinator.{room}")
+    hidden = sorted(set(fleet._EXPORTS) & set(vars(fleet)))
+    assert hidden == [], f"names of the API hidden by a module of the same name: {hidden}"
+    assert set(fleet.__all__) <= set(dir(fleet))

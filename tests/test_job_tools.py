@@ -11,7 +11,7 @@ import pytest
 from scripted_calls import tool_results
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import tool_use
 from subagents.trace import read_trace
 
@@ -115,7 +115,7 @@ def test_a_job_tool_that_cannot_be_used_stops_the_run_before_it_starts(
 
 
 def test_examples_tools_job_names_its_tools(tmp_path):
-    from coordinator.jobfile import load_job
+    from coordinator.job.jobfile import load_job
 
     job, _ = load_job(Path(__file__).resolve().parent.parent / "examples" / "tools.toml")
     assert [t.name for t in job.members[0].tools] == ["run_tests", "count_lines"]

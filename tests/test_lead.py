@@ -21,7 +21,7 @@ from fleet_policies import LEAD_PROMPT, coding_policy, tool_results, with_lead
 from forged_tags import CLOSE, FORGED, closing_tags
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import fault, tool_use
 from subagents.trace import read_trace
 

@@ -15,7 +15,7 @@ import pytest
 from fleet_policies import coding_policy, with_lead
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import tool_use
 
 pytestmark = pytest.mark.docker

@@ -14,7 +14,7 @@ import pytest
 from fleet_policies import with_lead
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import tool_use
 from subagents.model.examples import example_in
 from subagents.trace import read_trace

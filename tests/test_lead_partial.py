@@ -14,7 +14,7 @@ import pytest
 from fleet_policies import tool_results, with_lead
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import tool_use
 from subagents.trace import read_trace
 

@@ -1,16 +1,16 @@
 """The offline lead's rules and the lead's spec, without boxes: the policy is a pure
 function of the conversation, so each rule is checked on a conversation built the way
-the coordinator writes one (the spawn answers and wait reports of coordinator.waves)."""
+the coordinator writes one (the spawn answers and wait reports of coordinator.lead.waves)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from coordinator.jobfile import parse_job
-from coordinator.lead import lead_spec
-from coordinator.spec import MemberJob
-from coordinator.waves import Spawned, Waves
+from coordinator.job.jobfile import parse_job
+from coordinator.job.spec import MemberJob
+from coordinator.lead.lead import lead_spec
+from coordinator.lead.waves import Spawned, Waves
 from subagents.kinds.lead import LeadSettings, lead_brief
 from subagents.member_text import member_block
 from subagents.model.base import ModelRequest
@@ -62,7 +62,7 @@ class Talk:
 
 
 def _report(member: str, kind: str, wave: int, result: dict[str, Any], status: str = "ok") -> str:
-    """A wait's lines about one member, as coordinator.waves writes them."""
+    """A wait's lines about one member, as coordinator.lead.waves writes them."""
     o = MemberOutcome(member=member, kind=kind, status=status, reason="", result=result)  # type: ignore[arg-type]
     head = Waves.header(Spawned(job=MemberJob(id=member, kind=kind, task="t"), wave=wave), o)  # type: ignore[arg-type]
     return head + "\n" + member_block(member, Waves.distilled(o, 4000))

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import tool_use
 from subagents.trace import read_trace
 

@@ -13,7 +13,7 @@ import pytest
 from scripted_calls import tool_results
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import tool_use
 from subagents.trace import read_trace
 

@@ -15,7 +15,7 @@ from rss_support import RssWatch
 from scripted_calls import tool_results
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import tool_use
 from subagents.trace import read_trace
 

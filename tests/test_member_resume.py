@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from fleet_policies import appending_policy
 
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.trace import read_trace
 
 pytestmark = pytest.mark.docker

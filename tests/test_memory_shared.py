@@ -26,7 +26,7 @@ from fleet_policies import memory_policy
 from test_cli_run import _job, _member
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 
 pytestmark = pytest.mark.docker
 FLEET = [str(Path(sys.executable).with_name("fleet"))]

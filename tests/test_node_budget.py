@@ -1,5 +1,5 @@
 """A node's reservations reach the run's one budget on the coordinator, and what a node
-sends cannot stretch it (``coordinator/node_budget.py``): the node's relay and the
+sends cannot stretch it (``coordinator/nodes/node_budget.py``): the node's relay and the
 coordinator's, joined here by an in-memory stream in place of Ray's, against a real
 :class:`~subagents.budget.RunBudget` and its journal."""
 
@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 import pytest
 
-from coordinator.node_asks import NodeAsks
-from coordinator.node_budget import RESERVE, SETTLE, BudgetRelay, RelayBudget
+from coordinator.nodes.node_asks import NodeAsks
+from coordinator.nodes.node_budget import RESERVE, SETTLE, BudgetRelay, RelayBudget
 from subagents.budget import Amount, BudgetExhausted, RunBudget
 
 CALL = Amount(0.0, 1000)

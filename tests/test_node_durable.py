@@ -1,5 +1,5 @@
 """A node's transcript and checkpoint updates are bounded and stay in the member's
-directory on the coordinator (``coordinator/node_durable.py``): a node is less
+directory on the coordinator (``coordinator/nodes/node_durable.py``): a node is less
 trusted than the coordinator, so every update is checked before anything of it is
 written, and a node's final archive cannot bring durable files in past those checks."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.node_durable import (
+from coordinator.nodes.node_durable import (
     DURABLE,
     MARK_BYTES,
     MAX_NAMES,
@@ -21,7 +21,7 @@ from coordinator.node_durable import (
     load,
     place,
 )
-from coordinator.shipping import not_from_node, unpack
+from coordinator.nodes.shipping import not_from_node, unpack
 
 
 def _update(names: list[str], files: dict[str, bytes]) -> dict[str, Any]:
@@ -103,7 +103,7 @@ def test_a_nodes_archive_brings_no_durable_or_coordinator_file(tmp_path):
 
 
 def test_a_checkpoint_too_large_to_resume_from_is_not_sent(tmp_path, monkeypatch):
-    import coordinator.node_durable as nd
+    import coordinator.nodes.node_durable as nd
 
     monkeypatch.setattr(nd, "CHECKPOINT_BYTES", 8)
     sent: list[tuple[str, Any]] = []

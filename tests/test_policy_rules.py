@@ -8,8 +8,8 @@ import shlex
 import anyio
 import pytest
 
-from coordinator.approvals import ApprovalQueue, FileApprover
-from coordinator.jobfile import JobError, parse_job
+from coordinator.job.jobfile import JobError, parse_job
+from coordinator.oversight.approvals import ApprovalQueue, FileApprover
 from subagents.commandline.commands import invocations
 from subagents.policy import ApprovalRequest, MemberPolicy, ToolPolicy, rule_matches
 

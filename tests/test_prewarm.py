@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from coordinator import prewarm as prewarm_module
 from coordinator.cli import main
+from coordinator.nodes import prewarm as prewarm_module
 from subagents.trace import read_trace
 
 pytestmark = pytest.mark.docker

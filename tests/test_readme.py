@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from coordinator.cli import build_parser
-from coordinator.jobfile import load_job
+from coordinator.job.jobfile import load_job
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -250,3 +250,22 @@ def test_the_python_api_examples_run_as_written(
     streamed = [e for e in lives.values() if "run_interrupted" in e]
     assert len(lives) == 3 and len(streamed) == 1
     assert streamed[0].index("run_interrupted") < streamed[0].index("run_finished")
+
+
+def test_every_coordinator_path_the_docs_name_exists_and_the_layout_lists_every_room() -> None:
+    """A module moved without its docs would send a newcomer to a file that is not
+    there; a room missing from "## Layout" would leave it off the map."""
+    docs = [*DOCS, ROOT / "bench" / "README.md"]
+    named = {
+        (doc.relative_to(ROOT), path)
+        for doc in docs
+        for path in re.findall(r"coordinator/[\w/]+\.py", doc.read_text(encoding="utf-8"))
+    }
+    assert len(named) > 5, "the path reader found nothing: it is broken"
+    missing = sorted(f"{doc}: {path}" for doc, path in named if not (ROOT / path).is_file())
+    assert missing == [], "paths in the docs that are not in the tree:\n" + "\n".join(missing)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    rooms = {p.name for p in (ROOT / "coordinator").iterdir() if (p / "__init__.py").is_file()}
+    unlisted = sorted(room for room in rooms if f"`{room}/`" not in layout)
+    assert unlisted == [], f"rooms the README's Layout does not list: {unlisted}"

@@ -16,8 +16,8 @@ import pytest
 from test_code_repos import EDIT, _commit_all, _git, fleet_code
 
 import coordinator as fleet
-from coordinator.repo_copy import RepoRefused, select_files, staged_copy
-from coordinator.runs import RunDir
+from coordinator.nodes.repo_copy import RepoRefused, select_files, staged_copy
+from coordinator.rundir.runs import RunDir
 
 
 def _linked_out(repo: Path, target: str, leaf: str, *, ignore: str | None, name: str = "p") -> None:

@@ -17,8 +17,8 @@ import pytest
 from conftest import remove_run
 from fleet_policies import coding_policy
 
-from coordinator.jobfile import parse_job
-from coordinator.runs import RunDir, RunNotFound
+from coordinator.job.jobfile import parse_job
+from coordinator.rundir.runs import RunDir, RunNotFound
 from sandbox import reaper
 from subagents.fake_api import FakeMessagesAPI, tool_use
 
@@ -199,7 +199,7 @@ def test_an_engine_gone_after_the_preflight_is_one_paragraph_and_exit_1(
     group; the user sees its message and the run directory, never a traceback."""
     from coordinator.api import Ready
     from coordinator.cli.commands import _go
-    from coordinator.driver import RunOptions
+    from coordinator.runner.driver import RunOptions
 
     text = (
         'name = "gone"\n[model]\nname = "offline"\n[research]\n'
@@ -302,8 +302,8 @@ def test_a_run_whose_coordinator_died_before_it_started_is_dead(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys; from coordinator.jobfile import parse_job; "
-            "from coordinator.runs import RunDir; "
+            "import sys; from coordinator.job.jobfile import parse_job; "
+            "from coordinator.rundir.runs import RunDir; "
             "RunDir.create(parse_job(sys.argv[1]), sys.argv[1], root=sys.argv[2])",
             JOB,
             str(tmp_path),

@@ -31,7 +31,7 @@ from conftest import missing_dependency
 from network_support import CONNECT, run_proxy, service_box
 from scripted_calls import tool_results
 
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from sandbox import gvisor
 from sandbox.docker import DockerBackend, DockerSandbox
 from sandbox.errors import SandboxCrashed, SandboxUnavailable
@@ -306,9 +306,9 @@ def test_without_root_registration_says_what_to_run(monkeypatch: pytest.MonkeyPa
 def test_the_jobs_runtime_reaches_every_members_box_unless_a_member_names_its_own(
     tmp_path: Path,
 ) -> None:
-    from coordinator.fanout import to_member_spec
-    from coordinator.jobfile import JobError, load_job
-    from coordinator.prewarm import _first_wave
+    from coordinator.fanout.fanout import to_member_spec
+    from coordinator.job.jobfile import JobError, load_job
+    from coordinator.nodes.prewarm import _first_wave
 
     text = """
 name = "rt"

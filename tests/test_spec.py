@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from coordinator.cli import main
-from coordinator.fanout import to_member_spec
-from coordinator.jobfile import JobError, load_job, parse_job
+from coordinator.fanout.fanout import to_member_spec
+from coordinator.job.jobfile import JobError, load_job, parse_job
 from sandbox.spec import NetworkPolicy, SandboxSpec
 from subagents.browser.config import BrowserConfig
 from subagents.kinds.coding import CodingSettings

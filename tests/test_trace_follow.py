@@ -102,8 +102,8 @@ def test_follow_on_a_finished_run_prints_it_and_returns(tmp_path: Path) -> None:
 def _run_without_events(tmp_path: Path, owner_pid: int) -> Path:
     """A run the journal says started (owned by ``owner_pid``) with one member queued
     and no member event yet - the moment before a box comes up, or a killed run."""
-    from coordinator.jobfile import parse_job
-    from coordinator.runs import RunDir
+    from coordinator.job.jobfile import parse_job
+    from coordinator.rundir.runs import RunDir
 
     text = 'name = "waiting"\n[[members]]\nid = "a"\nkind = "coding"\ntask = "t"\n'
     run = RunDir.create(parse_job(text), text, root=tmp_path)

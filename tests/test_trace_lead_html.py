@@ -21,7 +21,7 @@ import test_trace_html
 from fleet_policies import coding_policy, tool_results, with_lead
 from test_trace_html import Watched
 
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from coordinator.traceview import load_run
 from coordinator.traceview.html import write_page
 from subagents.fake_api import FakeMessagesAPI, tool_use

@@ -15,7 +15,7 @@ import pytest
 import tracegen
 from test_trace_html import Watched, browser, fleet_view  # noqa: F401 (a fixture)
 
-from coordinator.approvals import ApprovalQueue, shown_sha256
+from coordinator.oversight.approvals import ApprovalQueue, shown_sha256
 from subagents.policy import ApprovalRequest
 
 pytestmark = pytest.mark.chromium

@@ -15,7 +15,7 @@ from test_cli_approve import ESCAPES_SHOWN, TAIL_SHOWN, _asks_job, asking
 from test_cli_policy import _journal, _wait_for, waiting_run
 from test_trace_html import Watched, browser, fleet_view  # noqa: F401 (a fixture)
 
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 
 pytestmark = [pytest.mark.docker, pytest.mark.chromium]
 

@@ -22,7 +22,7 @@ import pytest
 from conftest import remove_run
 from otlp_collector import Collector, attributes
 
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from subagents.fake_api import FakeMessagesAPI, fault, reply, text, tool_use
 
 pytestmark = pytest.mark.docker

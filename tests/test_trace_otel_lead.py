@@ -8,7 +8,7 @@ import pytest
 from otlp_collector import Collector, attributes
 
 from coordinator.cli import main
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 
 pytestmark = pytest.mark.docker
 

@@ -18,7 +18,7 @@ from conftest import missing_dependency, remove_run
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otlp_collector import Collector
 
-from coordinator.runs import RunDir
+from coordinator.rundir.runs import RunDir
 from coordinator.traceview import load_run, member_detail, otel, rollup_run
 from coordinator.traceview.html import write_page
 from subagents.trace import ErrorEvent, ModelCall, ToolCall, ToolResult, read_trace

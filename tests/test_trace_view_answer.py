@@ -17,7 +17,7 @@ import pytest
 import tracegen
 from test_trace_html import fleet_view
 
-from coordinator.approvals import ApprovalQueue, shown_sha256
+from coordinator.oversight.approvals import ApprovalQueue, shown_sha256
 from coordinator.traceview import load_run
 from coordinator.traceview.html import write_page
 from subagents.policy import ApprovalRequest

@@ -54,7 +54,7 @@ COMMAND_HOMES = {
 
 def add_runs_dir(p: argparse.ArgumentParser) -> None:
     """``--output-dir`` for a command that finds runs (resume, runs, trace, view): one
-    rule for all of them, :mod:`coordinator.run_lookup`."""
+    rule for all of them, :mod:`coordinator.rundir.run_lookup`."""
     p.add_argument(
         "--output-dir",
         default=None,
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(argv: list[str]) -> int:
     # `fleet run JOB`: the first wave's boxes start now, while the rest of Fleet loads
-    # and the job is checked (coordinator/prewarm.py); whatever no run takes is removed.
+    # and the job is checked (coordinator/nodes/prewarm.py); whatever no run takes is removed.
     prewarm = _prewarm(argv)
     try:
         parser = build_parser(argv[0] if argv else None)
@@ -132,7 +132,7 @@ def _prewarm(argv: list[str]) -> Any:
     files = [a for a in argv[1:] if not a.startswith("-") and os.path.isfile(a)]
     if not files or "-h" in argv or "--help" in argv:
         return None
-    from ..prewarm import Prewarm
+    from ..nodes.prewarm import Prewarm
 
     return Prewarm.start(files[0])
 

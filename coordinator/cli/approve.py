@@ -1,6 +1,6 @@
 """``fleet approve RUN``: answer, from any terminal, the calls a run's members wait on.
 
-The run's asks are files in ``runs/<run>/approvals/`` (coordinator/approvals.py says
+The run's asks are files in ``runs/<run>/approvals/`` (coordinator/oversight/approvals.py says
 why); this command reads the pending ones and writes answers, exactly as a key
 pressed at the run's own terminal would. Each ask is shown whole (its arguments made
 visible, or for a long one the review file and its sha256), and each answer is bound
@@ -23,9 +23,9 @@ import sys
 import time
 from typing import Any
 
-from ..approvals import ApprovalQueue, answerer, shown_sha256
 from ..errors import UsageError
-from ..runs import RunDir, RunNotFound
+from ..oversight.approvals import ApprovalQueue, answerer, shown_sha256
+from ..rundir.runs import RunDir, RunNotFound
 from . import add_runs_dir
 
 _VERDICTS = {"yes": (True, False), "no": (False, False), "always": (True, True)}

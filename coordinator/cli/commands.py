@@ -11,7 +11,7 @@ and printed, but never applied.
 into the run directory (``job.toml``), so every run - however it was started - can
 be read, re-run and resumed the same way.
 
-Before a run directory exists, :func:`coordinator.preflight.preflight` checks that
+Before a run directory exists, :func:`coordinator.runner.preflight.preflight` checks that
 every model the job names can be made and that the images its boxes need are built
 (building them when they can be), so a job that cannot start leaves no run behind.
 """
@@ -33,16 +33,16 @@ import anyio
 from sandbox.cluster_auth import add_insecure_flag
 from subagents.browser.corpus import CORPUS_ALLOW
 
-from .. import host_git
 from ..errors import CommandFailed, UsageError
-from ..jobfile import JobError, load_job, parse_job
-from ..run_lookup import runs_root
-from ..runs import RunDir, RunNotFound
-from ..spec import Job
+from ..job.jobfile import JobError, load_job, parse_job
+from ..job.spec import Job
+from ..nodes import host_git
+from ..rundir.run_lookup import runs_root
+from ..rundir.runs import RunDir, RunNotFound
 from . import add_runs_dir
 
 if TYPE_CHECKING:
-    from ..driver import RunOptions, RunSummary
+    from ..runner.driver import RunOptions, RunSummary
 
 T = TypeVar("T")
 
@@ -65,7 +65,7 @@ def _insecure_cluster(args: argparse.Namespace) -> bool:
 
 
 def _options(args: argparse.Namespace) -> RunOptions:
-    from ..driver import RunOptions
+    from ..runner.driver import RunOptions
 
     return RunOptions(
         tty=False if getattr(args, "plain", False) else None,
@@ -206,7 +206,7 @@ def cmd_code(args: argparse.Namespace) -> int:
         text, {"members[0].task": "TASK", "members[0].test": "--test", "model.name": "--model"}
     )
     summary = _start(job, text, args, {"model.name": "--model", "members[0].repo": "REPO"})
-    from ..driver import EXIT_FAILED
+    from ..runner.driver import EXIT_FAILED
 
     outcome = summary.outcomes.get("coder")
     patch = summary.run.path / "members" / "coder" / "patch.diff"
@@ -339,7 +339,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _approval_flags(p: argparse.ArgumentParser) -> None:
-    """How asks of the job's tool policies are answered (see coordinator/approvals.py)."""
+    """How asks of the job's tool policies are answered (see coordinator/oversight/approvals.py)."""
     g = p.add_mutually_exclusive_group()
     g.add_argument(
         "--approve-all",

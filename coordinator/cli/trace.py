@@ -19,11 +19,11 @@ from urllib.parse import urlsplit
 
 from coordinator.cli import add_runs_dir
 from coordinator.errors import UsageError
+from coordinator.oversight.visible import on_terminal
 from coordinator.traceview.detail import member_detail
 from coordinator.traceview.load import RunNotFound, load_run
 from coordinator.traceview.rollup import rollup_run
 from coordinator.traceview.text import format_member, format_run
-from coordinator.visible import on_terminal
 
 
 def _usage(message: str) -> Exception:
@@ -145,7 +145,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise _usage(f"--port {args.port} is not a TCP port; use 0-65535, e.g. --port 8765.")
     if args.run is None:
-        from coordinator.run_lookup import RUNS_DIR_ENV, runs_root
+        from coordinator.rundir.run_lookup import RUNS_DIR_ENV, runs_root
 
         root = runs_root(args.output_dir)
         if not root.is_dir():

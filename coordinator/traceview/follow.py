@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from coordinator.oversight.visible import on_terminal
 from coordinator.traceview.load import (
     load_run,
     read_journal,
@@ -24,7 +25,6 @@ from coordinator.traceview.load import (
 )
 from coordinator.traceview.rollup import rollup_run
 from coordinator.traceview.text import format_event, format_run
-from coordinator.visible import on_terminal
 
 
 def follow(

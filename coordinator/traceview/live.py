@@ -11,7 +11,7 @@ disk, and would hold one thread of the server per open tab for the run's whole l
 a poll also survives a laptop's sleep or a restarted ``fleet view`` with nothing to
 reconnect. The static ``--html`` page never polls: it has no server.
 
-Answers go through :class:`coordinator.approvals.ApprovalQueue`, the same door as
+Answers go through :class:`coordinator.oversight.approvals.ApprovalQueue`, the same door as
 ``fleet approve``: the answer is bound to the sha256 of the showing the page was
 given, and the server refuses it (409) when that is not the request's showing now.
 """
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coordinator.approvals import ApprovalQueue, answerer, shown_sha256
-from coordinator.run_lookup import is_run_dir, run_dirs
+from coordinator.oversight.approvals import ApprovalQueue, answerer, shown_sha256
+from coordinator.rundir.run_lookup import is_run_dir, run_dirs
 
 _WATCHED_DIRS = ("", "members", "approvals")
 """Folders of a run (and each member folder) whose files' stats make the stamp."""
@@ -155,7 +155,7 @@ class RunIndex:
     def _row(path: Path) -> dict[str, Any]:
         # Imported here: the run directory's reader brings the job model (and the Docker
         # SDK with it), which `fleet view RUN` never needs.
-        from coordinator.runs import RunDir
+        from coordinator.rundir.runs import RunDir
         from coordinator.traceview.load import load_run
         from coordinator.traceview.rollup import rollup_run
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from coordinator.run_lookup import RunNotFound as RunNotFound
-from coordinator.run_lookup import find_run
+from coordinator.rundir.run_lookup import RunNotFound as RunNotFound
+from coordinator.rundir.run_lookup import find_run
 from subagents.trace import TraceEvent
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(TraceEvent)
@@ -284,7 +284,7 @@ def refresh_members(run: RunTrace) -> list[MemberTrace]:
 
 def load_run(name: str | Path, output_dir: str | Path | None = None) -> RunTrace:
     """Read a whole run directory (``name`` is a path, a run id or the start of one,
-    looked up as every command does: :mod:`coordinator.run_lookup`)."""
+    looked up as every command does: :mod:`coordinator.rundir.run_lookup`)."""
     run_dir = find_run(str(name), output_dir)
     run = RunTrace(id=run_dir.resolve().name, dir=run_dir)
     run.job = read_json(run_dir / "job.json") or {}

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coordinator.report import MemoryProblem, memory_problems
+from coordinator.report.report import MemoryProblem, memory_problems
 from coordinator.traceview.load import MemberJournal, MemberTrace, RunTrace
 from subagents.model import profiles
 from subagents.model.profiles import ModelProfile

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from coordinator.report import memory_lines
+from coordinator.report.report import memory_lines
 from coordinator.traceview.detail import MemberDetail, MemorySaveView, ToolView, TurnView
 from coordinator.traceview.rollup import MemberRollup, RunRollup, compact_json
 from subagents.trace import (

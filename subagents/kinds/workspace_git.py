@@ -154,7 +154,7 @@ SAFE_CONFIG: dict[str, str] = {
     "maintenance.auto": "false",
 }
 """Settings that would run a command, switched off on every git call Fleet makes - here
-and on the host (:mod:`coordinator.host_git` takes this list)."""
+and on the host (:mod:`coordinator.nodes.host_git` takes this list)."""
 GIT_CONFIG: dict[str, str] = {
     **SAFE_CONFIG,
     "core.attributesFile": "/dev/null",

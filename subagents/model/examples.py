@@ -13,7 +13,7 @@ expected output ends (at a blank line or the next ``>>>``) and what a continuati
 are doctest's, so the check runs exactly the example that was found. A page whose
 output holds a blank line (Sphinx hides doctest's ``<BLANKLINE>`` marker) is an
 example doctest cannot run as written; the verdict says so
-(:mod:`coordinator.lead_report`) rather than call the page wrong.
+(:mod:`coordinator.lead.lead_report`) rather than call the page wrong.
 """
 
 from __future__ import annotations

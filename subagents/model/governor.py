@@ -35,7 +35,7 @@ Scope: one governor per (endpoint, key) in a process (:func:`governor_for`), so 
 runs started from one script share it too - they share the account. On a cluster the
 members run in the nodes' processes: there the run installs a source
 (:func:`use_source`) that hands out proxies of one governor for the whole run
-(:mod:`coordinator.run_governor`), so the nodes share one view of the account.
+(:mod:`coordinator.nodes.run_governor`), so the nodes share one view of the account.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class McpServerSpec(BaseModel):
     """Longest the server may take to start and list its tools."""
     proxy: str | None = None
     """A ``url`` server: the run's egress proxy it is reached through, set where the
-    member runs (:func:`coordinator.node.run_attempt`), never by a job."""
+    member runs (:func:`coordinator.nodes.node.run_attempt`), never by a job."""
 
     def egress_host(self) -> str:
         """A ``url`` server's ``host:port``, as an egress allowlist names it."""

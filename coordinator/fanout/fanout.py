@@ -1,0 +1,269 @@
+"""Fan-out: many members at once, each one's failure recorded, never propagated.
+
+:func:`fan_out` hands every :class:`~coordinator.nodes.worker.MemberUnit` to the executor
+(:mod:`coordinator.fanout.executor`: a task group with a queue), which runs each with
+:func:`coordinator.nodes.worker.run_unit` - one member's retries and record - whose attempts
+run where :class:`~coordinator.nodes.worker.Nodes` puts them (this host, or a cluster's
+nodes). A member that fails, times out or crashes is an outcome like any other;
+its siblings go on. Only ``fail_fast`` (at the first member that fails for good) or
+the user's Ctrl-C cancel siblings; members that never got to run are ``cancelled``
+with the reason. The run's verdict is the quorum: ``min_success`` members ``ok``,
+counting those that ended ``ok`` in an earlier life of a resumed run. A lead's waves
+are one :class:`Fanout` that takes units while it runs (:meth:`Fanout.stream`), so
+all of that holds over every wave, and a member of a later wave may start while
+stragglers of an earlier one still run.
+
+:func:`to_member_spec` turns a job file's member into the harness's spec (the soft
+deadline, the browser's egress allowlist and search page, the coding member's check
+command, the memory directory).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+from pydantic import BaseModel
+
+from sandbox.spec import NetworkPolicy, Runtime
+from subagents.browser.config import DEFAULT_SEARCH_URL, BrowserConfig
+from subagents.context.config import ContextConfig
+from subagents.kinds import get_kind
+from subagents.kinds.coding import CodingSettings
+from subagents.outcome import MemberOutcome
+from subagents.policy import ToolPolicy
+from subagents.spec import MemberSpec
+
+from ..job.spec import Egress, MemberJob
+from ..nodes.node import Deps, LocalNodes
+from ..nodes.worker import MemberUnit, Nodes, Recorder, failed_outcome, run_unit
+from .executor import Executor, LocalExecutor
+
+CANCELLED_BY_CALLER = "cancelled: the caller cancelled this member"
+
+__all__ = ["Deps", "Fanout", "FanoutResult", "MemberUnit", "fan_out", "to_member_spec"]
+
+
+def to_member_spec(
+    job: MemberJob,
+    *,
+    model: str,
+    max_tokens: int,
+    egress: Egress,
+    memory_root: Path,
+    policy: ToolPolicy | None = None,
+    runtime: Runtime = "runc",
+) -> MemberSpec:
+    """The harness's spec for a job member (soft deadline 10% before the hard one;
+    ``policy`` is the job's, merged with the member's own; ``runtime`` the job's box
+    runtime, unless the member names its own)."""
+    lim = job.limits
+    settings: BaseModel
+    if job.kind == "coding":
+        settings = CodingSettings(test=job.test, test_gate=job.test_gate)
+    else:
+        settings = BrowserConfig(search_url=egress.search_url or DEFAULT_SEARCH_URL)
+    network = NetworkPolicy()  # no network at all
+    if job.kind == "browser":
+        network = NetworkPolicy(egress="allowlist", allow=tuple(egress.allow))
+    memory_dir = None
+    if job.memory is not None:
+        memory_dir = Path(job.memory.dir or memory_root / job.memory.profile)
+        memory_dir.mkdir(parents=True, exist_ok=True)
+    return MemberSpec(
+        id=job.id or job.kind,
+        kind=job.kind,
+        task=job.task,
+        settings=settings,
+        inputs=dict(job.inputs),
+        model=model,
+        limits=lim.model_copy(
+            update={"deadline_s": max(lim.deadline_s * 0.9, lim.deadline_s - 60)}
+        ),
+        stated_deadline_s=lim.deadline_s,
+        max_output_tokens=max_tokens,
+        sandbox=job.sandbox.box(get_kind(job.kind).box_kind, network=network, runtime=runtime),
+        memory_dir=memory_dir,
+        todos=job.todos,
+        context=ContextConfig.model_validate(job.context),
+        tools=list(job.tools),
+        mcp=list(job.mcp),
+        result_schema=job.member_result_schema(),
+        policy=(policy or ToolPolicy()).merged(job.policy),
+    )
+
+
+@dataclass
+class FanoutResult:
+    """How a fan-out ended."""
+
+    outcomes: dict[str, MemberOutcome]
+    """Member id -> outcome, for every member (cancelled ones included)."""
+    ok: int
+    quorum_met: bool
+    fail_fast_by: str | None = None
+    """The member whose failure triggered fail-fast, if any."""
+
+
+class Fanout:
+    """One fan-out's policy - fail-fast, the quorum, every outcome recorded - over
+    units given at once (:meth:`run`) or arriving while others run (:meth:`stream`,
+    with :meth:`add`: a lead's waves, which join one fan-out, so the quorum, fail-fast
+    and ``max_parallel`` count over all of them).
+
+    ``nodes`` is where attempts run; None: this host, with ``deps`` (then a
+    :class:`~coordinator.nodes.node.Deps`) as its node side. ``already_ok`` counts members
+    that ended ``ok`` in an earlier life of the run (resume), toward the quorum.
+    """
+
+    def __init__(
+        self,
+        deps: Recorder,
+        *,
+        max_parallel: int,
+        min_success: int,
+        fail_fast: bool,
+        executor: Executor[MemberUnit, MemberOutcome] | None = None,
+        nodes: Nodes | None = None,
+        already_ok: int = 0,
+    ) -> None:
+        if nodes is None:
+            if not isinstance(deps, Deps):
+                raise TypeError("fan_out without nodes runs on this host and needs a node.Deps")
+            nodes = LocalNodes(deps)
+        self.deps, self.nodes = deps, nodes
+        self.max_parallel, self.min_success = max_parallel, min_success
+        self.fail_fast, self.already_ok = fail_fast, already_ok
+        self.executor = executor or LocalExecutor()
+        self.units: list[MemberUnit] = []
+        """Every unit given so far, in order."""
+        self.outcomes: dict[str, MemberOutcome] = {}
+        self.stopper: list[str] = []
+        self.on_outcome: list[Callable[[MemberUnit, MemberOutcome], None]] = []
+        """Called as each member ends (a lead's ``wait`` listens here)."""
+        self.closed = False
+        """No more units are taken: :meth:`close` was called, fail-fast struck, or the
+        fan-out ended."""
+        self._cancelled: set[str] = set()
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._send, self._receive = anyio.create_memory_object_stream[MemberUnit](math.inf)
+
+    def _on_done(self, unit: MemberUnit, result: MemberOutcome | BaseException) -> bool:
+        if isinstance(result, BaseException):  # a worker broke its contract
+            result = failed_outcome(
+                unit, "failed", f"raised {type(result).__name__}: {result}", time.monotonic()
+            )
+        self.outcomes[unit.spec.id] = result
+        stop = False
+        asked = unit.spec.id in self._cancelled  # the caller's cancel is not a failure
+        if self.fail_fast and result.status != "ok" and not asked and not self.stopper:
+            self.stopper.append(unit.spec.id)
+            self.closed = True
+            self.deps.note("fail_fast", member=unit.spec.id, reason=result.reason)
+            stop = True
+        for listener in self.on_outcome:
+            listener(unit, result)
+        return stop
+
+    async def _worker(self, unit: MemberUnit) -> MemberOutcome:
+        member, started = unit.spec.id, time.monotonic()
+        if member not in self._cancelled:
+            with anyio.CancelScope() as self._scopes[member]:
+                try:
+                    return await run_unit(unit, self.deps, self.nodes)
+                finally:
+                    del self._scopes[member]
+        # Cancelled by the caller (cancel): while it ran (run_unit journalled it and
+        # released its box) or before it started (the run's end journals it).
+        return failed_outcome(unit, "cancelled", CANCELLED_BY_CALLER, started)
+
+    def cancel(self, member: str) -> bool:
+        """End one member ``cancelled`` - at once if it runs (its box is released), before
+        it starts if it waits - while its siblings go on; a later resume runs it again.
+        False when it has already ended."""
+        if member in self.outcomes:
+            return False
+        self._cancelled.add(member)
+        if member in self._scopes:
+            self._scopes[member].cancel()
+        return True
+
+    async def run(self, units: list[MemberUnit]) -> FanoutResult:
+        """Run every unit of a fixed list (through the executor's ``map``)."""
+        self.units += units
+        self.closed = True
+        await self.executor.map(
+            units, self._worker, max_parallel=self.max_parallel, on_done=self._on_done
+        )
+        return self.result()
+
+    def add(self, units: list[MemberUnit]) -> None:
+        """Queue more units on a running :meth:`stream`, in order; RuntimeError once
+        it takes no more (check :attr:`closed` first)."""
+        if self.closed:
+            raise RuntimeError("this fan-out takes no more members")
+        for unit in units:
+            self.units.append(unit)
+            self._send.send_nowait(unit)
+
+    def close(self) -> None:
+        """No more units: :meth:`stream` returns once the queued ones have ended."""
+        self.closed = True
+        self._send.close()
+
+    async def stream(self) -> FanoutResult:
+        """Run units as :meth:`add` gives them, until :meth:`close` (or fail-fast)."""
+        try:
+            await self.executor.stream(
+                self._receive, self._worker, max_parallel=self.max_parallel, on_done=self._on_done
+            )
+        finally:
+            self.closed = True
+            self._send.close()
+        return self.result()
+
+    def result(self) -> FanoutResult:
+        """Every unit's outcome so far; a unit that never ran is ``cancelled``."""
+        stopper = self.stopper
+        for unit in self.units:
+            if unit.spec.id not in self.outcomes:
+                why = f"cancelled: fail_fast after {stopper[0]} failed" if stopper else "cancelled"
+                self.outcomes[unit.spec.id] = failed_outcome(
+                    unit, "cancelled", why, time.monotonic()
+                )
+        ok = self.already_ok + sum(1 for o in self.outcomes.values() if o.status == "ok")
+        return FanoutResult(
+            outcomes=self.outcomes,
+            ok=ok,
+            quorum_met=ok >= self.min_success,
+            fail_fast_by=stopper[0] if stopper else None,
+        )
+
+
+async def fan_out(
+    units: list[MemberUnit],
+    deps: Recorder,
+    *,
+    max_parallel: int,
+    min_success: int,
+    fail_fast: bool,
+    executor: Executor[MemberUnit, MemberOutcome] | None = None,
+    nodes: Nodes | None = None,
+    already_ok: int = 0,
+) -> FanoutResult:
+    """Run every unit; returns all outcomes and whether the quorum was met (see
+    :class:`Fanout` for ``nodes`` and ``already_ok``)."""
+    fan = Fanout(
+        deps,
+        max_parallel=max_parallel,
+        min_success=min_success,
+        fail_fast=fail_fast,
+        executor=executor,
+        nodes=nodes,
+        already_ok=already_ok,
+    )
+    return await fan.run(units)

@@ -1,0 +1,444 @@
+"""The node side of a run: what runs next to the boxes.
+
+A member's agent loop runs on the host that holds its box, because the box's exec
+stream, CDP port and run network are reachable only from there. This module is that
+side and nothing else: a node's :class:`NodeDeps` (its sandbox backend, warm pools,
+model factory and harness), :func:`run_attempt` (one attempt of one member: box up,
+harness, box down), and :func:`serving` (the node's share of a run's services: warm
+pools and the corpus box). It writes only into the member directory it is given and
+emits trace events through the :class:`~subagents.trace.TraceWriter` it is given;
+the journal, retries and ``result.json`` are the coordinator's
+(:mod:`coordinator.worker`).
+
+On one machine :class:`LocalNodes` runs attempts in this process against the member's
+own run directory. On a cluster (:mod:`coordinator.cluster`) the same functions run in
+a node's actor, against a scratch directory whose files go back to the coordinator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+
+from sandbox import reaper
+from sandbox.base import Sandbox, SandboxBackend
+from sandbox.deferred import DeferredSandbox
+from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxUnavailable
+from sandbox.pool import SandboxPool
+from sandbox.spec import SandboxSpec
+from subagents.beside import beside
+from subagents.browser.corpus import start_corpus
+from subagents.budget import Reserves, budgeted
+from subagents.durable import TRANSCRIPT
+from subagents.model.base import Model, ModelError
+from subagents.outcome import MemberOutcome
+from subagents.policy import Approver
+from subagents.spec import MemberSpec
+from subagents.trace import ErrorEvent, MemberEnd, SandboxEvent, TraceWriter
+
+from ..job.schema_check import problems as schema_problems
+from .prewarm import Prewarm
+from .repo_copy import RepoRefused, RepoTooLarge, StagedRepo, copy_room, staged_copy
+from .worker import CANCELLED, MemberUnit, Nodes, Recorder, Services, Started, failed_outcome
+
+CLEANUP_S = 60.0
+"""Longest the run's cleanup (boxes, pools, corpus, proxy) may take after an interrupt;
+past it the run still ends, and ``fleet sandbox gc`` removes what is left."""
+
+
+class RunMemberFn(Protocol):
+    """The harness a node runs a member with. Its ``sandbox`` is a
+    :class:`~sandbox.deferred.DeferredSandbox` still starting (``await
+    sandbox.ready()`` for the box itself); a harness that uses it before then waits."""
+
+    def __call__(
+        self,
+        spec: MemberSpec,
+        *,
+        sandbox: Sandbox | None,
+        model: Model,
+        run_dir: Path,
+        trace: TraceWriter,
+        approver: Approver | None = None,
+    ) -> Awaitable[MemberOutcome]: ...
+
+
+@dataclass(kw_only=True)
+class NodeDeps:
+    """What a node uses to run members; host-local, never shipped (a node builds its own)."""
+
+    backend: SandboxBackend
+    make_model: Callable[..., Model]
+    """``make_model(name, kind=..., trace=...)`` (see :func:`subagents.model.make_model`)."""
+    run_member: RunMemberFn | None = None
+    """The harness; None means :func:`subagents.member.run_member`."""
+    pools: dict[str, SandboxPool] = field(default_factory=dict)
+    """Warm pools by box spec (JSON); a member whose spec has one takes a box from it."""
+    demand: dict[str, int] = field(default_factory=dict)
+    """Members per box spec still to take a box; a pool keeps no more idle than this."""
+    approver: Approver | None = None
+    """Answers members' policy asks (the run's approval queue); None: nobody to ask,
+    each member's ``ask_default`` applies."""
+    prewarm: Prewarm | None = None
+    """Boxes started before the run existed (:mod:`coordinator.prewarm`), for its pools."""
+    budget: Reserves | None = None
+    """What members' calls reserve from when not the run's budget in this process (a
+    cluster node's relay to the coordinator's, :mod:`coordinator.node_budget`)."""
+
+    async def acquire(self, spec: SandboxSpec, run: str, member: str) -> tuple[Sandbox, Any]:
+        """A fresh box for ``member`` (from a warm pool when there is one) and its pool."""
+        key = spec.pool_key
+        pool = self.pools.get(key)
+        if pool is None:
+            return await self.backend.create(spec, run=run, member=member), None
+        box = await pool.acquire(member)
+        # Stop warming boxes nobody will take: the pool refills to min_idle.
+        self.demand[key] = max(0, self.demand.get(key, 0) - 1)
+        pool.min_idle = min(pool.min_idle, self.demand[key])
+        return box, pool
+
+    def expect(self, specs: list[SandboxSpec]) -> None:
+        """Members with these boxes are coming (a lead's later wave): the warm pool of
+        each spec that has one starts boxes for them (never more than it may hold)."""
+        for spec in specs:
+            key = spec.pool_key
+            self.demand[key] = self.demand.get(key, 0) + 1
+        for key, pool in self.pools.items():
+            pool.keep_idle(min(self.demand.get(key, 0), pool.max_size))
+
+
+@dataclass(kw_only=True)
+class Deps(NodeDeps, Recorder):
+    """A run on this host alone: the node's things and the coordinator's record in one."""
+
+
+async def _release(
+    box: Sandbox | None, trace: TraceWriter, pool: SandboxPool | None, *, keep: bool
+) -> None:
+    """Remove the box whatever happened (shielded: cancellation must not leak boxes);
+    a box whose spec says ``keep`` is only let go, and traced as ``keep``, not ``close``."""
+    if box is None:
+        return
+    with anyio.CancelScope(shield=True):
+        t0 = time.monotonic()
+        try:
+            await (pool.release(box) if pool is not None else box.close())
+        except SandboxError:
+            pass  # already gone (killed); gc removes any remains by label
+        action = "keep" if keep and pool is None else "close"
+        trace.emit(
+            SandboxEvent(action=action, box=box.name, duration_s=round(time.monotonic() - t0, 3))
+        )
+
+
+def soft_deadline(unit: MemberUnit, started: float) -> MemberSpec:
+    """The member's spec with the harness's own deadline counted from the attempt's
+    start, like the hard one: box start-up and the repository copy have used part of
+    ``deadline_s`` already, and a harness that started its clock only now would still
+    be working when the hard limit cut it off, its partial result lost."""
+    spec = unit.spec
+    margin = max(unit.deadline_s - spec.limits.deadline_s, 0.0)
+    left = unit.deadline_s - (time.monotonic() - started) - margin
+    if left >= spec.limits.deadline_s:
+        return spec
+    limits = spec.limits.model_copy(update={"deadline_s": max(left, 0.1)})
+    return spec.model_copy(update={"limits": limits})
+
+
+async def _with_proxies(spec: MemberSpec, backend: SandboxBackend, run_id: str) -> MemberSpec:
+    """The member's URL MCP servers, each with the run's egress proxy for its host alone:
+    the host-side client reaches the server the way a box would, through the proxy's
+    allowlist and address checks. Without a proxy here, the server does not start and
+    says why."""
+    if not any(s.url for s in spec.mcp):
+        return spec
+    servers = []
+    for server in spec.mcp:
+        if server.url is not None:
+            try:
+                proxy = await backend.egress_proxy(run_id, [server.egress_host()])
+            except SandboxError:
+                proxy = None
+            server = server.model_copy(update={"proxy": proxy})
+        servers.append(server)
+    return spec.model_copy(update={"mcp": servers})
+
+
+async def run_attempt(
+    unit: MemberUnit,
+    deps: NodeDeps,
+    trace: TraceWriter,
+    *,
+    member_dir: Path | None = None,
+    staged_repo: Path | None = None,
+    on_turn_saved: Callable[[], None] | None = None,
+) -> MemberOutcome:
+    """One attempt: box up, harness, box down. Never raises except on cancellation.
+
+    ``member_dir`` is where the harness writes the member's files (default: the unit's
+    own run subdirectory; a cluster node passes a scratch directory). ``staged_repo``
+    is the repository selection already made (a node gets it from the coordinator);
+    default: selected here from ``unit.repo``. ``on_turn_saved`` is called each time
+    the member's transcript and checkpoint hold a completed turn (a node sends them to
+    the coordinator then).
+    """
+    from subagents.member import run_member as default_run_member
+
+    run_member = deps.run_member or default_run_member
+    started = time.monotonic()
+    box: Sandbox | None = None
+    pool: SandboxPool | None = None
+    ended_by_harness = False
+    keep = False
+    staging: StagedRepo | None = None
+    try:
+        with anyio.fail_after(unit.deadline_s):
+            box_spec = unit.spec.sandbox
+            keep = box_spec.keep
+            if staged_repo is None and unit.repo:
+                # Host side first: a repository too large for the box fails before any box.
+                room = copy_room(box_spec)
+                repo = Path(unit.repo)
+                staging = await anyio.to_thread.run_sync(lambda: staged_copy(repo, room=room))
+                staged_repo = Path(staging.name)
+            pending = DeferredSandbox(box_spec, unit.spec.id)
+            member_ended = anyio.Event()
+
+            async def start_box() -> None:
+                """The member's box, started beside its first model call
+                (:mod:`sandbox.deferred` says why)."""
+                nonlocal box, pool
+                try:
+                    t0 = time.monotonic()
+                    box, pool = await deps.acquire(box_spec, unit.run_id, unit.spec.id)
+                    if not member_ended.is_set():  # else it was never the member's: no create
+                        trace.emit(
+                            SandboxEvent(
+                                action="create",
+                                box=box.name,
+                                duration_s=round(time.monotonic() - t0, 3),
+                            )
+                        )
+                    if staged_repo is not None:
+                        await box.upload(staged_repo, "/workspace")
+                    for name, text in unit.files.items():
+                        await box.write_file(f"/workspace/{name}", text)
+                except (SandboxCrashed, SandboxClosed, SandboxUnavailable) as exc:
+                    pending.fail(exc)
+                except SandboxError as exc:
+                    pending.fail(SandboxUnavailable(str(exc)))
+                except Exception as exc:
+                    pending.fail(exc)
+                except BaseException:
+                    pending.fail(SandboxUnavailable("the box's start was cancelled"))
+                    raise
+                else:
+                    pending.set(box)
+
+            spec = await _with_proxies(soft_deadline(unit, started), deps.backend, unit.run_id)
+            model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
+            model = budgeted(model, unit.run_id, unit.spec.id, deps.budget)
+            # Only a harness that may ask is handed the approver (a test's own harness
+            # need not take it).
+            asks: dict[str, Approver] = {}
+            if deps.approver is not None:
+                asks["approver"] = deps.approver
+            durable: dict[str, Any] = {}
+            # The harness keeps its transcript (subagents.durable) - not for a member with
+            # explicit memory: its memory writes live in its box and are not checkpointed,
+            # so going on from a later turn would lose them from the save; it starts over.
+            if deps.run_member is None and unit.spec.memory_dir is None:
+                durable["conversation_file"] = (member_dir or Path(unit.member_dir)) / TRANSCRIPT
+                if on_turn_saved is not None:
+                    durable["on_turn_saved"] = on_turn_saved
+
+            async def attempt() -> MemberOutcome:
+                try:
+                    return await run_member(
+                        spec,
+                        sandbox=pending,
+                        model=model,
+                        run_dir=member_dir or Path(unit.member_dir),
+                        trace=trace,
+                        **asks,
+                        **durable,
+                    )
+                finally:
+                    member_ended.set()
+                    with anyio.CancelScope(shield=True):
+                        await model.aclose()
+
+            # The box's start is waited for: a box that came after its member ended is
+            # removed below like any other.
+            outcome = await beside(attempt, start_box, wait_for_side=True)
+            ended_by_harness = True
+    except TimeoutError:
+        outcome = failed_outcome(
+            unit, "timed_out", f"deadline of {unit.deadline_s:g}s passed", started
+        )
+    except (RepoTooLarge, RepoRefused) as exc:
+        outcome = failed_outcome(unit, "failed", str(exc), started)
+    except SandboxCrashed as exc:
+        outcome = failed_outcome(
+            unit, "crashed", f"sandbox crashed: {exc.reason}", started, retryable=True
+        )
+    except SandboxError as exc:
+        outcome = failed_outcome(
+            unit, "crashed", f"sandbox unavailable: {exc}", started, retryable=True
+        )
+    except ModelError as exc:
+        outcome = failed_outcome(
+            unit, "failed", f"model error: {exc}", started, retryable=exc.retryable
+        )
+    except CANCELLED():
+        await _release(box, trace, pool, keep=keep)
+        if staging is not None:
+            staging.cleanup()
+        raise
+    except Exception as exc:
+        outcome = failed_outcome(unit, "failed", f"raised {type(exc).__name__}: {exc}", started)
+    await _release(box, trace, pool, keep=keep)
+    if staging is not None:
+        await anyio.to_thread.run_sync(staging.cleanup)
+        if staging.not_copied:
+            outcome = outcome.model_copy(update={"not_copied": staging.not_copied})
+    settled_here = not ended_by_harness
+    if outcome.status == "ok" and unit.result_schema:
+        wrong = schema_problems(outcome.result or {}, unit.result_schema)
+        if wrong:
+            reason = "result does not satisfy the job's result_schema: " + "; ".join(wrong[:5])
+            outcome = outcome.model_copy(update={"status": "failed", "reason": reason})
+            trace.emit(ErrorEvent(error="ResultSchema", message=reason))
+            settled_here = True
+    if settled_here:
+        # The harness did not get to trace its end (it raised, hung or never started),
+        # or traced one this check overruled: the trace's last word is the outcome.
+        trace.emit(
+            MemberEnd(
+                span=unit.spec.id,
+                status=outcome.status,
+                reason=outcome.reason,
+                duration_s=outcome.duration_s,
+            )
+        )
+    return outcome
+
+
+async def open_pools(
+    stack: contextlib.AsyncExitStack,
+    deps: NodeDeps,
+    units: list[MemberUnit],
+    run_id: str,
+    max_parallel: int,
+) -> None:
+    """One warm pool per distinct box spec, sized to what the members will take."""
+    specs: dict[str, Any] = {}
+    for u in units:
+        spec = u.spec.sandbox
+        key = spec.pool_key
+        specs[key] = spec
+        deps.demand[key] = deps.demand.get(key, 0) + 1
+    for key, spec in specs.items():
+        if spec.keep:
+            continue  # a pool's spare box would be kept too; these members get fresh boxes
+        want = min(deps.demand[key], max_parallel)
+        early: list[dict] = []
+        if deps.prewarm is not None and deps.prewarm.run == run_id:
+            early = await anyio.to_thread.run_sync(deps.prewarm.take, key)
+        pool = SandboxPool(deps.backend, spec, run=run_id, min_idle=want, max_size=max_parallel)
+        deps.pools[key] = await stack.enter_async_context(pool)
+        # No await before this: the pool counts them before its refill makes any box.
+        _adopt(deps.backend, pool, early, spec, run_id)
+
+
+def _adopt(
+    backend: SandboxBackend, pool: SandboxPool, infos: list[dict], spec: SandboxSpec, run: str
+) -> None:
+    """Hand boxes of ``spec`` started before the run to its pool; each becomes idle once
+    its agent answers (all come up together), one that does not is removed and the
+    pool makes another."""
+    from sandbox.docker import DockerBackend
+
+    if not infos or not isinstance(backend, DockerBackend):
+        return
+    docker_backend = backend
+    for info in infos:
+        member = info["Config"]["Labels"].get("fleet.member", "pool")
+
+        async def ready(info: dict = info, member: str = member) -> Sandbox:
+            return await docker_backend.adopt(info, spec, run=run, member=member)
+
+        pool.adopt(ready)
+
+
+@asynccontextmanager
+async def serving(
+    deps: NodeDeps, run_id: str, units: list[MemberUnit], services: Services
+) -> AsyncIterator[None]:
+    """A node's share of one run while its members run: warm pools, the corpus box.
+
+    The pools close (their boxes removed, shielded by the pool) when the block ends;
+    not under a time bound: a pool's own task group must be exited in the scope it was
+    entered in. The corpus box is removed shielded and bounded by :data:`CLEANUP_S`.
+    """
+    box: Sandbox | None = None
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            if services.warm_pool:
+                await open_pools(stack, deps, units, run_id, services.max_parallel)
+            if services.corpus:
+                box = await start_corpus(deps.backend, run_id)
+            yield
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_S):
+            if box is not None:
+                await box.close()
+
+
+async def remove_run_boxes(backend: SandboxBackend, run_id: str) -> list[str]:
+    """Remove what a run left on this node's engine, except boxes a member asked to
+    keep (``sandbox.keep``, for debugging), whose names are returned: they stay with
+    their network until ``fleet sandbox rm NAME`` (or ``gc`` after their TTL)."""
+    try:
+        kept = [b.name for b in await backend.list_boxes(run=run_id) if b.keep]
+        if not kept:
+            await backend.remove_run(run_id)
+        return kept
+    finally:
+        # The run is over even when the engine is gone: gc may take what is left
+        # (anything not kept), and `fleet resume` marks the run live again.
+        reaper.mark_done(backend.owner(run_id))
+
+
+class LocalNodes(Nodes):
+    """This host is the only node: attempts run in this process, on its engine."""
+
+    def __init__(self, deps: NodeDeps) -> None:
+        self.deps = deps
+
+    def serve(
+        self, run_id: str, units: list[MemberUnit], services: Services
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        return serving(self.deps, run_id, units, services)
+
+    async def attempt(
+        self, unit: MemberUnit, trace: TraceWriter, started: Started
+    ) -> MemberOutcome:
+        started("")
+        return await run_attempt(unit, self.deps, trace)
+
+    def expect(self, units: list[MemberUnit]) -> None:
+        self.deps.expect([u.spec.sandbox for u in units])
+
+    async def remove_boxes(self, run_id: str) -> list[str]:
+        return await remove_run_boxes(self.deps.backend, run_id)
+
+    async def reap(self, run_id: str) -> int:
+        return await self.deps.backend.remove_run(run_id)

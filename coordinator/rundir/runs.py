@@ -1,0 +1,318 @@
+"""Durable runs: the run directory, its fsync'd journal, and what a resume must redo.
+
+Layout (``runs/<run-id>/``)::
+
+    job.toml        the job exactly as given
+    job.json        the validated job
+    members.json    the member list after planning (resume never re-plans)
+    journal.jsonl   state changes, one JSON object a line, fsync'd each
+    live.json       pid of the coordinator while it runs
+    report.md, report.json
+    members/<id>/   trace.jsonl, result.json, transcripts/, offloads/, screenshots/, pages/
+
+Why a journal and not a state file rewritten in place: an append of one line plus
+``fsync`` is atomic enough that a SIGKILL at any instant leaves every earlier state
+change readable (a torn last line is skipped), and the history - which member
+started when, how often it was retried - is exactly what a person debugging a run
+wants. ``result.json`` is written by rename, so it is either whole or absent: a
+member "has a result" exactly when that file exists, which is what resume checks.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandbox.reaper import pid_alive
+
+from ..job.run_names import run_name
+from ..job.spec import Job, MemberJob
+from .run_lookup import RunNotFound as RunNotFound
+from .run_lookup import find_run, run_dirs, runs_root
+
+FINISHED = {"ok", "failed", "timed_out", "crashed", "incomplete"}
+"""Member statuses that are final: resume does not run such a member again."""
+
+
+def root_for(job: Job, output_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where a new run of ``job`` goes: ``output_dir`` (``--output-dir``), else the
+    job file's own ``output_dir`` when it sets one, else where every command looks for
+    runs (``$FLEET_RUNS_DIR``, else ``runs``)."""
+    if output_dir:
+        return Path(output_dir)
+    if "output_dir" in job.model_fields_set:
+        return Path(job.output_dir)
+    return runs_root()
+
+
+class RunDirUnavailable(Exception):
+    """No run directory can be made where the job (or ``--output-dir``) says."""
+
+
+def check_root(root: Path) -> None:
+    """Raise :class:`RunDirUnavailable` when run directories cannot be made under ``root``.
+
+    Cheap and before anything else (images, models), so a bad output directory is
+    said at once; :meth:`RunDir.create` still reports what this could not foresee.
+    """
+    probe = Path(root).absolute()
+    while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        what = "exists and is not a directory" if probe.exists() else "is a broken link"
+        raise RunDirUnavailable(_cannot(root, f"{probe} {what}"))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise RunDirUnavailable(_cannot(root, f"{probe} is not writable by this user"))
+
+
+def _cannot(root: Path, why: str) -> str:
+    return (
+        f"cannot create run directories under {root}: {why}; give a directory Fleet "
+        "can write to (--output-dir DIR, or output_dir in the job file), e.g. --output-dir runs"
+    )
+
+
+def _fsync_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Journal:
+    """Append-only JSONL of state changes; every append is fsync'd before returning.
+
+    ``listeners`` hear every entry once it is on disk, whoever appended it: a run's
+    progress table and the API's ``on_journal`` see the same entries the file holds."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        return self.append_many(event, [fields])[0]
+
+    def append_many(self, event: str, many: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One entry per item of ``many``, written with one write and one fsync."""
+        now = round(time.time(), 3)
+        entries = [{"ts": now, "event": event, **fields} for fields in many]
+        if not entries:
+            return entries
+        data = "".join(json.dumps(e, default=str) + "\n" for e in entries).encode("utf-8")
+        # O_APPEND: whole lines land at the end even if two writers overlap.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            while data:  # a write may be short for a large batch
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for entry in entries:
+            for listener in self.listeners:
+                listener(entry)
+        return entries
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line torn by a kill mid-write
+        return out
+
+
+@dataclass
+class RunState:
+    """What the journal says about a run."""
+
+    status: str = "created"
+    """created, running, succeeded, failed, interrupted, or dead (killed mid-run)."""
+    started: float = 0.0
+    finished: float = 0.0
+    members: dict[str, str] = field(default_factory=dict)
+    """Member id -> last status (queued, running, retrying, ok, failed, ...)."""
+    reasons: dict[str, str] = field(default_factory=dict)
+    starts: dict[str, int] = field(default_factory=dict)
+    """Member id -> how many attempts were started over the run's whole life."""
+
+
+class RunDir:
+    """One run's directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.id = self.path.name
+        self.journal = Journal(self.path / "journal.jsonl")
+
+    # -- creation and lookup -----------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, job: Job, job_text: str, *, root: Path | None = None, name: str | None = None
+    ) -> RunDir:
+        """A new run directory; ``name`` (the run's id) when it was chosen before, as
+        :mod:`coordinator.nodes.prewarm` does to start the run's boxes early."""
+        root = Path(root) if root is not None else root_for(job)
+        path = root / (name or run_name(job.name))
+        check_root(root)
+        try:
+            (path / "members").mkdir(parents=True)
+        except OSError as exc:
+            raise RunDirUnavailable(_cannot(root, exc.strerror or str(exc))) from None
+        run = cls(path)
+        try:
+            (path / "job.toml").write_text(job_text, encoding="utf-8")
+            _fsync_write(path / "job.json", job.model_dump_json(indent=2))
+            # The creator's pid: a run whose coordinator died before it started is dead.
+            run.journal.append(
+                "run_created", name=job.name, members=job.member_count, pid=os.getpid()
+            )
+        except OSError as exc:  # e.g. a full disk: leave no half-made run behind
+            shutil.rmtree(path, ignore_errors=True)
+            raise RunDirUnavailable(_cannot(root, exc.strerror or str(exc))) from None
+        return run
+
+    @classmethod
+    def open(cls, ref: str, *, root: Path | None = None) -> RunDir:
+        """A run by directory path, by id or by a unique id prefix under ``root``
+        (default: ``$FLEET_RUNS_DIR``, else ``runs``); see :mod:`coordinator.rundir.run_lookup`."""
+        return cls(find_run(ref, root))
+
+    @staticmethod
+    def list(root: Path | None = None) -> builtins.list[RunDir]:
+        """The runs under ``root`` (default as for :meth:`open`), oldest first."""
+        return [RunDir(d) for d in run_dirs(runs_root(root))]
+
+    # -- contents ----------------------------------------------------------------------
+
+    @property
+    def created(self) -> float:
+        try:
+            with self.journal.path.open(encoding="utf-8") as fh:
+                return float(json.loads(fh.readline())["ts"])
+        except (OSError, ValueError, KeyError):
+            return 0.0
+
+    def job(self) -> Job:
+        return Job.model_validate_json((self.path / "job.json").read_text(encoding="utf-8"))
+
+    def save_members(self, members: builtins.list[MemberJob]) -> None:
+        data = json.dumps([m.model_dump(mode="json") for m in members], indent=2)
+        _fsync_write(self.path / "members.json", data)
+
+    def planned_members(self) -> builtins.list[MemberJob] | None:
+        p = self.path / "members.json"
+        if not p.exists():
+            return None
+        return [MemberJob.model_validate(m) for m in json.loads(p.read_text(encoding="utf-8"))]
+
+    def member_dir(self, member: str) -> Path:
+        d = self.path / "members" / member
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def write_result(self, member: str, outcome: dict[str, Any]) -> None:
+        _fsync_write(self.member_dir(member) / "result.json", json.dumps(outcome, indent=2))
+
+    def result(self, member: str) -> dict[str, Any] | None:
+        p = self.path / "members" / member / "result.json"
+        if not p.exists():
+            return None
+        return json.loads(p.read_text(encoding="utf-8"))
+
+    def results(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for d in sorted((self.path / "members").glob("*/result.json")):
+            out[d.parent.name] = json.loads(d.read_text(encoding="utf-8"))
+        return out
+
+    # -- liveness ----------------------------------------------------------------------
+
+    def mark_live(self) -> None:
+        """Record this process as the run's owner (gc keeps a live run's boxes)."""
+        info = {"pid": os.getpid(), "since": time.time()}
+        _fsync_write(self.path / "live.json", json.dumps(info))
+
+    def clear_live(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / "live.json").unlink()
+
+    def owner_pid(self) -> int | None:
+        """Pid of a coordinator still running this run, if any."""
+        try:
+            pid = int(json.loads((self.path / "live.json").read_text())["pid"])
+        except (FileNotFoundError, ValueError, KeyError, json.JSONDecodeError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    # -- state -------------------------------------------------------------------------
+
+    def state(self) -> RunState:
+        st = RunState()
+        creator: int | None = None
+        for e in self.journal.read():
+            ev, m = e.get("event"), str(e.get("member", ""))
+            if ev == "run_created":
+                creator = e.get("pid") if isinstance(e.get("pid"), int) else None
+            elif ev == "run_started":
+                st.status, st.started = "running", st.started or e["ts"]
+            elif ev in ("run_finished", "run_interrupted"):
+                st.status, st.finished = e.get("status", "interrupted"), e["ts"]
+            elif ev == "member_queued":
+                st.members[m] = "queued"
+            elif ev == "member_started":
+                st.members[m] = "running"
+                st.starts[m] = st.starts.get(m, 0) + 1
+            elif ev == "member_retry":
+                st.members[m] = "retrying"
+                st.reasons[m] = e.get("reason", "")
+            elif ev == "member_finished":
+                st.members[m] = e["status"]
+                st.reasons[m] = e.get("reason", "")
+        if st.status == "running" and self.owner_pid() is None:
+            st.status = "dead"
+        elif st.status == "created" and creator is not None and not pid_alive(creator):
+            st.status = "dead"  # its coordinator died before the run started
+        return st
+
+    def resume_command(self) -> str:
+        """The command that resumes this run, with ``--output-dir`` when the run is not
+        where ``fleet resume`` looks by default."""
+        where = self.path.parent
+        if where.resolve() == runs_root().resolve():
+            return f"fleet resume {self.id}"
+        return f"fleet resume {self.id} --output-dir {shlex.quote(str(where))}"
+
+    def pending_members(
+        self, members: builtins.list[MemberJob], *, retry_failed: bool = False
+    ) -> builtins.list[MemberJob]:
+        """Members to run on resume: those the journal shows without a final outcome
+        (never finished, or cancelled) or that the run's budget stopped, plus the
+        failed ones when asked."""
+        last = self.state().members
+        todo = []
+        for m in members:
+            status = last.get(m.id or "")
+            if status not in FINISHED or (retry_failed and status != "ok"):
+                todo.append(m)
+            elif status == "incomplete" and self._stopped_by_budget(m.id or ""):
+                todo.append(m)  # the run's budget stopped it, not its own limits
+        return todo
+
+    def _stopped_by_budget(self, member: str) -> bool:
+        return (self.result(member) or {}).get("limit") == "budget"

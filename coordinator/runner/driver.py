@@ -1,0 +1,575 @@
+"""One run's life: plan, fan out, synthesize, journal - and the same for a resume.
+
+:func:`execute` is what ``fleet run``, ``fleet research``, ``fleet code`` and
+``fleet resume`` all call. A fresh run and a resumed one differ in two lines: a
+resume first reaps the dead run's boxes, and it runs only the members the journal
+shows without a final outcome (the plan is read back from ``members.json``, never
+redone, so the members and their ids are the same).
+
+Interruption: SIGINT/SIGTERM are received as events (not as ``KeyboardInterrupt``
+at an arbitrary instruction), cancel the fan-out scope, let every member release its
+box under a shield, then the run is journalled ``interrupted`` and can be resumed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+from anyio.abc import TaskStatus
+
+from sandbox import reaper
+from sandbox.base import SandboxBackend
+from subagents.beside import leaves
+from subagents.browser.corpus import CORPUS_MEMBER
+from subagents.budget import register
+from subagents.model import Model, make_model, resolve_model
+from subagents.outcome import MemberOutcome
+
+from ..fanout.executor import Executor
+from ..fanout.fanout import Fanout, to_member_spec
+from ..job.planner import plan
+from ..job.spec import LEAD_ID, Job, MemberJob
+from ..lead.lead import lead_finished, run_lead, spawned_members
+from ..nodes.capacity import choose, job_boxes
+from ..nodes.node import CLEANUP_S, LocalNodes, NodeDeps
+from ..nodes.prewarm import Prewarm
+from ..nodes.worker import MemberUnit, Nodes, Recorder, Services
+from ..oversight.approvals import ApprovalQueue, FileApprover, Mode, read_keys
+from ..oversight.progress import Progress
+from ..report.report import memory_lines, memory_problems
+from ..rundir.runs import RunDir
+from .analyst import write_report
+from .run_budget import budget_lines, make_budget
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass
+class RunOptions:
+    """How to run: where members run and what the user sees."""
+
+    backend: SandboxBackend | None = None
+    """Default: the Docker backend."""
+    make_model: Callable[..., Model] = make_model
+    executor: Executor[MemberUnit, MemberOutcome] | None = None
+    out: TextIO = field(default_factory=lambda: sys.stderr)
+    tty: bool | None = None
+    retry_failed: bool = False
+    """Resume: also run members that ended failed (not only unfinished ones)."""
+    handle_signals: bool = True
+    cluster: str | None = None
+    """A Ray cluster's address: members run on its nodes (``fleet run --cluster``)."""
+    insecure_cluster: bool = False
+    """Run on the cluster even if it lets in a process without its token
+    (``--insecure-cluster-without-auth``): whoever reaches it can run code on its nodes."""
+    on_event: list[Callable[[Any], None]] = field(default_factory=list)
+    """Called with every trace event of every member, as it happens."""
+    on_journal: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    """Called with every journal entry (member queued, started, finished, ...)."""
+    approve_all: bool = False
+    """Say yes to every ask of the members' tool policies."""
+    wait_approval: bool = False
+    """Wait for a person's answer to an ask (``fleet approve``) even without a terminal;
+    without either, an ask gets the member's ``ask_default`` at once."""
+    keys: bool | None = None
+    """Take y / n / a for asks from the terminal's keyboard; None: when stdin and the
+    progress output are both terminals."""
+    max_parallel: int | None = None
+    """Members at once when the job leaves ``max_parallel`` out, as the preflight chose
+    it from the engine's host (:mod:`coordinator.nodes.capacity`); None: at most 4."""
+    prewarm: Prewarm | None = None
+    """The first wave's boxes, started before the run existed (:mod:`coordinator.nodes.prewarm`)."""
+    budget_usd: float | None = None
+    """Resume: the run's hard line in USD, raised (or set) instead of the job's."""
+    budget_tokens: int | None = None
+    """Resume: the run's hard line in tokens, raised (or set) instead of the job's."""
+    on_fanout: list[Callable[[Fanout], None]] = field(default_factory=list)
+    """Told of the run's fan-out once it exists (a caller cancels one member through
+    :meth:`Fanout.cancel`)."""
+
+
+@dataclass
+class RunSummary:
+    run: RunDir
+    status: str
+    """succeeded, failed or interrupted."""
+    exit_code: int
+    outcomes: dict[str, MemberOutcome]
+    report_path: Path | None = None
+
+
+def _nodes(opts: RunOptions, approver: FileApprover) -> Nodes:
+    """Where the run's members run: a Ray cluster's nodes (``opts.cluster``; Ray is
+    imported only then), else this host's engine, through ``opts.backend``."""
+    if opts.cluster:
+        from ..nodes.cluster import RayNodes
+
+        return RayNodes(opts.cluster, approver=approver, insecure=opts.insecure_cluster)
+    if opts.backend is None:
+        from sandbox.docker import DockerBackend
+
+        opts.backend = DockerBackend()
+    deps = NodeDeps(
+        backend=opts.backend, make_model=opts.make_model, approver=approver, prewarm=opts.prewarm
+    )
+    return LocalNodes(deps)
+
+
+def _approver(run: RunDir, opts: RunOptions) -> FileApprover:
+    """Who answers the asks of this run's tool policies (see coordinator/oversight/approvals.py)."""
+    tty = opts.tty if opts.tty is not None else bool(getattr(opts.out, "isatty", bool)())
+    mode: Mode = "all" if opts.approve_all else "wait" if tty or opts.wait_approval else "default"
+    return FileApprover(ApprovalQueue(run.path / "approvals"), mode)
+
+
+async def plan_members(
+    run: RunDir, job: Job, make_model: Callable[[str], Model]
+) -> list[MemberJob]:
+    """The run's members: explicit ones plus the research plan; saved once, reused after."""
+    saved = run.planned_members()
+    if saved is not None:
+        return saved
+    members = [m.model_copy(deep=True) for m in job.members]
+    if job.research is not None:
+        r = job.research
+        model = make_model(resolve_model(job.model.name))
+        try:
+            subs, planner = await plan(
+                r.question, r.members, model=None if model.offline else model
+            )
+        finally:
+            await model.aclose()
+        taken = {m.id for m in members}
+        for i, q in enumerate(subs, 1):
+            mid = f"research-{i}"
+            while mid in taken:
+                mid += "x"
+            members.append(
+                MemberJob(
+                    id=mid, kind="browser", task=q, limits=r.limits, inputs={"question": r.question}
+                )
+            )
+        run.journal.append("plan", planner=planner, sub_questions=subs)
+    run.save_members(members)
+    return members
+
+
+def _wants_corpus(job: Job) -> bool:
+    return any(h.split(":")[0] == CORPUS_MEMBER for h in job.egress.allow)
+
+
+def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
+    out = []
+    for m in members:
+        spec = to_member_spec(
+            m,
+            model=resolve_model(m.model or job.model.name),
+            max_tokens=job.model.max_tokens,
+            egress=job.egress,
+            memory_root=run.path.parent / "memory",
+            policy=job.policy,
+            runtime=job.sandbox.runtime,
+        )
+        out.append(
+            MemberUnit(
+                run_id=run.id,
+                # Made when the member starts (run_unit), not here for all of them up front.
+                member_dir=str(run.path / "members" / spec.id),
+                spec=spec,
+                retry=job.fanout.retry,
+                deadline_s=m.limits.deadline_s,
+                repo=m.repo,
+                files=dict(m.files),
+                result_schema=m.result_schema,
+            )
+        )
+    return out
+
+
+def _load_outcome(run: RunDir, member: str) -> MemberOutcome | None:
+    data = run.result(member)
+    if data is None:
+        return None
+    try:
+        return MemberOutcome.model_validate(data)
+    except ValueError:
+        return None
+
+
+@dataclass
+class _Signals:
+    """Ctrl-C and SIGTERM for the whole run. The first cancels ``scope`` (the work in
+    progress); later ones only say that cleanup is under way. The receiver stays open
+    until the run has ended: with it closed, a second Ctrl-C became a
+    ``KeyboardInterrupt`` raised inside the shielded cleanup, which once left the
+    process hung in a half-closed event loop."""
+
+    out: TextIO
+    scope: anyio.CancelScope | None = None
+    got: list[int] = field(default_factory=list)
+
+    async def watch(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                task_status.started()
+                async for signum in signals:
+                    self.got.append(signum)
+                    if len(self.got) == 1 and self.scope is not None:
+                        self.scope.cancel()
+                    elif len(self.got) == 2:
+                        print(
+                            f"fleet: still cleaning up (at most {CLEANUP_S:g}s), then the "
+                            "run ends interrupted; please wait",
+                            file=self.out,
+                            flush=True,
+                        )
+        finally:
+            if self.got:
+                # Closing the receiver restored Python's handler: one more Ctrl-C while
+                # the process exits would end it by KeyboardInterrupt, not exit 130.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@asynccontextmanager
+async def _cleanup(what: str, out: TextIO) -> AsyncIterator[None]:
+    """Shielded (an interrupt must not leak boxes) and bounded (nor hang the process)."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_S) as bound:
+        yield
+    if bound.cancelled_caught:
+        print(
+            f"fleet: {what} did not finish within {CLEANUP_S:g}s; "
+            "'fleet sandbox gc' removes whatever is left",
+            file=out,
+        )
+
+
+@dataclass
+class _Progressed:
+    """How far a run got before it ended or was interrupted (planning may not finish)."""
+
+    members: list[MemberJob] = field(default_factory=list)
+    progress: Progress | None = None
+    outcomes: dict[str, MemberOutcome] = field(default_factory=dict)
+    live_otel: Any = None
+    """The run's live OpenTelemetry export (None: off)."""
+
+
+async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> RunSummary:
+    """Run (or resume) ``run``; never raises for a member's failure.
+
+    Ctrl-C is watched from the first line, so an interrupt while a resume reaps boxes
+    or while the planner runs leaves the run ``interrupted`` (resumable), not dead.
+    """
+    run.journal.listeners.extend(opts.on_journal)  # every entry, from here to the end
+    # Live spans cover the whole run, the planner's and the analyst's calls included.
+    got = _Progressed(live_otel=_live_otel(run.id, job.name))
+    signals = _Signals(opts.out)
+    ended = "interrupted"  # unless the run comes to its end: the workflow span's status
+    try:
+        approver = _approver(run, opts)
+        nodes = _nodes(opts, approver)
+        summary = await _execute(run, job, opts, nodes, got, approver, signals, resume=resume)
+        ended = summary.status
+    except BaseException as exc:
+        stopped = (anyio.get_cancelled_exc_class(), KeyboardInterrupt)
+        if all(isinstance(e, stopped) for e in leaves(exc)):
+            # Cancelled from outside (a caller's scope, asyncio's Ctrl-C) or Ctrl-C before
+            # the signal watcher was up: the boxes are gone (removed under a shield), so
+            # the run is interrupted and resumable - not left looking alive, then dead.
+            _journal_interrupted(run, opts.out)
+        raise
+    finally:
+        if got.live_otel is not None:
+            async with _cleanup("sending the last spans", opts.out):
+                await anyio.to_thread.run_sync(got.live_otel.close, time.time(), ended)
+    return summary
+
+
+def _journal_interrupted(run: RunDir, out: TextIO) -> None:
+    run.journal.append("run_interrupted", status="interrupted")
+    run.clear_live()
+    print(f"fleet: interrupted: resume with '{run.resume_command()}'", file=out, flush=True)
+
+
+async def _execute(
+    run: RunDir,
+    job: Job,
+    opts: RunOptions,
+    nodes: Nodes,
+    got: _Progressed,
+    approver: FileApprover,
+    signals: _Signals,
+    *,
+    resume: bool,
+) -> RunSummary:
+    async with anyio.create_task_group() as guard:
+        if opts.handle_signals:
+            await guard.start(signals.watch)  # receiving before the run does anything
+        async with anyio.create_task_group() as tg:
+            signals.scope = tg.cancel_scope
+            if signals.got:  # Ctrl-C came before there was a scope to cancel
+                tg.cancel_scope.cancel()
+            try:
+                await _run_members(run, job, opts, nodes, got, tg, approver, resume=resume)
+            finally:
+                async with _cleanup("removing the run's boxes", opts.out):
+                    await _remove_boxes(nodes, run, opts)
+            tg.cancel_scope.cancel()
+        progress = got.progress or Progress(
+            [m.id or "" for m in got.members], out=opts.out, tty=False
+        )
+        make_model = _traced(opts.make_model, got.live_otel, "coordinator.analyst")
+        summary = await _finish(
+            run, job, got.members, progress, opts, got.outcomes, signals, make_model
+        )
+        guard.cancel_scope.cancel()
+    return summary
+
+
+def _progress(
+    run: RunDir,
+    rows: list[str],
+    members: list[MemberJob],
+    pending: list[MemberJob],
+    opts: RunOptions,
+) -> Progress:
+    """The progress table, members finished in an earlier life of the run shown as such."""
+    progress = Progress(rows, out=opts.out, tty=opts.tty)
+    done = run.state().members
+    waiting = {m.id for m in pending}  # by id: comparing whole members is quadratic
+    for m in members:
+        if m.id not in waiting:
+            mid = m.id or ""
+            progress.restore(mid, done.get(mid, "ok"), run.result(mid))
+    return progress
+
+
+async def _remove_boxes(nodes: Nodes, run: RunDir, opts: RunOptions) -> None:
+    """Remove whatever the run left on every node - except boxes a member asked to keep
+    (``sandbox.keep``, for debugging), which stay until ``fleet sandbox rm NAME``
+    (or their TTL passes and ``fleet sandbox gc`` takes them)."""
+    kept = await nodes.remove_boxes(run.id)
+    if not kept:
+        return
+    run.journal.append("boxes_kept", boxes=kept)
+    print(
+        f"fleet: kept for debugging: {', '.join(kept)}; remove with "
+        f"'fleet sandbox rm {' '.join(kept)}'",
+        file=opts.out,
+    )
+
+
+async def _run_members(
+    run: RunDir,
+    job: Job,
+    opts: RunOptions,
+    nodes: Nodes,
+    got: _Progressed,
+    tg: Any,
+    approver: FileApprover,
+    *,
+    resume: bool,
+) -> None:
+    """Plan, then fan out; fills ``got`` as it goes (an interrupt may stop it anywhere)."""
+    if resume:
+        reaped = await nodes.reap(run.id)  # the dead run's boxes and network
+        run.journal.append("reaped", boxes=reaped)
+        approver.abandon_earlier(run.journal.append)
+    run.mark_live()
+    reaper.mark_live(run.id)
+    run.journal.append("run_started", pid=os.getpid(), resume=resume)
+    if job.lead is not None:
+        members = got.members = [s.job for s in spawned_members(run)]
+    else:
+        planner = _traced(opts.make_model, got.live_otel, "coordinator.planner")
+        members = got.members = await plan_members(run, job, planner)
+    pending = run.pending_members(members, retry_failed=opts.retry_failed) if resume else members
+    if job.lead is not None and lead_finished(run, retry_failed=opts.retry_failed):
+        pending = []  # a finished lead's unfinished members would reach no one
+    rows = ([LEAD_ID] if job.lead is not None else []) + [m.id or "" for m in members]
+    progress = got.progress = _progress(run, rows, members, pending, opts)
+    run.journal.listeners.insert(0, progress.on_journal)
+
+    def journal(event: str, **fields: Any) -> None:
+        run.journal.append(event, **fields)  # the journal tells its listeners
+
+    budget = make_budget(
+        job,
+        run.journal.read(),
+        usd=opts.budget_usd,
+        tokens=opts.budget_tokens,
+        journal=journal,
+        say=lambda line: print(f"fleet: {line}", file=opts.out, flush=True),
+    )
+    if budget is not None:
+        budget.start(resume=resume)
+    register(run.id, budget)  # every member's and the lead's model calls reserve from it
+    approver.journal = journal
+    approver.changed = progress.approvals_changed
+    progress.approvals = approver.queue if approver.mode == "wait" else None
+    progress.approve_hint = f"fleet approve {run.id}"
+    # One write and one fsync for the whole queue: one each per member made a
+    # 10,000-member run wait most of a minute before its first member started.
+    run.journal.append_many("member_queued", [{"member": m.id} for m in pending])
+    deps = Recorder(listeners=[progress.on_event, *opts.on_event], journal=journal)
+    if got.live_otel is not None:
+        _attach_otel(got.live_otel, deps)
+    units = _units(run, job, pending)
+    waiting = {m.id for m in pending}
+    already_ok = sum(
+        1
+        for m in members
+        if m.id not in waiting and (run.result(m.id or "") or {}).get("status") == "ok"
+    )
+    if progress.tty:
+        tg.start_soon(progress.run)
+        keys = opts.keys if opts.keys is not None else sys.stdin.isatty()
+        if keys and approver.mode == "wait":
+            tg.start_soon(read_keys, approver.queue, sys.stdin.fileno(), progress.approvals_changed)
+    parallel = job.fanout.max_parallel or opts.max_parallel or choose(job_boxes(job), None).members
+    fan = Fanout(
+        deps,
+        max_parallel=parallel,
+        min_success=job.fanout.min_success,
+        fail_fast=job.fanout.fail_fast,
+        executor=opts.executor,
+        nodes=nodes,
+        already_ok=already_ok,
+    )
+    for told in opts.on_fanout:
+        told(fan)
+    try:
+        if job.lead is not None:
+            got.outcomes = await run_lead(
+                run,
+                job,
+                make_model=opts.make_model,
+                nodes=nodes,
+                deps=deps,
+                progress=progress,
+                fan=fan,
+                make_units=lambda ms: _units(run, job, ms),
+                services=Services(
+                    max_parallel=parallel,
+                    warm_pool=job.fanout.warm_pool,
+                    corpus="browser" in job.lead.kinds and _wants_corpus(job),
+                    members=job.lead.max_members,  # later waves' members need slots too
+                ),
+                pending=pending,
+                on_members=lambda ms: setattr(got, "members", ms),
+                retry_failed=opts.retry_failed,
+            )
+            return
+        services = Services(
+            max_parallel=parallel,
+            warm_pool=job.fanout.warm_pool,
+            corpus=any(u.spec.kind == "browser" for u in units) and _wants_corpus(job),
+        )
+        async with nodes.serve(run.id, units, services):
+            fanned = await fan.run(units)
+            got.outcomes = fanned.outcomes
+    finally:
+        register(run.id, None)  # the run's budget, whatever ended the fan-out
+
+
+_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def _live_otel(run_id: str, name: str) -> Any:
+    """Live OpenTelemetry export when ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``otel`` extra)."""
+    named = [v for v in _OTLP_ENDPOINTS if os.environ.get(v, "").strip()]
+    if not named:
+        return None
+    try:
+        from ..traceview.otel import live_from_env
+    except ImportError as exc:
+        print(
+            f"fleet: {named[0]} is set but {exc.name} is missing; "
+            "install the 'otel' extra (pip install 'fleet[otel]') to export spans",
+            file=sys.stderr,
+        )
+        return None
+    return live_from_env(run_id, start=time.time(), name=name)
+
+
+def _attach_otel(live: Any, deps: Recorder) -> None:
+    """Members' trace events, and the lead's spawns, go to the live export too."""
+    deps.listeners.append(live)
+    journal = deps.journal
+
+    def noting(event: str, **fields: Any) -> Any:
+        if event == "lead_spawn":  # the spans of a lead's members go under the lead's
+            live.spawned(fields)
+        return journal(event, **fields) if journal is not None else None
+
+    deps.journal = noting
+
+
+def _traced(make_model: Callable[..., Model], live: Any, agent: str) -> Callable[..., Model]:
+    """``make_model``, its calls traced as ``agent``'s when spans are exported live."""
+    return make_model if live is None else live.traced(make_model, agent)
+
+
+async def _finish(
+    run: RunDir,
+    job: Job,
+    members: list[MemberJob],
+    progress: Progress,
+    opts: RunOptions,
+    extra: dict[str, MemberOutcome],
+    signals: _Signals,
+    make_model: Callable[..., Model],
+) -> RunSummary:
+    # result.json is the record; members cancelled while queued have none, so the
+    # fan-out's own outcome (status cancelled, with its reason) fills the gap.
+    outcomes = {
+        m.id or "": o
+        for m in members
+        if (o := _load_outcome(run, m.id or "") or extra.get(m.id or ""))
+    }
+    recorded = run.state().members
+    for mid, o in extra.items():
+        if recorded.get(mid) in ("queued", None) and mid in outcomes:
+            # Never started (fail_fast stopped the run first): the journal says so too,
+            # or `fleet runs` and `fleet trace` would show it queued forever.
+            run.journal.append("member_finished", member=mid, status=o.status, reason=o.reason)
+    finished = [outcomes[m.id or ""] for m in members if m.id in outcomes]
+    ok = sum(1 for o in finished if o.status == "ok")
+    report_path = None
+    lead_done = job.lead is not None and lead_finished(run)
+    if not signals.got and job.synthesis.enabled and (finished or lead_done):
+        with anyio.CancelScope() as signals.scope:  # Ctrl-C stops the analyst too
+            report_path = await write_report(run, job, members, finished, make_model)
+    if signals.got:
+        run.journal.append("run_interrupted", status="interrupted")
+        run.clear_live()
+        print(
+            progress.summary(str(run.path), f"interrupted: resume with '{run.resume_command()}'"),
+            file=opts.out,
+        )
+        return RunSummary(run, "interrupted", EXIT_INTERRUPTED, outcomes)
+    quorum = ok >= job.fanout.min_success
+    status = "succeeded" if quorum else "failed"
+    run.journal.append("run_finished", status=status, ok=ok, members=len(members))
+    run.clear_live()
+    verdict = f"{status}: {ok} of {len(members)} members ok (quorum {job.fanout.min_success})"
+    problems = memory_problems(run.journal.read())
+    if problems:
+        verdict += "\nmemory: " + "\nmemory: ".join(memory_lines(problems))
+    spending = budget_lines(run.journal.read())
+    if spending:
+        verdict += "\nbudget: " + "\nbudget: ".join(spending)
+    if report_path:
+        verdict += f"\nreport: {report_path}"
+    print(progress.summary(str(run.path), verdict), file=opts.out)
+    return RunSummary(run, status, EXIT_OK if quorum else EXIT_FAILED, outcomes, report_path)

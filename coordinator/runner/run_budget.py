@@ -1,0 +1,104 @@
+"""The run's budget as the coordinator sets it up: its lines, what an earlier life spent,
+and what the run's last lines and report say of it.
+
+The lines come from, first to last: a resume's ``--budget-usd`` / ``--budget-tokens``
+(raising or setting a line), the journal's last ``budget`` entry (a line an earlier
+resume raised stays raised), the job's ``[budget]``. What was spent comes from the
+journal (:func:`subagents.budget.from_journal`), so a resume goes on from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from subagents.budget import RunBudget, from_journal
+
+from ..errors import UsageError
+from ..job.spec import Job
+
+
+def make_budget(
+    job: Job,
+    entries: Iterable[dict[str, Any]],
+    *,
+    usd: float | None,
+    tokens: int | None,
+    journal: Callable[..., None],
+    say: Callable[[str], None],
+) -> RunBudget | None:
+    """The run's budget (None when it has none), with what earlier lives spent."""
+    spent, last = from_journal(entries)
+    lines: dict[str, Any] = {}
+    if job.budget is not None:
+        lines = job.budget.model_dump()
+    if last is not None:
+        lines = {k: last.get(k) for k in ("usd", "tokens", "soft")}
+    if usd is not None:
+        lines["usd"] = usd
+    if tokens is not None:
+        lines["tokens"] = tokens
+    if lines.get("usd") is None and lines.get("tokens") is None:
+        return None
+    budget = RunBudget(
+        usd=lines.get("usd"),
+        tokens=lines.get("tokens"),
+        soft=float(lines.get("soft") or 0.8),
+        journal=journal,
+        say=say,
+    )
+    budget.spent = spent
+    return budget
+
+
+def check_raise(
+    entries: Iterable[dict[str, Any]], *, usd: float | None, tokens: int | None
+) -> None:
+    """``fleet resume --budget-usd/--budget-tokens``: a line must be a positive number
+    above what the run has spent; :class:`UsageError` (exit 2) says why not."""
+    spent, _ = from_journal(entries)
+    if usd is not None:
+        if not math.isfinite(usd) or usd <= 0:
+            raise UsageError(f"--budget-usd must be a positive number of dollars (got {usd:g})")
+        if usd <= spent.usd:
+            raise UsageError(
+                f"--budget-usd {usd:g} is not above what the run has spent (${spent.usd:.4f}); "
+                f"give more, e.g. --budget-usd {max(1.0, 2 * spent.usd):.2f}"
+            )
+    if tokens is not None:
+        if tokens <= 0:
+            raise UsageError(f"--budget-tokens must be a positive number (got {tokens})")
+        if tokens <= spent.tokens:
+            raise UsageError(
+                f"--budget-tokens {tokens} is not above what the run has spent "
+                f"({round(spent.tokens):,} tokens); give more, e.g. "
+                f"--budget-tokens {2 * round(spent.tokens)}"
+            )
+
+
+def budget_lines(entries: Iterable[dict[str, Any]]) -> list[str]:
+    """What the run's budget did, for people (the run's last lines, report.md)."""
+    entries = list(entries)
+    spent, last = from_journal(entries)
+    if last is None:
+        return []
+    # This life of the run only: a line an earlier life reached may have been raised.
+    entries = entries[max(i for i, e in enumerate(entries) if e.get("event") == "budget") :]
+    hard = []
+    if last.get("usd"):
+        hard.append(f"${last['usd']:g}")
+    if last.get("tokens"):
+        hard.append(f"{last['tokens']:,} tokens")
+    shown = " and ".join(hard)
+    lines = []
+    lines.append(f"spent ${spent.usd:.4f} and {round(spent.tokens):,} tokens (hard line {shown})")
+    if any(e.get("event") == "budget_soft" for e in entries):
+        lines.append(f"passed the soft line ({last.get('soft', 0.8):g} of the hard line)")
+    if any(e.get("event") == "budget_hard" for e in entries):
+        lines.append(
+            "reached the hard line: members stopped there ended incomplete (budget) with "
+            "their partial results; 'fleet resume RUN --budget-usd X' (or --budget-tokens N) "
+            "raises it and finishes them"
+        )
+    return lines
