@@ -184,6 +184,8 @@ def _lost_reason(exc: BaseException) -> str:
     """Ray's actor and node errors, in words (never a traceback)."""
     if isinstance(exc, ray.exceptions.RayTaskError):
         cause = exc.cause
+        while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+            cause = cause.exceptions[0]  # a task group's: the error itself, not its wrapper
         return f"it raised {type(cause).__name__}: {cause}"
     text = str(exc)
     if isinstance(exc, ray.exceptions.ActorUnavailableError):

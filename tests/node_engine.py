@@ -1,0 +1,197 @@
+"""A second Docker engine on this machine, for the test cluster's nodes.
+
+A real cluster's nodes each have their own engine and disk; the test cluster's nodes
+run on this machine, and would otherwise share the coordinator's engine, which hides
+every bug of the kind "removed through the wrong engine" or "a path only the
+coordinator has". :func:`node_engine` starts one more ``dockerd`` - its own socket,
+data root, exec root, pid file and containerd - that the test cluster's Fleet nodes
+use (``DOCKER_HOST``), and stops it and removes its data root at the end. Only the
+processes it started are stopped; the machine's engine is never touched except to
+read the images it copies.
+
+Its networks. ``--bridge=none``: the engine has no default bridge (``docker0`` is the
+main engine's interface, and two engines must not share a bridge device), and its
+address pool (``10.213.0.0/16`` in /24s) is one the main engine never hands out, so
+their networks never overlap. Run networks' bridges are named from the network's name,
+which holds the node's name, so they do not clash with the main engine's either. The
+egress network is the exception: its bridge has one fixed name (``flt-egress``) per
+engine, and a second engine creating it on this machine would take over the main
+engine's interface. So the fixture creates the node engine's ``fleet-egress`` network
+itself, on a bridge named ``fleet-nd-egress``: under the host rules of
+:mod:`sandbox.firewall` (a ``fleet*`` bridge) nothing leaves it, which the tests never
+need (their models are offline, their pages are served inside the run network).
+``--iptables=false``: the main engine owns this machine's Docker chains (two engines
+rewriting the same chains would break each other), and with them the ``FORWARD``
+policy ``DROP``, which would drop the frames between two boxes of one node network (a
+browser box and its run's proxy) that the engine no longer accepts itself. The fixture
+adds the one rule the node engine would have: frames bridged within one of its
+networks (:data:`SAME_BRIDGE`; its address pool, ``physdev --physdev-is-bridged``, so
+traffic routed between two of its networks is still dropped), and removes it at the
+end. The host rules of :mod:`sandbox.firewall` apply as on any engine.
+
+Fleet's images are copied from the main engine (``docker save | docker load``, only
+the current ones, once per session): the nodes then hold the same references the
+coordinator's checks expect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ray_support import end
+
+ADDRESS_POOL = "base=10.213.0.0/16,size=24"
+EGRESS_BRIDGE = "fleet-nd-egress"
+START_S = 60.0
+SAME_BRIDGE = ["FORWARD", "-s", "10.213.0.0/16", "-d", "10.213.0.0/16"]
+SAME_BRIDGE += ["-m", "physdev", "--physdev-is-bridged", "-j", "ACCEPT"]
+
+
+@dataclass
+class NodeEngine:
+    """A running node engine: where it answers and what it holds."""
+
+    host: str
+    """``DOCKER_HOST`` for it (``unix:///run/fleet-test-dockerN.sock``)."""
+    root: Path
+    """Its data root, exec root and the nodes' own directories live under here."""
+    pid: int
+    load_s: float = 0.0
+    """How long copying Fleet's images into it took."""
+    images: list[str] = field(default_factory=list)
+
+    def client(self) -> Any:
+        import docker
+
+        return docker.DockerClient(base_url=self.host, timeout=120)
+
+    def node_env(self, index: int) -> dict[str, str]:
+        """A node's environment: this engine, and a home and temp dir of its own (the
+        node never sees the coordinator's ``~/.fleet`` or scratch files)."""
+        home = self.root / "nodes" / str(index)
+        (home / "tmp").mkdir(parents=True, exist_ok=True)
+        return {
+            "DOCKER_HOST": self.host,
+            "FLEET_HOME": str(home / "fleet"),
+            "TMPDIR": str(home / "tmp"),
+        }
+
+
+def _wait_up(host: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    import docker
+
+    deadline = time.monotonic() + START_S
+    while True:
+        try:
+            docker.DockerClient(base_url=host, timeout=5).ping()
+            return
+        except Exception:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                why = log.read_text()[-2000:]
+                raise RuntimeError(f"the node engine did not start: {why}") from None
+            time.sleep(0.2)
+
+
+def copy_images(host: str, refs: list[str]) -> None:
+    """``docker save REFS | DOCKER_HOST=host docker load`` (layers shared once)."""
+    save = subprocess.Popen(["docker", "save", *refs], stdout=subprocess.PIPE)
+    env = dict(os.environ, DOCKER_HOST=host)
+    load = subprocess.run(
+        ["docker", "load", "-q"], stdin=save.stdout, env=env, capture_output=True, check=False
+    )
+    assert save.stdout is not None
+    save.stdout.close()
+    if save.wait() != 0 or load.returncode != 0:
+        raise RuntimeError(f"copying images failed: {load.stderr.decode()[-2000:]}")
+
+
+def _egress_network(host: str) -> None:
+    import docker
+
+    client = docker.DockerClient(base_url=host, timeout=30)
+    try:
+        client.api.create_network(
+            "fleet-egress",
+            driver="bridge",
+            labels={"fleet.kind": "egress"},
+            options={
+                "com.docker.network.bridge.name": EGRESS_BRIDGE,
+                "com.docker.network.bridge.enable_icc": "false",
+            },
+        )
+    finally:
+        client.close()
+
+
+@contextmanager
+def node_engine(images: list[str]) -> Iterator[NodeEngine]:
+    """Start the node engine with ``images`` copied in; stop it and remove its files."""
+    root = Path(tempfile.mkdtemp(prefix="fleet-node-engine-"))
+    sock = Path(f"/run/fleet-test-docker{os.getpid()}.sock")
+    host = f"unix://{sock}"
+    log = root / "dockerd.log"
+    exec_root = Path(tempfile.mkdtemp(prefix="fne-", dir="/run"))  # short: socket paths
+    args = ["dockerd", "--host", host, "--data-root", str(root / "data")]
+    args += ["--exec-root", str(exec_root), "--pidfile", str(root / "dockerd.pid")]
+    args += ["--bridge=none", "--iptables=false", "--ip6tables=false"]
+    args += ["--default-address-pool", ADDRESS_POOL]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+    forward = False
+    try:
+        _wait_up(host, proc, log)
+        subprocess.run(["iptables", "-I", *SAME_BRIDGE], check=True, capture_output=True)
+        forward = True
+        _egress_network(host)
+        t0 = time.monotonic()
+        copy_images(host, images)
+        yield NodeEngine(host, root, proc.pid, time.monotonic() - t0, list(images))
+    finally:
+        _stop(proc, host)
+        if forward:
+            subprocess.run(["iptables", "-D", *SAME_BRIDGE], check=False, capture_output=True)
+        _remove_tree(root / "data")
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(exec_root, ignore_errors=True)
+        sock.unlink(missing_ok=True)
+
+
+def _stop(proc: subprocess.Popen[bytes], host: str) -> None:
+    """Remove what is left on the engine (its networks' bridges are host interfaces),
+    then end the engine and wait for it."""
+    import docker
+
+    with contextlib.suppress(Exception):
+        client = docker.DockerClient(base_url=host, timeout=30)
+        for c in client.api.containers(all=True, quiet=True):
+            client.api.remove_container(c["Id"], force=True, v=True)
+        for net in client.api.networks():
+            if net["Name"] not in ("none", "host"):
+                client.api.remove_network(net["Id"])
+        client.close()
+    end(proc)
+
+
+def _remove_tree(data: Path) -> None:
+    """The data root, after unmounting whatever the engine left mounted under it."""
+    mounts = [
+        line.split()[1]
+        for line in Path("/proc/self/mounts").read_text().splitlines()
+        if line.split()[1].startswith(str(data))
+    ]
+    for point in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+    shutil.rmtree(data, ignore_errors=True)
