@@ -92,7 +92,15 @@ from .node_budget import RELEASE, RESERVE, SETTLE, UNRESERVE, BudgetRelay
 from .node_durable import DURABLE, DurableRefused
 from .node_durable import keep as keep_durable
 from .node_durable import load as load_durable
-from .node_service import EVENTS, REPLY, NodeService, NodeSetup, check_node, reap_node
+from .node_service import (
+    EVENTS,
+    MISSING,
+    REPLY,
+    NodeService,
+    NodeSetup,
+    check_node,
+    reap_node,
+)
 from .repo_copy import copy_room, staged_copy
 from .shipping import (
     NodeReply,
@@ -134,7 +142,8 @@ def check_nodes(
     ``fleet_slots`` the nodes offer. A cluster that lets in a process without its token
     is refused unless ``insecure`` (:func:`sandbox.cluster.connect`)."""
     connect(address, insecure=insecure)
-    problems = []
+    problems: list[str] = []
+    lacking = False
     for name, found in on_each_node(address, check_node, images, own, firewall):
         if isinstance(found, NodeUnreachable):
             found = [
@@ -142,11 +151,19 @@ def check_nodes(
                 "for about a minute"
             ]
         problems += [f"node {name}: {p}" for p in found]
+        lacking = lacking or any(p.endswith(MISSING) for p in found)
     if problems:
+        push = (
+            f"\nload Fleet's images into their engines from this host with 'fleet images "
+            f"push --cluster {address}', or "
+            if lacking
+            else "\n"
+        )
         raise ClusterUnavailable(
             "the cluster's nodes are not ready for this run:\n  "
             + "\n  ".join(problems)
-            + "\nrun 'fleet setup' (as root) on each of those Docker hosts (and load any "
+            + push
+            + "run 'fleet setup' (as root) on each of those Docker hosts (and load any "
             "image a member names there), then try again"
         )
     return sum(int(n["Resources"][SLOTS]) for n in fleet_nodes(address))

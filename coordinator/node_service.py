@@ -66,6 +66,8 @@ from .worker import MemberUnit, Services
 NodeSetup = Callable[[str], NodeDeps]
 """Builds a node's :class:`NodeDeps` on the node, from the node's name (picklable)."""
 
+MISSING = " is missing"
+"""How :func:`check_node` ends what it says of a missing image of Fleet's."""
 EVENTS = "events"
 REPLY = "reply"
 CLOSE_WAIT_S = 30.0
@@ -94,7 +96,7 @@ def check_node(images: list[str], own: dict[str, str], firewall_needed: bool) ->
     try:
         refs = current_refs(images)
         problems += [
-            f"image {refs[n]} is missing" for n in images if not image_exists(client, refs[n])
+            f"image {refs[n]}{MISSING}" for n in images if not image_exists(client, refs[n])
         ]
         problems += [
             f"image {ref!r} ({where}) is not on its engine (Fleet never pulls)"

@@ -350,6 +350,44 @@ def test_a_node_without_the_runs_images_refuses_the_run(tmp_path, ray_cluster, c
     assert not (tmp_path / "runs").exists() or not RunDir.list(tmp_path / "runs")
 
 
+def test_a_node_engine_without_the_coding_image_is_fixed_by_images_push(
+    tmp_path, ray_cluster, node_client, docker_client, images, cleanup
+):
+    from node_engine import copy_images
+
+    ref = images["coding"]
+    node_client.images.remove(ref)  # the nodes' engine lacks it (its layers stay, base's)
+    cleanup.append(tmp_path / "runs")
+    try:
+        job = _coder_job(tmp_path, 1, test="true", max_parallel=1)
+        run = ("run", str(job), "--output-dir", str(tmp_path / "runs"), "--plain")
+        refused = _fleet(*run, "--cluster", ray_cluster.address)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        for node in ray_cluster.nodes:
+            assert f"node {ray_cluster.name(node)}: image {ref} is missing" in refused.stderr
+        assert f"'fleet images push --cluster {ray_cluster.address}'" in refused.stderr
+        assert not (tmp_path / "runs").exists() or not RunDir.list(tmp_path / "runs")
+
+        pushed = _fleet("images", "push", "--cluster", ray_cluster.address)
+        assert pushed.returncode == 0, pushed.stderr[-3000:]
+        # The two nodes share one engine: it got the image once, and only that one.
+        assert pushed.stderr.count(f": loading {ref}\n") == 1, pushed.stderr
+        assert "images pushed to 1 engine(s)" in pushed.stderr
+        assert node_client.images.get(ref).id == docker_client.images.get(ref).id  # its bytes
+        again = _fleet("images", "push", "--cluster", ray_cluster.address)
+        assert again.returncode == 0 and "loading" not in again.stderr, again.stderr
+        assert "images pushed to 0 engine(s)" in again.stderr
+
+        done = _fleet(*run, "--cluster", ray_cluster.address)
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        with contextlib.suppress(Exception):
+            node_client.images.get(ref)
+            ref = ""
+        if ref:  # the later tests need it
+            copy_images(ray_cluster.engine.host, [ref])
+
+
 def test_on_a_cluster_a_job_runs_as_many_members_at_once_as_the_nodes_offer_slots(
     tmp_path, ray_cluster, node_client, cleanup
 ):
