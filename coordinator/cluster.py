@@ -73,11 +73,13 @@ from sandbox.cluster import (
     SLOTS,
     ClusterUnavailable,
     NodeUnreachable,
+    actor_name,
     connect,
     fleet_nodes,
     node_name,
     on_each_node,
     pinned,
+    remove_dead,
 )
 from sandbox.spec import SandboxSpec
 from subagents.budget import run_budget
@@ -310,7 +312,10 @@ class RayNodes(Nodes):
             scheduling_strategy=pinned(info),
             max_restarts=0,
             max_task_retries=0,
-        ).remote(self._run_id, node_name(info), self.setup, self.governor)
+            # Its name is its boxes' sign of life for any host's gc (sandbox.cluster).
+            name=actor_name(self._run_id, node_name(info)),
+            namespace="fleet",
+        ).remote(self._run_id, node_name(info), self.setup, self.governor, remove_dead)
         return _Node(node_name(info), info, actor, slots, slots)
 
     async def _up(self, node: _Node, units: list[MemberUnit]) -> None:

@@ -120,6 +120,15 @@ def _preload() -> None:
     import subagents.model.claude  # noqa: F401
 
 
+def _quietly(sweep: Callable[[], int]) -> int:
+    """A sweep's failure (the engine busy, Ray slow to answer) costs the run nothing:
+    the next actor's sweep, or gc, takes what this one left."""
+    try:
+        return sweep()
+    except Exception:
+        return 0
+
+
 def reap_node(run_id: str) -> int:
     """Remove every box of ``run_id`` on this node's engine, whichever node made it."""
     return anyio.run(DockerBackend().remove_run, run_id)
@@ -148,10 +157,17 @@ class NodeService:
     """One node's share of one run; see the module docstring."""
 
     def __init__(
-        self, run_id: str, node: str, setup: NodeSetup | None = None, governor: Any = None
+        self,
+        run_id: str,
+        node: str,
+        setup: NodeSetup | None = None,
+        governor: Any = None,
+        sweep: Callable[[], int] | None = None,
     ) -> None:
         self.run_id = run_id
         self.node = node
+        self._sweep = sweep
+        """Removes this engine's boxes whose node's actor is dead (run once, at start)."""
         if governor is not None:
             # The run's one rate governor (a Ray actor): this node's model calls ask it.
             from .run_governor import install
@@ -164,6 +180,7 @@ class NodeService:
         self._running: dict[asyncio.Task[None], anyio.CancelScope] = {}
         """Attempts in progress, each with the cancel scope that stops it."""
         self._asks = NodeAsks()
+        self._swept: asyncio.Future[int] | None = None
 
     async def ready(self) -> str:
         """The node's name, once the actor is up (its slots are reserved then)."""
@@ -173,6 +190,8 @@ class NodeService:
         """Open the run's warm pools and corpus box on this node; returns once they are up."""
         await anyio.to_thread.run_sync(_preload)
         loop = asyncio.get_running_loop()
+        if self._sweep is not None:  # beside the run's start, never holding it up
+            self._swept = loop.run_in_executor(None, _quietly, self._sweep)
         self._stop = asyncio.Event()
         up: asyncio.Future[None] = loop.create_future()
         stop = self._stop

@@ -277,9 +277,11 @@ def test_a_run_whose_only_node_is_lost_goes_on_on_another(
     assert len(started[victim]) == 2 and started[victim][1] != name
     others = {ray_cluster.name(n) for n in ray_cluster.nodes}
     assert all(v[-1] in others for v in started.values())
-    gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
-    assert gc.returncode == 0, gc.stderr
+    # The lost node's boxes did not outlive it: the actor that took over its slots, on
+    # the same engine, removed them as it started (their own actor was dead) - no gc.
     assert _boxes(node_client, run.id) == []
+    gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address, "--dry-run")
+    assert gc.returncode == 0 and f"run {run.id}" not in gc.stdout, gc.stdout
 
 
 def test_ctrl_c_leaves_no_box_on_any_node(tmp_path, ray_cluster, node_client, cleanup):
@@ -711,3 +713,60 @@ def test_a_repository_linking_proc_self_leaks_nothing_on_the_cluster(
     assert result["result"]["files_changed"] == ["greet.txt"]
     assert result["not_copied"][0].startswith("p/environ: p is a symbolic link (to /proc/self)")
     assert _started_on(run)["coder"][0] in {ray_cluster.name(n) for n in ray_cluster.nodes}
+
+
+class _Holder:
+    """Stands for a node's actor serving a run: alive while the test holds it."""
+
+    def ping(self) -> bool:
+        return True
+
+
+def test_gc_on_the_cluster_takes_dead_actors_boxes_with_their_network_and_no_live_ones(
+    ray_cluster, node_client, images
+):
+    import ray
+    from conftest import remove_run
+
+    from sandbox.cluster import actor_name, connect
+    from sandbox.network import network_name
+    from sandbox.reaper import box_labels, network_labels
+    from sandbox.spec import SandboxSpec
+
+    ship_by_value(sys.modules[__name__])
+    node = ray_cluster.name(ray_cluster.nodes[0])
+    dead, live, foreign = (f"test-{secrets.token_hex(6)}" for _ in range(3))
+    # (run, node): no actor serves `dead` (its coordinator was killed, say); `live` is
+    # served right now by an actor of a node whose markers are on another disk; the
+    # third run's node is another cluster's, on the same engine.
+    owners = [(dead, node), (live, node), (foreign, "10.9.9.9-abcdef")]
+    connect(ray_cluster.address)
+    holder = (
+        ray.remote(_Holder)
+        .options(name=actor_name(live, node), namespace="fleet", num_cpus=0)
+        .remote()
+    )
+    ray.get(holder.ping.remote(), timeout=60)
+    try:
+        for run, where in owners:
+            net = network_name(run, where)
+            node_client.networks.create(net, internal=True, labels=network_labels(run, where))
+            for member in ("m1", "m2"):
+                node_client.containers.create(
+                    images["coding"], ["true"], network=net,
+                    labels=box_labels(SandboxSpec(), run, member, where),
+                )  # fmt: skip
+        gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
+        assert gc.returncode == 0, gc.stderr
+        assert f"removed network {network_name(dead, node)}" in gc.stdout
+        for member in ("m1", "m2"):
+            assert f"(run {dead}, member {member}, node {node})" in gc.stdout, gc.stdout
+        assert _boxes(node_client, dead) == []
+        assert not node_client.networks.list(filters={"label": f"fleet.run={dead}"})
+        for run in (live, foreign):
+            assert len(_boxes(node_client, run)) == 2
+            assert node_client.networks.list(filters={"label": f"fleet.run={run}"})
+    finally:
+        ray.kill(holder)
+        for run, _ in owners:
+            remove_run(node_client, run)
