@@ -6,8 +6,11 @@ each Fleet node which of them its engine lacks, and streams those images from th
 host's engine to the node through Ray: ``docker save`` output here, cut into chunks of
 :data:`CHUNK` bytes, each one call of a small actor pinned to the node
 (:class:`Loader`), which feeds them to its engine's ``docker load`` as they come. At
-most :data:`IN_FLIGHT` chunks are on their way to a node at once, so neither side
-holds more than a few chunks of an image of hundreds of MB.
+most :data:`IN_FLIGHT` chunks are on their way to a node at once and :data:`QUEUED`
+wait on the node, so neither side holds more than a bounded part of an image of
+hundreds of MB. Through Ray a push costs more than a local ``docker save | docker
+load`` (the coding image, 468 MB: about 40 s against 14 s on a busy 2-core machine):
+each chunk is copied into Ray's object store and out again.
 
 Why copy and not build on each node: the build needs ``debootstrap``, root and
 Debian's mirror on every host, and minutes per host; a tag is a hash of the build's
@@ -34,8 +37,12 @@ from .errors import SandboxUnavailable
 
 CHUNK = 8 * 2**20
 """Bytes of ``docker save`` output per call to a node."""
-IN_FLIGHT = 4
-"""Chunks on their way to one node at once."""
+IN_FLIGHT = 16
+"""Chunks on their way to one node at once (128 MiB), so that Ray's transfers overlap
+the engine's load (the coding image, once each on a busy machine: 53 s with 4, 41 s
+with 16)."""
+QUEUED = 4
+"""Chunks the node holds for its engine's load, beyond the one being read."""
 LOAD_S = 600.0
 """How long a node's engine may take to load what it was sent."""
 
@@ -64,7 +71,7 @@ class Loader:
     def __init__(self) -> None:
         from .engine import connect
 
-        self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=IN_FLIGHT * 2)
+        self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUED)
         self._loaded: list[str] = []
         self._error: BaseException | None = None
         self._client = connect(timeout=LOAD_S)
@@ -187,8 +194,8 @@ def _has(client: Any, ref: str, not_found: type[Exception]) -> bool:
 
 
 def _save(client: Any, refs: list[str]) -> Iterator[bytes]:
-    """``docker save REFS`` as a stream: one archive, each shared layer in it once (the
-    SDK's own ``get_image`` takes one image)."""
+    """``docker save REFS`` as a stream of parts of at most :data:`CHUNK` bytes: one
+    archive, each shared layer in it once (the SDK's own ``get_image`` takes one image)."""
     api = client.api
     res = api._get(api._url("/images/get"), params={"names": refs}, stream=True)
     api._raise_for_status(res)
@@ -208,16 +215,10 @@ def _send(client: Any, info: dict[str, Any], refs: list[str]) -> list[str]:
     )
     try:
         pending: list[Any] = []
-        buffer = b""
         for part in _save(client, refs):
-            buffer += part
-            while len(buffer) >= CHUNK:
-                pending.append(actor.write.remote(buffer[:CHUNK]))
-                buffer = buffer[CHUNK:]
-                if len(pending) >= IN_FLIGHT:
-                    ray.get(pending.pop(0))
-        if buffer:
-            pending.append(actor.write.remote(buffer))
+            pending.append(actor.write.remote(part))
+            if len(pending) >= IN_FLIGHT:
+                ray.get(pending.pop(0))
         ray.get(pending)
         return list(ray.get(actor.finish.remote(), timeout=LOAD_S + 30))
     except ray.exceptions.RayTaskError as exc:
