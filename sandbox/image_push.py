@@ -122,16 +122,30 @@ class Plan:
     """Nodes nothing can be sent to, and why."""
 
 
-def plan(found: list[tuple[dict[str, Any], dict[str, Any] | Exception]], have: set[str]) -> Plan:
+def plan(
+    found: list[tuple[dict[str, Any], dict[str, Any] | Exception]],
+    have: set[str],
+    repositories: set[str],
+) -> Plan:
     """Decide the sends from each node's answer (``found``: node info and what
-    :func:`engine_needs` said, or why it did not answer) and the refs this host has."""
+    :func:`engine_needs` said, or why it could not say), the refs this host has, and
+    the repositories of the images asked for: a node is sent nothing else, whatever
+    it says it lacks (what this host's engine holds besides Fleet's images is not
+    the cluster's to take)."""
     from .cluster import node_name
 
     out = Plan()
     for info, needs in found:
         name = node_name(info)
         if isinstance(needs, Exception):
-            out.problems.append(f"node {name} did not answer ({needs})")
+            out.problems.append(f"node {name} could not say what it lacks ({needs})")
+            continue
+        strange = [r for r in needs["missing"] if r.partition(":")[0] not in repositories]
+        if strange:
+            out.problems.append(
+                f"node {name} asked for {', '.join(strange)[:300]}, not one of the images "
+                "pushed; it was sent nothing"
+            )
             continue
         foreign = [ref for ref in needs["missing"] if ref not in have]
         if foreign:
@@ -151,11 +165,11 @@ def plan(found: list[tuple[dict[str, Any], dict[str, Any] | Exception]], have: s
 def push(address: str, names: list[str] | None, say: Say, *, insecure: bool = False) -> int:
     """Load the images each Fleet node of the cluster lacks into its engine; returns
     how many engines got images. SandboxUnavailable when a node could not be served."""
-    import docker.errors
     import ray
 
     from .cluster import connect, fleet_nodes, node_name, pinned
     from .engine import connect as engine
+    from .images import build_order, image_exists
 
     connect(address, insecure=insecure)
     infos = fleet_nodes(address)
@@ -170,8 +184,8 @@ def push(address: str, names: list[str] | None, say: Say, *, insecure: bool = Fa
     client = engine()
     try:
         wanted = {r for _, n in found if isinstance(n, dict) for r in n["missing"]}
-        have = {r for r in wanted if _has(client, r, docker.errors.ImageNotFound)}
-        todo = plan(found, have)
+        have = {r for r in wanted if image_exists(client, r)}
+        todo = plan(found, have, {d.repository for d in build_order(names)})
         for name in todo.ready:
             say(f"node {name}: every image already there")
         for info, missing in todo.sends.values():
@@ -183,14 +197,6 @@ def push(address: str, names: list[str] | None, say: Say, *, insecure: bool = Fa
     if todo.problems:
         raise SandboxUnavailable("; ".join(todo.problems))
     return len(todo.sends)
-
-
-def _has(client: Any, ref: str, not_found: type[Exception]) -> bool:
-    try:
-        client.images.get(ref)
-    except not_found:
-        return False
-    return True
 
 
 def _save(client: Any, refs: list[str]) -> Iterator[bytes]:

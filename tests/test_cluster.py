@@ -770,3 +770,29 @@ def test_gc_on_the_cluster_takes_dead_actors_boxes_with_their_network_and_no_liv
         ray.kill(holder)
         for run, _ in owners:
             remove_run(node_client, run)
+
+
+def test_a_push_sends_a_node_only_the_images_asked_for_once_per_engine():
+    from sandbox.image_push import plan
+
+    def node(n: int) -> dict[str, str]:
+        return {"NodeManagerAddress": "10.0.0.1", "NodeID": f"{n:06d}ffff"}
+
+    ours = "fleet-coding:abc"
+    found: list[tuple[dict[str, str], Any]] = [
+        # A node that says it lacks another image this host has: it gets nothing.
+        (node(1), {"engine": "e1", "missing": [ours, "internal-secrets:1"]}),
+        (node(2), {"engine": "e1", "missing": [ours]}),
+        (node(3), {"engine": "e1", "missing": [ours]}),  # the same engine: sent once
+        (node(4), {"engine": "e2", "missing": ["fleet-coding:other"]}),  # another Fleet
+        (node(5), {"engine": "e3", "missing": []}),
+        (node(6), RuntimeError("engine down")),
+    ]
+    done = plan(found, {ours, "internal-secrets:1"}, {"fleet-coding", "fleet-base"})
+    assert done.sends == {"e1": (node(2), [ours])}
+    assert done.ready == ["10.0.0.1-000005"]
+    first, other, down = done.problems
+    assert "node 10.0.0.1-000001 asked for internal-secrets:1" in first
+    assert "node 10.0.0.1-000004 wants fleet-coding:other" in other
+    assert "another version" in other
+    assert down == "node 10.0.0.1-000006 could not say what it lacks (engine down)"
