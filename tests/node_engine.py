@@ -11,13 +11,14 @@ read the images it copies.
 
 Its networks. ``--bridge=none``: the engine has no default bridge (``docker0`` is the
 main engine's interface, and two engines must not share a bridge device), and its
-address pool (``10.213.0.0/16`` in /24s) is one the main engine never hands out, so
-their networks never overlap. Run networks' bridges are named from the network's name,
+address pool (a ``10.X.0.0/16`` in /24s that no route of the machine uses yet, chosen
+under a lock file: other sessions may run node engines too) is one the main engine
+never hands out, so no two engines' networks overlap. Run networks' bridges are named from the network's name,
 which holds the node's name, so they do not clash with the main engine's either. The
 egress network is the exception: its bridge has one fixed name (``flt-egress``) per
 engine, and a second engine creating it on this machine would take over the main
 engine's interface. So the fixture creates the node engine's ``fleet-egress`` network
-itself, on a bridge named ``fleet-nd-egress``: under the host rules of
+itself, on a bridge named ``fleet-neX`` (X of its pool): under the host rules of
 :mod:`sandbox.firewall` (a ``fleet*`` bridge) nothing leaves it, which the tests never
 need (their models are offline, their pages are served inside the run network).
 ``--iptables=false``: the main engine owns this machine's Docker chains (two engines
@@ -25,7 +26,7 @@ rewriting the same chains would break each other), and with them the ``FORWARD``
 policy ``DROP``, which would drop the frames between two boxes of one node network (a
 browser box and its run's proxy) that the engine no longer accepts itself. The fixture
 adds the one rule the node engine would have: frames bridged within one of its
-networks (:data:`SAME_BRIDGE`; its address pool, ``physdev --physdev-is-bridged``, so
+networks (:func:`_same_bridge`; its address pool, ``physdev --physdev-is-bridged``, so
 traffic routed between two of its networks is still dropped), and removes it at the
 end. The host rules of :mod:`sandbox.firewall` apply as on any engine.
 
@@ -37,6 +38,8 @@ coordinator's checks expect.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import itertools
 import os
 import shutil
 import subprocess
@@ -50,11 +53,29 @@ from typing import Any
 
 from ray_support import end
 
-ADDRESS_POOL = "base=10.213.0.0/16,size=24"
-EGRESS_BRIDGE = "fleet-nd-egress"
+POOLS = range(200, 255)
+"""Second octets of the ``10.X.0.0/16`` address pools a node engine may take."""
+LOCK = Path("/run/fleet-test-node-engine.lock")
 START_S = 60.0
-SAME_BRIDGE = ["FORWARD", "-s", "10.213.0.0/16", "-d", "10.213.0.0/16"]
-SAME_BRIDGE += ["-m", "physdev", "--physdev-is-bridged", "-j", "ACCEPT"]
+_started = itertools.count(1)
+
+
+def _same_bridge(pool: str) -> list[str]:
+    """The ``FORWARD`` rule that lets frames through within one of the engine's networks."""
+    bridged = ["-m", "physdev", "--physdev-is-bridged", "-j", "ACCEPT"]
+    return ["FORWARD", "-s", pool, "-d", pool, *bridged]
+
+
+def _free_pool() -> int:
+    """A ``10.X.0.0/16`` no route of this machine uses (another session's node engine,
+    say); taken under :data:`LOCK` until the engine's first network routes into it."""
+    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    octets = (r.split(".")[1] for r in routes.split() if r.startswith("10."))
+    used = {int(o) for o in octets if o.isdigit()}
+    for octet in POOLS:
+        if octet not in used:
+            return octet
+    raise RuntimeError("no free 10.X.0.0/16 for a node engine (ip -4 route)")
 
 
 @dataclass
@@ -104,6 +125,8 @@ def _wait_up(host: str, proc: subprocess.Popen[bytes], log: Path) -> None:
 
 def copy_images(host: str, refs: list[str]) -> None:
     """``docker save REFS | DOCKER_HOST=host docker load`` (layers shared once)."""
+    if not refs:
+        return
     save = subprocess.Popen(["docker", "save", *refs], stdout=subprocess.PIPE)
     env = dict(os.environ, DOCKER_HOST=host)
     load = subprocess.run(
@@ -115,7 +138,7 @@ def copy_images(host: str, refs: list[str]) -> None:
         raise RuntimeError(f"copying images failed: {load.stderr.decode()[-2000:]}")
 
 
-def _egress_network(host: str) -> None:
+def _egress_network(host: str, bridge: str) -> None:
     import docker
 
     client = docker.DockerClient(base_url=host, timeout=30)
@@ -125,7 +148,7 @@ def _egress_network(host: str) -> None:
             driver="bridge",
             labels={"fleet.kind": "egress"},
             options={
-                "com.docker.network.bridge.name": EGRESS_BRIDGE,
+                "com.docker.network.bridge.name": bridge,
                 "com.docker.network.bridge.enable_icc": "false",
             },
         )
@@ -137,36 +160,56 @@ def _egress_network(host: str) -> None:
 def node_engine(images: list[str]) -> Iterator[NodeEngine]:
     """Start the node engine with ``images`` copied in; stop it and remove its files."""
     root = Path(tempfile.mkdtemp(prefix="fleet-node-engine-"))
-    sock = Path(f"/run/fleet-test-docker{os.getpid()}.sock")
+    sock = Path(f"/run/fleet-test-docker{os.getpid()}-{next(_started)}.sock")
     host = f"unix://{sock}"
     log = root / "dockerd.log"
     exec_root = Path(tempfile.mkdtemp(prefix="fne-", dir="/run"))  # short: socket paths
     args = ["dockerd", "--host", host, "--data-root", str(root / "data")]
     args += ["--exec-root", str(exec_root), "--pidfile", str(root / "dockerd.pid")]
     args += ["--bridge=none", "--iptables=false", "--ip6tables=false"]
-    args += ["--default-address-pool", ADDRESS_POOL]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
-    forward = False
+    forward: list[str] = []
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        octet = _free_pool()
+        pool = f"10.{octet}.0.0/16"
+        args += ["--default-address-pool", f"base={pool},size=24"]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        try:
+            _wait_up(host, proc, log)
+            forward = _same_bridge(pool)
+            subprocess.run(["iptables", "-I", *forward], check=True, capture_output=True)
+            _egress_network(host, f"fleet-ne{octet}")
+        except BaseException:
+            _teardown(proc, host, forward, root, exec_root, sock)
+            raise
     try:
-        _wait_up(host, proc, log)
-        subprocess.run(["iptables", "-I", *SAME_BRIDGE], check=True, capture_output=True)
-        forward = True
-        _egress_network(host)
         t0 = time.monotonic()
         copy_images(host, images)
         yield NodeEngine(host, root, proc.pid, time.monotonic() - t0, list(images))
     finally:
-        _stop(proc, host)
-        if forward:
-            subprocess.run(["iptables", "-D", *SAME_BRIDGE], check=False, capture_output=True)
-        _remove_tree(root / "data")
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(exec_root, ignore_errors=True)
-        sock.unlink(missing_ok=True)
+        _teardown(proc, host, forward, root, exec_root, sock)
+
+
+def _teardown(
+    proc: subprocess.Popen[bytes],
+    host: str,
+    forward: list[str],
+    root: Path,
+    exec_root: Path,
+    sock: Path,
+) -> None:
+    """Stop the engine, take its rule out, remove its files."""
+    _stop(proc, host)
+    if forward:
+        subprocess.run(["iptables", "-D", *forward], check=False, capture_output=True)
+    _remove_tree(root / "data")
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(exec_root, ignore_errors=True)
+    sock.unlink(missing_ok=True)
 
 
 def _stop(proc: subprocess.Popen[bytes], host: str) -> None:
