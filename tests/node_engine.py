@@ -9,8 +9,11 @@ use (``DOCKER_HOST``), and stops it and removes its data root at the end. Only t
 processes it started are stopped; the machine's engine is never touched except to
 read the images it copies.
 
-Its networks. ``--bridge=none``: the engine has no default bridge (``docker0`` is the
-main engine's interface, and two engines must not share a bridge device), and its
+Its networks. Its default bridge is an interface of its own, ``fleet-nbX``, made by
+the fixture before the engine starts (``docker0`` is the main engine's interface, and
+two engines must not share a bridge device; and ``--bridge=none`` is no way out: an
+engine started so deletes ``docker0`` from the host, taking the main engine's default
+network with it, so the fixture checks that ``docker0`` outlives the start). Its
 address pool (a ``10.X.0.0/16`` in /24s that no route of the machine uses yet, chosen
 under a lock file: other sessions may run node engines too) is one the main engine
 never hands out, so no two engines' networks overlap. Run networks' bridges are named from the network's name,
@@ -166,13 +169,16 @@ def node_engine(images: list[str]) -> Iterator[NodeEngine]:
     exec_root = Path(tempfile.mkdtemp(prefix="fne-", dir="/run"))  # short: socket paths
     args = ["dockerd", "--host", host, "--data-root", str(root / "data")]
     args += ["--exec-root", str(exec_root), "--pidfile", str(root / "dockerd.pid")]
-    args += ["--bridge=none", "--iptables=false", "--ip6tables=false"]
+    args += ["--iptables=false", "--ip6tables=false"]
     forward: list[str] = []
+    had_docker0 = _has_link("docker0")
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         octet = _free_pool()
         pool = f"10.{octet}.0.0/16"
-        args += ["--default-address-pool", f"base={pool},size=24"]
+        bridge = f"fleet-nb{octet}"
+        _make_bridge(bridge, f"10.{octet}.255.1/24")
+        args += ["--bridge", bridge, "--default-address-pool", f"base={pool},size=24"]
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -180,11 +186,14 @@ def node_engine(images: list[str]) -> Iterator[NodeEngine]:
             )  # fmt: skip
         try:
             _wait_up(host, proc, log)
+            if had_docker0 and not _has_link("docker0"):
+                raise RuntimeError("starting the node engine removed the main engine's docker0")
             forward = _same_bridge(pool)
             subprocess.run(["iptables", "-I", *forward], check=True, capture_output=True)
             _egress_network(host, f"fleet-ne{octet}")
         except BaseException:
             _teardown(proc, host, forward, root, exec_root, sock)
+            _drop_link(bridge)
             raise
     try:
         t0 = time.monotonic()
@@ -192,6 +201,27 @@ def node_engine(images: list[str]) -> Iterator[NodeEngine]:
         yield NodeEngine(host, root, proc.pid, time.monotonic() - t0, list(images))
     finally:
         _teardown(proc, host, forward, root, exec_root, sock)
+        _drop_link(bridge)
+
+
+def _has_link(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
+
+
+def _make_bridge(name: str, address: str) -> None:
+    """A bridge interface for the engine's default network (left over from a killed
+    session: made anew)."""
+    _drop_link(name)
+    for cmd in (
+        ["ip", "link", "add", name, "type", "bridge"],
+        ["ip", "addr", "add", address, "dev", name],
+        ["ip", "link", "set", name, "up"],
+    ):
+        subprocess.run(cmd, check=True, capture_output=True)
+
+
+def _drop_link(name: str) -> None:
+    subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
 
 
 def _teardown(
