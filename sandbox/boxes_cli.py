@@ -9,9 +9,10 @@ boxes, but never those of a live run (another process may be using them; gc says
 many it spared) unless ``--include-live`` is given too; ``--dry-run`` only says what
 would go. ``rm NAME...`` removes the named boxes (a box a member kept for debugging)
 and whatever of their run is left only for them (its egress proxy and networks).
-``gc --cluster ADDRESS`` runs the same gc on every Fleet node of a Ray cluster,
-each by its own liveness rule (a run's boxes on a node live as long as the node's actor
-for that run), for boxes a killed coordinator left on other hosts; like every command
+``gc --cluster ADDRESS`` runs the same gc on every Docker engine of a Ray cluster's
+Fleet nodes, once per engine, for boxes a killed coordinator or a dead node left on
+other hosts: a cluster box lives as long as its node's actor for the run, which any
+process of the cluster can ask Ray about (:func:`sandbox.cluster.live_owners`); like every command
 that connects to a cluster, it refuses one that lets in a process without its token
 unless given ``--insecure-cluster-without-auth``.
 
@@ -52,8 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gc.add_argument(
         "--cluster",
         metavar="ADDRESS",
-        help="gc on every Fleet node of the Ray cluster at ADDRESS, each by its own "
-        "liveness rule (needs the 'cluster' extra)",
+        help="gc on every Docker engine of the Ray cluster's Fleet nodes at ADDRESS, once "
+        "per engine; a node's box lives while its actor for the run does (needs the "
+        "'cluster' extra)",
     )
     add_insecure_flag(gc)
     gc.set_defaults(func=cmd_gc)
@@ -144,7 +146,7 @@ def gc_here(
     everything: bool, include_live: bool, dry_run: bool
 ) -> tuple[list[BoxInfo], reaper.Collected, set[str]]:
     """gc on this host's engine by this host's liveness rule: (boxes before, what was
-    removed, live owners). Also what each node runs for ``gc --cluster``."""
+    removed, live owners)."""
     from .engine import connect
 
     live, now = reaper.live_runs(), time.time()
@@ -162,11 +164,12 @@ def gc_here(
 def _gc_cluster(
     address: str, *args: bool, insecure: bool = False
 ) -> tuple[list[BoxInfo], reaper.Collected, set[str]]:
-    """gc on every Fleet node of the cluster, each by its own liveness rule; nodes that
-    share an engine report a box once. A cluster that lets in a process without its
-    token is refused unless ``insecure``."""
+    """gc on every Docker engine of the cluster's Fleet nodes, once per engine (on one
+    node that uses it): a cluster box lives while its node's actor for the run does,
+    other boxes by the markers of the host gc runs on. A cluster that lets in a process
+    without its token is refused unless ``insecure``."""
     try:
-        from .cluster import NodeUnreachable, connect, on_each_node
+        from .cluster import NodeUnreachable, connect, gc_node, on_each_engine
     except ImportError:
         raise SandboxUnavailable(
             "--cluster needs Ray, which is not installed; install Fleet's 'cluster' extra: "
@@ -178,7 +181,7 @@ def _gc_cluster(
     live: set[str] = set()
     orphans = 0
     connect(address, insecure=insecure)
-    for name, done in on_each_node(address, gc_here, *args):
+    for name, done in on_each_engine(address, gc_node, *args):
         if isinstance(done, NodeUnreachable):
             print(f"fleet: node {name} did not answer ({done}); its boxes stay", file=sys.stderr)
             continue

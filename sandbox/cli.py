@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cluster_auth import add_insecure_flag
 from .errors import SandboxUnavailable
 
 
@@ -68,6 +69,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.set_defaults(func=cmd_images_build)
     ls = sub.add_parser("ls", help="list images: reference, size, up to date or not")
     ls.set_defaults(func=cmd_images_ls)
+    push = sub.add_parser(
+        "push",
+        help="load Fleet's images into every node's engine of a Ray cluster",
+        description="Ask each Fleet node of the cluster which of Fleet's images its engine "
+        "lacks and stream them there from this host's engine, through Ray (nodes that "
+        "share an engine get them once). Build them here first ('fleet images build').",
+    )
+    push.add_argument("names", nargs="*", metavar="NAME", help="images to push (default: all)")
+    push.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        required=True,
+        help="the Ray cluster's head, HOST:PORT (needs the 'cluster' extra)",
+    )
+    add_insecure_flag(push)
+    push.set_defaults(func=cmd_images_push)
     prune = sub.add_parser("prune", help="remove superseded fleet-* image tags not in use")
     prune.set_defaults(func=cmd_images_prune)
 
@@ -89,7 +106,7 @@ def say(line: str) -> None:
     print(f"fleet: {line}", file=sys.stderr, flush=True)
 
 
-def fail(exc: BaseException, code: int) -> int:
+def fail(exc: BaseException | str, code: int) -> int:
     print(f"fleet: {exc}", file=sys.stderr, flush=True)
     return code
 
@@ -148,6 +165,31 @@ def cmd_images_build(args: argparse.Namespace) -> int:
     for ref in refs.values():
         print(ref)
     say(f"images current ({time.monotonic() - started:.1f} s)")
+    return 0
+
+
+def cmd_images_push(args: argparse.Namespace) -> int:
+    from .images import build_order
+
+    try:
+        build_order(args.names or None)  # unknown names are bad input: exit 2
+        from .image_push import push
+    except SandboxUnavailable as exc:
+        return fail(exc, 2)
+    except ImportError:
+        return fail(
+            "--cluster needs Ray, which is not installed; install Fleet's 'cluster' extra: "
+            "pip install -e '.[cluster]'",
+            2,
+        )
+    started = time.monotonic()
+    try:
+        engines = push(
+            args.cluster, args.names or None, say, insecure=args.insecure_cluster_without_auth
+        )
+    except SandboxUnavailable as exc:
+        return fail(exc, 2)
+    say(f"images pushed to {engines} engine(s) ({time.monotonic() - started:.1f} s)")
     return 0
 
 

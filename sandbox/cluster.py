@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from .base import BoxInfo
 from .cluster_auth import Probe, own_token_refused, probe, refusal, warning
 from .errors import SandboxUnavailable
+
+if TYPE_CHECKING:
+    from .reaper import Collected
 
 SLOTS = "fleet_slots"
 """The custom resource a node offers Fleet: how many members it runs at once."""
@@ -111,13 +116,13 @@ def pinned(info: dict[str, Any]) -> NodeAffinitySchedulingStrategy:
 
 
 def on_each_node(
-    address: str, fn: Callable[..., T], *args: Any
+    address: str, fn: Callable[..., T], *args: Any, only: set[str] | None = None
 ) -> list[tuple[str, T | NodeUnreachable]]:
     """Run ``fn(*args)`` once on every Fleet node; (node name, result) per node, or
     :class:`NodeUnreachable` for a node that did not answer within :data:`CALL_S`. A
     node that just left the cluster is still listed as alive for a while; Ray's
     scheduler already knows better, and such a node is left out. Ray's retries are off."""
-    nodes = fleet_nodes(address)
+    nodes = [n for n in fleet_nodes(address) if only is None or node_name(n) in only]
     task = ray.remote(num_cpus=0, max_retries=0)(fn)
     refs = [task.options(scheduling_strategy=pinned(n)).remote(*args) for n in nodes]
     ray.wait(refs, num_returns=len(refs), timeout=CALL_S)
@@ -133,6 +138,107 @@ def on_each_node(
     if not out:
         raise ClusterUnavailable(f"every Fleet node of the Ray cluster at {address} left it")
     return out
+
+
+def on_each_engine(
+    address: str, fn: Callable[..., T], *args: Any
+) -> list[tuple[str, T | NodeUnreachable]]:
+    """:func:`on_each_node`, but once per Docker engine: nodes that share one (the
+    engine's ID says so) run ``fn`` on one of them only - two gcs on one engine at once
+    race each other's removals, and each leaves the run network the other still empties."""
+    found = on_each_node(address, engine_id)
+    first: dict[str, str] = {}
+    for name, engine in found:
+        if isinstance(engine, str):
+            first.setdefault(engine, name)
+    chosen = set(first.values())
+    unreachable: list[tuple[str, T | NodeUnreachable]] = [
+        (n, e) for n, e in found if isinstance(e, NodeUnreachable)
+    ]
+    if not chosen:
+        return unreachable
+    return unreachable + on_each_node(address, fn, *args, only=chosen)
+
+
+def engine_id() -> str:
+    """This node's Docker engine's ID (run on a node)."""
+    from .engine import connect
+
+    client = connect()
+    try:
+        return str(client.info()["ID"])
+    finally:
+        client.close()
+
+
+def actor_name(run: str, node: str) -> str:
+    """The Ray actor that serves ``run`` on ``node`` goes by this name (namespace
+    ``fleet``) while it lives: the one sign of life of that node's boxes for the run
+    that every host reaches, whatever disk it has."""
+    return f"fleet-node:{run}@{node}"
+
+
+def live_owners(boxes: list[BoxInfo]) -> set[str]:
+    """Owners (``run@node``) of these cluster boxes whose node's actor for the run is
+    alive (run inside the cluster). A box of a node this cluster never had (another
+    cluster's, on a shared engine) counts as live: it is not this cluster's to judge."""
+    known = {node_name(n): bool(n.get("Alive")) for n in ray.nodes()}
+    live = set()
+    for owner, run, node in {(b.owner, b.run, b.node) for b in boxes if b.node}:
+        if node not in known or (known[node] and _actor_alive(actor_name(run, node))):
+            live.add(owner)
+    return live
+
+
+def _actor_alive(name: str) -> bool:
+    try:
+        ray.get_actor(name, namespace="fleet")
+    except ValueError:  # no such actor: it died (or never was), its name is free
+        return False
+    return True
+
+
+def remove_dead() -> int:
+    """Remove this engine's cluster boxes, and their networks, whose actor is dead
+    (:func:`live_owners`); returns how many boxes. Boxes of runs on one machine (no
+    node label) are left to that machine's gc. Each node's actor runs it as it starts:
+    a node that died leaves its boxes behind, and nothing else would ever look."""
+    from . import reaper
+    from .engine import connect
+
+    client = connect()
+    try:
+        boxes = [b for b in reaper.list_boxes(client) if b.node]
+        live = live_owners(boxes)
+        dead = sorted({(b.run, b.node) for b in boxes if b.owner not in live})
+        return sum(reaper.remove_run(client, run, node) for run, node in dead)
+    finally:
+        client.close()
+
+
+def gc_node(
+    everything: bool, include_live: bool, dry_run: bool
+) -> tuple[list[BoxInfo], Collected, set[str]]:
+    """``fleet sandbox gc`` on this node's engine: this host's rule for boxes of runs on
+    one machine (live markers), Ray's for the cluster's (their node's actor lives)."""
+    from . import reaper
+    from .engine import connect
+
+    client = connect()
+    try:
+        before = reaper.list_boxes(client)
+        live = reaper.live_runs() | live_owners(before)
+        removed = reaper.collect(
+            client,
+            live,
+            now=time.time(),
+            everything=everything,
+            include_live=include_live,
+            dry_run=dry_run,
+        )
+    finally:
+        client.close()
+    return before, removed, live
 
 
 class NodeUnreachable(Exception):

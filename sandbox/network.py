@@ -181,8 +181,11 @@ class RunNetworks:
 
     def _host_addresses_sync(self, net: dict, egress: dict) -> list[str]:
         """Every address of the Docker host this process can know (see the module doc)."""
-        default = self._client.api.inspect_network("bridge")
-        found = bridge_gateways(net) + bridge_gateways(egress) + bridge_gateways(default)
+        found = bridge_gateways(net) + bridge_gateways(egress)
+        try:
+            found += bridge_gateways(self._client.api.inspect_network("bridge"))
+        except docker.errors.NotFound:
+            pass  # an engine started with --bridge=none has no default bridge
         if engine_is_local(engine_host()):
             found += local_addresses()
         return list(dict.fromkeys(found))

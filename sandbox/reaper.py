@@ -17,10 +17,12 @@ a live run are otherwise never touched - not even by ``--all`` - unless the call
 says ``include_live``: on a shared engine, a live run is someone's work in progress.
 
 On a cluster, a run's boxes on a node are made by that node's actor for the run, not
-by the coordinator on another host: they carry a ``fleet.node`` label, and their
-liveness is the actor's marker ``<run>@<node>`` on that node (its own liveness rule:
-a node's gc needs nothing from the coordinator's host). When the coordinator dies,
-Ray ends its actors, their markers go stale, and gc on the node removes the boxes.
+by the coordinator on another host: they carry a ``fleet.node`` label, and the actor
+writes the marker ``<run>@<node>`` on its node. A marker is on one host's disk,
+though, and hosts with different disks may share an engine, so a gc run inside the
+cluster also asks Ray whether that actor lives (:func:`sandbox.cluster.live_owners`);
+when the coordinator or the node dies, Ray ends the actor, and the next node actor
+to start on the engine, or ``gc --cluster``, removes the boxes.
 
 The public engine functions run under :func:`sandbox.engine.on_engine`: an engine that
 stopped answering is :class:`~sandbox.errors.SandboxUnavailable`, for the backend and

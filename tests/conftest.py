@@ -16,15 +16,25 @@ Stable interface, used by every test module:
     concurrent ``fleet sandbox gc`` leaves its boxes alone). Label every container and
     network the test creates with ``fleet.run=<run_id>``; at teardown every container
     and network with that label is removed, whatever the test did.
+``node_engine`` (session)
+    A second Docker engine on this machine for the test cluster's nodes
+    (``tests/node_engine.py``): its own socket, data root and networks, Fleet's current
+    images copied in from the main engine (about 45 s, once). ``host`` (its
+    ``DOCKER_HOST``), ``client()``; stopped and its data root removed at the end.
+``node_client`` (session)
+    A ``docker.DockerClient`` of ``node_engine``.
 ``ray_cluster`` (session)
-    A Ray cluster on this machine - head + 2 nodes with ``fleet_slots``, sharing the
-    Docker engine, token authentication on (``tests/ray_support.py``): its
-    ``address``, its ``nodes``, ``add_node(slots)``/``remove_node(node)`` and
-    ``name(node)``. Started only when a test asks for it (about 1 GB while it runs);
-    Ray missing is a skip, or a failure under ``CI=true``.
+    A Ray cluster on this machine - head + 2 nodes with ``fleet_slots`` whose Fleet
+    processes use ``node_engine`` (``DOCKER_HOST``) and a ``FLEET_HOME`` and ``TMPDIR``
+    of their own, never the coordinator's; token authentication on
+    (``tests/ray_support.py``): its ``address``, its ``nodes``,
+    ``add_node(slots, env)``/``remove_node(node)`` and ``name(node)``. Started only
+    when a test asks for it (about 1 GB while it runs); Ray missing is a skip, or a
+    failure under ``CI=true``.
 ``cleanup`` (function)
     A list to append output directories to; at teardown the boxes of every run under
-    them are removed, whatever happened (for tests that start whole runs).
+    them are removed, whatever happened (for tests that start whole runs), from the
+    node engine too when it runs.
 ``fake_api`` (function)
     ``start(policy)`` starts a fake Messages API on 127.0.0.1 and points the real
     ``anthropic`` client of this process (``ANTHROPIC_BASE_URL``, a test key) at it;
@@ -197,18 +207,48 @@ def fake_api(
         api.stop()
 
 
+_NODE_ENGINES: list[Any] = []
+"""The node engine once started (for ``cleanup``)."""
+
+
 @pytest.fixture(scope="session")
-def ray_cluster(images: dict[str, str]) -> Iterator[Any]:
-    """A Ray cluster on this machine: head + 2 nodes with ``fleet_slots``, sharing the
-    Docker engine, token authentication on (see ``tests/ray_support.py``). Ray missing
-    is a skip, or a failure under CI."""
+def node_engine(images: dict[str, str]) -> Iterator[Any]:
+    """A Docker engine of the test cluster's nodes, with Fleet's images (see above)."""
+    import shutil
+
+    from node_engine import node_engine as start
+
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        missing_dependency("a node engine needs dockerd and root ('fleet setup' as root)")
+    with start(sorted(set(images.values()))) as engine:
+        _NODE_ENGINES.append(engine)
+        try:
+            yield engine
+        finally:
+            _NODE_ENGINES.remove(engine)
+
+
+@pytest.fixture(scope="session")
+def node_client(node_engine: Any) -> Iterator[docker.DockerClient]:
+    client = node_engine.client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(node_engine: Any) -> Iterator[Any]:
+    """A Ray cluster on this machine: head + 2 nodes with ``fleet_slots`` on the node
+    engine, token authentication on (see ``tests/ray_support.py``). Ray missing is a
+    skip, or a failure under CI."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         missing_dependency("Ray is not installed; pip install -e '.[cluster]' (make setup does)")
     from ray_support import ray_cluster as start
 
-    with start() as cluster:
+    with start(engine=node_engine) as cluster:
         yield cluster
 
 
@@ -219,9 +259,13 @@ def cleanup(docker_client: docker.DockerClient) -> Iterator[list[Path]]:
 
     roots: list[Path] = []
     yield roots
+    clients = [docker_client] + [engine.client() for engine in _NODE_ENGINES]
     for root in roots:
         for run in RunDir.list(root):
-            remove_run(docker_client, run.id)
+            for client in clients:
+                remove_run(client, run.id)
+    for client in clients[1:]:
+        client.close()
 
 
 def remove_run(client: docker.DockerClient, rid: str) -> None:

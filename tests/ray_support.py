@@ -34,7 +34,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from node_engine import NodeEngine
 
 ENV = {
     "RAY_AUTH_MODE": "token",
@@ -66,17 +69,38 @@ def ship_by_value(module: Any) -> None:
 class RayCluster:
     """A running cluster: its address, and nodes to add or remove."""
 
-    def __init__(self, cluster: Any, address: str) -> None:
+    def __init__(self, cluster: Any, address: str, engine: NodeEngine | None = None) -> None:
         self.cluster = cluster
         self.address = address
+        self.engine = engine
+        """The Docker engine of its Fleet nodes (None: this machine's own)."""
         self.nodes: list[Any] = []
+        self._added = 0
+        self._client: Any = None
 
-    def add_node(self, slots: int = SLOTS) -> Any:
-        node = self.cluster.add_node(
-            num_cpus=1, resources={"fleet_slots": slots}, node_ip_address=LOOPBACK
-        )
+    def add_node(self, slots: int = SLOTS, env: dict[str, str] | None = None) -> Any:
+        """A Fleet node on the cluster's node engine, with a home and temp directory of
+        its own; ``env``: more of its environment (its processes inherit the lot)."""
+        self._added += 1
+        extra = self.engine.node_env(self._added) if self.engine is not None else {}
+        with environment(extra | (env or {})):
+            node = self.cluster.add_node(
+                num_cpus=1, resources={"fleet_slots": slots}, node_ip_address=LOOPBACK
+            )
+        node.fleet_env = extra | (env or {})
         self.nodes.append(node)
         return node
+
+    def engine_client(self) -> Any:
+        """A client of the nodes' Docker engine (made once)."""
+        if self._client is None:
+            import docker
+
+            engine = self.engine
+            self._client = (
+                docker.DockerClient(base_url=engine.host) if engine else docker.from_env()
+            )
+        return self._client
 
     def remove_node(self, node: Any) -> None:
         self.cluster.remove_node(node, allow_graceful=False)
@@ -89,8 +113,25 @@ class RayCluster:
 
 
 @contextmanager
-def ray_cluster(nodes: int = 2) -> Iterator[RayCluster]:
-    """Head (no slots) + ``nodes`` Fleet nodes, token authentication on."""
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """This process's environment with ``values`` set (a Ray node started meanwhile
+    keeps them: its processes inherit them), restored after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def ray_cluster(nodes: int = 2, engine: NodeEngine | None = None) -> Iterator[RayCluster]:
+    """Head (no slots) + ``nodes`` Fleet nodes on ``engine`` (default: this machine's),
+    token authentication on."""
     from ray._private.authentication_test_utils import reset_auth_token_state
     from ray.cluster_utils import Cluster
 
@@ -101,7 +142,7 @@ def ray_cluster(nodes: int = 2) -> Iterator[RayCluster]:
     cluster = Cluster(initialize_head=False)
     try:
         cluster.add_node(num_cpus=0, include_dashboard=False, node_ip_address=LOOPBACK)
-        handle = RayCluster(cluster, cluster.address)
+        handle = RayCluster(cluster, cluster.address, engine)
         for _ in range(nodes):
             handle.add_node()
         yield handle
@@ -141,6 +182,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
+
+
+def end(proc: subprocess.Popen[bytes]) -> None:
+    """Ask a process this helper started to end (SIGTERM), kill it after a minute."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def own_processes(temp_dir: Path) -> list[int]:
@@ -184,12 +235,7 @@ def ray_head(*, auth: bool, slots: int = 2) -> Iterator[RayHead]:
             time.sleep(0.5)
         yield RayHead(address, token, temp_dir, proc.pid)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        end(proc)
         for pid in own_processes(temp_dir):  # whatever outlived it, still only its own
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

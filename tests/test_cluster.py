@@ -1,9 +1,11 @@
 """``fleet run --cluster``: members on the nodes of a Ray cluster, end to end.
 
 The cluster is ``ray_cluster`` (head + 2 nodes with ``fleet_slots``, token
-authentication on, every node on this machine's Docker engine); the fan-out contract
-itself runs against it in ``test_fanout.py``. Here the real ``fleet`` command runs
-against it: a mixed job's run directory has the same shape as on one machine, a node
+authentication on, the nodes on a Docker engine and home directory of their own, not
+the coordinator's); the fan-out contract itself runs against it in ``test_fanout.py``.
+Here the real ``fleet`` command runs against it: a mixed job's run directory has the
+same shape as on one machine and none of its boxes ever exists on the coordinator's
+engine, a node
 removed mid-run costs only a retry of its members, Ctrl-C and a SIGKILL followed by
 ``fleet resume --cluster`` leave no box on any node, a node whose images are not
 the run's refuses the run up front, a node member's policy asks are answered from the
@@ -22,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,7 +43,7 @@ from coordinator.nodes.worker import Recorder, Services
 from coordinator.oversight.approvals import ApprovalQueue
 from coordinator.rundir.runs import RunDir
 from sandbox.docker import DockerBackend
-from sandbox.reaper import fleet_home, pid_alive
+from sandbox.reaper import pid_alive
 from subagents.model.offline import OfflineModel, with_required_fields
 from subagents.spec import MemberSpec
 from subagents.tools.mcp import McpServerSpec
@@ -160,16 +163,17 @@ def test_without_cluster_ray_is_never_imported(tmp_path, images, cleanup):
 
 
 def test_mixed_job_on_two_nodes_has_the_shape_of_a_local_run(
-    tmp_path, ray_cluster, docker_client, cleanup
+    tmp_path, ray_cluster, node_client, docker_client, cleanup
 ):
     shutil.copytree(EXAMPLES, tmp_path / "examples")
     job = str(tmp_path / "examples" / "mixed.toml")
     cleanup += [tmp_path / "here", tmp_path / "there"]
-    here = _fleet("run", job, "--output-dir", str(tmp_path / "here"), "--plain")
-    there = _fleet(
-        "run", job, "--output-dir", str(tmp_path / "there"), "--plain",
-        "--cluster", ray_cluster.address,
-    )  # fmt: skip
+    with _engine_events(docker_client) as seen, _engine_events(node_client) as on_nodes:
+        here = _fleet("run", job, "--output-dir", str(tmp_path / "here"), "--plain")
+        there = _fleet(
+            "run", job, "--output-dir", str(tmp_path / "there"), "--plain",
+            "--cluster", ray_cluster.address,
+        )  # fmt: skip
     assert here.returncode == 0, here.stderr[-3000:]
     assert there.returncode == 0, there.stderr[-3000:]
     (local,) = RunDir.list(tmp_path / "here")
@@ -203,11 +207,37 @@ def test_mixed_job_on_two_nodes_has_the_shape_of_a_local_run(
     rows = json.loads(_fleet("trace", str(remote.path), "--json").stdout)["members"]
     assert {r["member"]: r["node"] for r in rows} == {m: v[0] for m, v in started.items()}
     assert "NODE" not in _fleet("trace", str(local.path)).stdout
-    assert _boxes(docker_client, remote.id) == []
+    assert _boxes(node_client, remote.id) == []
+    # The nodes' boxes and networks lived on the nodes' engine alone: the coordinator's
+    # engine never saw one (it saw the local run's, so it was listening).
+    assert local.id in str(seen) and remote.id not in str(seen)
+    assert remote.id in str(on_nodes)
+
+
+@contextmanager
+def _engine_events(client: Any) -> Iterator[list[dict[str, Any]]]:
+    """Every container and network event of an engine while the block runs, as it
+    happens (an engine keeps only its last 256 events: a busy one has dropped a run's
+    by the time it ends)."""
+    seen: list[dict[str, Any]] = []
+    stream = client.events(decode=True, filters={"type": ["container", "network"]})
+
+    def read() -> None:
+        with contextlib.suppress(Exception):  # the stream closed under it: done
+            for event in stream:
+                seen.append(event)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield seen
+    finally:
+        stream.close()
+        reader.join(10)
 
 
 def test_a_node_lost_mid_run_costs_only_a_retry_of_its_members(
-    tmp_path, ray_cluster, docker_client, cleanup
+    tmp_path, ray_cluster, node_client, cleanup
 ):
     doomed = ray_cluster.add_node(slots=2)
     name = ray_cluster.name(doomed)
@@ -236,11 +266,11 @@ def test_a_node_lost_mid_run_costs_only_a_retry_of_its_members(
     # by the node's liveness rule: its actor, their owner, is gone.
     gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
     assert gc.returncode == 0, gc.stderr
-    assert _boxes(docker_client, run.id) == []
+    assert _boxes(node_client, run.id) == []
 
 
 def test_a_run_whose_only_node_is_lost_goes_on_on_another(
-    tmp_path, ray_cluster, docker_client, cleanup
+    tmp_path, ray_cluster, node_client, cleanup
 ):
     # One member at a time: the run holds one slot, on the node with the most of them.
     doomed = ray_cluster.add_node(slots=8)
@@ -260,25 +290,27 @@ def test_a_run_whose_only_node_is_lost_goes_on_on_another(
     assert len(started[victim]) == 2 and started[victim][1] != name
     others = {ray_cluster.name(n) for n in ray_cluster.nodes}
     assert all(v[-1] in others for v in started.values())
-    gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
-    assert gc.returncode == 0, gc.stderr
-    assert _boxes(docker_client, run.id) == []
+    # The lost node's boxes did not outlive it: the actor that took over its slots, on
+    # the same engine, removed them as it started (their own actor was dead) - no gc.
+    assert _boxes(node_client, run.id) == []
+    gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address, "--dry-run")
+    assert gc.returncode == 0 and f"run {run.id}" not in gc.stdout, gc.stdout
 
 
-def test_ctrl_c_leaves_no_box_on_any_node(tmp_path, ray_cluster, docker_client, cleanup):
+def test_ctrl_c_leaves_no_box_on_any_node(tmp_path, ray_cluster, node_client, cleanup):
     cleanup.append(tmp_path / "runs")
     job = _coder_job(tmp_path, 4, test="sleep 60", max_parallel=4)
     with _cluster_run(tmp_path, job, ray_cluster.address) as (proc, run):
-        _wait_for(lambda: len(_boxes(docker_client, run.id)) >= 4, 120, "four boxes")
+        _wait_for(lambda: len(_boxes(node_client, run.id)) >= 4, 120, "four boxes")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert run.state().status == "interrupted"
-    assert _boxes(docker_client, run.id) == []
+    assert _boxes(node_client, run.id) == []
 
 
 def test_sigkill_then_resume_on_the_cluster_leaves_no_box(
-    tmp_path, ray_cluster, docker_client, cleanup
+    tmp_path, ray_cluster, node_client, cleanup
 ):
     cleanup.append(tmp_path / "runs")
     job = _coder_job(tmp_path, 4, test=_slow_first(4), max_parallel=2)
@@ -301,13 +333,13 @@ def test_sigkill_then_resume_on_the_cluster_leaves_no_box(
     assert after.status == "succeeded" and set(after.members.values()) == {"ok"}
     assert all(after.starts[m] == 1 for m in done_before)
     assert any(e["event"] == "reaped" for e in run.journal.read())
-    assert _boxes(docker_client, run.id) == []
+    assert _boxes(node_client, run.id) == []
     # Resumed again with nothing left: said so, and nothing runs or is recorded.
     events = len(run.journal.read())
     again = _fleet("resume", str(run.path), "--plain", "--cluster", ray_cluster.address)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"run {run.id} has nothing left to run (succeeded)" in again.stderr
-    assert len(run.journal.read()) == events and _boxes(docker_client, run.id) == []
+    assert len(run.journal.read()) == events and _boxes(node_client, run.id) == []
 
 
 def test_a_node_without_the_runs_images_refuses_the_run(tmp_path, ray_cluster, cleanup):
@@ -317,15 +349,7 @@ def test_a_node_without_the_runs_images_refuses_the_run(tmp_path, ray_cluster, c
     bundle = Path("/etc/ssl/certs/ca-certificates.crt").read_text()
     first = bundle[: bundle.index("-----END CERTIFICATE-----") + 26]
     (tmp_path / "cfg" / "extra-ca.pem").write_text(first)
-    saved = os.environ.get("FLEET_CONFIG_DIR")
-    os.environ["FLEET_CONFIG_DIR"] = str(tmp_path / "cfg")
-    try:
-        stale = ray_cluster.add_node(slots=1)
-    finally:
-        if saved is None:
-            os.environ.pop("FLEET_CONFIG_DIR")
-        else:
-            os.environ["FLEET_CONFIG_DIR"] = saved
+    stale = ray_cluster.add_node(slots=1, env={"FLEET_CONFIG_DIR": str(tmp_path / "cfg")})
     try:
         job = _coder_job(tmp_path, 1, test="true", max_parallel=1)
         done = _fleet(
@@ -341,8 +365,46 @@ def test_a_node_without_the_runs_images_refuses_the_run(tmp_path, ray_cluster, c
     assert not (tmp_path / "runs").exists() or not RunDir.list(tmp_path / "runs")
 
 
+def test_a_node_engine_without_the_coding_image_is_fixed_by_images_push(
+    tmp_path, ray_cluster, node_client, docker_client, images, cleanup
+):
+    from node_engine import copy_images
+
+    ref = images["coding"]
+    node_client.images.remove(ref)  # the nodes' engine lacks it (its layers stay, base's)
+    cleanup.append(tmp_path / "runs")
+    try:
+        job = _coder_job(tmp_path, 1, test="true", max_parallel=1)
+        run = ("run", str(job), "--output-dir", str(tmp_path / "runs"), "--plain")
+        refused = _fleet(*run, "--cluster", ray_cluster.address)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        for node in ray_cluster.nodes:
+            assert f"node {ray_cluster.name(node)}: image {ref} is missing" in refused.stderr
+        assert f"'fleet images push --cluster {ray_cluster.address}'" in refused.stderr
+        assert not (tmp_path / "runs").exists() or not RunDir.list(tmp_path / "runs")
+
+        pushed = _fleet("images", "push", "--cluster", ray_cluster.address)
+        assert pushed.returncode == 0, pushed.stderr[-3000:]
+        # The two nodes share one engine: it got the image once, and only that one.
+        assert pushed.stderr.count(f": loading {ref}\n") == 1, pushed.stderr
+        assert "images pushed to 1 engine(s)" in pushed.stderr
+        assert node_client.images.get(ref).id == docker_client.images.get(ref).id  # its bytes
+        again = _fleet("images", "push", "--cluster", ray_cluster.address)
+        assert again.returncode == 0 and "loading" not in again.stderr, again.stderr
+        assert "images pushed to 0 engine(s)" in again.stderr
+
+        done = _fleet(*run, "--cluster", ray_cluster.address)
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        with contextlib.suppress(Exception):
+            node_client.images.get(ref)
+            ref = ""
+        if ref:  # the later tests need it
+            copy_images(ray_cluster.engine.host, [ref])
+
+
 def test_on_a_cluster_a_job_runs_as_many_members_at_once_as_the_nodes_offer_slots(
-    tmp_path, ray_cluster, docker_client, cleanup
+    tmp_path, ray_cluster, node_client, cleanup
 ):
     cleanup.append(tmp_path / "runs")
     job = _coder_job(tmp_path, 10, test="python3 test_greet.py", max_parallel=1)
@@ -355,7 +417,7 @@ def test_on_a_cluster_a_job_runs_as_many_members_at_once_as_the_nodes_offer_slot
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{slots} at once: the cluster's nodes offer {slots} fleet_slots" in done.stderr
     (run,) = RunDir.list(tmp_path / "runs")
-    assert _boxes(docker_client, run.id) == []
+    assert _boxes(node_client, run.id) == []
 
 
 def test_a_members_own_image_missing_on_the_nodes_refuses_the_run(tmp_path, ray_cluster):
@@ -374,7 +436,7 @@ def test_a_members_own_image_missing_on_the_nodes_refuses_the_run(tmp_path, ray_
 
 
 def test_a_frozen_node_is_met_by_the_coordinators_own_deadline(
-    tmp_path, ray_cluster, docker_client, cleanup
+    tmp_path, ray_cluster, node_client, cleanup
 ):
     frozen = ray_cluster.add_node(slots=8)  # the most slots: the run's one slot is here
     name = ray_cluster.name(frozen)
@@ -387,7 +449,7 @@ def test_a_frozen_node_is_met_by_the_coordinators_own_deadline(
             _wait_for(lambda: _started_on(run).get("c0") == [name], 120, f"c0 on {name}")
             # The node's actor (its live marker names it) stops: no deadline of its own
             # fires there, no event comes back, and Ray does not see it die.
-            marker = fleet_home() / "live" / f"{run.id}@{name}"
+            marker = Path(frozen.fleet_env["FLEET_HOME"]) / "live" / f"{run.id}@{name}"
             _wait_for(marker.exists, 60, "the node's live marker")
             stopped.append(int(marker.read_text().split()[0]))
             os.kill(stopped[0], signal.SIGSTOP)
@@ -407,8 +469,8 @@ def test_a_frozen_node_is_met_by_the_coordinators_own_deadline(
     # Once the node is gone with its actor, gc takes its box (its owner is dead).
     _wait_for(lambda: not pid_alive(stopped[0]), 60, "the frozen node's actor to end")
     gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
-    left = [(b["Names"], b["Labels"], b["State"]) for b in _boxes(docker_client, run.id)]
-    assert left == [], (gc.stdout, gc.stderr[-2000:], os.listdir(fleet_home() / "live"))
+    left = [(b["Names"], b["Labels"], b["State"]) for b in _boxes(node_client, run.id)]
+    assert left == [], (gc.stdout, gc.stderr[-2000:], os.listdir(marker.parent))
 
 
 def _asking_job(tmp_path: Path, members: int, max_parallel: int) -> Path:
@@ -444,7 +506,7 @@ def _edited(run: RunDir, member: str) -> bool:
 
 
 def test_asks_from_node_members_are_answered_by_fleet_approve(
-    tmp_path, ray_cluster, docker_client, cleanup
+    tmp_path, ray_cluster, node_client, cleanup
 ):
     cleanup.append(tmp_path / "runs")
     job = _asking_job(tmp_path, 2, max_parallel=2)
@@ -463,10 +525,10 @@ def test_asks_from_node_members_are_answered_by_fleet_approve(
     assert {v[0] for v in _started_on(run).values()} == nodes  # one member on each node
     assert _decisions(run) == {"c0": [("fleet approve", True)], "c1": [("fleet approve", False)]}
     assert _edited(run, "c0") and not _edited(run, "c1")
-    assert _boxes(docker_client, run.id) == []
+    assert _boxes(node_client, run.id) == []
 
 
-def test_approve_all_answers_a_node_members_ask(tmp_path, ray_cluster, docker_client, cleanup):
+def test_approve_all_answers_a_node_members_ask(tmp_path, ray_cluster, node_client, cleanup):
     cleanup.append(tmp_path / "runs")
     job = _asking_job(tmp_path, 1, max_parallel=1)
     done = _fleet(
@@ -481,7 +543,7 @@ def test_approve_all_answers_a_node_members_ask(tmp_path, ray_cluster, docker_cl
 
 
 def test_a_node_lost_while_its_member_waits_for_an_answer_costs_only_a_retry(
-    tmp_path, ray_cluster, docker_client, cleanup
+    tmp_path, ray_cluster, node_client, cleanup
 ):
     doomed = ray_cluster.add_node(slots=8)  # the most slots: the run's one slot is here
     name = ray_cluster.name(doomed)
@@ -507,7 +569,7 @@ def test_a_node_lost_while_its_member_waits_for_an_answer_costs_only_a_retry(
     assert run.result("c0")["status"] == "ok" and _edited(run, "c0")
     gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
     assert gc.returncode == 0, gc.stderr
-    assert _boxes(docker_client, run.id) == []
+    assert _boxes(node_client, run.id) == []
 
 
 def _echo_then_submit(request: Any) -> list[dict[str, Any]]:
@@ -597,7 +659,7 @@ def test_a_node_members_stdio_mcp_server_gets_its_files_through_ray(
     )
 
 
-def test_a_lead_jobs_members_run_on_the_nodes(tmp_path, ray_cluster, docker_client, cleanup):
+def test_a_lead_jobs_members_run_on_the_nodes(tmp_path, ray_cluster, node_client, cleanup):
     cleanup.append(tmp_path / "runs")
     question = "How are asyncio tasks cancelled by the zorblax scheduler?"
     done = _fleet(
@@ -635,7 +697,7 @@ def test_a_lead_jobs_members_run_on_the_nodes(tmp_path, ray_cluster, docker_clie
     assert len(created) == 1 and "-pool-" in created[0], created
     report = json.loads((run.path / "report.json").read_text())
     assert report["analyst"] == "offline lead" and "2 wave(s)" in report["summary"]
-    assert _boxes(docker_client, run.id) == []
+    assert _boxes(node_client, run.id) == []
 
 
 def test_a_repository_linking_proc_self_leaks_nothing_on_the_cluster(
@@ -664,3 +726,86 @@ def test_a_repository_linking_proc_self_leaks_nothing_on_the_cluster(
     assert result["result"]["files_changed"] == ["greet.txt"]
     assert result["not_copied"][0].startswith("p/environ: p is a symbolic link (to /proc/self)")
     assert _started_on(run)["coder"][0] in {ray_cluster.name(n) for n in ray_cluster.nodes}
+
+
+class _Holder:
+    """Stands for a node's actor serving a run: alive while the test holds it."""
+
+    def ping(self) -> bool:
+        return True
+
+
+def test_gc_on_the_cluster_takes_dead_actors_boxes_with_their_network_and_no_live_ones(
+    ray_cluster, node_client, images
+):
+    import ray
+    from conftest import remove_run
+
+    from sandbox.cluster import actor_name, connect
+    from sandbox.network import network_name
+    from sandbox.reaper import box_labels, network_labels
+    from sandbox.spec import SandboxSpec
+
+    ship_by_value(sys.modules[__name__])
+    node = ray_cluster.name(ray_cluster.nodes[0])
+    dead, live, foreign = (f"test-{secrets.token_hex(6)}" for _ in range(3))
+    # (run, node): no actor serves `dead` (its coordinator was killed, say); `live` is
+    # served right now by an actor of a node whose markers are on another disk; the
+    # third run's node is another cluster's, on the same engine.
+    owners = [(dead, node), (live, node), (foreign, "10.9.9.9-abcdef")]
+    connect(ray_cluster.address)
+    holder = (
+        ray.remote(_Holder)
+        .options(name=actor_name(live, node), namespace="fleet", num_cpus=0)
+        .remote()
+    )
+    ray.get(holder.ping.remote(), timeout=60)
+    try:
+        for run, where in owners:
+            net = network_name(run, where)
+            node_client.networks.create(net, internal=True, labels=network_labels(run, where))
+            for member in ("m1", "m2"):
+                node_client.containers.create(
+                    images["coding"], ["true"], network=net,
+                    labels=box_labels(SandboxSpec(), run, member, where),
+                )  # fmt: skip
+        gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
+        assert gc.returncode == 0, gc.stderr
+        assert f"removed network {network_name(dead, node)}" in gc.stdout
+        for member in ("m1", "m2"):
+            assert f"(run {dead}, member {member}, node {node})" in gc.stdout, gc.stdout
+        assert _boxes(node_client, dead) == []
+        assert not node_client.networks.list(filters={"label": f"fleet.run={dead}"})
+        for run in (live, foreign):
+            assert len(_boxes(node_client, run)) == 2
+            assert node_client.networks.list(filters={"label": f"fleet.run={run}"})
+    finally:
+        ray.kill(holder)
+        for run, _ in owners:
+            remove_run(node_client, run)
+
+
+def test_a_push_sends_a_node_only_the_images_asked_for_once_per_engine():
+    from sandbox.image_push import plan
+
+    def node(n: int) -> dict[str, str]:
+        return {"NodeManagerAddress": "10.0.0.1", "NodeID": f"{n:06d}ffff"}
+
+    ours = "fleet-coding:abc"
+    found: list[tuple[dict[str, str], Any]] = [
+        # A node that says it lacks another image this host has: it gets nothing.
+        (node(1), {"engine": "e1", "missing": [ours, "internal-secrets:1"]}),
+        (node(2), {"engine": "e1", "missing": [ours]}),
+        (node(3), {"engine": "e1", "missing": [ours]}),  # the same engine: sent once
+        (node(4), {"engine": "e2", "missing": ["fleet-coding:other"]}),  # another Fleet
+        (node(5), {"engine": "e3", "missing": []}),
+        (node(6), RuntimeError("engine down")),
+    ]
+    done = plan(found, {ours, "internal-secrets:1"}, {"fleet-coding", "fleet-base"})
+    assert done.sends == {"e1": (node(2), [ours])}
+    assert done.ready == ["10.0.0.1-000005"]
+    first, other, down = done.problems
+    assert "node 10.0.0.1-000001 asked for internal-secrets:1" in first
+    assert "node 10.0.0.1-000004 wants fleet-coding:other" in other
+    assert "another version" in other
+    assert down == "node 10.0.0.1-000006 could not say what it lacks (engine down)"

@@ -194,10 +194,12 @@ def _run_dir(tmp_path: Path, run_id: str) -> RunDir:
     return RunDir(tmp_path / run_id)
 
 
-def _boxes(docker_client: Any, run_id: str) -> list[Any]:
+def _boxes(where: Any, run_id: str) -> list[Any]:
     """The run's containers as the engine lists them (no per-box inspect, which races
-    with a box being removed at that moment)."""
-    return docker_client.api.containers(all=True, filters={"label": f"fleet.run={run_id}"})
+    with a box being removed at that moment): this host's engine (``where``: its
+    client), or the cluster's node engine (``where``: the cluster)."""
+    client = where.engine_client() if hasattr(where, "engine_client") else where
+    return client.api.containers(all=True, filters={"label": f"fleet.run={run_id}"})
 
 
 def test_one_raise_one_timeout_one_killed_box_keep_two_results(
@@ -251,7 +253,7 @@ def test_one_raise_one_timeout_one_killed_box_keep_two_results(
     for mid, status in st.items():
         assert run.result(mid)["status"] == status
     assert run.state().members == st
-    assert _boxes(docker_client, run_id) == []
+    assert _boxes(where or docker_client, run_id) == []
 
 
 def test_box_crash_is_retried_with_backoff_and_then_succeeds(
@@ -267,7 +269,7 @@ def test_box_crash_is_retried_with_backoff_and_then_succeeds(
     assert len(retries) == 1 and retries[0]["member"] == "flaky"
     assert "sandbox crashed" in retries[0]["reason"] and retries[0]["delay_s"] == 0.5
     assert run.state().starts == {"flaky": 2, "steady": 1}
-    assert _boxes(docker_client, run_id) == []
+    assert _boxes(where or docker_client, run_id) == []
 
 
 def test_task_failure_is_not_retried(tmp_path, images, run_id, docker_client, where):
@@ -316,7 +318,7 @@ def test_fail_fast_cancels_the_rest_and_removes_their_boxes(
     assert res.outcomes["c"].status == "cancelled"
     assert "fail_fast after b failed" in res.outcomes["c"].reason
     assert res.outcomes["d"].status == "cancelled"
-    assert _boxes(docker_client, run_id) == []
+    assert _boxes(where or docker_client, run_id) == []
     # Without fail_fast the same failure leaves the siblings alone.
     run2 = _run_dir(tmp_path / "again", run_id)
     units = _units(run2, {"b": "raise", "d": "ok"})
@@ -332,7 +334,7 @@ def test_concurrency_limit_queues_members(tmp_path, images, run_id, docker_clien
     def watch(event: Any) -> None:
         nonlocal peak
         if getattr(event, "action", "") == "create":
-            peak = max(peak, len(_boxes(docker_client, run_id)))
+            peak = max(peak, len(_boxes(where or docker_client, run_id)))
 
     units = _units(run, {f"m{i}": "ok" for i in range(4)})
     res = _fan(

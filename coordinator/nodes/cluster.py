@@ -73,11 +73,13 @@ from sandbox.cluster import (
     SLOTS,
     ClusterUnavailable,
     NodeUnreachable,
+    actor_name,
     connect,
     fleet_nodes,
     node_name,
     on_each_node,
     pinned,
+    remove_dead,
 )
 from sandbox.spec import SandboxSpec
 from subagents.budget import run_budget
@@ -92,7 +94,15 @@ from .node_budget import RELEASE, RESERVE, SETTLE, UNRESERVE, BudgetRelay
 from .node_durable import DURABLE, DurableRefused
 from .node_durable import keep as keep_durable
 from .node_durable import load as load_durable
-from .node_service import EVENTS, REPLY, NodeService, NodeSetup, check_node, reap_node
+from .node_service import (
+    EVENTS,
+    MISSING,
+    REPLY,
+    NodeService,
+    NodeSetup,
+    check_node,
+    reap_node,
+)
 from .repo_copy import copy_room, staged_copy
 from .shipping import (
     NodeReply,
@@ -134,7 +144,8 @@ def check_nodes(
     ``fleet_slots`` the nodes offer. A cluster that lets in a process without its token
     is refused unless ``insecure`` (:func:`sandbox.cluster.connect`)."""
     connect(address, insecure=insecure)
-    problems = []
+    problems: list[str] = []
+    lacking = False
     for name, found in on_each_node(address, check_node, images, own, firewall):
         if isinstance(found, NodeUnreachable):
             found = [
@@ -142,11 +153,19 @@ def check_nodes(
                 "for about a minute"
             ]
         problems += [f"node {name}: {p}" for p in found]
+        lacking = lacking or any(p.endswith(MISSING) for p in found)
     if problems:
+        push = (
+            f"\nload Fleet's images into their engines from this host with 'fleet images "
+            f"push --cluster {address}', or "
+            if lacking
+            else "\n"
+        )
         raise ClusterUnavailable(
             "the cluster's nodes are not ready for this run:\n  "
             + "\n  ".join(problems)
-            + "\nrun 'fleet setup' (as root) on each of those Docker hosts (and load any "
+            + push
+            + "run 'fleet setup' (as root) on each of those Docker hosts (and load any "
             "image a member names there), then try again"
         )
     return sum(int(n["Resources"][SLOTS]) for n in fleet_nodes(address))
@@ -184,6 +203,8 @@ def _lost_reason(exc: BaseException) -> str:
     """Ray's actor and node errors, in words (never a traceback)."""
     if isinstance(exc, ray.exceptions.RayTaskError):
         cause = exc.cause
+        while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+            cause = cause.exceptions[0]  # a task group's: the error itself, not its wrapper
         return f"it raised {type(cause).__name__}: {cause}"
     text = str(exc)
     if isinstance(exc, ray.exceptions.ActorUnavailableError):
@@ -291,7 +312,10 @@ class RayNodes(Nodes):
             scheduling_strategy=pinned(info),
             max_restarts=0,
             max_task_retries=0,
-        ).remote(self._run_id, node_name(info), self.setup, self.governor)
+            # Its name is its boxes' sign of life for any host's gc (sandbox.cluster).
+            name=actor_name(self._run_id, node_name(info)),
+            namespace="fleet",
+        ).remote(self._run_id, node_name(info), self.setup, self.governor, remove_dead)
         return _Node(node_name(info), info, actor, slots, slots)
 
     async def _up(self, node: _Node, units: list[MemberUnit]) -> None:

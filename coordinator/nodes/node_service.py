@@ -66,6 +66,8 @@ from .worker import MemberUnit, Services
 NodeSetup = Callable[[str], NodeDeps]
 """Builds a node's :class:`NodeDeps` on the node, from the node's name (picklable)."""
 
+MISSING = " is missing"
+"""How :func:`check_node` ends what it says of a missing image of Fleet's."""
 EVENTS = "events"
 REPLY = "reply"
 CLOSE_WAIT_S = 30.0
@@ -94,7 +96,7 @@ def check_node(images: list[str], own: dict[str, str], firewall_needed: bool) ->
     try:
         refs = current_refs(images)
         problems += [
-            f"image {refs[n]} is missing" for n in images if not image_exists(client, refs[n])
+            f"image {refs[n]}{MISSING}" for n in images if not image_exists(client, refs[n])
         ]
         problems += [
             f"image {ref!r} ({where}) is not on its engine (Fleet never pulls)"
@@ -116,6 +118,15 @@ def _preload() -> None:
     starts, not when its first member does: a second or more on a busy host."""
     import subagents.member
     import subagents.model.claude  # noqa: F401
+
+
+def _quietly(sweep: Callable[[], int]) -> int:
+    """A sweep's failure (the engine busy, Ray slow to answer) costs the run nothing:
+    the next actor's sweep, or gc, takes what this one left."""
+    try:
+        return sweep()
+    except Exception:
+        return 0
 
 
 def reap_node(run_id: str) -> int:
@@ -146,10 +157,17 @@ class NodeService:
     """One node's share of one run; see the module docstring."""
 
     def __init__(
-        self, run_id: str, node: str, setup: NodeSetup | None = None, governor: Any = None
+        self,
+        run_id: str,
+        node: str,
+        setup: NodeSetup | None = None,
+        governor: Any = None,
+        sweep: Callable[[], int] | None = None,
     ) -> None:
         self.run_id = run_id
         self.node = node
+        self._sweep = sweep
+        """Removes this engine's boxes whose node's actor is dead (run once, at start)."""
         if governor is not None:
             # The run's one rate governor (a Ray actor): this node's model calls ask it.
             from .run_governor import install
@@ -162,6 +180,7 @@ class NodeService:
         self._running: dict[asyncio.Task[None], anyio.CancelScope] = {}
         """Attempts in progress, each with the cancel scope that stops it."""
         self._asks = NodeAsks()
+        self._swept: asyncio.Future[int] | None = None
 
     async def ready(self) -> str:
         """The node's name, once the actor is up (its slots are reserved then)."""
@@ -171,6 +190,8 @@ class NodeService:
         """Open the run's warm pools and corpus box on this node; returns once they are up."""
         await anyio.to_thread.run_sync(_preload)
         loop = asyncio.get_running_loop()
+        if self._sweep is not None:  # beside the run's start, never holding it up
+            self._swept = loop.run_in_executor(None, _quietly, self._sweep)
         self._stop = asyncio.Event()
         up: asyncio.Future[None] = loop.create_future()
         stop = self._stop
