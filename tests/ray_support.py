@@ -108,7 +108,7 @@ class RayCluster:
 
     @staticmethod
     def name(node: Any) -> str:
-        """The node's name as Fleet records it (``coordinator.cluster.node_name``)."""
+        """The node's name as Fleet records it (``coordinator.nodes.cluster.node_name``)."""
         return f"{node.node_ip_address}-{node.node_id[:6]}"
 
 

@@ -1,5 +1,5 @@
 """On a cluster the run has one rate governor: members on every node pace by one view
-of the account, through the run's governor actor (``coordinator/run_governor.py``).
+of the account, through the run's governor actor (``coordinator/nodes/run_governor.py``).
 
 Real Ray cluster (``ray_cluster``: head + 2 nodes), real boxes, the real ``anthropic``
 client on the nodes against the fake Messages API on 127.0.0.1 with a request limit.

@@ -3,13 +3,13 @@
 Docker hosts join a Ray cluster and advertise capacity as the custom resource
 ``fleet_slots`` (``ray start --address HEAD --resources '{"fleet_slots": 16}'``); this
 module is the coordinator's side of that (:class:`RayNodes`, a
-:class:`~coordinator.worker.Nodes`). It is imported only when a run names a cluster,
+:class:`~coordinator.nodes.worker.Nodes`). It is imported only when a run names a cluster,
 so Fleet without ``--cluster`` never imports Ray.
 
 Placement. For each run, the coordinator reserves ``min(max_parallel, members)``
 slots (a lead's members: as many as it may spawn in all) spread over the nodes (one
 slot at a time, round robin, up to each node's ``fleet_slots``) by starting one actor
-per node (:class:`~coordinator.node_service.NodeService`) that holds its share of
+per node (:class:`~coordinator.nodes.node_service.NodeService`) that holds its share of
 ``fleet_slots``: Ray's own accounting then keeps two runs from overfilling a node (a
 node whose slots another run holds does not start the actor in time and is left out).
 A member attempt takes a free slot on the live node with the most free slots and runs
@@ -30,7 +30,7 @@ itself (the node's own, plus :data:`GRACE_S` for the node to release the box and
 report): a frozen node takes about a minute to be declared dead.
 
 Files. The repository selection, the memory profile and the MCP servers' ``files``
-go to the node with the call (:mod:`coordinator.shipping`); trace events come back
+go to the node with the call (:mod:`coordinator.nodes.shipping`); trace events come back
 as they happen and go through the coordinator's :class:`~subagents.trace.TraceWriter`
 (the live progress table and ``fleet trace --follow`` see them as on one machine);
 then the member's files, and
@@ -43,7 +43,7 @@ memory profiles.
 Asks. A member's tool-policy ask comes back in the same stream and goes to the run's
 own approver - the approval queue ``fleet approve``, ``--approve-all`` and the run's
 terminal answer - and the answer goes back with one actor call
-(:mod:`coordinator.node_asks`); an ask still open when the attempt ends is closed as
+(:mod:`coordinator.nodes.node_asks`); an ask still open when the attempt ends is closed as
 abandoned, and the attempt's outcome (``crashed`` for a lost node) stands alone.
 
 Security. Ray runs code sent by anyone who reaches its port, so run it with token
@@ -251,7 +251,7 @@ class RayNodes(Nodes):
         self._ahead: list[Any] = []
         """Calls of :meth:`expect`, which nobody waits for; read when the run ends."""
         self.governor: Any = None
-        """The run's rate governor actor (:mod:`coordinator.run_governor`)."""
+        """The run's rate governor actor (:mod:`coordinator.nodes.run_governor`)."""
         self._lost_with_node: dict[str, MemberOutcome] = {}
         """Each member's last outcome made here for its node being lost."""
 

@@ -8,10 +8,10 @@ harness, box down), and :func:`serving` (the node's share of a run's services: w
 pools and the corpus box). It writes only into the member directory it is given and
 emits trace events through the :class:`~subagents.trace.TraceWriter` it is given;
 the journal, retries and ``result.json`` are the coordinator's
-(:mod:`coordinator.worker`).
+(:mod:`coordinator.nodes.worker`).
 
 On one machine :class:`LocalNodes` runs attempts in this process against the member's
-own run directory. On a cluster (:mod:`coordinator.cluster`) the same functions run in
+own run directory. On a cluster (:mod:`coordinator.nodes.cluster`) the same functions run in
 a node's actor, against a scratch directory whose files go back to the coordinator.
 """
 
@@ -87,10 +87,10 @@ class NodeDeps:
     """Answers members' policy asks (the run's approval queue); None: nobody to ask,
     each member's ``ask_default`` applies."""
     prewarm: Prewarm | None = None
-    """Boxes started before the run existed (:mod:`coordinator.prewarm`), for its pools."""
+    """Boxes started before the run existed (:mod:`coordinator.nodes.prewarm`), for its pools."""
     budget: Reserves | None = None
     """What members' calls reserve from when not the run's budget in this process (a
-    cluster node's relay to the coordinator's, :mod:`coordinator.node_budget`)."""
+    cluster node's relay to the coordinator's, :mod:`coordinator.nodes.node_budget`)."""
 
     async def acquire(self, spec: SandboxSpec, run: str, member: str) -> tuple[Sandbox, Any]:
         """A fresh box for ``member`` (from a warm pool when there is one) and its pool."""

@@ -1,18 +1,18 @@
 """A cluster node's share of one run: the body of the node's Ray actor.
 
-:mod:`coordinator.cluster` starts one actor of :class:`NodeService` per node per run
+:mod:`coordinator.nodes.cluster` starts one actor of :class:`NodeService` per node per run
 (``ray.remote(NodeService)``; this module does not import Ray). The actor owns the
 node's side of the run - its Docker backend (boxes labelled ``fleet.node``), warm
 pools, run network, egress proxy and corpus box - and runs members there: each
 member's attempt is one streaming call of :meth:`NodeService.attempt`, which runs
-:func:`coordinator.node.run_attempt` against a scratch directory and yields the
-trace events as they happen, then a :class:`~coordinator.shipping.NodeReply` with the
+:func:`coordinator.nodes.node.run_attempt` against a scratch directory and yields the
+trace events as they happen, then a :class:`~coordinator.nodes.shipping.NodeReply` with the
 outcome and the member's files. The coordinator writes all of it into ``runs/RUN/``;
 nothing here touches the coordinator's file system. A member whose tool policy may
 ask gets an approver that asks the coordinator through the same stream and waits for
-:meth:`NodeService.answer` (:mod:`coordinator.node_asks`); in a run with a
+:meth:`NodeService.answer` (:mod:`coordinator.nodes.node_asks`); in a run with a
 ``[budget]``, each model call's reservation goes the same way
-(:mod:`coordinator.node_budget`).
+(:mod:`coordinator.nodes.node_budget`).
 
 Why the agent loop runs here and not on the coordinator: the box's exec stream, CDP
 port and run network are reachable only from the host that holds it.
@@ -221,7 +221,7 @@ class NodeService:
         self.deps.expect(specs)
 
     async def answer(self, ask_id: str, approval: dict[str, Any]) -> bool:
-        """The coordinator's answer to a member's ask (:mod:`coordinator.node_asks`)."""
+        """The coordinator's answer to a member's ask (:mod:`coordinator.nodes.node_asks`)."""
         return self._asks.answer(ask_id, approval)
 
     async def attempt(self, request: NodeRequest) -> AsyncIterator[tuple[str, Any]]:
