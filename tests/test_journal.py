@@ -270,17 +270,18 @@ def test_a_damaged_journal_keeps_its_bad_lines_aside_and_fleet_runs_still_lists_
     entries = run.journal.read()
     unknown = [e for e in entries if isinstance(e, UnknownEntry)]
     assert [(e.event, e.problem) for e in unknown] == [
-        ("member_started", "ts: Field required"),
         ("member_finished", "status: Field required"),
         ("member_teleported", "no entry of kind 'member_teleported'"),
     ]
-    assert unknown[2].raw["to"] == "mars"  # kept as it was, for whoever looks
-    assert json.loads(unknown[2].to_json()) == unknown[2].raw
+    assert unknown[1].raw["to"] == "mars"  # kept as it was, for whoever looks
+    assert json.loads(unknown[1].to_json()) == unknown[1].raw
+    (timeless,) = [e for e in entries if isinstance(e, MemberStartedEntry)]
+    assert timeless.ts == 0.0  # no time, not the time it was read
     assert len(entries) == 8  # two lines that are no JSON object, and the torn last one, skipped
     assert isinstance(entries[-1], RunFinishedEntry)
 
     st = run.state()
-    assert (st.status, st.members) == ("succeeded", {"a": "queued", "b": "ok"})
+    assert (st.status, st.members) == ("succeeded", {"a": "running", "b": "ok"})
     listed = _fleet(["runs", "--json", "--output-dir", str(tmp_path)])
     assert listed.returncode == 0 and listed.stderr == "", listed.stderr
     (row,) = json.loads(listed.stdout)

@@ -19,7 +19,9 @@ from an older or newer Fleet, or one damaged on disk, must not stop ``fleet runs
   is kept as an :class:`UnknownEntry` with its raw fields and what was wrong with it:
   readers that match on kinds pass over it, and nothing of the file is lost;
 * fields a kind does not know are ignored on reading (a newer writer's additions);
-  on writing, :func:`entry` refuses them.
+  on writing, :func:`entry` refuses them;
+* a line without ``ts`` (no Fleet writes one; older tools and hand-made files do) is
+  read with ``ts`` 0: its time is unknown, and readers of times pass over it.
 
 The JSON on disk is what it was before these models: the same ``event`` names, the
 same field names, fields a writer left out still left out (``None`` is not written).
@@ -415,11 +417,9 @@ def parse_line(line: str) -> AnyEntry | None:
         return None
     if not isinstance(data, dict):
         return None
+    if "ts" not in data:  # no Fleet writes one; the model would stamp it now
+        data = {**data, "ts": 0.0}
     try:
-        if "ts" not in data:  # a writer always stamps it; the model would stamp it now
-            raise ValidationError.from_exception_data(
-                "Entry", [{"type": "missing", "loc": ("ts",), "input": data}]
-            )
         return ENTRY.validate_python(data)
     except ValidationError as exc:
         return unknown(data, exc)
@@ -430,9 +430,7 @@ def unknown(data: dict[str, Any], exc: ValidationError) -> UnknownEntry:
     # Older journals and other tools wrote the kind under ``type`` or ``state``.
     kind = next((v for k in ("event", "type", "state") if isinstance(v := data.get(k), str)), "")
     first = exc.errors()[0]
-    if first["loc"] == ("ts",):
-        problem = "ts: Field required"
-    elif kind not in KINDS:
+    if kind not in KINDS:
         problem = f"no entry of kind {kind!r}" if kind else "no event"
     else:
         where = ".".join(str(p) for p in first["loc"][1:])  # after the kind's tag

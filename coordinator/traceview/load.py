@@ -169,6 +169,8 @@ class RunTrace:
         start = end = active = 0.0
         open_at: float | None = None
         for rec in self.journal:
+            if not rec.ts:  # a record without a time (ts 0) marks no bound
+                continue
             if rec.event in RUN_START_EVENTS:
                 start = start or rec.ts
                 open_at = rec.ts if open_at is None else open_at
