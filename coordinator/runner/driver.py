@@ -393,40 +393,14 @@ async def _run_members(
     resume: bool,
 ) -> None:
     """Plan, then fan out; fills ``got`` as it goes (an interrupt may stop it anywhere)."""
-    if resume:
-        reaped = await nodes.reap(run.id)  # the dead run's boxes and network
-        run.journal.append(ReapedEntry(boxes=reaped))
-        approver.abandon_earlier(run.journal.append)
-    run.mark_live()
-    reaper.mark_live(run.id)
-    run.journal.append(RunStartedEntry(pid=os.getpid(), resume=resume))
-    if job.lead is not None:
-        members = got.members = [s.job for s in spawned_members(run)]
-    else:
-        planner = _traced(opts.make_model, got.live_otel, "coordinator.planner")
-        members = got.members = await plan_members(run, job, planner)
-    pending = run.pending_members(members, retry_failed=opts.retry_failed) if resume else members
-    if job.lead is not None and lead_finished(run, retry_failed=opts.retry_failed):
-        pending = []  # a finished lead's unfinished members would reach no one
+    await _begin_life(run, nodes, approver, resume=resume)
+    members = got.members = await _members(run, job, opts, got)
+    pending = _pending(run, job, members, opts, resume=resume)
     rows = ([LEAD_ID] if job.lead is not None else []) + [m.id or "" for m in members]
     progress = got.progress = _progress(run, rows, members, pending, opts)
     run.journal.listeners.insert(0, progress.on_journal)
-
-    budget = make_budget(
-        job,
-        run.journal.read(),
-        usd=opts.budget_usd,
-        tokens=opts.budget_tokens,
-        journal=run.journal.note,  # the journal tells its listeners
-        say=lambda line: print(f"fleet: {line}", file=opts.out, flush=True),
-    )
-    if budget is not None:
-        budget.start(resume=resume)
-    register(run.id, budget)  # every member's and the lead's model calls reserve from it
-    approver.journal = run.journal.append
-    approver.changed = progress.approvals_changed
-    progress.approvals = approver.queue if approver.mode == "wait" else None
-    progress.approve_hint = f"fleet approve {run.id}"
+    _start_budget(run, job, opts, resume=resume)
+    _route_asks(run, approver, progress)
     # One write and one fsync for the whole queue: one each per member made a
     # 10,000-member run wait most of a minute before its first member started.
     run.journal.append_many([MemberQueuedEntry(member=m.id or "") for m in pending])
@@ -434,17 +408,8 @@ async def _run_members(
     if got.live_otel is not None:
         _attach_otel(got.live_otel, deps)
     units = _units(run, job, pending)
-    waiting = {m.id for m in pending}
-    already_ok = sum(
-        1
-        for m in members
-        if m.id not in waiting and (run.result(m.id or "") or {}).get("status") == "ok"
-    )
     if progress.tty:
-        tg.start_soon(progress.run)
-        keys = opts.keys if opts.keys is not None else sys.stdin.isatty()
-        if keys and approver.mode == "wait":
-            tg.start_soon(read_keys, approver.queue, sys.stdin.fileno(), progress.approvals_changed)
+        _watch_terminal(tg, progress, approver, opts)
     parallel = job.fanout.max_parallel or opts.max_parallel or choose(job_boxes(job), None).members
     fan = Fanout(
         deps,
@@ -453,31 +418,13 @@ async def _run_members(
         fail_fast=job.fanout.fail_fast,
         executor=opts.executor,
         nodes=nodes,
-        already_ok=already_ok,
+        already_ok=_already_ok(run, members, pending),
     )
     for told in opts.on_fanout:
         told(fan)
     try:
         if job.lead is not None:
-            got.outcomes = await run_lead(
-                run,
-                job,
-                make_model=opts.make_model,
-                nodes=nodes,
-                deps=deps,
-                progress=progress,
-                fan=fan,
-                make_units=lambda ms: _units(run, job, ms),
-                services=Services(
-                    max_parallel=parallel,
-                    warm_pool=job.fanout.warm_pool,
-                    corpus="browser" in job.lead.kinds and _wants_corpus(job),
-                    members=job.lead.max_members,  # later waves' members need slots too
-                ),
-                pending=pending,
-                on_members=lambda ms: setattr(got, "members", ms),
-                retry_failed=opts.retry_failed,
-            )
+            got.outcomes = await _lead_run(run, job, opts, nodes, got, deps, fan, parallel, pending)
             return
         services = Services(
             max_parallel=parallel,
@@ -489,6 +436,112 @@ async def _run_members(
             got.outcomes = fanned.outcomes
     finally:
         register(run.id, None)  # the run's budget, whatever ended the fan-out
+
+
+async def _begin_life(run: RunDir, nodes: Nodes, approver: FileApprover, *, resume: bool) -> None:
+    """A resume first clears what the dead life left; then the run is this process's."""
+    if resume:
+        reaped = await nodes.reap(run.id)  # the dead run's boxes and network
+        run.journal.append(ReapedEntry(boxes=reaped))
+        approver.abandon_earlier(run.journal.append)
+    run.mark_live()
+    reaper.mark_live(run.id)
+    run.journal.append(RunStartedEntry(pid=os.getpid(), resume=resume))
+
+
+async def _members(run: RunDir, job: Job, opts: RunOptions, got: _Progressed) -> list[MemberJob]:
+    """The run's members: a lead's spawned so far, else the job's after planning."""
+    if job.lead is not None:
+        return [s.job for s in spawned_members(run)]
+    planner = _traced(opts.make_model, got.live_otel, "coordinator.planner")
+    return await plan_members(run, job, planner)
+
+
+def _pending(
+    run: RunDir, job: Job, members: list[MemberJob], opts: RunOptions, *, resume: bool
+) -> list[MemberJob]:
+    """The members this life runs."""
+    pending = run.pending_members(members, retry_failed=opts.retry_failed) if resume else members
+    if job.lead is not None and lead_finished(run, retry_failed=opts.retry_failed):
+        return []  # a finished lead's unfinished members would reach no one
+    return pending
+
+
+def _start_budget(run: RunDir, job: Job, opts: RunOptions, *, resume: bool) -> None:
+    """The run's budget, going on from what earlier lives spent, made the one every
+    member's and the lead's model calls reserve from."""
+    budget = make_budget(
+        job,
+        run.journal.read(),
+        usd=opts.budget_usd,
+        tokens=opts.budget_tokens,
+        journal=run.journal.note,  # the journal tells its listeners
+        say=lambda line: print(f"fleet: {line}", file=opts.out, flush=True),
+    )
+    if budget is not None:
+        budget.start(resume=resume)
+    register(run.id, budget)
+
+
+def _route_asks(run: RunDir, approver: FileApprover, progress: Progress) -> None:
+    """Asks are journalled and shown in the live table."""
+    approver.journal = run.journal.append
+    approver.changed = progress.approvals_changed
+    progress.approvals = approver.queue if approver.mode == "wait" else None
+    progress.approve_hint = f"fleet approve {run.id}"
+
+
+def _watch_terminal(tg: Any, progress: Progress, approver: FileApprover, opts: RunOptions) -> None:
+    """On a terminal: the live table, and the keys that answer asks."""
+    tg.start_soon(progress.run)
+    keys = opts.keys if opts.keys is not None else sys.stdin.isatty()
+    if keys and approver.mode == "wait":
+        tg.start_soon(read_keys, approver.queue, sys.stdin.fileno(), progress.approvals_changed)
+
+
+def _already_ok(run: RunDir, members: list[MemberJob], pending: list[MemberJob]) -> int:
+    """Members an earlier life finished ``ok``: they count towards the quorum."""
+    waiting = {m.id for m in pending}
+    return sum(
+        1
+        for m in members
+        if m.id not in waiting and (run.result(m.id or "") or {}).get("status") == "ok"
+    )
+
+
+async def _lead_run(
+    run: RunDir,
+    job: Job,
+    opts: RunOptions,
+    nodes: Nodes,
+    got: _Progressed,
+    deps: Recorder,
+    fan: Fanout,
+    parallel: int,
+    pending: list[MemberJob],
+) -> dict[str, MemberOutcome]:
+    """The lead and the members it spawns, over the run's fan-out."""
+    lead = job.lead
+    assert lead is not None and got.progress is not None
+    return await run_lead(
+        run,
+        job,
+        make_model=opts.make_model,
+        nodes=nodes,
+        deps=deps,
+        progress=got.progress,
+        fan=fan,
+        make_units=lambda ms: _units(run, job, ms),
+        services=Services(
+            max_parallel=parallel,
+            warm_pool=job.fanout.warm_pool,
+            corpus="browser" in lead.kinds and _wants_corpus(job),
+            members=lead.max_members,  # later waves' members need slots too
+        ),
+        pending=pending,
+        on_members=lambda ms: setattr(got, "members", ms),
+        retry_failed=opts.retry_failed,
+    )
 
 
 _OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
