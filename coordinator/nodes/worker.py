@@ -214,70 +214,16 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
     await mdir.mkdir(parents=True, exist_ok=True)
     trace = TraceWriter(Path(mdir) / "trace.jsonl", run=unit.run_id, member=unit.spec.id)
     trace.listeners.extend(deps.listeners)
-    attempt = 0
-
-    def journal_memory(ev: object) -> None:
-        # Every memory save goes into the run's journal too, with the attempt it ended.
-        if isinstance(ev, MemorySave):
-            deps.note(memory_entry(ev, unit.spec.id, attempt))
-
-    def journal_policy(ev: object) -> None:
-        # Every decision a policy rule made is the run's record too (who answered an ask).
-        if isinstance(ev, PolicyDecision):
-            deps.note(
-                PolicyDecisionEntry(
-                    member=unit.spec.id,
-                    attempt=attempt,
-                    call_id=ev.call_id,
-                    tool=ev.tool,
-                    input=short_input(ev.input),
-                    action=ev.action,
-                    rule=ev.rule,
-                    allowed=ev.allowed,
-                    by=ev.by,
-                    always=ev.always,
-                    waited_s=ev.waited_s,
-                )
-            )
-
-    trace.listeners.append(journal_memory)
-    trace.listeners.append(journal_policy)
+    tries = _Tries()
+    trace.listeners.append(lambda ev: _journal_event(deps, unit.spec.id, tries.n, ev))
     if not goes_on(unit.retry, None):
         forget(Path(mdir))
     try:
-        while True:
-            attempt += 1
-
-            def started(node: str, attempt: int = attempt) -> None:
-                deps.note(
-                    MemberStartedEntry(member=unit.spec.id, attempt=attempt, node=node or None)
-                )
-
-            outcome = await nodes.attempt(unit, trace, started)
-            why = retry_class(outcome)
-            if why in unit.retry.on and attempt < unit.retry.attempts:
-                delay = backoff(unit.retry, attempt)
-                deps.note(
-                    MemberRetryEntry(
-                        member=unit.spec.id,
-                        attempt=attempt,
-                        status=outcome.status,
-                        reason=outcome.reason,
-                        delay_s=delay,
-                    )
-                )
-                trace.emit(
-                    Retry(what="member", attempt=attempt, reason=outcome.reason, delay_s=delay)
-                )
-                if not goes_on(unit.retry, "lost" if nodes.lost_node(outcome) else why):
-                    forget(Path(mdir))
-                await anyio.sleep(delay)
-                continue
-            break
+        outcome = await _attempts(unit, deps, nodes, trace, tries)
     except CANCELLED():
         deps.note(
             MemberFinishedEntry(
-                member=unit.spec.id, status="cancelled", reason="cancelled", attempts=attempt
+                member=unit.spec.id, status="cancelled", reason="cancelled", attempts=tries.n
             )
         )
         trace.close()
@@ -289,7 +235,7 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
             member=unit.spec.id,
             status=outcome.status,
             reason=outcome.reason,
-            attempts=attempt,
+            attempts=tries.n,
             turns=outcome.turns,
             input_tokens=outcome.input_tokens,
             output_tokens=outcome.output_tokens,
@@ -297,6 +243,66 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
     )
     trace.close()
     return outcome
+
+
+@dataclass
+class _Tries:
+    n: int = 0
+    """Attempts started so far: the one running is attempt ``n``."""
+
+
+async def _attempts(
+    unit: MemberUnit, deps: Recorder, nodes: Nodes, trace: TraceWriter, tries: _Tries
+) -> MemberOutcome:
+    """Attempts until one ends as the retry policy does not retry, or none are left."""
+    while True:
+        tries.n += 1
+        attempt = tries.n
+
+        def started(node: str, attempt: int = attempt) -> None:
+            deps.note(MemberStartedEntry(member=unit.spec.id, attempt=attempt, node=node or None))
+
+        outcome = await nodes.attempt(unit, trace, started)
+        why = retry_class(outcome)
+        if why not in unit.retry.on or attempt >= unit.retry.attempts:
+            return outcome
+        delay = backoff(unit.retry, attempt)
+        deps.note(
+            MemberRetryEntry(
+                member=unit.spec.id,
+                attempt=attempt,
+                status=outcome.status,
+                reason=outcome.reason,
+                delay_s=delay,
+            )
+        )
+        trace.emit(Retry(what="member", attempt=attempt, reason=outcome.reason, delay_s=delay))
+        if not goes_on(unit.retry, "lost" if nodes.lost_node(outcome) else why):
+            forget(Path(unit.member_dir))
+        await anyio.sleep(delay)
+
+
+def _journal_event(deps: Recorder, member: str, attempt: int, ev: object) -> None:
+    """A trace event that is the run's record too: a memory save (with the attempt it
+    ended), a decision a policy rule made (who answered an ask)."""
+    if isinstance(ev, MemorySave):
+        deps.note(memory_entry(ev, member, attempt))
+    elif isinstance(ev, PolicyDecision):
+        deps.note(
+            PolicyDecisionEntry(
+                member=member,
+                attempt=attempt,
+                call_id=ev.call_id,
+                tool=ev.tool,
+                input=short_input(ev.input),
+                action=ev.action,
+                rule=ev.rule,
+                allowed=ev.allowed,
+                by=ev.by,
+                always=ev.always,
+                waited_s=ev.waited_s,
+            )
+        )
 
 
 def short_input(args: dict[str, Any], limit: int = 300) -> dict[str, Any]:
