@@ -15,7 +15,7 @@ models can be made and its images exist (building missing ones), create the run
 directory, then plan, fan out and write the report - and a resume refuses a run
 that another process still runs. A program gets three differences: nothing is
 printed unless asked (``echo``), progress comes through callbacks (every trace event,
-every journal entry) or :func:`stream`, and errors are raised:
+every journal entry as its typed model) or :func:`stream`, and errors are raised:
 
 - :class:`~coordinator.job.jobfile.JobError`: the job is invalid (which field, what was
   wrong, an example of right), before anything exists;
@@ -69,12 +69,15 @@ from .job.jobfile import (
     resolve_paths,
 )
 from .job.spec import Job
+from .journal.entries import JournalEntryModel, RunFinishedEntry, UnknownEntry
 from .rundir.runs import RunDir, RunDirUnavailable, check_root, root_for
 from .runner.driver import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, RunOptions, RunSummary, execute
 
 JobSource = Job | Mapping[str, Any] | str | os.PathLike[str]
 EventCallback = Callable[[Any], None]
-JournalCallback = Callable[[dict[str, Any]], None]
+JournalCallback = Callable[[JournalEntryModel], None]
+"""Hears every journal entry as it is written, as its model (``RunCreatedEntry``,
+``MemberStartedEntry``, ``MemberFinishedEntry``, ...: :mod:`coordinator.journal.entries`)."""
 OutputDir = str | os.PathLike[str] | None
 
 
@@ -197,7 +200,8 @@ class Ready:
         print(f"fleet: run {where}", file=self.opts.out)
         for entry in self.run.journal.read():  # run_created, written before any listener
             for listener in self.opts.on_journal:
-                listener(entry)
+                if not isinstance(entry, UnknownEntry):
+                    listener(entry)
         return self.run
 
     async def go(self) -> RunSummary:
@@ -213,7 +217,7 @@ class Ready:
             if not all(isinstance(e, SandboxError | ModelError) for e in found):
                 raise
             reason = "; ".join(dict.fromkeys(str(e) for e in found))
-            run.journal.append("run_finished", status="failed", error=reason)
+            run.journal.append(RunFinishedEntry(status="failed", error=reason))
             run.clear_live()
             raise RunFailed(
                 f"run {run.id} failed: {reason}\nrun directory: {run.path} (once fixed, "

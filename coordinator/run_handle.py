@@ -52,6 +52,7 @@ from .api import (
     make_options,
 )
 from .fanout.fanout import Fanout
+from .journal.entries import JournalEntryModel
 from .rundir.runs import RunDir
 from .runner.driver import RunOptions, RunSummary
 
@@ -81,15 +82,20 @@ class JournalEntry(_Event):
     fields: dict[str, Any] = Field(default_factory=dict)
     """The entry's other fields (``status``, ``reason``, ``attempt``, ...)."""
 
+    entry: JournalEntryModel | None = None
+    """The entry itself, as its model (:mod:`coordinator.journal.entries`)."""
+
     @classmethod
-    def of(cls, entry: dict[str, Any]) -> JournalEntry:
-        rest = {k: v for k, v in entry.items() if k not in ("event", "ts", "member")}
-        member = entry.get("member")
+    def of(cls, entry: JournalEntryModel) -> JournalEntry:
+        data = entry.model_dump(mode="json", exclude_none=True)
+        rest = {k: v for k, v in data.items() if k not in ("event", "ts", "member")}
+        member = data.get("member")
         return cls(
-            event=str(entry.get("event", "")),
-            ts=float(entry.get("ts", 0.0)),
+            event=entry.event,
+            ts=entry.ts,
             member=None if member is None else str(member),
             fields=rest,
+            entry=entry,
         )
 
 

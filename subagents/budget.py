@@ -236,23 +236,6 @@ class RunBudget:
             self.journal(event, **fields)
 
 
-def from_journal(entries: Iterable[dict[str, Any]]) -> tuple[Amount, dict[str, Any] | None]:
-    """What an earlier life of the run spent, and its last ``budget`` entry (its lines)."""
-    spent, lines = Amount(), None
-    for entry in entries:
-        event = entry.get("event")
-        if event == "budget":
-            lines = entry
-            spent = Amount(
-                float(entry.get("spent_usd") or 0), float(entry.get("spent_tokens") or 0)
-            )
-        elif event == "budget_spent":
-            spent = Amount(
-                float(entry.get("spent_usd") or 0), float(entry.get("spent_tokens") or 0)
-            )
-    return spent, lines
-
-
 # -- the process's budgets, by run -------------------------------------------------
 _BUDGETS: dict[str, RunBudget] = {}
 

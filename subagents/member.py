@@ -90,24 +90,7 @@ async def run_member(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     kind = get_kind(spec.kind)
-    trace.emit(
-        MemberStart(
-            span=spec.id,
-            parent=trace.run,
-            kind=spec.kind,
-            task=spec.task,
-            model=model.profile.name,
-            offline=model.offline,
-            config={
-                "limits": {
-                    **spec.limits.model_dump(),
-                    "max_output_tokens": spec.max_output_tokens,
-                    "tool_timeout_s": spec.tool_timeout_s,
-                },
-                "todos": spec.todos_enabled(),
-            },
-        )
-    )
+    trace.emit(_member_start(spec, model, trace))
     loop: AgentLoop | None = None
     context: ContextLike | None = None
     outcome: MemberOutcome | None = None
@@ -129,42 +112,65 @@ async def run_member(
             on_turn_saved=on_turn_saved,
         )
         outcome = await loop.run()
-    except SandboxCrashed as exc:
-        outcome = _ended(
-            spec, loop, model, "crashed", f"sandbox crashed: {exc.reason}", retryable=True
-        )
-    except (SandboxClosed, SandboxUnavailable) as exc:
-        outcome = _ended(
-            spec, loop, model, "crashed", f"sandbox unavailable: {exc}", retryable=True
-        )
-    except McpStartFailed as exc:
-        outcome = _ended(spec, loop, model, "failed", str(exc))
-    except ModelError as exc:
-        outcome = _ended(
-            spec, loop, model, "failed", f"model error: {exc}", retryable=exc.retryable
-        )
     except anyio.get_cancelled_exc_class():
         outcome = _ended(spec, loop, model, "cancelled", "cancelled by the caller")
         raise
     except Exception as exc:
-        # A bug in a tool, a kind hook or the harness must not take siblings down:
-        # it is this member's failure, traced with its traceback.
-        trace.emit(
-            ErrorEvent(
-                span=spec.id,
-                error=type(exc).__name__,
-                message="".join(traceback.format_exception(exc))[-4000:],
-            )
-        )
-        outcome = _ended(
-            spec, loop, model, "failed", f"internal error: {type(exc).__name__}: {exc}"
-        )
+        outcome = _failed(exc, spec, loop, model, trace)
     finally:
         # Shielded so a cancelled member still saves its memory and traces its end;
         # bounded so a hung save cannot hold the caller's cancellation forever.
         with anyio.CancelScope(shield=True), anyio.move_on_after(FINISH_TIMEOUT_S):
             await _finish(spec, context, outcome, started, run_dir, trace)
     return outcome
+
+
+def _member_start(spec: MemberSpec, model: Model, trace: TraceWriter) -> MemberStart:
+    """The member's first trace event: what it is, and the settings it runs with."""
+    return MemberStart(
+        span=spec.id,
+        parent=trace.run,
+        kind=spec.kind,
+        task=spec.task,
+        model=model.profile.name,
+        offline=model.offline,
+        config={
+            "limits": {
+                **spec.limits.model_dump(),
+                "max_output_tokens": spec.max_output_tokens,
+                "tool_timeout_s": spec.tool_timeout_s,
+            },
+            "todos": spec.todos_enabled(),
+        },
+    )
+
+
+def _failed(
+    exc: Exception, spec: MemberSpec, loop: AgentLoop | None, model: Model, trace: TraceWriter
+) -> MemberOutcome:
+    """How a member ends that raised: a lost box is a crash worth retrying, a model
+    error as retryable as the model says, anything else this member's failure."""
+    if isinstance(exc, SandboxCrashed):
+        reason = f"sandbox crashed: {exc.reason}"
+        return _ended(spec, loop, model, "crashed", reason, retryable=True)
+    if isinstance(exc, SandboxClosed | SandboxUnavailable):
+        reason = f"sandbox unavailable: {exc}"
+        return _ended(spec, loop, model, "crashed", reason, retryable=True)
+    if isinstance(exc, McpStartFailed):
+        return _ended(spec, loop, model, "failed", str(exc))
+    if isinstance(exc, ModelError):
+        reason = f"model error: {exc}"
+        return _ended(spec, loop, model, "failed", reason, retryable=exc.retryable)
+    # A bug in a tool, a kind hook or the harness must not take siblings down:
+    # it is this member's failure, traced with its traceback.
+    trace.emit(
+        ErrorEvent(
+            span=spec.id,
+            error=type(exc).__name__,
+            message="".join(traceback.format_exception(exc))[-4000:],
+        )
+    )
+    return _ended(spec, loop, model, "failed", f"internal error: {type(exc).__name__}: {exc}")
 
 
 async def _finish(

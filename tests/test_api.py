@@ -23,6 +23,7 @@ import pytest
 from fleet_policies import coding_policy
 
 import coordinator as fleet
+from coordinator.journal.entries import KINDS
 from subagents.fake_api import FakeMessagesAPI
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -56,7 +57,7 @@ def test_a_dict_job_runs_to_a_result_with_callbacks_and_prints_nothing(
 ):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     cleanup.append(tmp_path / "runs")
-    journal: list[dict[str, Any]] = []
+    journal: list[fleet.JournalEntryModel] = []
     events: list[Any] = []
 
     result = fleet.run(_coding_job(tmp_path), on_journal=journal.append, on_event=events.append)
@@ -66,9 +67,15 @@ def test_a_dict_job_runs_to_a_result_with_callbacks_and_prints_nothing(
     assert outcome.status == "ok" and outcome.result["verified"]["passed"] is True
     assert result.run.path.parent == tmp_path / "runs"
     assert result.report_path is not None and result.report_path.exists()
-    kinds = [e["event"] for e in journal]
+    kinds = [e.event for e in journal]
     assert kinds.index("member_queued") < kinds.index("member_started")
     assert "member_finished" in kinds
+    # Every entry the run wrote, and nothing else, reached on_journal as its kind's model.
+    assert all(type(e) is KINDS[e.event] for e in journal)
+    written = (result.run.path / "journal.jsonl").read_text().splitlines()
+    assert [json.loads(e.to_json()) for e in journal] == [json.loads(line) for line in written]
+    (finished,) = [e for e in journal if isinstance(e, fleet.MemberFinishedEntry)]
+    assert (finished.member, finished.status, finished.attempts) == ("coder", "ok", 1)
     assert any(getattr(e, "type", "") == "model_call" for e in events)
     assert {getattr(e, "member", None) for e in events} == {"coder"}
     out, err = capfd.readouterr()
@@ -176,7 +183,7 @@ def test_resume_refuses_a_run_another_live_process_runs_and_touches_nothing(tmp_
     run = RunDir.create(job, "", root=tmp_path / "runs")
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        run.journal.append("run_started", pid=owner.pid, resume=False)
+        run.journal.note("run_started", pid=owner.pid, resume=False)
         (run.path / "live.json").write_text(json.dumps({"pid": owner.pid, "since": 0}))
         before = run.journal.path.read_bytes()
         with pytest.raises(fleet.RunInProgress, match=f"run {run.id} is still running") as got:
@@ -201,14 +208,14 @@ def test_a_cancelled_run_async_is_interrupted_and_resumes_at_once(
     every journal entry, of every kind, reached ``on_journal``."""
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     cleanup.append(tmp_path / "runs")
-    heard: list[dict[str, Any]] = []
+    heard: list[Any] = []
 
     async def cancelled_once_started() -> None:
         with anyio.CancelScope() as scope:
 
-            def listen(entry: dict[str, Any]) -> None:
+            def listen(entry: Any) -> None:
                 heard.append(entry)
-                if entry["event"] == "member_started":
+                if entry.event == "member_started":
                     scope.cancel()
 
             await fleet.run_async(_coding_job(tmp_path), on_journal=listen)
@@ -218,7 +225,9 @@ def test_a_cancelled_run_async_is_interrupted_and_resumes_at_once(
     (path,) = (tmp_path / "runs").iterdir()
     journal = [json.loads(line) for line in (path / "journal.jsonl").read_text().splitlines()]
     assert journal[-1]["event"] == "run_interrupted"
-    assert heard == journal  # run_created, run_started, ... run_interrupted: all of them
+    assert [
+        json.loads(e.to_json()) for e in heard
+    ] == journal  # run_created, run_started, ... run_interrupted: all of them
     assert not (path / "live.json").exists()
     assert (
         docker_client.containers.list(all=True, filters={"label": f"fleet.run={path.name}"}) == []
@@ -360,7 +369,7 @@ def test_cancelling_a_running_member_ends_it_alone_and_removes_its_box(
     handles: list[fleet.RunHandle] = []
 
     def listen(entry: dict[str, Any]) -> None:
-        if entry["event"] == "member_started":
+        if entry.event == "member_started":
             assert handles[0].cancel_member("coder")
 
     async def cancel_it_once_it_runs() -> fleet.RunSummary:

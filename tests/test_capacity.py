@@ -89,7 +89,7 @@ def test_a_job_without_max_parallel_runs_what_the_host_holds_at_once(
     journal: list[dict[str, Any]] = []
     result = fleet.run(job, on_journal=journal.append)
     assert result.status == "succeeded"
-    events = [e["event"] for e in journal]
+    events = [e.event for e in journal]
     assert events.count("member_started") == 6
     last_start = max(i for i, e in enumerate(events) if e == "member_started")
     assert last_start < events.index("member_finished")

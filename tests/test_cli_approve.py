@@ -114,11 +114,11 @@ def test_asks_are_shown_whole_and_a_yes_answers_only_what_was_shown(
     pid_user = r"by fleet approve[^(]*\(pid \d+, user [^)]+\) at \d\d:\d\d:\d\d"
     for member, word in (("tail", "approved"), ("long", "approved"), ("escapes", "refused")):
         assert re.search(rf"ask {ids[member]} of {member} \(shell\) {word} {pid_user}", err)
-    answered = {e["member"]: e for e in _journal(run, "approval_answered")}
-    assert answered["tail"]["allowed"] and answered["long"]["allowed"]
-    assert not answered["escapes"]["allowed"]
-    assert "another argument" in answered["escapes"]["by"]
-    assert re.fullmatch(r"pid \d+, user .+", answered["tail"]["who"])
+    answered = {e.member: e for e in _journal(run, "approval_answered")}
+    assert answered["tail"].allowed and answered["long"].allowed
+    assert not answered["escapes"].allowed
+    assert "another argument" in answered["escapes"].by
+    assert re.fullmatch(r"pid \d+, user .+", answered["tail"].who)
     # What ran is what was approved: the whole tail of it.
     assert _shell_outputs(run, "tail")["cat x 2>/dev/null || echo no x"][1].endswith("\nPWN")
     assert _shell_outputs(run, "escapes")[ESCAPES][0] is True  # refused: it never ran

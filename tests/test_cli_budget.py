@@ -94,10 +94,10 @@ def test_a_fan_out_stops_at_the_hard_line_and_resume_with_more_finishes_it(
             assert r["progress"]["last_actions"]
     assert any(r["turns"] and r["partial_result"] for r in stopped.values())
     journal = list(run.journal.read())
-    events = [e["event"] for e in journal]
+    events = [e.event for e in journal]
     assert events.count("budget_soft") == 1 and events.count("budget_hard") == 1
-    last = [e for e in journal if e["event"] == "budget_spent"][-1]
-    assert last["spent_usd"] == pytest.approx(spent, abs=1e-5)
+    last = [e for e in journal if e.event == "budget_spent"][-1]
+    assert last.spent_usd == pytest.approx(spent, abs=1e-5)
     assert "budget: past the soft line" in out and "budget: reached the hard line" in out
     report = (run.path / "report.md").read_text()
     assert "## Budget" in report and "reached the hard line" in report
@@ -117,10 +117,10 @@ def test_a_fan_out_stops_at_the_hard_line_and_resume_with_more_finishes_it(
     assert code == 0, out
     assert all(run.result(m)["status"] == "ok" for m in results), out
     journal = list(run.journal.read())
-    raised = [e for e in journal if e["event"] == "budget"]
-    assert [e["usd"] for e in raised] == [HARD_USD, 1.0]
-    assert raised[1]["spent_usd"] == pytest.approx(spent, abs=1e-5)  # goes on from there
-    assert journal[-1]["event"] == "run_finished" and journal[-1]["status"] == "succeeded"
+    raised = [e for e in journal if e.event == "budget"]
+    assert [e.usd for e in raised] == [HARD_USD, 1.0]
+    assert raised[1].spent_usd == pytest.approx(spent, abs=1e-5)  # goes on from there
+    assert journal[-1].event == "run_finished" and journal[-1].status == "succeeded"
     report = (run.path / "report.md").read_text()
     assert "## Budget" in report and "reached the hard line" not in report
 
@@ -155,9 +155,9 @@ def test_offline_members_cost_nothing_and_still_spend_a_token_budget(
     main(["run", str(job), "--plain"])
     err = capsys.readouterr().err
     (run,) = RunDir.list(tmp_path / "runs")
-    spent = [e for e in run.journal.read() if e["event"] == "budget_spent"]
-    assert spent and all(e["usd"] == 0 and e["tokens"] > 0 for e in spent), err
-    assert spent[-1]["spent_usd"] == 0
-    assert spent[-1]["spent_tokens"] <= 12000 + max(e["tokens"] for e in spent)
+    spent = [e for e in run.journal.read() if e.event == "budget_spent"]
+    assert spent and all(e.usd == 0 and e.tokens > 0 for e in spent), err
+    assert spent[-1].spent_usd == 0
+    assert spent[-1].spent_tokens <= 12000 + max(e.tokens for e in spent)
     results = [run.result(f"m{i + 1}") for i in range(4)]
     assert any(r["limit"] == "budget" for r in results), err

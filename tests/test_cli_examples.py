@@ -71,8 +71,8 @@ def test_fleet_research_front_door_runs_offline_and_writes_a_cited_report(
     (run,) = RunDir.list(tmp_path)
     assert f"run directory: {run.path}" in err and "succeeded: 2 of 2 members ok" in err
     assert "[research]" in (run.path / "job.toml").read_text()  # the job it stood for
-    plan = next(e for e in run.journal.read() if e["event"] == "plan")
-    assert plan["planner"] == "offline" and len(plan["sub_questions"]) == 2
+    plan = next(e for e in run.journal.read() if e.event == "plan")
+    assert plan.planner == "offline" and len(plan.sub_questions) == 2
     report = json.loads((run.path / "report.json").read_text())
     assert report["question"] == question and report["claims"]
     for claim in report["claims"]:

@@ -88,7 +88,7 @@ def _shell_outputs(run: RunDir, member: str) -> dict[str, tuple[bool, str]]:
 
 
 def _journal(run: RunDir, event: str) -> list[dict[str, Any]]:
-    return [e for e in run.journal.read() if e["event"] == event]
+    return [e for e in run.journal.read() if e.event == event]
 
 
 def _run_denying(
@@ -110,8 +110,8 @@ def test_a_denied_call_is_an_error_result_and_never_runs(tmp_path, images, fake_
     assert is_error and "not permitted" in text and "'shell:rm *'" in text
     assert "build" in outputs["ls -d build || echo gone"][1]  # rm never ran
     (decision,) = _journal(run, "policy_decision")
-    assert decision["member"] == "coder" and decision["action"] == "deny"
-    assert decision["allowed"] is False and decision["input"] == {"command": "rm -rf build"}
+    assert decision.member == "coder" and decision.action == "deny"
+    assert decision.allowed is False and decision.input == {"command": "rm -rf build"}
     events = [e for e in read_trace(run.member_dir("coder") / "trace.jsonl") if e.type == "policy"]
     assert [(e.tool, e.rule, e.allowed) for e in events] == [("shell", "shell:rm *", False)]
     shown = subprocess.run(
@@ -128,7 +128,7 @@ def test_spellings_around_a_deny_rule_are_refused_in_the_box(tmp_path, images, f
         assert is_error and "not permitted" in text and "'shell:touch *'" in text, line
     is_error, text = outputs["ls /workspace/pwn || echo absent"]
     assert not is_error and "No such file" in text and "absent" in text  # touch never ran
-    refused = [d for d in _journal(run, "policy_decision") if not d["allowed"]]
+    refused = [d for d in _journal(run, "policy_decision") if not d.allowed]
     assert len(refused) == len(BYPASSES)
     assert run.result("coder")["status"] == "ok"  # one call ran: not every call refused
 
@@ -179,14 +179,14 @@ def test_an_ask_answered_by_fleet_approve_while_the_sibling_never_waits(
     assert outputs["rm -rf build"][0] is False
     assert "gone" in outputs["ls -d build || echo gone"][1]  # the approved rm ran
     entries = run.journal.read()
-    asked = next(e for e in entries if e["event"] == "approval_requested")
-    decided = next(e for e in entries if e["event"] == "policy_decision")
+    asked = next(e for e in entries if e.event == "approval_requested")
+    decided = next(e for e in entries if e.event == "policy_decision")
     sibling_done = next(
-        e for e in entries if e["event"] == "member_finished" and e["member"] == "sibling"
+        e for e in entries if e.event == "member_finished" and e.member == "sibling"
     )
-    assert asked["ts"] < sibling_done["ts"] < decided["ts"]
-    assert decided["by"] == "fleet approve" and decided["allowed"] is True
-    assert decided["waited_s"] > 0
+    assert asked.ts < sibling_done.ts < decided.ts
+    assert decided.by == "fleet approve" and decided.allowed is True
+    assert decided.waited_s > 0
     shown = subprocess.run(
         [*FLEET, "trace", str(run.path), "asker"], capture_output=True, text=True
     ).stdout
@@ -213,11 +213,11 @@ def test_an_ask_nobody_answers_gets_the_ask_default(
     (run,) = RunDir.list(tmp_path / "runs")
     assert run.result("coder")["status"] == "ok"  # a refused call is not a failed member
     (decision,) = _journal(run, "policy_decision")
-    assert (decision["by"], decision["allowed"]) == (by, allowed)
+    assert (decision.by, decision.allowed) == (by, allowed)
     is_error, text = _shell_outputs(run, "coder")["rm -rf build"]
     assert is_error is not allowed
     if by == "timeout":
-        assert "nobody answered within 1 s" in text and decision["waited_s"] >= 1
+        assert "nobody answered within 1 s" in text and decision.waited_s >= 1
         assert time.monotonic() - started < 60
     if by == "no terminal":
         assert "nobody can be asked in this run" in text
@@ -234,7 +234,7 @@ def test_a_pending_ask_counts_against_the_members_deadline(tmp_path, images, fak
     assert result["status"] == "timed_out"
     assert "waiting for a person's approval of shell" in result["reason"]
     (abandoned,) = _journal(run, "approval_abandoned")
-    assert abandoned["member"] == "coder" and abandoned["reason"] == "member stopped"
+    assert abandoned.member == "coder" and abandoned.reason == "member stopped"
     assert list((run.path / "approvals").glob("*.answer.json"))  # closed, on disk
 
 
@@ -271,9 +271,9 @@ def test_resume_asks_again_what_the_killed_run_never_answered(tmp_path, images, 
         resumed.kill()
     assert resumed.returncode == 0, err
     (abandoned,) = _journal(run, "approval_abandoned")
-    assert "resumed" in abandoned["reason"] and abandoned["member"] == "coder"
+    assert "resumed" in abandoned.reason and abandoned.member == "coder"
     (decision,) = _journal(run, "policy_decision")
-    assert decision["by"] == "fleet approve" and decision["allowed"] is True
+    assert decision.by == "fleet approve" and decision.allowed is True
     assert run.result("coder")["status"] == "ok"
 
 
@@ -289,7 +289,7 @@ def test_keys_at_the_runs_terminal_answer_asks_and_always_holds_for_the_rule(
         term.type(b"a")  # yes, and always for 'shell:rm *'
         assert term.finish() == 0, term.screen[-2000:]
     (run,) = RunDir.list(tmp_path / "runs")
-    decisions = [(d["by"], d["allowed"], d["always"]) for d in _journal(run, "policy_decision")]
+    decisions = [(d.by, d.allowed, d.always) for d in _journal(run, "policy_decision")]
     assert decisions == [("terminal", True, True), ("always", True, False)]
     outputs = _shell_outputs(run, "coder")
     assert outputs["rm -rf build"][0] is False and outputs["rm -rf other"][0] is False

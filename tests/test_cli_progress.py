@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+from coordinator.journal.entries import entry
 from coordinator.oversight.progress import Progress
 from subagents.trace import MemberStart, ModelCall, SandboxEvent, ToolCall
 
@@ -14,8 +15,8 @@ class FakeTTY(io.StringIO):
 
 
 def _feed(p: Progress) -> None:
-    p.on_journal({"event": "member_queued", "member": "a"})
-    p.on_journal({"event": "member_started", "member": "a", "attempt": 1})
+    p.on_journal(entry("member_queued", member="a"))
+    p.on_journal(entry("member_started", member="a", attempt=1))
     p.on_event(MemberStart(member="a", kind="coding", task="t", model="m"))
     p.on_event(
         ModelCall(
@@ -28,15 +29,18 @@ def _feed(p: Progress) -> None:
         )
     )
     p.on_event(ToolCall(member="a", call_id="1", tool="shell", input={"command": "make test"}))
-    p.on_journal({"event": "member_retry", "member": "b", "reason": "sandbox crashed: killed"})
-    p.on_journal({"event": "member_finished", "member": "a", "status": "ok"})
     p.on_journal(
-        {
-            "event": "member_finished",
-            "member": "b",
-            "status": "crashed",
-            "reason": "sandbox crashed: oom-killed",
-        }
+        entry(
+            "member_retry",
+            member="b",
+            attempt=1,
+            status="crashed",
+            reason="sandbox crashed: killed",
+        )
+    )
+    p.on_journal(entry("member_finished", member="a", status="ok"))
+    p.on_journal(
+        entry("member_finished", member="b", status="crashed", reason="sandbox crashed: oom-killed")
     )
 
 
@@ -60,7 +64,7 @@ def test_terminal_output_redraws_the_table_in_place():
     out = FakeTTY()
     p = Progress(["a", "b"], out=out)
     assert p.tty is True
-    p.on_journal({"event": "member_started", "member": "a", "attempt": 1})
+    p.on_journal(entry("member_started", member="a", attempt=1))
     p.draw()
     first = out.getvalue()
     assert first.count("\x1b[2K") == 3  # header + two rows, each line cleared
@@ -78,10 +82,10 @@ def test_a_kept_box_is_named_whole_in_the_last_action_column():
     name = "fleet-research-20260101-120000-abcd-research-12-0a1b2c"
     p = Progress(["kept", "gone"], out=io.StringIO())
     for member, action in (("kept", "keep"), ("gone", "close")):
-        p.on_journal({"event": "member_started", "member": member, "attempt": 1})
+        p.on_journal(entry("member_started", member=member, attempt=1))
         p.on_event(SandboxEvent(member=member, action="create", box=f"{name}-{member}"))
         p.on_event(SandboxEvent(member=member, action=action, box=f"{name}-{member}"))
-        p.on_journal({"event": "member_finished", "member": member, "status": "ok"})
+        p.on_journal(entry("member_finished", member=member, status="ok"))
     rows = {ln.split()[0]: ln for ln in p.table()[1:]}
     assert rows["kept"].endswith(f"box kept: {name}-kept")  # longer than the column's 60
     assert rows["gone"].endswith("box removed")
@@ -99,7 +103,7 @@ def test_a_resume_shows_members_finished_before_it_with_their_recorded_figures(t
     )
     job = parse_job(text)
     run = RunDir.create(job, text, root=tmp_path)
-    run.journal.append("member_finished", member="done", status="ok")
+    run.journal.note("member_finished", member="done", status="ok")
     outcome = {
         "member": "done",
         "status": "ok",
@@ -124,9 +128,9 @@ def test_a_resume_shows_members_finished_before_it_with_their_recorded_figures(t
 
 def test_a_lead_runs_table_shows_the_wave_each_member_came_in():
     p = Progress(["lead"], out=io.StringIO())
-    p.on_journal({"event": "member_queued", "member": "w1-1", "wave": 1})
-    p.on_journal({"event": "member_queued", "member": "w2-1", "wave": 2})
-    p.on_journal({"event": "member_started", "member": "w2-1", "attempt": 1})
+    p.on_journal(entry("member_queued", member="w1-1", wave=1))
+    p.on_journal(entry("member_queued", member="w2-1", wave=2))
+    p.on_journal(entry("member_started", member="w2-1", attempt=1))
     head, *rows = p.table()
     assert head.split()[:3] == ["member", "wave", "status"]
     by_member = {line.split()[0]: line.split() for line in rows}
@@ -134,5 +138,5 @@ def test_a_lead_runs_table_shows_the_wave_each_member_came_in():
     assert by_member["w2-1"][1:3] == ["2", "running"]
     assert by_member["lead"][1] == "queued"  # the lead came in no wave
     plain = Progress(["a"], out=io.StringIO())
-    plain.on_journal({"event": "member_queued", "member": "a"})
+    plain.on_journal(entry("member_queued", member="a"))
     assert "wave" not in plain.table()[0]  # no column off a lead run

@@ -150,9 +150,9 @@ def test_oom_killed_box_is_its_members_crash_and_a_killed_box_is_retried(
     assert run.result("flaky")["status"] == "ok"
     state = run.state()
     assert state.starts == {"steady": 1, "hog": 2, "flaky": 2}
-    retries = {e["member"]: e for e in run.journal.read() if e["event"] == "member_retry"}
+    retries = {e.member: e for e in run.journal.read() if e.event == "member_retry"}
     assert set(retries) == {"hog", "flaky"}
-    assert retries["flaky"]["reason"] == "sandbox crashed: oom-killed"
+    assert retries["flaky"].reason == "sandbox crashed: oom-killed"
     # The retried member's trace shows both attempts: two boxes, the first one dead.
     trace = list(read_trace(run.path / "members" / "flaky" / "trace.jsonl"))
     boxes = [e.box for e in trace if e.type == "sandbox" and e.action == "create"]
@@ -202,8 +202,8 @@ def test_a_box_the_job_asks_to_keep_outlives_the_run_and_only_that_one(
     assert [c["Labels"]["fleet.member"] for c in left] == ["kept"]
     assert left[0]["State"] == "running"  # ready to be inspected with docker exec
     name = left[0]["Names"][0].lstrip("/")
-    kept = [e for e in run.journal.read() if e["event"] == "boxes_kept"]
-    assert kept and kept[0]["boxes"] == [name]
+    kept = [e for e in run.journal.read() if e.event == "boxes_kept"]
+    assert kept and kept[0].boxes == [name]
     err = capsys.readouterr().err
     assert f"kept for debugging: {name}" in err
     # The progress table's last action says which box was kept, not that it was removed.
@@ -263,7 +263,7 @@ def test_sigkill_then_resume_reruns_only_unfinished_members(
         def describe() -> str:
             if proc.poll() is not None:
                 return f"fleet exited {proc.returncode}: {proc.stderr.read()[-3000:]}"
-            return json.dumps(run.journal.read())[-3000:]
+            return "\n".join(e.to_json() for e in run.journal.read())[-3000:]
 
         _wait_for(two_done_one_running, 120, "two members finished and one running", describe)
         proc.send_signal(signal.SIGKILL)
@@ -305,7 +305,7 @@ def test_sigkill_then_resume_reruns_only_unfinished_members(
         assert row[5] != "0.0s", row
     rerun = set(after.members) - finished_before
     assert rerun and all(after.starts[m] >= 1 for m in rerun)
-    assert any(e["event"] == "reaped" for e in run.journal.read())
+    assert any(e.event == "reaped" for e in run.journal.read())
     assert (run.path / "report.md").exists()
     assert _boxes(docker_client, run.id) == []
     listing = subprocess.run(

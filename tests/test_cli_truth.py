@@ -451,4 +451,4 @@ def test_the_readme_fake_api_example_runs_to_a_report_by_the_model_analyst(
     (run,) = RunDir.list(runs_dir)
     report = json.loads((run.path / "report.json").read_text())
     assert report["analyst"] == "claude-sonnet-5" and "failed" not in report["summary"]
-    assert not [e for e in run.journal.read() if e["event"] == "analyst_failed"]
+    assert not [e for e in run.journal.read() if e.event == "analyst_failed"]

@@ -67,8 +67,8 @@ def _started_on(run: RunDir) -> dict[str, list[str]]:
     """Member -> the node of each attempt, from the journal."""
     out: dict[str, list[str]] = {}
     for e in run.journal.read():
-        if e["event"] == "member_started":
-            out.setdefault(e["member"], []).append(e.get("node", ""))
+        if e.event == "member_started":
+            out.setdefault(e.member, []).append(e.node or "")
     return out
 
 
@@ -253,10 +253,10 @@ def test_a_node_lost_mid_run_costs_only_a_retry_of_its_members(
     assert proc.returncode == 0, err[-3000:]
     st = run.state()
     assert set(st.members.values()) == {"ok"}
-    retries = [e for e in run.journal.read() if e["event"] == "member_retry"]
-    assert sorted(e["member"] for e in retries) == sorted(victims)
+    retries = [e for e in run.journal.read() if e.event == "member_retry"]
+    assert sorted(e.member for e in retries) == sorted(victims)
     for e in retries:
-        assert e["status"] == "crashed" and e["reason"].startswith(f"node {name} lost: ")
+        assert e.status == "crashed" and e.reason.startswith(f"node {name} lost: ")
     started = _started_on(run)
     for m in victims:  # retried on a node that was still there
         assert len(started[m]) == 2 and started[m][1] not in ("", name)
@@ -332,7 +332,7 @@ def test_sigkill_then_resume_on_the_cluster_leaves_no_box(
     after = run.state()
     assert after.status == "succeeded" and set(after.members.values()) == {"ok"}
     assert all(after.starts[m] == 1 for m in done_before)
-    assert any(e["event"] == "reaped" for e in run.journal.read())
+    assert any(e.event == "reaped" for e in run.journal.read())
     assert _boxes(node_client, run.id) == []
     # Resumed again with nothing left: said so, and nothing runs or is recorded.
     events = len(run.journal.read())
@@ -489,8 +489,8 @@ def _decisions(run: RunDir) -> dict[str, list[tuple[str, bool]]]:
     """Member -> (by, allowed) of each policy decision, from the journal."""
     out: dict[str, list[tuple[str, bool]]] = {}
     for e in run.journal.read():
-        if e["event"] == "policy_decision":
-            out.setdefault(e["member"], []).append((e["by"], e["allowed"]))
+        if e.event == "policy_decision":
+            out.setdefault(e.member, []).append((e.by, e.allowed))
     return out
 
 
@@ -561,8 +561,8 @@ def test_a_node_lost_while_its_member_waits_for_an_answer_costs_only_a_retry(
         assert done.returncode == 0, done.stdout + done.stderr
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
-    (retry,) = [e for e in run.journal.read() if e["event"] == "member_retry"]
-    assert retry["status"] == "crashed" and retry["reason"].startswith(f"node {name} lost: ")
+    (retry,) = [e for e in run.journal.read() if e.event == "member_retry"]
+    assert retry.status == "crashed" and retry.reason.startswith(f"node {name} lost: ")
     started = _started_on(run)["c0"]
     assert len(started) == 2 and started[1] != name
     assert _decisions(run) == {"c0": [("fleet approve", True)]}
@@ -672,22 +672,22 @@ def test_a_lead_jobs_members_run_on_the_nodes(tmp_path, ray_cluster, node_client
     assert run.state().status == "succeeded"
     # Both waves' members - the first wave's browser member, the second's browser and
     # coding members - ran on the cluster's nodes, each once.
-    spawned = [m for e in run.journal.read() if e["event"] == "lead_spawn" for m in e["members"]]
-    assert sorted(m["kind"] for m in spawned) == ["browser", "browser", "coding"]
+    spawned = [m for e in run.journal.read() if e.event == "lead_spawn" for m in e.members]
+    assert sorted(m.kind for m in spawned) == ["browser", "browser", "coding"]
     nodes = {ray_cluster.name(n) for n in ray_cluster.nodes}
     started = _started_on(run)
-    assert set(started) == {m["id"] for m in spawned}
+    assert set(started) == {m.id for m in spawned}
     assert all(len(v) == 1 and v[0] in nodes for v in started.values()), started
     assert {run.result(m)["status"] for m in started} == {"ok"}
     # The second wave's two members ran at once, as on one machine: the run holds
     # slots for the members of later waves, not only for the first wave's one.
-    ts = {(e["event"], e.get("member")): e["ts"] for e in run.journal.read()}
+    ts = {(e.event, getattr(e, "member", None)): e.ts for e in run.journal.read()}
     assert ts[("member_started", "w2-2")] < ts[("member_finished", "w2-1")]
     assert ts[("member_started", "w2-1")] < ts[("member_finished", "w2-2")]
     # The second wave's browser member got the box the node holding the first wave's
     # browser pool started for it when the wave was spawned, not one of its own.
-    (first,) = [m["id"] for m in spawned if m["id"].startswith("w1-")]
-    (later,) = [m["id"] for m in spawned if m["kind"] == "browser" and m["id"].startswith("w2-")]
+    (first,) = [m.id for m in spawned if m.id.startswith("w1-")]
+    (later,) = [m.id for m in spawned if m.kind == "browser" and m.id.startswith("w2-")]
     assert started[later] == started[first]
     created = [
         e.box

@@ -88,8 +88,8 @@ def test_a_cluster_without_token_auth_is_refused_unless_the_user_says_insecure(
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert f"{INSECURE} says to use it anyway" in " ".join(ran.stderr.split())
     (done,) = RunDir.list(runs)
-    started = [e for e in done.journal.read() if e["event"] == "member_started"]
-    assert [e["node"].split("-")[0] for e in started] == [LOOPBACK]
+    started = [e for e in done.journal.read() if e.event == "member_started"]
+    assert [e.node.split("-")[0] for e in started] == [LOOPBACK]
     assert done.result("c")["status"] == "ok"
 
 

@@ -90,7 +90,7 @@ def test_members_on_every_node_share_the_runs_one_governor(tmp_path, ray_cluster
     assert all(o.status == "ok" for o in outcomes.values()), {
         m: o.reason for m, o in outcomes.items()
     }
-    nodes_used = {e.get("node") for e in run.journal.read() if e["event"] == "member_started"}
+    nodes_used = {e.node for e in run.journal.read() if e.event == "member_started"}
     assert len(nodes_used) == 2, nodes_used  # members on both nodes
     # Every call of both nodes went through the run's one governor ...
     ((_digest, counters),) = stats.items()

@@ -116,10 +116,10 @@ def test_a_member_whose_node_is_lost_goes_on_from_its_last_turn_on_another_node(
         _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     journal = list(run.journal.read())
-    started = [e.get("node") for e in journal if e["event"] == "member_started"]
+    started = [e.node for e in journal if e.event == "member_started"]
     assert started[0] == name and len(started) == 2 and started[1] != name, started
-    (retry_entry,) = [e for e in journal if e["event"] == "member_retry"]
-    assert retry_entry["reason"].startswith(f"node {name} lost: ")
+    (retry_entry,) = [e for e in journal if e.event == "member_retry"]
+    assert retry_entry.reason.startswith(f"node {name} lost: ")
     _went_on_from_the_edit(run)
 
 
@@ -143,11 +143,11 @@ def test_a_fan_out_across_nodes_keeps_the_runs_one_budget(tmp_path, ray_cluster,
     assert done.returncode in (0, 1), done.stderr[-3000:]
     (run,) = RunDir.list(tmp_path / "runs")
     journal = list(run.journal.read())
-    nodes = {e.get("node") for e in journal if e["event"] == "member_started"}
+    nodes = {e.node for e in journal if e.event == "member_started"}
     assert len(nodes) == 2, nodes  # members on both nodes reserved from the one line
-    calls = [e["tokens"] for e in journal if e["event"] == "budget_spent"]
+    calls = [e.tokens for e in journal if e.event == "budget_spent"]
     assert calls and sum(calls) <= hard + max(calls), (sum(calls), calls)
-    assert [e["event"] for e in journal].count("budget_hard") == 1
+    assert [e.event for e in journal].count("budget_hard") == 1
     results = {f"m{i}": run.result(f"m{i}") for i in range(members)}
     stopped = {m: r for m, r in results.items() if r["status"] != "ok"}
     assert stopped and len(stopped) < members, {m: r["reason"] for m, r in results.items()}
@@ -169,6 +169,6 @@ def test_a_fan_out_across_nodes_keeps_the_runs_one_budget(tmp_path, ray_cluster,
     assert more.returncode == 0, more.stderr[-3000:]
     assert all(run.result(m)["status"] == "ok" for m in results)
     journal = list(run.journal.read())
-    assert [e["tokens"] for e in journal if e["event"] == "budget"] == [hard, 100000]
-    spent = [e for e in journal if e["event"] == "budget_spent"][-1]["spent_tokens"]
+    assert [e.tokens for e in journal if e.event == "budget"] == [hard, 100000]
+    spent = [e for e in journal if e.event == "budget_spent"][-1].spent_tokens
     assert spent > sum(calls)  # went on from what the first life spent

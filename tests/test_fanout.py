@@ -265,9 +265,9 @@ def test_box_crash_is_retried_with_backoff_and_then_succeeds(
     res = _fan(where, images, harness, run, units, max_parallel=2, min_success=2, fail_fast=False)
     assert res.outcomes["flaky"].status == "ok"
     assert harness.calls == {"flaky": 2, "steady": 1}
-    retries = [e for e in run.journal.read() if e["event"] == "member_retry"]
-    assert len(retries) == 1 and retries[0]["member"] == "flaky"
-    assert "sandbox crashed" in retries[0]["reason"] and retries[0]["delay_s"] == 0.5
+    retries = [e for e in run.journal.read() if e.event == "member_retry"]
+    assert len(retries) == 1 and retries[0].member == "flaky"
+    assert "sandbox crashed" in retries[0].reason and retries[0].delay_s == 0.5
     assert run.state().starts == {"flaky": 2, "steady": 1}
     assert _boxes(where or docker_client, run_id) == []
 
@@ -387,5 +387,5 @@ def test_members_sharing_a_memory_profile_lose_no_write(tmp_path, images, run_id
     assert res.quorum_met
     text = (profile / "notes.md").read_text()
     assert "a was here" in text and "b was here" in text, text
-    saves = [e for e in run.journal.read() if e["event"] == "memory_saved"]
-    assert sorted(e["member"] for e in saves) == ["a", "b"]
+    saves = [e for e in run.journal.read() if e.event == "memory_saved"]
+    assert sorted(e.member for e in saves) == ["a", "b"]

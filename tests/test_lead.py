@@ -82,7 +82,7 @@ def _plain(messages: Any) -> Any:
 
 
 def _events(run: RunDir, name: str) -> list[dict[str, Any]]:
-    return [e for e in run.journal.read() if e["event"] == name]
+    return [e for e in run.journal.read() if e.event == name]
 
 
 def _lead_results(run: RunDir) -> list[tuple[str, str, bool]]:
@@ -125,15 +125,15 @@ def test_a_lead_respawns_a_failed_member_with_a_changed_task_and_finishes(
     (run,) = RunDir.list(tmp_path / "runs")
 
     spawns = _events(run, "lead_spawn")
-    assert [(s["wave"], [m["id"] for m in s["members"]]) for s in spawns] == [
+    assert [(s.wave, [m.id for m in s.members]) for s in spawns] == [
         (1, ["w1-1", "w1-2"]),
         (2, ["b-again"]),
     ]
     status = {m: run.result(m)["status"] for m in ("w1-1", "w1-2", "b-again")}
     assert status == {"w1-1": "ok", "w1-2": "failed", "b-again": "ok"}
     # Wave 2 started while wave 1's straggler (the slow A) still ran.
-    started = {e["member"]: e["ts"] for e in _events(run, "member_started")}
-    finished = {e["member"]: e["ts"] for e in _events(run, "member_finished")}
+    started = {e.member: e.ts for e in _events(run, "member_started")}
+    finished = {e.member: e.ts for e in _events(run, "member_finished")}
     assert started["b-again"] < finished["w1-1"]
     # The lead heard the failure with its reason, inside the untrusted block.
     told = next(t for tool, t, _ in _lead_results(run) if "ended failed" in t)
@@ -153,7 +153,7 @@ def test_a_lead_respawns_a_failed_member_with_a_changed_task_and_finishes(
     assert by_text["made up"]["uncited"] and by_text["made up"]["citations"] == []
     assert {m["member"] for m in report["failed"]} == {"w1-2"}
     lead_end = _events(run, "lead_finished")[-1]
-    assert lead_end["status"] == "ok" and lead_end["cancelled"] == []
+    assert lead_end.status == "ok" and lead_end.cancelled == []
     err = capsys.readouterr().err
     assert "succeeded: 2 of 3 members ok" in err and re.search(r"^lead\s+ok", err, re.M)
     # fleet trace: the lead is a row of its own, not counted as a member.
@@ -242,7 +242,7 @@ def test_spawns_past_the_leads_limits_are_refused_with_what_is_left(
     assert not errors[5][1] and "Wave 1 started: w1-1 (coding), w1-2 (coding)" in errors[5][0]
     assert not errors[7][1] and "Wave 2 started: w2-1 (coding)" in errors[7][0]
     assert errors[9][1] and "max_waves is 2" in errors[9][0]
-    assert [e["wave"] for e in _events(run, "lead_spawn")] == [1, 2]
+    assert [e.wave for e in _events(run, "lead_spawn")] == [1, 2]
     assert {m.id for m in run.planned_members() or []} == {"w1-1", "w1-2", "w2-1"}
     assert all(run.result(m)["status"] == "ok" for m in ("w1-1", "w1-2", "w2-1"))
 
@@ -319,8 +319,8 @@ def test_sigkill_mid_wave_two_then_resume_restarts_the_lead_from_its_conversatio
     ]
     assert "Wave 2 started" in json.dumps(lead_calls[0]["messages"])
     assert _plain(lead_calls[0]["messages"][: len(kept) - 1]) == _plain(kept[: len(kept) - 1])
-    assert [e["wave"] for e in _events(run, "lead_spawn")] == [1, 2]
-    assert [e["resumed"] for e in _events(run, "lead_started")] == [False, True]
+    assert [e.wave for e in _events(run, "lead_spawn")] == [1, 2]
+    assert [e.resumed for e in _events(run, "lead_started")] == [False, True]
     assert len(_events(run, "lead_finished")) == 1
     report = json.loads((run.path / "report.json").read_text())
     assert report["summary"] == "All four done."
@@ -428,7 +428,7 @@ def test_fail_fast_over_a_leads_wave_cancels_the_rest_and_refuses_further_spawns
     job = _job(tmp_path, 'kinds = ["coding"]\nmembers = 2\n[fanout]\nfail_fast = true\n')
     assert main(["run", str(job), "--plain"]) == 1  # no member ok: below the quorum of 1
     (run,) = RunDir.list(tmp_path / "runs")
-    assert [e["member"] for e in _events(run, "fail_fast")] == ["w1-2"]
+    assert [e.member for e in _events(run, "fail_fast")] == ["w1-2"]
     st = run.state()
     assert st.members == {"w1-1": "cancelled", "w1-2": "failed"}
     results = _lead_results(run)
@@ -439,7 +439,7 @@ def test_fail_fast_over_a_leads_wave_cancels_the_rest_and_refuses_further_spawns
         "Refused: fail_fast stopped the run when w1-2 failed; no more members are started. "
         "Finish with what you have."
     ]
-    assert [len(e["members"]) for e in _events(run, "lead_spawn")] == [2]
+    assert [len(e.members) for e in _events(run, "lead_spawn")] == [2]
     assert json.loads((run.path / "report.json").read_text())["summary"] == "Stopped by fail_fast."
 
 
@@ -508,9 +508,9 @@ def test_an_overloaded_lead_is_retried_and_goes_on_from_its_conversation(
     assert main(["run", str(job), "--plain"]) == 0
     (run,) = RunDir.list(tmp_path / "runs")
     (retry,) = _events(run, "lead_retry")
-    assert retry["status"] == "failed" and "500" in retry["reason"]
-    assert [e["resumed"] for e in _events(run, "lead_started")] == [False, True]
-    assert [e["status"] for e in _events(run, "lead_finished")] == ["ok"]
+    assert retry.status == "failed" and "500" in retry.reason
+    assert [e.resumed for e in _events(run, "lead_started")] == [False, True]
+    assert [e.status for e in _events(run, "lead_finished")] == ["ok"]
     assert (
         json.loads((run.path / "report.json").read_text())["summary"] == "Done on the second try."
     )

@@ -25,7 +25,7 @@ QUESTION = "How are asyncio tasks cancelled by the zorblax scheduler?"
 
 
 def _spawns(run: RunDir) -> list[dict[str, Any]]:
-    return [e for e in run.journal.read() if e["event"] == "lead_spawn"]
+    return [e for e in run.journal.read() if e.event == "lead_spawn"]
 
 
 def test_the_offline_lead_follows_up_what_is_open_and_runs_the_documented_example(
@@ -42,33 +42,31 @@ def test_the_offline_lead_follows_up_what_is_open_and_runs_the_documented_exampl
     (run,) = RunDir.list(tmp_path / "runs")
     wave1, wave2 = _spawns(run)
     # Wave 1 is the planner's plan: one sub-question, the question itself.
-    assert [(m["id"], m["kind"], m["task"]) for m in wave1["members"]] == [
-        ("w1-1", "browser", QUESTION)
-    ]
+    assert [(m.id, m.kind, m.task) for m in wave1.members] == [("w1-1", "browser", QUESTION)]
     first = run.result("w1-1")["result"]
     asked = [q for q in first["open_questions"] if q.endswith("?")]
     assert asked and "zorblax" in asked[0]  # the corpus knows no zorblax
     # Wave 2: a browser member for that open question, a coding member for the example.
-    browsers = [m for m in wave2["members"] if m["kind"] == "browser"]
-    coders = [m for m in wave2["members"] if m["kind"] == "coding"]
-    assert [m["task"] for m in browsers] == asked[:1]
+    browsers = [m for m in wave2.members if m.kind == "browser"]
+    coders = [m for m in wave2.members if m.kind == "coding"]
+    assert [m.task for m in browsers] == asked[:1]
     (coder,) = coders
-    claim = coder["checks_claim"]
+    claim = coder.checks_claim
     assert claim["member"] == "w1-1"
     quoted = first["claims"][claim["claim"]]["quote"]
     example = example_in(quoted)
     assert example is not None and first["claims"][claim["claim"]]["verified"]
     # The session went into the coding member's box and was run there.
-    checked = run.result(coder["id"])
+    checked = run.result(coder.id)
     assert checked["status"] == "ok"
     verified = checked["result"]["verified"]
     assert verified["command"] == "python3 -m doctest example.txt"
     assert verified["exit_code"] == 0 and verified["passed"] and not verified["gate"]
     members = {m.id: m for m in run.planned_members() or []}
-    assert members[coder["id"]].files == {"example.txt": example + "\n"}
-    assert not members[coder["id"]].test_gate
+    assert members[coder.id].files == {"example.txt": example + "\n"}
+    assert not members[coder.id].test_gate
     # No third wave (max_waves 2); the lead finished and its words are the report's.
-    assert run.result(browsers[0]["id"])["status"] == "ok"
+    assert run.result(browsers[0].id)["status"] == "ok"
     report = json.loads((run.path / "report.json").read_text())
     assert report["analyst"] == "offline lead" and report["offline"]
     assert "2 wave(s)" in report["summary"] and "1 held" in report["summary"]
@@ -98,7 +96,7 @@ def test_the_offline_lead_spawns_only_what_the_token_budget_has_room_for(
     refused, accepted = spawns[1], spawns[2]
     assert refused.is_error and "room for 1 more member" in refused.output
     assert not accepted.is_error and "Wave 2 started: w2-1 (browser)." in accepted.output
-    assert [len(s["members"]) for s in _spawns(run)] == [1, 1]
+    assert [len(s.members) for s in _spawns(run)] == [1, 1]
     used = sum(
         r["input_tokens"] + r["output_tokens"] + r["cache_read_tokens"] + r["cache_write_tokens"]
         for r in (run.result(m) for m in ("w1-1", "w2-1"))
@@ -144,9 +142,9 @@ def test_a_finding_that_tries_to_instruct_the_lead_changes_nothing_it_does(
     assert len(api.requests) == 2  # the two members' one call each; none from the lead
     # One wave: neither open question is followed up (one addresses an AI agent, the
     # other is not about the question), and the lead finished as it would have anyway.
-    assert [len(s["members"]) for s in _spawns(run)] == [2]
-    lead_end = [e for e in run.journal.read() if e["event"] == "lead_finished"][-1]
-    assert lead_end["status"] == "ok"
+    assert [len(s.members) for s in _spawns(run)] == [2]
+    lead_end = [e for e in run.journal.read() if e.event == "lead_finished"][-1]
+    assert lead_end.status == "ok"
     report = json.loads((run.path / "report.json").read_text())
     assert "PWNED" not in report["summary"]
     assert report["summary"].startswith("1 wave(s), 2 member(s), 2 ended ok")

@@ -191,7 +191,7 @@ def test_a_retry_after_the_model_gave_up_goes_on_from_the_last_turn(
     cleanup.append(tmp_path / "runs")
     job = _job(tmp_path, retry='on = ["overloaded"]')
     run = _run_to_the_end(api, job)
-    assert any(e["event"] == "member_retry" for e in run.journal.read())
+    assert any(e.event == "member_retry" for e in run.journal.read())
     assert _patch_lines(run) == [f"line {k}" for k in range(steps)]
     events = list(read_trace(run.path / "members" / "m" / "trace.jsonl"))
     (mark,) = [e for e in events if e.type == "resumed"]

@@ -49,7 +49,7 @@ def _gate(members: int) -> tuple[Callable[[str, str], None], threading.Barrier]:
 
 
 def _saves(run: RunDir) -> list[dict[str, Any]]:
-    return [e for e in run.journal.read() if e["event"] == "memory_saved"]
+    return [e for e in run.journal.read() if e.event == "memory_saved"]
 
 
 def _wait_for(pred: Callable[[], bool], what: str) -> None:
@@ -83,11 +83,11 @@ def test_members_in_parallel_each_inserting_a_line_keep_every_line(
     assert sorted(lines[1:-1]) == sorted(f"fact from m{i}" for i in range(count))
     (run,) = RunDir.list(tmp_path / "runs")
     saves = _saves(run)
-    assert len(saves) == count and all(s["conflicts"] == 0 for s in saves)
-    actions = sorted(s["files"][0]["action"] for s in saves)
+    assert len(saves) == count and all(s.conflicts == 0 for s in saves)
+    actions = sorted(s.files[0].action for s in saves)
     # Every save but the first met a profile others had saved into since its load.
     assert actions == ["merged"] * (count - 1) + ["written"], actions
-    assert max(len(s["files"][0].get("merged_with", [])) for s in saves) == count - 1
+    assert max(len(s.files[0].merged_with) for s in saves) == count - 1
 
 
 def test_two_members_replacing_one_line_differently_keep_both_and_report_it(
@@ -113,10 +113,10 @@ def test_two_members_replacing_one_line_differently_keep_both_and_report_it(
     assert "\n=======\n" in text and "\n>>>>>>> " in text
     (run,) = RunDir.list(tmp_path / "runs")
     saves = _saves(run)
-    (second,) = [s for s in saves if s["conflicts"]]
-    loser = second["member"]
-    assert second["files"][0]["path"] == "notes.md"
-    assert "changed differently" in second["files"][0]["detail"]
+    (second,) = [s for s in saves if s.conflicts]
+    loser = second.member
+    assert second.files[0].path == "notes.md"
+    assert "changed differently" in second.files[0].detail
     # The run's last lines, the report, and fleet trace all say so.
     assert f"memory: conflict in {profile}/notes.md ({loser})" in err
     report = json.loads((run.path / "report.json").read_text())
@@ -173,10 +173,10 @@ def test_a_retried_member_starts_from_the_profile_then_and_saves_nothing_twice(
     assert sorted(lines) == sorted(
         ["# shared notes", "flaky notes", "flaky notes (again)", "sibling notes", "status unknown"]
     )
-    flaky = [s for s in _saves(run) if s["member"] == "flaky"]
-    assert [s["attempt"] for s in flaky] == [1, 2] and flaky[0]["key"] != flaky[1]["key"]
-    (last,) = flaky[1]["files"]
-    assert last["action"] == "merged" and any(w.startswith("sibling ") for w in last["merged_with"])
+    flaky = [s for s in _saves(run) if s.member == "flaky"]
+    assert [s.attempt for s in flaky] == [1, 2] and flaky[0].key != flaky[1].key
+    (last,) = flaky[1].files
+    assert last.action == "merged" and any(w.startswith("sibling ") for w in last.merged_with)
 
 
 def test_two_runs_on_one_profile_at_once_keep_every_line(
@@ -221,13 +221,13 @@ def test_two_runs_on_one_profile_at_once_keep_every_line(
     runs = RunDir.list(tmp_path / "runs")
     assert len(runs) == 2
     saves = {run.id: _saves(run) for run in runs}
-    assert all(len(s) == 2 and not any(x["conflicts"] for x in s) for s in saves.values())
+    assert all(len(s) == 2 and not any(x.conflicts for x in s) for s in saves.values())
     # Some save merged what the *other* run's process had saved into the profile.
     crossed = [
         w
         for rid, own in saves.items()
         for s in own
-        for w in s["files"][0].get("merged_with", [])
+        for w in s.files[0].merged_with
         if f"(run {rid})" not in w
     ]
     assert crossed, saves
@@ -271,7 +271,7 @@ def test_a_member_rerun_by_resume_after_a_crash_saves_nothing_twice(
         _wait_for(lambda: bool(RunDir.list(tmp_path / "runs")), "the run directory")
         (run,) = RunDir.list(tmp_path / "runs")
         _wait_for(
-            lambda: any(e["event"] == "member_retry" for e in run.journal.read()),
+            lambda: any(e.event == "member_retry" for e in run.journal.read()),
             "the first attempt's crash",
         )
         proc.send_signal(signal.SIGKILL)
@@ -279,7 +279,7 @@ def test_a_member_rerun_by_resume_after_a_crash_saves_nothing_twice(
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert [s["attempt"] for s in _saves(run) if s["member"] == "flaky"] == [1]
+    assert [s.attempt for s in _saves(run) if s.member == "flaky"] == [1]
     assert "flaky notes" in notes.read_text()
     resumed = subprocess.run(
         [*FLEET, "resume", str(run.path), "--plain"],
@@ -292,7 +292,7 @@ def test_a_member_rerun_by_resume_after_a_crash_saves_nothing_twice(
     assert sorted(lines) == sorted(
         ["# shared notes", "flaky notes", "flaky notes (again)", "sibling notes", "status unknown"]
     )
-    flaky = [s for s in _saves(run) if s["member"] == "flaky"]
-    assert len(flaky) == 2 and flaky[0]["key"] != flaky[1]["key"]
-    (last,) = flaky[1]["files"]
-    assert last["action"] == "merged" and any(w.startswith("sibling ") for w in last["merged_with"])
+    flaky = [s for s in _saves(run) if s.member == "flaky"]
+    assert len(flaky) == 2 and flaky[0].key != flaky[1].key
+    (last,) = flaky[1].files
+    assert last.action == "merged" and any(w.startswith("sibling ") for w in last.merged_with)

@@ -51,7 +51,7 @@ def test_run_directory_holds_the_job_as_given_and_validated(tmp_path):
     assert run.id.startswith("journal-test-")
     assert (run.path / "job.toml").read_text() == JOB
     assert run.job().members[1].id == "b"
-    assert run.journal.read()[0]["event"] == "run_created"
+    assert run.journal.read()[0].event == "run_created"
     assert RunDir.open(run.id, root=tmp_path).path == run.path
     assert RunDir.open(run.id[:-2], root=tmp_path).path == run.path  # unique prefix
     with pytest.raises(RunNotFound, match="fleet runs"):
@@ -60,23 +60,23 @@ def test_run_directory_holds_the_job_as_given_and_validated(tmp_path):
 
 def test_a_torn_last_journal_line_is_skipped(tmp_path):
     run = _run(tmp_path)
-    run.journal.append("member_started", member="a", attempt=1)
+    run.journal.note("member_started", member="a", attempt=1)
     with run.journal.path.open("a") as fh:
         fh.write('{"ts": 1, "event": "member_fini')  # killed mid-write
-    events = [e["event"] for e in run.journal.read()]
+    events = [e.event for e in run.journal.read()]
     assert events == ["run_created", "member_started"]
 
 
 def test_resume_runs_members_without_a_final_outcome(tmp_path):
     run = _run(tmp_path)
     members = run.job().members
-    run.journal.append("run_started", pid=999_999_999)
+    run.journal.note("run_started", pid=999_999_999)
     for m, status in (("a", "ok"), ("b", "failed"), ("c", "cancelled")):
-        run.journal.append("member_started", member=m, attempt=1)
-        run.journal.append("member_finished", member=m, status=status)
+        run.journal.note("member_started", member=m, attempt=1)
+        run.journal.note("member_finished", member=m, status=status)
     assert [m.id for m in run.pending_members(members)] == ["c"]
     assert [m.id for m in run.pending_members(members, retry_failed=True)] == ["b", "c"]
-    run.journal.append("member_started", member="c", attempt=1)  # then SIGKILL
+    run.journal.note("member_started", member="c", attempt=1)  # then SIGKILL
     st = run.state()
     assert st.members["c"] == "running" and st.starts["c"] == 2
     assert st.status == "dead"  # running per the journal, but no live owner
@@ -84,7 +84,7 @@ def test_resume_runs_members_without_a_final_outcome(tmp_path):
 
 def test_live_owner_is_reported_until_cleared(tmp_path):
     run = _run(tmp_path)
-    run.journal.append("run_started", pid=os.getpid())
+    run.journal.note("run_started", pid=os.getpid())
     run.mark_live()
     assert run.owner_pid() == os.getpid() and run.state().status == "running"
     run.clear_live()
@@ -117,7 +117,7 @@ def test_ctrl_c_interrupts_removes_boxes_and_the_run_resumes(tmp_path, images, d
             _, err = proc.communicate(timeout=60)
             assert proc.returncode == 130, err
             assert "Traceback" not in err and f"fleet resume {run.id}" in err
-            events = [e["event"] for e in run.journal.read()]
+            events = [e.event for e in run.journal.read()]
             assert "run_interrupted" in events
             st = run.state()
             assert st.status == "interrupted"
@@ -145,7 +145,7 @@ def test_resume_refuses_a_run_that_is_still_running_and_unknown_runs(tmp_path, c
     from coordinator.cli import main
 
     run = _run(tmp_path)
-    run.journal.append("run_started", pid=os.getpid())
+    run.journal.note("run_started", pid=os.getpid())
     run.mark_live()
     assert main(["resume", str(run.path)]) == 2
     assert "still running" in capsys.readouterr().err
@@ -234,7 +234,7 @@ def _corpus_box_created(docker_client, root: Path) -> bool:
 
 def _run_started(docker_client, root: Path) -> bool:
     runs = RunDir.list(root)
-    return bool(runs) and any(e["event"] == "run_started" for e in runs[0].journal.read())
+    return bool(runs) and any(e.event == "run_started" for e in runs[0].journal.read())
 
 
 @pytest.mark.docker

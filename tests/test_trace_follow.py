@@ -108,9 +108,9 @@ def _run_without_events(tmp_path: Path, owner_pid: int) -> Path:
     text = 'name = "waiting"\n[[members]]\nid = "a"\nkind = "coding"\ntask = "t"\n'
     run = RunDir.create(parse_job(text), text, root=tmp_path)
     run.save_members(run.job().members)
-    run.journal.append("run_started", pid=owner_pid, resume=False)
+    run.journal.note("run_started", pid=owner_pid, resume=False)
     (run.path / "live.json").write_text(json.dumps({"pid": owner_pid, "since": time.time()}))
-    run.journal.append("member_queued", member="a")
+    run.journal.note("member_queued", member="a")
     return run.path
 
 

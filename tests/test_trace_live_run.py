@@ -76,6 +76,6 @@ def test_a_real_runs_asks_are_answered_on_its_live_page_and_it_finishes_there(
         assert w.page.locator("#asks-panel").count() == 0
         assert w.page.evaluate("window.__same_page") == 1
         assert w.problems == []
-    answered = {e["member"]: e for e in _journal(run, "approval_answered")}
-    assert answered["tail"]["allowed"] and not answered["escapes"]["allowed"]
-    assert answered["tail"]["by"] == "fleet view" and answered["tail"]["who"].startswith("pid ")
+    answered = {e.member: e for e in _journal(run, "approval_answered")}
+    assert answered["tail"].allowed and not answered["escapes"].allowed
+    assert answered["tail"].by == "fleet view" and answered["tail"].who.startswith("pid ")

@@ -34,8 +34,8 @@ def test_a_live_lead_run_is_one_trace_with_its_members_under_the_lead(
     finally:
         collector.close()
     (run,) = RunDir.list(tmp_path / "runs")
-    waves = {m["id"]: e["wave"] for e in run.journal.read() if e["event"] == "lead_spawn"
-             for m in e["members"]}  # fmt: skip
+    waves = {m.id: e.wave for e in run.journal.read() if e.event == "lead_spawn"
+             for m in e.members}  # fmt: skip
     assert sorted(set(waves.values())) == [1, 2]
     assert len({s.trace_id for s in spans}) == 1
     agents = {attributes(s.attributes)["gen_ai.agent.name"]: s for s in spans

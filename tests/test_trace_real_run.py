@@ -18,6 +18,7 @@ from conftest import missing_dependency, remove_run
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otlp_collector import Collector
 
+from coordinator.journal.entries import MemberFinishedEntry
 from coordinator.rundir.runs import RunDir
 from coordinator.traceview import load_run, member_detail, otel, rollup_run
 from coordinator.traceview.html import write_page
@@ -99,23 +100,21 @@ def test_rollup_of_a_real_run_matches_its_traces_and_journal(real_run: Path) -> 
     roll = rollup_run(load_run(real_run))
     assert roll.finished and roll.run == real_run.name
     journal = {
-        e["member"]: e
-        for e in RunDir(real_run).journal.read()
-        if e.get("event") == "member_finished"
+        e.member: e for e in RunDir(real_run).journal.read() if isinstance(e, MemberFinishedEntry)
     }
     assert [r.member for r in roll.members] == sorted(journal)
     for row in roll.members:
         events = list(read_trace(real_run / "members" / row.member / "trace.jsonl"))
         calls = [e for e in events if isinstance(e, ModelCall)]
-        assert row.status == journal[row.member]["status"] == "ok"
-        assert row.turns == len(calls) == journal[row.member]["turns"]
+        assert row.status == journal[row.member].status == "ok"
+        assert row.turns == len(calls) == journal[row.member].turns
         assert row.total_input == sum(
             c.input_tokens + c.cache_read_tokens + c.cache_write_tokens for c in calls
         )
         assert (
             row.output_tokens
             == sum(c.output_tokens for c in calls)
-            == journal[row.member]["output_tokens"]
+            == journal[row.member].output_tokens
         )
         assert row.tool_calls == sum(isinstance(e, ToolCall) for e in events)
         errors = sum(isinstance(e, ToolResult) and e.is_error for e in events)

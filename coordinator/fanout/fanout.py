@@ -39,6 +39,7 @@ from subagents.policy import ToolPolicy
 from subagents.spec import MemberSpec
 
 from ..job.spec import Egress, MemberJob
+from ..journal.entries import FailFastEntry
 from ..nodes.node import Deps, LocalNodes
 from ..nodes.worker import MemberUnit, Nodes, Recorder, failed_outcome, run_unit
 from .executor import Executor, LocalExecutor
@@ -163,7 +164,7 @@ class Fanout:
         if self.fail_fast and result.status != "ok" and not asked and not self.stopper:
             self.stopper.append(unit.spec.id)
             self.closed = True
-            self.deps.note("fail_fast", member=unit.spec.id, reason=result.reason)
+            self.deps.note(FailFastEntry(member=unit.spec.id, reason=result.reason))
             stop = True
         for listener in self.on_outcome:
             listener(unit, result)

@@ -45,6 +45,15 @@ from subagents.trace import ModelCall, TraceWriter, read_trace
 from ..fanout.fanout import Fanout
 from ..job.planner import offline_plan
 from ..job.spec import LEAD_ID, Job, MemberJob
+from ..journal.entries import (
+    LeadFinishedEntry,
+    LeadRetryEntry,
+    LeadSpawnEntry,
+    LeadStartedEntry,
+    MemberFinishedEntry,
+    MemberStartedEntry,
+    PlanEntry,
+)
 from ..nodes.worker import MemberUnit, Nodes, Recorder, Services, backoff, retry_class
 from ..oversight.progress import Progress
 from ..rundir.runs import FINISHED, RunDir
@@ -83,14 +92,12 @@ def spawned_members(run: RunDir) -> list[Spawned]:
     planned = {m.id: m for m in run.planned_members() or []}
     out: list[Spawned] = []
     for e in run.journal.read():
-        if e.get("event") != "lead_spawn":
+        if not isinstance(e, LeadSpawnEntry):
             continue
-        for m in e.get("members") or []:
-            job = planned.get(m.get("id"))
+        for m in e.members:
+            job = planned.get(m.id)
             if job is not None:
-                out.append(
-                    Spawned(job=job, wave=int(e.get("wave", 0)), checks_claim=m.get("checks_claim"))
-                )
+                out.append(Spawned(job=job, wave=e.wave, checks_claim=m.checks_claim))
     return out
 
 
@@ -99,8 +106,8 @@ def restore(waves: Waves, run: RunDir) -> None:
     what the lead was told, and the tokens it used."""
     waves.spawned = spawned_members(run)
     for e in run.journal.read():
-        if e.get("event") == "lead_spawn" and e.get("call_id"):
-            waves.answers[str(e["call_id"])] = Reply(str(e.get("answer", "")))
+        if isinstance(e, LeadSpawnEntry) and e.call_id:
+            waves.answers[e.call_id] = Reply(e.answer)
     for s in waves.spawned:
         data = run.result(s.job.id or "")
         if data and data.get("status") in FINISHED:
@@ -177,9 +184,9 @@ async def _run_the_lead(
     spec = lead_spec(job, name, offline=model.offline)
     resumed = (ldir / "conversation.json").is_file()
     if "plan" in spec.inputs and not resumed:
-        deps.note("plan", planner="offline", sub_questions=spec.inputs["plan"], lead=True)
-    deps.note("lead_started", model=name, resumed=resumed)
-    progress.on_journal({"event": "member_started", "member": LEAD_ID})
+        deps.note(PlanEntry(planner="offline", sub_questions=spec.inputs["plan"], lead=True))
+    deps.note(LeadStartedEntry(model=name, resumed=resumed))
+    progress.on_journal(MemberStartedEntry(member=LEAD_ID))
     started = time.monotonic()
     try:
         with anyio.fail_after(lead.limits.deadline_s):
@@ -228,9 +235,10 @@ async def _lead_with_retries(
             return outcome
         delay = backoff(policy, attempt)
         deps.note(
-            "lead_retry", attempt=attempt, status=outcome.status, reason=outcome.reason,
-            delay_s=delay,
-        )  # fmt: skip
+            LeadRetryEntry(
+                attempt=attempt, status=outcome.status, reason=outcome.reason, delay_s=delay
+            )
+        )
         await anyio.sleep(delay)
 
 
@@ -254,9 +262,6 @@ async def run_lead(
     is interrupted."""
     lead = job.lead
     assert lead is not None
-
-    def journal(event: str, **fields: Any) -> None:
-        deps.note(event, **fields)
 
     waves = Waves(
         lead=lead,
@@ -291,17 +296,17 @@ async def run_lead(
                 group.cancel_scope.cancel()  # their results would reach no one
             if again:
                 deps.note(
-                    "lead_finished",
-                    status=outcome.status,
-                    reason=outcome.reason,
-                    turns=outcome.turns,
-                    tokens=outcome.input_tokens + outcome.output_tokens,
-                    cancelled=running,
+                    LeadFinishedEntry(
+                        status=outcome.status,
+                        reason=outcome.reason,
+                        turns=outcome.turns,
+                        tokens=outcome.input_tokens + outcome.output_tokens,
+                        cancelled=running,
+                    )
                 )
             progress.on_journal(
-                {"event": "member_finished", "member": LEAD_ID, "status": outcome.status,
-                 "reason": outcome.reason}
-            )  # fmt: skip
+                MemberFinishedEntry(member=LEAD_ID, status=outcome.status, reason=outcome.reason)
+            )
     finally:
         on_members(waves.members())
     return fan.result().outcomes

@@ -50,6 +50,7 @@ from subagents.outcome import MemberOutcome
 from ..fanout.fanout import Fanout
 from ..job.jobfile import describe_validation
 from ..job.spec import LEAD_ID, Lead, MemberJob
+from ..journal.entries import JournalEntryModel, LeadSpawnEntry, MemberQueuedEntry, SpawnedMember
 from ..nodes.worker import MemberUnit
 from ..report.synthesis import cap_result
 
@@ -80,8 +81,8 @@ class Waves:
 
     lead: Lead
     fan: Fanout
-    journal: Callable[..., Any]
-    """``journal(event, **fields)``: the run's journal (and its listeners)."""
+    journal: Callable[[JournalEntryModel], Any]
+    """Appends an entry to the run's journal (and tells its listeners)."""
     save_members: Callable[[list[MemberJob]], None]
     """Writes ``members.json`` (every member spawned so far)."""
     make_units: Callable[[list[MemberJob]], list[MemberUnit]]
@@ -245,22 +246,23 @@ class Waves:
         reply = Reply(f"Wave {wave} started: {ids}. {self.left()} Use wait for their results.")
         self.answers[call_id] = reply
         self.journal(
-            "lead_spawn",
-            call_id=call_id,
-            wave=wave,
-            members=[
-                {
-                    "id": s.job.id,
-                    "kind": s.job.kind,
-                    "task": s.job.task,
-                    **({"checks_claim": s.checks_claim} if s.checks_claim else {}),
-                }
-                for s in new
-            ],
-            answer=reply.text,
+            LeadSpawnEntry(
+                call_id=call_id,
+                wave=wave,
+                members=[
+                    SpawnedMember(
+                        id=s.job.id or "",
+                        kind=s.job.kind,
+                        task=s.job.task,
+                        checks_claim=s.checks_claim or None,
+                    )
+                    for s in new
+                ],
+                answer=reply.text,
+            )
         )
         for s in new:
-            self.journal("member_queued", member=s.job.id, wave=wave)
+            self.journal(MemberQueuedEntry(member=s.job.id or "", wave=wave))
         units = self.make_units([s.job for s in new])
         self.expect(units)
         self.fan.add(units)

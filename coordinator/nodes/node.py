@@ -189,127 +189,174 @@ async def run_attempt(
     the member's transcript and checkpoint hold a completed turn (a node sends them to
     the coordinator then).
     """
+    started = time.monotonic()
+    held = _Held(keep=unit.spec.sandbox.keep)
+    ended_by_harness = False
+    try:
+        with anyio.fail_after(unit.deadline_s):
+            if staged_repo is None and unit.repo:
+                # Host side first: a repository too large for the box fails before any box.
+                room = copy_room(unit.spec.sandbox)
+                repo = Path(unit.repo)
+                held.staging = await anyio.to_thread.run_sync(lambda: staged_copy(repo, room=room))
+                staged_repo = Path(held.staging.name)
+            run_dir = member_dir or Path(unit.member_dir)
+            outcome = await _harness(
+                unit, deps, trace, held, staged_repo, run_dir, on_turn_saved, started
+            )
+            ended_by_harness = True
+    except CANCELLED():
+        await _release(held.box, trace, held.pool, keep=held.keep)
+        if held.staging is not None:
+            held.staging.cleanup()
+        raise
+    except Exception as exc:
+        outcome = _attempt_failed(unit, exc, started)
+    await _release(held.box, trace, held.pool, keep=held.keep)
+    if held.staging is not None:
+        await anyio.to_thread.run_sync(held.staging.cleanup)
+        if held.staging.not_copied:
+            outcome = outcome.model_copy(update={"not_copied": held.staging.not_copied})
+    return _settled(unit, trace, outcome, traced_end=ended_by_harness)
+
+
+@dataclass
+class _Held:
+    """What an attempt holds and must give back however it ends."""
+
+    keep: bool
+    """The box outlives the run (``sandbox.keep``)."""
+    box: Sandbox | None = None
+    pool: SandboxPool | None = None
+    staging: StagedRepo | None = None
+
+
+async def _harness(
+    unit: MemberUnit,
+    deps: NodeDeps,
+    trace: TraceWriter,
+    held: _Held,
+    staged_repo: Path | None,
+    run_dir: Path,
+    on_turn_saved: Callable[[], None] | None,
+    started: float,
+) -> MemberOutcome:
+    """The member's harness to its end, its box started beside its first model call
+    (:mod:`sandbox.deferred` says why)."""
     from subagents.member import run_member as default_run_member
 
     run_member = deps.run_member or default_run_member
-    started = time.monotonic()
-    box: Sandbox | None = None
-    pool: SandboxPool | None = None
-    ended_by_harness = False
-    keep = False
-    staging: StagedRepo | None = None
+    pending = DeferredSandbox(unit.spec.sandbox, unit.spec.id)
+    member_ended = anyio.Event()
+    spec = await _with_proxies(soft_deadline(unit, started), deps.backend, unit.run_id)
+    model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
+    model = budgeted(model, unit.run_id, unit.spec.id, deps.budget)
+    extra = _harness_options(unit, deps, run_dir, on_turn_saved)
+
+    async def attempt() -> MemberOutcome:
+        try:
+            return await run_member(
+                spec, sandbox=pending, model=model, run_dir=run_dir, trace=trace, **extra
+            )
+        finally:
+            member_ended.set()
+            with anyio.CancelScope(shield=True):
+                await model.aclose()
+
+    async def start_box() -> None:
+        await _start_box(unit, deps, trace, held, pending, member_ended, staged_repo)
+
+    # The box's start is waited for: a box that came after its member ended is
+    # removed like any other.
+    return await beside(attempt, start_box, wait_for_side=True)
+
+
+def _harness_options(
+    unit: MemberUnit, deps: NodeDeps, run_dir: Path, on_turn_saved: Callable[[], None] | None
+) -> dict[str, Any]:
+    """What the harness is handed beyond the member: the approver, and a durable
+    transcript."""
+    # Only a harness that may ask is handed the approver (a test's own harness need
+    # not take it).
+    extra: dict[str, Any] = {}
+    if deps.approver is not None:
+        extra["approver"] = deps.approver
+    # The harness keeps its transcript (subagents.durable) - not for a member with
+    # explicit memory: its memory writes live in its box and are not checkpointed,
+    # so going on from a later turn would lose them from the save; it starts over.
+    if deps.run_member is None and unit.spec.memory_dir is None:
+        extra["conversation_file"] = run_dir / TRANSCRIPT
+        if on_turn_saved is not None:
+            extra["on_turn_saved"] = on_turn_saved
+    return extra
+
+
+async def _start_box(
+    unit: MemberUnit,
+    deps: NodeDeps,
+    trace: TraceWriter,
+    held: _Held,
+    pending: DeferredSandbox,
+    member_ended: anyio.Event,
+    staged_repo: Path | None,
+) -> None:
+    """The member's box, its repository and files in it, handed to ``pending``; a
+    failure to start is the member's to meet at its first use of the box."""
     try:
-        with anyio.fail_after(unit.deadline_s):
-            box_spec = unit.spec.sandbox
-            keep = box_spec.keep
-            if staged_repo is None and unit.repo:
-                # Host side first: a repository too large for the box fails before any box.
-                room = copy_room(box_spec)
-                repo = Path(unit.repo)
-                staging = await anyio.to_thread.run_sync(lambda: staged_copy(repo, room=room))
-                staged_repo = Path(staging.name)
-            pending = DeferredSandbox(box_spec, unit.spec.id)
-            member_ended = anyio.Event()
-
-            async def start_box() -> None:
-                """The member's box, started beside its first model call
-                (:mod:`sandbox.deferred` says why)."""
-                nonlocal box, pool
-                try:
-                    t0 = time.monotonic()
-                    box, pool = await deps.acquire(box_spec, unit.run_id, unit.spec.id)
-                    if not member_ended.is_set():  # else it was never the member's: no create
-                        trace.emit(
-                            SandboxEvent(
-                                action="create",
-                                box=box.name,
-                                duration_s=round(time.monotonic() - t0, 3),
-                            )
-                        )
-                    if staged_repo is not None:
-                        await box.upload(staged_repo, "/workspace")
-                    for name, text in unit.files.items():
-                        await box.write_file(f"/workspace/{name}", text)
-                except (SandboxCrashed, SandboxClosed, SandboxUnavailable) as exc:
-                    pending.fail(exc)
-                except SandboxError as exc:
-                    pending.fail(SandboxUnavailable(str(exc)))
-                except Exception as exc:
-                    pending.fail(exc)
-                except BaseException:
-                    pending.fail(SandboxUnavailable("the box's start was cancelled"))
-                    raise
-                else:
-                    pending.set(box)
-
-            spec = await _with_proxies(soft_deadline(unit, started), deps.backend, unit.run_id)
-            model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
-            model = budgeted(model, unit.run_id, unit.spec.id, deps.budget)
-            # Only a harness that may ask is handed the approver (a test's own harness
-            # need not take it).
-            asks: dict[str, Approver] = {}
-            if deps.approver is not None:
-                asks["approver"] = deps.approver
-            durable: dict[str, Any] = {}
-            # The harness keeps its transcript (subagents.durable) - not for a member with
-            # explicit memory: its memory writes live in its box and are not checkpointed,
-            # so going on from a later turn would lose them from the save; it starts over.
-            if deps.run_member is None and unit.spec.memory_dir is None:
-                durable["conversation_file"] = (member_dir or Path(unit.member_dir)) / TRANSCRIPT
-                if on_turn_saved is not None:
-                    durable["on_turn_saved"] = on_turn_saved
-
-            async def attempt() -> MemberOutcome:
-                try:
-                    return await run_member(
-                        spec,
-                        sandbox=pending,
-                        model=model,
-                        run_dir=member_dir or Path(unit.member_dir),
-                        trace=trace,
-                        **asks,
-                        **durable,
-                    )
-                finally:
-                    member_ended.set()
-                    with anyio.CancelScope(shield=True):
-                        await model.aclose()
-
-            # The box's start is waited for: a box that came after its member ended is
-            # removed below like any other.
-            outcome = await beside(attempt, start_box, wait_for_side=True)
-            ended_by_harness = True
-    except TimeoutError:
-        outcome = failed_outcome(
-            unit, "timed_out", f"deadline of {unit.deadline_s:g}s passed", started
-        )
-    except (RepoTooLarge, RepoRefused) as exc:
-        outcome = failed_outcome(unit, "failed", str(exc), started)
-    except SandboxCrashed as exc:
-        outcome = failed_outcome(
-            unit, "crashed", f"sandbox crashed: {exc.reason}", started, retryable=True
-        )
+        t0 = time.monotonic()
+        box, held.pool = await deps.acquire(unit.spec.sandbox, unit.run_id, unit.spec.id)
+        held.box = box
+        if not member_ended.is_set():  # else it was never the member's: no create
+            trace.emit(
+                SandboxEvent(
+                    action="create", box=box.name, duration_s=round(time.monotonic() - t0, 3)
+                )
+            )
+        if staged_repo is not None:
+            await box.upload(staged_repo, "/workspace")
+        for name, text in unit.files.items():
+            await box.write_file(f"/workspace/{name}", text)
+    except (SandboxCrashed, SandboxClosed, SandboxUnavailable) as exc:
+        pending.fail(exc)
     except SandboxError as exc:
-        outcome = failed_outcome(
+        pending.fail(SandboxUnavailable(str(exc)))
+    except Exception as exc:
+        pending.fail(exc)
+    except BaseException:
+        pending.fail(SandboxUnavailable("the box's start was cancelled"))
+        raise
+    else:
+        pending.set(box)
+
+
+def _attempt_failed(unit: MemberUnit, exc: Exception, started: float) -> MemberOutcome:
+    """The outcome of an attempt that raised instead of ending: a passed deadline, a
+    repository that may not go into a box, a lost box, a model error, or a bug."""
+    if isinstance(exc, TimeoutError):
+        why = f"deadline of {unit.deadline_s:g}s passed"
+        return failed_outcome(unit, "timed_out", why, started)
+    if isinstance(exc, RepoTooLarge | RepoRefused):
+        return failed_outcome(unit, "failed", str(exc), started)
+    if isinstance(exc, SandboxCrashed):
+        why = f"sandbox crashed: {exc.reason}"
+        return failed_outcome(unit, "crashed", why, started, retryable=True)
+    if isinstance(exc, SandboxError):
+        return failed_outcome(
             unit, "crashed", f"sandbox unavailable: {exc}", started, retryable=True
         )
-    except ModelError as exc:
-        outcome = failed_outcome(
-            unit, "failed", f"model error: {exc}", started, retryable=exc.retryable
-        )
-    except CANCELLED():
-        await _release(box, trace, pool, keep=keep)
-        if staging is not None:
-            staging.cleanup()
-        raise
-    except Exception as exc:
-        outcome = failed_outcome(unit, "failed", f"raised {type(exc).__name__}: {exc}", started)
-    await _release(box, trace, pool, keep=keep)
-    if staging is not None:
-        await anyio.to_thread.run_sync(staging.cleanup)
-        if staging.not_copied:
-            outcome = outcome.model_copy(update={"not_copied": staging.not_copied})
-    settled_here = not ended_by_harness
+    if isinstance(exc, ModelError):
+        why = f"model error: {exc}"
+        return failed_outcome(unit, "failed", why, started, retryable=exc.retryable)
+    return failed_outcome(unit, "failed", f"raised {type(exc).__name__}: {exc}", started)
+
+
+def _settled(
+    unit: MemberUnit, trace: TraceWriter, outcome: MemberOutcome, *, traced_end: bool
+) -> MemberOutcome:
+    """The outcome after the job's own check of an ``ok`` result (``result_schema``),
+    with the trace's last word: the harness's end, unless it traced none or this
+    check overruled it."""
+    settled_here = not traced_end
     if outcome.status == "ok" and unit.result_schema:
         wrong = schema_problems(outcome.result or {}, unit.result_schema)
         if wrong:

@@ -60,6 +60,14 @@ from subagents.spec import MemberSpec
 from subagents.trace import MemorySave, PolicyDecision, Retry, TraceWriter
 
 from ..job.spec import RetryPolicy
+from ..journal.entries import (
+    JournalEntryModel,
+    MemberFinishedEntry,
+    MemberRetryEntry,
+    MemberStartedEntry,
+    MemorySavedEntry,
+    PolicyDecisionEntry,
+)
 
 CANCELLED = anyio.get_cancelled_exc_class
 
@@ -154,12 +162,12 @@ class Recorder:
 
     listeners: list[Callable[[Any], None]] = field(default_factory=list)
     """Trace listeners (live progress); called with every trace event."""
-    journal: Callable[..., Any] | None = None
-    """``journal(event, **fields)``; None: no journal (a bare worker)."""
+    journal: Callable[[JournalEntryModel], Any] | None = None
+    """Appends an entry to the run's journal; None: no journal (a bare worker)."""
 
-    def note(self, event: str, **fields: Any) -> None:
+    def note(self, entry: JournalEntryModel) -> None:
         if self.journal is not None:
-            self.journal(event, **fields)
+            self.journal(entry)
 
 
 def retry_class(outcome: MemberOutcome) -> str | None:
@@ -206,19 +214,83 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
     await mdir.mkdir(parents=True, exist_ok=True)
     trace = TraceWriter(Path(mdir) / "trace.jsonl", run=unit.run_id, member=unit.spec.id)
     trace.listeners.extend(deps.listeners)
-    attempt = 0
+    tries = _Tries()
+    trace.listeners.append(lambda ev: _journal_event(deps, unit.spec.id, tries.n, ev))
+    if not goes_on(unit.retry, None):
+        forget(Path(mdir))
+    try:
+        outcome = await _attempts(unit, deps, nodes, trace, tries)
+    except CANCELLED():
+        deps.note(
+            MemberFinishedEntry(
+                member=unit.spec.id, status="cancelled", reason="cancelled", attempts=tries.n
+            )
+        )
+        trace.close()
+        raise
+    forget(Path(mdir))  # a final outcome: nothing is left to go on from
+    _write_result(mdir, outcome)
+    deps.note(
+        MemberFinishedEntry(
+            member=unit.spec.id,
+            status=outcome.status,
+            reason=outcome.reason,
+            attempts=tries.n,
+            turns=outcome.turns,
+            input_tokens=outcome.input_tokens,
+            output_tokens=outcome.output_tokens,
+        )
+    )
+    trace.close()
+    return outcome
 
-    def journal_memory(ev: object) -> None:
-        # Every memory save goes into the run's journal too, with the attempt it ended.
-        if isinstance(ev, MemorySave):
-            deps.note("memory_saved", member=unit.spec.id, attempt=attempt, **memory_fields(ev))
 
-    def journal_policy(ev: object) -> None:
-        # Every decision a policy rule made is the run's record too (who answered an ask).
-        if isinstance(ev, PolicyDecision):
-            deps.note(
-                "policy_decision",
+@dataclass
+class _Tries:
+    n: int = 0
+    """Attempts started so far: the one running is attempt ``n``."""
+
+
+async def _attempts(
+    unit: MemberUnit, deps: Recorder, nodes: Nodes, trace: TraceWriter, tries: _Tries
+) -> MemberOutcome:
+    """Attempts until one ends as the retry policy does not retry, or none are left."""
+    while True:
+        tries.n += 1
+        attempt = tries.n
+
+        def started(node: str, attempt: int = attempt) -> None:
+            deps.note(MemberStartedEntry(member=unit.spec.id, attempt=attempt, node=node or None))
+
+        outcome = await nodes.attempt(unit, trace, started)
+        why = retry_class(outcome)
+        if why not in unit.retry.on or attempt >= unit.retry.attempts:
+            return outcome
+        delay = backoff(unit.retry, attempt)
+        deps.note(
+            MemberRetryEntry(
                 member=unit.spec.id,
+                attempt=attempt,
+                status=outcome.status,
+                reason=outcome.reason,
+                delay_s=delay,
+            )
+        )
+        trace.emit(Retry(what="member", attempt=attempt, reason=outcome.reason, delay_s=delay))
+        if not goes_on(unit.retry, "lost" if nodes.lost_node(outcome) else why):
+            forget(Path(unit.member_dir))
+        await anyio.sleep(delay)
+
+
+def _journal_event(deps: Recorder, member: str, attempt: int, ev: object) -> None:
+    """A trace event that is the run's record too: a memory save (with the attempt it
+    ended), a decision a policy rule made (who answered an ask)."""
+    if isinstance(ev, MemorySave):
+        deps.note(memory_entry(ev, member, attempt))
+    elif isinstance(ev, PolicyDecision):
+        deps.note(
+            PolicyDecisionEntry(
+                member=member,
                 attempt=attempt,
                 call_id=ev.call_id,
                 tool=ev.tool,
@@ -230,63 +302,7 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
                 always=ev.always,
                 waited_s=ev.waited_s,
             )
-
-    trace.listeners.append(journal_memory)
-    trace.listeners.append(journal_policy)
-    if not goes_on(unit.retry, None):
-        forget(Path(mdir))
-    try:
-        while True:
-            attempt += 1
-
-            def started(node: str, attempt: int = attempt) -> None:
-                where = {"node": node} if node else {}
-                deps.note("member_started", member=unit.spec.id, attempt=attempt, **where)
-
-            outcome = await nodes.attempt(unit, trace, started)
-            why = retry_class(outcome)
-            if why in unit.retry.on and attempt < unit.retry.attempts:
-                delay = backoff(unit.retry, attempt)
-                deps.note(
-                    "member_retry",
-                    member=unit.spec.id,
-                    attempt=attempt,
-                    status=outcome.status,
-                    reason=outcome.reason,
-                    delay_s=delay,
-                )
-                trace.emit(
-                    Retry(what="member", attempt=attempt, reason=outcome.reason, delay_s=delay)
-                )
-                if not goes_on(unit.retry, "lost" if nodes.lost_node(outcome) else why):
-                    forget(Path(mdir))
-                await anyio.sleep(delay)
-                continue
-            break
-    except CANCELLED():
-        deps.note(
-            "member_finished",
-            member=unit.spec.id,
-            status="cancelled",
-            reason="cancelled",
-            attempts=attempt,
         )
-        trace.close()
-        raise
-    forget(Path(mdir))  # a final outcome: nothing is left to go on from
-    _write_result(mdir, outcome)
-    deps.note(
-        "member_finished",
-        member=unit.spec.id,
-        status=outcome.status,
-        reason=outcome.reason,
-        attempts=attempt,
-        turns=outcome.turns,
-        input_tokens=outcome.input_tokens,
-        output_tokens=outcome.output_tokens,
-    )
-    trace.close()
-    return outcome
 
 
 def short_input(args: dict[str, Any], limit: int = 300) -> dict[str, Any]:
@@ -298,16 +314,18 @@ def short_input(args: dict[str, Any], limit: int = 300) -> dict[str, Any]:
     }
 
 
-def memory_fields(ev: MemorySave) -> dict[str, Any]:
-    """A memory save as the journal records it (conflicts counted, defaults left out)."""
-    return {
-        "profile": ev.profile,
-        "key": ev.key,
-        "files": [f.model_dump(exclude_defaults=True) for f in ev.files],
-        "conflicts": len(ev.conflicts),
-        **({"already_saved": True} if ev.already_saved else {}),
-        **({"error": ev.error} if ev.error else {}),
-    }
+def memory_entry(ev: MemorySave, member: str, attempt: int) -> MemorySavedEntry:
+    """A memory save as the journal records it (conflicts counted)."""
+    return MemorySavedEntry(
+        member=member,
+        attempt=attempt,
+        profile=ev.profile,
+        key=ev.key,
+        files=ev.files,
+        conflicts=len(ev.conflicts),
+        already_saved=ev.already_saved or None,
+        error=ev.error or None,
+    )
 
 
 def _write_result(mdir: anyio.Path, outcome: MemberOutcome) -> None:

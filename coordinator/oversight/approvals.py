@@ -54,6 +54,12 @@ import anyio
 
 from subagents.policy import Approval, ApprovalRequest
 
+from ..journal.entries import (
+    ApprovalAbandonedEntry,
+    ApprovalAnsweredEntry,
+    ApprovalRequestedEntry,
+    JournalEntryModel,
+)
 from .visible import digest, shown, visible
 
 Mode = Literal["wait", "default", "all"]
@@ -186,12 +192,12 @@ class FileApprover:
         queue: ApprovalQueue,
         mode: Mode,
         *,
-        journal: Callable[..., Any] | None = None,
+        journal: Callable[[JournalEntryModel], Any] | None = None,
         changed: Callable[[], None] | None = None,
     ) -> None:
         self.queue, self.mode = queue, mode
         self.journal = journal
-        """``journal(event, **fields)`` for requests made and abandoned."""
+        """Appends an entry to the run's journal: asks made, answered and abandoned."""
         self.changed = changed
         """Called when a request appears or goes (the progress table redraws)."""
 
@@ -204,7 +210,7 @@ class FileApprover:
             return Approval(allowed=request.ask_default == "allow", by="no terminal")
         rid = await anyio.to_thread.run_sync(self.queue.request, request)
         sha = shown_sha256(request.input)
-        self._note("approval_requested", request, id=rid, sha256=sha)
+        self._note(ApprovalRequestedEntry(id=rid, sha256=sha, **_asked(request)))
         try:
             with anyio.move_on_after(timeout_s if timeout_s is not None else float("inf")):
                 while True:
@@ -219,7 +225,9 @@ class FileApprover:
         except anyio.get_cancelled_exc_class():
             # No await here: the record is written before the cancellation goes on.
             if self.queue.answer(rid, allowed=False, by="abandoned", reason="member stopped"):
-                self._note("approval_abandoned", request, id=rid, reason="member stopped")
+                self._note(
+                    ApprovalAbandonedEntry(id=rid, reason="member stopped", **_asked(request))
+                )
             raise
         finally:
             if self.changed is not None:
@@ -237,39 +245,44 @@ class FileApprover:
             )
         at = datetime.fromtimestamp(float(answer.get("answered_at") or time.time()))
         self._note(
-            "approval_answered",
-            request,
-            id=rid,
-            allowed=approval.allowed,
-            always=approval.always,
-            by=approval.by,
-            who=str(answer.get("who") or ""),
-            answered_at=at.isoformat(timespec="seconds"),
-            sha256=sha,
+            ApprovalAnsweredEntry(
+                id=rid,
+                allowed=approval.allowed,
+                always=approval.always,
+                by=approval.by,
+                who=str(answer.get("who") or ""),
+                answered_at=at.isoformat(timespec="seconds"),
+                sha256=sha,
+                **_asked(request),
+            )
         )
         return approval
 
-    def abandon_earlier(self, journal: Callable[..., Any]) -> None:
+    def abandon_earlier(self, journal: Callable[[ApprovalAbandonedEntry], Any]) -> None:
         """A resume: close the asks of the run's earlier life nobody answered, each
         journalled; their members run again and ask again."""
         why = "the run was resumed: the member runs again and asks again"
         for req in self.queue.abandon_unanswered(why):
             journal(
-                "approval_abandoned",
-                id=req["id"],
-                member=req.get("member"),
-                tool=req.get("tool"),
-                rule=req.get("rule"),
-                reason=why,
+                ApprovalAbandonedEntry(
+                    id=req["id"],
+                    member=req.get("member"),
+                    tool=req.get("tool"),
+                    rule=req.get("rule"),
+                    reason=why,
+                )
             )
 
-    def _note(self, event: str, request: ApprovalRequest, **fields: Any) -> None:
+    def _note(self, entry: JournalEntryModel) -> None:
         if self.changed is not None:
             self.changed()
         if self.journal is not None:
-            self.journal(
-                event, member=request.member, tool=request.tool, rule=request.rule, **fields
-            )
+            self.journal(entry)
+
+
+def _asked(request: ApprovalRequest) -> dict[str, Any]:
+    """Who asked for what, as every ask's journal entry names it."""
+    return {"member": request.member, "tool": request.tool, "rule": request.rule}
 
 
 async def read_keys(queue: ApprovalQueue, fd: int, changed: Callable[[], None]) -> None:
@@ -331,23 +344,20 @@ def shown_sha256(args: Any) -> str:
     return digest(shown(args))
 
 
-def answered_line(entry: dict[str, Any]) -> str:
+def answered_line(entry: ApprovalAnsweredEntry) -> str:
     """An ``approval_answered`` journal entry, told to a person: what, how, by whom, when."""
-    word = "approved" if entry.get("allowed") else "refused"
-    if entry.get("always"):
+    word = "approved" if entry.allowed else "refused"
+    if entry.always:
         word += " (always, for its rule)"
-    by, who = str(entry.get("by") or "unknown"), str(entry.get("who") or "")
+    by, who = entry.by or "unknown", entry.who
     if by == "terminal":
         source = "the terminal prompt"
     elif by == "timeout":
         source = "the timeout (nobody answered in time: ask_default)"
     else:
         source = f"{by} ({who})" if who else by
-    at = str(entry.get("answered_at", ""))[11:] or "?"
-    return (
-        f"ask {entry.get('id')} of {entry.get('member')} ({entry.get('tool')}) "
-        f"{word} by {visible(source)} at {at}"
-    )
+    at = entry.answered_at[11:] or "?"
+    return f"ask {entry.id} of {entry.member} ({entry.tool}) {word} by {visible(source)} at {at}"
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -27,6 +27,14 @@ from typing import Any, TextIO
 
 import anyio
 
+from ..journal.entries import (
+    AnyEntry,
+    ApprovalAnsweredEntry,
+    MemberFinishedEntry,
+    MemberQueuedEntry,
+    MemberRetryEntry,
+    MemberStartedEntry,
+)
 from .approvals import ApprovalQueue, answered_line
 from .visible import visible
 
@@ -137,31 +145,32 @@ class Progress:
             row.whole = t == "sandbox" and event.action == "keep"
             self._dirty = True
 
-    def on_journal(self, entry: dict[str, Any]) -> None:
+    def on_journal(self, entry: AnyEntry) -> None:
         """Journal listener (member state changes)."""
-        m = entry.get("member")
-        if not m:
-            return
-        row = self.rows.setdefault(m, Row(m))
-        ev = entry["event"]
-        if ev == "approval_answered":
-            self._answered(entry)
-            return
-        if ev == "member_queued":
-            if entry.get("wave") is not None:  # shown in the table, not worth a plain line
-                row.wave, self._dirty = int(entry["wave"]), True
-            return
-        if ev == "member_started":
-            row.status, row.attempts = "running", entry.get("attempt", 1)
-            row.started = row.started or time.monotonic()
-            row.ended = None
-        elif ev == "member_retry":
-            row.status, row.reason = "retrying", entry.get("reason", "")
-        elif ev == "member_finished":
-            row.status, row.reason = entry["status"], entry.get("reason", "")
-            row.ended = time.monotonic()
-        else:
-            return
+        match entry:
+            case ApprovalAnsweredEntry(member=str(m)) if m:
+                self.rows.setdefault(m, Row(m))
+                self._answered(entry)
+                return
+            case MemberQueuedEntry(member=m):
+                row = self.rows.setdefault(m, Row(m))
+                if entry.wave is not None:  # shown in the table, not worth a plain line
+                    row.wave, self._dirty = entry.wave, True
+                return
+            case MemberStartedEntry(member=m):
+                row = self.rows.setdefault(m, Row(m))
+                row.status, row.attempts = "running", entry.attempt or 1
+                row.started = row.started or time.monotonic()
+                row.ended = None
+            case MemberRetryEntry(member=m):
+                row = self.rows.setdefault(m, Row(m))
+                row.status, row.reason = "retrying", entry.reason
+            case MemberFinishedEntry(member=m):
+                row = self.rows.setdefault(m, Row(m))
+                row.status, row.reason = entry.status, entry.reason
+                row.ended = time.monotonic()
+            case _:
+                return
         self._dirty = True
         if not self.tty:
             self._plain(row)
@@ -184,7 +193,7 @@ class Progress:
         if not self.tty:
             self._plain(row)
 
-    def _answered(self, entry: dict[str, Any]) -> None:
+    def _answered(self, entry: ApprovalAnsweredEntry) -> None:
         line = answered_line(entry)
         self.answers = [*self.answers[-2:], line]
         self._dirty = True

@@ -17,6 +17,8 @@ from pydantic import Field
 
 from sandbox.strict import Strict
 
+from ..journal.entries import AnyEntry, MemorySavedEntry
+
 
 class Citation(Strict):
     member: str
@@ -92,22 +94,22 @@ class MemoryProblem(Strict):
     detail: str = ""
 
 
-def memory_problems(journal: Iterable[dict[str, Any]]) -> list[MemoryProblem]:
-    """Conflicts and failed saves among the journal's ``memory_saved`` records."""
+def memory_problems(journal: Iterable[AnyEntry]) -> list[MemoryProblem]:
+    """Conflicts and failed saves among the journal's ``memory_saved`` entries."""
     out = []
     for rec in journal:
-        if rec.get("event") != "memory_saved":
+        if not isinstance(rec, MemorySavedEntry):
             continue
         who: dict[str, Any] = {
-            "member": str(rec.get("member", "")),
-            "attempt": int(rec.get("attempt") or 1),
-            "profile": str(rec.get("profile", "")),
+            "member": rec.member,
+            "attempt": rec.attempt or 1,
+            "profile": rec.profile,
         }
-        if rec.get("error"):
-            out.append(MemoryProblem(kind="not_saved", detail=str(rec["error"]), **who))
-        for f in rec.get("files") or []:
-            if isinstance(f, dict) and f.get("action") == "conflict":
-                path, detail = str(f.get("path", "")), str(f.get("detail", ""))
+        if rec.error:
+            out.append(MemoryProblem(kind="not_saved", detail=rec.error, **who))
+        for f in rec.files:
+            if f.action == "conflict":
+                path, detail = f.path, f.detail
                 out.append(MemoryProblem(kind="conflict", path=path, detail=detail, **who))
     return out
 

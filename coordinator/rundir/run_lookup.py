@@ -16,9 +16,10 @@ Kept free of heavy imports: ``fleet trace`` and ``fleet runs`` load it at start.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+
+from ..journal.entries import parse_line
 
 RUNS_DIR_ENV = "FLEET_RUNS_DIR"
 SHOWN = 8
@@ -44,16 +45,17 @@ def run_dirs(root: Path) -> list[Path]:
     """Every run directory directly under ``root``, oldest first."""
     if not root.is_dir():
         return []
-    return sorted((d for d in root.iterdir() if is_run_dir(d)), key=_started)
+    return sorted((d for d in root.iterdir() if is_run_dir(d)), key=created_at)
 
 
-def _started(path: Path) -> float:
-    """When the run was created (its journal's first line); 0 when unknown."""
+def created_at(path: Path) -> float:
+    """When the run in ``path`` was created (its journal's first entry); 0 when unknown."""
     try:
-        with (path / "journal.jsonl").open(encoding="utf-8") as fh:
-            return float(json.loads(fh.readline())["ts"])
-    except (OSError, ValueError, KeyError, TypeError):
+        with (path / "journal.jsonl").open(encoding="utf-8", errors="replace") as fh:
+            first = parse_line(fh.readline())
+    except OSError:
         return 0.0
+    return first.ts if first is not None else 0.0
 
 
 def find_run(ref: str, output_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -27,7 +27,7 @@ import os
 import shlex
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +36,22 @@ from sandbox.reaper import pid_alive
 
 from ..job.run_names import run_name
 from ..job.spec import Job, MemberJob
+from ..journal.entries import (
+    AnyEntry,
+    JournalEntryModel,
+    MemberFinishedEntry,
+    MemberQueuedEntry,
+    MemberRetryEntry,
+    MemberStartedEntry,
+    RunCreatedEntry,
+    RunFinishedEntry,
+    RunInterruptedEntry,
+    RunStartedEntry,
+    entry,
+    parse,
+)
 from .run_lookup import RunNotFound as RunNotFound
-from .run_lookup import find_run, run_dirs, runs_root
+from .run_lookup import created_at, find_run, run_dirs, runs_root
 
 FINISHED = {"ok", "failed", "timed_out", "crashed", "incomplete"}
 """Member statuses that are final: resume does not run such a member again."""
@@ -92,25 +106,30 @@ def _fsync_write(path: Path, text: str) -> None:
 
 
 class Journal:
-    """Append-only JSONL of state changes; every append is fsync'd before returning.
+    """Append-only JSONL of typed entries (:mod:`coordinator.journal.entries`); every
+    append is fsync'd before returning.
 
     ``listeners`` hear every entry once it is on disk, whoever appended it: a run's
     progress table and the API's ``on_journal`` see the same entries the file holds."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.listeners: list[Callable[[JournalEntryModel], None]] = []
 
-    def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        return self.append_many(event, [fields])[0]
+    def append(self, entry: JournalEntryModel) -> JournalEntryModel:
+        self.append_many([entry])
+        return entry
 
-    def append_many(self, event: str, many: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One entry per item of ``many``, written with one write and one fsync."""
-        now = round(time.time(), 3)
-        entries = [{"ts": now, "event": event, **fields} for fields in many]
+    def note(self, event: str, **fields: Any) -> None:
+        """Append the entry of kind ``event``: the ``journal(event, **fields)`` callable
+        handed to layers that do not build entries themselves (the run's budget)."""
+        self.append(entry(event, **fields))
+
+    def append_many(self, entries: Sequence[JournalEntryModel]) -> None:
+        """Every entry, written with one write and one fsync."""
         if not entries:
-            return entries
-        data = "".join(json.dumps(e, default=str) + "\n" for e in entries).encode("utf-8")
+            return
+        data = "".join(e.to_json() + "\n" for e in entries).encode("utf-8")
         # O_APPEND: whole lines land at the end even if two writers overlap.
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -119,21 +138,17 @@ class Journal:
             os.fsync(fd)
         finally:
             os.close(fd)
-        for entry in entries:
+        for e in entries:
             for listener in self.listeners:
-                listener(entry)
-        return entries
+                listener(e)
 
-    def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
+    def read(self) -> list[AnyEntry]:
+        """The entries in file order: a torn line skipped, an unknown or damaged one
+        kept as an :class:`~coordinator.journal.entries.UnknownEntry`."""
+        try:
+            return parse(self.path.read_text(encoding="utf-8", errors="replace"))
+        except FileNotFoundError:
             return []
-        out = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line torn by a kill mid-write
-        return out
 
 
 @dataclass
@@ -180,7 +195,7 @@ class RunDir:
             _fsync_write(path / "job.json", job.model_dump_json(indent=2))
             # The creator's pid: a run whose coordinator died before it started is dead.
             run.journal.append(
-                "run_created", name=job.name, members=job.member_count, pid=os.getpid()
+                RunCreatedEntry(name=job.name, members=job.member_count, pid=os.getpid())
             )
         except OSError as exc:  # e.g. a full disk: leave no half-made run behind
             shutil.rmtree(path, ignore_errors=True)
@@ -202,11 +217,7 @@ class RunDir:
 
     @property
     def created(self) -> float:
-        try:
-            with self.journal.path.open(encoding="utf-8") as fh:
-                return float(json.loads(fh.readline())["ts"])
-        except (OSError, ValueError, KeyError):
-            return 0.0
+        return created_at(self.path)
 
     def job(self) -> Job:
         return Job.model_validate_json((self.path / "job.json").read_text(encoding="utf-8"))
@@ -266,24 +277,24 @@ class RunDir:
         st = RunState()
         creator: int | None = None
         for e in self.journal.read():
-            ev, m = e.get("event"), str(e.get("member", ""))
-            if ev == "run_created":
-                creator = e.get("pid") if isinstance(e.get("pid"), int) else None
-            elif ev == "run_started":
-                st.status, st.started = "running", st.started or e["ts"]
-            elif ev in ("run_finished", "run_interrupted"):
-                st.status, st.finished = e.get("status", "interrupted"), e["ts"]
-            elif ev == "member_queued":
-                st.members[m] = "queued"
-            elif ev == "member_started":
-                st.members[m] = "running"
-                st.starts[m] = st.starts.get(m, 0) + 1
-            elif ev == "member_retry":
-                st.members[m] = "retrying"
-                st.reasons[m] = e.get("reason", "")
-            elif ev == "member_finished":
-                st.members[m] = e["status"]
-                st.reasons[m] = e.get("reason", "")
+            match e:
+                case RunCreatedEntry():
+                    creator = e.pid
+                case RunStartedEntry():
+                    st.status, st.started = "running", st.started or e.ts
+                case RunFinishedEntry() | RunInterruptedEntry():
+                    st.status, st.finished = e.status, e.ts
+                case MemberQueuedEntry():
+                    st.members[e.member] = "queued"
+                case MemberStartedEntry():
+                    st.members[e.member] = "running"
+                    st.starts[e.member] = st.starts.get(e.member, 0) + 1
+                case MemberRetryEntry():
+                    st.members[e.member] = "retrying"
+                    st.reasons[e.member] = e.reason
+                case MemberFinishedEntry():
+                    st.members[e.member] = e.status
+                    st.reasons[e.member] = e.reason
         if st.status == "running" and self.owner_pid() is None:
             st.status = "dead"
         elif st.status == "created" and creator is not None and not pid_alive(creator):

@@ -11,6 +11,7 @@ from subagents.model import Model, ModelError, resolve_model
 from subagents.outcome import MemberOutcome
 
 from ..job.spec import Job, MemberJob
+from ..journal.entries import AnalystFailedEntry, ReportWrittenEntry
 from ..lead.lead_report import lead_report
 from ..report.report import Report, memory_problems
 from ..report.synthesis import render_markdown, synthesize
@@ -41,7 +42,7 @@ async def write_report(
     (run.path / "report.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")
     path = run.path / "report.md"
     path.write_text(render_markdown(report), encoding="utf-8")
-    run.journal.append("report_written", analyst=report.analyst, claims=len(report.claims))
+    run.journal.append(ReportWrittenEntry(analyst=report.analyst, claims=len(report.claims)))
     return path
 
 
@@ -74,7 +75,7 @@ async def _analyse(
         except ModelError as exc:
             # The members' work is not lost because the analyst failed: fall back to the
             # offline analyst, and say so in the report and the journal.
-            run.journal.append("analyst_failed", reason=str(exc))
+            run.journal.append(AnalystFailedEntry(reason=str(exc)))
             report = await synthesize(job.name, question, outcomes, tasks, model=None, cap=cap)
             report.summary += f" (The analyst model {name} failed: {exc}.)"
     finally:

@@ -38,6 +38,18 @@ from ..fanout.executor import Executor
 from ..fanout.fanout import Fanout, to_member_spec
 from ..job.planner import plan
 from ..job.spec import LEAD_ID, Job, MemberJob
+from ..journal.entries import (
+    BoxesKeptEntry,
+    JournalEntryModel,
+    LeadSpawnEntry,
+    MemberFinishedEntry,
+    MemberQueuedEntry,
+    PlanEntry,
+    ReapedEntry,
+    RunFinishedEntry,
+    RunInterruptedEntry,
+    RunStartedEntry,
+)
 from ..lead.lead import lead_finished, run_lead, spawned_members
 from ..nodes.capacity import choose, job_boxes
 from ..nodes.node import CLEANUP_S, LocalNodes, NodeDeps
@@ -73,8 +85,9 @@ class RunOptions:
     (``--insecure-cluster-without-auth``): whoever reaches it can run code on its nodes."""
     on_event: list[Callable[[Any], None]] = field(default_factory=list)
     """Called with every trace event of every member, as it happens."""
-    on_journal: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
-    """Called with every journal entry (member queued, started, finished, ...)."""
+    on_journal: list[Callable[[JournalEntryModel], None]] = field(default_factory=list)
+    """Called with every journal entry as it is written, as its model
+    (:mod:`coordinator.journal.entries`: member queued, started, finished, ...)."""
     approve_all: bool = False
     """Say yes to every ask of the members' tool policies."""
     wait_approval: bool = False
@@ -158,7 +171,7 @@ async def plan_members(
                     id=mid, kind="browser", task=q, limits=r.limits, inputs={"question": r.question}
                 )
             )
-        run.journal.append("plan", planner=planner, sub_questions=subs)
+        run.journal.append(PlanEntry(planner=planner, sub_questions=subs))
     run.save_members(members)
     return members
 
@@ -295,7 +308,7 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
 
 
 def _journal_interrupted(run: RunDir, out: TextIO) -> None:
-    run.journal.append("run_interrupted", status="interrupted")
+    run.journal.append(RunInterruptedEntry())
     run.clear_live()
     print(f"fleet: interrupted: resume with '{run.resume_command()}'", file=out, flush=True)
 
@@ -360,7 +373,7 @@ async def _remove_boxes(nodes: Nodes, run: RunDir, opts: RunOptions) -> None:
     kept = await nodes.remove_boxes(run.id)
     if not kept:
         return
-    run.journal.append("boxes_kept", boxes=kept)
+    run.journal.append(BoxesKeptEntry(boxes=kept))
     print(
         f"fleet: kept for debugging: {', '.join(kept)}; remove with "
         f"'fleet sandbox rm {' '.join(kept)}'",
@@ -380,61 +393,23 @@ async def _run_members(
     resume: bool,
 ) -> None:
     """Plan, then fan out; fills ``got`` as it goes (an interrupt may stop it anywhere)."""
-    if resume:
-        reaped = await nodes.reap(run.id)  # the dead run's boxes and network
-        run.journal.append("reaped", boxes=reaped)
-        approver.abandon_earlier(run.journal.append)
-    run.mark_live()
-    reaper.mark_live(run.id)
-    run.journal.append("run_started", pid=os.getpid(), resume=resume)
-    if job.lead is not None:
-        members = got.members = [s.job for s in spawned_members(run)]
-    else:
-        planner = _traced(opts.make_model, got.live_otel, "coordinator.planner")
-        members = got.members = await plan_members(run, job, planner)
-    pending = run.pending_members(members, retry_failed=opts.retry_failed) if resume else members
-    if job.lead is not None and lead_finished(run, retry_failed=opts.retry_failed):
-        pending = []  # a finished lead's unfinished members would reach no one
+    await _begin_life(run, nodes, approver, resume=resume)
+    members = got.members = await _members(run, job, opts, got)
+    pending = _pending(run, job, members, opts, resume=resume)
     rows = ([LEAD_ID] if job.lead is not None else []) + [m.id or "" for m in members]
     progress = got.progress = _progress(run, rows, members, pending, opts)
     run.journal.listeners.insert(0, progress.on_journal)
-
-    def journal(event: str, **fields: Any) -> None:
-        run.journal.append(event, **fields)  # the journal tells its listeners
-
-    budget = make_budget(
-        job,
-        run.journal.read(),
-        usd=opts.budget_usd,
-        tokens=opts.budget_tokens,
-        journal=journal,
-        say=lambda line: print(f"fleet: {line}", file=opts.out, flush=True),
-    )
-    if budget is not None:
-        budget.start(resume=resume)
-    register(run.id, budget)  # every member's and the lead's model calls reserve from it
-    approver.journal = journal
-    approver.changed = progress.approvals_changed
-    progress.approvals = approver.queue if approver.mode == "wait" else None
-    progress.approve_hint = f"fleet approve {run.id}"
+    _start_budget(run, job, opts, resume=resume)
+    _route_asks(run, approver, progress)
     # One write and one fsync for the whole queue: one each per member made a
     # 10,000-member run wait most of a minute before its first member started.
-    run.journal.append_many("member_queued", [{"member": m.id} for m in pending])
-    deps = Recorder(listeners=[progress.on_event, *opts.on_event], journal=journal)
+    run.journal.append_many([MemberQueuedEntry(member=m.id or "") for m in pending])
+    deps = Recorder(listeners=[progress.on_event, *opts.on_event], journal=run.journal.append)
     if got.live_otel is not None:
         _attach_otel(got.live_otel, deps)
     units = _units(run, job, pending)
-    waiting = {m.id for m in pending}
-    already_ok = sum(
-        1
-        for m in members
-        if m.id not in waiting and (run.result(m.id or "") or {}).get("status") == "ok"
-    )
     if progress.tty:
-        tg.start_soon(progress.run)
-        keys = opts.keys if opts.keys is not None else sys.stdin.isatty()
-        if keys and approver.mode == "wait":
-            tg.start_soon(read_keys, approver.queue, sys.stdin.fileno(), progress.approvals_changed)
+        _watch_terminal(tg, progress, approver, opts)
     parallel = job.fanout.max_parallel or opts.max_parallel or choose(job_boxes(job), None).members
     fan = Fanout(
         deps,
@@ -443,31 +418,13 @@ async def _run_members(
         fail_fast=job.fanout.fail_fast,
         executor=opts.executor,
         nodes=nodes,
-        already_ok=already_ok,
+        already_ok=_already_ok(run, members, pending),
     )
     for told in opts.on_fanout:
         told(fan)
     try:
         if job.lead is not None:
-            got.outcomes = await run_lead(
-                run,
-                job,
-                make_model=opts.make_model,
-                nodes=nodes,
-                deps=deps,
-                progress=progress,
-                fan=fan,
-                make_units=lambda ms: _units(run, job, ms),
-                services=Services(
-                    max_parallel=parallel,
-                    warm_pool=job.fanout.warm_pool,
-                    corpus="browser" in job.lead.kinds and _wants_corpus(job),
-                    members=job.lead.max_members,  # later waves' members need slots too
-                ),
-                pending=pending,
-                on_members=lambda ms: setattr(got, "members", ms),
-                retry_failed=opts.retry_failed,
-            )
+            got.outcomes = await _lead_run(run, job, opts, nodes, got, deps, fan, parallel, pending)
             return
         services = Services(
             max_parallel=parallel,
@@ -479,6 +436,112 @@ async def _run_members(
             got.outcomes = fanned.outcomes
     finally:
         register(run.id, None)  # the run's budget, whatever ended the fan-out
+
+
+async def _begin_life(run: RunDir, nodes: Nodes, approver: FileApprover, *, resume: bool) -> None:
+    """A resume first clears what the dead life left; then the run is this process's."""
+    if resume:
+        reaped = await nodes.reap(run.id)  # the dead run's boxes and network
+        run.journal.append(ReapedEntry(boxes=reaped))
+        approver.abandon_earlier(run.journal.append)
+    run.mark_live()
+    reaper.mark_live(run.id)
+    run.journal.append(RunStartedEntry(pid=os.getpid(), resume=resume))
+
+
+async def _members(run: RunDir, job: Job, opts: RunOptions, got: _Progressed) -> list[MemberJob]:
+    """The run's members: a lead's spawned so far, else the job's after planning."""
+    if job.lead is not None:
+        return [s.job for s in spawned_members(run)]
+    planner = _traced(opts.make_model, got.live_otel, "coordinator.planner")
+    return await plan_members(run, job, planner)
+
+
+def _pending(
+    run: RunDir, job: Job, members: list[MemberJob], opts: RunOptions, *, resume: bool
+) -> list[MemberJob]:
+    """The members this life runs."""
+    pending = run.pending_members(members, retry_failed=opts.retry_failed) if resume else members
+    if job.lead is not None and lead_finished(run, retry_failed=opts.retry_failed):
+        return []  # a finished lead's unfinished members would reach no one
+    return pending
+
+
+def _start_budget(run: RunDir, job: Job, opts: RunOptions, *, resume: bool) -> None:
+    """The run's budget, going on from what earlier lives spent, made the one every
+    member's and the lead's model calls reserve from."""
+    budget = make_budget(
+        job,
+        run.journal.read(),
+        usd=opts.budget_usd,
+        tokens=opts.budget_tokens,
+        journal=run.journal.note,  # the journal tells its listeners
+        say=lambda line: print(f"fleet: {line}", file=opts.out, flush=True),
+    )
+    if budget is not None:
+        budget.start(resume=resume)
+    register(run.id, budget)
+
+
+def _route_asks(run: RunDir, approver: FileApprover, progress: Progress) -> None:
+    """Asks are journalled and shown in the live table."""
+    approver.journal = run.journal.append
+    approver.changed = progress.approvals_changed
+    progress.approvals = approver.queue if approver.mode == "wait" else None
+    progress.approve_hint = f"fleet approve {run.id}"
+
+
+def _watch_terminal(tg: Any, progress: Progress, approver: FileApprover, opts: RunOptions) -> None:
+    """On a terminal: the live table, and the keys that answer asks."""
+    tg.start_soon(progress.run)
+    keys = opts.keys if opts.keys is not None else sys.stdin.isatty()
+    if keys and approver.mode == "wait":
+        tg.start_soon(read_keys, approver.queue, sys.stdin.fileno(), progress.approvals_changed)
+
+
+def _already_ok(run: RunDir, members: list[MemberJob], pending: list[MemberJob]) -> int:
+    """Members an earlier life finished ``ok``: they count towards the quorum."""
+    waiting = {m.id for m in pending}
+    return sum(
+        1
+        for m in members
+        if m.id not in waiting and (run.result(m.id or "") or {}).get("status") == "ok"
+    )
+
+
+async def _lead_run(
+    run: RunDir,
+    job: Job,
+    opts: RunOptions,
+    nodes: Nodes,
+    got: _Progressed,
+    deps: Recorder,
+    fan: Fanout,
+    parallel: int,
+    pending: list[MemberJob],
+) -> dict[str, MemberOutcome]:
+    """The lead and the members it spawns, over the run's fan-out."""
+    lead = job.lead
+    assert lead is not None and got.progress is not None
+    return await run_lead(
+        run,
+        job,
+        make_model=opts.make_model,
+        nodes=nodes,
+        deps=deps,
+        progress=got.progress,
+        fan=fan,
+        make_units=lambda ms: _units(run, job, ms),
+        services=Services(
+            max_parallel=parallel,
+            warm_pool=job.fanout.warm_pool,
+            corpus="browser" in lead.kinds and _wants_corpus(job),
+            members=lead.max_members,  # later waves' members need slots too
+        ),
+        pending=pending,
+        on_members=lambda ms: setattr(got, "members", ms),
+        retry_failed=opts.retry_failed,
+    )
 
 
 _OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -507,10 +570,10 @@ def _attach_otel(live: Any, deps: Recorder) -> None:
     deps.listeners.append(live)
     journal = deps.journal
 
-    def noting(event: str, **fields: Any) -> Any:
-        if event == "lead_spawn":  # the spans of a lead's members go under the lead's
-            live.spawned(fields)
-        return journal(event, **fields) if journal is not None else None
+    def noting(entry: JournalEntryModel) -> Any:
+        if isinstance(entry, LeadSpawnEntry):  # the spans of a lead's members go under the lead's
+            live.spawned(entry)
+        return journal(entry) if journal is not None else None
 
     deps.journal = noting
 
@@ -542,7 +605,7 @@ async def _finish(
         if recorded.get(mid) in ("queued", None) and mid in outcomes:
             # Never started (fail_fast stopped the run first): the journal says so too,
             # or `fleet runs` and `fleet trace` would show it queued forever.
-            run.journal.append("member_finished", member=mid, status=o.status, reason=o.reason)
+            run.journal.append(MemberFinishedEntry(member=mid, status=o.status, reason=o.reason))
     finished = [outcomes[m.id or ""] for m in members if m.id in outcomes]
     ok = sum(1 for o in finished if o.status == "ok")
     report_path = None
@@ -551,7 +614,7 @@ async def _finish(
         with anyio.CancelScope() as signals.scope:  # Ctrl-C stops the analyst too
             report_path = await write_report(run, job, members, finished, make_model)
     if signals.got:
-        run.journal.append("run_interrupted", status="interrupted")
+        run.journal.append(RunInterruptedEntry())
         run.clear_live()
         print(
             progress.summary(str(run.path), f"interrupted: resume with '{run.resume_command()}'"),
@@ -560,7 +623,7 @@ async def _finish(
         return RunSummary(run, "interrupted", EXIT_INTERRUPTED, outcomes)
     quorum = ok >= job.fanout.min_success
     status = "succeeded" if quorum else "failed"
-    run.journal.append("run_finished", status=status, ok=ok, members=len(members))
+    run.journal.append(RunFinishedEntry(status=status, ok=ok, members=len(members)))
     run.clear_live()
     verdict = f"{status}: {ok} of {len(members)} members ok (quorum {job.fanout.min_success})"
     problems = memory_problems(run.journal.read())

@@ -4,7 +4,7 @@ and what the run's last lines and report say of it.
 The lines come from, first to last: a resume's ``--budget-usd`` / ``--budget-tokens``
 (raising or setting a line), the journal's last ``budget`` entry (a line an earlier
 resume raised stays raised), the job's ``[budget]``. What was spent comes from the
-journal (:func:`subagents.budget.from_journal`), so a resume goes on from it.
+journal (:func:`from_journal`), so a resume goes on from it.
 """
 
 from __future__ import annotations
@@ -13,15 +13,22 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from subagents.budget import RunBudget, from_journal
+from subagents.budget import Amount, RunBudget
 
 from ..errors import UsageError
 from ..job.spec import Job
+from ..journal.entries import (
+    AnyEntry,
+    BudgetEntry,
+    BudgetHardEntry,
+    BudgetSoftEntry,
+    BudgetSpentEntry,
+)
 
 
 def make_budget(
     job: Job,
-    entries: Iterable[dict[str, Any]],
+    entries: Iterable[AnyEntry],
     *,
     usd: float | None,
     tokens: int | None,
@@ -34,7 +41,7 @@ def make_budget(
     if job.budget is not None:
         lines = job.budget.model_dump()
     if last is not None:
-        lines = {k: last.get(k) for k in ("usd", "tokens", "soft")}
+        lines = {"usd": last.usd, "tokens": last.tokens, "soft": last.soft}
     if usd is not None:
         lines["usd"] = usd
     if tokens is not None:
@@ -52,9 +59,7 @@ def make_budget(
     return budget
 
 
-def check_raise(
-    entries: Iterable[dict[str, Any]], *, usd: float | None, tokens: int | None
-) -> None:
+def check_raise(entries: Iterable[AnyEntry], *, usd: float | None, tokens: int | None) -> None:
     """``fleet resume --budget-usd/--budget-tokens``: a line must be a positive number
     above what the run has spent; :class:`UsageError` (exit 2) says why not."""
     spent, _ = from_journal(entries)
@@ -77,25 +82,37 @@ def check_raise(
             )
 
 
-def budget_lines(entries: Iterable[dict[str, Any]]) -> list[str]:
+def from_journal(entries: Iterable[AnyEntry]) -> tuple[Amount, BudgetEntry | None]:
+    """What an earlier life of the run spent, and its last ``budget`` entry (its lines)."""
+    spent, lines = Amount(), None
+    for e in entries:
+        if isinstance(e, BudgetEntry):
+            lines = e
+        if isinstance(e, BudgetEntry | BudgetSpentEntry):
+            spent = Amount(e.spent_usd, e.spent_tokens)
+    return spent, lines
+
+
+def budget_lines(entries: Iterable[AnyEntry]) -> list[str]:
     """What the run's budget did, for people (the run's last lines, report.md)."""
     entries = list(entries)
     spent, last = from_journal(entries)
     if last is None:
         return []
     # This life of the run only: a line an earlier life reached may have been raised.
-    entries = entries[max(i for i, e in enumerate(entries) if e.get("event") == "budget") :]
+    entries = entries[max(i for i, e in enumerate(entries) if isinstance(e, BudgetEntry)) :]
     hard = []
-    if last.get("usd"):
-        hard.append(f"${last['usd']:g}")
-    if last.get("tokens"):
-        hard.append(f"{last['tokens']:,} tokens")
+    if last.usd:
+        hard.append(f"${last.usd:g}")
+    if last.tokens:
+        hard.append(f"{last.tokens:,} tokens")
     shown = " and ".join(hard)
     lines = []
     lines.append(f"spent ${spent.usd:.4f} and {round(spent.tokens):,} tokens (hard line {shown})")
-    if any(e.get("event") == "budget_soft" for e in entries):
-        lines.append(f"passed the soft line ({last.get('soft', 0.8):g} of the hard line)")
-    if any(e.get("event") == "budget_hard" for e in entries):
+    if any(isinstance(e, BudgetSoftEntry) for e in entries):
+        soft = last.soft if last.soft is not None else 0.8
+        lines.append(f"passed the soft line ({soft:g} of the hard line)")
+    if any(isinstance(e, BudgetHardEntry) for e in entries):
         lines.append(
             "reached the hard line: members stopped there ended incomplete (budget) with "
             "their partial results; 'fleet resume RUN --budget-usd X' (or --budget-tokens N) "

@@ -17,8 +17,17 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from coordinator.journal.entries import (
+    AnyEntry,
+    LeadSpawnEntry,
+    MemberFinishedEntry,
+    MemberQueuedEntry,
+    MemberRetryEntry,
+    MemberStartedEntry,
+)
 from coordinator.rundir.run_lookup import RunNotFound as RunNotFound
 from coordinator.rundir.run_lookup import find_run
+from coordinator.rundir.runs import Journal
 from subagents.trace import TraceEvent
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(TraceEvent)
@@ -29,6 +38,8 @@ RUN_END_EVENTS = frozenset(
 """Journal records (by their ``event``/``type``/``state`` value) that say the run is over."""
 RUN_START_EVENTS = frozenset({"run_created", "run_started", "run_start"})
 """Journal records that say the run (or a resume of it) began."""
+MEMBER_ENTRIES = (MemberQueuedEntry, MemberStartedEntry, MemberRetryEntry, MemberFinishedEntry)
+"""The entries that move a member along (queued, started, retried, finished)."""
 
 
 LEAD_DIR = "lead"
@@ -68,7 +79,7 @@ class RunTrace:
     id: str
     dir: Path
     job: dict[str, Any] = field(default_factory=dict)
-    journal: list[dict[str, Any]] = field(default_factory=list)
+    journal: list[AnyEntry] = field(default_factory=list)
     members: list[MemberTrace] = field(default_factory=list)
 
     @property
@@ -76,7 +87,7 @@ class RunTrace:
         """True once the run's end is recorded (journal) or its report is written."""
         if (self.dir / "report.md").exists() or (self.dir / "report.json").exists():
             return True
-        if any(_record_kind(rec) in RUN_END_EVENTS for rec in self.journal):
+        if any(rec.event in RUN_END_EVENTS for rec in self.journal):
             return True
         return self._owner_dead()
 
@@ -106,10 +117,9 @@ class RunTrace:
         """A lead run: member id -> the wave it was spawned in (the journal's spawns)."""
         out: dict[str, int] = {}
         for rec in self.journal:
-            if _record_kind(rec) == "lead_spawn" and isinstance(rec.get("wave"), int):
-                for m in rec.get("members") or []:
-                    if isinstance(m, dict) and isinstance(m.get("id"), str):
-                        out[m["id"]] = rec["wave"]
+            if isinstance(rec, LeadSpawnEntry):
+                for m in rec.members:
+                    out[m.id] = rec.wave
         return out
 
     def question(self) -> str:
@@ -130,24 +140,22 @@ class RunTrace:
         """Member id -> what the journal says about it (outcome, attempt starts, retries)."""
         out: dict[str, MemberJournal] = {}
         for rec in self.journal:
-            member, kind = rec.get("member"), _record_kind(rec)
-            if not isinstance(member, str) or not kind.startswith("member_"):
+            if not isinstance(rec, MEMBER_ENTRIES):
                 continue
-            j = out.setdefault(member, MemberJournal())
-            j.last = kind
-            ts, attempt, status = rec.get("ts"), rec.get("attempt"), rec.get("status")
-            reason = str(rec.get("reason") or "")
-            if kind == "member_started" and isinstance(ts, int | float):
-                n = attempt if isinstance(attempt, int) else len(j.starts) + 1
-                j.starts[n] = float(ts)
-                if isinstance(rec.get("node"), str) and rec["node"]:
-                    j.nodes[n] = rec["node"]
-            if kind == "member_retry" and isinstance(attempt, int) and isinstance(status, str):
-                j.retried[attempt] = (status, reason)
-            if isinstance(status, str) and kind != "member_retry":
-                j.outcome = (status, reason)
-            if isinstance(rec.get("attempts"), int):
-                j.attempts = rec["attempts"]
+            j = out.setdefault(rec.member, MemberJournal())
+            j.last = rec.event
+            match rec:
+                case MemberStartedEntry():
+                    n = rec.attempt if rec.attempt is not None else len(j.starts) + 1
+                    j.starts[n] = rec.ts
+                    if rec.node:
+                        j.nodes[n] = rec.node
+                case MemberRetryEntry():
+                    j.retried[rec.attempt] = (rec.status, rec.reason)
+                case MemberFinishedEntry():
+                    j.outcome = (rec.status, rec.reason)
+                    if rec.attempts is not None:
+                        j.attempts = rec.attempts
         return out
 
     def span(self) -> tuple[float, float, float]:
@@ -161,15 +169,14 @@ class RunTrace:
         start = end = active = 0.0
         open_at: float | None = None
         for rec in self.journal:
-            ts, kind = rec.get("ts"), _record_kind(rec)
-            if not isinstance(ts, int | float):
+            if not rec.ts:  # a record without a time (ts 0) marks no bound
                 continue
-            if kind in RUN_START_EVENTS:
-                start = start or float(ts)
-                open_at = float(ts) if open_at is None else open_at
-            elif kind in RUN_END_EVENTS and open_at is not None:
-                active += float(ts) - open_at
-                end, open_at = float(ts), None
+            if rec.event in RUN_START_EVENTS:
+                start = start or rec.ts
+                open_at = rec.ts if open_at is None else open_at
+            elif rec.event in RUN_END_EVENTS and open_at is not None:
+                active += rec.ts - open_at
+                end, open_at = rec.ts, None
         return start, end, round(active, 3)
 
 
@@ -195,14 +202,6 @@ class MemberJournal:
     def settled(self) -> bool:
         """The coordinator recorded this member's end, and nothing since."""
         return self.last == "member_finished" and self.outcome is not None
-
-
-def _record_kind(rec: dict[str, Any]) -> str:
-    for key in ("event", "type", "state"):
-        value = rec.get(key)
-        if isinstance(value, str):
-            return value
-    return ""
 
 
 def read_new_events(member: MemberTrace) -> list[Any]:
@@ -242,21 +241,11 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def read_journal(run_dir: Path) -> list[dict[str, Any]]:
-    """The journal's complete records (a torn last line is ignored)."""
-    records: list[dict[str, Any]] = []
-    try:
-        text = (run_dir / "journal.jsonl").read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return records
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            records.append(rec)
-    return records
+def read_journal(run_dir: Path) -> list[AnyEntry]:
+    """The journal's entries (a torn last line is skipped; an unknown one kept as
+    :class:`~coordinator.journal.entries.UnknownEntry`, whose ``event`` is still read
+    for a run's start and end)."""
+    return Journal(run_dir / "journal.jsonl").read()
 
 
 def refresh_members(run: RunTrace) -> list[MemberTrace]:
@@ -270,7 +259,7 @@ def refresh_members(run: RunTrace) -> list[MemberTrace]:
         if members_dir.is_dir()
         else set()
     )
-    ids |= {rec["member"] for rec in run.journal if isinstance(rec.get("member"), str)}
+    ids |= {rec.member for rec in run.journal if isinstance(rec, MEMBER_ENTRIES)}
     for mid in sorted(ids - known):
         if mid and "/" not in mid and mid not in (".", ".."):
             added.append(MemberTrace(id=mid, dir=members_dir / mid))

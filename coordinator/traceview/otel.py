@@ -83,6 +83,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
+from coordinator.journal.entries import LeadSpawnEntry, RunFinishedEntry, RunInterruptedEntry
 from coordinator.traceview import otel_messages as msg
 from coordinator.traceview.load import LEAD_DIR, RunTrace
 from coordinator.traceview.otel_send import otlp_traces_url, send_spans
@@ -512,12 +513,11 @@ class LiveRun:
                 if self.ids is not None:
                     self.ids.key = None
 
-    def spawned(self, entry: dict[str, Any]) -> None:
+    def spawned(self, entry: LeadSpawnEntry) -> None:
         """Note a journal ``lead_spawn`` entry, before its members' events come."""
-        wave, call_id = entry.get("wave"), str(entry.get("call_id") or "")
-        for member in entry.get("members") or []:
-            if isinstance(member, dict) and isinstance(wave, int) and member.get("id"):
-                self.spawns[str(member["id"])] = (wave, call_id)
+        for member in entry.members:
+            if member.id:
+                self.spawns[member.id] = (entry.wave, entry.call_id)
 
     def traced(self, make_model: Callable[..., Model], agent: str) -> Callable[..., Model]:
         """``make_model`` whose models' calls are traced as ``agent``'s (:class:`TracedModel`)."""
@@ -652,7 +652,7 @@ def _replay(run: RunTrace, exporter: SpanExporter, content: bool) -> int:
     name = str((run.job or {}).get("name") or "")
     live = LiveRun(run.id, provider, start=start, content=content, name=name)
     for entry in run.journal:
-        if entry.get("event") == "lead_spawn":
+        if isinstance(entry, LeadSpawnEntry):
             live.spawned(entry)
     count = 1
     for member in run.members:
@@ -666,9 +666,8 @@ def _replay(run: RunTrace, exporter: SpanExporter, content: bool) -> int:
 
 def _run_status(run: RunTrace) -> str:
     """How the run ended, as its journal says; from its members when it does not."""
-    ended = [e.get("status") for e in run.journal
-             if e.get("event") in ("run_finished", "run_interrupted")]  # fmt: skip
-    if ended and isinstance(ended[-1], str):
+    ended = [e.status for e in run.journal if isinstance(e, RunFinishedEntry | RunInterruptedEntry)]
+    if ended:
         return ended[-1]
     # Each member's last end event decides (earlier ones are attempts that were retried).
     last = {m.id: ev.status for m in run.members for ev in m.events if isinstance(ev, MemberEnd)}
