@@ -177,6 +177,7 @@ def node_engine(images: list[str]) -> Iterator[NodeEngine]:
         octet = _free_pool()
         pool = f"10.{octet}.0.0/16"
         bridge = f"fleet-nb{octet}"
+        _drop_link(f"fleet-ne{octet}")  # a killed session's egress bridge (no route: not in use)
         _make_bridge(bridge, f"10.{octet}.255.1/24")
         args += ["--bridge", bridge, "--default-address-pool", f"base={pool},size=24"]
         with open(log, "wb") as out:
