@@ -106,4 +106,9 @@ def test_members_on_every_node_share_the_runs_one_governor(tmp_path, ray_cluster
         for e in read_trace(Path(run.member_dir(f"m{i}")) / "trace.jsonl")
         if e.type == "rate_wait" and e.waited_s
     ]
-    assert sum(w.waited_s for w in waits) > 2.0
+    # Members waited for it, and said so in their traces: what they say they waited is
+    # what the governor measured (a trace keeps waits of 50 ms and more). How long the
+    # waits add up to depends on how fast the nodes' members reach their next call.
+    assert waits, "no member's trace shows a wait for the run's governor"
+    assert all(w.reason for w in waits)
+    assert sum(w.waited_s for w in waits) <= counters["waited_s"] + 0.01
