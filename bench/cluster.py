@@ -17,7 +17,14 @@ member's first model request (the first ``model_call`` event less its latency),
 cluster median minus local median (target <= 100 ms); the coordinator's RSS after
 the local runs and after the cluster runs, and the Ray processes' RSS.
 
-Usage: ``.venv/bin/python bench/cluster.py [--members 16] [--repeat 2]``
+With ``--own-engines`` each node runs its boxes on a Docker engine of its own (a
+second ``dockerd`` per node on this machine, ``tests/node_engine.py``, the coding
+image copied in before the clock), as on a cluster of real hosts: the local runs keep
+the machine's engine. ``--nodes`` sets how many nodes; each offers
+``ceil(members / nodes)`` ``fleet_slots``, so both sides run every member at once.
+
+Usage: ``.venv/bin/python bench/cluster.py [--members 16] [--nodes 2] [--own-engines]
+[--repeat 2]``
 """
 
 from __future__ import annotations
@@ -41,10 +48,12 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 from fleet_policies import coding_policy  # noqa: E402
+from node_engine import node_engine  # noqa: E402
 from ray_support import ray_cluster  # noqa: E402
 
 from coordinator.fanout.fanout import Deps, MemberUnit, fan_out  # noqa: E402
 from coordinator.job.spec import RetryPolicy  # noqa: E402
+from coordinator.journal.entries import MemberStartedEntry  # noqa: E402
 from coordinator.nodes.cluster import RayNodes  # noqa: E402
 from coordinator.nodes.node import open_pools  # noqa: E402
 from coordinator.nodes.worker import Recorder, Services  # noqa: E402
@@ -57,7 +66,6 @@ from subagents.trace import ModelCall  # noqa: E402
 
 LATENCY_S = 0.5
 TURNS = 5
-SLOTS = 8
 
 
 def units(n: int, run: str, root: Path) -> list[MemberUnit]:
@@ -87,9 +95,9 @@ class Dispatch:
         self.started: dict[str, float] = {}
         self.first_call: dict[str, float] = {}
 
-    def journal(self, event: str, **fields: Any) -> None:
-        if event == "member_started":
-            self.started.setdefault(fields["member"], time.time())
+    def journal(self, entry: Any) -> None:
+        if isinstance(entry, MemberStartedEntry):
+            self.started.setdefault(entry.member, time.time())
 
     def listen(self, event: Any) -> None:
         if isinstance(event, ModelCall) and event.member not in self.first_call:
@@ -154,8 +162,9 @@ def rss_mib(pid: int | str = "self") -> float:
     return 0.0
 
 
-def descendants_rss_mib() -> float:
-    """RSS of every process this one started (the Ray cluster's), in MiB."""
+def descendants_rss_mib(leave_out: frozenset[int] | set[int] = frozenset()) -> float:
+    """RSS of every process this one started (the Ray cluster's), in MiB; not those in
+    ``leave_out`` (the nodes' Docker engines) or theirs."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
@@ -164,6 +173,8 @@ def descendants_rss_mib() -> float:
     todo, total = list(children.get(os.getpid(), [])), 0.0
     while todo:
         pid = todo.pop()
+        if pid in leave_out:
+            continue
         with contextlib.suppress(OSError):
             total += rss_mib(pid)
         todo += children.get(pid, [])
@@ -173,12 +184,16 @@ def descendants_rss_mib() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--members", type=int, default=16)
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--own-engines", action="store_true", help="a Docker engine per node")
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
     n = args.members
+    slots = -(-n // args.nodes)
     images = ensure_images(None)
     backend = DockerBackend(images=images)
     local: list[tuple[float, Dispatch]] = []
+    own: set[int] = set()
     remote: list[tuple[float, float, Dispatch]] = []
     with FakeMessagesAPI(coding_policy(turns=TURNS, latency_s=LATENCY_S)) as api:
         # The nodes' model clients read their own environment: set before they start.
@@ -186,9 +201,16 @@ def main() -> None:
         os.environ["ANTHROPIC_BASE_URL"] = api.url
         anyio.run(local_run, 1, backend)  # warm-up: page cache, image layers
         rss_local = 0.0
-        with ray_cluster(nodes=0) as cluster:
-            for _ in range(2):
-                cluster.add_node(slots=SLOTS)
+        with contextlib.ExitStack() as engines, ray_cluster(nodes=0) as cluster:
+            t_engines = time.perf_counter()
+            for i in range(args.nodes):
+                env: dict[str, str] = {}
+                if args.own_engines:
+                    engine = engines.enter_context(node_engine([images["coding"]]))
+                    env = engine.node_env(i)
+                    own.add(engine.pid)
+                cluster.add_node(slots=slots, env=env)
+            t_engines = time.perf_counter() - t_engines
             anyio.run(cluster_run, 1, cluster.address, backend)  # warm-up: node workers
             for _ in range(args.repeat):
                 wall, seen, ok = anyio.run(local_run, n, backend)
@@ -198,16 +220,19 @@ def main() -> None:
                 wall, up, seen, ok = anyio.run(cluster_run, n, cluster.address, backend)
                 assert ok == n, f"only {ok} of {n} members ended ok on the cluster"
                 remote.append((wall, up, seen))
-            rss_cluster, rss_ray = rss_mib(), descendants_rss_mib()
+            rss_cluster, rss_ray = rss_mib(), descendants_rss_mib(own)
     lw = statistics.median(w for w, _ in local)
     cw = statistics.median(w for w, _, _ in remote)
     ld = statistics.median(d for _, s in local for d in s.delays())
     cd = statistics.median(d for _, _, s in remote for d in s.delays())
     print(
         f"{n} coding members, {TURNS} exec turns + 1 submit each, model latency "
-        f"{LATENCY_S * 1000:.0f} ms, max_parallel {n}; cluster: 2 nodes x {SLOTS} "
-        f"fleet_slots on this machine; {args.repeat} runs each, alternating"
+        f"{LATENCY_S * 1000:.0f} ms, max_parallel {n}; cluster: {args.nodes} nodes x {slots} "
+        f"fleet_slots on this machine"
+        + (" each on its own Docker engine" if args.own_engines else ", sharing its engine")
+        + f"; {args.repeat} runs each, alternating"
     )
+    print(f"nodes up (and their engines, with the coding image): {t_engines:.1f} s")
     print(
         f"wall, this host:     median {lw:.2f} s  (runs: {', '.join(f'{w:.2f}' for w, _ in local)})"
     )
@@ -226,7 +251,7 @@ def main() -> None:
     print(
         f"coordinator RSS: {rss_local:.0f} MiB after the local runs, {rss_cluster:.0f} MiB "
         f"after the cluster runs (Ray imported and connected); the Ray cluster's own "
-        f"processes (head + 2 nodes + workers): {rss_ray:.0f} MiB"
+        f"processes (head + {args.nodes} nodes + workers): {rss_ray:.0f} MiB"
     )
 
 

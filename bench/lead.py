@@ -98,8 +98,8 @@ def measure(rd: RunDir) -> dict[str, Any]:
     consumed = sum(tokens(r) for r in results.values())
     read = sum(int(r.get("input_tokens") or 0) + int(r.get("cache_read_tokens") or 0)
                for r in results.values())  # fmt: skip
-    spawns = [e["ts"] for e in rd.journal.read() if e["event"] == "lead_spawn"]
-    end = next(e["ts"] for e in reversed(rd.journal.read()) if e["event"] == "run_finished")
+    spawns = [e.ts for e in rd.journal.read() if e.event == "lead_spawn"]
+    end = next(e.ts for e in reversed(rd.journal.read()) if e.event == "run_finished")
     return {
         "waves": len(spawns),
         "members": len(results),
