@@ -113,7 +113,15 @@ from .shipping import (
     shipped_mcp,
     unpack,
 )
-from .worker import CANCELLED, MemberUnit, Nodes, Services, Started, failed_outcome
+from .worker import (
+    CANCELLED,
+    MemberUnit,
+    Nodes,
+    Services,
+    Started,
+    failed_outcome,
+    received_outcome,
+)
 
 GRACE_S = 10.0
 """How long past a member's deadline the coordinator waits for its node to report."""
@@ -512,9 +520,14 @@ class RayNodes(Nodes):
             trace.emit(saved)
         for event in held.ends:
             trace.emit(event)
+        try:
+            outcome = received_outcome(unit, reply.outcome)
+        except ValueError as exc:
+            reason = f"node {node.name} sent an outcome that is not one: {exc}"
+            return self._ended(unit, trace, reason, t0, status="failed")
         if request.not_copied:  # left out here, where the repository was staged
-            return reply.outcome.model_copy(update={"not_copied": request.not_copied})
-        return reply.outcome
+            return outcome.model_copy(update={"not_copied": request.not_copied})
+        return outcome
 
     def _ended(
         self,
