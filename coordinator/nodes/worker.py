@@ -208,15 +208,20 @@ def failed_outcome(
     )
 
 
+def job_fields(unit: MemberUnit) -> set[str]:
+    """The job's own result fields of ``unit`` (``result_schema``): the only fields a
+    result may carry beside its kind's."""
+    schema = unit.spec.job_result_schema()
+    fields = set(schema.properties if schema is not None else ())
+    return fields | set((unit.result_schema or {}).get("properties") or ())
+
+
 def received_outcome(unit: MemberUnit, sent: Any) -> MemberOutcome:
     """An outcome a node sent for ``unit``, checked as coming from someone not trusted:
     the unit's member and kind, its result of that kind with only the job's own fields
     beside the kind's (:meth:`MemberOutcome.received`). ValueError says what is wrong."""
-    schema = unit.spec.job_result_schema()
-    fields = set(schema.properties if schema is not None else ())
-    fields |= set((unit.result_schema or {}).get("properties") or ())
     try:
-        outcome = MemberOutcome.received(sent, job_fields=fields)
+        outcome = MemberOutcome.received(sent, job_fields=job_fields(unit))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
