@@ -64,7 +64,8 @@ def test_a_dict_job_runs_to_a_result_with_callbacks_and_prints_nothing(
 
     assert (result.status, result.exit_code) == ("succeeded", 0)
     outcome = result.outcomes["coder"]
-    assert outcome.status == "ok" and outcome.result.verified.passed is True
+    assert outcome.status == "ok" and isinstance(outcome.result, fleet.CodingMemberResult)
+    assert outcome.result.verified is not None and outcome.result.verified.passed is True
     assert result.run.path.parent == tmp_path / "runs"
     assert result.report_path is not None and result.report_path.exists()
     kinds = [e.event for e in journal]

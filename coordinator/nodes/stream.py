@@ -71,6 +71,8 @@ class Message(BaseModel):
 
 
 class Events(Message):
+    """A batch of the member's trace events, in the order they were traced."""
+
     kind: Literal["events"] = "events"
     events: list[TraceEvent] = Field(max_length=EVENTS_PER_MESSAGE)
 
@@ -82,6 +84,8 @@ class Events(Message):
 
 
 class Ask(Message):
+    """A policy ask of the member, waiting on the node for the coordinator's answer."""
+
     kind: Literal["ask"] = "ask"
     id: AskId
     request: ApprovalRequest
@@ -89,16 +93,22 @@ class Ask(Message):
 
 
 class Unask(Message):
+    """An ask the node no longer waits for (the member's deadline, the attempt stopped)."""
+
     kind: Literal["unask"] = "unask"
     id: AskId
 
 
 class Spent(Message):
+    """An amount of the run's budget."""
+
     usd: Number
     tokens: Number
 
 
 class Reserve(Message):
+    """A model call waiting for room in the run's budget (its estimate)."""
+
     kind: Literal["reserve"] = "reserve"
     id: AskId
     usd: Number
@@ -107,11 +117,15 @@ class Reserve(Message):
 
 
 class Unreserve(Message):
+    """A reservation the node no longer waits for."""
+
     kind: Literal["unreserve"] = "unreserve"
     id: AskId
 
 
 class Settle(Message):
+    """How a reserved call ended."""
+
     kind: Literal["settle"] = "settle"
     id: AskId
     used: Spent | None
@@ -119,15 +133,21 @@ class Settle(Message):
 
 
 class Release(Message):
+    """The member ended: its held closing call is free."""
+
     kind: Literal["release"] = "release"
 
 
 class Durable(Message):
+    """The member's transcript and checkpoint after a saved turn."""
+
     kind: Literal["durable"] = "durable"
     update: DurableUpdate
 
 
 class Reply(Message):
+    """How the attempt ended, with the member's files: the stream's last message."""
+
     kind: Literal["reply"] = "reply"
     reply: NodeReply
 
