@@ -13,8 +13,9 @@ per node (:class:`~coordinator.nodes.node_service.NodeService`) that holds its s
 ``fleet_slots``: Ray's own accounting then keeps two runs from overfilling a node (a
 node whose slots another run holds does not start the actor in time and is left out).
 A member attempt takes a free slot on the live node with the most free slots and runs
-as one streaming call on that node's actor; the node name is journalled with
-``member_started``. When a lead spawns a wave, each member's box is started ahead on a
+as one streaming call on that node's actor, whose every message is checked on receipt
+(:mod:`coordinator.nodes.stream`: one that is not the protocol's ends the attempt
+``failed``, unread); the node name is journalled with ``member_started``. When a lead spawns a wave, each member's box is started ahead on a
 node that keeps a warm pool for its spec (:meth:`RayNodes.expect`); the member is
 placed there when that node has a free slot, and takes that box.
 
