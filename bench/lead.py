@@ -94,7 +94,7 @@ def measure(rd: RunDir) -> dict[str, Any]:
         for b in m["content"]
         if b.get("type") == "tool_result" and calls.get(b["tool_use_id"]) in ("wait", "read_result")
     )
-    results = rd.results()
+    results = {m: o.model_dump(mode="json") for m, o in rd.outcomes().items()}
     consumed = sum(tokens(r) for r in results.values())
     read = sum(int(r.get("input_tokens") or 0) + int(r.get("cache_read_tokens") or 0)
                for r in results.values())  # fmt: skip

@@ -121,6 +121,7 @@ def main() -> int:
 
 def _measure(args: Any, job: Path, env: dict[str, str], where: list[str], api: Any) -> int:
     from coordinator.rundir.runs import RunDir
+    from subagents.kinds.results import CodingResult
     from subagents.trace import read_trace
 
     tmp = job.parent
@@ -161,13 +162,14 @@ def _measure(args: Any, job: Path, env: dict[str, str], where: list[str], api: A
     base = kept.get(max((t for t in kept if t <= mark.turn), default=-1))
     at_turn = re.findall(rb"^\+line (\d+)$", base, re.M) if base is not None else []
     workspace_equal = [int(x) for x in at_turn] == list(range(mark.turn))
-    patch = run.result("m")["result"]["patch"]
+    outcome = run.outcome("m")
+    patch = outcome.result.patch if outcome and isinstance(outcome.result, CodingResult) else ""
     lines = re.findall(r"^\+line (\d+)$", patch, re.M)
     print(f"killed after {before} model calls; resumed from turn {mark.turn} ({mark.restored})")
     print(f"model calls after the resume: {after} (goal <= 12; from turn 0: {args.steps + 1})")
     print(f"workspace at the resume equals turn {mark.turn}'s: {workspace_equal}")
     print(f"final patch: every line once, in order: {lines == [str(k) for k in range(args.steps)]}")
-    print(f"fleet resume took {took:.1f} s; status {run.result('m')['status']}")
+    print(f"fleet resume took {took:.1f} s; status {outcome.status if outcome else 'none'}")
     return 0
 
 

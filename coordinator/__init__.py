@@ -4,7 +4,9 @@
     result = fleet.run("examples/research.toml")
 
 The journal's entry models (``fleet.MemberFinishedEntry`` and the rest, what
-``on_journal`` hears) are exported too. The API's names are loaded on first use, so ``fleet sandbox ls`` (which imports
+``on_journal`` hears) are exported too, and the types of a member's result
+(``fleet.CodingMemberResult`` and the rest, :data:`fleet.MemberResult`: what
+``MemberOutcome.result`` holds). The API's names are loaded on first use, so ``fleet sandbox ls`` (which imports
 this package) does not pay for importing the model client and the fan-out.
 """
 
@@ -15,6 +17,21 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sandbox.errors import SandboxError
+    from subagents.kinds.results import (
+        BrowserMemberResult,
+        Cite,
+        CodingMemberResult,
+        JobValue,
+        LeadClaim,
+        LeadMemberResult,
+        MemberResult,
+        OtherResult,
+        ResultProblem,
+        UncheckedFindings,
+        UnknownResult,
+        VerifiedClaim,
+        VerifiedTests,
+    )
     from subagents.model import ModelError
     from subagents.outcome import MemberOutcome
 
@@ -92,6 +109,19 @@ _EXPORTS = {
     "Job": "coordinator.job.spec",
     "MemberJob": "coordinator.job.spec",
     "MemberOutcome": "subagents.outcome",
+    "BrowserMemberResult": "subagents.kinds.results",
+    "Cite": "subagents.kinds.results",
+    "CodingMemberResult": "subagents.kinds.results",
+    "JobValue": "subagents.kinds.results",
+    "LeadClaim": "subagents.kinds.results",
+    "LeadMemberResult": "subagents.kinds.results",
+    "MemberResult": "subagents.kinds.results",
+    "OtherResult": "subagents.kinds.results",
+    "ResultProblem": "subagents.kinds.results",
+    "UncheckedFindings": "subagents.kinds.results",
+    "UnknownResult": "subagents.kinds.results",
+    "VerifiedClaim": "subagents.kinds.results",
+    "VerifiedTests": "subagents.kinds.results",
     "ModelError": "subagents.model",
     "SandboxError": "sandbox.errors",
     "start": "coordinator.run_handle",
@@ -141,17 +171,23 @@ __all__ = [
     "ApprovalAnsweredEntry",
     "ApprovalRequestedEntry",
     "BoxesKeptEntry",
+    "BrowserMemberResult",
     "BudgetEntry",
     "BudgetHardEntry",
     "BudgetSoftEntry",
     "BudgetSpentEntry",
+    "Cite",
+    "CodingMemberResult",
     "Entry",
     "FailFastEntry",
     "Job",
     "JobError",
+    "JobValue",
     "JournalEntry",
     "JournalEntryModel",
+    "LeadClaim",
     "LeadFinishedEntry",
+    "LeadMemberResult",
     "LeadRetryEntry",
     "LeadSpawnEntry",
     "LeadStartedEntry",
@@ -159,14 +195,17 @@ __all__ = [
     "MemberJob",
     "MemberOutcome",
     "MemberQueuedEntry",
+    "MemberResult",
     "MemberRetryEntry",
     "MemberStartedEntry",
     "MemorySavedEntry",
     "ModelError",
+    "OtherResult",
     "PlanEntry",
     "PolicyDecisionEntry",
     "ReapedEntry",
     "ReportWrittenEntry",
+    "ResultProblem",
     "RunCreated",
     "RunCreatedEntry",
     "RunEnded",
@@ -182,7 +221,11 @@ __all__ = [
     "RunSummary",
     "SandboxError",
     "SpawnedMember",
+    "UncheckedFindings",
     "UnknownEntry",
+    "UnknownResult",
+    "VerifiedClaim",
+    "VerifiedTests",
     "load",
     "resume",
     "resume_async",

@@ -57,7 +57,6 @@ from pydantic import ValidationError
 from sandbox.errors import SandboxError
 from subagents.beside import leaves
 from subagents.model import ModelError
-from subagents.outcome import MemberOutcome
 
 from .errors import CommandFailed, UsageError
 from .job.jobfile import (
@@ -295,12 +294,7 @@ def _nothing_left(run: RunDir, job: Job, opts: RunOptions) -> RunSummary | None:
 
 def summary_of(run: RunDir, status: str, exit_code: int) -> RunSummary:
     """A summary read back from the run directory (its members' ``result.json``)."""
-    outcomes = {}
-    for member, data in run.results().items():
-        try:
-            outcomes[member] = MemberOutcome.model_validate(data)
-        except ValueError:
-            continue
+    outcomes = run.outcomes()
     report = run.path / "report.md"
     return RunSummary(run, status, exit_code, outcomes, report if report.exists() else None)
 

@@ -54,6 +54,7 @@ from .conversation import Conversation
 from .delegation import Delegation
 from .durable import Checkpoints, forget
 from .kinds import Kind
+from .kinds.results import MemberResult, parse_result
 from .model.base import Model, ModelError
 from .outcome import LimitName, MemberOutcome, Progress, Status
 from .policy import Approver, NoApprover, PolicyGate
@@ -531,6 +532,16 @@ class AgentLoop:
             data.setdefault(key, value)
         return data
 
+    def typed(self, data: dict[str, Any], *, partial: bool = False) -> MemberResult:
+        """A result as its kind's type: an uncut one strictly (it was checked against the
+        kind's model already; a kind hook that broke it is a bug, not a result), a cut or
+        partial one as it reads (an :class:`~subagents.kinds.results.UnknownResult` if the
+        cut broke a constraint)."""
+        strict = not partial and not self.gate.truncated
+        return parse_result(
+            self.kind.name, data, partial=partial, strict=strict, job_fields=self.job_fields
+        )
+
     def outcome(
         self,
         status: Status,
@@ -560,8 +571,8 @@ class AgentLoop:
             kind=self.kind.name,
             status=status,
             reason=reason,
-            result=result,
-            partial_result=partial,
+            result=None if result is None else self.typed(result),
+            partial_result=None if partial is None else self.typed(partial, partial=True),
             limit=limit,
             progress=progress,
             result_truncated=self.gate.truncated and result is not None,

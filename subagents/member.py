@@ -28,6 +28,7 @@ from .context.base import ContextLike
 from .context.manager import ContextManager
 from .delegation import Delegation
 from .kinds import Kind, get_kind
+from .kinds.results import result_json
 from .loop import AgentLoop
 from .model.base import Model, ModelError
 from .outcome import MemberOutcome, Status
@@ -208,8 +209,8 @@ async def _finish(
             cache_write_tokens=outcome.cache_write_tokens,
             cost_usd=outcome.cost_usd,
             duration_s=outcome.duration_s,
-            result=outcome.result,
-            partial_result=outcome.partial_result,
+            result=result_json(outcome.result),
+            partial_result=result_json(outcome.partial_result),
             limit=outcome.limit,
             offline=outcome.offline,
         )

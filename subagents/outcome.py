@@ -26,12 +26,14 @@ cancelled   the caller cancelled the member (set by the caller's bookkeeping;
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, ValidatorFunctionWrapHandler, field_validator
 
 from sandbox.strict import Strict
 
+from .kinds.results import MemberResult, parse_result
 from .trace import TokenCounts
 
 Status = Literal["ok", "failed", "timed_out", "crashed", "cancelled", "incomplete"]
@@ -60,14 +62,16 @@ class MemberOutcome(Strict, TokenCounts):
     status: Status
     reason: str = ""
     """Why it ended this way, in words (empty for ``ok``)."""
-    result: dict[str, Any] | None = None
-    """The kind's result model, as JSON: set when status is ``ok``, and kept for a
-    ``failed`` member whose accepted result its kind judged a failure (a coding
-    member's patch and test run when the test fails). Only ``ok`` results count."""
-    partial_result: dict[str, Any] | None = None
+    result: MemberResult | None = None
+    """The kind's result (:mod:`subagents.kinds.results`: a coding member's
+    :class:`~subagents.kinds.results.CodingMemberResult`, ...): set when status is ``ok``,
+    and kept for a ``failed`` member whose accepted result its kind judged a failure (a
+    coding member's patch and test run when the test fails). Only ``ok`` results count."""
+    partial_result: MemberResult | None = None
     """``incomplete`` and ``timed_out`` members only: the best partial result the member submitted in
-    the closing call after a limit stopped it (same schema as ``result``; it says
-    itself what is unfinished). Not a finished answer."""
+    the closing call after a limit stopped it (same types as ``result``; a browser
+    member's may be :class:`~subagents.kinds.results.UncheckedFindings`; it says itself
+    what is unfinished). Not a finished answer."""
     limit: LimitName | None = None
     """Which limit ended an ``incomplete`` (or, ``deadline``, a ``timed_out``) member."""
     progress: Progress | None = None
@@ -87,3 +91,46 @@ class MemberOutcome(Strict, TokenCounts):
     not_copied: list[str] = Field(default_factory=list)
     """Paths of the member's ``repo`` left out of its box, each with why (a path
     through a symbolic link, a named pipe, a device); bounded, the rest counted."""
+
+    @field_validator("result", "partial_result", mode="wrap")
+    @classmethod
+    def _typed_by_kind(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> MemberResult | None:
+        """The result as its kind's model (see :mod:`subagents.kinds.results`): leniently,
+        unless validated with a :class:`Received` context."""
+        if value is None:
+            return None
+        # Not ``handler``: pydantic's own union would take the first model that fits,
+        # whatever the outcome's kind.
+        check = (info.context or {}).get(RECEIVED)
+        received = check if isinstance(check, Received) else None
+        return parse_result(
+            str(info.data.get("kind", "")),
+            value,
+            partial=info.field_name == "partial_result",
+            strict=received is not None,
+            job_fields=received.job_fields if received is not None else (),
+        )
+
+    @classmethod
+    def received(cls, data: Any, *, job_fields: Collection[str] = ()) -> MemberOutcome:
+        """An outcome that arrived from someone not trusted (a node's reply), its result
+        checked strictly: :class:`ValueError` (pydantic's, or a
+        :class:`~subagents.kinds.results.ResultProblem`) naming what is wrong."""
+        if isinstance(data, MemberOutcome):
+            data = data.model_dump(mode="json")
+        return cls.model_validate(data, context={RECEIVED: Received(frozenset(job_fields))})
+
+
+RECEIVED = "received"
+"""The validation context's key under which :meth:`MemberOutcome.received` asks for
+strictness."""
+
+
+class Received:
+    """Validation context: the outcome came from someone not trusted."""
+
+    def __init__(self, job_fields: frozenset[str]) -> None:
+        self.job_fields = job_fields
+        """The job's own result fields (``result_schema``): no others are taken."""

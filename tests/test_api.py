@@ -64,7 +64,8 @@ def test_a_dict_job_runs_to_a_result_with_callbacks_and_prints_nothing(
 
     assert (result.status, result.exit_code) == ("succeeded", 0)
     outcome = result.outcomes["coder"]
-    assert outcome.status == "ok" and outcome.result["verified"]["passed"] is True
+    assert outcome.status == "ok" and isinstance(outcome.result, fleet.CodingMemberResult)
+    assert outcome.result.verified is not None and outcome.result.verified.passed is True
     assert result.run.path.parent == tmp_path / "runs"
     assert result.report_path is not None and result.report_path.exists()
     kinds = [e.event for e in journal]
@@ -144,8 +145,8 @@ def test_a_jobs_own_result_fields_reach_the_member_and_come_back_filled(
     result = fleet.run(_coding_job(tmp_path, result_schema=schema))
     outcome = result.outcomes["coder"]
     assert outcome.status == "ok", outcome.reason
-    assert outcome.result["risk"] == "low"
-    assert outcome.result["files_changed"] == ["greet.py"]
+    assert outcome.result.job_fields == {"risk": "low"}
+    assert outcome.result.files_changed == ["greet.py"]
 
 
 def test_a_job_field_the_model_could_not_submit_is_refused_when_the_job_is_read(tmp_path):

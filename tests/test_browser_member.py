@@ -64,19 +64,19 @@ async def test_research_member_returns_verified_findings(
         await corpus.close()
     assert outcome.status == "ok", outcome.reason
     result = outcome.result
-    assert result is not None and result["claims"], result
-    assert result["unverified"] == []
-    assert all(c["verified"] for c in result["claims"])
-    assert any("shield" in c["quote"] for c in result["claims"])
-    assert all(c["source_url"].startswith(f"{CORPUS}/library/") for c in result["claims"])
+    assert result is not None and result.claims, result
+    assert result.unverified == []
+    assert all(c.verified for c in result.claims)
+    assert any("shield" in c.quote for c in result.claims)
+    assert all(c.source_url.startswith(f"{CORPUS}/library/") for c in result.claims)
     member_dir = tmp_path / "members" / "r1"
     calls = tool_calls(member_dir / "trace.jsonl")
     assert calls[0] == ("search", {"query": "asyncio shield protect task cancellation"})
     assert [name for name, _ in calls].count("navigate") >= 1
     pages = (member_dir / "pages" / "index.jsonl").read_text().splitlines()
-    assert result["pages_fetched"] == len(pages) >= 2
+    assert result.pages_fetched == len(pages) >= 2
     saved = json.loads((member_dir / "result.json").read_text())
-    assert saved["status"] == "ok" and saved["result"] == result
+    assert saved["status"] == "ok" and saved["result"] == result.model_dump(mode="json")
 
 
 COOKIE_PAGE = """<!DOCTYPE html><html><head><title>Cookie jar</title></head><body><main>
@@ -181,7 +181,7 @@ async def test_killed_box_crashes_only_its_member(
     assert outcomes[victim].reason.startswith("sandbox crashed: killed"), outcomes[victim].reason
     for name in ("k1", "k3"):
         assert outcomes[name].status == "ok", outcomes[name].reason
-        assert outcomes[name].result and outcomes[name].result["claims"]
+        assert outcomes[name].result and outcomes[name].result.claims
 
 
 async def test_unverifiable_quotes_are_flagged(
@@ -236,11 +236,11 @@ async def test_unverifiable_quotes_are_flagged(
     # The model saw the page delimited as untrusted content.
     sent_text = sent if isinstance(sent, str) else sent[0]["text"]
     assert '<untrusted_page_content url="http://corpus:8080/library/asyncio-task.html"' in sent_text
-    claims = outcome.result["claims"]
-    assert [c["verified"] for c in claims] == [True, False, False]
-    assert outcome.result["unverified"] == [1, 2]
-    assert claims[1]["note"] == "quote not found on the fetched page"
-    assert claims[2]["note"].startswith("quote is on http://corpus:8080/library/asyncio-task.html")
+    claims = outcome.result.claims
+    assert [c.verified for c in claims] == [True, False, False]
+    assert outcome.result.unverified == [1, 2]
+    assert claims[1].note == "quote not found on the fetched page"
+    assert claims[2].note.startswith("quote is on http://corpus:8080/library/asyncio-task.html")
 
 
 async def test_prompt_injection_does_not_change_the_research_policy(
@@ -276,7 +276,7 @@ async def test_prompt_injection_does_not_change_the_research_policy(
     # Same actions (only the page's own URL differs), same claims, nothing from the page.
     assert [n for n, _ in hit_calls] == [n for n, _ in clean_calls]
     assert not any("exfil" in json.dumps(args) for _, args in hit_calls)
-    assert [c["quote"] for c in hit["claims"]] == [c["quote"] for c in clean["claims"]]
-    assert hit["claims"] and all(c["verified"] for c in hit["claims"])
-    assert "PWNED" not in json.dumps(hit) and hit["confidence"] == clean["confidence"]
-    assert any("addressed to an AI agent" in q for q in hit["open_questions"])
+    assert [c.quote for c in hit.claims] == [c.quote for c in clean.claims]
+    assert hit.claims and all(c.verified for c in hit.claims)
+    assert "PWNED" not in hit.model_dump_json() and hit.confidence == clean.confidence
+    assert any("addressed to an AI agent" in q for q in hit.open_questions)

@@ -77,22 +77,22 @@ def test_a_fan_out_stops_at_the_hard_line_and_resume_with_more_finishes_it(
     code = main(["run", str(job), "--plain"])
     out = capsys.readouterr().err
     (run,) = RunDir.list(tmp_path / "runs")
-    results = {f"m{i + 1}": run.result(f"m{i + 1}") for i in range(MEMBERS)}
+    results = {f"m{i + 1}": run.outcome(f"m{i + 1}") for i in range(MEMBERS)}
     costs = _call_costs(run)
     spent = sum(costs)
     # Reserved before each call went out: the fan-out stops short of the line, not one
     # turn of every member past it.
     assert spent <= HARD_USD + max(costs), (spent, max(costs))
-    assert spent == pytest.approx(sum(r["cost_usd"] for r in results.values()), abs=1e-5)
-    stopped = {m: r for m, r in results.items() if r["status"] != "ok"}
+    assert spent == pytest.approx(sum(r.cost_usd for r in results.values()), abs=1e-5)
+    stopped = {m: r for m, r in results.items() if r.status != "ok"}
     assert stopped and code in (0, 1), out
     for member, r in stopped.items():
-        assert (r["status"], r["limit"]) == ("incomplete", "budget"), (member, r["reason"])
-        assert r["reason"].startswith("run budget reached"), r["reason"]
-        if r["turns"]:  # a member that had started keeps what it did and says so
-            assert r["partial_result"]["summary"].startswith("stopped early"), r["reason"]
-            assert r["progress"]["last_actions"]
-    assert any(r["turns"] and r["partial_result"] for r in stopped.values())
+        assert (r.status, r.limit) == ("incomplete", "budget"), (member, r.reason)
+        assert r.reason.startswith("run budget reached"), r.reason
+        if r.turns:  # a member that had started keeps what it did and says so
+            assert r.partial_result.summary.startswith("stopped early"), r.reason
+            assert r.progress.last_actions
+    assert any(r.turns and r.partial_result for r in stopped.values())
     journal = list(run.journal.read())
     events = [e.event for e in journal]
     assert events.count("budget_soft") == 1 and events.count("budget_hard") == 1
@@ -115,7 +115,7 @@ def test_a_fan_out_stops_at_the_hard_line_and_resume_with_more_finishes_it(
     )
     out = capsys.readouterr().err
     assert code == 0, out
-    assert all(run.result(m)["status"] == "ok" for m in results), out
+    assert all(run.outcome(m).status == "ok" for m in results), out
     journal = list(run.journal.read())
     raised = [e for e in journal if e.event == "budget"]
     assert [e.usd for e in raised] == [HARD_USD, 1.0]
@@ -159,5 +159,5 @@ def test_offline_members_cost_nothing_and_still_spend_a_token_budget(
     assert spent and all(e.usd == 0 and e.tokens > 0 for e in spent), err
     assert spent[-1].spent_usd == 0
     assert spent[-1].spent_tokens <= 12000 + max(e.tokens for e in spent)
-    results = [run.result(f"m{i + 1}") for i in range(4)]
-    assert any(r["limit"] == "budget" for r in results), err
+    results = [run.outcome(f"m{i + 1}") for i in range(4)]
+    assert any(r.limit == "budget" for r in results), err

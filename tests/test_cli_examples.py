@@ -47,8 +47,8 @@ def test_mixed_example_runs_offline_with_research_browser_and_coding_members(
     patch = (run.path / "members" / "coder" / "patch.diff").read_text()
     assert '+    return f"Hello and welcome, {name}!"' in patch
     # Fleet re-ran the example's own test on the member's work, and it passes.
-    verified = run.result("coder")["result"]["verified"]
-    assert verified["command"] == "python3 test_greet.py" and verified["passed"] is True
+    verified = run.outcome("coder").result.verified
+    assert verified.command == "python3 test_greet.py" and verified.passed is True
     assert (EXAMPLES / "sample-repo" / "greet.py").read_text() == original
 
 

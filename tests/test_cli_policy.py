@@ -130,18 +130,18 @@ def test_spellings_around_a_deny_rule_are_refused_in_the_box(tmp_path, images, f
     assert not is_error and "No such file" in text and "absent" in text  # touch never ran
     refused = [d for d in _journal(run, "policy_decision") if not d.allowed]
     assert len(refused) == len(BYPASSES)
-    assert run.result("coder")["status"] == "ok"  # one call ran: not every call refused
+    assert run.outcome("coder").status == "ok"  # one call ran: not every call refused
 
 
 def test_a_member_whose_every_call_a_policy_refused_ends_failed(
     tmp_path, images, fake_api, cleanup
 ):
     run = _run_denying(tmp_path, fake_api, cleanup, "[walled] try", "shell:touch *", 1)
-    result = run.result("coder")
-    assert result["status"] == "failed"
-    assert result["reason"].startswith("every tool call was refused by policy (3 of 3), e.g. ")
-    assert "shell is not permitted here" in result["reason"]
-    assert result["result"]["summary"] == "3 steps"  # kept for reading
+    result = run.outcome("coder")
+    assert result.status == "failed"
+    assert result.reason.startswith("every tool call was refused by policy (3 of 3), e.g. ")
+    assert "shell is not permitted here" in result.reason
+    assert result.result.summary == "3 steps"  # kept for reading
     assert run.state().members == {"coder": "failed"}
 
 
@@ -211,7 +211,7 @@ def test_an_ask_nobody_answers_gets_the_ask_default(
     started = time.monotonic()
     assert main(["run", str(job), "--plain", *flags]) == 0
     (run,) = RunDir.list(tmp_path / "runs")
-    assert run.result("coder")["status"] == "ok"  # a refused call is not a failed member
+    assert run.outcome("coder").status == "ok"  # a refused call is not a failed member
     (decision,) = _journal(run, "policy_decision")
     assert (decision.by, decision.allowed) == (by, allowed)
     is_error, text = _shell_outputs(run, "coder")["rm -rf build"]
@@ -230,9 +230,9 @@ def test_a_pending_ask_counts_against_the_members_deadline(tmp_path, images, fak
     job = _job(tmp_path, _member("coder", "[rm] tidy up", extra))
     assert main(["run", str(job), "--plain", "--wait-approval"]) == 1
     (run,) = RunDir.list(tmp_path / "runs")
-    result = run.result("coder")
-    assert result["status"] == "timed_out"
-    assert "waiting for a person's approval of shell" in result["reason"]
+    result = run.outcome("coder")
+    assert result.status == "timed_out"
+    assert "waiting for a person's approval of shell" in result.reason
     (abandoned,) = _journal(run, "approval_abandoned")
     assert abandoned.member == "coder" and abandoned.reason == "member stopped"
     assert list((run.path / "approvals").glob("*.answer.json"))  # closed, on disk
@@ -274,7 +274,7 @@ def test_resume_asks_again_what_the_killed_run_never_answered(tmp_path, images, 
     assert "resumed" in abandoned.reason and abandoned.member == "coder"
     (decision,) = _journal(run, "policy_decision")
     assert decision.by == "fleet approve" and decision.allowed is True
-    assert run.result("coder")["status"] == "ok"
+    assert run.outcome("coder").status == "ok"
 
 
 def test_keys_at_the_runs_terminal_answer_asks_and_always_holds_for_the_rule(

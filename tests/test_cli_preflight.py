@@ -80,7 +80,7 @@ def test_missing_images_are_built_with_a_progress_line_before_the_run_starts(
     assert new["coding"] in notice and "building them now" in notice
     assert err.index(f"building {new['coding']}") < err.index("fleet: run ")
     (run,) = RunDir.list(tmp_path / "runs")
-    assert run.result("coder")["status"] == "ok"  # its box ran on the image just built
+    assert run.outcome("coder").status == "ok"  # its box ran on the image just built
 
 
 def test_images_that_cannot_be_built_are_bad_input_naming_setup(

@@ -39,7 +39,7 @@ def test_a_fan_out_over_the_accounts_limits_and_an_overload_burst_loses_no_membe
     cleanup.append(tmp_path / "runs")
     assert main(["run", str(_job(tmp_path, 8)), "--plain"]) == 0, capsys.readouterr().err
     (run,) = RunDir.list(tmp_path / "runs")
-    assert all(run.result(f"m{i + 1}")["status"] == "ok" for i in range(8))
+    assert all(run.outcome(f"m{i + 1}").status == "ok" for i in range(8))
     assert api.limiter is not None
     # Paced by one governor: a handful of 429s at most, not one per member per retry.
     assert api.limiter.rejected <= 4, api.limiter.rejected

@@ -98,9 +98,7 @@ def test_five_members_three_failures_two_results_and_a_report(
         killer.join()
     assert code == 0  # quorum of 2 met; the failures are listed, not fatal
     (run,) = RunDir.list(tmp_path / "runs")
-    status = {
-        m: run.result(m)["status"] for m in ("good-1", "good-2", "rejected", "stuck", "victim")
-    }
+    status = {m: run.outcome(m).status for m in ("good-1", "good-2", "rejected", "stuck", "victim")}
     assert status == {
         "good-1": "ok",
         "good-2": "ok",
@@ -143,11 +141,11 @@ def test_oom_killed_box_is_its_members_crash_and_a_killed_box_is_retried(
     code = main(["run", str(job), "--plain"])
     assert code == 0, capsys.readouterr().err
     (run,) = RunDir.list(tmp_path / "runs")
-    hog = run.result("hog")
-    assert hog["status"] == "crashed"
-    assert hog["reason"] == "sandbox crashed: oom-killed", hog["reason"]
-    assert run.result("steady")["status"] == "ok"
-    assert run.result("flaky")["status"] == "ok"
+    hog = run.outcome("hog")
+    assert hog.status == "crashed"
+    assert hog.reason == "sandbox crashed: oom-killed", hog.reason
+    assert run.outcome("steady").status == "ok"
+    assert run.outcome("flaky").status == "ok"
     state = run.state()
     assert state.starts == {"steady": 1, "hog": 2, "flaky": 2}
     retries = {e.member: e for e in run.journal.read() if e.event == "member_retry"}
@@ -301,7 +299,7 @@ def test_sigkill_then_resume_reruns_only_unfinished_members(
         assert len(starts) == 1
     for m in finished_before:  # the table shows its recorded figures, not 0 turns in 0.0s
         row = next(ln for ln in resumed.stderr.splitlines() if ln.startswith(f"{m} ")).split()
-        assert row[1] == "ok" and row[2] == str(run.result(m)["turns"]) != "0", row
+        assert row[1] == "ok" and row[2] == str(run.outcome(m).turns) != "0", row
         assert row[5] != "0.0s", row
     rerun = set(after.members) - finished_before
     assert rerun and all(after.starts[m] >= 1 for m in rerun)
@@ -355,9 +353,9 @@ def test_fleet_code_returns_a_patch_that_applies_to_the_untouched_repo(
     assert _git(repo, "status", "--porcelain") == ""
     (run,) = RunDir.list(out_dir)
     patch = run.path / "members" / "coder" / "patch.diff"
-    result = run.result("coder")["result"]
-    assert result["files_changed"] == ["hello.py"]
-    assert result["verified"]["passed"] is True
+    result = run.outcome("coder").result
+    assert result.files_changed == ["hello.py"]
+    assert result.verified.passed is True
     printed = capsys.readouterr().out
     assert "hello.py" in printed and str(patch) in printed
     subprocess.run(["git", "apply", "--check", str(patch)], cwd=repo, check=True)
@@ -414,4 +412,4 @@ def test_fleet_code_never_applies_a_patch_that_fails_the_test(
     assert '+print("hello fleet")' in (run.path / "members" / "coder" / "patch.diff").read_text()
     # The member and the run failed, and every record says so.
     assert run.state().status == "failed" and run.state().members["coder"] == "failed"
-    assert run.result("coder")["reason"].startswith("test failed after edit:")
+    assert run.outcome("coder").reason.startswith("test failed after edit:")

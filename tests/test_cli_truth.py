@@ -89,12 +89,12 @@ def test_a_coding_member_whose_test_fails_after_its_edit_is_failed_everywhere(
     assert "failed: 1 of 2 members ok" in done.stderr
     (run,) = RunDir.list(runs_dir)
     # The member: failed with the reason, its patch and test run kept for reading.
-    outcome = run.result("curt")
-    assert outcome["status"] == "failed"
-    assert outcome["reason"].startswith("test failed after edit: 'python3 test_greet.py' exit 1")
-    assert outcome["result"]["verified"]["passed"] is False
+    outcome = run.outcome("curt")
+    assert outcome.status == "failed"
+    assert outcome.reason.startswith("test failed after edit: 'python3 test_greet.py' exit 1")
+    assert outcome.result.verified.passed is False
     assert '+    return f"Hi, {name}!"' in (run.path / "members/curt/patch.diff").read_text()
-    assert run.result("warm")["status"] == "ok"
+    assert run.outcome("warm").status == "ok"
     # The journal, the trace, `fleet runs`, `fleet trace` and the report agree.
     assert run.state().members == {"warm": "ok", "curt": "failed"}
     assert _trace_status(run, "curt") == "failed"
@@ -123,8 +123,8 @@ def test_the_docs_one_coder_example_passes_its_own_test(tmp_path, images, runs_d
     done = fleet("run", str(job), "--output-dir", str(runs_dir), "--plain")
     assert done.returncode == 0, done.stderr
     (run,) = RunDir.list(runs_dir)
-    (outcome,) = run.results().values()
-    assert outcome["status"] == "ok" and outcome["result"]["verified"]["passed"] is True
+    (outcome,) = run.outcomes().values()
+    assert outcome.status == "ok" and outcome.result.verified.passed is True
 
 
 def _tool_results(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -184,7 +184,7 @@ def test_a_browser_member_reads_back_its_offloaded_result_with_the_tool_its_poin
     assert not _tool_results(last)[1].get("is_error"), read_back
     assert "containing 'shield'" in read_back and "shield" in read_back.lower()
     (run,) = RunDir.list(runs_dir)
-    assert run.result("reader")["status"] == "ok"
+    assert run.outcome("reader").status == "ok"
 
 
 def _shell_then_sleep_then_submit(body: dict[str, Any]) -> Any:
@@ -257,12 +257,12 @@ def test_trace_agrees_with_the_journal_on_a_timed_out_member_and_a_queued_one(
     # The timed-out member is timed_out in every record, the trace's own end included.
     assert _table(last)["slow"][2] == "timed_out" and _table(last)["next"][2] == "ok"
     assert run.state().members == {"slow": "timed_out", "next": "ok"}
-    assert run.result("slow")["status"] == "timed_out"
+    assert run.outcome("slow").status == "timed_out"
     # It stopped itself before the hard limit (box start-up included) and handed in
     # what it had.
-    assert run.result("slow")["partial_result"]["summary"] == "stopped after 2 steps"
+    assert run.outcome("slow").partial_result.summary == "stopped after 2 steps"
     # The reason names the deadline the job file says, not the harness's earlier stop.
-    assert run.result("slow")["reason"].startswith("deadline_s = 12 s reached after ")
+    assert run.outcome("slow").reason.startswith("deadline_s = 12 s reached after ")
     assert _trace_status(run, "slow") == "timed_out"
     traced = json.loads(fleet("trace", str(run.path), "--json").stdout)
     assert {m["member"]: m["status"] for m in traced["members"]} == {
@@ -364,9 +364,9 @@ def test_a_member_whose_every_tool_call_was_refused_is_not_ok(tmp_path, images, 
     done, _ = run_against(_only_blocked_pages, job, runs_dir)
     assert done.returncode == 1, done.stderr
     (run,) = RunDir.list(runs_dir)
-    outcome = run.result("walled")
-    assert outcome["status"] == "failed"
-    assert outcome["reason"].startswith(
+    outcome = run.outcome("walled")
+    assert outcome.status == "failed"
+    assert outcome.reason.startswith(
         "every tool call was refused by policy (1 of 1), e.g. blocked:"
     )
     assert run.state().members == {"walled": "failed"}
@@ -383,7 +383,7 @@ def test_max_turns_reads_as_the_number_written_in_every_view(tmp_path, images, r
     done, api = run_against(_shell_then_sleep_then_submit, job, runs_dir)
     assert done.returncode == 1 and len(api.requests) == 2, done.stderr
     (run,) = RunDir.list(runs_dir)
-    assert run.result("brief")["turns"] == 1 and run.result("brief")["status"] == "incomplete"
+    assert run.outcome("brief").turns == 1 and run.outcome("brief").status == "incomplete"
     row = next(line for line in done.stderr.splitlines() if line.startswith("brief "))
     assert row.split()[1:3] == ["incomplete", "1"], row  # status, turn
     traced = json.loads(fleet("trace", str(run.path), "--json").stdout)

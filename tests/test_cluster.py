@@ -184,12 +184,12 @@ def test_mixed_job_on_two_nodes_has_the_shape_of_a_local_run(
     assert _files(remote) == _files(local)
     assert {p.name for p in remote.path.iterdir()} == {p.name for p in local.path.iterdir()}
     for member in local.state().members:
-        mine, theirs = remote.result(member), local.result(member)
+        mine, theirs = remote.outcome(member), local.outcome(member)
         # The offline coder's summary counts the files its first glob saw, which races
         # with its first test run writing __pycache__ (on one machine as on a node).
-        same = {k: v for k, v in mine["result"].items() if k != "summary"}
-        assert same == {k: v for k, v in theirs["result"].items() if k != "summary"}
-        assert mine["status"] == theirs["status"]
+        same = {k: v for k, v in mine.result.model_dump().items() if k != "summary"}
+        assert same == {k: v for k, v in theirs.result.model_dump().items() if k != "summary"}
+        assert mine.status == theirs.status
     # Each member's node is in the journal; members were spread over both nodes.
     nodes = {ray_cluster.name(n) for n in ray_cluster.nodes}
     started = _started_on(remote)
@@ -261,7 +261,7 @@ def test_a_node_lost_mid_run_costs_only_a_retry_of_its_members(
     for m in victims:  # retried on a node that was still there
         assert len(started[m]) == 2 and started[m][1] not in ("", name)
     for m in set(started) - set(victims):  # the others ran once, their results kept
-        assert len(started[m]) == 1 and run.result(m)["status"] == "ok"
+        assert len(started[m]) == 1 and run.outcome(m).status == "ok"
     # The lost node's boxes outlived it (same engine); gc on the cluster finds them
     # by the node's liveness rule: its actor, their owner, is gone.
     gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
@@ -462,9 +462,9 @@ def test_a_frozen_node_is_met_by_the_coordinators_own_deadline(
                 os.kill(pid, signal.SIGKILL)
         ray_cluster.remove_node(frozen)
     assert proc.returncode == 1, err[-3000:]
-    result = run.result("c0")
-    assert result["status"] == "timed_out"
-    assert result["reason"] == f"deadline of 8s passed (node {name} did not report)"
+    result = run.outcome("c0")
+    assert result.status == "timed_out"
+    assert result.reason == f"deadline of 8s passed (node {name} did not report)"
     assert waited < 60, "the run ended by the coordinator's deadline, not by Ray's verdict"
     # Once the node is gone with its actor, gc takes its box (its owner is dead).
     _wait_for(lambda: not pid_alive(stopped[0]), 60, "the frozen node's actor to end")
@@ -496,11 +496,9 @@ def _decisions(run: RunDir) -> dict[str, list[tuple[str, bool]]]:
 
 def _edited(run: RunDir, member: str) -> bool:
     """Whether the member's edit of greet.py ran (the offline coder's report says)."""
-    result = run.result(member)
-    refused = (
-        "edit in greet.py was refused by edit_file (see the trace)" in result["result"]["notes"]
-    )
-    applied = "Applied 1 stated edit(s) in greet.py." in result["result"]["summary"]
+    result = run.outcome(member)
+    refused = "edit in greet.py was refused by edit_file (see the trace)" in result.result.notes
+    applied = "Applied 1 stated edit(s) in greet.py." in result.result.summary
     assert refused != applied, result
     return applied
 
@@ -566,7 +564,7 @@ def test_a_node_lost_while_its_member_waits_for_an_answer_costs_only_a_retry(
     started = _started_on(run)["c0"]
     assert len(started) == 2 and started[1] != name
     assert _decisions(run) == {"c0": [("fleet approve", True)]}
-    assert run.result("c0")["status"] == "ok" and _edited(run, "c0")
+    assert run.outcome("c0").status == "ok" and _edited(run, "c0")
     gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
     assert gc.returncode == 0, gc.stderr
     assert _boxes(node_client, run.id) == []
@@ -678,7 +676,7 @@ def test_a_lead_jobs_members_run_on_the_nodes(tmp_path, ray_cluster, node_client
     started = _started_on(run)
     assert set(started) == {m.id for m in spawned}
     assert all(len(v) == 1 and v[0] in nodes for v in started.values()), started
-    assert {run.result(m)["status"] for m in started} == {"ok"}
+    assert {run.outcome(m).status for m in started} == {"ok"}
     # The second wave's two members ran at once, as on one machine: the run holds
     # slots for the members of later waves, not only for the first wave's one.
     ts = {(e.event, getattr(e, "member", None)): e.ts for e in run.journal.read()}
@@ -722,9 +720,9 @@ def test_a_repository_linking_proc_self_leaks_nothing_on_the_cluster(
     assert done.returncode == 0, done.stderr[-3000:]
     assert marker.encode() not in _all_bytes(out)
     (run,) = RunDir.list(out)
-    result = run.result("coder")
-    assert result["result"]["files_changed"] == ["greet.txt"]
-    assert result["not_copied"][0].startswith("p/environ: p is a symbolic link (to /proc/self)")
+    result = run.outcome("coder")
+    assert result.result.files_changed == ["greet.txt"]
+    assert result.not_copied[0].startswith("p/environ: p is a symbolic link (to /proc/self)")
     assert _started_on(run)["coder"][0] in {ray_cluster.name(n) for n in ray_cluster.nodes}
 
 

@@ -90,7 +90,7 @@ def test_a_cluster_without_token_auth_is_refused_unless_the_user_says_insecure(
     (done,) = RunDir.list(runs)
     started = [e for e in done.journal.read() if e.event == "member_started"]
     assert [e.node.split("-")[0] for e in started] == [LOOPBACK]
-    assert done.result("c")["status"] == "ok"
+    assert done.outcome("c").status == "ok"
 
 
 INTRUDER = """

@@ -59,8 +59,8 @@ def _in_the_check_after_the_edit(run: RunDir) -> None:
 
 def _went_on_from_the_edit(run: RunDir) -> None:
     """The member went on from its second turn with the workspace of that turn."""
-    result = run.result("c")
-    assert result["status"] == "ok", result["reason"]
+    result = run.outcome("c")
+    assert result.status == "ok", result.reason
     events = _events(run, "c")
     (mark,) = [e for e in events if e.type == "resumed"]
     # It went on from the edit's turn, its workspace put back as of that turn ...
@@ -70,12 +70,12 @@ def _went_on_from_the_edit(run: RunDir) -> None:
     assert [e.type for e in after].count("model_call") == 2
     # the edit that had completed did not run again (it would fail: already applied),
     assert [e.tool for e in after if e.type == "tool_call"] == ["shell", "submit_result"]
-    assert not any("refused" in n for n in result["result"]["notes"]), result["result"]
+    assert not any("refused" in n for n in result.result.notes), result.result
     # and the workspace was the turn's: the patch holds the edit once, the check passed.
-    patch = result["result"]["patch"]
+    patch = result.result.patch
     assert patch.count('+    return f"Hello there, {name}!"') == 1, patch
-    assert result["result"]["tests_passed"] is True
-    assert result["resumed_from"] == 2
+    assert result.result.tests_passed is True
+    assert result.resumed_from == 2
     # A final outcome leaves no transcript or checkpoint behind.
     mdir = run.path / "members" / "c"
     assert not (mdir / "conversation.json").exists() and not list(mdir.glob("checkpoint-*"))
@@ -148,17 +148,17 @@ def test_a_fan_out_across_nodes_keeps_the_runs_one_budget(tmp_path, ray_cluster,
     calls = [e.tokens for e in journal if e.event == "budget_spent"]
     assert calls and sum(calls) <= hard + max(calls), (sum(calls), calls)
     assert [e.event for e in journal].count("budget_hard") == 1
-    results = {f"m{i}": run.result(f"m{i}") for i in range(members)}
-    stopped = {m: r for m, r in results.items() if r["status"] != "ok"}
-    assert stopped and len(stopped) < members, {m: r["reason"] for m, r in results.items()}
+    results = {f"m{i}": run.outcome(f"m{i}") for i in range(members)}
+    stopped = {m: r for m, r in results.items() if r.status != "ok"}
+    assert stopped and len(stopped) < members, {m: r.reason for m, r in results.items()}
     for member, r in stopped.items():
-        assert (r["status"], r["limit"]) == ("incomplete", "budget"), (member, r["reason"])
-        assert r["reason"].startswith("run budget reached"), r["reason"]
-        if r["turns"]:  # a member that had started keeps what it did
-            assert r["partial_result"] and r["progress"]["last_actions"], r
+        assert (r.status, r.limit) == ("incomplete", "budget"), (member, r.reason)
+        assert r.reason.startswith("run budget reached"), r.reason
+        if r.turns:  # a member that had started keeps what it did
+            assert r.partial_result and r.progress.last_actions, r
     # Two first calls fit with their closing calls held, no third; no second call of
     # both: one member stopped after its first turn.
-    assert any(r["turns"] for r in stopped.values()), stopped
+    assert any(r.turns for r in stopped.values()), stopped
     assert "reached the hard line" in (run.path / "report.md").read_text()
 
     # More tokens: the members the budget stopped run again, on the nodes, and finish.
@@ -167,7 +167,7 @@ def test_a_fan_out_across_nodes_keeps_the_runs_one_budget(tmp_path, ray_cluster,
         "--cluster", ray_cluster.address,
     )  # fmt: skip
     assert more.returncode == 0, more.stderr[-3000:]
-    assert all(run.result(m)["status"] == "ok" for m in results)
+    assert all(run.outcome(m).status == "ok" for m in results)
     journal = list(run.journal.read())
     assert [e.tokens for e in journal if e.event == "budget"] == [hard, 100000]
     spent = [e for e in journal if e.event == "budget_spent"][-1].spent_tokens

@@ -114,7 +114,7 @@ def test_a_hostile_repository_runs_no_command_on_the_host_through_fleet_code_app
     assert f"applied to {repo}" in done.stdout
     assert (repo / "greet.txt").read_text() == "hello fleet\n"
     (run,) = RunDir.list(out)
-    assert run.result("coder")["result"]["files_changed"] == ["greet.txt"]
+    assert run.outcome("coder").result.files_changed == ["greet.txt"]
 
 
 def test_links_pointing_out_of_the_repository_are_copied_as_links_not_a_crash(

@@ -89,8 +89,8 @@ async def test_a_git_config_the_member_writes_under_tmp_runs_nothing_at_collecti
     outcome, _ = await scripted(box, tmp_path, member("Fix add()."), script)
     assert await markers(box) == ""
     assert outcome.status == "ok", outcome.reason
-    assert outcome.result["files_changed"] == [".gitattributes", "calc.py"]
-    assert "-    return a - b\n+    return a + b" in outcome.result["patch"]
+    assert outcome.result.files_changed == [".gitattributes", "calc.py"]
+    assert "-    return a - b\n+    return a + b" in outcome.result.patch
 
 
 async def test_a_path_git_will_not_take_fails_the_member_and_keeps_its_edits(
@@ -106,8 +106,8 @@ async def test_a_path_git_will_not_take_fails_the_member_and_keeps_its_edits(
     assert "patch collection failed" in outcome.reason and ".Git/config" in outcome.reason
     assert "edits.tar" in outcome.reason
     result = outcome.result
-    assert result["collection_error"] and result["edits_archive"] == "edits.tar"
-    assert result["files_changed"] == [".Git/config", "calc.py"]
+    assert result.collection_error and result.edits_archive == "edits.tar"
+    assert result.files_changed == [".Git/config", "calc.py"]
     with tarfile.open(tmp_path / "edits.tar") as tar:
         kept = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
     assert kept["calc.py"] == b"def add(a, b):\n    return a + b\n"
@@ -154,8 +154,8 @@ async def test_a_gitignore_or_a_nested_repository_the_member_makes_hides_nothing
     # notes.log and build/new.o stay out: the repository's rules had them ignored
     # before the member came.
     changed = [".gitignore", ":!odd.py", "calc.py", "helper.py", "sub/inner.py"]
-    assert result["files_changed"] == changed
-    assert "+HELP = 1" in result["patch"] and "+INNER = 1" in result["patch"]
+    assert result.files_changed == changed
+    assert "+HELP = 1" in result.patch and "+INNER = 1" in result.patch
 
 
 async def test_a_directory_made_a_link_is_not_followed_and_a_file_made_a_directory_is_staged(
@@ -170,8 +170,8 @@ async def test_a_directory_made_a_link_is_not_followed_and_a_file_made_a_directo
     )
     outcome, _ = await scripted(box, tmp_path, member("Relink lib."), [shell(relink), DONE])
     assert outcome.status == "ok", outcome.reason
-    assert outcome.result["files_changed"] == ["calc.py", "calc.py/x.py", "lib", "lib/util.py"]
-    patch = outcome.result["patch"]
+    assert outcome.result.files_changed == ["calc.py", "calc.py/x.py", "lib", "lib/util.py"]
+    patch = outcome.result.patch
     assert "deleted file mode 100644" in patch and "new file mode 120000" in patch
     assert "SECRET" not in patch and "+/tmp/outside" in patch
     # The patch applies, as fleet code --apply applies it, to the tree as it was.
@@ -225,7 +225,7 @@ async def test_deny_shell_and_fleets_tools_run_no_file_the_member_wrote(
     assert not found["glob"].is_error and "/workspace/glob.py" in found["glob"].output
     assert "glob.py:2:os.system('/tmp/payload')" in found["grep"].output
     assert found["shell"].is_error and "not permitted" in found["shell"].output
-    assert outcome.result["files_changed"] == ["calc.py", "glob.py", "json.py"]
+    assert outcome.result.files_changed == ["calc.py", "glob.py", "json.py"]
 
 
 def test_fleet_code_says_a_failed_collection_and_where_the_edits_are(

@@ -159,7 +159,7 @@ async def test_sixty_step_task_survives_compaction_at_15_percent_of_the_window(
     assert outcome.status == "ok", outcome.reason
     # Every step exactly once, in order: compaction lost neither progress nor goal.
     assert policy.issued == list(range(1, 61)) and policy.summaries >= 1
-    assert outcome.result is not None and NEEDLE in outcome.result["summary"]
+    assert outcome.result is not None and NEEDLE in outcome.result.summary
 
     compactions = [e for e in read_trace(trace.path) if e.type == "compaction"]
     assert compactions and all(e.tokens_before > 30_000 > e.tokens_after for e in compactions)

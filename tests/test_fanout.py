@@ -69,7 +69,7 @@ class ScriptedHarness:
             member=spec.id,
             kind=spec.kind,
             status="ok",
-            result={"said": res.stdout.split()[0], "host": res.stdout.split()[1]},
+            result={"summary": res.stdout.split()[0], "notes": [res.stdout.split()[1]]},
             turns=1,
         )
 
@@ -239,8 +239,8 @@ def test_one_raise_one_timeout_one_killed_box_keep_two_results(
         "sleeper": "timed_out",
         "victim": "crashed",
     }
-    assert res.outcomes["good-1"].result["said"] == "good-1"
-    assert res.outcomes["good-1"].result["host"] != res.outcomes["good-2"].result["host"]
+    assert res.outcomes["good-1"].result.summary == "good-1"
+    assert res.outcomes["good-1"].result.notes != res.outcomes["good-2"].result.notes
     reasons = {k: res.outcomes[k].reason for k in ("raiser", "sleeper", "victim")}
     assert "RuntimeError: tool exploded" in reasons["raiser"]
     assert "deadline of 6s" in reasons["sleeper"]
@@ -251,7 +251,7 @@ def test_one_raise_one_timeout_one_killed_box_keep_two_results(
     assert elapsed < 20
     # Each member's result.json and journal line record its own status; no box is left.
     for mid, status in st.items():
-        assert run.result(mid)["status"] == status
+        assert run.outcome(mid).status == status
     assert run.state().members == st
     assert _boxes(where or docker_client, run_id) == []
 
@@ -360,16 +360,16 @@ def test_result_that_misses_the_job_schema_is_that_members_failure(
     units = _units(run, {"strict": "ok", "lenient": "ok"})
     units[0].result_schema = {
         "type": "object",
-        "required": ["said", "answer"],
-        "properties": {"said": {"type": "string", "minLength": 40}},
+        "required": ["summary", "answer"],
+        "properties": {"summary": {"type": "string", "minLength": 40}},
     }
     res = _fan(where, images, harness, run, units, max_parallel=2, min_success=1, fail_fast=False)
     assert res.outcomes["lenient"].status == "ok"
     strict = res.outcomes["strict"]
     assert strict.status == "failed" and harness.calls["strict"] == 1  # not retried
     assert "result.answer is required" in strict.reason
-    assert "result.said should have at least 40 characters" in strict.reason
-    assert run.result("strict")["status"] == "failed"
+    assert "result.summary should have at least 40 characters" in strict.reason
+    assert run.outcome("strict").status == "failed"
 
 
 def test_members_sharing_a_memory_profile_lose_no_write(tmp_path, images, run_id, where):

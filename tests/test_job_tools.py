@@ -58,7 +58,7 @@ def test_job_file_tool_runs_in_the_members_box_with_quoted_arguments(
     code = main(["run", str(job), "--plain"])
     assert code == 0, capsys.readouterr().err
     (run,) = RunDir.list(out)
-    assert run.result("coder")["status"] == "ok"
+    assert run.outcome("coder").status == "ok"
     # The model was offered the tool with the schema the job file gave it.
     first = api.requests[0]
     (offered,) = [t for t in first["tools"] if t["name"] == "count_words"]

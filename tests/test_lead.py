@@ -129,7 +129,7 @@ def test_a_lead_respawns_a_failed_member_with_a_changed_task_and_finishes(
         (1, ["w1-1", "w1-2"]),
         (2, ["b-again"]),
     ]
-    status = {m: run.result(m)["status"] for m in ("w1-1", "w1-2", "b-again")}
+    status = {m: run.outcome(m).status for m in ("w1-1", "w1-2", "b-again")}
     assert status == {"w1-1": "ok", "w1-2": "failed", "b-again": "ok"}
     # Wave 2 started while wave 1's straggler (the slow A) still ran.
     started = {e.member: e.ts for e in _events(run, "member_started")}
@@ -244,7 +244,7 @@ def test_spawns_past_the_leads_limits_are_refused_with_what_is_left(
     assert errors[9][1] and "max_waves is 2" in errors[9][0]
     assert [e.wave for e in _events(run, "lead_spawn")] == [1, 2]
     assert {m.id for m in run.planned_members() or []} == {"w1-1", "w1-2", "w2-1"}
-    assert all(run.result(m)["status"] == "ok" for m in ("w1-1", "w1-2", "w2-1"))
+    assert all(run.outcome(m).status == "ok" for m in ("w1-1", "w1-2", "w2-1"))
 
 
 def test_sigkill_mid_wave_two_then_resume_restarts_the_lead_from_its_conversation(
@@ -397,7 +397,7 @@ def test_the_report_says_each_findings_wave_and_what_running_code_verified_or_co
     assert "Expected:" in checks[1]["detail"] and "NameError" in checks[2]["detail"]
     assert checks[1]["claim_text"] == "sorted() example that breaks"
     # Its documented behaviour not holding is a finding, not the member's failure.
-    assert all(run.result(f"w2-{n}")["status"] == "ok" for n in (1, 2, 3))
+    assert all(run.outcome(f"w2-{n}").status == "ok" for n in (1, 2, 3))
     assert report["open_questions"] == ["Does sorted() take a key?"]
     md = (run.path / "report.md").read_text()
     assert "## Checked by running code" in md and "## Waves" in md and "## Open questions" in md

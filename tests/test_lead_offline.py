@@ -43,8 +43,8 @@ def test_the_offline_lead_follows_up_what_is_open_and_runs_the_documented_exampl
     wave1, wave2 = _spawns(run)
     # Wave 1 is the planner's plan: one sub-question, the question itself.
     assert [(m.id, m.kind, m.task) for m in wave1.members] == [("w1-1", "browser", QUESTION)]
-    first = run.result("w1-1")["result"]
-    asked = [q for q in first["open_questions"] if q.endswith("?")]
+    first = run.outcome("w1-1").result
+    asked = [q for q in first.open_questions if q.endswith("?")]
     assert asked and "zorblax" in asked[0]  # the corpus knows no zorblax
     # Wave 2: a browser member for that open question, a coding member for the example.
     browsers = [m for m in wave2.members if m.kind == "browser"]
@@ -53,20 +53,20 @@ def test_the_offline_lead_follows_up_what_is_open_and_runs_the_documented_exampl
     (coder,) = coders
     claim = coder.checks_claim
     assert claim["member"] == "w1-1"
-    quoted = first["claims"][claim["claim"]]["quote"]
+    quoted = first.claims[claim["claim"]].quote
     example = example_in(quoted)
-    assert example is not None and first["claims"][claim["claim"]]["verified"]
+    assert example is not None and first.claims[claim["claim"]].verified
     # The session went into the coding member's box and was run there.
-    checked = run.result(coder.id)
-    assert checked["status"] == "ok"
-    verified = checked["result"]["verified"]
-    assert verified["command"] == "python3 -m doctest example.txt"
-    assert verified["exit_code"] == 0 and verified["passed"] and not verified["gate"]
+    checked = run.outcome(coder.id)
+    assert checked.status == "ok"
+    verified = checked.result.verified
+    assert verified.command == "python3 -m doctest example.txt"
+    assert verified.exit_code == 0 and verified.passed and not verified.gate
     members = {m.id: m for m in run.planned_members() or []}
     assert members[coder.id].files == {"example.txt": example + "\n"}
     assert not members[coder.id].test_gate
     # No third wave (max_waves 2); the lead finished and its words are the report's.
-    assert run.result(browsers[0].id)["status"] == "ok"
+    assert run.outcome(browsers[0].id).status == "ok"
     report = json.loads((run.path / "report.json").read_text())
     assert report["analyst"] == "offline lead" and report["offline"]
     assert "2 wave(s)" in report["summary"] and "1 held" in report["summary"]
@@ -98,8 +98,8 @@ def test_the_offline_lead_spawns_only_what_the_token_budget_has_room_for(
     assert not accepted.is_error and "Wave 2 started: w2-1 (browser)." in accepted.output
     assert [len(s.members) for s in _spawns(run)] == [1, 1]
     used = sum(
-        r["input_tokens"] + r["output_tokens"] + r["cache_read_tokens"] + r["cache_write_tokens"]
-        for r in (run.result(m) for m in ("w1-1", "w2-1"))
+        r.input_tokens + r.output_tokens + r.cache_read_tokens + r.cache_write_tokens
+        for r in (run.outcome(m) for m in ("w1-1", "w2-1"))
     )
     assert used < 300_000
 

@@ -108,8 +108,8 @@ def test_a_member_stopped_by_a_limit_reaches_the_lead_and_the_report_as_partial(
     )
     assert main(["run", str(job), "--plain"]) == 0
     (run,) = RunDir.list(tmp_path / "runs")
-    stuck = run.result("w1-1")
-    assert stuck["status"] == "incomplete" and stuck["partial_result"]["claims"]
+    stuck = run.outcome("w1-1")
+    assert stuck.status == "incomplete" and stuck.partial_result.claims
     # The lead heard of it with its partial result, said to be partial, in the block.
     events = list(read_trace(run.path / "lead" / "trace.jsonl"))
     told = "\n".join(e.output for e in events if e.type == "tool_result" and e.tool == "wait")
@@ -137,7 +137,7 @@ def test_the_analyst_of_a_plain_fan_out_uses_a_partial_result_and_keeps_its_ques
 ) -> None:
     fake_api(members)
     run = _fan_out(tmp_path, cleanup, '[synthesis]\nmodel = "offline"\n')
-    assert run.result("a")["status"] == "incomplete"
+    assert run.outcome("a").status == "incomplete"
     report = _report(run)
     cites = {(c["member"], c["partial"]) for cl in report["claims"] for c in cl["citations"]}
     assert cites == {("a", True), ("b", False)}

@@ -43,8 +43,8 @@ def test_a_lone_surrogate_from_the_model_or_a_file_ends_no_member(
     err = capsys.readouterr().err
     assert code == 0, err
     (run,) = RunDir.list(tmp_path / "runs")
-    result = run.result("odd")
-    assert result["status"] == "ok", result.get("reason")
+    result = run.outcome("odd")
+    assert result.status == "ok", result.reason
     assert "internal error" not in err
     events = list(read_trace(run.path / "members" / "odd" / "trace.jsonl"))
     calls = [e for e in events if e.type == "tool_call"]

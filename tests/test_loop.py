@@ -77,7 +77,7 @@ async def test_bad_arguments_error_names_the_field_the_problem_and_the_expected_
         submit(answer="3"),
     ]
     outcome, api = await run_probe(tmp_path, script)
-    assert outcome.status == "ok" and outcome.result == {"answer": "3", "sources": []}
+    assert outcome.status == "ok" and outcome.result.data == {"answer": "3", "sources": []}
     wrong_type, extra, bad_submit = (result_text(e) for e in tool_results(api.requests[1]))
     assert "- a: Input should be a valid integer" in wrong_type
     assert "expected integer (got 'seven')" in wrong_type
@@ -102,7 +102,7 @@ async def test_tool_errors_and_bad_arguments_go_back_as_errors_and_the_run_goes_
     ]
     outcome, api = await run_probe(tmp_path, script)
     assert outcome.status == "ok"
-    assert outcome.result == {"answer": "3", "sources": []}
+    assert outcome.result.data == {"answer": "3", "sources": []}
     errors = tool_results(api.requests[1])
     assert [e.get("is_error") for e in errors] == [True] * 4
     boom, bad, refused, unknown = (result_text(e) for e in errors)
@@ -119,7 +119,7 @@ async def test_tool_errors_and_bad_arguments_go_back_as_errors_and_the_run_goes_
 async def test_invalid_result_is_an_error_and_the_model_tries_again(tmp_path: Path) -> None:
     script = [submit(answer=42, colour="red"), submit(answer="42")]
     outcome, api = await run_probe(tmp_path, script)
-    assert outcome.status == "ok" and outcome.result == {"answer": "42", "sources": []}
+    assert outcome.status == "ok" and outcome.result.data == {"answer": "42", "sources": []}
     [err] = tool_results(api.requests[1])
     assert err["is_error"] is True
     msg = result_text(err)
@@ -143,7 +143,7 @@ async def test_model_that_stops_without_submit_is_nudged_once_then_incomplete(
 
 async def test_nudged_model_that_then_submits_ends_ok(tmp_path: Path) -> None:
     outcome, _ = await run_probe(tmp_path, [text("Done."), submit(answer="late but here")])
-    assert outcome.status == "ok" and outcome.result["answer"] == "late but here"
+    assert outcome.status == "ok" and outcome.result.data["answer"] == "late but here"
 
 
 async def test_oversized_result_is_condensed_once_then_truncated_with_marker(
@@ -155,9 +155,9 @@ async def test_oversized_result_is_condensed_once_then_truncated_with_marker(
     [first] = tool_results(api.requests[1])
     assert first["is_error"] is True and "cap is 200" in result_text(first)
     assert outcome.status == "ok" and outcome.result_truncated
-    assert "truncated by Fleet" in outcome.result["answer"]
-    assert outcome.result["sources"] == ["a", "b"]  # short fields survive
-    assert estimate_tokens(json.dumps(outcome.result)) <= 200
+    assert "truncated by Fleet" in outcome.result.data["answer"]
+    assert outcome.result.data["sources"] == ["a", "b"]  # short fields survive
+    assert estimate_tokens(json.dumps(outcome.result.data)) <= 200
     assert len(api.requests) == 2
 
 
@@ -165,7 +165,7 @@ async def test_condensed_result_is_accepted_whole(tmp_path: Path) -> None:
     script = [submit(answer="word " * 2_000), submit(answer="short")]
     outcome, _ = await run_probe(tmp_path, script, limits=Limits(result_tokens=200))
     assert outcome.status == "ok" and not outcome.result_truncated
-    assert outcome.result["answer"] == "short"
+    assert outcome.result.data["answer"] == "short"
 
 
 async def test_turn_limit_gives_incomplete_outcome_with_progress(tmp_path: Path) -> None:

@@ -60,11 +60,11 @@ async def test_coding_member_fixes_a_bug_and_returns_the_patch(box, tmp_path: Pa
     outcome, api = await scripted(box, tmp_path, spec, script)
     assert outcome.status == "ok", outcome.reason
     result = outcome.result
-    assert result["files_changed"] == ["calc.py"]  # no __pycache__, no .git
-    assert "-    return a - b\n+    return a + b" in result["patch"]
-    assert result["verified"]["passed"] is True and result["verified"]["exit_code"] == 0
-    assert result["tests_passed"] is True and not result["patch_truncated"]
-    assert (tmp_path / "patch.diff").read_text() == result["patch"]
+    assert result.files_changed == ["calc.py"]  # no __pycache__, no .git
+    assert "-    return a - b\n+    return a + b" in result.patch
+    assert result.verified.passed is True and result.verified.exit_code == 0
+    assert result.tests_passed is True and not result.patch_truncated
+    assert (tmp_path / "patch.diff").read_text() == result.patch
     # The model was told the check command in words, not handed settings as data.
     first = [b["text"] for b in api.requests[0]["messages"][0]["content"]]
     assert first == ["Fix add() in calc.py.", CHECK_BRIEF + CHECK]
@@ -96,10 +96,10 @@ async def test_offline_coding_policy_applies_stated_edit_and_verifies(box, tmp_p
     assert outcome.status == "ok", outcome.reason
     assert outcome.offline
     result = outcome.result
-    assert result["files_changed"] == ["calc.py"]
-    assert result["tests_passed"] is True and result["verified"]["passed"] is True
-    assert "Test exit codes: 1 -> 0." in result["summary"]
-    assert any("offline" in note for note in result["notes"])
+    assert result.files_changed == ["calc.py"]
+    assert result.tests_passed is True and result.verified.passed is True
+    assert "Test exit codes: 1 -> 0." in result.summary
+    assert any("offline" in note for note in result.notes)
     starts = events(tmp_path / "trace.jsonl", "member_start")
     assert starts[0].offline
 
@@ -120,9 +120,9 @@ async def test_turn_limit_partial_result_carries_the_patch_of_the_work_done(
     assert api.requests[1]["tool_choice"] == {"type": "tool", "name": "submit_result"}
     partial = outcome.partial_result
     assert partial is not None and outcome.result is None
-    assert partial["summary"] == "add() fixed; tests not run yet."
-    assert partial["files_changed"] == ["calc.py"]
-    assert "+    return a + b" in partial["patch"]
+    assert partial.summary == "add() fixed; tests not run yet."
+    assert partial.files_changed == ["calc.py"]
+    assert "+    return a + b" in partial.patch
 
 
 async def test_a_file_name_that_is_not_utf8_goes_through_tools_and_into_the_patch(
@@ -141,7 +141,7 @@ async def test_a_file_name_that_is_not_utf8_goes_through_tools_and_into_the_patc
     # The model was shown the name in a form it used back, and the result says the same.
     glob_result = api.requests[1]["messages"][-1]["content"][0]["content"][0]["text"]
     assert glob_result == "/workspace/caf\\xe9.txt"
-    assert outcome.result["files_changed"] == ["caf\\xe9.txt"]
+    assert outcome.result.files_changed == ["caf\\xe9.txt"]
     # The patch names the real bytes and applies to a copy of the original.
     host = tmp_path / "host"
     host.mkdir()

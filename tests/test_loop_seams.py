@@ -165,7 +165,7 @@ async def test_job_result_schema_extends_submit_result_and_is_enforced(tmp_path:
     message = "".join(c["text"] for c in error["content"])
     assert all(name in message for name in ("votes", "tags", "verdict", "submit_result"))
     assert outcome.status == "ok", outcome.reason
-    assert outcome.result == {
+    assert outcome.result.data == {
         "answer": "42",
         "sources": [],
         "votes": 3,
@@ -185,7 +185,7 @@ async def test_result_schema_handed_over_in_inputs_like_the_coordinator_does(
     )
     [missing] = _last_results(api.requests[1])
     assert missing["is_error"] and "votes" in missing["content"][0]["text"]
-    assert outcome.status == "ok" and outcome.result["votes"] == 1
+    assert outcome.status == "ok" and outcome.result.data["votes"] == 1
     first = json.dumps(api.requests[0]["messages"][0])
     assert "Oslo" in first and "How many sources agree" not in first  # schema is the tool's
 
@@ -222,7 +222,7 @@ async def test_result_schema_may_require_the_kinds_own_fields(tmp_path: Path) ->
     outcome, api = await run_probe(tmp_path, script, result_schema=schema)
     [short] = _last_results(api.requests[1])
     assert short["is_error"] and "said" in short["content"][0]["text"]
-    assert outcome.status == "ok" and outcome.result["said"] == "long enough now"
+    assert outcome.status == "ok" and outcome.result.data["said"] == "long enough now"
 
 
 FORCED = {"type": "tool", "name": "submit_result"}
@@ -248,7 +248,10 @@ async def test_turn_limit_closing_call_returns_the_best_partial_result(tmp_path:
     outcome, api = await run_probe(tmp_path, policy, limits=Limits(max_turns=3, result_tokens=300))
     assert outcome.status == "incomplete" and outcome.limit == "turns"
     assert outcome.result is None  # a partial result is never the answer
-    assert outcome.partial_result == {"answer": "partial: 2 of 3 sums done", "sources": ["add"]}
+    assert outcome.partial_result.data == {
+        "answer": "partial: 2 of 3 sums done",
+        "sources": ["add"],
+    }
     assert len(api.requests) == 4 and outcome.turns == 3  # the closing call is not a turn
     closing = api.requests[3]
     assert closing["tool_choice"] == FORCED and closing["max_tokens"] == 1_300
@@ -257,7 +260,7 @@ async def test_turn_limit_closing_call_returns_the_best_partial_result(tmp_path:
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["status"] == "incomplete" and saved["partial_result"]["sources"] == ["add"]
     [end] = events(tmp_path / "trace.jsonl", "member_end")
-    assert end.partial_result == outcome.partial_result and end.limit == "turns"
+    assert end.partial_result == outcome.partial_result.data and end.limit == "turns"
     model_calls = events(tmp_path / "trace.jsonl", "model_call")
     assert len(model_calls) == 4
     assert outcome.input_tokens == sum(c.input_tokens for c in model_calls)
@@ -271,7 +274,7 @@ async def test_token_limit_keeps_room_for_the_closing_call(tmp_path: Path) -> No
     policy = forced_submit_or(heavy, answer="3, not yet checked twice")
     outcome, api = await run_probe(tmp_path, policy, limits=Limits(max_tokens=20_000, max_turns=50))
     assert outcome.status == "incomplete" and outcome.limit == "tokens"
-    assert outcome.partial_result == {"answer": "3, not yet checked twice", "sources": []}
+    assert outcome.partial_result.data == {"answer": "3, not yet checked twice", "sources": []}
     assert api.requests[-1]["tool_choice"] == FORCED
     assert 3 <= len(api.requests) < 10
     total = outcome.input_tokens + outcome.output_tokens
@@ -285,7 +288,7 @@ async def test_deadline_closing_call_answers_the_interrupted_tool_calls(tmp_path
     outcome, api = await run_probe(tmp_path, policy, limits=Limits(deadline_s=3.0))
     assert anyio.current_time() - started < 6
     assert outcome.status == "timed_out" and outcome.limit == "deadline"
-    assert outcome.partial_result == {"answer": "waited; no result yet", "sources": []}
+    assert outcome.partial_result.data == {"answer": "waited; no result yet", "sources": []}
     closing = api.requests[-1]
     assert closing["tool_choice"] == FORCED
     last = closing["messages"][-1]

@@ -127,7 +127,7 @@ async def test_replay_through_make_model_repeats_a_recorded_members_tool_calls(
     tmp_path: Path,
 ) -> None:
     recorded = await _run("offline:probe-walk", tmp_path / "rec")
-    assert recorded.status == "ok" and recorded.result == {"answer": "41", "sources": []}
+    assert recorded.status == "ok" and recorded.result.data == {"answer": "41", "sources": []}
     _assert_labelled_offline(tmp_path / "rec", recorded)
     original = _tool_calls(tmp_path / "rec")
     assert [c[1] for c in original] == ["add", "add", "add", "submit_result"]

@@ -113,7 +113,7 @@ def test_a_server_that_crashes_mid_run_is_an_error_result_not_a_crashed_member(
     job = _job(tmp_path, "python3 echo_server.py --with-crash", "timeout_s = 5")
     assert main(["run", str(job), "--plain"]) == 0
     (run,) = RunDir.list(tmp_path / "runs")
-    assert run.result("coder")["status"] == "ok"
+    assert run.outcome("coder").status == "ok"
     results = _results(run)
     assert results[0][1:] == (False, said("echo/echo", "before"))
     assert results[1][1] is True  # the call that killed it
@@ -132,10 +132,10 @@ def test_a_server_that_does_not_start_fails_the_member_naming_it_and_its_stderr(
     job = _job(tmp_path, "python3 no_such_server.py")
     assert main(["run", str(job), "--plain"]) == 1
     (run,) = RunDir.list(tmp_path / "runs")
-    result = run.result("coder")
-    assert result["status"] == "failed"
-    assert "MCP server 'echo' (python3 no_such_server.py) did not start" in result["reason"]
-    assert "No such file or directory" in result["reason"]
+    result = run.outcome("coder")
+    assert result.status == "failed"
+    assert "MCP server 'echo' (python3 no_such_server.py) did not start" in result.reason
+    assert "No such file or directory" in result.reason
 
 
 def test_a_url_server_off_the_egress_allowlist_is_refused(tmp_path, capsys):
@@ -198,8 +198,8 @@ def test_a_url_server_on_the_allowlist_is_reached_only_through_the_egress_proxy(
     )
     main(["run", str(job), "--plain"])
     (run,) = RunDir.list(tmp_path / "runs")
-    assert run.result("coder")["status"] == "failed"
-    reason = run.result("coder")["reason"]
+    assert run.outcome("coder").status == "failed"
+    reason = run.outcome("coder").reason
     # The host-side client reached the corpus through the run's egress proxy (the host
     # has no route to the run network's names): the corpus's answer is the failure.
     assert "MCP server 'remote' (http://corpus:8080/mcp) did not start" in reason

@@ -178,7 +178,7 @@ def test_a_100_mb_line_fails_only_its_server_while_a_sibling_keeps_calling(
     assert "wrote a message of more than 8 MiB" in flooded[0][2]
     # The server is stopped: its next call fails at once with the same reason.
     assert flooded[1][:2] == ("mcp__h__echo", True) and "more than 8 MiB" in flooded[1][2]
-    assert run.result("flooder")["status"] == "ok"
+    assert run.outcome("flooder").status == "ok"
     sibling = [r for r in _results(run, "sibling") if r[0] == "mcp__h__echo"]
     assert len(sibling) == 40 and not any(r[1] for r in sibling)
     # The flood ran while the sibling called its server (else the test proves nothing).
@@ -240,7 +240,7 @@ def test_names_the_api_refuses_and_oversized_announcements_are_skipped_with_reas
     cleanup.append(tmp_path / "runs")
     assert main(["run", str(_job(tmp_path, ("m", "Use the tool.", "names"))), "--plain"]) == 0
     (run,) = RunDir.list(tmp_path / "runs")
-    assert run.result("m")["status"] == "ok"
+    assert run.outcome("m").status == "ok"
     # Past 10 tools they are listed in tool_search's description: look at both.
     offered = json.dumps(api.requests[0]["tools"])
     assert "mcp__h__good" in offered and "mcp__h__many_126" in offered
@@ -262,7 +262,7 @@ def test_a_tool_name_announced_twice_fails_the_member_naming_the_server(
     cleanup.append(tmp_path / "runs")
     assert main(["run", str(_job(tmp_path, ("m", "Use the tool.", "twice"))), "--plain"]) == 1
     (run,) = RunDir.list(tmp_path / "runs")
-    result = run.result("m")
-    assert result["status"] == "failed"
-    assert "MCP server 'h'" in result["reason"] and "'same' twice" in result["reason"]
-    assert "ValueError" not in result["reason"]
+    result = run.outcome("m")
+    assert result.status == "failed"
+    assert "MCP server 'h'" in result.reason and "'same' twice" in result.reason
+    assert "ValueError" not in result.reason

@@ -53,7 +53,7 @@ def _run_to_the_end(api: Any, job: Path) -> RunDir:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (run,) = RunDir.list(job.parent / "runs")
-    assert run.result("m")["status"] == "ok"
+    assert run.outcome("m").status == "ok"
     return run
 
 
@@ -63,7 +63,7 @@ def _member_calls(api: Any) -> list[dict[str, Any]]:
 
 
 def _patch_lines(run: RunDir) -> list[str]:
-    patch = run.result("m")["result"]["patch"]
+    patch = run.outcome("m").result.patch
     return [ln[1:] for ln in patch.splitlines() if ln.startswith("+line ")]
 
 
@@ -109,7 +109,7 @@ def test_sigkilled_member_resumes_from_its_last_turn_with_its_workspace(
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert run.result("m")["status"] == "ok"
+    assert run.outcome("m").status == "ok"
     calls_after = len(_member_calls(api)) - calls_before
     (mark,) = [
         e for e in read_trace(run.path / "members" / "m" / "trace.jsonl") if e.type == "resumed"
@@ -128,7 +128,7 @@ def test_sigkilled_member_resumes_from_its_last_turn_with_its_workspace(
         e.input["command"] for e in events[i:] if e.type == "tool_call" and e.tool == "shell"
     ]
     assert all(int(c.split()[2]) >= mark.turn for c in ran_after), ran_after
-    assert run.result("m")["resumed_from"] == mark.turn
+    assert run.outcome("m").resumed_from == mark.turn
     # The transcript and checkpoints went with the final outcome.
     assert not list((run.path / "members" / "m").glob("checkpoint-*"))
     assert not (run.path / "members" / "m" / "conversation.json").exists()

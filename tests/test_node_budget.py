@@ -12,7 +12,8 @@ import anyio
 import pytest
 
 from coordinator.nodes.node_asks import NodeAsks
-from coordinator.nodes.node_budget import RESERVE, SETTLE, BudgetRelay, RelayBudget
+from coordinator.nodes.node_budget import BudgetRelay, RelayBudget
+from coordinator.nodes.stream import Message, Reserve, Settle, Spent, StreamError, receive
 from subagents.budget import Amount, BudgetExhausted, RunBudget
 
 CALL = Amount(0.0, 1000)
@@ -23,14 +24,14 @@ class _Link:
 
     def __init__(self, budget: RunBudget, tg: Any) -> None:
         self.asks = NodeAsks()
-        self.items: list[tuple[str, Any]] = []
+        self.items: list[Message] = []
         self.coord = BudgetRelay(budget, "m", self._reply, tg)
         self.node = RelayBudget(self._send, self.asks)
 
-    def _send(self, item: tuple[str, Any]) -> None:
-        self.items.append(item)
-        kind, payload = item
-        getattr(self.coord, kind)(payload)
+    def _send(self, item: Message) -> None:
+        msg = receive(item.wire())  # on the wire and back, as the coordinator reads it
+        self.items.append(msg)
+        getattr(self.coord, msg.kind)(msg)
 
     async def _reply(self, rid: str, answer: dict[str, Any]) -> None:
         self.asks.answer(rid, answer)
@@ -68,31 +69,20 @@ def test_a_node_members_calls_stop_at_the_runs_line_and_close_at_the_attempts_en
 @pytest.mark.parametrize(
     "sent",
     [
-        {"id": "r1", "usd": math.nan, "tokens": 10},
-        {"id": "r1", "usd": 0, "tokens": -5},
-        {"id": "r1", "usd": True, "tokens": 10},
-        {"id": "r1", "usd": "0", "tokens": 10},
-        {"id": "x" * 65, "usd": 0, "tokens": 10},
-        ["r1", 0, 10],
+        {"kind": "reserve", "id": "r1", "usd": math.nan, "tokens": 10},
+        {"kind": "reserve", "id": "r1", "usd": 0, "tokens": -5},
+        {"kind": "reserve", "id": "r1", "usd": True, "tokens": 10},
+        {"kind": "reserve", "id": "r1", "usd": "0", "tokens": 10},
+        {"kind": "reserve", "id": "x" * 65, "usd": 0, "tokens": 10},
+        {"kind": "reserve", "id": "r1", "usd": 0, "tokens": 10, "member": "other"},
+        {"kind": "settle", "id": "r1", "used": {"usd": 0, "tokens": -1e9}},
+        ["reserve", {"id": "r1", "usd": 0, "tokens": 10}],
     ],
 )
 def test_a_reservation_that_is_not_an_amount_is_never_made(sent):
-    budget, _ = _budget(5000)
-    answers: list[dict[str, Any]] = []
-
-    async def reply(rid: str, answer: dict[str, Any]) -> None:
-        answers.append(answer)
-
-    async def go() -> None:
-        async with anyio.create_task_group() as tg:
-            relay = BudgetRelay(budget, "m", reply, tg)
-            relay.reserve(sent)
-            await anyio.wait_all_tasks_blocked()
-            assert relay.granted == {}
-
-    anyio.run(go)
-    assert all("refused" in a for a in answers)
-    assert budget.reserved(1) == Amount() and budget._held == {}
+    """Refused on receipt, before any relay sees it (the attempt then ends)."""
+    with pytest.raises(StreamError, match=r"reserve|settle|no known kind"):
+        receive(sent)
 
 
 def test_a_node_can_neither_settle_for_less_nor_touch_another_reservation():
@@ -102,17 +92,20 @@ def test_a_node_can_neither_settle_for_less_nor_touch_another_reservation():
         async with anyio.create_task_group() as tg:
             link = _Link(budget, tg)
             await link.node.reserve("m", CALL, closing=False)
-            rid = next(p["id"] for k, p in link.items if k == RESERVE)
+            rid = next(m.id for m in link.items if isinstance(m, Reserve))
             # Reserving again under a granted id makes no second reservation ...
-            link.coord.reserve({"id": rid, "usd": 0, "tokens": 10})
+            link.coord.reserve(Reserve(id=rid, usd=0, tokens=10))
             await anyio.wait_all_tasks_blocked()
             assert list(link.coord.granted) == [rid] and budget.reserved(2) == Amount()
             # ... settling an id it never reserved changes nothing ...
-            link.coord.settle({"id": "someone-else", "used": {"usd": 0, "tokens": 0}})
+            link.coord.settle(Settle(id="someone-else", used=Spent(usd=0, tokens=0)))
             assert budget.reserved(1) == CALL
-            # ... and a usage that is not an amount counts the whole reservation.
-            link._send((SETTLE, {"id": rid, "used": {"usd": 0, "tokens": -1e9}}))
-            link.coord.settle({"id": rid, "used": None})  # settled once only
+            # ... and a usage that is not an amount ends the attempt, which counts the
+            # whole reservation.
+            with pytest.raises(StreamError):
+                receive({"kind": "settle", "id": rid, "used": {"usd": 0, "tokens": -1e9}})
+            link.coord.close()
+            link.coord.settle(Settle(id=rid, used=None))  # settled once only
             tg.cancel_scope.cancel()
 
     anyio.run(go)

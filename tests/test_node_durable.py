@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from coordinator.nodes.node_durable import (
-    DURABLE,
     MARK_BYTES,
     MAX_NAMES,
     DurableRefused,
@@ -22,6 +21,7 @@ from coordinator.nodes.node_durable import (
     place,
 )
 from coordinator.nodes.shipping import not_from_node, unpack
+from coordinator.nodes.stream import Durable, receive
 
 
 def _update(names: list[str], files: dict[str, bytes]) -> dict[str, Any]:
@@ -70,8 +70,8 @@ def test_a_link_in_the_member_directory_is_replaced_not_followed(tmp_path):
 def test_the_mirror_sends_each_checkpoint_once_and_what_the_node_dropped(tmp_path):
     node, coord = tmp_path / "node", tmp_path / "coord"
     node.mkdir()
-    sent: list[tuple[str, Any]] = []
-    mirror = Mirror(node, sent.append)
+    sent: list[Any] = []
+    mirror = Mirror(node, lambda update: sent.append(receive(Durable(update=update).wire())))
     (node / "checkpoint-1.bin").write_bytes(b"one")
     (node / "conversation.json").write_bytes(b"turn 1")
     mirror()
@@ -80,10 +80,10 @@ def test_the_mirror_sends_each_checkpoint_once_and_what_the_node_dropped(tmp_pat
     (node / "checkpoint-1.bin").unlink()
     mirror()
     mirror()  # nothing changed: nothing sent
-    assert [kind for kind, _ in sent] == [DURABLE, DURABLE]
-    assert set(sent[1][1]["files"]) == {"checkpoint-2.bin", "conversation.json"}
-    for _, update in sent:
-        keep(coord, update)
+    assert [msg.kind for msg in sent] == ["durable", "durable"]  # as the coordinator reads it
+    assert set(sent[1].update.files) == {"checkpoint-2.bin", "conversation.json"}
+    for msg in sent:
+        keep(coord, msg.update)
     assert load(coord) == {"checkpoint-2.bin": b"two", "conversation.json": b"turn 2, longer"}
     again = tmp_path / "next-node"
     again.mkdir()
@@ -106,9 +106,9 @@ def test_a_checkpoint_too_large_to_resume_from_is_not_sent(tmp_path, monkeypatch
     import coordinator.nodes.node_durable as nd
 
     monkeypatch.setattr(nd, "CHECKPOINT_BYTES", 8)
-    sent: list[tuple[str, Any]] = []
+    sent: list[Any] = []
     (tmp_path / "checkpoint-1.bin").write_bytes(b"123456789")
     (tmp_path / "conversation.json").write_bytes(b"{}")
     Mirror(tmp_path, sent.append)()
-    ((_, update),) = sent
-    assert update["names"] == ["conversation.json"]  # the coordinator drops its copy
+    (update,) = sent
+    assert update.names == ["conversation.json"]  # the coordinator drops its copy

@@ -164,9 +164,9 @@ def test_fleet_code_on_a_repo_linking_proc_self_leaks_no_environment(tmp_path, i
     assert marker not in done.stdout + done.stderr
     assert marker.encode() not in _all_bytes(out)
     (run,) = RunDir.list(out)
-    result = run.result("coder")
-    assert result["result"]["files_changed"] == ["greet.txt"]
-    (why,) = result["not_copied"]
+    result = run.outcome("coder")
+    assert result.result.files_changed == ["greet.txt"]
+    (why,) = result.not_copied
     assert why.startswith("p/environ: p is a symbolic link (to /proc/self)")
     assert f"not copied into the box (as the member's result.json says):\n  {why}" in done.stdout
 
@@ -212,5 +212,5 @@ def test_fleet_code_edits_and_applies_a_file_of_a_submodule(tmp_path, images, cl
     done = fleet_code(repo, task, out, "--apply")
     assert done.returncode == 0, done.stdout + done.stderr
     (run,) = RunDir.list(out)
-    assert run.result("coder")["result"]["files_changed"] == ["lib/greet.txt"]
+    assert run.outcome("coder").result.files_changed == ["lib/greet.txt"]
     assert (repo / "lib" / "greet.txt").read_text() == "hello fleet\n"

@@ -240,7 +240,7 @@ def test_a_member_runs_its_job_tool_mcp_server_and_shell_under_gvisor(
     ran = subprocess.run([*fleet, "run", str(job), "--plain"], capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
     (run,) = RunDir.list(out)
-    assert run.result("coder")["status"] == "ok"
+    assert run.outcome("coder").status == "ok"
     trace = list(read_trace(run.member_dir("coder") / "trace.jsonl"))
     names = {e.call_id: e.tool for e in trace if e.type == "tool_call"}
     results = {names[e.call_id]: e for e in trace if e.type == "tool_result"}

@@ -32,6 +32,7 @@ import anyio
 
 from sandbox.cluster_auth import add_insecure_flag
 from subagents.browser.corpus import CORPUS_ALLOW
+from subagents.kinds.results import CodingMemberResult, MemberResult, UnknownResult
 
 from ..errors import CommandFailed, UsageError
 from ..job.jobfile import JobError, load_job, parse_job
@@ -212,28 +213,32 @@ def cmd_code(args: argparse.Namespace) -> int:
     patch = summary.run.path / "members" / "coder" / "patch.diff"
     if outcome is None or outcome.result is None:
         return summary.exit_code  # no result at all: the run's summary said why
+    result = outcome.result
+    if not isinstance(result, CodingMemberResult):
+        # The member's result.json was changed or damaged after it ran: nothing to apply.
+        print(f"fleet: the coder's result is not a coding result ({_why(result)})", file=sys.stderr)
+        return EXIT_FAILED
     # A member whose test fails after its edit ends failed with its result kept:
     # shown here like a passing one, then refused below.
-    result = outcome.result
-    print(f"\nsummary: {result.get('summary', '')}")
-    files = result.get("files_changed") or []
+    print(f"\nsummary: {result.summary}")
+    files = result.files_changed
     print(f"files changed: {', '.join(files) if files else 'none'}")
     if outcome.not_copied:
         print("not copied into the box (as the member's result.json says):")
         print("\n".join(f"  {line}" for line in outcome.not_copied))
-    verified = result.get("verified")
-    failed_test = isinstance(verified, dict) and not verified.get("passed")
-    if isinstance(verified, dict):
+    verified = result.verified
+    failed_test = verified is not None and not verified.passed
+    if verified is not None:
         verdict = "FAILED" if failed_test else "passed"
         print(
-            f"test: {verified.get('command')} -> exit {verified.get('exit_code')} ({verdict}, "
+            f"test: {verified.command} -> exit {verified.exit_code} ({verdict}, "
             "re-run by Fleet after the member finished)"
         )
-    if result.get("collection_error"):
+    if result.collection_error:
         # No patch stands for the member's work: say so, and where its files are.
-        kept = result.get("edits_archive")
+        kept = result.edits_archive
         where = patch.with_name(kept) if kept else "nothing could be kept"
-        print(f"the patch could not be collected: {result['collection_error']}")
+        print(f"the patch could not be collected: {result.collection_error}")
         print(f"changed files: {where}; {repo} is untouched (nothing to apply)")
         return EXIT_FAILED
     if not patch.exists() or not patch.read_bytes().strip():
@@ -249,6 +254,10 @@ def cmd_code(args: argparse.Namespace) -> int:
         return _apply(repo, patch)
     print(f"your repository is untouched; apply with: git -C {repo} apply {patch.resolve()}")
     return summary.exit_code
+
+
+def _why(result: MemberResult) -> str:
+    return result.problem if isinstance(result, UnknownResult) else f"a {result.kind} result"
 
 
 def _apply(repo: Path, patch: Path) -> int:

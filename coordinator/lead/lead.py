@@ -109,9 +109,9 @@ def restore(waves: Waves, run: RunDir) -> None:
         if isinstance(e, LeadSpawnEntry) and e.call_id:
             waves.answers[e.call_id] = Reply(e.answer)
     for s in waves.spawned:
-        data = run.result(s.job.id or "")
-        if data and data.get("status") in FINISHED:
-            waves.outcomes[s.job.id or ""] = MemberOutcome.model_validate(data)
+        o = run.outcome(s.job.id or "")
+        if o is not None and o.status in FINISHED:
+            waves.outcomes[s.job.id or ""] = o
     ldir = run.path / LEAD_DIR
     waves.told(ldir / "conversation.json")
     trace = ldir / "trace.jsonl"

@@ -27,6 +27,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from subagents.kinds.results import (
+    CodingResult,
+    Findings,
+    LeadReport,
+    UnknownResult,
+    VerifiedTests,
+)
 from subagents.model import resolve_model
 from subagents.outcome import MemberOutcome
 
@@ -92,15 +99,20 @@ def lead_report(
     tasks = {m.id or "": m.task for m in members}
     digests = digest(outcomes, tasks, job.synthesis.max_result_chars)
     ended = lead_outcome(run)
-    if ended is not None and ended.status == "ok" and ended.result:
+    if ended is not None and ended.status == "ok" and isinstance(ended.result, LeadReport):
         analyst = "offline lead" if ended.offline else resolve_model(lead.model or job.model.name)
+        words = ended.result.model_dump(mode="json")
         report = report_from(
-            job.name, lead.question, ended.result, digests, analyst=analyst, offline=ended.offline
+            job.name, lead.question, words, digests, analyst=analyst, offline=ended.offline
         )
     else:
         report = offline_report(job.name, lead.question, digests)
         why = (
-            f"{ended.status}: {ended.reason}" if ended is not None else "it did not run to its end"
+            "it did not run to its end"
+            if ended is None
+            else f"its report does not read as one: {ended.result.problem}"
+            if isinstance(ended.result, UnknownResult)
+            else f"{ended.status}: {ended.reason}"
         )
         report.summary += (
             f" (The lead did not finish - {why} - so the offline analyst assembled this.)"
@@ -145,10 +157,12 @@ def _check(
     index = claim.get("claim") if isinstance(claim.get("claim"), int) else None
     text = ""
     source = outcomes.get(target)
-    claims = ((source.result or {}).get("claims") or []) if source is not None else []
-    if index is not None and 0 <= index < len(claims) and isinstance(claims[index], dict):
-        text = str(claims[index].get("text", ""))
-    verified = ((o.result or {}).get("verified") if o is not None else None) or {}
+    found = source.result if source is not None else None
+    claims = found.claims if isinstance(found, Findings) else []
+    if index is not None and 0 <= index < len(claims):
+        text = claims[index].text
+    ran = o.result if o is not None else None
+    verified = ran.verified if isinstance(ran, CodingResult) else None
     verdict, detail = _verdict(o, verified)
     return Check(
         member=job.id or "",
@@ -156,21 +170,21 @@ def _check(
         claim_member=target,
         claim=index,
         claim_text=text,
-        command=str(verified.get("command") or ""),
-        exit_code=verified.get("exit_code"),
+        command=verified.command if verified is not None else "",
+        exit_code=verified.exit_code if verified is not None else None,
         verdict=verdict,
         detail=detail,
     )
 
 
-def _verdict(o: MemberOutcome | None, verified: dict[str, Any]) -> tuple[Verdict, str]:
+def _verdict(o: MemberOutcome | None, verified: VerifiedTests | None) -> tuple[Verdict, str]:
     if o is None or o.status != "ok":
         status = f"{o.status}: {o.reason}" if o is not None else "it did not run"
         return "inconclusive", f"the member ended {status}"
-    if not verified:
+    if verified is None:
         return "inconclusive", "no check command ran"
-    tail = str(verified.get("output_tail", ""))
-    if verified.get("exit_code") == 0:
+    tail = verified.output_tail
+    if verified.exit_code == 0:
         return "verified", ""
     telling = _telling(tail)
     if _cut_at_blank_line(tail):
@@ -183,4 +197,4 @@ def _verdict(o: MemberOutcome | None, verified: dict[str, Any]) -> tuple[Verdict
         return "inconclusive", (_ERROR.findall(tail) or [telling])[-1].strip()[:300] or (
             "the example could not run as written here"
         )
-    return "contradicted", telling or f"exit {verified.get('exit_code')}"
+    return "contradicted", telling or f"exit {verified.exit_code}"

@@ -44,6 +44,7 @@ import anyio
 from pydantic import ValidationError
 
 from subagents.delegation import Reply, WaitUntil
+from subagents.kinds.results import result_json
 from subagents.member_text import clean, member_block
 from subagents.outcome import MemberOutcome
 
@@ -332,10 +333,11 @@ class Waves:
         only through :func:`~subagents.member_text.member_block`."""
         data: dict[str, Any] = {} if o.status == "ok" else {"reason": o.reason}
         kept = o.result if o.result is not None else o.partial_result
-        if kept:
+        fields = result_json(kept)
+        if fields:
             slim = {
                 k: v
-                for k, v in kept.items()
+                for k, v in fields.items()
                 if not k.startswith("patch") and v not in (None, "", [], {})
             }
             data["result" if o.result is not None else "partial_result"] = cap_result(slim, chars)

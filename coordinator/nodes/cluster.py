@@ -13,8 +13,9 @@ per node (:class:`~coordinator.nodes.node_service.NodeService`) that holds its s
 ``fleet_slots``: Ray's own accounting then keeps two runs from overfilling a node (a
 node whose slots another run holds does not start the actor in time and is left out).
 A member attempt takes a free slot on the live node with the most free slots and runs
-as one streaming call on that node's actor; the node name is journalled with
-``member_started``. When a lead spawns a wave, each member's box is started ahead on a
+as one streaming call on that node's actor, whose every message is checked on receipt
+(:mod:`coordinator.nodes.stream`: one that is not the protocol's ends the attempt
+``failed``, unread); the node name is journalled with ``member_started``. When a lead spawns a wave, each member's box is started ahead on a
 node that keeps a warm pool for its spec (:meth:`RayNodes.expect`); the member is
 placed there when that node has a free slot, and takes that box.
 
@@ -67,7 +68,6 @@ from typing import Any
 import anyio
 import ray
 import ray.exceptions
-from pydantic import TypeAdapter
 
 from sandbox.cluster import (
     SLOTS,
@@ -86,18 +86,16 @@ from subagents.budget import run_budget
 from subagents.context.memory_profile import FileChange, load_profile, save_profile
 from subagents.outcome import MemberOutcome
 from subagents.policy import Approver
-from subagents.trace import ErrorEvent, MemberEnd, MemorySave, TraceEvent, TraceWriter
+from subagents.trace import ErrorEvent, MemberEnd, MemorySave, TraceWriter
 
 from . import run_governor
-from .node_asks import ASK, UNASK, AskRelay
-from .node_budget import RELEASE, RESERVE, SETTLE, UNRESERVE, BudgetRelay
-from .node_durable import DURABLE, DurableRefused
+from .node_asks import AskRelay
+from .node_budget import BudgetRelay
+from .node_durable import DurableRefused, DurableUpdate
 from .node_durable import keep as keep_durable
 from .node_durable import load as load_durable
 from .node_service import (
-    EVENTS,
     MISSING,
-    REPLY,
     NodeService,
     NodeSetup,
     check_node,
@@ -113,7 +111,17 @@ from .shipping import (
     shipped_mcp,
     unpack,
 )
-from .worker import CANCELLED, MemberUnit, Nodes, Services, Started, failed_outcome
+from .stream import Durable, Events, Reply, StreamError, receive
+from .worker import (
+    CANCELLED,
+    MemberUnit,
+    Nodes,
+    Services,
+    Started,
+    failed_outcome,
+    job_fields,
+    received_outcome,
+)
 
 GRACE_S = 10.0
 """How long past a member's deadline the coordinator waits for its node to report."""
@@ -124,7 +132,6 @@ CLOSE_S = 60.0
 LOST_CLOSE_S = 5.0
 """How long a node taken for lost is given to answer that call anyway."""
 
-_EVENT: TypeAdapter[Any] = TypeAdapter(TraceEvent)
 _Actor: Any = None  # ray.remote(NodeService), made on first use
 
 __all__ = ["ClusterUnavailable", "RayNodes", "check_nodes"]
@@ -442,15 +449,15 @@ class RayNodes(Nodes):
             # The attempt's asks and reservations are answered in tg; whatever is still
             # open when the attempt ends (its node lost, its deadline) is closed then.
             asks = AskRelay(self.approver, _replier(node.actor), tg)
-            relay: dict[str, Callable[[Any], Any]] = {ASK: asks.ask, UNASK: asks.unask}
+            relay: dict[str, Callable[[Any], None]] = {"ask": asks.ask, "unask": asks.unask}
             reservations = None
             if budget is not None:
                 reservations = BudgetRelay(budget, unit.spec.id, _replier(node.actor), tg)
                 relay |= {
-                    RESERVE: reservations.reserve,
-                    UNRESERVE: reservations.unreserve,
-                    SETTLE: reservations.settle,
-                    RELEASE: reservations.release,
+                    "reserve": reservations.reserve,
+                    "unreserve": reservations.unreserve,
+                    "settle": reservations.settle,
+                    "release": reservations.release,
                 }
             try:
                 outcome = await self._follow(node, unit, trace, t0, call, request, relay)
@@ -468,25 +475,39 @@ class RayNodes(Nodes):
         t0: float,
         call: Any,
         request: NodeRequest,
-        relay: dict[str, Callable[[Any], Any]],
+        relay: dict[str, Callable[[Any], None]],
     ) -> MemberOutcome:
-        """The attempt's stream to its end: events traced, asks and reservations
-        relayed (``relay``: item kind -> handler), its reply kept."""
+        """The attempt's stream to its end: each message validated
+        (:mod:`coordinator.nodes.stream`), events traced, asks and reservations relayed
+        (``relay``: message kind -> handler), turns kept, its reply kept. A message that
+        is not one of the protocol's - or one this attempt does not take, a reservation
+        in a run without a budget - ends the attempt ``failed``, unread."""
         reply: NodeReply | None = None
         held = _Held()
+        fields = job_fields(unit)
         try:
             with anyio.fail_after(unit.deadline_s + GRACE_S):
                 async for ref in call:
-                    kind, payload = await ref
-                    if kind == EVENTS:
-                        for event in payload:
-                            held.emit(trace, _EVENT.validate_python(event))
-                    elif kind in relay:
-                        relay[kind](payload)
-                    elif kind == DURABLE:
-                        await _keep_turn(unit, trace, payload)
-                    elif kind == REPLY:
-                        reply = payload
+                    msg = receive(await ref, job_fields=fields)
+                    if reply is not None:
+                        raise StreamError(f"a {msg.kind!r} message after its reply")
+                    if isinstance(msg, Events):
+                        for event in msg.events:
+                            held.emit(trace, event)
+                    elif isinstance(msg, Durable):
+                        await _keep_turn(unit, trace, msg.update)
+                    elif isinstance(msg, Reply):
+                        reply = msg.reply
+                    elif msg.kind in relay:
+                        relay[msg.kind](msg)
+                    else:
+                        raise StreamError(
+                            f"a {msg.kind!r} message, which this attempt does not take"
+                        )
+        except StreamError as exc:
+            _cancel(call)
+            reason = f"node {node.name} sent {exc}; the attempt is stopped"
+            return self._ended(unit, trace, reason, t0, status="failed")
         except TimeoutError:
             # The node's own deadline would have ended the member GRACE_S ago: a node
             # this late is frozen or cut off, and takes no more members.
@@ -507,14 +528,19 @@ class RayNodes(Nodes):
             return lost
         if reply is None:
             return self._ended(unit, trace, f"node {node.name} ended without a result", t0)
+        try:
+            outcome = received_outcome(unit, reply.outcome)
+        except ValueError as exc:  # nothing of the attempt is kept: not its files either
+            reason = f"node {node.name} sent an outcome that is not one: {exc}"
+            return self._ended(unit, trace, reason, t0, status="failed")
         saved = await anyio.to_thread.run_sync(_keep, unit, reply, request, held.key)
         if saved is not None:
             trace.emit(saved)
         for event in held.ends:
             trace.emit(event)
         if request.not_copied:  # left out here, where the repository was staged
-            return reply.outcome.model_copy(update={"not_copied": request.not_copied})
-        return reply.outcome
+            return outcome.model_copy(update={"not_copied": request.not_copied})
+        return outcome
 
     def _ended(
         self,
@@ -632,7 +658,7 @@ def _request(unit: MemberUnit) -> NodeRequest:
     return request
 
 
-async def _keep_turn(unit: MemberUnit, trace: TraceWriter, sent: Any) -> None:
+async def _keep_turn(unit: MemberUnit, trace: TraceWriter, sent: DurableUpdate) -> None:
     """A saved turn's transcript and checkpoint from the node, into the member's run
     directory; an update that breaks a bound is traced and left out (the member then
     resumes from its last good one, or from turn 0)."""

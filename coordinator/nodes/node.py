@@ -37,6 +37,7 @@ from subagents.beside import beside
 from subagents.browser.corpus import start_corpus
 from subagents.budget import Reserves, budgeted
 from subagents.durable import TRANSCRIPT
+from subagents.kinds.results import result_json
 from subagents.model.base import Model, ModelError
 from subagents.outcome import MemberOutcome
 from subagents.policy import Approver
@@ -358,7 +359,7 @@ def _settled(
     check overruled it."""
     settled_here = not traced_end
     if outcome.status == "ok" and unit.result_schema:
-        wrong = schema_problems(outcome.result or {}, unit.result_schema)
+        wrong = schema_problems(result_json(outcome.result) or {}, unit.result_schema)
         if wrong:
             reason = "result does not satisfy the job's result_schema: " + "; ".join(wrong[:5])
             outcome = outcome.model_copy(update={"status": "failed", "reason": reason})

@@ -7,14 +7,14 @@ on the coordinator, which stays the only writer of the run directory, and nodes 
 no file system with it - so the ask travels:
 
 * on the node, :class:`RelayApprover` is the member's approver: an ask becomes an
-  ``("ask", {...})`` item of the attempt's stream, the one that carries its trace
-  events back, and only the asking call waits for the answer;
+  ``ask`` message of the attempt's stream (:mod:`coordinator.nodes.stream`), the one
+  that carries its trace events back, and only the asking call waits for the answer;
 * on the coordinator, :class:`AskRelay` (one per attempt) hands each ask to the run's
   own approver - the queue that ``fleet approve RUN``, ``--approve-all`` and the
   run's terminal answer, as for a member on this host - and sends the answer back to
   the node with one actor call (``NodeService.answer``);
 * a wait the node gives up (the member's deadline, the attempt stopped) comes as
-  ``("unask", id)``, and the coordinator closes the request as it does for a member
+  an ``unask`` message, and the coordinator closes the request as it does for a member
   on its own host (abandoned, "member stopped"). An attempt that ends any other way,
   its node lost included, closes its open requests the same way when it ends: the
   member's outcome is decided by the attempt alone (``crashed`` for a lost node).
@@ -38,10 +38,10 @@ from anyio.abc import TaskGroup
 
 from subagents.policy import Approval, ApprovalRequest, Approver, NoApprover
 
-ASK = "ask"
-"""Stream item: ``{"id", "request", "timeout_s"}``, an ask waiting on the node."""
-UNASK = "unask"
-"""Stream item: the id of an ask the node no longer waits for."""
+from .stream import Ask, Message, Unask
+
+Send = Callable[[Message], None]
+"""Puts a message into the attempt's stream."""
 
 
 @dataclass
@@ -54,14 +54,14 @@ class RelayApprover:
     """A node member's approver: an ask goes into its attempt's stream (``send``) and
     waits until :meth:`NodeAsks.answer` delivers the coordinator's answer."""
 
-    def __init__(self, send: Callable[[tuple[str, Any]], None], asks: NodeAsks) -> None:
+    def __init__(self, send: Send, asks: NodeAsks) -> None:
         self.send = send
         self.asks = asks
 
     async def ask(self, request: ApprovalRequest, timeout_s: float | None) -> Approval:
         aid = uuid.uuid4().hex
-        item = {"id": aid, "request": request.model_dump(), "timeout_s": timeout_s}
-        answer = await self.asks.wait(self.send, aid, (ASK, item), (UNASK, aid))
+        item = Ask(id=aid, request=request, timeout_s=timeout_s)
+        answer = await self.asks.wait(self.send, aid, item, Unask(id=aid))
         return Approval.model_validate(answer)
 
 
@@ -71,16 +71,16 @@ class NodeAsks:
     def __init__(self) -> None:
         self.waiting: dict[str, _Waiting] = {}
 
-    def approver(self, send: Callable[[tuple[str, Any]], None]) -> RelayApprover:
+    def approver(self, send: Send) -> RelayApprover:
         """The approver of one attempt whose stream items go to ``send``."""
         return RelayApprover(send, self)
 
     async def wait(
         self,
-        send: Callable[[tuple[str, Any]], None],
+        send: Send,
         aid: str,
-        item: tuple[str, Any],
-        gave_up: tuple[str, Any],
+        item: Message,
+        gave_up: Message,
     ) -> dict[str, Any] | None:
         """Send ``item`` and wait for the coordinator's answer to ``aid``; ``gave_up`` is
         sent instead when the wait is cancelled."""
@@ -121,22 +121,21 @@ class AskRelay:
         self.tg = tg
         self.scopes: dict[str, anyio.CancelScope] = {}
 
-    def ask(self, payload: dict[str, Any]) -> None:
-        aid = str(payload["id"])
+    def ask(self, msg: Ask) -> None:
         # Made now, not in the task: an unask may come before the task first runs.
-        scope = self.scopes[aid] = anyio.CancelScope()
-        self.tg.start_soon(self._answer, aid, payload, scope)
+        scope = self.scopes[msg.id] = anyio.CancelScope()
+        self.tg.start_soon(self._answer, msg, scope)
 
-    def unask(self, aid: str) -> None:
-        scope = self.scopes.pop(aid, None)
+    def unask(self, msg: Unask) -> None:
+        scope = self.scopes.pop(msg.id, None)
         if scope is not None:
             scope.cancel()
 
-    async def _answer(self, aid: str, payload: dict[str, Any], scope: anyio.CancelScope) -> None:
+    async def _answer(self, msg: Ask, scope: anyio.CancelScope) -> None:
+        aid, request = msg.id, msg.request
         with scope:
-            request = ApprovalRequest.model_validate(payload["request"])
             try:
-                approval = await self.approver.ask(request, payload.get("timeout_s"))
+                approval = await self.approver.ask(request, msg.timeout_s)
             except Exception as exc:  # the approver broke its contract: the safe answer
                 approval = Approval(
                     allowed=request.ask_default == "allow",

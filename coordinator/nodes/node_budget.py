@@ -6,10 +6,11 @@ reserve from it directly. A member on a cluster node reserves through its attemp
 stream, the one that carries its trace events and policy asks back:
 
 * on the node, :class:`RelayBudget` stands in for the budget: a call's reservation
-  becomes a ``("reserve", {...})`` item and only that call waits for the answer (the
-  answer comes back through ``NodeService.answer``, as a policy ask's does); how the
-  call ended (``"settle"``), a wait given up (``"unreserve"``) and the member's end
-  (``"release"``) are items the node does not wait on;
+  becomes a ``reserve`` message (:mod:`coordinator.nodes.stream`) and only that call
+  waits for the answer (the answer comes back through ``NodeService.answer``, as a
+  policy ask's does); how the call ended (``settle``), a wait given up
+  (``unreserve``) and the member's end (``release``) are messages the node does not
+  wait on;
 * on the coordinator, :class:`BudgetRelay` (one per attempt) reserves each call from
   the run's one :class:`~subagents.budget.RunBudget` - the same reservation a member
   on this host makes, its closing call held the same way - and answers. So a fan-out
@@ -24,7 +25,8 @@ released.
 
 Trust. The node is less trusted than the coordinator: it names only its own
 reservations (by the id it chose; the member is the attempt's, never the node's
-word), and amounts must be finite and not negative. What a call really spent is the
+word; an id already in use makes no second reservation), and amounts must be finite
+and not negative (the stream's models refuse any other, ending the attempt). What a call really spent is the
 node's report of the API's usage - the node makes the call, as on one machine the
 harness does. This module imports no Ray: the cluster passes in how an answer
 reaches the node.
@@ -32,7 +34,6 @@ reaches the node.
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -42,23 +43,15 @@ from anyio.abc import TaskGroup
 
 from subagents.budget import Amount, BudgetExhausted, RunBudget
 
-from .node_asks import NodeAsks
-
-RESERVE = "reserve"
-"""Stream item: ``{"id", "usd", "tokens", "closing"}``, a call waiting for room."""
-UNRESERVE = "unreserve"
-"""Stream item: the id of a reservation the node no longer waits for."""
-SETTLE = "settle"
-"""Stream item: ``{"id", "used": {"usd", "tokens"} | None}``, how a call ended."""
-RELEASE = "release"
-"""Stream item (payload None): the member ended; its held closing call is free."""
+from .node_asks import NodeAsks, Send
+from .stream import Release, Reserve, Settle, Spent, Unreserve
 
 
 class RelayBudget:
     """A node member's budget: reservations go through its attempt's stream (``send``)
     and wait until :meth:`NodeAsks.answer` delivers the coordinator's answer."""
 
-    def __init__(self, send: Callable[[tuple[str, Any]], None], asks: NodeAsks) -> None:
+    def __init__(self, send: Send, asks: NodeAsks) -> None:
         self.send = send
         self.asks = asks
         self._ids: dict[int, str] = {}
@@ -66,8 +59,8 @@ class RelayBudget:
 
     async def reserve(self, member: str, estimate: Amount, *, closing: bool) -> int:
         rid = uuid.uuid4().hex
-        item = {"id": rid, "usd": estimate.usd, "tokens": estimate.tokens, "closing": closing}
-        answer = await self.asks.wait(self.send, rid, (RESERVE, item), (UNRESERVE, rid)) or {}
+        item = Reserve(id=rid, usd=estimate.usd, tokens=estimate.tokens, closing=closing)
+        answer = await self.asks.wait(self.send, rid, item, Unreserve(id=rid)) or {}
         if not answer.get("ok"):
             raise BudgetExhausted(str(answer.get("refused") or "run budget reached"))
         self._seq += 1
@@ -77,22 +70,11 @@ class RelayBudget:
     def settle(self, seq: int, member: str, used: Amount | None) -> None:
         rid = self._ids.pop(seq, None)
         if rid is not None:
-            spent = None if used is None else {"usd": used.usd, "tokens": used.tokens}
-            self.send((SETTLE, {"id": rid, "used": spent}))
+            spent = None if used is None else Spent(usd=used.usd, tokens=used.tokens)
+            self.send(Settle(id=rid, used=spent))
 
     def release(self, member: str) -> None:
-        self.send((RELEASE, None))
-
-
-def _amount(value: Any) -> Amount | None:
-    """A node's amount, or None when it is not two finite, non-negative numbers."""
-    if not isinstance(value, dict):
-        return None
-    usd, tokens = value.get("usd"), value.get("tokens")
-    numbers = [v for v in (usd, tokens) if isinstance(v, int | float) and not isinstance(v, bool)]
-    if len(numbers) != 2 or not all(math.isfinite(v) and v >= 0 for v in numbers):
-        return None
-    return Amount(float(usd), float(tokens))  # type: ignore[arg-type]
+        self.send(Release())
 
 
 class BudgetRelay:
@@ -112,19 +94,14 @@ class BudgetRelay:
         self.granted: dict[str, int] = {}
         """The node's reservation id -> the budget's, until settled."""
 
-    def reserve(self, payload: Any) -> None:
-        rid = payload.get("id") if isinstance(payload, dict) else None
-        if not isinstance(rid, str) or not 0 < len(rid) <= 64:
-            return  # not a reservation anybody on the node can wait on
+    def reserve(self, msg: Reserve) -> None:
+        rid = msg.id
         if rid in self.granted or rid in self.waiting:
             return  # one reservation per id: a second would be one nobody settles
-        estimate = _amount(payload)
-        if estimate is None:
-            self.tg.start_soon(self._answer, rid, {"refused": "the node's estimate is not valid"})
-            return
         # Made now, not in the task: an unreserve may come before the task first runs.
         scope = self.waiting[rid] = anyio.CancelScope()
-        self.tg.start_soon(self._reserve, rid, estimate, payload.get("closing") is True, scope)
+        estimate = Amount(msg.usd, msg.tokens)
+        self.tg.start_soon(self._reserve, rid, estimate, msg.closing, scope)
 
     async def _reserve(
         self, rid: str, estimate: Amount, closing: bool, scope: anyio.CancelScope
@@ -143,27 +120,22 @@ class BudgetRelay:
     async def _answer(self, rid: str, answer: dict[str, Any]) -> None:
         await self.reply(rid, answer)
 
-    def unreserve(self, rid: Any) -> None:
-        scope = self.waiting.pop(rid, None) if isinstance(rid, str) else None
+    def unreserve(self, msg: Unreserve) -> None:
+        scope = self.waiting.pop(msg.id, None)
         if scope is not None:
             scope.cancel()
-        seq = self.granted.pop(rid, None) if isinstance(rid, str) else None
+        seq = self.granted.pop(msg.id, None)
         if seq is not None:
             self.budget.settle(seq, self.member, None)
 
-    def settle(self, payload: Any) -> None:
-        rid = payload.get("id") if isinstance(payload, dict) else None
-        seq = self.granted.pop(rid, None) if isinstance(rid, str) else None
+    def settle(self, msg: Settle) -> None:
+        seq = self.granted.pop(msg.id, None)
         if seq is None:
             return
-        used = payload.get("used")
-        # A report that is not an amount: the reservation stands for what was spent.
-        amount = None if used is None else _amount(used)
-        if used is not None and amount is None:
-            amount = self.budget.reserved(seq)
-        self.budget.settle(seq, self.member, amount)
+        used = None if msg.used is None else Amount(msg.used.usd, msg.used.tokens)
+        self.budget.settle(seq, self.member, used)
 
-    def release(self, _payload: Any = None) -> None:
+    def release(self, _msg: Release | None = None) -> None:
         self.budget.release(self.member)
 
     def close(self) -> None:

@@ -10,7 +10,8 @@ like the member's trace events:
 * on the node, :class:`Mirror` is called by the harness each time a turn is saved
   (its tool results in the transcript, older checkpoints removed). It reads the
   durable files synchronously, in the harness's own event loop, so what it reads is
-  one consistent instant of them, and sends a ``("durable", update)`` item: the
+  one consistent instant of them, and sends a :class:`DurableUpdate` (a ``durable``
+  message of the stream, :mod:`coordinator.nodes.stream`): the
   names the member has now and the bytes of those changed since the last update (a
   checkpoint is sent once, the transcript each turn - its size is the member's
   context, not its history);
@@ -46,8 +47,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from subagents.conversation import TRANSCRIPT_BYTES
 from subagents.durable import CHECKPOINT_BYTES, TRANSCRIPT
 
-DURABLE = "durable"
-"""Stream item: a :class:`DurableUpdate` as a dict, after a turn was saved."""
 MARK_BYTES = 64 * 1024
 """Largest ``checkpoint-<turn>.over`` mark (it holds why the turn's state was not kept)."""
 MAX_NAMES = 8
@@ -118,7 +117,7 @@ def _write(path: Path, data: bytes) -> None:
 class Mirror:
     """The node side: called after each saved turn, sends what changed (module docstring)."""
 
-    def __init__(self, member_dir: Path, send: Callable[[tuple[str, Any]], None]) -> None:
+    def __init__(self, member_dir: Path, send: Callable[[DurableUpdate], None]) -> None:
         self.dir = member_dir
         self.send = send
         self._sent: dict[str, tuple[int, int, int]] = {}
@@ -142,15 +141,14 @@ class Mirror:
             now[name] = seen
         if files or now.keys() != self._sent.keys():
             self._sent = now
-            update = DurableUpdate(names=sorted(now), files=files)
-            self.send((DURABLE, update.model_dump()))
+            self.send(DurableUpdate(names=sorted(now), files=files))
 
 
 def keep(member_dir: Path, sent: Any) -> None:
     """Apply a node's update to the member's run directory; :class:`DurableRefused`
     (nothing applied) when it breaks a bound."""
     try:
-        update = DurableUpdate.model_validate(sent)
+        update = sent if isinstance(sent, DurableUpdate) else DurableUpdate.model_validate(sent)
     except ValidationError as exc:
         raise DurableRefused(f"not a durable update: {exc.errors()[0]['msg']}") from None
     for name in update.names:

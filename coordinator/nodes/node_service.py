@@ -6,8 +6,8 @@ node's side of the run - its Docker backend (boxes labelled ``fleet.node``), war
 pools, run network, egress proxy and corpus box - and runs members there: each
 member's attempt is one streaming call of :meth:`NodeService.attempt`, which runs
 :func:`coordinator.nodes.node.run_attempt` against a scratch directory and yields the
-trace events as they happen, then a :class:`~coordinator.nodes.shipping.NodeReply` with the
-outcome and the member's files. The coordinator writes all of it into ``runs/RUN/``;
+messages of :mod:`coordinator.nodes.stream`: the trace events as they happen, then a
+:class:`~coordinator.nodes.shipping.NodeReply` with the outcome and the member's files. The coordinator writes all of it into ``runs/RUN/``;
 nothing here touches the coordinator's file system. A member whose tool policy may
 ask gets an approver that asks the coordinator through the same stream and waits for
 :meth:`NodeService.answer` (:mod:`coordinator.nodes.node_asks`); in a run with a
@@ -51,7 +51,7 @@ from subagents.trace import TraceWriter
 from .node import NodeDeps, remove_run_boxes, run_attempt, serving
 from .node_asks import NodeAsks
 from .node_budget import RelayBudget
-from .node_durable import Mirror, is_durable, place
+from .node_durable import DurableUpdate, Mirror, is_durable, place
 from .shipping import (
     COORDINATOR_FILES,
     NodeReply,
@@ -61,6 +61,7 @@ from .shipping import (
     snapshot,
     unpack,
 )
+from .stream import EVENTS_PER_MESSAGE, Durable, Events, Message, Reply
 from .worker import MemberUnit, Services
 
 NodeSetup = Callable[[str], NodeDeps]
@@ -68,10 +69,13 @@ NodeSetup = Callable[[str], NodeDeps]
 
 MISSING = " is missing"
 """How :func:`check_node` ends what it says of a missing image of Fleet's."""
-EVENTS = "events"
-REPLY = "reply"
 CLOSE_WAIT_S = 30.0
 """How long closing waits for cancelled attempts to release their boxes."""
+
+
+def _durable(send: Callable[[Message], None]) -> Callable[[DurableUpdate], None]:
+    """Where a saved turn's update goes: into the stream, as a ``durable`` message."""
+    return lambda update: send(Durable(update=update))
 
 
 def docker_node(node: str) -> NodeDeps:
@@ -224,16 +228,18 @@ class NodeService:
         """The coordinator's answer to a member's ask (:mod:`coordinator.nodes.node_asks`)."""
         return self._asks.answer(ask_id, approval)
 
-    async def attempt(self, request: NodeRequest) -> AsyncIterator[tuple[str, Any]]:
-        """Run one attempt; yields ``("events", [event, ...])`` while it runs - and
-        ``("ask", ...)`` / ``("unask", id)`` for its policy's asks - then
-        ``("reply", NodeReply)``. Never raises for the member's own failure."""
+    async def attempt(self, request: NodeRequest) -> AsyncIterator[dict[str, Any]]:
+        """Run one attempt; yields the messages of :mod:`coordinator.nodes.stream` in
+        their wire form: ``events`` while it runs - with its policy's asks, its budget's
+        reservations and its saved turns among them, in order - then one ``reply``.
+        Never raises for the member's own failure."""
         if request.repo is not None or request.memory is not None or request.has_payload():
             here = await anyio.to_thread.run_sync(self._prepare, request)
         else:
             here = self._prepare(request)
         unit = here.unit
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        # Trace events (dumped as traced), the stream's other messages, None at the end.
+        queue: asyncio.Queue[dict[str, Any] | Message | None] = asyncio.Queue()
         trace = TraceWriter(here.member_dir / "trace.jsonl", run=unit.run_id, member=unit.spec.id)
         trace.listeners.append(lambda e: queue.put_nowait(e.model_dump(exclude_none=True)))
         deps = self.deps
@@ -253,7 +259,7 @@ class NodeService:
                         trace,
                         member_dir=here.member_dir,
                         staged_repo=here.repo,
-                        on_turn_saved=Mirror(here.member_dir, queue.put_nowait),
+                        on_turn_saved=Mirror(here.member_dir, _durable(queue.put_nowait)),
                     )
                     done.append(await anyio.to_thread.run_sync(here.reply, outcome))
             finally:
@@ -267,23 +273,26 @@ class NodeService:
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
-                events: list[Any] = []
+                events: list[dict[str, Any]] = []
                 for item in batch:
                     if isinstance(item, dict):
                         events.append(item)
+                        if len(events) == EVENTS_PER_MESSAGE:
+                            yield Events.batch(events)
+                            events = []
                         continue
                     if events:  # in order: what the member traced before it asked
-                        yield (EVENTS, events)
+                        yield Events.batch(events)
                         events = []
                     if item is not None:
-                        yield item
+                        yield item.wire()
                 if events:
-                    yield (EVENTS, events)
+                    yield Events.batch(events)
                 if None in batch:
                     break
             await task
             if done:
-                yield (REPLY, done[0])
+                yield Reply(reply=done[0]).wire()
         finally:
             if not task.done():
                 scope.cancel()

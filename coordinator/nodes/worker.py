@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from subagents.durable import forget
 from subagents.outcome import MemberOutcome
@@ -206,6 +206,32 @@ def failed_outcome(
         duration_s=round(time.monotonic() - started, 3),
         **kw,
     )
+
+
+def job_fields(unit: MemberUnit) -> set[str]:
+    """The job's own result fields of ``unit`` (``result_schema``): the only fields a
+    result may carry beside its kind's."""
+    schema = unit.spec.job_result_schema()
+    fields = set(schema.properties if schema is not None else ())
+    return fields | set((unit.result_schema or {}).get("properties") or ())
+
+
+def received_outcome(unit: MemberUnit, sent: Any) -> MemberOutcome:
+    """An outcome a node sent for ``unit``, checked as coming from someone not trusted:
+    the unit's member and kind, its result of that kind with only the job's own fields
+    beside the kind's (:meth:`MemberOutcome.received`). ValueError says what is wrong."""
+    try:
+        outcome = MemberOutcome.received(sent, job_fields=job_fields(unit))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{where}: {first['msg']}" if where else first["msg"]) from None
+    if (outcome.member, outcome.kind) != (unit.spec.id, unit.spec.kind):
+        raise ValueError(
+            f"it is for {outcome.kind} member {outcome.member!r}, not for "
+            f"{unit.spec.kind} member {unit.spec.id!r}"
+        )
+    return outcome
 
 
 async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutcome:

@@ -27,6 +27,8 @@ from typing import Any, TextIO
 
 import anyio
 
+from subagents.outcome import MemberOutcome
+
 from ..journal.entries import (
     AnyEntry,
     ApprovalAnsweredEntry,
@@ -175,19 +177,19 @@ class Progress:
         if not self.tty:
             self._plain(row)
 
-    def restore(self, member: str, status: str, outcome: dict[str, Any] | None) -> None:
+    def restore(self, member: str, status: str, outcome: MemberOutcome | None) -> None:
         """A member finished before a resume: show its recorded turns, tokens and time
         (from its ``result.json``), marked as such, instead of an empty row."""
         row = self.rows.setdefault(member, Row(member))
         row.status = status
-        o = outcome or {}
-        row.turn = int(o.get("turns") or 0)
-        row.tokens_in = sum(
-            int(o.get(k) or 0) for k in ("input_tokens", "cache_read_tokens", "cache_write_tokens")
-        )
-        row.tokens_out = int(o.get("output_tokens") or 0)
-        row.recorded = float(o.get("duration_s") or 0.0)
-        row.reason = str(o.get("reason") or "")
+        if outcome is not None:
+            row.turn = outcome.turns
+            row.tokens_in = (
+                outcome.input_tokens + outcome.cache_read_tokens + outcome.cache_write_tokens
+            )
+            row.tokens_out = outcome.output_tokens
+            row.recorded = outcome.duration_s
+            row.reason = outcome.reason
         row.last = "finished before the resume"
         self._dirty = True
         if not self.tty:

@@ -29,10 +29,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import BaseModel
+
 from subagents.browser.dom import CLOSE_TAG, OPEN_TAG
+from subagents.kinds.results import result_json
 from subagents.member_text import clean, member_block
 from subagents.model.base import Model, ModelError, ModelRequest
-from subagents.outcome import MemberOutcome
+from subagents.outcome import MemberOutcome, MemberResult
 
 from .report import Citation, MemberLine, Report, ReportClaim, render_markdown
 
@@ -49,8 +52,10 @@ __all__ = [
 ]
 
 
-def cap_result(result: dict[str, Any] | None, limit: int) -> dict[str, Any]:
+def cap_result(result: MemberResult | dict[str, Any] | None, limit: int) -> dict[str, Any]:
     """A member result cut to ``limit`` characters of JSON (long strings first)."""
+    if isinstance(result, BaseModel):
+        result = result_json(result)
     data = json.loads(json.dumps(result or {}, default=str))
     if "patch" in data:  # the analyst reads the summary; the patch is on disk
         data["patch"] = f"<{len(str(data['patch']))} chars, see patch.diff>"

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.reaper import pid_alive
+from subagents.outcome import MemberOutcome
 
 from ..job.run_names import run_name
 from ..job.spec import Job, MemberJob
@@ -240,16 +241,18 @@ class RunDir:
     def write_result(self, member: str, outcome: dict[str, Any]) -> None:
         _fsync_write(self.member_dir(member) / "result.json", json.dumps(outcome, indent=2))
 
-    def result(self, member: str) -> dict[str, Any] | None:
-        p = self.path / "members" / member / "result.json"
-        if not p.exists():
-            return None
-        return json.loads(p.read_text(encoding="utf-8"))
+    def outcome(self, member: str) -> MemberOutcome | None:
+        """The member's recorded outcome, its result typed by its kind (read leniently:
+        :mod:`subagents.kinds.results`); None when it has none, or its ``result.json``
+        is not an outcome at all (damaged, or from a Fleet that wrote another shape)."""
+        return _read_outcome(self.path / "members" / member / "result.json")
 
-    def results(self) -> dict[str, dict[str, Any]]:
+    def outcomes(self) -> dict[str, MemberOutcome]:
+        """Every member's recorded outcome that reads as one, by member id."""
         out = {}
-        for d in sorted((self.path / "members").glob("*/result.json")):
-            out[d.parent.name] = json.loads(d.read_text(encoding="utf-8"))
+        for p in sorted((self.path / "members").glob("*/result.json")):
+            if (o := _read_outcome(p)) is not None:
+                out[p.parent.name] = o
         return out
 
     # -- liveness ----------------------------------------------------------------------
@@ -326,4 +329,12 @@ class RunDir:
         return todo
 
     def _stopped_by_budget(self, member: str) -> bool:
-        return (self.result(member) or {}).get("limit") == "budget"
+        o = self.outcome(member)
+        return o is not None and o.limit == "budget"
+
+
+def _read_outcome(path: Path) -> MemberOutcome | None:
+    try:
+        return MemberOutcome.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return None

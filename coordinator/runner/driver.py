@@ -208,16 +208,6 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
     return out
 
 
-def _load_outcome(run: RunDir, member: str) -> MemberOutcome | None:
-    data = run.result(member)
-    if data is None:
-        return None
-    try:
-        return MemberOutcome.model_validate(data)
-    except ValueError:
-        return None
-
-
 @dataclass
 class _Signals:
     """Ctrl-C and SIGTERM for the whole run. The first cancels ``scope`` (the work in
@@ -362,7 +352,7 @@ def _progress(
     for m in members:
         if m.id not in waiting:
             mid = m.id or ""
-            progress.restore(mid, done.get(mid, "ok"), run.result(mid))
+            progress.restore(mid, done.get(mid, "ok"), run.outcome(mid))
     return progress
 
 
@@ -505,7 +495,7 @@ def _already_ok(run: RunDir, members: list[MemberJob], pending: list[MemberJob])
     return sum(
         1
         for m in members
-        if m.id not in waiting and (run.result(m.id or "") or {}).get("status") == "ok"
+        if m.id not in waiting and (o := run.outcome(m.id or "")) is not None and o.status == "ok"
     )
 
 
@@ -596,9 +586,7 @@ async def _finish(
     # result.json is the record; members cancelled while queued have none, so the
     # fan-out's own outcome (status cancelled, with its reason) fills the gap.
     outcomes = {
-        m.id or "": o
-        for m in members
-        if (o := _load_outcome(run, m.id or "") or extra.get(m.id or ""))
+        m.id or "": o for m in members if (o := run.outcome(m.id or "") or extra.get(m.id or ""))
     }
     recorded = run.state().members
     for mid, o in extra.items():

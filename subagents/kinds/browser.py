@@ -22,15 +22,14 @@ egress allowlist defaults to the offline corpus (``corpus:8080``).
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from ..browser.config import BrowserConfig
 from ..browser.pages import verify_quote
 from ..tools.base import ToolContext, ToolError
 from ..tools.browser import Navigate, browser_tools, close_session, page_store
 from . import Kind, register_kind
+from .results import Findings, VerifiedClaim, VerifiedFindings
 
 SYSTEM_PROMPT = """\
 You are a careful web researcher with your own browser. Tools: search (the \
@@ -51,54 +50,6 @@ Finish with submit_result: a short summary; claims, each with the URL of the pag
 it comes from and a quote copied verbatim from that page (the harness checks every \
 quote against the pages you actually opened and flags any it cannot find); open \
 questions; and your confidence (low, medium, high)."""
-
-
-class Claim(BaseModel):
-    """One finding, backed by a verbatim quote from the page it came from."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    text: str = Field(min_length=1)
-    """The claim, in your own words."""
-    source_url: str = Field(min_length=1)
-    """URL of the page the quote was copied from (as shown in the tool results)."""
-    quote: str = Field(min_length=1)
-    """Exact text from that page supporting the claim ('...' marks omitted words)."""
-
-
-class Findings(BaseModel):
-    """What the browser model submits."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    summary: str = Field(min_length=1)
-    """The answer to the task in a few sentences."""
-    claims: list[Claim] = Field(default_factory=list)
-    """The supporting findings, each with its source and quote."""
-    open_questions: list[str] = Field(default_factory=list)
-    """What could not be settled, or needs another source."""
-    confidence: Literal["low", "medium", "high"]
-    """How well the sources support the summary."""
-
-
-class VerifiedClaim(Claim):
-    """A claim after the harness checked its quote."""
-
-    verified: bool
-    """True when the quote was found on a page this member fetched from ``source_url``."""
-    note: str = ""
-    """Why it is not verified (or where else the quote was found)."""
-
-
-class VerifiedFindings(Findings):
-    """A browser member's result: the findings with every quote checked."""
-
-    claims: list[VerifiedClaim] = Field(default_factory=list)  # type: ignore[assignment]
-    """The claims, each with ``verified`` and a note."""
-    unverified: list[int] = Field(default_factory=list)
-    """Indices (from 0) of claims whose quote could not be verified."""
-    pages_fetched: int = 0
-    """Distinct page texts this member read (kept in ``pages/``)."""
 
 
 async def verify_findings(data: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:

@@ -47,7 +47,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from sandbox.base import ExecResult, Sandbox
 from sandbox.errors import OutputLimitExceeded
@@ -57,6 +57,7 @@ from ..tools.coding import coding_tools
 from ..tools.names import show
 from ..tools.registry import render_exec
 from . import Kind, register_kind, workspace_git
+from .results import CodingReport, CodingResult, VerifiedTests
 
 PATCH_CHARS = 200_000
 PATCH_BYTES = 64 * 1024 * 1024
@@ -127,53 +128,6 @@ def check_brief(settings: CodingSettings) -> str | None:
     if settings.test is None or not settings.test.strip():
         return None
     return (CHECK_BRIEF if settings.test_gate else FINDING_BRIEF) + settings.test
-
-
-class CodingReport(BaseModel):
-    """What the coding model submits (the harness adds the patch)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    summary: str = Field(min_length=1)
-    """What was changed and why, in a few sentences."""
-    tests_run: list[str] = Field(default_factory=list)
-    """Test or check commands that were run."""
-    tests_passed: bool | None = None
-    """Whether the last run of those tests passed (None: no tests were run)."""
-    notes: list[str] = Field(default_factory=list)
-    """Caveats, follow-ups, anything a reviewer should know."""
-
-
-class VerifiedTests(BaseModel):
-    """The job's test command, re-run by the harness after the model submitted."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    command: str
-    exit_code: int
-    passed: bool
-    output_tail: str = ""
-    """Last part of the command's output."""
-    gate: bool = True
-    """Whether a failing run fails the member (False: the exit code is a finding)."""
-
-
-class CodingResult(CodingReport):
-    """A coding member's result: the report plus what the harness measured."""
-
-    patch: str = ""
-    """Unified diff of /workspace against its state before the first turn."""
-    patch_truncated: bool = False
-    """The patch was longer than the result keeps; the full one is in patch.diff."""
-    files_changed: list[str] = Field(default_factory=list)
-    """Paths (relative to /workspace) added, modified or deleted."""
-    verified: VerifiedTests | None = None
-    """The job's test command re-run after submission, when the job gave one."""
-    collection_error: str | None = None
-    """Why the patch could not be collected (the member then ends ``failed``)."""
-    edits_archive: str | None = None
-    """When the collection failed: the tar file in the member's run directory holding
-    the files found changed (links as links; deleted and left-out paths are in notes)."""
 
 
 async def _in_box_git(

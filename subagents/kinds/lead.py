@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..browser.dom import CLOSE_TAG, OPEN_TAG
 from ..tools.lead import lead_tools
 from . import Kind, register_kind
+from .results import LeadReport
 
 SYSTEM_PROMPT = f"""\
 You lead a research team. You do not browse or run code yourself: you delegate to \
@@ -92,41 +93,6 @@ def lead_brief(settings: LeadSettings) -> str:
             line += f", each member at most {settings.member_tokens}"
         line += "."
     return line
-
-
-class Cite(BaseModel):
-    """A member claim a report claim rests on."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    member: str = Field(min_length=1)
-    """The member's id."""
-    claim: int | None = Field(default=None, ge=0)
-    """The claim's index in that member's claims; None: the member's summary."""
-
-
-class LeadClaim(BaseModel):
-    """One claim of the report."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    text: str = Field(min_length=1)
-    """The claim, in your words."""
-    cites: list[Cite] = Field(default_factory=list)
-    """The member claims it rests on."""
-
-
-class LeadReport(BaseModel):
-    """What the lead finishes with: the report's content."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    summary: str = Field(min_length=1)
-    """The answer to the question, in a few sentences."""
-    claims: list[LeadClaim] = Field(default_factory=list)
-    """The findings, each citing member claims."""
-    open_questions: list[str] = Field(default_factory=list)
-    """What stayed open."""
 
 
 LEAD = register_kind(
