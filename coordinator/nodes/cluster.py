@@ -91,18 +91,11 @@ from subagents.trace import ErrorEvent, MemberEnd, MemorySave, TraceEvent, Trace
 from . import run_governor
 from .node_asks import ASK, UNASK, AskRelay
 from .node_budget import RELEASE, RESERVE, SETTLE, UNRESERVE, BudgetRelay
+from .node_check import MISSING, check_node, reap_node
 from .node_durable import DURABLE, DurableRefused
 from .node_durable import keep as keep_durable
 from .node_durable import load as load_durable
-from .node_service import (
-    EVENTS,
-    MISSING,
-    REPLY,
-    NodeService,
-    NodeSetup,
-    check_node,
-    reap_node,
-)
+from .node_service import EVENTS, REPLY, NodeService, NodeSetup
 from .repo_copy import copy_room, staged_copy
 from .shipping import (
     NodeReply,
