@@ -5,13 +5,19 @@ authentication on, the nodes on a Docker engine and home directory of their own,
 the coordinator's); the fan-out contract itself runs against it in ``test_fanout.py``.
 Here the real ``fleet`` command runs against it: a mixed job's run directory has the
 same shape as on one machine and none of its boxes ever exists on the coordinator's
-engine, a node
-removed mid-run costs only a retry of its members, Ctrl-C and a SIGKILL followed by
-``fleet resume --cluster`` leave no box on any node, a node whose images are not
-the run's refuses the run up front, a node member's policy asks are answered from the
-coordinator's approval queue, and a node member's stdio MCP server gets its files
+engine, a node removed mid-run costs only a retry of its members, Ctrl-C leaves no box
+on any node (a SIGKILL followed by ``fleet resume --cluster``:
+``test_cluster_resume.py``), a node whose images are not the run's refuses the run up
+front, a node member's policy asks are answered from the coordinator's approval queue,
+and a node member's stdio MCP server gets its files
 through Ray. Offline models throughout: a node's model client would read its own
 environment, never the coordinator's.
+
+Each ``fleet run --cluster`` costs a node actor per node (a process that imports the
+agent loop) before its first member starts, so checks that need the same kind of run
+share one: a job wider than the cluster's slots also shows ``--approve-all`` answering
+node members and a repository linking ``/proc/self`` leaking nothing; the run whose
+only node is lost loses it while its member waits for an answer.
 """
 
 from __future__ import annotations
@@ -269,34 +275,6 @@ def test_a_node_lost_mid_run_costs_only_a_retry_of_its_members(
     assert _boxes(node_client, run.id) == []
 
 
-def test_a_run_whose_only_node_is_lost_goes_on_on_another(
-    tmp_path, ray_cluster, node_client, cleanup
-):
-    # One member at a time: the run holds one slot, on the node with the most of them.
-    doomed = ray_cluster.add_node(slots=8)
-    name = ray_cluster.name(doomed)
-    cleanup.append(tmp_path / "runs")
-    job = _coder_job(tmp_path, 2, test=_slow_first(6), max_parallel=1)
-    with _cluster_run(tmp_path, job, ray_cluster.address) as (proc, run):
-        on_it = lambda: any(name in v for v in _started_on(run).values())  # noqa: E731
-        _wait_for(on_it, 120, f"a member on {name}")
-        time.sleep(2)
-        ray_cluster.remove_node(doomed)
-        _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    assert set(run.state().members.values()) == {"ok"}
-    started = _started_on(run)
-    (victim,) = [m for m, v in started.items() if v[0] == name]
-    assert len(started[victim]) == 2 and started[victim][1] != name
-    others = {ray_cluster.name(n) for n in ray_cluster.nodes}
-    assert all(v[-1] in others for v in started.values())
-    # The lost node's boxes did not outlive it: the actor that took over its slots, on
-    # the same engine, removed them as it started (their own actor was dead) - no gc.
-    assert _boxes(node_client, run.id) == []
-    gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address, "--dry-run")
-    assert gc.returncode == 0 and f"run {run.id}" not in gc.stdout, gc.stdout
-
-
 def test_ctrl_c_leaves_no_box_on_any_node(tmp_path, ray_cluster, node_client, cleanup):
     cleanup.append(tmp_path / "runs")
     job = _coder_job(tmp_path, 4, test="sleep 60", max_parallel=4)
@@ -307,39 +285,6 @@ def test_ctrl_c_leaves_no_box_on_any_node(tmp_path, ray_cluster, node_client, cl
     assert proc.returncode == 130, err[-3000:]
     assert run.state().status == "interrupted"
     assert _boxes(node_client, run.id) == []
-
-
-def test_sigkill_then_resume_on_the_cluster_leaves_no_box(
-    tmp_path, ray_cluster, node_client, cleanup
-):
-    cleanup.append(tmp_path / "runs")
-    job = _coder_job(tmp_path, 4, test=_slow_first(4), max_parallel=2)
-    with _cluster_run(tmp_path, job, ray_cluster.address) as (proc, run):
-
-        def one_done_some_running() -> bool:
-            states = list(run.state().members.values())
-            return "ok" in states and "running" in states
-
-        _wait_for(one_done_some_running, 180, "a member done and another running")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-    done_before = {m for m, s in run.state().members.items() if s == "ok"}
-    assert run.state().status == "dead"
-    resumed = _fleet(
-        "resume", str(run.path), "--plain", "--cluster", ray_cluster.address, timeout=300
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    after = run.state()
-    assert after.status == "succeeded" and set(after.members.values()) == {"ok"}
-    assert all(after.starts[m] == 1 for m in done_before)
-    assert any(e.event == "reaped" for e in run.journal.read())
-    assert _boxes(node_client, run.id) == []
-    # Resumed again with nothing left: said so, and nothing runs or is recorded.
-    events = len(run.journal.read())
-    again = _fleet("resume", str(run.path), "--plain", "--cluster", ray_cluster.address)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"run {run.id} has nothing left to run (succeeded)" in again.stderr
-    assert len(run.journal.read()) == events and _boxes(node_client, run.id) == []
 
 
 def test_a_node_without_the_runs_images_refuses_the_run(tmp_path, ray_cluster, cleanup):
@@ -403,21 +348,48 @@ def test_a_node_engine_without_the_coding_image_is_fixed_by_images_push(
             copy_images(ray_cluster.engine.host, [ref])
 
 
-def test_on_a_cluster_a_job_runs_as_many_members_at_once_as_the_nodes_offer_slots(
-    tmp_path, ray_cluster, node_client, cleanup
+def test_a_wide_job_runs_as_many_at_once_as_the_slots_approve_all_answers_and_no_secret_leaks(
+    tmp_path, ray_cluster, node_client, monkeypatch, cleanup
 ):
-    cleanup.append(tmp_path / "runs")
-    job = _coder_job(tmp_path, 10, test="python3 test_greet.py", max_parallel=1)
-    job.write_text(job.read_text().replace("max_parallel = 1\n", ""))  # the job does not say
+    # One run shows three things: a job that does not say how many members run at once
+    # runs as many as the nodes offer fleet_slots; --approve-all answers node members'
+    # asks; a repository linking /proc/self sends none of the coordinator's environment.
+    from test_repo_escape import _all_bytes, _linked_out
+
+    marker = secrets.token_hex(16)
+    monkeypatch.setenv("FLEET_TEST_MARKER", marker)  # in the coordinator's environment
+    _linked_out(tmp_path / "proj", "/proc/self", "environ", ignore=".gitignore")
+    coders = SLOTS * len(ray_cluster.nodes) + 1  # with the linked one: past the slots
+    job = _asking_job(tmp_path, coders - 1, max_parallel=1)
+    text = job.read_text().replace("max_parallel = 1\n", "")  # the job does not say
+    policy = text.index("[policy]")
+    linked = (
+        '[[members]]\nid = "linked"\nkind = "coding"\nrepo = "proj"\n'
+        'test = "cat p/environ; true"\ntask = "replace `world` with `fleet` in `greet.txt`"\n'
+    )
+    job.write_text(text[:policy] + linked + text[policy:])
     slots = SLOTS * len(ray_cluster.nodes)  # the session's nodes, each with SLOTS
+    out = tmp_path / "runs"
+    cleanup.append(out)
     done = _fleet(
-        "run", str(job), "--output-dir", str(tmp_path / "runs"), "--plain",
+        "run", str(job), "--output-dir", str(out), "--plain", "--approve-all",
         "--cluster", ray_cluster.address,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{slots} at once: the cluster's nodes offer {slots} fleet_slots" in done.stderr
-    (run,) = RunDir.list(tmp_path / "runs")
+    (run,) = RunDir.list(out)
     assert _boxes(node_client, run.id) == []
+    nodes = {ray_cluster.name(n) for n in ray_cluster.nodes}
+    started = _started_on(run)
+    assert len(started) == coders and all(v[0] in nodes for v in started.values()), started
+    # Every member's one ask was answered by --approve-all, on whichever node it ran.
+    assert _decisions(run) == {m: [("approve-all", True)] for m in started}
+    assert all(_edited(run, f"c{i}") for i in range(coders - 1))
+    # The linked repository: nothing of /proc/self/environ anywhere in the run's files.
+    assert marker.encode() not in _all_bytes(out)
+    result = run.outcome("linked")
+    assert result.result.files_changed == ["greet.txt"]
+    assert result.not_copied[0].startswith("p/environ: p is a symbolic link (to /proc/self)")
 
 
 def test_a_members_own_image_missing_on_the_nodes_refuses_the_run(tmp_path, ray_cluster):
@@ -526,27 +498,14 @@ def test_asks_from_node_members_are_answered_by_fleet_approve(
     assert _boxes(node_client, run.id) == []
 
 
-def test_approve_all_answers_a_node_members_ask(tmp_path, ray_cluster, node_client, cleanup):
-    cleanup.append(tmp_path / "runs")
-    job = _asking_job(tmp_path, 1, max_parallel=1)
-    done = _fleet(
-        "run", str(job), "--output-dir", str(tmp_path / "runs"), "--plain", "--approve-all",
-        "--cluster", ray_cluster.address,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run,) = RunDir.list(tmp_path / "runs")
-    assert _started_on(run)["c0"][0] in {ray_cluster.name(n) for n in ray_cluster.nodes}
-    assert _decisions(run) == {"c0": [("approve-all", True)]}
-    assert _edited(run, "c0")
-
-
-def test_a_node_lost_while_its_member_waits_for_an_answer_costs_only_a_retry(
+def test_a_run_whose_only_node_is_lost_while_its_member_waits_for_an_answer_goes_on_on_another(
     tmp_path, ray_cluster, node_client, cleanup
 ):
-    doomed = ray_cluster.add_node(slots=8)  # the most slots: the run's one slot is here
+    # One member at a time: the run holds one slot, on the node with the most of them.
+    doomed = ray_cluster.add_node(slots=8)
     name = ray_cluster.name(doomed)
     cleanup.append(tmp_path / "runs")
-    job = _asking_job(tmp_path, 1, max_parallel=1)
+    job = _asking_job(tmp_path, 2, max_parallel=1)
     with _cluster_run(tmp_path, job, ray_cluster.address, "--wait-approval") as (proc, run):
         _wait_for(lambda: _asks(run, "c0"), 120, "c0's ask")
         assert _started_on(run)["c0"] == [name]
@@ -555,16 +514,33 @@ def test_a_node_lost_while_its_member_waits_for_an_answer_costs_only_a_retry(
         _wait_for(lambda: len(_asks(run, "c0")) == 2, 120, "c0's second ask")
         first, again = _asks(run, "c0")
         assert first["answer"]["by"] == "abandoned" and again["answer"] is None
-        done = _fleet("approve", str(run.path), "--yes")
-        assert done.returncode == 0, done.stdout + done.stderr
+        for member in ("c0", "c1"):  # c1 starts once c0 is done, and asks in turn
+
+            def pending(m: str = member) -> list[dict[str, Any]]:
+                return [a for a in _asks(run, m) if a["answer"] is None]
+
+            _wait_for(lambda: bool(pending()), 120, f"{member}'s open ask")
+            (ask,) = pending()
+            done = _fleet("approve", str(run.path), "--yes", "--id", ask["id"])
+            assert done.returncode == 0, done.stdout + done.stderr
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
+    assert set(run.state().members.values()) == {"ok"}
     (retry,) = [e for e in run.journal.read() if e.event == "member_retry"]
-    assert retry.status == "crashed" and retry.reason.startswith(f"node {name} lost: ")
-    started = _started_on(run)["c0"]
-    assert len(started) == 2 and started[1] != name
-    assert _decisions(run) == {"c0": [("fleet approve", True)]}
-    assert run.outcome("c0").status == "ok" and _edited(run, "c0")
+    assert retry.member == "c0" and retry.status == "crashed"
+    assert retry.reason.startswith(f"node {name} lost: ")
+    started = _started_on(run)
+    assert len(started["c0"]) == 2 and started["c0"][1] != name
+    assert started["c1"] == [started["c0"][1]]  # the run went on where c0 went
+    others = {ray_cluster.name(n) for n in ray_cluster.nodes}
+    assert all(v[-1] in others for v in started.values())
+    assert _decisions(run) == {m: [("fleet approve", True)] for m in ("c0", "c1")}
+    assert run.outcome("c0").status == "ok" and _edited(run, "c0") and _edited(run, "c1")
+    # The lost node's boxes did not outlive it: the actor that took over its slots, on
+    # the same engine, removed them as it started (their own actor was dead) - no gc.
+    assert _boxes(node_client, run.id) == []
+    gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address, "--dry-run")
+    assert gc.returncode == 0 and f"run {run.id}" not in gc.stdout, gc.stdout
     gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
     assert gc.returncode == 0, gc.stderr
     assert _boxes(node_client, run.id) == []
@@ -696,34 +672,6 @@ def test_a_lead_jobs_members_run_on_the_nodes(tmp_path, ray_cluster, node_client
     report = json.loads((run.path / "report.json").read_text())
     assert report["analyst"] == "offline lead" and "2 wave(s)" in report["summary"]
     assert _boxes(node_client, run.id) == []
-
-
-def test_a_repository_linking_proc_self_leaks_nothing_on_the_cluster(
-    tmp_path, ray_cluster, monkeypatch, cleanup
-):
-    from test_repo_escape import _all_bytes, _linked_out
-
-    marker = secrets.token_hex(16)
-    monkeypatch.setenv("FLEET_TEST_MARKER", marker)  # in the coordinator's environment
-    _linked_out(tmp_path / "proj", "/proc/self", "environ", ignore=".gitignore")
-    job = tmp_path / "job.toml"
-    job.write_text(
-        'name = "linked"\n[model]\nname = "offline"\n[[members]]\nid = "coder"\n'
-        'kind = "coding"\nrepo = "proj"\ntest = "cat p/environ; true"\n'
-        'task = "replace `world` with `fleet` in `greet.txt`"\n'
-    )
-    out = tmp_path / "runs"
-    cleanup.append(out)
-    done = _fleet(
-        "run", str(job), "--output-dir", str(out), "--plain", "--cluster", ray_cluster.address
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert marker.encode() not in _all_bytes(out)
-    (run,) = RunDir.list(out)
-    result = run.outcome("coder")
-    assert result.result.files_changed == ["greet.txt"]
-    assert result.not_copied[0].startswith("p/environ: p is a symbolic link (to /proc/self)")
-    assert _started_on(run)["coder"][0] in {ray_cluster.name(n) for n in ray_cluster.nodes}
 
 
 class _Holder:

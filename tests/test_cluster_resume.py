@@ -1,5 +1,6 @@
-"""On a cluster a member goes on from its last completed turn, and the run keeps one
-budget: through the real CLI (``fleet run --cluster``, ``fleet resume --cluster``)
+"""On a cluster a member goes on from its last completed turn, a run killed with its
+coordinator resumes with what had finished kept and no box left on any node, and the
+run keeps one budget: through the real CLI (``fleet run --cluster``, ``fleet resume --cluster``)
 on the Ray test cluster (``ray_cluster``: head + 2 nodes sharing this machine's
 Docker engine), real boxes, the offline coding model on the nodes.
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cluster import _cluster_run, _fleet, _wait_for
+from test_cluster import _boxes, _cluster_run, _fleet, _wait_for
 
 from coordinator.rundir.runs import RunDir
 from subagents.trace import read_trace
@@ -41,11 +42,11 @@ def _shell_calls(run: RunDir, member: str) -> int:
     return sum(1 for e in _events(run, member) if e.type == "tool_call" and e.tool == "shell")
 
 
-def _coder_job(tmp_path: Path, fanout: str = "") -> Path:
+def _coder_job(tmp_path: Path, fanout: str = "", check: str = SLOW_SECOND) -> Path:
     shutil.copytree(EXAMPLES / "sample-repo", tmp_path / "sample-repo")
     text = f'name = "resumed"\n[model]\nname = "offline"\n[fanout]\n{fanout}\n'
     text += '[[members]]\nid = "c"\nkind = "coding"\nrepo = "sample-repo"\n'
-    text += f"{EDIT}\ntest = {json.dumps(SLOW_SECOND)}\n"
+    text += f"{EDIT}\ntest = {json.dumps(check)}\n"
     job = tmp_path / "job.toml"
     job.write_text(text)
     return job
@@ -81,25 +82,55 @@ def _went_on_from_the_edit(run: RunDir) -> None:
     assert not (mdir / "conversation.json").exists() and not list(mdir.glob("checkpoint-*"))
 
 
-def test_a_member_killed_with_its_coordinator_resumes_from_its_last_turn_on_the_cluster(
-    tmp_path, ray_cluster, docker_client, cleanup
+def test_a_sigkilled_run_resumes_each_member_from_its_last_turn_and_leaves_no_box(
+    tmp_path, ray_cluster, node_client, cleanup
 ):
+    # Two at a time: "c" is killed in its check after its edit, "c0" has finished by
+    # then, the other members wait or run.
     cleanup.append(tmp_path / "runs")
-    with _cluster_run(tmp_path, _coder_job(tmp_path), ray_cluster.address) as (proc, run):
-        _in_the_check_after_the_edit(run)
+    job = _coder_job(
+        tmp_path, "max_parallel = 2", check=SLOW_SECOND.replace("sleep 12", "sleep 120")
+    )
+    quick = 'kind = "coding"\nrepo = "sample-repo"\ntest = "python3 test_greet.py"\n'
+    job.write_text(
+        job.read_text() + "".join(f'[[members]]\nid = "c{i}"\n{quick}{EDIT}\n' for i in range(3))
+    )
+    with _cluster_run(tmp_path, job, ray_cluster.address) as (proc, run):
+
+        def c_checks_and_one_is_done() -> bool:
+            states = run.state().members
+            return (
+                _shell_calls(run, "c") >= 2
+                and states.get("c") == "running"
+                and ("ok" in states.values())
+            )
+
+        _wait_for(c_checks_and_one_is_done, 240, "c in its check after the edit, c0 done")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     assert run.state().status == "dead"
+    done_before = {m for m, s in run.state().members.items() if s == "ok"}
     calls_before = sum(1 for e in _events(run, "c") if e.type == "model_call")
     assert calls_before == 3, calls_before
 
     resumed = _fleet("resume", str(run.path), "--plain", "--cluster", ray_cluster.address)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = run.state()
+    assert after.status == "succeeded" and set(after.members.values()) == {"ok"}
+    assert all(after.starts[m] == 1 for m in done_before)  # what had finished kept
+    assert any(e.event == "reaped" for e in run.journal.read())  # the dead run's boxes
+    assert _boxes(node_client, run.id) == []
     _went_on_from_the_edit(run)
     report = (run.path / "report.md").read_text()
     assert "resumed from turn 2" in report
     shown = _fleet("trace", str(run.path), "c")
     assert "resumed from turn 2" in shown.stdout, shown.stdout[-2000:]
+    # Resumed again with nothing left: said so, and nothing runs or is recorded.
+    events = len(run.journal.read())
+    again = _fleet("resume", str(run.path), "--plain", "--cluster", ray_cluster.address)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"run {run.id} has nothing left to run (succeeded)" in again.stderr
+    assert len(run.journal.read()) == events and _boxes(node_client, run.id) == []
 
 
 def test_a_member_whose_node_is_lost_goes_on_from_its_last_turn_on_another_node(

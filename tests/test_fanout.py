@@ -3,11 +3,14 @@
 The harness here is a scripted stand-in for ``run_member`` (each member's task names
 a behaviour: succeed after an exec in its box, raise, hang, have its box killed), so
 these tests pin the coordinator's own contract - statuses, reasons, retries, quorum,
-fail-fast, boxes released - independently of any model. Every test runs twice: with
+fail-fast, boxes released - independently of any model. Every check runs twice: with
 members on this host, and on a Ray cluster of two nodes (``ray_cluster``), where the
 same harness runs in each node's actor - the contract does not depend on where
-members run. The end-to-end tests with the real harness and the fake Messages API are
-in ``test_cli_run.py`` (and ``test_cluster.py`` for a cluster).
+members run. On the cluster, the checks of a few tests share one fan-out (a cluster
+run starts a node actor per node first, seconds of imports each): those tests run
+here only (``HERE``) and name the cluster test that repeats them. The end-to-end
+tests with the real harness and the fake Messages API are in ``test_cli_run.py`` (and
+``test_cluster.py`` for a cluster).
 """
 
 from __future__ import annotations
@@ -114,6 +117,10 @@ class ScriptedNode:
         )
 
 
+HERE = pytest.mark.parametrize("where", ["here"], indirect=True)
+"""A test whose cluster twin shares a run with others' (see the end of this module)."""
+
+
 @pytest.fixture(params=["here", "ray"])
 def where(request: pytest.FixtureRequest) -> Any:
     """None: members on this host; else the Ray cluster they run on."""
@@ -202,6 +209,18 @@ def _boxes(where: Any, run_id: str) -> list[Any]:
     return client.api.containers(all=True, filters={"label": f"fleet.run={run_id}"})
 
 
+class _Peak:
+    """The most boxes of a run seen at once, counted as each box is created (a trace
+    listener)."""
+
+    def __init__(self, where: Any, run_id: str) -> None:
+        self.where, self.run_id, self.most = where, run_id, 0
+
+    def __call__(self, event: Any) -> None:
+        if getattr(event, "action", "") == "create":
+            self.most = max(self.most, len(_boxes(self.where, self.run_id)))
+
+
 def test_one_raise_one_timeout_one_killed_box_keep_two_results(
     tmp_path, images, run_id, docker_client, where
 ):
@@ -256,6 +275,7 @@ def test_one_raise_one_timeout_one_killed_box_keep_two_results(
     assert _boxes(where or docker_client, run_id) == []
 
 
+@HERE  # on a cluster: test_retries_and_the_concurrency_limit_on_a_cluster
 def test_box_crash_is_retried_with_backoff_and_then_succeeds(
     tmp_path, images, run_id, docker_client, where
 ):
@@ -272,6 +292,7 @@ def test_box_crash_is_retried_with_backoff_and_then_succeeds(
     assert _boxes(where or docker_client, run_id) == []
 
 
+@HERE  # on a cluster: test_failures_the_quorum_and_the_schema_on_a_cluster
 def test_task_failure_is_not_retried(tmp_path, images, run_id, docker_client, where):
     run = _run_dir(tmp_path, run_id)
     harness = ScriptedHarness(tmp_path / "calls")
@@ -282,6 +303,7 @@ def test_task_failure_is_not_retried(tmp_path, images, run_id, docker_client, wh
     assert not res.quorum_met
 
 
+@HERE  # on a cluster: test_failures_the_quorum_and_the_schema_on_a_cluster
 def test_quorum_not_met_when_too_few_members_succeed(
     tmp_path, images, run_id, docker_client, where
 ):
@@ -326,15 +348,11 @@ def test_fail_fast_cancels_the_rest_and_removes_their_boxes(
     assert res.outcomes["d"].status == "ok"
 
 
+@HERE  # on a cluster: test_retries_and_the_concurrency_limit_on_a_cluster
 def test_concurrency_limit_queues_members(tmp_path, images, run_id, docker_client, where):
     run = _run_dir(tmp_path, run_id)
     harness = ScriptedHarness(tmp_path / "calls")
-    peak = 0
-
-    def watch(event: Any) -> None:
-        nonlocal peak
-        if getattr(event, "action", "") == "create":
-            peak = max(peak, len(_boxes(where or docker_client, run_id)))
+    peak = _Peak(where or docker_client, run_id)
 
     units = _units(run, {f"m{i}": "ok" for i in range(4)})
     res = _fan(
@@ -343,33 +361,44 @@ def test_concurrency_limit_queues_members(tmp_path, images, run_id, docker_clien
         harness,
         run,
         units,
-        listeners=[watch],
+        listeners=[peak],
         max_parallel=2,
         min_success=4,
         fail_fast=False,
     )
     assert res.quorum_met
-    assert 1 <= peak <= 2
+    assert 1 <= peak.most <= 2
 
 
-def test_result_that_misses_the_job_schema_is_that_members_failure(
-    tmp_path, images, run_id, docker_client, where
-):
-    run = _run_dir(tmp_path, run_id)
-    harness = ScriptedHarness(tmp_path / "calls")
-    units = _units(run, {"strict": "ok", "lenient": "ok"})
-    units[0].result_schema = {
-        "type": "object",
-        "required": ["summary", "answer"],
-        "properties": {"summary": {"type": "string", "minLength": 40}},
-    }
-    res = _fan(where, images, harness, run, units, max_parallel=2, min_success=1, fail_fast=False)
+STRICT = {
+    "type": "object",
+    "required": ["summary", "answer"],
+    "properties": {"summary": {"type": "string", "minLength": 40}},
+}
+"""A job's result schema the scripted harness's result misses (member ``strict``)."""
+
+
+def _strict_failed(res: FanoutResult, harness: ScriptedHarness, run: RunDir) -> None:
+    """``strict``, whose result misses :data:`STRICT`, failed once (not retried), with
+    both reasons; ``lenient``, without a schema, is ok."""
     assert res.outcomes["lenient"].status == "ok"
     strict = res.outcomes["strict"]
     assert strict.status == "failed" and harness.calls["strict"] == 1  # not retried
     assert "result.answer is required" in strict.reason
     assert "result.summary should have at least 40 characters" in strict.reason
     assert run.outcome("strict").status == "failed"
+
+
+@HERE  # on a cluster: test_failures_the_quorum_and_the_schema_on_a_cluster
+def test_result_that_misses_the_job_schema_is_that_members_failure(
+    tmp_path, images, run_id, docker_client, where
+):
+    run = _run_dir(tmp_path, run_id)
+    harness = ScriptedHarness(tmp_path / "calls")
+    units = _units(run, {"strict": "ok", "lenient": "ok"})
+    units[0].result_schema = STRICT
+    res = _fan(where, images, harness, run, units, max_parallel=2, min_success=1, fail_fast=False)
+    _strict_failed(res, harness, run)
 
 
 def test_members_sharing_a_memory_profile_lose_no_write(tmp_path, images, run_id, where):
@@ -389,3 +418,56 @@ def test_members_sharing_a_memory_profile_lose_no_write(tmp_path, images, run_id
     assert "a was here" in text and "b was here" in text, text
     saves = [e for e in run.journal.read() if e.event == "memory_saved"]
     assert sorted(e.member for e in saves) == ["a", "b"]
+
+
+# The [ray] twins of the tests above share one fan-out each: a cluster run starts a node
+# actor per node (seconds of imports) before its first member, and what these show is
+# each member's own outcome, which one run shows for several members as well as one.
+
+
+@pytest.mark.parametrize("where", ["ray"], indirect=True)
+def test_retries_and_the_concurrency_limit_on_a_cluster(
+    tmp_path, images, run_id, docker_client, where
+):
+    run = _run_dir(tmp_path, run_id)
+    harness = ScriptedHarness(tmp_path / "calls")
+    peak = _Peak(where, run_id)
+
+    tasks = {"flaky": "crash-once", "steady": "ok"} | {f"m{i}": "ok" for i in range(3)}
+    units = _units(run, tasks, attempts=3, backoff=0.5)
+    res = _fan(
+        where, images, harness, run, units,
+        listeners=[peak], max_parallel=2, min_success=len(tasks), fail_fast=False,
+    )  # fmt: skip
+    # A crashed box is retried with its backoff, then succeeds.
+    assert res.outcomes["flaky"].status == "ok"
+    assert harness.calls == {m: 2 if m == "flaky" else 1 for m in tasks}
+    retries = [e for e in run.journal.read() if e.event == "member_retry"]
+    assert len(retries) == 1 and retries[0].member == "flaky"
+    assert "sandbox crashed" in retries[0].reason and retries[0].delay_s == 0.5
+    assert run.state().starts == {m: 2 if m == "flaky" else 1 for m in tasks}
+    # No more boxes than max_parallel at once: the others queued.
+    assert res.quorum_met
+    assert 1 <= peak.most <= 2
+    assert _boxes(where, run_id) == []
+
+
+@pytest.mark.parametrize("where", ["ray"], indirect=True)
+def test_failures_the_quorum_and_the_schema_on_a_cluster(
+    tmp_path, images, run_id, docker_client, where
+):
+    run = _run_dir(tmp_path, run_id)
+    harness = ScriptedHarness(tmp_path / "calls")
+    tasks = {"a": "ok", "raiser": "raise", "c": "raise", "strict": "ok", "lenient": "ok"}
+    units = _units(run, tasks, attempts=3)
+    units[3].result_schema = STRICT
+    res = _fan(where, images, harness, run, units, max_parallel=3, min_success=3, fail_fast=False)
+    # A task's failure is not retried.
+    assert res.outcomes["raiser"].status == "failed"
+    assert harness.calls["raiser"] == 1 and harness.calls["c"] == 1
+    # Too few succeeded for the quorum.
+    assert res.ok == 2 and not res.quorum_met
+    assert {o.status for o in res.outcomes.values()} == {"ok", "failed"}
+    # A result that misses the job's schema is that member's failure, not retried.
+    assert res.outcomes["a"].status == "ok"
+    _strict_failed(res, harness, run)

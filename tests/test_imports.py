@@ -165,3 +165,31 @@ def test_no_room_hides_a_name_of_the_python_api() -> None:
     hidden = sorted(set(fleet._EXPORTS) & set(vars(fleet)))
     assert hidden == [], f"names of the API hidden by a module of the same name: {hidden}"
     assert set(fleet.__all__) <= set(dir(fleet))
+
+
+def test_the_tasks_run_on_every_node_import_nothing_that_runs_a_member() -> None:
+    # A task on a Ray node imports its function's module by name in a fresh worker
+    # process, once per node and command (every `fleet run --cluster`, every resume):
+    # importing the agent loop and the model client there cost seconds of each node's
+    # CPU before the run could start.
+    import importlib.util
+    import subprocess
+    import sys
+
+    ray = importlib.util.find_spec("ray")
+    if ray is None:
+        from conftest import missing_dependency
+
+        missing_dependency("Ray is not installed (the 'cluster' extra)")
+    where = subprocess.run(
+        [sys.executable, "-c", "import coordinator.nodes.cluster as c\n"
+         "print(c.check_node.__module__, c.reap_node.__module__)"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    ).stdout.split()  # fmt: skip
+    heavy = ("anthropic", "subagents.member", "coordinator.nodes.node")
+    for module in set(where):
+        code = f"import sys, {module}\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+        )
+        assert done.stdout.strip() == "[]", (module, done.stdout)

@@ -91,16 +91,11 @@ from subagents.trace import ErrorEvent, MemberEnd, MemorySave, TraceWriter
 from . import run_governor
 from .node_asks import AskRelay
 from .node_budget import BudgetRelay
+from .node_check import MISSING, check_node, reap_node
 from .node_durable import DurableRefused, DurableUpdate
 from .node_durable import keep as keep_durable
 from .node_durable import load as load_durable
-from .node_service import (
-    MISSING,
-    NodeService,
-    NodeSetup,
-    check_node,
-    reap_node,
-)
+from .node_service import NodeService, NodeSetup
 from .repo_copy import copy_room, staged_copy
 from .shipping import (
     NodeReply,

@@ -40,9 +40,7 @@ from typing import Any
 
 import anyio
 
-from sandbox import firewall
 from sandbox.docker import DockerBackend
-from sandbox.errors import SandboxUnavailable
 from sandbox.spec import SandboxSpec
 from subagents.model import make_model
 from subagents.outcome import MemberOutcome
@@ -67,8 +65,6 @@ from .worker import MemberUnit, Services
 NodeSetup = Callable[[str], NodeDeps]
 """Builds a node's :class:`NodeDeps` on the node, from the node's name (picklable)."""
 
-MISSING = " is missing"
-"""How :func:`check_node` ends what it says of a missing image of Fleet's."""
 CLOSE_WAIT_S = 30.0
 """How long closing waits for cancelled attempts to release their boxes."""
 
@@ -81,40 +77,6 @@ def _durable(send: Callable[[Message], None]) -> Callable[[DurableUpdate], None]
 def docker_node(node: str) -> NodeDeps:
     """The default node side: this host's Docker engine, the real model factory."""
     return NodeDeps(backend=DockerBackend(node=node), make_model=make_model)
-
-
-def check_node(images: list[str], own: dict[str, str], firewall_needed: bool) -> list[str]:
-    """What keeps this node from running the run's boxes, in words (empty: nothing):
-    Fleet's ``images`` missing, members' ``own`` images (reference -> the job field
-    naming it) not on its engine, the host firewall rules absent.
-
-    Blocking; run as a task on the node before the run starts."""
-    from sandbox.engine import connect
-    from sandbox.images import current_refs, image_exists
-
-    problems: list[str] = []
-    try:
-        client = connect()
-    except SandboxUnavailable as exc:
-        return [str(exc)]
-    try:
-        refs = current_refs(images)
-        problems += [
-            f"image {refs[n]}{MISSING}" for n in images if not image_exists(client, refs[n])
-        ]
-        problems += [
-            f"image {ref!r} ({where}) is not on its engine (Fleet never pulls)"
-            for ref, where in own.items()
-            if not image_exists(client, ref)
-        ]
-    finally:
-        client.close()
-    if firewall_needed:
-        try:
-            firewall.ensure_host_rules()
-        except SandboxUnavailable as exc:
-            problems.append(str(exc))
-    return problems
 
 
 def _preload() -> None:
@@ -131,11 +93,6 @@ def _quietly(sweep: Callable[[], int]) -> int:
         return sweep()
     except Exception:
         return 0
-
-
-def reap_node(run_id: str) -> int:
-    """Remove every box of ``run_id`` on this node's engine, whichever node made it."""
-    return anyio.run(DockerBackend().remove_run, run_id)
 
 
 @dataclass
