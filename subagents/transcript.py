@@ -22,6 +22,7 @@ so a torn tail is never appended to.
 from __future__ import annotations
 
 import json
+import operator
 import os
 from pathlib import Path
 from typing import Any
@@ -39,23 +40,62 @@ def _encode(message: Any) -> bytes:
         return json.dumps(message, separators=(",", ":")).encode("ascii")
 
 
-class _Kept:
-    """One message as the file holds it: the objects it was encoded from, and its line."""
+_content = operator.itemgetter("content")
 
-    __slots__ = ("blocks", "content", "line", "message")
 
-    def __init__(self, message: Any, line: bytes) -> None:
-        self.message, self.line = message, line
-        self.content = message.get("content") if isinstance(message, dict) else None
-        self.blocks = len(self.content) if isinstance(self.content, list) else -1
+class _Shape:
+    """Messages as the file holds them: the objects they were encoded from (held, so
+    that no id is reused while it is compared), their contents' lengths, their lines.
+    Compared with ``map`` and list equality: a save looks at every message it holds,
+    and that look must cost next to nothing for a conversation of hundreds."""
 
-    def same(self, message: Any) -> bool:
-        content = message.get("content") if isinstance(message, dict) else None
-        return (
-            message is self.message
-            and content is self.content
-            and (len(content) if isinstance(content, list) else -1) == self.blocks
-        )
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.contents: list[Any] = []
+        self.ids: list[int] = []
+        self.content_ids: list[int] = []
+        self.lengths: list[int] = []
+        self.lines: list[bytes] = []
+
+    def add(self, messages: list[Any], lines: list[bytes]) -> None:
+        """Hold these too; raises KeyError or TypeError for a message of no content."""
+        contents = list(map(_content, messages))
+        lengths = list(map(len, contents))
+        self.messages += messages
+        self.contents += contents
+        self.ids += map(id, messages)
+        self.content_ids += map(id, contents)
+        self.lengths += lengths
+        self.lines += lines
+
+    def start_of(self, messages: list[Any]) -> bool:
+        """Whether ``messages`` begin with what is held, the same objects unchanged."""
+        n = len(self.ids)
+        if n > len(messages):
+            return False
+        head = messages[:n]
+        if list(map(id, head)) != self.ids:
+            return False
+        try:
+            contents = list(map(_content, head))
+            return list(map(id, contents)) == self.content_ids and (
+                list(map(len, contents)) == self.lengths
+            )
+        except (KeyError, TypeError):
+            return False
+
+    def lines_of(self, messages: list[Any]) -> list[bytes | None]:
+        """The held line of each message that is held unchanged, else None."""
+        where = {id(m): i for i, m in enumerate(self.messages)}
+        found: list[bytes | None] = []
+        for m in messages:
+            i = where.get(id(m))
+            content = m.get("content") if isinstance(m, dict) else None
+            if i is not None and content is self.contents[i] and len(content) == self.lengths[i]:
+                found.append(self.lines[i])
+            else:
+                found.append(None)
+        return found
 
 
 class TranscriptFile:
@@ -63,56 +103,51 @@ class TranscriptFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._kept: list[_Kept] = []
+        self._held = _Shape()
         """What the file holds, in order (empty: nothing known, the next save rewrites)."""
         self._end = 0
         """Where the closing line starts."""
 
     def save(self, messages: list[Any]) -> None:
         """Make the file hold ``messages``: appended when it holds their start."""
-        kept = self._kept
-        n = len(kept)
-        if n and n <= len(messages) and all(map(_Kept.same, kept, messages)):
-            if n < len(messages):
-                self._append(messages[n:])
+        held = self._held
+        if held.ids and held.start_of(messages):
+            if len(held.ids) < len(messages):
+                self._append(messages[len(held.ids) :])
             return
         self._rewrite(messages)
 
-    def forget(self) -> None:
-        """The file was removed or replaced by someone else: the next save rewrites it."""
-        self._kept, self._end = [], 0
-
     def _append(self, messages: list[Any]) -> None:
-        new = [_Kept(m, _encode(m)) for m in messages]
-        body = b"".join(b"," + k.line + b"\n" for k in new)
+        lines = [_encode(m) for m in messages]
+        body = b"".join(b"," + line + b"\n" for line in lines)
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW)
         except OSError:  # gone (a forgotten transcript): start it again
-            self._rewrite([k.message for k in self._kept] + messages)
+            self._rewrite(self._held.messages + messages)
             return
         try:
             os.pwrite(fd, body + _TAIL, self._end)
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._kept += new
+        self._held.add(messages, lines)
         self._end += len(body)
 
     def _rewrite(self, messages: list[Any]) -> None:
-        known = {id(k.message): k for k in self._kept}
-        kept = []
-        for m in messages:
-            hit = known.get(id(m))
-            kept.append(hit if hit is not None and hit.same(m) else _Kept(m, _encode(m)))
-        lines = [k.line + b"\n" for k in kept]
-        body = _HEAD + b",".join(lines)
+        held = self._held.lines_of(messages)
+        lines = [line or _encode(m) for line, m in zip(held, messages, strict=True)]
+        body = _HEAD + b",".join(line + b"\n" for line in lines)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with tmp.open("wb") as fh:
             fh.write(body + _TAIL)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
-        self._kept, self._end = kept, len(body)
+        self._held, self._end = _Shape(), len(body)
+        try:
+            self._held.add(messages, lines)
+        except (KeyError, TypeError):  # not a message the loop writes: rewrite next time
+            self._held = _Shape()
 
 
 def read_messages(path: Path, limit: int) -> list[Any] | None:

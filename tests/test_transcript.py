@@ -93,6 +93,10 @@ def test_a_replaced_older_message_rewrites_the_file(tmp_path: Path) -> None:
     conv.messages[1:3] = [{"role": "assistant", "content": [{"type": "text", "text": "gist"}]}]
     _turn(conv, 3)
     assert _saved(path) == json.loads(json.dumps(conv.messages))
+    # A block added to a kept message's content: seen too.
+    conv.messages[-1]["content"].append({"type": "text", "text": "a reminder"})
+    conv.save()
+    assert _saved(path) == json.loads(json.dumps(conv.messages))
     assert "gist" in path.read_text(encoding="utf-8", errors="surrogatepass")
     os.remove(path)  # a forgotten transcript: the next message starts it again
     _turn(conv, 4)
