@@ -174,6 +174,16 @@ class Sandbox(abc.ABC):
             f"sandbox {self.name} is a {self.spec.kind} box, not a browser box"
         )
 
+    def watch_workspace(self) -> None:
+        """From now on, have each command report the workspace's stamps print where this
+        backend can (:mod:`sandbox.watch`); a no-op where it cannot."""
+        return None
+
+    def settled_print(self) -> str | None:
+        """The workspace's stamps print after the last command, if it ran alone and
+        nothing may have written since (:mod:`sandbox.watch`); None: none known."""
+        return None
+
     @abc.abstractmethod
     async def check(self) -> None:
         """Raise :class:`~sandbox.errors.SandboxCrashed` if the box is no longer running,

@@ -31,9 +31,10 @@ _ROOTS = ("/workspace", "/tmp")
 
 
 _INLINE = """import sys
-w = type(sys)("wire")
-exec(compile({wire!r}, "/opt/fleet/wire.py", "exec"), w.__dict__)
-sys.modules["wire"] = w
+for name, src in (("wire", {wire!r}), ("stamps", {stamps!r})):
+    m = type(sys)(name)
+    exec(compile(src, "/opt/fleet/" + name + ".py", "exec"), m.__dict__)
+    sys.modules[name] = m
 exec(compile({agent!r}, "/opt/fleet/boxagent.py", "exec"), {{"__name__": "__main__"}})
 """
 
@@ -42,12 +43,16 @@ exec(compile({agent!r}, "/opt/fleet/boxagent.py", "exec"), {{"__name__": "__main
 def agent_source() -> str:
     """The agent as one ``python3 -c`` program, for images that lack the baked-in copy.
 
-    The agent imports :mod:`sandbox.inbox.wire` as ``wire``; here that module is made
-    from its source first and registered, so the agent finds it without a file.
+    The agent imports :mod:`sandbox.inbox.wire` as ``wire`` and
+    :mod:`sandbox.inbox.stamps` as ``stamps``; here those modules are made from their
+    source first and registered, so the agent finds them without a file.
     """
     inbox = Path(__file__).parent / "inbox"
-    wire_src = (inbox / "wire.py").read_text()
-    return _INLINE.format(wire=wire_src, agent=(inbox / "boxagent.py").read_text())
+    return _INLINE.format(
+        wire=(inbox / "wire.py").read_text(),
+        stamps=(inbox / "stamps.py").read_text(),
+        agent=(inbox / "boxagent.py").read_text(),
+    )
 
 
 PLAIN_EXEC = r"""

@@ -100,6 +100,13 @@ class DeferredSandbox(Sandbox):
     async def check(self) -> None:
         await (await self.ready()).check()
 
+    def watch_workspace(self) -> None:
+        if self._box is not None:
+            self._box.watch_workspace()
+
+    def settled_print(self) -> str | None:
+        return None if self._box is None else self._box.settled_print()
+
     async def close(self) -> None:
         """Nothing to close: whoever started the box removes it (it may still be
         starting when the member ends)."""

@@ -70,6 +70,7 @@ from .network import PROXY_PORT, RunNetworks, proxy_env
 from .process import BoxProcess
 from .spec import SandboxSpec
 from .transport import BoxTransport
+from .watch import WorkspaceWatch
 
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 _CODING_COMMAND = ["sleep", "infinity"]
@@ -116,6 +117,7 @@ class DockerSandbox(Sandbox):
         self.transport = BoxTransport(backend.client, self.id, self.name, prefix)
         self._closed = False
         self._cdp: str | None = None
+        self._watch = WorkspaceWatch()
 
     @property
     def mode(self) -> str:
@@ -158,14 +160,24 @@ class DockerSandbox(Sandbox):
     ) -> ExecResult:
         limit = output_limit or self.spec.output_limit
         req = exec_request(cmd, timeout, cwd or self.spec.workdir, env, stdin, limit)
-        if self.mode == "plain":
-            self._ensure_usable()
-            return await self.transport.exec_plain(req)
-        done: wire.ExecReply = ok_reply(await self._call(req, timeout=timeout), self.name)
+        with self._watch.command() as report:
+            if self.mode == "plain":
+                self._ensure_usable()
+                return await self.transport.exec_plain(req)
+            if self._watch.on:
+                req["stamps"] = True
+            done: wire.ExecReply = ok_reply(await self._call(req, timeout=timeout), self.name)
+            report(done.get("stamps_print"))
         result = exec_result(done)
         if result.exit_code == 137 and not result.oom_killed:
             await self.transport.raise_if_dead()
         return result
+
+    def watch_workspace(self) -> None:
+        self._watch.on = True
+
+    def settled_print(self) -> str | None:
+        return self._watch.settled
 
     async def read_file(self, path: str, *, limit: int = 64 * 1024 * 1024) -> bytes:
         from .boxops import read_reply
@@ -184,7 +196,8 @@ class DockerSandbox(Sandbox):
             "mode": mode,
             "data": data,
         }
-        ok_reply(await self._call(req), self.name)
+        with self._watch.writer():
+            ok_reply(await self._call(req), self.name)
 
     async def list_dir(self, path: str) -> list[FileInfo]:
         req: wire.ListRequest = {"op": wire.LIST, "path": self.resolve(path)}
@@ -194,6 +207,7 @@ class DockerSandbox(Sandbox):
     async def start_process(self, command: str, *, cwd: str | None = None) -> BoxProcess:
         if self._closed:
             raise SandboxClosed(f"sandbox {self.name} was closed; create a new one")
+        self._watch.live_process()
         return await self.transport.open_process(command, self.resolve(cwd) if cwd else None)
 
     async def upload(self, local: Path, remote: str) -> None:
@@ -217,14 +231,15 @@ class DockerSandbox(Sandbox):
                 tar.add(local, arcname=arcname)
 
         req: wire.TarInRequest = {"op": wire.TAR_IN, "path": dest or "/"}
-        if size > INLINE_UPLOAD_BYTES:
-            req["stream"] = True
-            reply = await self._call(req, timeout=STALL_S, body=pack)
-        else:
-            buf = io.BytesIO()
-            await anyio.to_thread.run_sync(pack, buf)
-            req["data"] = base64.b64encode(buf.getvalue()).decode()
-            reply = await self._call(req)
+        with self._watch.writer():
+            if size > INLINE_UPLOAD_BYTES:
+                req["stream"] = True
+                reply = await self._call(req, timeout=STALL_S, body=pack)
+            else:
+                buf = io.BytesIO()
+                await anyio.to_thread.run_sync(pack, buf)
+                req["data"] = base64.b64encode(buf.getvalue()).decode()
+                reply = await self._call(req)
         ok_reply(reply, self.name)
 
     async def download(self, remote: str, local: Path) -> None:

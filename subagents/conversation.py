@@ -11,11 +11,12 @@ trace grows linearly with turns.
 What to do with an answer - run its tools, remind, stop, close - is the loop's
 (:mod:`subagents.loop`); this module only keeps the exchange and its accounts.
 
-A durable conversation (``save_to``: the lead's) is written whole to that file after
-every change, atomically (temporary file, fsync, rename) - each message JSON-encoded
-once, when it is new, not again at every save -, so a coordinator killed at
-any instant leaves the last complete exchange on disk; :meth:`Conversation.restore`
-reads it back for the member to continue from where it was. It holds the messages as
+A durable conversation (``save_to``: the lead's, a member's) is kept in that file
+after every change (:mod:`.transcript`: new messages appended and fsynced, the file
+rewritten atomically only when the context replaced an older message), so a
+coordinator killed at any instant leaves the last complete exchange on disk - a write
+cut short reads back as the messages before it; :meth:`Conversation.restore` reads
+it back for the member to continue from where it was. It holds the messages as
 the context left them (compacted, offloaded), which is what the model saw last - so
 its size is the member's context budget, not its history. A member's transcript was
 written from what the model and the box produced: it is read back only up to
@@ -25,8 +26,6 @@ anything else is no transcript (the member starts from turn 0).
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,8 @@ from typing import Any
 from .context.base import ContextLike
 from .model.base import Model, ModelRequest
 from .model.errors import ModelError
-from .model.wire import BodyEncoder
 from .trace import ErrorEvent, Messages, Prompt, TraceWriter
+from .transcript import TranscriptFile, read_messages
 from .usage import Usage, model_call_event
 
 TRANSCRIPT_BYTES = 64 * 1024 * 1024
@@ -88,9 +87,7 @@ class Conversation:
         """How many of the context's compaction summary calls are in ``usage``."""
         self.save_to = save_to
         """Where the conversation is kept after every change (None: nowhere)."""
-        self._saved = BodyEncoder()
-        """Each message's JSON, made once: a save writes the whole file but encodes only
-        what changed since the last (the contract of :mod:`subagents.model.wire`)."""
+        self._file = TranscriptFile(save_to) if save_to is not None else None
 
     @property
     def turn_span(self) -> str:
@@ -103,36 +100,19 @@ class Conversation:
         self.save()
 
     def save(self) -> None:
-        """Write the messages to ``save_to`` whole, atomically (a no-op without it)."""
-        if self.save_to is None:
-            return
-        tmp = self.save_to.with_name(f".{self.save_to.name}.{os.getpid()}.tmp")
-        try:
-            data = self._saved.encode({"messages": self.messages})
-        except UnicodeEncodeError:  # a lone surrogate from the model: kept as an escape
-            data = json.dumps({"messages": self.messages}).encode("ascii")
-        with tmp.open("wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.save_to)
+        """Make ``save_to`` hold the messages (a no-op without it): the new ones appended,
+        or the whole file rewritten when an older one was replaced (:mod:`.transcript`)."""
+        if self._file is not None:
+            self._file.save(self.messages)
 
     def restore(self) -> bool:
         """Continue from the saved conversation, if there is one; True when there was.
 
         The turn count goes on from the saved assistant messages, so limits count the
         member's whole life, not this process's share of it."""
-        if self.save_to is None or not self.save_to.is_file():
+        if self.save_to is None:
             return False
-        try:
-            with self.save_to.open("rb") as fh:
-                raw = fh.read(TRANSCRIPT_BYTES + 1)
-            if len(raw) > TRANSCRIPT_BYTES:
-                return False
-            data = json.loads(raw)
-        except (OSError, ValueError, RecursionError):
-            return False
-        messages = data.get("messages") if isinstance(data, dict) else None
+        messages = read_messages(self.save_to, TRANSCRIPT_BYTES)
         if not _well_formed(messages):
             return False
         assert isinstance(messages, list)

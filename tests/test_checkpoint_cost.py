@@ -8,6 +8,7 @@ reads nothing back, and a resume drops the checkpoints of turns that will run ag
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,11 +33,16 @@ def anyio_backend() -> str:
 
 
 class Counted:
-    """The box, with its calls counted by name."""
+    """The box, with its calls counted by name; ``prints=False`` hides the stamps print
+    its commands report, so that the checkpoint's own calls are what is tested."""
 
-    def __init__(self, box: DockerSandbox) -> None:
+    def __init__(self, box: DockerSandbox, *, prints: bool = False) -> None:
         self.box = box
         self.calls: list[str] = []
+        self.prints = prints
+
+    def settled_print(self) -> str | None:
+        return self.box.settled_print() if self.prints else None
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.box, name)
@@ -69,6 +75,13 @@ def _store(tmp_path: Path, box: Any) -> tuple[Checkpoints, ToolContext]:
 
 def _kept(tmp_path: Path) -> list[str]:
     return sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+
+
+async def _turn(store: Checkpoints, turn: int, tools: list[str], tmp_path: Path) -> list[str]:
+    """The checkpoint of a turn that ran ``tools``; the checkpoints kept after it."""
+    await store.after_tools(turn, tools)
+    store.committed(turn)
+    return _kept(tmp_path)
 
 
 async def test_an_unchanged_turn_writes_no_checkpoint_and_reads_nothing_back(
@@ -143,3 +156,71 @@ async def test_a_resume_drops_checkpoints_of_turns_that_run_again(
     await store.after_tools(4, ["shell"])  # turn 4 again, changing nothing this time
     store.committed(4)
     assert _kept(tmp_path) == ["checkpoint-3.bin"]  # turn 4's state is turn 3's
+
+
+async def test_a_turn_whose_commands_changed_nothing_makes_no_call_at_all(
+    box: DockerSandbox, tmp_path: Path
+) -> None:
+    await box.write_file("/workspace/a.txt", "one\n")
+    written = time.monotonic()
+    counted = Counted(box, prints=True)
+    store, ctx = _store(tmp_path, counted)
+    await anyio.sleep(max(0.0, written + 2.2 - time.monotonic()))
+    await coding.snapshot_workspace(ctx)
+    await counted.exec(["ls", "-la"], cwd="/workspace")  # the turn's command
+    counted.calls.clear()
+    await store.after_tools(1, ["shell"])
+    store.committed(1)
+    # The command's reply carried the workspace's stamps print, the baseline's.
+    assert counted.calls == [], counted.calls
+    assert _kept(tmp_path) == []
+
+    # A file written after the turn's command (an edit tool of the same turn): the
+    # command's print no longer stands, and the checkpoint collects.
+    await counted.exec(["ls"], cwd="/workspace")
+    await box.write_file("/workspace/b.txt", "new\n")
+    assert box.settled_print() is None
+    assert await _turn(store, 2, ["shell", "write_file"], tmp_path) == ["checkpoint-2.bin"]
+    assert b"+new" in (tmp_path / "checkpoint-2.bin").read_bytes()
+
+    # A command that ran beside another gives no print: here the other one writes
+    # after the short one's print was taken (both settled writes, so only the overlap
+    # can refuse it).
+    await anyio.sleep(2.2)
+    await counted.exec(["ls"], cwd="/workspace")  # settled: the print of checkpoint 2
+    assert await _turn(store, 3, ["shell"], tmp_path) == ["checkpoint-2.bin"]
+    slow = "echo x > c.txt; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo y >> c.txt"
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(counted.exec, ["sh", "-c", slow], cwd="/workspace"))
+        await anyio.sleep(2.4)
+        await counted.exec(["touch", "/tmp/go"])  # its print would miss the last write
+    assert box.settled_print() is None
+    assert await _turn(store, 4, ["shell", "shell"], tmp_path) == ["checkpoint-4.bin"]
+    assert b"+y" in (tmp_path / "checkpoint-4.bin").read_bytes()
+
+    # A long-lived process of the member's writes through no operation the host sees:
+    # no print holds from its start on.
+    await anyio.sleep(2.2)
+    await counted.exec(["ls"], cwd="/workspace")
+    assert box.settled_print() is not None
+    process = await box.start_process("cat")
+    try:
+        assert box.settled_print() is None
+        await counted.exec(["ls"], cwd="/workspace")
+        assert box.settled_print() is None
+    finally:
+        await process.close()
+
+
+def test_a_print_from_the_box_is_taken_only_as_64_hex_digits() -> None:
+    from sandbox.watch import WorkspaceWatch
+
+    for forged in ("same", "A" * 64, "0" * 63, "0" * 65, 7, None, ["0" * 64]):
+        watch = WorkspaceWatch()
+        with watch.command() as report:
+            report(forged)
+        assert watch.settled is None, forged
+    watch = WorkspaceWatch()
+    with watch.command() as report:
+        report("0" * 64)
+    assert watch.settled == "0" * 64

@@ -35,13 +35,13 @@ def _ask(argv: list[str], req: wire.Request) -> wire.Reply:
 
 @pytest.fixture(params=["opt-fleet", "inline"])
 def agent(request, tmp_path: Path) -> list[str]:
-    """The agent as a box image holds it (the two files flat in one directory, as the
+    """The agent as a box image holds it (its files flat in one directory, as the
     image build copies them), or as the inline fallback sends it."""
     if request.param == "inline":
         return [sys.executable, "-I", "-S", "-c", agent_source()]
     opt = tmp_path / "opt-fleet"
     opt.mkdir()
-    for name in ("boxagent.py", "wire.py"):
+    for name in ("boxagent.py", "stamps.py", "wire.py"):
         shutil.copy(INBOX / name, opt / name)
     return [sys.executable, "-I", "-S", str(opt / "boxagent.py")]
 
@@ -89,8 +89,8 @@ print(json.dumps(replies))
 def test_a_command_that_fills_the_pids_limit_at_once_still_runs(tmp_path: Path) -> None:
     """Nothing the agent needs for a command (its stdin feeder) starts after the command:
     a command that leaves no pid free is the command's outcome, not 'cannot start'."""
-    shutil.copy(INBOX / "boxagent.py", tmp_path / "boxagent.py")
-    shutil.copy(INBOX / "wire.py", tmp_path / "wire.py")
+    for name in ("boxagent.py", "stamps.py", "wire.py"):
+        shutil.copy(INBOX / name, tmp_path / name)
     done = subprocess.run(
         [sys.executable, "-I", "-S", "-c", _NO_THREAD_ONCE_STARTED, str(tmp_path), str(tmp_path)],
         capture_output=True,

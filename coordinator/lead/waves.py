@@ -33,7 +33,6 @@ hears of every member it had not heard of, once.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,10 +42,12 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
+from subagents.conversation import TRANSCRIPT_BYTES
 from subagents.delegation import Reply, WaitUntil
 from subagents.kinds.results import result_json
 from subagents.member_text import clean, member_block
 from subagents.outcome import MemberOutcome
+from subagents.transcript import read_messages
 
 from ..fanout.fanout import Fanout
 from ..job.jobfile import describe_validation
@@ -143,11 +144,7 @@ class Waves:
 
     def told(self, conversation: Path) -> None:
         """Mark the members the lead's saved conversation already heard of."""
-        try:
-            data = json.loads(conversation.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return
-        for msg in data.get("messages") or []:
+        for msg in read_messages(conversation, TRANSCRIPT_BYTES) or []:
             for block in msg.get("content") or [] if isinstance(msg, dict) else []:
                 if isinstance(block, dict) and block.get("type") == "tool_result":
                     for part in block.get("content") or []:

@@ -28,10 +28,16 @@ can no longer start a process (its pids limit is reached), the request fails wit
 ``no_processes`` rather than a made-up exit code, and so does ``probe``, the host's
 health check.
 
-Two files, this one and ``wire.py`` beside it in ``/opt/fleet``. ``python3 -I`` keeps
-the script's directory off ``sys.path``, so this file puts its own directory there
-for that one import. Hosts whose image lacks the agent send both sources with
-``python3 -c`` (:func:`sandbox.boxops.agent_source`), ``wire`` defined first.
+Three files, this one and ``wire.py`` and ``stamps.py`` beside it in ``/opt/fleet``.
+``python3 -I`` keeps the script's directory off ``sys.path``, so this file puts its
+own directory there for those imports. Hosts whose image lacks the agent send the
+sources with ``python3 -c`` (:func:`sandbox.boxops.agent_source`), the other two
+defined first.
+
+An ``exec`` request with ``stamps`` gets the workspace's stamps print
+(:mod:`sandbox.inbox.stamps`) in its reply, taken once the command and what it left
+running have ended: a coding member's checkpoint needs no call of its own after a
+turn whose commands changed nothing.
 
 Run with ``--once`` it answers exactly one request read from stdin and exits; the
 host uses that as a fallback when the long-lived stream broke, and for a large upload,
@@ -58,11 +64,13 @@ if TYPE_CHECKING:
     import tarfile
     from collections.abc import Callable, Mapping
 
-    from . import wire
-elif "wire" in sys.modules:  # the inline fallback defined it (see the docstring)
+    from . import stamps, wire
+elif "wire" in sys.modules:  # the inline fallback defined them (see the docstring)
+    import stamps
     import wire
 else:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import stamps
     import wire
 
     del sys.path[0]
@@ -516,6 +524,11 @@ def op_exec(req: wire.ExecRequest) -> wire.ExecReply:
     truncated = out.truncated or err.truncated
     reply = _exec_reply(code, out.value(), err.value(), timed_out, truncated, started, oom)
     reply["leftovers"] = leftovers
+    if req.get("stamps"):
+        try:
+            reply["stamps_print"] = stamps.stamps_print()
+        except Exception:  # the command's result is what the host must get
+            reply["stamps_print"] = None
     return reply
 
 

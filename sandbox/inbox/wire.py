@@ -90,6 +90,8 @@ class ExecRequest(_Request):
     env: NotRequired[dict[str, str]]
     stdin: NotRequired[str]
     """Base64 of what the command reads on stdin."""
+    stamps: NotRequired[bool]
+    """Reply with the workspace's stamps print too (``stamps_print``)."""
 
 
 class KillRequest(_Request):
@@ -176,6 +178,9 @@ class ExecReply(TypedDict):
     """The box's OOM killer ended something while the command ran."""
     leftovers: NotRequired[int]
     """Processes the command left running, which were killed when it ended."""
+    stamps_print: NotRequired[str | None]
+    """When asked for (``stamps``): :func:`sandbox.inbox.stamps.stamps_print` once the
+    command and its leftovers had ended (None: not settled, or too many entries)."""
 
 
 class KillReply(TypedDict):

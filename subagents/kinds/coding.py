@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox.base import ExecResult, Sandbox
 from sandbox.errors import OutputLimitExceeded
+from sandbox.inbox import stamps
 
 from ..tools.base import ToolContext
 from ..tools.coding import coding_tools
@@ -69,16 +70,20 @@ _SAME = '{"ok": true, "same": true'
 
 def _print_or_none(value: object) -> str | None:
     """The box's stamps print, if it looks like one (a SHA-256 in hex)."""
-    if isinstance(value, str) and len(value) == 64 and not value.strip("0123456789abcdef"):
-        return value
-    return None
+    return value if stamps.is_print(value) and isinstance(value, str) else None
 
 
 """Largest ``result.json`` of the in-box program read back (it lists changed paths)."""
 ARCHIVE_READ_BYTES = 2 * workspace_git.ARCHIVE_BYTES
 """``edits.tar`` read back: its file content is capped in the box, headers come on top."""
-_PROGRAM = Path(workspace_git.__file__).read_text()
-"""The in-box program's source, run with ``python3 -I -S -c`` (see its module)."""
+_PROGRAM = f"""import sys
+s = type(sys)("stamps")
+exec(compile({Path(stamps.__file__).read_text()!r}, "stamps.py", "exec"), s.__dict__)
+sys.modules["stamps"] = s
+exec(compile({Path(workspace_git.__file__).read_text()!r}, "workspace_git.py", "exec"), {{"__name__": "__main__"}})
+"""
+"""The in-box program, run with ``python3 -I -S -c`` (see its module): the stamps print
+the box agent shares made a module first, so both compute it from one source."""
 
 SYSTEM_PROMPT = """\
 You are a careful software engineer working alone in a Linux sandbox. The code is \
@@ -184,6 +189,7 @@ async def snapshot_workspace(ctx: ToolContext) -> None:
         }
         if data.get("stamps_print"):
             _checkpoint().from_baseline(ctx, data["stamps_print"])
+        ctx.sandbox.watch_workspace()
     else:
         ctx.state["baseline_error"] = str(data.get("error", "no result"))[-500:]
 

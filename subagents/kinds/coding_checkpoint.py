@@ -6,7 +6,9 @@ the same hardened in-box program that collects the final patch
 (:mod:`subagents.kinds.workspace_git`, through the ``collect`` the coding kind hands
 in): bytes as they are, binary files as git binary patches, files the baseline's
 ignore rules left out and the excluded ones (``.git/``, caches) left out, no setting
-or attribute of the member's obeyed. The diff is read back bounded
+or attribute of the member's obeyed. A turn whose commands reported
+the workspace's stamps print (:mod:`sandbox.watch`) equal to the newest checkpoint's
+is that checkpoint's state: no call at all. The diff is read back bounded
 (:data:`~subagents.durable.CHECKPOINT_BYTES`) and kept on the host by
 :mod:`subagents.durable`; a resumed member's fresh box, whose baseline is the same
 repository, gets it back with ``git apply`` inside the box - the host only carries
@@ -69,6 +71,13 @@ async def checkpoint_workspace(
         return None
     if not ctx.state.get("baseline"):
         raise CheckpointUnavailable("no baseline snapshot of /workspace")
+    last = ctx.state.get(_LAST)
+    if (
+        last is not None
+        and last.get("stamps_print")
+        and box.settled_print() == last["stamps_print"]
+    ):
+        return None  # the turn's commands reported the workspace as the last checkpoint has it
     last = ctx.state.pop(_LAST, None)  # put back only once this turn's is kept
     try:
         # No checkpoint kept yet: nothing can be "same", but the box's stamps print is

@@ -2,7 +2,9 @@
 
 This file runs in the box, not on the host: :mod:`subagents.kinds.coding` sends its
 source as ``python3 -I -S -c SOURCE snapshot OUT`` / ``... collect OUT OBJECTS COMMIT``
-(standard library only, one file because it travels as one ``-c``). ``-I -S`` and the
+(standard library only; it travels as one ``-c``, after the source of
+:mod:`sandbox.inbox.stamps`, which the box agent shares and which is imported as
+``stamps``). ``-I -S`` and the
 working directory ``/`` mean no file the member can write is imported: not a
 ``glob.py`` in ``/workspace``, not a ``.pth`` file, no ``PYTHON*`` variable.
 
@@ -49,8 +51,8 @@ Output goes to files in ``OUT``, a directory the host named and this program cre
 (it refuses one that exists): ``result.json``, ``patch.diff``, ``edits.tar``. A
 ``collect OUT OBJECTS COMMIT SAME_AS PRINT`` (a checkpoint: ``SAME_AS`` is the
 SHA-256 of the host's last one, ``PRINT`` the box's :func:`stamps_print` then, or
-``-``; a snapshot returns the print too) whose patch hashes to ``SAME_AS`` removes ``OUT`` and prints ``{"ok": true,
-"same": true, "stamps_print": ...}`` instead: the host has nothing to read back or
+``-``; a snapshot returns the print too) whose patch hashes to ``SAME_AS`` removes
+``OUT`` and prints ``{"ok": true, "same": true, "stamps_print": ...}`` instead: the host has nothing to read back or
 clean up. When the workspace's stamps print is still ``PRINT``, nothing was written
 since: it answers so before importing anything a collection needs (:func:`quick`),
 which is most of the cost of a turn that changed nothing. A box that lies about
@@ -62,46 +64,12 @@ UTF-8, which JSON carries).
 from __future__ import annotations
 
 import os
-import stat
 import sys
-import time
 
-try:
-    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]  # no OpenSSL
-except ImportError:  # pragma: no cover - a Python built without it
-    from hashlib import sha256 as _sha256
-
-WORKSPACE = b"/workspace"
-
-
-def stamps_print() -> str | None:
-    """One hash of every entry under /workspace with its stamp (inode, size, mode,
-    modification and change times), links not followed: any write, creation, removal,
-    rename or mode change moves it (a change time cannot be set back). None when an
-    entry changed in the last two seconds: a file's times have the clock's coarse
-    granularity, so a second write in the same tick would not move them (as for the
-    snapshot's stamps)."""
-    settled = time.time_ns() - 2_000_000_000
-    digest = _sha256()
-    pending = [WORKSPACE]
-    while pending:
-        here = pending.pop()
-        try:
-            entries = sorted(os.scandir(here), key=lambda e: e.name)
-        except OSError as exc:
-            digest.update(b"?%s %d\n" % (here, exc.errno or 0))
-            continue
-        for entry in entries:
-            st = entry.stat(follow_symlinks=False)
-            if max(st.st_ctime_ns, st.st_mtime_ns) >= settled:
-                return None
-            digest.update(
-                b"%s\0%d %d %o %d %d\n"
-                % (entry.path, st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
-            )
-            if stat.S_ISDIR(st.st_mode):
-                pending.append(entry.path)
-    return digest.hexdigest()
+if "stamps" in sys.modules:  # in the box: its source ran first, as a module of that name
+    from stamps import WORKSPACE, stamps_print  # type: ignore[import-not-found]
+else:  # on the host, which imports this file for its constants
+    from sandbox.inbox.stamps import WORKSPACE, stamps_print
 
 
 def quick(argv: list[str]) -> bool:
@@ -121,9 +89,11 @@ import functools  # noqa: E402 - after the quick answer, which needs none of the
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+import stat  # noqa: E402
 import subprocess  # noqa: E402
 import tarfile  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
 import zlib  # noqa: E402
 from typing import Any, BinaryIO  # noqa: E402
 
