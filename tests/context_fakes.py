@@ -12,12 +12,11 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
-from anthropic.types import Message
-
 from sandbox.base import ExecResult, FileInfo, Sandbox
 from sandbox.errors import OutputLimitExceeded, SandboxCrashed
 from sandbox.spec import SandboxSpec
 from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelResponse
+from subagents.model.message import Message
 
 
 class MemoryBox(Sandbox):
@@ -77,7 +76,7 @@ class MemoryBox(Sandbox):
 
 
 def message(content: list[dict[str, Any]], *, input_tokens: int = 10) -> Message:
-    """An ``anthropic.types.Message`` holding ``content``."""
+    """A response :class:`Message` holding ``content``."""
     stop = "tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn"
     return Message.model_validate(
         {

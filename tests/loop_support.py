@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
-from anthropic.types import Message
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.docker import DockerBackend
@@ -26,6 +25,7 @@ from subagents.fake_api import FakeMessagesAPI
 from subagents.kinds import Kind, register_kind
 from subagents.member import run_member
 from subagents.model.base import ModelProfile, ModelRequest, ModelResponse
+from subagents.model.message import Message
 from subagents.outcome import MemberOutcome
 from subagents.spec import MemberSpec
 from subagents.tools.base import Tool, ToolContext, ToolError, ToolOutput

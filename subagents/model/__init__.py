@@ -2,6 +2,7 @@
 
 - :mod:`.base`: the :class:`Model` seam (Messages API requests and responses,
   ``offline``, ``aclose()``), :class:`ModelProfile` and :class:`ModelError`;
+- :mod:`.message`: Fleet's own model of a response (``ModelResponse.message``);
 - :mod:`.choice`: a model string parsed once into a :class:`ModelChoice`
   (``auto`` resolved, ``offline[:policy]``, ``replay:<trace>``, a Claude name);
 - :mod:`.factory`: :func:`make_model`, from a name or a choice to a model;
@@ -12,7 +13,10 @@
 
 The names below are loaded on first use (PEP 562), not when the package is: a
 command that reads runs (``fleet trace``, ``fleet runs``) needs :mod:`.profiles` and
-:class:`ModelError`, not the ``anthropic`` client, whose import takes about a second.
+:class:`ModelError`, not the ``anthropic`` client, whose import takes about three
+seconds of CPU. Only :mod:`.claude` imports the SDK, and :func:`make_model` imports
+:mod:`.claude` only for a real (or fake-API) model, so a run on an offline model
+never loads it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The model seam: what the harness needs from a model, in the Messages API format.
 
-The Anthropic Messages API (``anthropic.types``) is the lingua franca: requests are
-Messages API parameters and responses are ``anthropic.types.Message``. Adapters
+The Anthropic Messages API is the lingua franca: requests are Messages API
+parameters and responses are Fleet's own :class:`~subagents.model.message.Message`
+of the API's answer (so that nothing here imports the ``anthropic`` SDK). Adapters
 (the real client, replay of a recorded trace, the offline policy) implement
 :class:`Model`; the loop never knows which one it talks to.
 """
@@ -10,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from anthropic.types import Message
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ModelError
+from .message import Message
 from .profiles import ModelProfile
 
 __all__ = ["Model", "ModelError", "ModelProfile", "ModelRequest", "ModelResponse"]
@@ -42,7 +43,7 @@ class ModelRequest(BaseModel):
 class ModelResponse(BaseModel):
     """One model answer plus what it cost to get it."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid")
 
     message: Message
     """The response, with ``usage`` (input, output, cache read, cache creation)."""

@@ -58,10 +58,11 @@ import anthropic
 import anyio
 import httpx2
 import pydantic
-from anthropic.types import Message
+from anthropic.types import Message as SDKMessage
 
 from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelResponse
 from subagents.model.governor import Governor, Permit, governor_for
+from subagents.model.message import ContentBlock, Message, Usage
 from subagents.model.profiles import profile_for
 from subagents.model.wire import BodyEncoder, StreamedMessage, build_params
 from subagents.trace import RateWait, Retry, TraceWriter, no_lone_surrogates
@@ -287,7 +288,7 @@ class AnthropicModel:
             # decoded (AsyncStream[object]: no typed object built per event).
             stream = await self.client.post(
                 "/v1/messages",
-                cast_to=Message,
+                cast_to=SDKMessage,
                 content=body,
                 options={"headers": _STREAM_HEADERS},
                 stream=True,
@@ -389,15 +390,24 @@ class AnthropicModel:
 
 
 def _as_message(data: dict[str, Any]) -> Message:
-    """A plain ``Message``; beta-only blocks (a server-side ``compaction`` block) are
-    kept unvalidated so they dump back to the same dict the API expects next turn.
+    """Fleet's :class:`Message` of the API's answer (the SDK's types stay in this
+    module); beta-only blocks (a server-side ``compaction`` block) and fields Fleet
+    does not name are kept as they came, so they dump back to the same dict the API
+    expects next turn. A block the API sent without a field Fleet's model requires is
+    kept unvalidated too, as the SDK's ``Message.construct`` kept it.
     A lone surrogate the model wrote as a JSON escape becomes U+FFFD: no record of the
     run, nor the next request, could be encoded with it."""
     data = _clean(data)
     try:
         return Message.model_validate(data)
     except pydantic.ValidationError:
-        return Message.construct(**data)
+        return Message.model_construct(
+            **{
+                **data,
+                "content": [ContentBlock.model_construct(**b) for b in data.get("content", [])],
+                "usage": Usage.model_validate(data.get("usage") or {}),
+            }
+        )
 
 
 def _clean(value: Any) -> Any:

@@ -7,7 +7,7 @@ rule the loop uses (:mod:`subagents.context.tokens`), so budgets and compaction
 behave as they would with a real model.
 
 - :class:`OfflineModel` asks a *policy*, a callable ``(ModelRequest) -> answer``
-  where an answer is a ``Message``, a list of content blocks (dicts or SDK blocks)
+  where an answer is a ``Message``, a list of content blocks (dicts or block models)
   or one block. Policies live in a small registry (:func:`register_policy`,
   :func:`get_policy`) so kinds can ship their own (``research``, ``coding``); the
   ``echo`` policy here is the trivial one tests use. The built-in kinds' policies
@@ -30,10 +30,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from anthropic.types import Message
-
 from subagents.context.tokens import estimate_block, estimate_message, estimate_text
 from subagents.model.base import ModelError, ModelRequest, ModelResponse
+from subagents.model.message import Message
 from subagents.model.profiles import offline_profile
 from subagents.trace import ModelCall, read_trace
 
@@ -99,7 +98,7 @@ def build_message(
     message_id: str,
     usage: dict[str, int] | None = None,
 ) -> Message:
-    """An SDK ``Message`` from content dicts, with local usage unless ``usage`` is given."""
+    """A :class:`Message` from content dicts, with local usage unless ``usage`` is given."""
     if stop_reason is None:
         has_tool = any(b.get("type") == "tool_use" for b in content)
         stop_reason = "tool_use" if has_tool else "end_turn"
@@ -125,6 +124,8 @@ def build_message(
 
 def answer_blocks(answer: PolicyAnswer) -> tuple[list[dict[str, Any]], str | None]:
     """A policy's answer as content dicts plus its stop_reason (None: decide from blocks)."""
+    if not isinstance(answer, Message) and getattr(answer, "type", None) == "message":
+        answer = Message.model_validate(answer)  # e.g. an SDK ``Message`` a test built
     if isinstance(answer, Message):
         return [b.model_dump(exclude_none=True) for b in answer.content], answer.stop_reason
     items = answer if isinstance(answer, list) else [answer]

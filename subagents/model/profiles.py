@@ -144,7 +144,7 @@ def profile_for(name: str) -> ModelProfile:
 
 
 def cost_usd(profile: ModelProfile, usage: Any) -> float:
-    """Dollar cost of one response's ``usage`` (an ``anthropic.types.Usage`` or a dict)."""
+    """Dollar cost of one response's ``usage`` (a :class:`~.message.Usage`, the SDK's, or a dict)."""
 
     def get(field: str) -> int:
         value = usage.get(field) if isinstance(usage, dict) else getattr(usage, field, None)
