@@ -39,7 +39,7 @@ the module that owns them, as before.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -106,13 +106,11 @@ class Spent(Message):
     tokens: Number
 
 
-class Reserve(Message):
-    """A model call waiting for room in the run's budget (its estimate)."""
+class Reserve(Spent):
+    """A model call waiting for room in the run's budget (the amount: its estimate)."""
 
     kind: Literal["reserve"] = "reserve"
     id: AskId
-    usd: Number
-    tokens: Number
     closing: Annotated[bool, Field(strict=True)] = False
 
 
@@ -159,10 +157,7 @@ StreamMessage: TypeAlias = Annotated[
 """Every message a node may send in an attempt's stream."""
 
 _MESSAGE: TypeAdapter[StreamMessage] = TypeAdapter(StreamMessage)
-KINDS = frozenset(
-    str(m.model_fields["kind"].default)
-    for m in (Events, Ask, Unask, Reserve, Unreserve, Settle, Release, Durable, Reply)
-)
+KINDS = frozenset(str(m.model_fields["kind"].default) for m in get_args(get_args(StreamMessage)[0]))
 
 
 class StreamError(ValueError):
