@@ -154,3 +154,19 @@ def test_an_api_answer_the_model_refuses_is_kept_as_it_came() -> None:
     message = _as_message(data)
     assert [b.model_dump(exclude_none=True) for b in message.content] == [odd]
     assert (message.id, message.usage.input_tokens) == ("m", 4)
+
+
+@pytest.mark.parametrize(
+    ("content", "usage"),
+    [("a string", {}), ([{"type": "text", "text": "x"}, 7], {}), ([], {"input_tokens": "many"})],
+)
+def test_an_api_answer_that_is_no_message_at_all_is_a_model_error(
+    content: Any, usage: dict[str, Any]
+) -> None:
+    # Kept as it came only while it still has a message's shape: anything else is the
+    # model call's failure, said in one line, not a TypeError deep in the loop.
+    from subagents.model.claude import _as_message
+    from subagents.model.errors import ModelError
+
+    with pytest.raises(ModelError, match="the API's answer has no"):
+        _as_message({"id": "m", "content": content, "usage": usage})

@@ -401,13 +401,16 @@ def _as_message(data: dict[str, Any]) -> Message:
     try:
         return Message.model_validate(data)
     except pydantic.ValidationError:
-        return Message.model_construct(
-            **{
-                **data,
-                "content": [ContentBlock.model_construct(**b) for b in data.get("content", [])],
-                "usage": Usage.model_validate(data.get("usage") or {}),
-            }
-        )
+        pass
+    content, usage = data.get("content", []), data.get("usage") or {}
+    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+        raise ModelError(f"the API's answer has no list of content blocks: {str(content)[:200]}")
+    try:
+        counted = Usage.model_validate(usage)
+    except pydantic.ValidationError:
+        raise ModelError(f"the API's answer has no usable usage: {str(usage)[:200]}") from None
+    blocks = [ContentBlock.model_construct(**b) for b in content]
+    return Message.model_construct(**{**data, "content": blocks, "usage": counted})
 
 
 def _clean(value: Any) -> Any:
