@@ -41,7 +41,7 @@ import docker
 import docker.errors
 
 from . import gvisor
-from .engine import on_engine
+from .engine import on_engine, remove_box
 from .errors import SandboxUnavailable
 from .spec import SHM_BYTES, SandboxSpec, parse_size
 
@@ -114,7 +114,7 @@ def create_container(
     try:
         api.start(created["Id"])
     except docker.errors.APIError as e:
-        api.remove_container(created["Id"], force=True)
+        remove_box(client, created["Id"])
         if spec.runtime == "gvisor":  # a failed start can leave runsc's processes running
             gvisor.end_orphans(client, only=created["Id"])
         raise SandboxUnavailable(f"the engine could not start box {name}: {e}") from None

@@ -54,7 +54,7 @@ from . import reaper
 from .base import BoxInfo, Command, ExecResult, FileInfo, Sandbox, SandboxBackend, owner_key
 from .boxops import bounded_data_filter, exec_request, exec_result, ok_reply, wait_cdp
 from .container import create_container
-from .engine import engine_calls
+from .engine import engine_calls, remove_box
 from .errors import (
     PathRefused,
     SandboxClosed,
@@ -477,17 +477,8 @@ class DockerBackend(SandboxBackend):
         return box
 
     async def remove_container(self, ident: str) -> None:
-        def remove() -> None:
-            try:
-                self.client.api.remove_container(ident, force=True, v=True)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.APIError as e:
-                if "already in progress" not in str(e):
-                    raise
-
         with engine_calls(self.client):
-            await anyio.to_thread.run_sync(remove)
+            await anyio.to_thread.run_sync(lambda: remove_box(self.client, ident))
 
     async def list_boxes(self, *, run: str | None = None) -> list[BoxInfo]:
         await self._ready()

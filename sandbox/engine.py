@@ -18,6 +18,14 @@ stopped answering"); every engine call site in the sandbox layer runs under it (
 backend, the reaper, run networks, the box transport). Docker API errors - the engine
 answered and said no - pass through untouched, so a box that died while the engine is
 up still becomes ``SandboxCrashed`` where the caller decides that.
+
+Slow is not gone. A client gives up on a call after its timeout (60 s), and an engine
+that is up but loaded - many boxes starting, a gVisor box being killed - can take
+longer than that to remove a box. So a timeout is judged by a ping on a connection of
+its own (10 s): only an engine that does not answer that either is reported as having
+stopped; one that answers is reported as too slow for that call. Removal, which every
+run's end and every failed start depends on, does not give up at the first timeout:
+:func:`remove_box` asks again and waits, bounded, until the box is gone.
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ from .errors import SandboxUnavailable
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 DOCKERD_LOG = "/var/log/dockerd.log"
 START_TIMEOUT_S = 30.0
+PING_TIMEOUT_S = 10
+# How long a removal may take in all, across calls that time out, before it is an error.
+REMOVE_PATIENCE_S = 300.0
 # Host tools the image build needs besides the engine, as (binary, Debian package).
 BUILD_TOOLS = (("debootstrap", "debootstrap"),)
 
@@ -119,6 +130,33 @@ def gone_message(url: str, exc: BaseException) -> str:
     )
 
 
+def slow_message(url: str, exc: BaseException) -> str:
+    """One paragraph: the engine at ``url`` answers, but not a call within its timeout."""
+    return (
+        f"the Docker engine at {url} answers but did not finish a call in time ({_short(exc)}); "
+        f"it is overloaded (too many boxes starting or stopping at once for this machine). "
+        f"Lower the job's max_parallel, or retry; a run it cut short continues with "
+        f"'fleet resume RUN'."
+    )
+
+
+def answers(client: docker.DockerClient) -> bool:
+    """Whether the engine behind ``client`` answers a ping on a connection of its own
+    within :data:`PING_TIMEOUT_S` (the client's own pool may be busy with slow calls)."""
+    try:
+        probe = docker.APIClient(
+            base_url=client_url(client), version=client.api.api_version, timeout=PING_TIMEOUT_S
+        )
+    except docker.errors.DockerException:
+        return False
+    try:
+        return bool(probe.ping())
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError):
+        return False
+    finally:
+        probe.close()
+
+
 @contextmanager
 def engine_calls(client: docker.DockerClient) -> Iterator[None]:
     """Run engine calls on ``client``; an engine that does not answer becomes
@@ -128,7 +166,61 @@ def engine_calls(client: docker.DockerClient) -> Iterator[None]:
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
         if not engine_down(exc):
             raise
-        raise SandboxUnavailable(gone_message(client_url(client), exc)) from None
+        url = client_url(client)
+        if _timed_out(exc) and answers(client):
+            raise SandboxUnavailable(slow_message(url, exc)) from None
+        raise SandboxUnavailable(gone_message(url, exc)) from None
+
+
+def _timed_out(exc: BaseException | None) -> bool:
+    while exc is not None:
+        if isinstance(exc, requests.exceptions.Timeout | TimeoutError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def remove_box(
+    client: docker.DockerClient, ident: str, *, patience: float = REMOVE_PATIENCE_S
+) -> bool:
+    """Remove container ``ident`` with its anonymous volumes, killing it if it runs.
+
+    True if this call removed it; False if it was not there or another removal of it was
+    under way (and has now finished). A call that times out while the engine still
+    answers a ping is asked again until the container is gone or ``patience`` seconds
+    have passed; an engine that stops answering raises, as every call does (run it under
+    :func:`engine_calls`)."""
+    deadline = time.monotonic() + patience
+    removed_here = False
+    while True:
+        try:
+            client.api.remove_container(ident, force=True, v=True)
+            return True
+        except docker.errors.NotFound:
+            return removed_here
+        except docker.errors.APIError as e:
+            if "already in progress" not in str(e):
+                raise
+        except requests.exceptions.Timeout:
+            if time.monotonic() > deadline or not answers(client):
+                raise
+            removed_here = True  # the engine may finish what this call started
+            continue
+        # Another removal is under way: wait for it (a second one would only be refused).
+        while time.monotonic() < deadline:
+            try:
+                client.api.inspect_container(ident)
+            except docker.errors.NotFound:
+                return removed_here
+            except requests.exceptions.Timeout:
+                if not answers(client):
+                    raise
+            time.sleep(0.5)
+        raise SandboxUnavailable(
+            f"the Docker engine at {client_url(client)} has not removed box {ident[:12]} "
+            f"after {patience:.0f} s; remove it with 'docker rm -f {ident[:12]}' or "
+            f"'fleet sandbox gc'"
+        )
 
 
 def on_engine(

@@ -56,7 +56,7 @@ import docker
 import docker.errors
 
 from . import firewall, reaper
-from .engine import engine_calls, engine_host
+from .engine import engine_calls, engine_host, remove_box
 from .errors import SandboxUnavailable
 from .host_addresses import bridge_gateways, engine_is_local, local_addresses
 
@@ -140,7 +140,7 @@ class RunNetworks:
             info = api.inspect_container(name)
             if info["State"]["Running"]:
                 return info["NetworkSettings"]["Networks"][net["Name"]]["IPAddress"]
-            api.remove_container(name, force=True)
+            remove_box(self._client, name)
         except docker.errors.NotFound:
             pass
         config = net["IPAM"]["Config"][0]

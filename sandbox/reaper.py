@@ -42,7 +42,7 @@ import docker.errors
 
 from . import gvisor
 from .base import BoxInfo, owner_key
-from .engine import on_engine
+from .engine import on_engine, remove_box
 from .spec import SandboxSpec
 
 LABEL = "fleet.run"
@@ -184,15 +184,7 @@ def list_boxes(
 
 
 def _remove(client: docker.DockerClient, ident: str) -> bool:
-    try:
-        client.api.remove_container(ident, force=True, v=True)
-        return True
-    except docker.errors.NotFound:
-        return False
-    except docker.errors.APIError as e:
-        if "already in progress" in str(e):
-            return False
-        raise
+    return remove_box(client, ident)
 
 
 def _networks(

@@ -272,15 +272,11 @@ def remove_run(client: docker.DockerClient, rid: str) -> None:
     """Remove every container, then every network, labelled ``fleet.run=<rid>``."""
     import docker.errors
 
+    from sandbox.engine import remove_box
+
     selector = {"label": f"fleet.run={rid}"}
     for container in client.containers.list(all=True, filters=selector):
-        try:
-            container.remove(force=True, v=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # 409: a removal is already in progress
-                raise
+        remove_box(client, container.id)  # waits out an engine slow to answer
     for network in client.networks.list(filters=selector):
         try:
             network.remove()

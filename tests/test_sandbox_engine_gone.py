@@ -8,8 +8,11 @@ engine vanished is not called crashed: that word is kept for the engine's own ve
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import anyio
 import docker
@@ -17,6 +20,7 @@ import docker.errors
 import pytest
 import requests.exceptions
 
+from sandbox import engine
 from sandbox.docker import DockerBackend
 from sandbox.engine import engine_down
 from sandbox.errors import SandboxCrashed, SandboxUnavailable
@@ -140,3 +144,135 @@ async def test_a_box_whose_engine_vanished_is_unavailable_not_crashed(
             await box.check()
     finally:
         await box.close()
+
+
+class _SlowEngine:
+    """A socket in front of the real engine that holds back some of its answers: the
+    engine does the work at once, but its answer reaches the client only after
+    ``hold`` seconds - what a client sees of an engine that is up but loaded.
+    ``slow(first_line)`` picks the requests to hold; each is held once."""
+
+    def __init__(self, path: str, slow: Callable[[bytes], bool], hold: float) -> None:
+        self.path, self.slow, self.hold = path, slow, hold
+        self.held: list[bytes] = []
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(path)
+        self._server.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        engine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        engine.connect("/var/run/docker.sock")
+        hold = threading.Event()
+
+        def upstream() -> None:
+            while data := conn.recv(65536):
+                line = data.split(b"\r\n", 1)[0]
+                if line[:1].isalpha() and self.slow(line) and line not in self.held:
+                    self.held.append(line)
+                    hold.set()
+                engine.sendall(data)
+            engine.shutdown(socket.SHUT_WR)
+
+        threading.Thread(target=upstream, daemon=True).start()
+        try:
+            while data := engine.recv(65536):
+                if hold.is_set():
+                    time.sleep(self.hold)
+                    hold.clear()
+                conn.sendall(data)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            engine.close()
+
+    def close(self) -> None:
+        self._server.close()
+
+
+@pytest.fixture
+def slow_engine(docker_client, tmp_path) -> Iterator[Callable[..., docker.DockerClient]]:
+    made: list[tuple[_SlowEngine, docker.DockerClient]] = []
+
+    def make(slow: Callable[[bytes], bool], *, hold: float, timeout: float) -> docker.DockerClient:
+        proxy = _SlowEngine(str(tmp_path / f"slow-{len(made)}.sock"), slow, hold)
+        client = docker.DockerClient(
+            base_url=f"unix://{proxy.path}", version=docker_client.api.api_version, timeout=timeout
+        )
+        made.append((proxy, client))
+        return client
+
+    yield make
+    for proxy, client in made:
+        client.close()
+        proxy.close()
+
+
+@pytest.mark.docker
+async def test_a_removal_the_engine_answers_after_the_timeout_still_removes_the_box(
+    docker_client, images, run_id, slow_engine
+) -> None:
+    """A box's removal answered after the client's timeout, while the engine answers a
+    ping: the box is gone and nothing is raised (it used to be 'stopped answering')."""
+    backend = DockerBackend(docker_client, images=images)
+    box = await backend.create(SandboxSpec(), run=run_id, member="m1")
+    client = slow_engine(lambda line: line.startswith(b"DELETE "), hold=4.0, timeout=2)
+    slow = DockerBackend(client, images=images)
+    started = time.monotonic()
+    await slow.remove_container(box.id)
+    assert 2.0 <= time.monotonic() - started < 30
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.api.inspect_container(box.id)
+    # The same through the reaper, which ends a run's boxes.
+    box = await backend.create(SandboxSpec(), run=run_id, member="m2")
+    client = slow_engine(lambda line: line.startswith(b"DELETE "), hold=4.0, timeout=2)
+    assert await DockerBackend(client, images=images).remove_run(run_id) == 1
+    assert not docker_client.api.containers(all=True, filters={"label": f"fleet.run={run_id}"})
+
+
+@pytest.mark.docker
+async def test_a_call_too_slow_for_its_timeout_on_a_living_engine_says_overloaded(
+    docker_client, images, run_id, slow_engine
+) -> None:
+    client = slow_engine(lambda line: b"/containers/json" in line, hold=4.0, timeout=2)
+    with pytest.raises(SandboxUnavailable) as info:
+        await DockerBackend(client, images=images).list_boxes(run=run_id)
+    text = str(info.value)
+    assert "answers but did not finish a call in time" in text and "max_parallel" in text, text
+    assert "stopped answering" not in text and "\n" not in text
+
+
+def test_a_removal_on_an_engine_that_stops_answering_is_not_waited_for(
+    tmp_path, monkeypatch
+) -> None:
+    """Accepts connections, never answers: no ping comes back either, so the removal
+    raises 'stopped answering' after one timeout and one ping, not after its patience."""
+    monkeypatch.setattr(engine, "PING_TIMEOUT_S", 1)
+    path = str(tmp_path / "mute.sock")
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(path)
+    mute.listen(16)
+    held: list[socket.socket] = []
+    threading.Thread(
+        target=lambda: [held.append(mute.accept()[0]) for _ in range(16)], daemon=True
+    ).start()
+    client = docker.DockerClient(base_url=f"unix://{path}", version="1.41", timeout=1)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SandboxUnavailable) as info:
+            with engine.engine_calls(client):
+                engine.remove_box(client, "0123456789ab")
+    finally:
+        client.close()
+        mute.close()
+    assert time.monotonic() - started < 10
+    assert_gone(info.value, client)

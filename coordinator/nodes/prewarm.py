@@ -163,7 +163,7 @@ class Prewarm:
         if not left:
             return
         from sandbox import reaper
-        from sandbox.engine import connect
+        from sandbox.engine import connect, remove_box
 
         try:
             client = connect()
@@ -172,7 +172,7 @@ class Prewarm:
         try:
             for ident in left:
                 try:
-                    client.api.remove_container(ident, force=True, v=True)
+                    remove_box(client, ident)
                 except Exception:
                     pass
         finally:
