@@ -170,3 +170,28 @@ def test_an_api_answer_that_is_no_message_at_all_is_a_model_error(
 
     with pytest.raises(ModelError, match="the API's answer has no"):
         _as_message({"id": "m", "content": content, "usage": usage})
+
+
+def test_a_node_preloads_the_sdk_only_for_a_run_with_a_real_model(tmp_path: Path) -> None:
+    """A node actor imports what its run's members need when the run starts; the SDK
+    (most of that import) only when one of them calls the Messages API."""
+    code = """
+import json, sys
+from coordinator.job.spec import RetryPolicy
+from coordinator.nodes.node_service import _preload
+from coordinator.nodes.worker import MemberUnit
+from subagents.spec import MemberSpec
+
+def unit(model):
+    spec = MemberSpec(id="m1", kind="coding", task="t", model=model)
+    return MemberUnit(run_id="r", member_dir="d", spec=spec, retry=RetryPolicy(), deadline_s=60)
+
+_preload([unit("offline"), unit("offline:echo")])
+assert "subagents.member" in sys.modules
+print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'anthropic')))
+_preload([unit("offline"), unit("claude-sonnet-4-5")])
+"""
+    modules, done = _sdk_modules(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-3_000:]
+    assert json.loads(done.stdout.strip().splitlines()[0]) == []
+    assert "anthropic" in modules
