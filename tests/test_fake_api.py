@@ -78,15 +78,18 @@ async def test_streams_keep_the_connection_open() -> None:
 
 async def test_a_kept_alive_stream_answers_without_waiting_on_acks() -> None:
     """Small writes on a kept-alive connection must not wait for the client's delayed
-    ACK (40 ms each): a turn against the fake API costs what the script says."""
+    ACK (40 ms each): a turn against the fake API costs what the script says. Such a
+    stall hits every call, so the fastest of ten calls shows it; a busy machine slows
+    some calls, not all ten."""
     with FakeMessagesAPI(lambda body: text("ok " * 30)) as api:
         c = client(api)
         await stream(c)
-        started = time.perf_counter()
+        calls = []
         for _ in range(10):
+            started = time.perf_counter()
             await stream(c)
-        per_call = (time.perf_counter() - started) / 10
-    assert per_call < 0.030, f"{per_call * 1000:.0f} ms a call"
+            calls.append(time.perf_counter() - started)
+    assert min(calls) < 0.030, f"{sorted(round(t * 1000) for t in calls)} ms a call"
 
 
 async def test_plain_text_json_and_stream() -> None:
