@@ -27,10 +27,13 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EDIT = 'task = "Replace `Hello, {name}!` with `Hello there, {name}!` in `greet.py`."'
 SLOW_SECOND = (
     "n=$(cat /tmp/runs 2>/dev/null || echo 0); echo $((n+1)) > /tmp/runs; "
-    '[ "$n" = 1 ] && sleep 12; python3 test_greet.py'
+    "[ \"$n\" = 0 ] && grep -q 'Hello, {' greet.py && touch /tmp/unedited; "
+    '[ "$n" = 1 ] && [ -e /tmp/unedited ] && sleep 12; python3 test_greet.py'
 )
-"""The check command: slow the second time it runs in a box (the offline coder runs it
-before and after its edit), while the test stops the run; quick in a fresh box."""
+"""The check command: slow the second time it runs in a box whose first run saw the
+file before the edit (the offline coder runs it before and after its edit), while the
+test stops the run. In a box where a member goes on after its edit every run is quick,
+the one that checks the submitted result too."""
 
 
 def _events(run: RunDir, member: str) -> list[Any]:
