@@ -149,6 +149,8 @@ def answers(client: docker.DockerClient) -> bool:
         )
     except docker.errors.DockerException:
         return False
+    # A TLS engine's client certificate and CA go with it (a unix socket has neither).
+    probe.cert, probe.verify = client.api.cert, client.api.verify
     try:
         return bool(probe.ping())
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError):
