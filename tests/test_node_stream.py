@@ -46,6 +46,7 @@ from subagents.spec import MemberSpec
 from subagents.trace import ModelCall, read_trace
 
 EVENT = ModelCall(span="m/t1", model="offline", input_tokens=5).model_dump(exclude_none=True)
+ASKED = {"call_id": "c", "tool": "shell", "input": {"command": "ls"}, "rule": "r"}
 OK = {"member": "m", "kind": "coding", "status": "ok", "result": {"summary": "done"}}
 
 
@@ -132,6 +133,10 @@ def test_a_good_stream_is_read_whole(tmp_path):
         ({"kind": "durable", "update": {"names": ["x"] * 9}}, "malformed 'durable'"),
         (_reply({**OK, "result": {"summary": "s", "claims": []}}), "malformed 'reply' message"),
         (_reply({**OK, "kind": "probe"}), "for probe member 'm'"),
+        (
+            Ask(id="a1", request=ApprovalRequest(**ASKED, member="m2")).wire(),
+            "an 'ask' for member 'm2', not this attempt's 'm'",
+        ),
     ],
     ids=[
         "unknown-kind",
@@ -145,6 +150,7 @@ def test_a_good_stream_is_read_whole(tmp_path):
         "durable-too-many-names",
         "reply-of-another-kinds-shape",
         "reply-of-another-kind",
+        "ask-for-another-member",
     ],
 )
 def test_a_message_that_is_not_the_protocols_ends_the_attempt_unread(
@@ -186,3 +192,11 @@ def test_every_message_a_node_makes_reads_back_as_itself():
         assert receive(msg.wire()) == msg
     with pytest.raises(StreamError, match="no known kind"):
         receive(Release())  # a model object is not the wire form: only plain data is read
+
+
+def test_an_ask_in_its_own_members_name_is_relayed(tmp_path):
+    acted: list[Any] = []
+    ask = Ask(id="a1", request=ApprovalRequest(**ASKED, member="m"), timeout_s=5.0)
+    outcome, _ = _follow(tmp_path, [ask.wire(), _reply()], {"ask": acted.append})
+    assert outcome.status == "ok", outcome.reason
+    assert acted == [ask]

@@ -106,7 +106,7 @@ from .shipping import (
     shipped_mcp,
     unpack,
 )
-from .stream import Durable, Events, Reply, StreamError, receive
+from .stream import Ask, Durable, Events, Reply, StreamError, receive
 from .worker import (
     CANCELLED,
     MemberUnit,
@@ -476,7 +476,8 @@ class RayNodes(Nodes):
         (:mod:`coordinator.nodes.stream`), events traced, asks and reservations relayed
         (``relay``: message kind -> handler), turns kept, its reply kept. A message that
         is not one of the protocol's - or one this attempt does not take, a reservation
-        in a run without a budget - ends the attempt ``failed``, unread."""
+        in a run without a budget, an ask in another member's name - ends the attempt
+        ``failed``, unread."""
         reply: NodeReply | None = None
         held = _Held()
         fields = job_fields(unit)
@@ -493,6 +494,13 @@ class RayNodes(Nodes):
                         await _keep_turn(unit, trace, msg.update)
                     elif isinstance(msg, Reply):
                         reply = msg.reply
+                    elif isinstance(msg, Ask) and msg.request.member != unit.spec.id:
+                        # A person reads the ask as that member's, and an "always" is
+                        # kept for that member: only this attempt's member may ask.
+                        raise StreamError(
+                            f"an 'ask' for member {msg.request.member[:64]!r}, not this "
+                            f"attempt's {unit.spec.id!r}"
+                        )
                     elif msg.kind in relay:
                         relay[msg.kind](msg)
                     else:
