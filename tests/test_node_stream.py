@@ -137,6 +137,8 @@ def test_a_good_stream_is_read_whole(tmp_path):
             Ask(id="a1", request=ApprovalRequest(**ASKED, member="m2")).wire(),
             "an 'ask' for member 'm2', not this attempt's 'm'",
         ),
+        (Events.batch([{**EVENT, "member": "m2"}]), "an event of member 'm2' of run ''"),
+        (Events.batch([{**EVENT, "member": "m", "run": "r2"}]), "of run 'r2', not this"),
     ],
     ids=[
         "unknown-kind",
@@ -151,6 +153,8 @@ def test_a_good_stream_is_read_whole(tmp_path):
         "reply-of-another-kinds-shape",
         "reply-of-another-kind",
         "ask-for-another-member",
+        "event-of-another-member",
+        "event-of-another-run",
     ],
 )
 def test_a_message_that_is_not_the_protocols_ends_the_attempt_unread(

@@ -476,8 +476,8 @@ class RayNodes(Nodes):
         (:mod:`coordinator.nodes.stream`), events traced, asks and reservations relayed
         (``relay``: message kind -> handler), turns kept, its reply kept. A message that
         is not one of the protocol's - or one this attempt does not take, a reservation
-        in a run without a budget, an ask in another member's name - ends the attempt
-        ``failed``, unread."""
+        in a run without a budget, an ask or an event in another member's name - ends the
+        attempt ``failed``, unread."""
         reply: NodeReply | None = None
         held = _Held()
         fields = job_fields(unit)
@@ -488,6 +488,7 @@ class RayNodes(Nodes):
                     if reply is not None:
                         raise StreamError(f"a {msg.kind!r} message after its reply")
                     if isinstance(msg, Events):
+                        _own_events(unit, msg)
                         for event in msg.events:
                             held.emit(trace, event)
                     elif isinstance(msg, Durable):
@@ -619,6 +620,18 @@ def _replier(actor: Any) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
 def _cancel(call: Any) -> None:
     with contextlib.suppress(Exception):
         ray.cancel(call)
+
+
+def _own_events(unit: MemberUnit, msg: Events) -> None:
+    """A node's events are its attempt's member's, of this run: the trace views and the
+    live telemetry file an event under the member it names, so an event in another's
+    name would put words in that member's record."""
+    for event in msg.events:
+        if event.member not in ("", unit.spec.id) or event.run not in ("", unit.run_id):
+            raise StreamError(
+                f"an event of member {event.member[:64]!r} of run {event.run[:64]!r}, not "
+                f"this attempt's {unit.spec.id!r}"
+            )
 
 
 @dataclass
