@@ -69,15 +69,41 @@ def _same_bridge(pool: str) -> list[str]:
     return ["FORWARD", "-s", pool, "-d", pool, *bridged]
 
 
+def _owner(octet: int) -> Path:
+    """Where the pid of the node engine holding ``10.octet.0.0/16`` is written."""
+    return Path(f"/run/fleet-test-node-engine-{octet}.pid")
+
+
+def _alive_engine(octet: int) -> bool:
+    try:
+        pid = int(_owner(octet).read_text().strip())
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "dockerd"
+    except (OSError, ValueError):
+        return False
+
+
 def _free_pool() -> int:
-    """A ``10.X.0.0/16`` no route of this machine uses (another session's node engine,
-    say); taken under :data:`LOCK` until the engine's first network routes into it."""
+    """A ``10.X.0.0/16`` for a node engine, under :data:`LOCK`: not routed by anything
+    else on this machine, and not held by a node engine that still runs (its pid in
+    :func:`_owner`). The bridges of a node engine that is gone (a killed session's)
+    still hold their routes: they are removed and their pool taken again."""
     routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
-    octets = (r.split(".")[1] for r in routes.split() if r.startswith("10."))
-    used = {int(o) for o in octets if o.isdigit()}
+    used: set[int] = set()
+    for line in routes.splitlines():
+        words = line.split()
+        dev = words[words.index("dev") + 1] if "dev" in words else ""
+        if words and words[0].startswith("10.") and not dev.startswith(("fleet-ne", "fleet-nb")):
+            octet = words[0].split(".")[1]
+            used |= {int(octet)} if octet.isdigit() else set()
     for octet in POOLS:
-        if octet not in used:
-            return octet
+        if octet in used or _alive_engine(octet):
+            continue
+        _drop_link(f"fleet-ne{octet}")
+        _drop_link(f"fleet-nb{octet}")
+        rule = _same_bridge(f"10.{octet}.0.0/16")  # a killed session's, as often as it is there
+        while subprocess.run(["iptables", "-D", *rule], capture_output=True).returncode == 0:
+            pass
+        return octet
     raise RuntimeError("no free 10.X.0.0/16 for a node engine (ip -4 route)")
 
 
@@ -177,7 +203,6 @@ def node_engine(images: list[str]) -> Iterator[NodeEngine]:
         octet = _free_pool()
         pool = f"10.{octet}.0.0/16"
         bridge = f"fleet-nb{octet}"
-        _drop_link(f"fleet-ne{octet}")  # a killed session's egress bridge (no route: not in use)
         _make_bridge(bridge, f"10.{octet}.255.1/24")
         args += ["--bridge", bridge, "--default-address-pool", f"base={pool},size=24"]
         with open(log, "wb") as out:
@@ -185,6 +210,7 @@ def node_engine(images: list[str]) -> Iterator[NodeEngine]:
                 args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip
+        _owner(octet).write_text(str(proc.pid))
         try:
             _wait_up(host, proc, log)
             if had_docker0 and not _has_link("docker0"):
@@ -194,7 +220,7 @@ def node_engine(images: list[str]) -> Iterator[NodeEngine]:
             _egress_network(host, f"fleet-ne{octet}")
         except BaseException:
             _teardown(proc, host, forward, root, exec_root, sock)
-            _drop_link(bridge)
+            _release(octet)
             raise
     try:
         t0 = time.monotonic()
@@ -202,7 +228,14 @@ def node_engine(images: list[str]) -> Iterator[NodeEngine]:
         yield NodeEngine(host, root, proc.pid, time.monotonic() - t0, list(images))
     finally:
         _teardown(proc, host, forward, root, exec_root, sock)
-        _drop_link(bridge)
+        _release(octet)
+
+
+def _release(octet: int) -> None:
+    """The pool's bridges (the egress one too, if the engine left it) and its owner."""
+    _drop_link(f"fleet-nb{octet}")
+    _drop_link(f"fleet-ne{octet}")
+    _owner(octet).unlink(missing_ok=True)
 
 
 def _has_link(name: str) -> bool:
