@@ -254,16 +254,22 @@ def test_sigkill_then_resume_reruns_only_unfinished_members(
         (run,) = RunDir.list(tmp_path / "runs")
 
         def two_done_one_running() -> bool:
+            # "running" is journaled before the member's box is up (a box not taken
+            # from the warm ones starts beside its first model call): wait for the box.
             st = run.state()
             done = [m for m, s in st.members.items() if s == "ok"]
-            return len(done) >= 2 and "running" in st.members.values()
+            running = {m for m, s in st.members.items() if s == "running"}
+            boxed = {b["Labels"].get("fleet.member") for b in _boxes(docker_client, run.id)}
+            return len(done) >= 2 and bool(running & boxed)
 
         def describe() -> str:
             if proc.poll() is not None:
                 return f"fleet exited {proc.returncode}: {proc.stderr.read()[-3000:]}"
             return "\n".join(e.to_json() for e in run.journal.read())[-3000:]
 
-        _wait_for(two_done_one_running, 120, "two members finished and one running", describe)
+        _wait_for(
+            two_done_one_running, 120, "two members finished and one running in its box", describe
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
