@@ -58,7 +58,7 @@ def test_the_first_wave_starts_before_the_run_exists_and_the_run_takes_it(
     run = tmp_path / "runs" / warm.run  # the run has the id its boxes were given
     created = json.loads((run / "journal.jsonl").read_text().splitlines()[0])["ts"]
     # The first wave's start begins before the run directory exists; on a loaded
-    # machine the later of its boxes may be made after it (they start one by one).
+    # machine the engine may make the later of its boxes after it.
     assert min(_since_epoch(info["Created"]) for info in made.values()) < created
     used = [
         e.box
