@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python bench/browser.py [--rounds N]``. Measures
 
-* member start: browser box create (until CDP answers) + Playwright ``connect_over_cdp``;
+* member start: browser box create (until CDP answers) + Playwright ``connect_over_cdp``,
+  and the CPU the box spent until then (its cgroup's counter: Chromium's start);
 * snapshot latency of the ``snapshot`` tool on a large corpus page (library/stdtypes.html,
   about 700 KB of HTML): repeated on the loaded page, the first one after each load
   (Chromium builds the page's accessibility tree then), and with names from the
@@ -11,6 +12,9 @@ Run: ``.venv/bin/python bench/browser.py [--rounds N]``. Measures
   minus page cache);
 * wall time of 4 offline research members in parallel (each its own box) against one,
   split into box start (create until CDP answers) and the member's run.
+
+``--image REF`` runs the browser boxes from another ``fleet-browser`` image (one built
+from an older tree, to compare).
 
 Every box belongs to one run (``bench-<hex>``), removed at the end, Ctrl-C included.
 All traffic stays on that run's network (the corpus box) and 127.0.0.1.
@@ -64,15 +68,17 @@ def show(name: str, samples: list[float]) -> None:
 
 
 async def member_start(backend: DockerBackend, run: str, rounds: int) -> None:
-    samples = []
+    samples, cpu = [], []
     for i in range(rounds):
         t0 = time.perf_counter()
         box = await backend.create(SPEC, run=run, member=f"start{i}")
         s = await BrowserSession.open(box, BrowserConfig())
         samples.append(time.perf_counter() - t0)
+        cpu.append(box_cpu(backend, box.id))
         await s.close()
         await box.close()
     show("browser member start (box + CDP connect)", samples)
+    show("browser box CPU until connected (Chromium start)", cpu)
 
 
 @contextlib.contextmanager
@@ -253,4 +259,8 @@ async def main(rounds: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    anyio.run(main, parser.parse_args().rounds)
+    parser.add_argument("--image", help="a fleet-browser image to run instead of the current one")
+    args = parser.parse_args()
+    if args.image:
+        SPEC = SPEC.model_copy(update={"image": args.image})
+    anyio.run(main, args.rounds)

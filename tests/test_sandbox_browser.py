@@ -307,3 +307,26 @@ async def test_a_member_cannot_reach_a_siblings_box_but_the_host_drives_both(
         await one.close()
         await two.close()
         await service.close()
+
+
+async def test_a_browser_box_builds_no_address_bar_popups(
+    backend: DockerBackend, run_id: str
+) -> None:
+    """Headless Chromium would build the omnibox's two WebUI popups at start, in a
+    renderer of their own (about half of its start's CPU) that no CDP client ever sees:
+    a box's Chromium has the member's page and nothing of the browser's own UI."""
+    box = await backend.create(SandboxSpec(kind="browser"), run=run_id, member="b")
+    try:
+        await box.cdp_endpoint()  # DevTools answers: Chromium's start is done
+        listing = await box.exec(
+            ["python3", "-c", "import urllib.request as u; "
+             "print(u.urlopen('http://127.0.0.1:9222/json/list').read().decode())"],
+            timeout=30,
+        )  # fmt: skip
+        targets = json.loads(listing.stdout)
+        assert [(t["type"], t["url"]) for t in targets] == [("page", "about:blank")], targets
+        processes = await box.exec(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"])
+        assert "--type=renderer" in processes.stdout  # the page's
+        assert "--top-chrome-webui" not in processes.stdout
+    finally:
+        await box.close()

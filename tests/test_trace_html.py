@@ -38,7 +38,8 @@ def browser() -> Iterator[Any]:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM,
             args=["--no-sandbox", "--disable-background-networking", "--disable-gpu",
-                  "--disable-component-update", "--no-first-run"],
+                  "--disable-component-update", "--no-first-run",
+                  "--disable-features=WebUIOmniboxPopup,WebUIOmniboxAimPopup"],
         )  # fmt: skip
         yield browser
         browser.close()

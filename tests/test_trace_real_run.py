@@ -136,7 +136,12 @@ def test_page_of_a_real_run_in_chromium(real_run: Path, tmp_path: Path) -> None:
     problems: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"]
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-background-networking",
+                "--disable-features=WebUIOmniboxPopup,WebUIOmniboxAimPopup",
+            ],
         )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.on("console", lambda m: m.type == "error" and problems.append(m.text))
