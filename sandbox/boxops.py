@@ -282,19 +282,40 @@ def crash_reason(info: dict | None) -> tuple[str, str] | None:
     return f"exited({code})", detail
 
 
-async def wait_cdp(url: str, timeout: float) -> bool:
-    """Poll ``url/json/version`` until Chromium answers (never through a host proxy).
+PROBE_BYTES = 64 * 1024
+"""The most of a readiness probe's answer the host reads: a box's answer is the box's
+to make, and one that never ends must cost the host nothing but the probe's time."""
 
-    The probe is plain HTTP to the box, so its client loads no CA bundle (``verify=False``:
-    reading the system's bundle costs about 0.1-0.3 s of CPU, once per box)."""
+
+def probe_client() -> httpx.AsyncClient:
+    """A client for readiness probes of a box: plain HTTP to its address, never through
+    a host proxy (``trust_env=False``), no CA bundle loaded (``verify=False``: reading
+    the system's bundle costs 0.1-0.3 s of CPU, once per box, for a probe that never
+    speaks TLS)."""
+    return httpx.AsyncClient(trust_env=False, timeout=2.0, verify=False)
+
+
+async def probe(client: httpx.AsyncClient, url: str) -> tuple[int, bytes]:
+    """GET ``url`` (plain HTTP only): its status and at most :data:`PROBE_BYTES` of its body."""
     if not url.startswith("http://"):
-        raise ValueError(f"the DevTools probe is plain HTTP to the box, not {url!r}")
+        raise ValueError(f"a box's readiness probe is plain HTTP, not {url!r}")
+    body = bytearray()
+    async with client.stream("GET", url) as resp:
+        async for chunk in resp.aiter_raw():
+            body += chunk
+            if len(body) >= PROBE_BYTES:
+                break
+    return resp.status_code, bytes(body[:PROBE_BYTES])
+
+
+async def wait_cdp(url: str, timeout: float) -> bool:
+    """Poll ``url/json/version`` until Chromium answers (:func:`probe`)."""
     with anyio.move_on_after(timeout):
-        async with httpx.AsyncClient(trust_env=False, timeout=2.0, verify=False) as client:
+        async with probe_client() as client:
             while True:
                 try:
-                    resp = await client.get(f"{url}/json/version")
-                    if resp.status_code == 200 and "webSocketDebuggerUrl" in resp.text:
+                    status, body = await probe(client, f"{url}/json/version")
+                    if status == 200 and b"webSocketDebuggerUrl" in body:
                         return True
                 except httpx.HTTPError:
                     pass

@@ -12,6 +12,7 @@ import anyio
 import httpx
 
 from sandbox.base import Sandbox, SandboxBackend
+from sandbox.boxops import probe, probe_client
 from sandbox.errors import SandboxUnavailable
 from sandbox.firewall import SERVICE_PORT
 from sandbox.spec import SandboxSpec
@@ -48,19 +49,18 @@ async def start_corpus(
 
 
 async def wait_ready(box: Sandbox, timeout_s: float) -> None:
-    """Poll ``/healthz`` of the corpus box from the host (by its run-network address),
-    over plain HTTP: the client loads no CA bundle (``verify=False``), which would cost
-    about 0.1-0.3 s of CPU for a probe that never speaks TLS."""
+    """Poll ``/healthz`` of the corpus box from the host (by its run-network address;
+    :func:`sandbox.boxops.probe`)."""
     ip = getattr(box, "ip", None)
     if not ip:
         raise SandboxUnavailable(f"corpus box {box.name} has no address on the run network")
     url = f"http://{ip}:{CORPUS_PORT}/healthz"
     last = ""
     with anyio.move_on_after(timeout_s):
-        async with httpx.AsyncClient(timeout=2.0, trust_env=False, verify=False) as client:
+        async with probe_client() as client:
             while True:
                 try:
-                    if (await client.get(url)).status_code == 200:
+                    if (await probe(client, url))[0] == 200:
                         return
                 except httpx.HTTPError as exc:
                     last = type(exc).__name__
