@@ -106,11 +106,11 @@ def count_box_cpu() -> None:
     DockerBackend.remove_container = counted  # type: ignore[method-assign]
 
 
-async def one_run(n: int, max_parallel: int | None, out: Path) -> float:
+async def one_run(n: int, max_parallel: int | None, out: Path, warm: Any = None) -> float:
     from coordinator.api import run_async
 
     started = time.perf_counter()
-    summary = await run_async(job(n, max_parallel), output_dir=out)
+    summary = await run_async(job(n, max_parallel), output_dir=out, warm=warm)
     wall = time.perf_counter() - started
     ok = sum(1 for o in summary.outcomes.values() if o.status == "ok")
     assert ok == n, f"only {ok} of {n} members ended ok: {summary.outcomes}"
@@ -135,6 +135,37 @@ def one_cli_run(n: int, max_parallel: int | None, out: Path) -> float:
     return wall
 
 
+async def warm_rounds(
+    counts: list[int],
+    args: argparse.Namespace,
+    out: Path,
+    walls: dict[int, list[float]],
+    cpu: dict[int, list[tuple[float, float]]],
+    refills: list[float],
+) -> None:
+    """The rounds in one event loop around one :class:`sandbox.warm.WarmBoxes`; each run
+    starts once the pool is full again (that wait is reported, not timed)."""
+    from sandbox.warm import WarmBoxes
+
+    async with WarmBoxes(count=max(counts)) as warm:
+
+        async def timed(n: int) -> float:
+            waited = time.perf_counter()
+            await warm.wait_ready()
+            refills.append(time.perf_counter() - waited)
+            BOX_CPU.clear()
+            before = time.process_time()
+            wall = await one_run(n, args.max_parallel, out, warm)
+            cpu[n].append((time.process_time() - before, sum(BOX_CPU)))
+            return wall
+
+        await timed(1)  # warm-up: caches, image layers
+        refills.clear()
+        for _ in range(args.rounds):
+            for n in counts:
+                walls[n].append(await timed(n))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", default="1,8,16")
@@ -144,6 +175,12 @@ def main() -> None:
         "--cli",
         action="store_true",
         help="time the real `fleet run JOB` process (start-up included) instead of the API call",
+    )
+    ap.add_argument(
+        "--warm",
+        action="store_true",
+        help="run every round in one event loop with boxes kept ready across runs "
+        "(fleet.WarmBoxes, as many as the largest count); each run starts once they are",
     )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -158,6 +195,7 @@ def main() -> None:
         text=True,
     )
     walls: dict[int, list[float]] = {n: [] for n in counts}
+    refills: list[float] = []
     cpu: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
     if not args.cli:
         count_box_cpu()
@@ -176,10 +214,13 @@ def main() -> None:
                 cpu[n].append((time.process_time() - before, sum(BOX_CPU)))
                 return wall
 
-            timed(1)  # warm-up: caches, image layers
-            for _ in range(args.rounds):
-                for n in counts:
-                    walls[n].append(timed(n))
+            if args.warm:
+                anyio.run(warm_rounds, counts, args, Path(tmp), walls, cpu, refills)
+            else:
+                timed(1)  # warm-up: caches, image layers
+                for _ in range(args.rounds):
+                    for n in counts:
+                        walls[n].append(timed(n))
     finally:
         assert server.stdin is not None
         server.stdin.close()
@@ -187,11 +228,18 @@ def main() -> None:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     setting = "the default" if args.max_parallel is None else str(args.max_parallel)
     how = "the `fleet run` process" if args.cli else "the API call"
+    if args.warm:
+        how += f", boxes kept ready across runs ({max(counts)})"
     print(
         f"fan-out ({how}), max_parallel {setting}: {TURNS} exec turns + 1 submit turn per member, "
         f"model latency {LATENCY_S * 1000:.0f} ms, {args.rounds} interleaved rounds; "
         f"load average after: {load}\n"
     )
+    if refills:
+        print(
+            f"waited for the pool to refill before a run (outside the timed call): median "
+            f"{statistics.median(refills):.2f} s, max {max(refills):.2f} s\n"
+        )
     print(
         "| members | wall, median (s) | min | max | x of 1, median of rounds "
         "| coordinator CPU (s) | boxes' CPU (s) |"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sandbox.errors import SandboxError
+    from sandbox.warm import WarmBoxes
     from subagents.kinds.results import (
         BrowserMemberResult,
         Cite,
@@ -100,6 +101,7 @@ _EXPORTS = {
     "resume": "coordinator.api",
     "resume_async": "coordinator.api",
     "RunFailed": "coordinator.api",
+    "WarmBoxes": "sandbox.warm",
     "RunInProgress": "coordinator.api",
     "RunNotStarted": "coordinator.api",
     "RunNotFound": "coordinator.rundir.run_lookup",
@@ -226,6 +228,7 @@ __all__ = [
     "UnknownResult",
     "VerifiedClaim",
     "VerifiedTests",
+    "WarmBoxes",
     "load",
     "resume",
     "resume_async",

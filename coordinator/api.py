@@ -55,6 +55,7 @@ import anyio
 from pydantic import ValidationError
 
 from sandbox.errors import SandboxError
+from sandbox.warm import WarmBoxes
 from subagents.beside import leaves
 from subagents.model import ModelError
 
@@ -341,10 +342,15 @@ async def run_async(
     on_journal: JournalCallback | None = None,
     echo: bool = False,
     options: RunOptions | None = None,
+    warm: WarmBoxes | None = None,
 ) -> RunSummary:
-    """:func:`run` inside a running event loop."""
+    """:func:`run` inside a running event loop. ``warm``: boxes the caller keeps ready
+    across its runs (:class:`sandbox.warm.WarmBoxes`, opened in this loop); the run's
+    members whose box spec is the pool's take those before any is made."""
     parsed, text = load_with_text(job)
     opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo)
+    if warm is not None:
+        opts.warm = warm
     ready = await anyio.to_thread.run_sync(
         lambda: check_new(parsed, text, opts, output_dir=output_dir)
     )

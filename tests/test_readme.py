@@ -228,13 +228,14 @@ def test_the_python_api_examples_run_as_written(
 ) -> None:
     """The "Python API" section's code blocks, run in order in one namespace from a
     directory with examples/ in it, as a reader would paste them: a run, a stream
-    broken out of (the run ends interrupted) and resumed, one member cancelled."""
+    broken out of (the run ends interrupted) and resumed, one member cancelled, two runs
+    on boxes kept ready between them."""
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
     monkeypatch.chdir(tmp_path)
     cleanup.append(tmp_path / "runs")
     blocks = _python_blocks("Python API")
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     names: dict[str, Any] = {}
     for block in blocks:
         exec(compile(block, "README.md (Python API)", "exec"), names)
@@ -248,7 +249,8 @@ def test_the_python_api_examples_run_as_written(
         if path.is_dir() and (path / "journal.jsonl").exists()
     }
     streamed = [e for e in lives.values() if "run_interrupted" in e]
-    assert len(lives) == 3 and len(streamed) == 1
+    assert names["statuses"] == ["succeeded", "succeeded"]
+    assert len(lives) == 5 and len(streamed) == 1
     assert streamed[0].index("run_interrupted") < streamed[0].index("run_finished")
 
 

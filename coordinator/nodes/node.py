@@ -33,6 +33,7 @@ from sandbox.deferred import DeferredSandbox
 from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxUnavailable
 from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec
+from sandbox.warm import WarmBoxes
 from subagents.beside import beside
 from subagents.browser.corpus import start_corpus
 from subagents.budget import Reserves, budgeted
@@ -89,6 +90,8 @@ class NodeDeps:
     each member's ``ask_default`` applies."""
     prewarm: Prewarm | None = None
     """Boxes started before the run existed (:mod:`coordinator.nodes.prewarm`), for its pools."""
+    warm: WarmBoxes | None = None
+    """Boxes the caller keeps ready across runs (:mod:`sandbox.warm`), for its pools."""
     budget: Reserves | None = None
     """What members' calls reserve from when not the run's budget in this process (a
     cluster node's relay to the coordinator's, :mod:`coordinator.nodes.node_budget`)."""
@@ -404,6 +407,26 @@ async def open_pools(
         deps.pools[key] = await stack.enter_async_context(pool)
         # No await before this: the pool counts them before its refill makes any box.
         _adopt(deps.backend, pool, early, spec, run_id)
+        if deps.warm is not None:
+            for box in deps.warm.take(key, want - len(early)):
+                pool.adopt(_given(box))
+
+
+def _given(box: Sandbox) -> Callable[[], Awaitable[Sandbox]]:
+    """A box made ready before the run (:mod:`sandbox.warm`), as
+    :meth:`SandboxPool.adopt` takes one: asked once that it still answers (one that died
+    while idle is removed, and the pool makes another)."""
+
+    async def ready() -> Sandbox:
+        try:
+            await box.check()
+        except SandboxError:
+            with anyio.CancelScope(shield=True):
+                await box.close()
+            raise
+        return box
+
+    return ready
 
 
 def _adopt(

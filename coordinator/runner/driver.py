@@ -28,6 +28,7 @@ from anyio.abc import TaskStatus
 
 from sandbox import reaper
 from sandbox.base import SandboxBackend
+from sandbox.warm import WarmBoxes
 from subagents.beside import leaves
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.budget import register
@@ -101,6 +102,9 @@ class RunOptions:
     it from the engine's host (:mod:`coordinator.nodes.capacity`); None: at most 4."""
     prewarm: Prewarm | None = None
     """The first wave's boxes, started before the run existed (:mod:`coordinator.nodes.prewarm`)."""
+    warm: WarmBoxes | None = None
+    """Boxes kept ready across runs by the caller (:mod:`sandbox.warm`): the run's warm
+    pools take from it first; local runs only."""
     budget_usd: float | None = None
     """Resume: the run's hard line in USD, raised (or set) instead of the job's."""
     budget_tokens: int | None = None
@@ -132,7 +136,11 @@ def _nodes(opts: RunOptions, approver: FileApprover) -> Nodes:
 
         opts.backend = DockerBackend()
     deps = NodeDeps(
-        backend=opts.backend, make_model=opts.make_model, approver=approver, prewarm=opts.prewarm
+        backend=opts.backend,
+        make_model=opts.make_model,
+        approver=approver,
+        prewarm=opts.prewarm,
+        warm=opts.warm,
     )
     return LocalNodes(deps)
 
