@@ -111,6 +111,13 @@ class Sandbox(abc.ABC):
     spec: SandboxSpec
     allowed_roots: tuple[str, ...] = ("/workspace", "/tmp")
 
+    def untouched_workspace(self) -> bool:
+        """True only while ``/workspace`` can be nothing but what the box started with:
+        an empty mount (a box of Fleet's own image, fresh - boxes are never reused -,
+        in which nothing has run and into which nothing was written). False whenever
+        that is not known: then whoever needs its content looks."""
+        return False
+
     @abc.abstractmethod
     async def exec(
         self,

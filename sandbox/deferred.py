@@ -100,6 +100,9 @@ class DeferredSandbox(Sandbox):
     async def check(self) -> None:
         await (await self.ready()).check()
 
+    def untouched_workspace(self) -> bool:
+        return self._box is not None and self._box.untouched_workspace()
+
     def watch_workspace(self) -> None:
         if self._box is not None:
             self._box.watch_workspace()

@@ -118,6 +118,12 @@ class DockerSandbox(Sandbox):
         self._closed = False
         self._cdp: str | None = None
         self._watch = WorkspaceWatch()
+        # Fleet's coding image starts nothing but its agent, and /workspace is a fresh
+        # tmpfs; another image's entrypoint may write there before anyone asks.
+        self._untouched = spec.kind == "coding" and spec.image is None
+
+    def untouched_workspace(self) -> bool:
+        return self._untouched and not self._closed
 
     @property
     def mode(self) -> str:
@@ -158,6 +164,7 @@ class DockerSandbox(Sandbox):
         stdin: bytes | str | None = None,
         output_limit: int | None = None,
     ) -> ExecResult:
+        self._untouched = False
         limit = output_limit or self.spec.output_limit
         req = exec_request(cmd, timeout, cwd or self.spec.workdir, env, stdin, limit)
         with self._watch.command() as report:
@@ -186,6 +193,7 @@ class DockerSandbox(Sandbox):
         return read_reply(reply, path, limit, self.name)
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        self._untouched = False
         import base64
 
         raw = data.encode() if isinstance(data, str) else data
@@ -205,6 +213,7 @@ class DockerSandbox(Sandbox):
         return [FileInfo(**e) for e in done["entries"]]
 
     async def start_process(self, command: str, *, cwd: str | None = None) -> BoxProcess:
+        self._untouched = False
         if self._closed:
             raise SandboxClosed(f"sandbox {self.name} was closed; create a new one")
         self._watch.live_process()
@@ -213,6 +222,7 @@ class DockerSandbox(Sandbox):
     async def upload(self, local: Path, remote: str) -> None:
         """Small trees travel in one request; large ones (and large files) as a tar
         stream on a one-shot agent of their own (see :mod:`sandbox.transport`)."""
+        self._untouched = False
         import base64
 
         local = Path(local)

@@ -152,6 +152,38 @@ OBJECT_BYTES = 64 * 1024 * 1024
 holds."""
 
 
+NO_SNAPSHOT = "-"
+"""``OBJECTS`` of a collection whose baseline is the empty workspace and was taken by no
+snapshot: the host knew ``/workspace`` was empty (a fresh box of Fleet's image that
+nothing was written into, :meth:`sandbox.base.Sandbox.untouched_workspace`), so the
+baseline is the commit an empty snapshot makes (:func:`empty_baseline`), and the
+collection writes its two objects itself - there is nothing in the box to read them
+from, and nothing the member made is read for them."""
+
+
+def empty_baseline() -> tuple[str, dict[str, bytes]]:
+    """The commit a snapshot of an empty ``/workspace`` makes (the dates and names are
+    Fleet's fixed ones): its id, and its objects as ``{id: header and content}``."""
+    tree = b"tree 0\0"
+    tree_id = hashlib.sha1(tree, usedforsecurity=False).hexdigest()
+    who = f"fleet <fleet@localhost> {_FIXED_DATE}"
+    body = f"tree {tree_id}\nauthor {who}\ncommitter {who}\n\nbaseline\n".encode()
+    commit = b"commit %d\0" % len(body) + body
+    commit_id = hashlib.sha1(commit, usedforsecurity=False).hexdigest()
+    return commit_id, {tree_id: tree, commit_id: commit}
+
+
+def write_empty_baseline(dst: str, commit: str) -> None:
+    """Write the empty baseline's objects into the objects directory ``dst``."""
+    expected, objects = empty_baseline()
+    if commit != expected:
+        raise Failed(f"a baseline taken by no snapshot is the empty one, not {commit!r}")
+    for oid, raw in objects.items():
+        os.makedirs(os.path.join(dst, oid[:2]), exist_ok=True)
+        with open(os.path.join(dst, oid[:2], oid[2:]), "wb") as f:
+            f.write(zlib.compress(raw))
+
+
 class Failed(Exception):
     """A step that stops the collection; the message says which and why."""
 
@@ -470,10 +502,15 @@ def collect(out: str, objects: str, commit: str, request: dict[str, Any]) -> dic
     try:
         repo = Repo(gitdir)
         mine = os.path.join(gitdir, "objects")
-        base = baseline_entries(objects, mine, commit)
-        shadow_rules(objects, mine, base, shadow)
+        stamps: dict[bytes, bytes] = {}
+        if objects == NO_SNAPSHOT:
+            write_empty_baseline(mine, commit)
+            base: dict[bytes, tuple[str, str]] = {}
+        else:
+            base = baseline_entries(objects, mine, commit)
+            shadow_rules(objects, mine, base, shadow)
+            stamps = read_stamps(objects, mine, str(request.get("stamps")))
         repo.run("read-tree", commit)
-        stamps = read_stamps(objects, mine, str(request.get("stamps")))
         known = dict(base)
         refused = request.get("refused") or {}
         known.update({os.fsencode(p): (m, o) for p, (m, o) in refused.items()})
