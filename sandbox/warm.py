@@ -33,6 +33,11 @@ path: a pool owned by the caller, refilled in the background. The rules:
   but its start time. Boxes that need a run of their own (a network, an egress proxy,
   a browser's start-up) or are kept for debugging are refused at construction.
 
+- **Refilled between runs.** Boxes are made again once no run that took from the pool
+  is in progress: making them beside a run's members would take the CPU they run on.
+  A program whose runs overlap without a pause gets cold boxes for the runs the pool
+  could not serve, as it would without one.
+
 Not done: ``fleet run`` (one job a process) has no use for it; its first wave starts
 while the job is read (:mod:`coordinator.nodes.prewarm`). Members on a Ray cluster's
 nodes take boxes on those nodes' engines, not from here.
@@ -42,7 +47,8 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
@@ -91,6 +97,8 @@ class WarmBoxes:
         self._idle: list[tuple[float, Sandbox]] = []
         """(made at, box), oldest first."""
         self._making = 0
+        self._using = 0
+        """Runs in progress that took from the pool (:meth:`in_use`): no refill meanwhile."""
         self._seq = 0
         self._changed = anyio.Event()
         self._tg: TaskGroup | None = None
@@ -154,10 +162,24 @@ class WarmBoxes:
         return len(self._idle)
 
     # -- a run's side -----------------------------------------------------------------
+    @asynccontextmanager
+    async def in_use(self) -> AsyncIterator[None]:
+        """Around a run that takes from the pool: boxes are made again only once no such
+        run is in progress. Making a box costs the engine, ``runc`` and the kernel about
+        0.2 s of CPU; refilled while its members ran, sixteen boxes took 3 CPU-seconds
+        from them on two cores (the run was no faster than with no pool at all)."""
+        self._using += 1
+        try:
+            yield
+        finally:
+            self._using -= 1
+            self._notify()
+
     def take(self, key: str, n: int) -> list[Sandbox]:
         """Up to ``n`` idle boxes of box spec ``key`` for a run's warm pool, each handed
         out once and never returned; none when the key differs, the pool is closed or
-        the caller runs in another event loop. The pool starts refilling at once."""
+        the caller runs in another event loop. The pool refills once the run, taking
+        inside :meth:`in_use`, is over."""
         if n <= 0 or key != self.key or self._closed or _current_loop() is not self._loop:
             return []
         now = time.monotonic()
@@ -179,7 +201,7 @@ class WarmBoxes:
         tg = self._tg
         while True:
             await self._drop_stale()
-            missing = self.count - len(self._idle) - self._making
+            missing = 0 if self._using else self.count - len(self._idle) - self._making
             for _ in range(max(0, missing)):
                 self._making += 1
                 tg.start_soon(self._make_one)

@@ -44,8 +44,9 @@ def _boxes_used(run: Path) -> set[str]:
 
 
 def _names(client: docker.DockerClient, owner: str) -> set[str]:
-    found = client.containers.list(all=True, filters={"label": f"{reaper.LABEL}={owner}"})
-    return {c.name for c in found}
+    # One listing call (no inspect of each box: one being removed would be a 404).
+    found = client.api.containers(all=True, filters={"label": f"{reaper.LABEL}={owner}"})
+    return {c["Names"][0].lstrip("/") for c in found}
 
 
 def test_runs_take_warm_boxes_never_a_used_one_and_close_leaves_none(
@@ -64,7 +65,18 @@ def test_runs_take_warm_boxes_never_a_used_one_and_close_leaves_none(
                 assert len(ready) == 2
                 # while the process lives, gc counts its boxes as a live run's
                 assert warm.run in reaper.live_runs()
-                summary = await fleet.run_async(_job(2), output_dir=tmp_path / "runs", warm=warm)
+                made = warm.made
+                during: list[tuple[int, int]] = []
+
+                def note(entry: Any, warm: WarmBoxes = warm, during: list = during) -> None:
+                    if getattr(entry, "member", None):  # while its members run
+                        during.append((warm.made, warm._making))
+
+                summary = await fleet.run_async(
+                    _job(2), output_dir=tmp_path / "runs", warm=warm, on_journal=note
+                )
+                # no box made while the run used the pool: it refills between runs
+                assert during and set(during) == {(made, 0)}, during
                 assert {o.status for o in summary.outcomes.values()} == {"ok"}
                 seen.append(ready)
                 used.append(_boxes_used(summary.run.path))

@@ -462,6 +462,8 @@ async def serving(
     box: Sandbox | None = None
     try:
         async with contextlib.AsyncExitStack() as stack:
+            if deps.warm is not None:
+                await stack.enter_async_context(deps.warm.in_use())
             if services.warm_pool:
                 await open_pools(stack, deps, units, run_id, services.max_parallel)
             if services.corpus:
