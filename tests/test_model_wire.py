@@ -213,3 +213,82 @@ def test_without_aiohttp_the_client_falls_back_to_httpx(monkeypatch: pytest.Monk
     monkeypatch.setattr(anthropic, "DefaultAioHttpClient", missing)
     model = AnthropicModel(MODEL, api_key="k", base_url="http://127.0.0.1:9")
     assert isinstance(model.client._client, anthropic.DefaultAsyncHttpxClient)
+
+
+def _marks_in(body: dict[str, Any]) -> int:
+    blocks = [*body.get("tools", []), *body.get("system", [])]
+    for message in body["messages"]:
+        if isinstance(message["content"], list):
+            blocks += message["content"]
+    return sum(1 for b in blocks if "cache_control" in b)
+
+
+async def test_marks_the_conversation_carries_are_counted_as_it_changes() -> None:
+    """The messages' own cache_control marks are counted once per message and kept
+    across requests: a rewrite that adds or removes one, or a shorter history after a
+    compaction, is counted as it is now, so no request carries more than the four
+    breakpoints the API takes, nor leaves one unused that the count thought taken."""
+    mark = {"type": "ephemeral"}
+    messages = conversation(3)
+    messages[0] = {**messages[0], "content": [{**messages[0]["content"][0], "cache_control": mark}]}
+    sent: list[int] = []
+    with FakeMessagesAPI(lambda body: text("ok")) as api:
+        async with AnthropicModel(MODEL, api_key="k", base_url=api.url) as model:
+
+            async def call() -> None:
+                await model.complete(request(messages))
+                sent.append(_marks_in(api.requests[-1]))
+
+            await call()  # the task's own mark, then latest, system, previous (tools: no room)
+            old = messages[2]["content"][0]
+            replace_block(messages, 2, old, {**old, "cache_control": mark})  # a second one
+            await call()
+            messages += conversation(4)[-2:]
+            await call()
+            old = messages[2]["content"][0]  # and gone again
+            replace_block(messages, 2, old, {k: v for k, v in old.items() if k != "cache_control"})
+            await call()
+            del messages[1:5]  # a compaction: the history is shorter, its marks with it
+            await call()
+            messages[0] = {**messages[0], "content": [{"type": "text", "text": "go"}]}
+            await call()
+    assert sent == [4, 4, 4, 4, 4, 4]
+    assert all(_marks_in(body) <= 4 for body in api.requests)
+
+
+def test_pieces_join_to_the_whole_block_even_when_the_stream_stops_inside_it() -> None:
+    from subagents.model.wire import StreamedMessage
+
+    gathered = StreamedMessage()
+    start = {"id": "m", "type": "message", "role": "assistant", "content": [], "usage": {}}
+    gathered.add({"type": "message_start", "message": start})
+    events = [
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "text", "text": "He"},
+        },
+        *[
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": c}}
+            for c in "llo, world"
+        ],
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+        },
+        *[
+            {
+                "type": "content_block_delta",
+                "index": 1,
+                "delta": {"type": "thinking_delta", "thinking": w},
+            }
+            for w in ("so ", "far")
+        ],
+    ]
+    for event in events:
+        gathered.add(event)
+    content = gathered.final()["content"]
+    assert content[0]["text"] == "Hello, world"
+    assert content[1]["thinking"] == "so far"  # no content_block_stop came

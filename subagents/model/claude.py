@@ -64,7 +64,7 @@ from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelRe
 from subagents.model.governor import Governor, Permit, governor_for
 from subagents.model.message import ContentBlock, Message, Usage
 from subagents.model.profiles import profile_for
-from subagents.model.wire import BodyEncoder, StreamedMessage, build_params
+from subagents.model.wire import BodyEncoder, MarkCounter, StreamedMessage, build_params
 from subagents.trace import RateWait, Retry, TraceWriter, no_lone_surrogates
 
 _CONTEXT_BETAS = {
@@ -147,6 +147,7 @@ class AnthropicModel:
             http_client=_http_client(),
         )
         self._bodies = BodyEncoder()
+        self._marks = MarkCounter()
         self._sent: list[Any] = []
         """The messages of the last request (to see where a rewrite begins)."""
         self.governor = governor or governor_for(str(self.client.base_url), key or token)
@@ -174,7 +175,9 @@ class AnthropicModel:
             min(len(messages), len(self._sent)),
         )
         self._sent = list(messages)
-        params = build_params(request, self.name, cache=self.cache, unchanged=unchanged)
+        params = build_params(
+            request, self.name, cache=self.cache, unchanged=unchanged, marks=self._marks
+        )
         body = None
         if "context_management" not in params:
             body = self._bodies.encode({**params, "stream": True})
