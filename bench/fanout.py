@@ -23,7 +23,11 @@ CPU its boxes burned (each box's cgroup, read as it is removed) - the work a run
 puts on the machine, which other people's load on a shared machine changes far less
 than it changes wall times.
 
-Usage: ``.venv/bin/python bench/fanout.py [--counts 1,8,16] [--rounds 3] [--max-parallel N] [--cli]``
+``--warm`` runs every round in one event loop around a :class:`fleet.WarmBoxes` of as
+many boxes as the largest count (boxes kept ready across runs, ``sandbox/warm.py``);
+each run starts once the pool is full again, and that wait is printed, not timed.
+
+Usage: ``.venv/bin/python bench/fanout.py [--counts 1,8,16] [--rounds 3] [--max-parallel N] [--cli | --warm]``
 Targets on this 2-core machine, with the defaults: 8 members <= 1.10x of 1, 16 <= 1.25x.
 """
 
