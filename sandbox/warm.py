@@ -129,11 +129,12 @@ class WarmBoxes:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        await self.aclose()
+        await self._close()
         return None
 
-    async def aclose(self) -> None:
-        """Stop refilling and remove every idle box (boxes runs took are theirs)."""
+    async def _close(self) -> None:
+        """Stop refilling and remove every idle box (boxes runs took are theirs); only
+        as the ``async with`` block ends, in the task that entered it (its task group's)."""
         if self._closed:
             return
         self._closed = True
