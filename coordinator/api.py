@@ -152,11 +152,15 @@ def make_options(
     on_event: EventCallback | None = None,
     on_journal: JournalCallback | None = None,
     echo: bool = False,
+    warm: WarmBoxes | None = None,
 ) -> RunOptions:
     """The run options of an API call: no signal handlers (the caller's loop owns
     them), no live table; nothing printed unless ``echo`` (then to ``options.out``,
-    by default standard error)."""
+    by default standard error). ``warm``: boxes the caller keeps ready across its runs
+    (:class:`sandbox.warm.WarmBoxes`, opened in the caller's loop)."""
     opts = options or RunOptions(handle_signals=False, tty=False)
+    if warm is not None:
+        opts.warm = warm
     if not echo:
         opts.out, opts.tty = _Discard(), False
     if on_event is not None:
@@ -348,9 +352,7 @@ async def run_async(
     across its runs (:class:`sandbox.warm.WarmBoxes`, opened in this loop); the run's
     members whose box spec is the pool's take those before any is made."""
     parsed, text = load_with_text(job)
-    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo)
-    if warm is not None:
-        opts.warm = warm
+    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo, warm=warm)
     ready = await anyio.to_thread.run_sync(
         lambda: check_new(parsed, text, opts, output_dir=output_dir)
     )
@@ -408,9 +410,10 @@ async def resume_async(
     budget_usd: float | None = None,
     budget_tokens: int | None = None,
     options: RunOptions | None = None,
+    warm: WarmBoxes | None = None,
 ) -> RunSummary:
-    """:func:`resume` inside a running event loop."""
-    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo)
+    """:func:`resume` inside a running event loop (``warm`` as for :func:`run_async`)."""
+    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo, warm=warm)
     opts.retry_failed = retry_failed or opts.retry_failed
     ready = await anyio.to_thread.run_sync(
         lambda: check_resume(

@@ -36,6 +36,7 @@ from typing import Any, Literal
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.warm import WarmBoxes
 from subagents.outcome import MemberOutcome
 from subagents.trace import TraceEvent
 
@@ -234,12 +235,14 @@ def start(
     on_journal: JournalCallback | None = None,
     echo: bool = False,
     options: RunOptions | None = None,
+    warm: WarmBoxes | None = None,
 ) -> RunHandle:
     """A new run of ``job`` beside the caller: ``async with fleet.start(job) as run:``.
     The job is read now (:class:`~coordinator.job.jobfile.JobError`); the checks of
-    :func:`coordinator.api.run` run on entering the block."""
+    :func:`coordinator.api.run` run on entering the block. ``warm``: as for
+    :func:`coordinator.api.run_async`."""
     parsed, text = load_with_text(job)
-    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo)
+    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo, warm=warm)
     return RunHandle(lambda: check_new(parsed, text, opts, output_dir=output_dir), opts)
 
 
@@ -252,9 +255,10 @@ def start_resume(
     echo: bool = False,
     retry_failed: bool = False,
     options: RunOptions | None = None,
+    warm: WarmBoxes | None = None,
 ) -> RunHandle:
     """:func:`start` for a resume (see :func:`coordinator.api.resume`)."""
-    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo)
+    opts = make_options(options, on_event=on_event, on_journal=on_journal, echo=echo, warm=warm)
     opts.retry_failed = retry_failed or opts.retry_failed
     return RunHandle(lambda: check_resume(run_ref, opts, output_dir=output_dir), opts)
 
@@ -268,9 +272,11 @@ async def stream(
     *,
     output_dir: OutputDir = None,
     options: RunOptions | None = None,
+    warm: WarmBoxes | None = None,
 ) -> AsyncIterator[RunEvent]:
     """The run of ``job`` as events: :class:`RunCreated` (its id and path) first, then
-    journal entries and trace events as they happen, :class:`RunEnded` last."""
+    journal entries and trace events as they happen, :class:`RunEnded` last (``warm``:
+    as for :func:`coordinator.api.run_async`)."""
     send, receive = anyio.create_memory_object_stream[Any](math.inf)
 
     def put(event: Any) -> None:
@@ -284,6 +290,7 @@ async def stream(
         on_event=put,
         on_journal=lambda entry: put(JournalEntry.of(entry)),
         options=options,
+        warm=warm,
     )
     handle.on_end.append(send.close)
     async with receive, handle:

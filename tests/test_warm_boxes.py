@@ -219,3 +219,25 @@ def test_boxes_of_a_killed_owner_are_taken_by_gc(images, docker_client):
 
 def _names_before(removed: list[Any], owner: str) -> set[str]:
     return {b.name for b in removed if b.owner == owner}
+
+
+def test_a_started_or_streamed_run_takes_from_the_pool_too(
+    tmp_path, images, docker_client, cleanup, monkeypatch
+):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    cleanup.append(tmp_path / "runs")
+    runs = tmp_path / "runs"
+
+    async def main() -> None:
+        async with WarmBoxes(count=1) as warm:
+            await warm.wait_ready()
+            async with fleet.start(_job(1), output_dir=runs, warm=warm) as run:
+                summary = await run.wait()
+            assert warm.taken == 1 and _boxes_used(summary.run.path)
+            await warm.wait_ready()
+            async for event in fleet.stream(_job(1), output_dir=runs, warm=warm):
+                if event.type == "run_ended":
+                    assert event.status == "succeeded"
+            assert warm.taken == 2
+
+    anyio.run(main)
