@@ -89,7 +89,15 @@ def test_members_in_natural_order_with_nodes_partial_results_and_turn_links(
     assert panel.locator("b").count() == 0
     # A turn opened is named in the address; the address opens it again.
     w.page.locator('details.turn[data-turn="2"] summary').click()
-    assert w.page.evaluate("location.hash") == "#member=research-3&turn=2&attempt=1"
+    # The page names it on the element's "toggle" event, which the browser fires in a
+    # task of its own after the click: waited for (polled: the page's CSP refuses the
+    # string predicate wait_for_function evaluates), not read at once.
+    named = "#member=research-3&turn=2&attempt=1"
+    for _ in range(100):
+        if w.page.evaluate("location.hash") == named:
+            break
+        w.page.wait_for_timeout(50)
+    assert w.page.evaluate("location.hash") == named
     fresh = Watched(browser)
     fresh.page.goto(out.as_uri() + "#member=research-10&turn=2")
     opened = fresh.page.locator('#member-view details.turn[data-turn="2"]')
