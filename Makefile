@@ -45,7 +45,7 @@ test-deps:
 test: setup test-deps lint
 	$(BIN)/fleet setup --gvisor || [ "$$(id -u)" != 0 ]
 	$(BIN)/fleet doctor
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -x -q -n 4
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -x -q -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
