@@ -111,6 +111,11 @@ class Sandbox(abc.ABC):
     spec: SandboxSpec
     allowed_roots: tuple[str, ...] = ("/workspace", "/tmp")
 
+    def looks_alive(self) -> bool:
+        """Without an engine call, as far as the box's own record tells (a box that
+        keeps none: True)."""
+        return True
+
     def untouched_workspace(self) -> bool:
         """True only while ``/workspace`` can be nothing but what the box started with:
         an empty mount (a box of Fleet's own image, fresh - boxes are never reused -,

@@ -161,7 +161,7 @@ class SandboxPool:
             while self._idle:
                 box = self._idle.pop(0)
                 self._notify()
-                if not getattr(box, "looks_alive", lambda: True)():
+                if not box.looks_alive():
                     await box.close()  # died while idle: drop it, refill makes another
                     self._live -= 1
                     continue

@@ -32,7 +32,6 @@ path: a pool owned by the caller, refilled in the background. The rules:
   spec is the same, so a warm box differs from the one the run would make in nothing
   but its start time. Boxes that need a run of their own (a network, an egress proxy,
   a browser's start-up) or are kept for debugging are refused at construction.
-
 - **Refilled between runs.** Boxes are made again once no run that took from the pool
   is in progress: making them beside a run's members would take the CPU they run on.
   A program whose runs overlap without a pause gets cold boxes for the runs the pool
@@ -159,7 +158,7 @@ class WarmBoxes:
         """Wait until ``count`` boxes are idle (or ``timeout_s`` passed); how many are."""
         with anyio.move_on_after(timeout_s):
             while len(self._idle) < self.count and not self._closed:
-                await self._wait_change()
+                await self._changed.wait()
         return len(self._idle)
 
     # -- a run's side -----------------------------------------------------------------
@@ -187,7 +186,7 @@ class WarmBoxes:
         out: list[Sandbox] = []
         keep: list[tuple[float, Sandbox]] = []
         for made, box in self._idle:
-            if len(out) < n and now - made < self.max_age_s and _alive(box):
+            if len(out) < n and now - made < self.max_age_s and box.looks_alive():
                 out.append(box)
             else:
                 keep.append((made, box))
@@ -207,7 +206,7 @@ class WarmBoxes:
                 self._making += 1
                 tg.start_soon(self._make_one)
             with anyio.move_on_after(max(1.0, self.max_age_s / 8)):
-                await self._wait_change()
+                await self._changed.wait()
 
     async def _make_one(self) -> None:
         assert self._backend is not None
@@ -237,7 +236,7 @@ class WarmBoxes:
     async def _drop_stale(self) -> None:
         """Remove idle boxes past their age or no longer alive (the refill replaces them)."""
         now = time.monotonic()
-        stale = [(m, b) for m, b in self._idle if now - m >= self.max_age_s or not _alive(b)]
+        stale = [(m, b) for m, b in self._idle if now - m >= self.max_age_s or not b.looks_alive()]
         if not stale:
             return
         self._idle = [entry for entry in self._idle if entry not in stale]
@@ -247,15 +246,6 @@ class WarmBoxes:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = anyio.Event()
-
-    async def _wait_change(self) -> None:
-        await self._changed.wait()
-
-
-def _alive(box: Sandbox) -> bool:
-    """Without an engine call, as far as the box's own record tells."""
-    looks_alive = getattr(box, "looks_alive", None)
-    return bool(looks_alive()) if callable(looks_alive) else True
 
 
 async def _close(box: Sandbox) -> None:

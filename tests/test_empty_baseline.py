@@ -27,13 +27,14 @@ from subagents.trace import TraceWriter
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
-# Everything a patch may hold: text, an executable, a binary file, a symlink, a nested
-# directory, a .gitignore of the member's, a cache Fleet leaves out, a name that is not UTF-8.
+# Everything a patch may hold: text, an executable, a binary file, symlinks (one out of
+# the workspace), a nested directory, a .gitignore of the member's, a cache Fleet leaves
+# out, a name that is not UTF-8.
 EDITS = (
     "mkdir -p src/deep && printf 'print(1)\\n' > src/deep/a.py && "
     "printf '#!/bin/sh\\necho hi\\n' > run.sh && chmod +x run.sh && "
     'python3 -c \'open("blob.bin", "wb").write(bytes(range(256)) * 3)\' && '
-    "ln -s src/deep/a.py link && "
+    "ln -s src/deep/a.py link && ln -s /etc/passwd out && "
     "printf 'build/\\n' > .gitignore && mkdir -p build __pycache__ && "
     "echo out > build/x && echo c > __pycache__/m.pyc && echo odd > $'caf\\xe9.txt'"
 )
@@ -126,6 +127,7 @@ async def test_patches_checkpoints_and_restores_match_a_real_snapshot(
     assert ours == theirs and b"src/deep/a.py" in ours and b"GIT binary patch" in ours
     # Fleet's excludes hold; a .gitignore the member wrote hides nothing of its own
     assert b"__pycache__" not in ours and b"build/x" in ours
+    assert b"+/etc/passwd" in ours and b"root:" not in ours  # a link out is a link, not its file
 
     a = await coding.collect_patch({"summary": "s"}, ctx)
     b = await coding.collect_patch({"summary": "s"}, real)
