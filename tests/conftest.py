@@ -103,17 +103,37 @@ long enough that one module on one worker would be the suite's critical path); e
 other Ray module goes to one worker whole."""
 
 
+ON_DEMAND = ("browser", "corpus")
+"""Fleet's images a node engine gets only when a test asks (``all_images_on_nodes``)."""
+
+ALL_IMAGES = (
+    "test_cluster.py::test_mixed_job_on_two_nodes_has_the_shape_of_a_local_run",
+    "test_cluster.py::test_a_lead_jobs_members_run_on_the_nodes",
+    "test_cluster_auth.py",  # fleet doctor asks every node for every image
+)
+"""The Ray tests (or modules) that ask for :data:`ON_DEMAND` on the nodes: all in the
+first group, so that only its node engine copies those images (0.85 GB of 1.3). A test
+that asks from another group still gets them, later and at that group's cost."""
+
+
 def ray_groups(nodeids: list[str]) -> dict[str, str]:
     """Each Ray test's group (``ray-0``, ``ray-1``, ...): the Ray modules, and the tests
-    of :data:`SPLIT_BY_TEST`, dealt out in turn in collection order."""
+    of :data:`SPLIT_BY_TEST`, dealt out in turn in collection order; those of
+    :data:`ALL_IMAGES` to ``ray-0``."""
     groups: dict[str, str] = {}
     keys: dict[str, str] = {}
+    dealt = 0
     for nodeid in nodeids:
         if not uses_ray(nodeid):
             continue
         path = nodeid.partition("::")[0]
         key = nodeid if Path(path).name in SPLIT_BY_TEST else path
-        keys.setdefault(key, f"ray-{len(keys) % RAY_GROUPS}")
+        if key not in keys:
+            if key.endswith(ALL_IMAGES):
+                keys[key] = "ray-0"
+            else:
+                keys[key] = f"ray-{dealt % RAY_GROUPS}"
+                dealt += 1
         groups[nodeid] = keys[key]
     return groups
 
@@ -220,7 +240,8 @@ def node_engine(images: dict[str, str]) -> Iterator[Any]:
 
     if shutil.which("dockerd") is None or os.geteuid() != 0:
         missing_dependency("a node engine needs dockerd and root ('fleet setup' as root)")
-    with start(sorted(set(images.values()))) as engine:
+    first = {ref for name, ref in images.items() if name not in ON_DEMAND}
+    with start(sorted(first)) as engine:
         _NODE_ENGINES.append(engine)
         try:
             yield engine
@@ -228,8 +249,16 @@ def node_engine(images: dict[str, str]) -> Iterator[Any]:
             _NODE_ENGINES.remove(engine)
 
 
+@pytest.fixture
+def all_images_on_nodes(node_engine: Any, images: dict[str, str]) -> None:
+    """Every Fleet image on the node engine: the browser and corpus images are copied
+    in by the first test that asks (see :data:`ALL_IMAGES`)."""
+    node_engine.ensure(sorted(images[name] for name in ON_DEMAND))
+
+
 @pytest.fixture(scope="session")
 def node_client(node_engine: Any) -> Iterator[docker.DockerClient]:
+    node_engine.loaded()
     client = node_engine.client()
     try:
         yield client
@@ -248,7 +277,8 @@ def ray_cluster(node_engine: Any) -> Iterator[Any]:
         missing_dependency("Ray is not installed; pip install -e '.[cluster]' (make setup does)")
     from ray_support import ray_cluster as start
 
-    with start(engine=node_engine) as cluster:
+    with start(engine=node_engine) as cluster:  # while the images are copied in
+        node_engine.loaded()
         yield cluster
 
 

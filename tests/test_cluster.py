@@ -169,7 +169,7 @@ def test_without_cluster_ray_is_never_imported(tmp_path, images, cleanup):
 
 
 def test_mixed_job_on_two_nodes_has_the_shape_of_a_local_run(
-    tmp_path, ray_cluster, node_client, docker_client, cleanup
+    tmp_path, ray_cluster, node_client, docker_client, cleanup, all_images_on_nodes
 ):
     shutil.copytree(EXAMPLES, tmp_path / "examples")
     job = str(tmp_path / "examples" / "mixed.toml")
@@ -633,7 +633,9 @@ def test_a_node_members_stdio_mcp_server_gets_its_files_through_ray(
     )
 
 
-def test_a_lead_jobs_members_run_on_the_nodes(tmp_path, ray_cluster, node_client, cleanup):
+def test_a_lead_jobs_members_run_on_the_nodes(
+    tmp_path, ray_cluster, node_client, cleanup, all_images_on_nodes
+):
     cleanup.append(tmp_path / "runs")
     question = "How are asyncio tasks cancelled by the zorblax scheduler?"
     done = _fleet(

@@ -146,7 +146,7 @@ def test_fleet_without_the_clusters_token_is_told_at_once(tmp_path, ray_cluster)
     assert not (tmp_path / "runs").exists() or not RunDir.list(tmp_path / "runs")
 
 
-def test_doctor_on_a_cluster_with_token_auth_checks_each_node(ray_cluster):
+def test_doctor_on_a_cluster_with_token_auth_checks_each_node(ray_cluster, all_images_on_nodes):
     done = _fleet("doctor", "--cluster", ray_cluster.address, env=dict(os.environ))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
