@@ -19,6 +19,11 @@ pool's, anyio's workers).
 ``bench/harness.py`` measures the loop alone (tools in-process, their CPU subtracted);
 this script is the same member with its real box and the rest of a run around it.
 
+The column "in the model call" is the part of it spent inside
+``AnthropicModel.complete`` (the process's CPU from entering it to its return, wrapped
+by this script, for the same calls): building and sending the request, reading the
+stream, the governor. The rest of a turn is the column before it minus this one.
+
 ``--profile FILE`` runs one member under :mod:`cProfile` on every thread
 (``threading.setprofile``) and writes the stats, for ``python -m pstats``; the top
 entries by own time are printed.
@@ -133,17 +138,40 @@ class Server:
 
 
 _NONCE = iter(range(1, 1_000_000))
+_CALLS: list[float] = []
+"""CPU of each ``AnthropicModel.complete`` call of the member being measured (s)."""
 
 
-def per_turn_ms(server: Server, turns: int, out: Path) -> tuple[float, float]:
-    """CPU per turn between the member's second and last model call, and CPU from the
-    API call to its first model call (preflight, run directory, box start), in ms."""
+def time_model_calls() -> None:
+    """Record the process's CPU inside every ``AnthropicModel.complete`` in :data:`_CALLS`."""
+    from subagents.model.claude import AnthropicModel
+
+    complete = AnthropicModel.complete
+
+    async def timed(self: AnthropicModel, request: Any) -> Any:
+        started = time.process_time()
+        try:
+            return await complete(self, request)
+        finally:
+            _CALLS.append(time.process_time() - started)
+
+    AnthropicModel.complete = timed  # type: ignore[method-assign]
+
+
+def per_turn_ms(server: Server, turns: int, out: Path) -> tuple[float, float, float]:
+    """CPU per turn between the member's second and last model call, CPU from the API
+    call to its first model call (preflight, run directory, box start), and the model
+    calls' own CPU per turn over the same span (the second call to the one before the
+    last), in ms."""
     nonce = f"n{next(_NONCE)}"
+    _CALLS.clear()
     start = time.process_time()  # the clock the server reads from outside
     anyio.run(one_member, turns, nonce, out)
     stamps = server.stamps(nonce)
     assert len(stamps) == turns, (len(stamps), turns)
-    return (stamps[-1] - stamps[1]) / (turns - 2) * 1_000, (stamps[0] - start) * 1_000
+    assert len(_CALLS) == turns, (len(_CALLS), turns)
+    in_calls = sum(_CALLS[1:-1]) / (turns - 2) * 1_000
+    return (stamps[-1] - stamps[1]) / (turns - 2) * 1_000, (stamps[0] - start) * 1_000, in_calls
 
 
 def profile(turns: int, out: Path, dest: Path) -> None:
@@ -191,21 +219,23 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+            time_model_calls()
             per_turn_ms(server, 10, out)  # warm-up: imports, the image's layers
             if args.profile:
                 profile(max(counts), out, args.profile)
                 return
             rows = [
-                "| turns | CPU per turn, median (ms) | min | max | CPU before the first "
-                "model call, median (ms) |",
-                "|---:|---:|---:|---:|---:|",
+                "| turns | CPU per turn, median (ms) | min | max | in the model call, "
+                "median (ms) | CPU before the first model call, median (ms) |",
+                "|---:|---:|---:|---:|---:|---:|",
             ]
             for turns in counts:
                 runs = [per_turn_ms(server, turns, out) for _ in range(args.repeats)]
                 per = [r[0] for r in runs]
                 rows.append(
                     f"| {turns} | {statistics.median(per):.2f} | {min(per):.2f} | "
-                    f"{max(per):.2f} | {statistics.median(r[1] for r in runs):.1f} |"
+                    f"{max(per):.2f} | {statistics.median(r[2] for r in runs):.2f} | "
+                    f"{statistics.median(r[1] for r in runs):.1f} |"
                 )
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             print(
