@@ -203,13 +203,17 @@ def main() -> None:
         rss_local = 0.0
         with contextlib.ExitStack() as engines, ray_cluster(nodes=0) as cluster:
             t_engines = time.perf_counter()
+            started = []
             for i in range(args.nodes):
                 env: dict[str, str] = {}
                 if args.own_engines:
                     engine = engines.enter_context(node_engine([images["coding"]]))
                     env = engine.node_env(i)
                     own.add(engine.pid)
+                    started.append(engine)
                 cluster.add_node(slots=slots, env=env)
+            for engine in started:  # the node joined while its engine's image was copied
+                engine.loaded()
             t_engines = time.perf_counter() - t_engines
             anyio.run(cluster_run, 1, cluster.address, backend)  # warm-up: node workers
             for _ in range(args.repeat):

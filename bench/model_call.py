@@ -93,7 +93,7 @@ class PlainAiohttp(AnthropicModel):
             **_STREAM_HEADERS,
         }
         gathered = StreamedMessage()
-        url = f"{self.client.base_url}/v1/messages".replace("//v1", "/v1")
+        url = str(self.client.base_url.join("v1/messages"))
         async with self.session.post(url, data=body, headers=headers) as response:
             assert response.status == 200, response.status
             async for line in response.content:

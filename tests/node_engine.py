@@ -121,24 +121,20 @@ class NodeEngine:
     root: Path
     """Its data root, exec root and the nodes' own directories live under here."""
     pid: int
-    load_s: float = 0.0
-    """How long copying Fleet's images into it took (the first copy; then every one)."""
     images: list[str] = field(default_factory=list)
     """What has been copied in (or is being copied by the first copy)."""
     _first: threading.Thread | None = None
-    _failed: list[BaseException] = field(default_factory=list)
+    _error: BaseException | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def copy_in_background(self, refs: list[str]) -> None:
         """Start copying ``refs`` in; :meth:`loaded` waits for it."""
 
         def copy() -> None:
-            t0 = time.monotonic()
             try:
                 copy_images(self.host, refs)
             except BaseException as exc:
-                self._failed.append(exc)
-            self.load_s += time.monotonic() - t0
+                self._error = exc
 
         self.images = list(refs)
         self._first = threading.Thread(target=copy, name="node-engine-copy", daemon=True)
@@ -148,17 +144,15 @@ class NodeEngine:
         """Wait for the first copy; raises what stopped it."""
         if self._first is not None:
             self._first.join()
-        if self._failed:
-            raise RuntimeError(f"copying images into the node engine failed: {self._failed[0]}")
+        if self._error is not None:
+            raise RuntimeError(f"copying images into the node engine failed: {self._error}")
 
     def ensure(self, refs: list[str]) -> None:
         """Copy in those of ``refs`` not copied yet (after the first copy)."""
         self.loaded()
         with self._lock:
             missing = [r for r in refs if r not in self.images]
-            t0 = time.monotonic()
             copy_images(self.host, missing)
-            self.load_s += time.monotonic() - t0
             self.images += missing
 
     def client(self) -> Any:
