@@ -43,7 +43,10 @@ def write_job(directory: Path, members: int) -> Path:
 def measure(job: Path) -> tuple[float, float]:
     """Seconds to the run directory, and to the first running member."""
     started = time.monotonic()
-    proc = subprocess.Popen([FLEET, "run", str(job), "--plain"], stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default, so that it ends the run even when this script is a
+    # background job (which a shell starts with SIGINT ignored, and children inherit).
+    argv = ["env", "--default-signal=INT", FLEET, "run", str(job), "--plain"]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     made = first = float("nan")
     for line in proc.stderr:

@@ -19,7 +19,10 @@ that lets such a process in - or that it cannot tell about - unless the caller p
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -70,6 +73,8 @@ def connect(address: str, *, insecure: bool = False, probed: Probe | None = None
     warned = warning(address, found)
     if warned is not None:
         print(f"fleet: {warned}", file=sys.stderr, flush=True)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    breakpoints = os.environ.get("PYTHONBREAKPOINT")
     try:
         ray.init(
             address=address,
@@ -87,6 +92,17 @@ def connect(address: str, *, insecure: bool = False, probed: Probe | None = None
             "token authentication on, this process needs the cluster's token "
             "(RAY_AUTH_TOKEN or ~/.ray/auth_token)"
         ) from None
+    finally:
+        # ray.init makes SIGTERM end the process by sys.exit, for good, and points
+        # breakpoint() - this process's and every child's - at Ray's debugger. The
+        # process is its caller's: its handlers and environment are put back (a run that
+        # handles signals watches SIGTERM itself; Fleet's drivers take no worker logs).
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
+        if breakpoints is None:
+            os.environ.pop("PYTHONBREAKPOINT", None)
+        else:
+            os.environ["PYTHONBREAKPOINT"] = breakpoints
 
 
 def _token_refused(address: str, why: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import pytest
 from fleet_policies import coding_policy
+from process_support import ignoring, popen
 
 import coordinator as fleet
 from coordinator.journal.entries import KINDS
@@ -255,19 +256,22 @@ def test_ctrl_c_in_a_scripts_run_ends_it_interrupted_not_dead(
     tmp_path, images, docker_client, cleanup
 ):
     """A plain script's Ctrl-C: ``fleet.run`` raises KeyboardInterrupt, and the run is
-    ``interrupted`` (resumable), its boxes removed - not ``dead``."""
+    ``interrupted`` (resumable), its boxes removed - not ``dead``. The script's parent
+    ignores SIGINT, as a shell's background job does: the script is started with it at
+    its default (``process_support.popen``), as a terminal's foreground program is."""
     cleanup.append(tmp_path / "runs")
     job = _coding_job(tmp_path, task="[hang] " + TASK)
     job["model"] = {"name": "claude-sonnet-5"}
     with FakeMessagesAPI(coding_policy()) as api:
         env = {**os.environ, "ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api.url}
         env["PYTHONPATH"] = os.pathsep.join(sys.path)
-        script = subprocess.Popen(
-            [sys.executable, "-c", HANGING_SCRIPT, json.dumps(job)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        with ignoring(signal.SIGINT, signal.SIGQUIT):
+            script = popen(
+                [sys.executable, "-c", HANGING_SCRIPT, json.dumps(job)],
+                env=env,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         try:
             deadline = time.monotonic() + 120
             while not _member_started(tmp_path / "runs") and time.monotonic() < deadline:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_support import popen
 
 FLEET = str(Path(sys.executable).with_name("fleet"))
 MEMBERS = 3_000
@@ -34,7 +35,7 @@ def test_a_job_of_3000_members_starts_its_first_member_within_seconds(
         f'name = "many"\noutput_dir = {json.dumps(str(out))}\n[model]\nname = "offline"\n'
         "[fanout]\nmax_parallel = 2\n" + member * MEMBERS
     )
-    proc = subprocess.Popen([FLEET, "run", str(job), "--plain"], stderr=subprocess.PIPE, text=True)
+    proc = popen([FLEET, "run", str(job), "--plain"], stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     made = first = None
     try:

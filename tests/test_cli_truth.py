@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from conftest import remove_run
 from fleet_policies import coding_policy
+from process_support import popen
 
 from coordinator.rundir.runs import RunDir
 from subagents.fake_api import FakeMessagesAPI, tool_use
@@ -296,7 +297,7 @@ def test_a_member_fail_fast_stopped_before_it_started_is_cancelled_in_every_reco
 
 def _view_finds(*args: str, **env: str) -> str:
     """The first line ``fleet view ARGS --port 0`` prints (then it is stopped)."""
-    view = subprocess.Popen(
+    view = popen(
         [FLEET, "view", *args, "--port", "0"],
         env=os.environ | env,
         stderr=subprocess.PIPE,
@@ -432,7 +433,7 @@ def test_the_readme_fake_api_example_runs_to_a_report_by_the_model_analyst(
         '[{"content": [{"type": "tool_use", "id": "t1", "name": "submit_result",'
     )
     (tmp_path / "replies.json").write_text(script)
-    server = subprocess.Popen(
+    server = popen(
         [sys.executable, "-m", "subagents.fake_api", "--port", "0", "--script", "replies.json"],
         cwd=tmp_path,
         stderr=subprocess.PIPE,

@@ -39,6 +39,7 @@ from typing import Any
 
 import anyio
 import pytest
+from process_support import popen
 from ray_support import SLOTS, ship_by_value
 
 from coordinator.fanout.fanout import MemberUnit, fan_out
@@ -131,7 +132,7 @@ def _cluster_run(
     directory exists; killed at the end if it still runs."""
     env = {k: v for k, v in os.environ.items() if k != "FLEET_CLUSTER"}
     args = ["run", str(job), "--output-dir", str(tmp_path / "runs"), "--plain", *flags]
-    proc = subprocess.Popen(
+    proc = popen(
         [*FLEET, *args, "--cluster", address],
         env=env,
         stdout=subprocess.PIPE,

@@ -13,6 +13,7 @@ from typing import Any
 import anthropic
 import anyio
 import pytest
+from process_support import with_default_signals
 
 from subagents.fake_api import (
     FakeMessagesAPI,
@@ -405,7 +406,7 @@ async def test_command_line_server_answers_with_an_offline_policy(tmp_path: Path
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "subagents.fake_api", "--port", str(port)]
-    async with await anyio.open_process(command) as process:
+    async with await anyio.open_process(with_default_signals(command)) as process:
         try:
             assert process.stderr is not None
             banner = b""
@@ -431,7 +432,7 @@ async def _cli_answer(policy: str, task: str) -> anthropic.types.Message:
     """Start the command-line server (a fresh interpreter, as a user does) on any free
     port, read its URL from the banner, and ask it one question."""
     command = [sys.executable, "-m", "subagents.fake_api", "--policy", policy, "--port", "0"]
-    async with await anyio.open_process(command) as process:
+    async with await anyio.open_process(with_default_signals(command)) as process:
         try:
             assert process.stderr is not None
             banner = b""

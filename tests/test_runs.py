@@ -16,6 +16,7 @@ import anyio
 import pytest
 from conftest import remove_run
 from fleet_policies import coding_policy
+from process_support import popen
 
 from coordinator.job.jobfile import parse_job
 from coordinator.rundir.runs import RunDir, RunNotFound
@@ -36,9 +37,7 @@ def _fleet(args: list[str], api_url: str | None = None) -> subprocess.Popen[str]
     env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
     if api_url:
         env |= {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api_url}
-    return subprocess.Popen(
-        [FLEET, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    return popen([FLEET, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _run(tmp_path: Path) -> RunDir:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import tracegen
 from conftest import missing_dependency
+from process_support import popen
 
 from coordinator.traceview import load_run, member_detail
 from coordinator.traceview.html import write_page
@@ -165,7 +166,7 @@ def test_view_serves_the_page_and_run_files_on_loopback(
 def fleet_view(*args: str | Path) -> Iterator[str]:
     """A real ``fleet view ARGS`` process (a run directory, or ``--output-dir DIR`` for
     every run) serving on a free port; its base URL."""
-    proc = subprocess.Popen(
+    proc = popen(
         [FLEET, "view", *map(str, args), "--port", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -74,6 +74,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         wait_approval=getattr(args, "wait_approval", False),
         cluster=_cluster(args),
         insecure_cluster=_insecure_cluster(args),
+        exits_after=True,
     )
 
 

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, TextIO
 
 import anyio
@@ -79,6 +80,11 @@ class RunOptions:
     retry_failed: bool = False
     """Resume: also run members that ended failed (not only unfinished ones)."""
     handle_signals: bool = True
+    """Receive Ctrl-C and SIGTERM as events that interrupt the run (main thread only);
+    the process's handlers are put back when it ends."""
+    exits_after: bool = False
+    """The process ends when the run does (the command line): after an interrupt,
+    SIGINT stays ignored instead of its handler being put back."""
     cluster: str | None = None
     """A Ray cluster's address: members run on its nodes (``fleet run --cluster``)."""
     insecure_cluster: bool = False
@@ -216,21 +222,35 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
     return out
 
 
+WATCHED = (signal.SIGINT, signal.SIGTERM)
+"""The signals a run receives as events when it handles signals."""
+
+
 @dataclass
 class _Signals:
     """Ctrl-C and SIGTERM for the whole run. The first cancels ``scope`` (the work in
     progress); later ones only say that cleanup is under way. The receiver stays open
     until the run has ended: with it closed, a second Ctrl-C became a
     ``KeyboardInterrupt`` raised inside the shielded cleanup, which once left the
-    process hung in a half-closed event loop."""
+    process hung in a half-closed event loop.
+
+    The process's handlers are the caller's: a signal it was started ignoring (a
+    background job's SIGINT, as POSIX shells start them) stays ignored, as Python itself
+    leaves it, and when the run ends every handler is put back as it was - so a library
+    caller's next run, or a child it starts, sees the process as it was before. Only a
+    process that ends with the run (``exits_after``: the command line) keeps SIGINT
+    ignored after an interrupt, so that one more Ctrl-C cannot cut its exit short."""
 
     out: TextIO
+    exits_after: bool = False
     scope: anyio.CancelScope | None = None
     got: list[int] = field(default_factory=list)
 
     async def watch(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        before = {signum: signal.getsignal(signum) for signum in WATCHED}
+        watched = [signum for signum, handler in before.items() if handler is not signal.SIG_IGN]
         try:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with anyio.open_signal_receiver(*watched) as signals:
                 task_status.started()
                 async for signum in signals:
                     self.got.append(signum)
@@ -244,10 +264,23 @@ class _Signals:
                             flush=True,
                         )
         finally:
-            if self.got:
-                # Closing the receiver restored Python's handler: one more Ctrl-C while
-                # the process exits would end it by KeyboardInterrupt, not exit 130.
+            # Closing the receiver set Python's own handlers, not necessarily the ones
+            # there were: put those back.
+            for signum in watched:
+                restore_handler(signum, before[signum])
+            if self.got and self.exits_after:
+                # One more Ctrl-C while the process exits would end it by
+                # KeyboardInterrupt, not exit 130.
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def restore_handler(
+    signum: int, handler: Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+) -> None:
+    """Put ``handler`` back for ``signum``; None (a handler that was not installed from
+    Python) cannot be, and is left as it is."""
+    if handler is not None:
+        signal.signal(signum, handler)
 
 
 @asynccontextmanager
@@ -283,7 +316,7 @@ async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = Fal
     run.journal.listeners.extend(opts.on_journal)  # every entry, from here to the end
     # Live spans cover the whole run, the planner's and the analyst's calls included.
     got = _Progressed(live_otel=_live_otel(run.id, job.name))
-    signals = _Signals(opts.out)
+    signals = _Signals(opts.out, exits_after=opts.exits_after)
     ended = "interrupted"  # unless the run comes to its end: the workflow span's status
     try:
         approver = _approver(run, opts)
