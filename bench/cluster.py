@@ -49,7 +49,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 from fleet_policies import coding_policy  # noqa: E402
 from node_engine import node_engine  # noqa: E402
-from ray_support import ray_cluster  # noqa: E402
+from ray_support import environment, ray_cluster  # noqa: E402
 
 from coordinator.fanout.fanout import Deps, MemberUnit, fan_out  # noqa: E402
 from coordinator.job.spec import RetryPolicy  # noqa: E402
@@ -202,6 +202,7 @@ def main() -> None:
         anyio.run(local_run, 1, backend)  # warm-up: page cache, image layers
         rss_local = 0.0
         with contextlib.ExitStack() as engines, ray_cluster(nodes=0) as cluster:
+            engines.enter_context(environment(cluster.env))  # this process is its client
             t_engines = time.perf_counter()
             started = []
             for i in range(args.nodes):

@@ -72,12 +72,12 @@ def _where(cluster: bool, env: dict[str, str]) -> Iterator[list[str]]:
     if not cluster:
         yield []
         return
-    from ray_support import ray_cluster
+    from ray_support import environment, ray_cluster
 
     saved = dict(os.environ)
     os.environ.update(env)  # the nodes' model clients read their own environment
     try:
-        with ray_cluster(nodes=2) as found:
+        with ray_cluster(nodes=2) as found, environment(found.env):
             env.update(os.environ)  # the cluster's token, for fleet
             yield ["--cluster", found.address]
     finally:

@@ -23,7 +23,7 @@ Stable interface, used by every test module:
     ``DOCKER_HOST``), ``client()``; stopped and its data root removed at the end.
 ``node_client`` (session)
     A ``docker.DockerClient`` of ``node_engine``.
-``ray_cluster`` (session)
+``ray_cluster`` (function; the cluster itself is made once a session)
     A Ray cluster on this machine - head + 2 nodes with ``fleet_slots`` whose Fleet
     processes use ``node_engine`` (``DOCKER_HOST``) and a ``FLEET_HOME`` and ``TMPDIR``
     of their own, never the coordinator's; token authentication on
@@ -48,6 +48,11 @@ the ``[ray]`` cases of the fan-out contract - come first, dealt out to two worke
 (:func:`ray_groups`), each of which starts its own session test cluster: they are the
 longest part of the suite, and on one worker they were its critical path.
 
+Every test starts and ends with the worker's signal handlers, environment, working
+directory and umask as they were (``tests/process_state.py`` fails one that leaves
+them changed); a test that signals a process it started starts it with
+``process_support.popen``, which resets the signals a background job inherits ignored.
+
 ``missing_dependency(reason)`` is the one rule for absent dependencies: skip locally,
 fail under ``CI=true``. Call it from your own fixtures (``from conftest import
 missing_dependency``) instead of ``pytest.skip``.
@@ -69,10 +74,15 @@ if TYPE_CHECKING:
     from subagents.fake_api import FakeMessagesAPI
 
 
+pytest_plugins = ("process_state", "pytester")  # process_state: see below
+
 # Ray reads these when it is imported (by whichever test imports it first): a Ray
 # cluster started by the tests listens on 127.0.0.1 only, and sends no usage reports.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Ray sets this when it is imported: set now, the first test that imports Ray does not
+# change the worker's environment (``process_state``).
+os.environ.setdefault("RAY_CLIENT_MODE", "0")
 
 
 def in_ci() -> bool:
@@ -267,10 +277,8 @@ def node_client(node_engine: Any) -> Iterator[docker.DockerClient]:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(node_engine: Any) -> Iterator[Any]:
-    """A Ray cluster on this machine: head + 2 nodes with ``fleet_slots`` on the node
-    engine, token authentication on (see ``tests/ray_support.py``). Ray missing is a
-    skip, or a failure under CI."""
+def ray_test_cluster(node_engine: Any) -> Iterator[Any]:
+    """The session's Ray cluster (see ``ray_cluster``), started once."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
@@ -280,6 +288,18 @@ def ray_cluster(node_engine: Any) -> Iterator[Any]:
     with start(engine=node_engine) as cluster:  # while the images are copied in
         node_engine.loaded()
         yield cluster
+
+
+@pytest.fixture
+def ray_cluster(ray_test_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A Ray cluster on this machine: head + 2 nodes with ``fleet_slots`` on the node
+    engine, token authentication on (see ``tests/ray_support.py``), started once a
+    session. Its environment (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``, ...) is this
+    process's for the test, so that Fleet, in this process or started by the test,
+    reaches it. Ray missing is a skip, or a failure under CI."""
+    for key, value in ray_test_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    return ray_test_cluster
 
 
 @pytest.fixture

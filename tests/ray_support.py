@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from process_support import popen
+
 if TYPE_CHECKING:
     from node_engine import NodeEngine
 
@@ -69,9 +71,15 @@ def ship_by_value(module: Any) -> None:
 class RayCluster:
     """A running cluster: its address, and nodes to add or remove."""
 
-    def __init__(self, cluster: Any, address: str, engine: NodeEngine | None = None) -> None:
+    def __init__(
+        self, cluster: Any, address: str, env: dict[str, str], engine: NodeEngine | None = None
+    ) -> None:
         self.cluster = cluster
         self.address = address
+        self.env = env
+        """What a process of the cluster, or a client of it, has in its environment
+        (``RAY_AUTH_TOKEN`` among it): set while the cluster's own processes start, and
+        by whoever uses the cluster (``conftest.py``'s ``ray_cluster``, per test)."""
         self.engine = engine
         """The Docker engine of its Fleet nodes (None: this machine's own)."""
         self.nodes: list[Any] = []
@@ -83,7 +91,7 @@ class RayCluster:
         its own; ``env``: more of its environment (its processes inherit the lot)."""
         self._added += 1
         extra = self.engine.node_env(self._added) if self.engine is not None else {}
-        with environment(extra | (env or {})):
+        with environment(self.env | extra | (env or {})), handlers_kept():
             node = self.cluster.add_node(
                 num_cpus=1, resources={"fleet_slots": slots}, node_ip_address=LOOPBACK
             )
@@ -113,6 +121,20 @@ class RayCluster:
 
 
 @contextmanager
+def handlers_kept() -> Iterator[None]:
+    """This process's SIGINT and SIGTERM handlers as they were after the block: a node
+    started in this process (``Cluster.add_node``) makes SIGTERM end the process, for
+    good, after ending Ray's processes; the tests' worker keeps its own handlers."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            if handler is not None:
+                signal.signal(s, handler)
+
+
+@contextmanager
 def environment(values: dict[str, str]) -> Iterator[None]:
     """This process's environment with ``values`` set (a Ray node started meanwhile
     keeps them: its processes inherit them), restored after."""
@@ -131,39 +153,37 @@ def environment(values: dict[str, str]) -> Iterator[None]:
 @contextmanager
 def ray_cluster(nodes: int = 2, engine: NodeEngine | None = None) -> Iterator[RayCluster]:
     """Head (no slots) + ``nodes`` Fleet nodes on ``engine`` (default: this machine's),
-    token authentication on."""
+    token authentication on. This process's environment is left as it was: the
+    cluster's (:attr:`RayCluster.env`) is set only while Ray starts or stops its
+    processes; a caller that uses the cluster sets it for as long as it does."""
     from ray._private.authentication_test_utils import reset_auth_token_state
     from ray.cluster_utils import Cluster
 
-    saved = {k: os.environ.get(k) for k in (*ENV, "RAY_AUTH_TOKEN")}
-    os.environ.update(ENV)
-    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(16)
-    reset_auth_token_state()  # Ray read its auth settings when it was imported
-    cluster = Cluster(initialize_head=False)
+    env = ENV | {"RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    with environment(env):
+        reset_auth_token_state()  # Ray read its auth settings when it was imported
+        cluster = Cluster(initialize_head=False)
     try:
-        # No log monitor: it globs the session's log directory ten times a second to
-        # forward workers' output to drivers, and Fleet's drivers take none
-        # (``log_to_driver=False``); on this machine it was 40 s of the suite's CPU.
-        cluster.add_node(
-            num_cpus=0,
-            include_dashboard=False,
-            include_log_monitor=False,
-            node_ip_address=LOOPBACK,
-        )
-        handle = RayCluster(cluster, cluster.address, engine)
+        with environment(env), handlers_kept():
+            # No log monitor: it globs the session's log directory ten times a second
+            # to forward workers' output to drivers, and Fleet's drivers take none
+            # (``log_to_driver=False``); on this machine it was 40 s of the suite's CPU.
+            cluster.add_node(
+                num_cpus=0,
+                include_dashboard=False,
+                include_log_monitor=False,
+                node_ip_address=LOOPBACK,
+            )
+        handle = RayCluster(cluster, cluster.address, env, engine)
         for _ in range(nodes):
             handle.add_node()
         yield handle
     finally:
         import ray
 
-        ray.shutdown()
-        cluster.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        with environment(env):
+            ray.shutdown()
+            cluster.shutdown()
         reset_auth_token_state()
 
 
@@ -234,7 +254,7 @@ def ray_head(*, auth: bool, slots: int = 2) -> Iterator[RayHead]:
     args += ["--num-cpus", "1", "--resources", f'{{"fleet_slots": {slots}}}']
     args += ["--include-dashboard=false", "--disable-usage-stats"]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 180
         while b"will now block" not in log.read_bytes():

@@ -70,7 +70,8 @@ def test_an_endless_devtools_answer_is_read_only_up_to_the_bound(endless) -> Non
     endless.append(server)
     started = time.monotonic()
     assert anyio.run(wait_cdp, f"http://127.0.0.1:{server.port}", 20.0) is True
-    assert time.monotonic() - started < 5  # not the probe's whole 20 s
+    took = time.monotonic() - started
+    assert took < 12, f"{took:.1f} s: read until the probe's whole 20 s, not up to its bound"
 
 
 def test_a_probe_reads_no_more_than_its_bound_and_does_not_decompress(endless) -> None:
@@ -94,7 +95,8 @@ def test_a_devtools_answer_without_the_endpoint_is_not_ready(endless) -> None:
     endless.append(server)
     started = time.monotonic()
     assert anyio.run(wait_cdp, f"http://127.0.0.1:{server.port}", 1.5) is False
-    assert time.monotonic() - started < 4
+    took = time.monotonic() - started
+    assert took < 10, f"{took:.1f} s: kept reading past the probe's 1.5 s"
 
 
 def test_a_probe_is_plain_http_only() -> None:

@@ -142,8 +142,11 @@ async def test_model_that_stops_without_submit_is_nudged_once_then_incomplete(
 
 
 async def test_nudged_model_that_then_submits_ends_ok(tmp_path: Path) -> None:
-    outcome, _ = await run_probe(tmp_path, [text("Done."), submit(answer="late but here")])
+    outcome, api = await run_probe(tmp_path, [text("Done."), submit(answer="late but here")])
     assert outcome.status == "ok" and outcome.result.data["answer"] == "late but here"
+    assert len(api.requests) == 2
+    nudge = api.requests[1]["messages"][-1]
+    assert nudge["role"] == "user" and NUDGE in json.dumps(nudge)
 
 
 async def test_oversized_result_is_condensed_once_then_truncated_with_marker(
@@ -294,4 +297,6 @@ async def test_empty_model_reply_is_nudged_and_the_next_request_stays_valid(
 ) -> None:
     outcome, api = await run_probe(tmp_path, [Reply(content=[]), submit(answer="ok")])
     assert outcome.status == "ok"
+    nudge = api.requests[1]["messages"][-1]
+    assert nudge["role"] == "user" and NUDGE in json.dumps(nudge)
     assert [e.status for e in api.log if e.path == "/v1/messages"] == [200, 200]

@@ -258,7 +258,8 @@ async def test_paused_box_is_crashed_promptly_and_stays_unusable_after_unpause(
         started = time.monotonic()
         with anyio.fail_after(20), pytest.raises(SandboxCrashed) as err:
             await box.exec("true", timeout=60)
-        assert time.monotonic() - started < 5
+        took = time.monotonic() - started
+        assert took < 15, f"{took:.1f} s: waited on the frozen box, not on the watch's 0.5 s"
         assert err.value.reason == "paused"
         assert not box.looks_alive()
         docker_client.api.unpause(box.id)

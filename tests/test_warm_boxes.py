@@ -235,9 +235,11 @@ def test_a_started_or_streamed_run_takes_from_the_pool_too(
                 summary = await run.wait()
             assert warm.taken == 1 and _boxes_used(summary.run.path)
             await warm.wait_ready()
-            async for event in fleet.stream(_job(1), output_dir=runs, warm=warm):
-                if event.type == "run_ended":
-                    assert event.status == "succeeded"
-            assert warm.taken == 2
+            ended = [
+                event.status
+                async for event in fleet.stream(_job(1), output_dir=runs, warm=warm)
+                if event.type == "run_ended"
+            ]
+            assert ended == ["succeeded"] and warm.taken == 2
 
     anyio.run(main)
