@@ -1,21 +1,42 @@
 # The two quick-start commands are `make demo` and `make test`; each sets up what it
 # needs (virtualenv, dependencies, Docker engine, images) and is fast when done.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fleet-installed
 QUESTION ?= How do Python's asyncio tasks get cancelled, and how does a program shield work from cancellation?
 
-.PHONY: setup demo test test-deps lint bench clean
+# What the virtualenv holds: `locked` (requirements.lock, what CI tests) or `latest` (the
+# newest releases pyproject.toml's ranges allow: `make test-latest`).
+DEPS ?= locked
+LOCK := requirements.lock
 
-$(STAMP): pyproject.toml
+.PHONY: setup demo test test-latest test-deps lint lock rehearse bench clean
+
+# The lock's releases, each file checked against the lock's hashes (pip refuses a file
+# that differs and a dependency the lock does not name). The virtualenv is made anew
+# whenever the lock changes, so that it holds the lock and nothing else.
+$(VENV)/.fleet-locked: $(LOCK)
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q python3-venv; \
 	  else echo "fleet: python3 venv support is missing; run 'sudo apt-get install python3-venv'" >&2; exit 2; fi; }
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,cluster]'
-	@touch $(STAMP)
+	$(BIN)/pip install -q --require-hashes -r $(LOCK)
+	@touch $@
+
+# The newest allowed releases, asked of the index every time.
+.PHONY: $(VENV)/.fleet-latest
+$(VENV)/.fleet-latest:
+	@[ -x $(BIN)/pip ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade --upgrade-strategy eager setuptools -e '.[dev,cluster]'
+	@touch $@
+
+# Fleet itself, editable, over what the line above installed (no dependency of its own).
+$(STAMP): $(VENV)/.fleet-$(DEPS) pyproject.toml
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	@$(BIN)/pip check >/dev/null || { $(BIN)/pip check; exit 1; }
+	@touch $@
 
 # Fleet's own modules are byte-compiled here: the editable install leaves them as
 # source, and where PYTHONDONTWRITEBYTECODE is set every fleet process (and every Ray
@@ -53,8 +74,28 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/mypy images/corpus/corpus_server.py  # in its image's directory, not a package
 
+# The suite against the newest releases pyproject.toml allows, in a virtualenv of its
+# own: an upstream release that breaks Fleet shows here before a user meets it. When it
+# passes, `make lock UPGRADE=1` takes those releases into the lock.
+test-latest:
+	$(MAKE) test VENV=.venv-latest DEPS=latest
+
+# Re-resolve requirements.lock from pyproject.toml's ranges (and its build backend),
+# keeping each pin that still fits; UPGRADE=1 takes the newest allowed instead. For
+# every platform and Python 3.11+, with the hashes of every file of each release.
+lock: $(STAMP)
+	$(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
+	  | $(BIN)/uv pip compile pyproject.toml - --extra dev --extra cluster --universal \
+	    --python-version 3.11 --generate-hashes --index-url https://pypi.org/simple \
+	    --custom-compile-command 'make lock' $(if $(UPGRADE),--upgrade) -q -o $(LOCK)
+
+# CI's run on a new clone, started three ways (foreground, as a background job, beside
+# two CPU-bound processes), each from a stopped engine with no Fleet image: bench/rehearse.py.
+rehearse:
+	$(PYTHON) bench/rehearse.py
+
 bench: setup
 	$(BIN)/python bench/sandbox.py && $(BIN)/python bench/harness.py && $(BIN)/python bench/fanout.py && $(BIN)/python bench/cluster.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-latest build *.egg-info
