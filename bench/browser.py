@@ -39,7 +39,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 import anyio  # noqa: E402
 
 import subagents.browser.session as browser_session  # noqa: E402
-from sandbox.docker import DockerBackend  # noqa: E402
+from sandbox.docker.backend import DockerBackend  # noqa: E402
 from sandbox.spec import NetworkPolicy, SandboxSpec  # noqa: E402
 from subagents.browser.config import BrowserConfig  # noqa: E402
 from subagents.browser.corpus import CORPUS_ALLOW, start_corpus  # noqa: E402

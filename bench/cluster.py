@@ -57,8 +57,8 @@ from coordinator.journal.entries import MemberStartedEntry  # noqa: E402
 from coordinator.nodes.cluster import RayNodes  # noqa: E402
 from coordinator.nodes.node import open_pools  # noqa: E402
 from coordinator.nodes.worker import Recorder, Services  # noqa: E402
-from sandbox.docker import DockerBackend, new_run_id  # noqa: E402
-from sandbox.image_build import ensure_images  # noqa: E402
+from sandbox.docker.backend import DockerBackend, new_run_id  # noqa: E402
+from sandbox.images.build import ensure_images  # noqa: E402
 from subagents.fake_api import FakeMessagesAPI  # noqa: E402
 from subagents.model.factory import make_model  # noqa: E402
 from subagents.spec import Limits, MemberSpec  # noqa: E402

@@ -92,7 +92,7 @@ def count_box_cpu() -> None:
     """Record each box's CPU (cgroup v1 ``cpuacct``) as the backend removes it: what
     the members' commands and Fleet's in-box programs cost, which the load average of
     a shared machine does not change much."""
-    from sandbox.docker import DockerBackend
+    from sandbox.docker.backend import DockerBackend
 
     remove = DockerBackend.remove_container
 

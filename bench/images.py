@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sandbox import images as images_mod
-from sandbox.engine import connect
-from sandbox.image_build import ensure_images
+from sandbox.docker.engine import connect
+from sandbox.images import catalog as images_mod
+from sandbox.images.build import ensure_images
 
 
 def _quantiles(samples: list[float]) -> str:

@@ -35,7 +35,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import anyio  # noqa: E402
 
-from sandbox.docker import DockerBackend  # noqa: E402
+from sandbox.docker.backend import DockerBackend  # noqa: E402
 from sandbox.spec import SandboxSpec  # noqa: E402
 from subagents.tools.base import ToolContext  # noqa: E402
 from subagents.tools.mcp import McpServerSpec, serve_servers  # noqa: E402

@@ -31,7 +31,7 @@ sys.path[0] = str(ROOT)  # bench/sandbox.py would shadow the sandbox package
 
 def bundle(into: Path) -> None:
     """The coding image's root file system and a config that runs ``true`` in it."""
-    from sandbox.images import image_ref
+    from sandbox.images.catalog import image_ref
 
     image = image_ref("coding")
     made = subprocess.run(["docker", "create", image, "true"], capture_output=True, text=True)

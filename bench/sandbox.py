@@ -31,7 +31,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import anyio  # noqa: E402
 
-from sandbox.docker import DockerBackend  # noqa: E402
+from sandbox.docker.backend import DockerBackend  # noqa: E402
 from sandbox.pool import SandboxPool  # noqa: E402
 from sandbox.spec import NetworkPolicy, Runtime, SandboxSpec  # noqa: E402
 

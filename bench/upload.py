@@ -29,7 +29,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 import anyio  # noqa: E402
 
 from coordinator.nodes.repo_copy import staged_copy  # noqa: E402
-from sandbox.docker import INLINE_UPLOAD_BYTES, DockerBackend  # noqa: E402
+from sandbox.docker.backend import INLINE_UPLOAD_BYTES, DockerBackend  # noqa: E402
 from sandbox.spec import SandboxSpec  # noqa: E402
 
 FILE_MB = 10

@@ -2,8 +2,10 @@
 
 A :class:`Sandbox` runs commands and moves files inside one box; a
 :class:`SandboxBackend` creates, lists and removes boxes. The subagent harness
-talks only to these two classes, so a new backend (another engine, a remote
-cluster node) is one new file. Errors follow :mod:`sandbox.errors`.
+talks only to these two classes, and everything above the sandbox layer gets a
+backend from :mod:`sandbox.registry`, so a new backend (another engine, a remote
+cluster node) is a room of its own and one registration. Errors follow
+:mod:`sandbox.errors`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import abc
 import posixpath
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -83,7 +85,7 @@ class BoxInfo(BaseModel):
 
     @property
     def owner(self) -> str:
-        """The live marker that keeps this box's run live (see :mod:`sandbox.reaper`)."""
+        """The live marker that keeps this box's run live (see :mod:`sandbox.docker.reaper`)."""
         return owner_key(self.run, self.node)
 
 
@@ -145,17 +147,39 @@ class Sandbox(abc.ABC):
         ``Permission denied`` when the file is not executable (or is a directory); 127
         and a line naming it when it does not exist. An executable file with no ``#!`` line that is
         not a binary runs with ``/bin/sh``, as a shell would run it.
+
+        Raises:
+            SandboxCrashed: the box died, was removed or paused (``reason`` says which).
+            SandboxClosed: its owner closed it.
+            SandboxUnavailable: the engine is gone, or refused the call.
+            SandboxSpecError: the request itself is invalid (an empty argv).
         """
 
     async def start_process(self, command: str, *, cwd: str | None = None) -> BoxProcess:
         """Start ``command`` (a shell string) as a long-lived process whose stdin and
         stdout stay open to the caller (:mod:`sandbox.process`), e.g. an MCP server.
-        Raises :class:`SandboxError` when this backend cannot stream a process."""
+        Raises :class:`SandboxError` when this backend cannot stream a process.
+
+        Raises:
+            SandboxError: this backend cannot stream a process.
+            SandboxCrashed: the box died, was removed or paused (``reason`` says which).
+            SandboxClosed: its owner closed it.
+            SandboxUnavailable: the engine is gone, or refused the call.
+        """
         raise SandboxError(f"{type(self).__name__} cannot run a long-lived process")
 
     @abc.abstractmethod
     async def read_file(self, path: str, *, limit: int = 64 * 1024 * 1024) -> bytes:
-        """The bytes of a file in the box."""
+        """The bytes of a file in the box.
+
+        Raises:
+            PathRefused: ``path`` is outside :attr:`allowed_roots`.
+            FileNotFoundError: there is no such file.
+            OutputLimitExceeded: the file is larger than ``limit``.
+            SandboxCrashed: the box died, was removed or paused (``reason`` says which).
+            SandboxClosed: its owner closed it.
+            SandboxUnavailable: the engine is gone, or refused the call.
+        """
 
     @abc.abstractmethod
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
@@ -166,22 +190,61 @@ class Sandbox(abc.ABC):
         ``PermissionError`` when the box's user could not write it (a read-only file, a
         directory it may not write in). A failed write leaves nothing behind: the old
         file stays as it was and no temporary file remains.
+
+        Raises:
+            PathRefused: ``path`` is outside :attr:`allowed_roots`.
+            IsADirectoryError: ``path`` is a directory.
+            PermissionError: the box's user could not write it.
+            SandboxCrashed: the box died, was removed or paused (``reason`` says which).
+            SandboxClosed: its owner closed it.
+            SandboxUnavailable: the engine is gone, or refused the call.
         """
 
     @abc.abstractmethod
     async def list_dir(self, path: str) -> list[FileInfo]:
-        """Entries of a directory, sorted by name."""
+        """Entries of a directory, sorted by name.
+
+        Raises:
+            PathRefused: ``path`` is outside :attr:`allowed_roots`.
+            FileNotFoundError: there is no such directory.
+            SandboxCrashed: the box died, was removed or paused (``reason`` says which).
+            SandboxClosed: its owner closed it.
+            SandboxUnavailable: the engine is gone, or refused the call.
+        """
 
     @abc.abstractmethod
     async def upload(self, local: Path, remote: str) -> None:
-        """Copy a host file or directory tree into the box at ``remote``."""
+        """Copy a host file or directory tree into the box at ``remote``.
+
+        Raises:
+            PathRefused: ``remote`` is outside :attr:`allowed_roots`.
+            FileNotFoundError: ``local`` does not exist on the host.
+            SandboxCrashed: the box died, was removed or paused (``reason`` says which).
+            SandboxClosed: its owner closed it.
+            SandboxUnavailable: the engine is gone, or refused the call.
+        """
 
     @abc.abstractmethod
     async def download(self, remote: str, local: Path) -> None:
-        """Copy a file or directory tree out of the box to ``local`` on the host."""
+        """Copy a file or directory tree out of the box to ``local`` on the host.
+
+        Raises:
+            PathRefused: ``remote`` is outside :attr:`allowed_roots`.
+            FileNotFoundError: there is no such file or directory in the box.
+            SandboxCrashed: the box died, was removed or paused (``reason`` says which).
+            SandboxClosed: its owner closed it.
+            SandboxUnavailable: the engine is gone, or refused the call.
+        """
 
     async def cdp_endpoint(self) -> str:
-        """The Chrome DevTools endpoint (``http://ip:port``) of a browser box."""
+        """The Chrome DevTools endpoint (``http://ip:port``) of a browser box.
+
+        Raises:
+            NotImplementedError: this is not a browser box.
+            SandboxCrashed: the box died, was removed or paused (``reason`` says which).
+            SandboxClosed: its owner closed it.
+            SandboxUnavailable: the engine is gone, or refused the call.
+        """
         raise NotImplementedError(
             f"sandbox {self.name} is a {self.spec.kind} box, not a browser box"
         )
@@ -200,11 +263,23 @@ class Sandbox(abc.ABC):
     async def check(self) -> None:
         """Raise :class:`~sandbox.errors.SandboxCrashed` if the box is no longer running,
         or can no longer start a process (``reason == "process-limit"``: its pids limit
-        is taken by processes nothing of Fleet's started)."""
+        is taken by processes nothing of Fleet's started).
+
+        Raises:
+            SandboxCrashed: the box is gone, paused, or out of processes.
+            SandboxClosed: its owner closed it.
+            SandboxUnavailable: the engine is gone, or refused the call.
+        """
 
     @abc.abstractmethod
     async def close(self) -> None:
-        """Remove the box (unless the spec says keep). Idempotent."""
+        """Remove the box (unless the spec says keep). Idempotent: a box closed already,
+        or gone already, is no error.
+
+        Raises:
+            SandboxUnavailable: the engine could not be reached to remove it (``fleet
+                sandbox gc`` removes it later, by its labels).
+        """
 
     async def __aenter__(self) -> Sandbox:
         return self
@@ -230,17 +305,31 @@ def owner_key(run: str, node: str = "") -> str:
 class SandboxBackend(abc.ABC):
     """Creates, lists and removes boxes on one engine."""
 
+    adopts_prestarted: bool = False
+    """Whether :meth:`adopt` takes boxes started before a run existed (the command
+    line's early boxes, ``coordinator.nodes.prewarm``)."""
+
     def owner(self, run: str) -> str:
         """The live-marker name of this backend's share of ``run`` (see :func:`owner_key`)."""
         return run
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec, *, run: str, member: str) -> Sandbox:
-        """Create and start a box, ready for ``exec`` (and CDP, for browser boxes)."""
+        """Create and start a box, ready for ``exec`` (and CDP, for browser boxes).
+
+        Raises:
+            SandboxSpecError: ``spec`` cannot be made here (an unknown image or runtime).
+            SandboxUnavailable: the engine is gone, or could not start the box.
+            SandboxCrashed: the box died while it started.
+        """
 
     @abc.abstractmethod
     async def list_boxes(self, *, run: str | None = None) -> list[BoxInfo]:
-        """Fleet's boxes on this engine, optionally only one run's."""
+        """Fleet's boxes on this engine, optionally only one run's.
+
+        Raises:
+            SandboxUnavailable: the engine is gone.
+        """
 
     async def egress_proxy(self, run: str, allow: Sequence[str]) -> str:
         """The URL of ``run``'s egress proxy for the hosts ``allow``, for a host-side
@@ -249,12 +338,44 @@ class SandboxBackend(abc.ABC):
         Raises :class:`SandboxError` when this backend has no egress proxy."""
         raise SandboxError(f"{type(self).__name__} has no egress proxy")
 
+    def start_offline(
+        self, spec: SandboxSpec, *, run: str, member: str, image: str
+    ) -> dict[str, Any]:
+        """Blocking, from a thread with no event loop: create and start a coding box with
+        no network before the run exists; its details, for :meth:`adopt`.
+
+        Raises:
+            SandboxError: this backend starts no boxes early (:attr:`adopts_prestarted`).
+            SandboxSpecError: ``spec`` is not a coding box without network.
+        """
+        raise SandboxError(f"{type(self).__name__} starts no boxes before a run")
+
+    async def adopt(
+        self, info: dict[str, Any], spec: SandboxSpec, *, run: str, member: str
+    ) -> Sandbox:
+        """The box of ``info``, a box of ``spec`` started before the run, ready for
+        ``exec`` once it answers (removed if it does not).
+
+        Raises:
+            SandboxError: this backend takes no such boxes (:attr:`adopts_prestarted`).
+            SandboxCrashed: the box died before it answered.
+        """
+        raise SandboxError(f"{type(self).__name__} takes no boxes started before a run")
+
     @abc.abstractmethod
     async def remove_run(self, run: str) -> int:
-        """Remove every box and network of one run; returns how many boxes."""
+        """Remove every box and network of one run; returns how many boxes.
+
+        Raises:
+            SandboxUnavailable: the engine is gone.
+        """
 
     @abc.abstractmethod
     async def gc(
         self, *, live_runs: set[str] | None = None, now: float | None = None
     ) -> list[BoxInfo]:
-        """Remove boxes whose TTL passed or whose run is not in ``live_runs``."""
+        """Remove boxes whose TTL passed or whose run is not in ``live_runs``.
+
+        Raises:
+            SandboxUnavailable: the engine is gone.
+        """

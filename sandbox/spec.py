@@ -213,7 +213,7 @@ class SandboxSpec(_Strict):
     """Keep the box after its owner ends, for debugging (``gc`` still removes it)."""
     runtime: Runtime = "runc"
     """The box's OCI runtime: ``runc`` (the host kernel, behind seccomp) or ``gvisor``
-    (gVisor's user-space kernel between the box and the host; see :mod:`sandbox.gvisor`)."""
+    (gVisor's user-space kernel between the box and the host; see :mod:`sandbox.docker.gvisor`)."""
 
     @field_validator("memory", "tmpfs_size", "workspace_size")
     @classmethod
@@ -257,6 +257,6 @@ class SandboxSpec(_Strict):
     @property
     def box_memory_bytes(self) -> int:
         """The box's memory limit: ``memory`` for programs plus the size of every tmpfs
-        mount (their pages are charged as memory; see :mod:`sandbox.container`)."""
+        mount (their pages are charged as memory; see :mod:`sandbox.docker.container`)."""
         tmpfs = parse_size(self.tmpfs_size) + parse_size(self.workspace_size) + SHM_BYTES
         return self.memory_bytes + tmpfs

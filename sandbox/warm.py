@@ -54,8 +54,8 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from . import reaper
 from .base import Sandbox, SandboxBackend
+from .docker import reaper
 from .errors import SandboxClosed, SandboxError, SandboxSpecError
 from .spec import SandboxSpec
 
@@ -113,7 +113,7 @@ class WarmBoxes:
     # -- the caller's side ------------------------------------------------------------
     async def __aenter__(self) -> WarmBoxes:
         if self._backend is None:
-            from .docker import DockerBackend
+            from .docker.backend import DockerBackend
 
             self._backend = DockerBackend()
         self._loop = _current_loop()

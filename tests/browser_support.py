@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.base import Sandbox
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from sandbox.spec import NetworkPolicy, SandboxSpec
 from subagents.browser.config import BrowserConfig
 from subagents.browser.corpus import CORPUS_ALLOW, start_corpus

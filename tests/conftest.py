@@ -8,7 +8,7 @@ Stable interface, used by every test module:
 ``images`` (session)
     ``dict[str, str]``: image name (``"base"``, ``"coding"``, ``"browser"``, ...) to
     its current reference (``"fleet-coding:1a2b3c4d5e6f"``). Builds whatever is missing
-    or out of date through ``sandbox.image_build.ensure_images`` (a no-op, well under a
+    or out of date through ``sandbox.images.build.ensure_images`` (a no-op, well under a
     second, when everything is up to date). A build that fails fails the test; a
     build that cannot run here (no root for debootstrap) skips it, or fails under CI.
 ``run_id`` (function)
@@ -175,7 +175,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[docker.DockerClient]:
     """A connected Docker client (skip, or fail under CI, when the engine is down)."""
-    from sandbox.engine import connect
+    from sandbox.docker.engine import connect
     from sandbox.errors import SandboxUnavailable
 
     try:
@@ -192,8 +192,8 @@ def docker_client() -> Iterator[docker.DockerClient]:
 def images(docker_client: docker.DockerClient) -> dict[str, str]:
     """Every Fleet image, built when missing or out of date: name -> reference."""
     from sandbox.errors import SandboxUnavailable
-    from sandbox.image_build import ensure_images
-    from sandbox.images import ImageBuildFailed
+    from sandbox.images.build import ensure_images
+    from sandbox.images.catalog import ImageBuildFailed
 
     try:
         return ensure_images(None, client=docker_client)
@@ -206,7 +206,7 @@ def images(docker_client: docker.DockerClient) -> dict[str, str]:
 @pytest.fixture
 def run_id(docker_client: docker.DockerClient) -> Iterator[str]:
     """A unique run id; every container and network labelled with it is removed after."""
-    from sandbox.reaper import mark_done, mark_live
+    from sandbox.docker.reaper import mark_done, mark_live
 
     rid = f"test-{uuid.uuid4().hex[:12]}"
     mark_live(rid)
@@ -322,7 +322,7 @@ def remove_run(client: docker.DockerClient, rid: str) -> None:
     """Remove every container, then every network, labelled ``fleet.run=<rid>``."""
     import docker.errors
 
-    from sandbox.engine import remove_box
+    from sandbox.docker.engine import remove_box
 
     selector = {"label": f"fleet.run={rid}"}
     for container in client.containers.list(all=True, filters=selector):

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from sandbox.errors import SandboxCrashed
 from subagents.fake_api import FakeMessagesAPI
 from subagents.kinds import Kind, register_kind

@@ -10,7 +10,7 @@ from __future__ import annotations
 import docker
 
 from sandbox.base import Sandbox
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from sandbox.spec import SandboxSpec
 
 CONNECT = """

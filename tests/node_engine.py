@@ -22,7 +22,7 @@ egress network is the exception: its bridge has one fixed name (``flt-egress``) 
 engine, and a second engine creating it on this machine would take over the main
 engine's interface. So the fixture creates the node engine's ``fleet-egress`` network
 itself, on a bridge named ``fleet-neX`` (X of its pool): under the host rules of
-:mod:`sandbox.firewall` (a ``fleet*`` bridge) nothing leaves it, which the tests never
+:mod:`sandbox.docker.firewall` (a ``fleet*`` bridge) nothing leaves it, which the tests never
 need (their models are offline, their pages are served inside the run network).
 ``--iptables=false``: the main engine owns this machine's Docker chains (two engines
 rewriting the same chains would break each other), and with them the ``FORWARD``
@@ -31,7 +31,7 @@ browser box and its run's proxy) that the engine no longer accepts itself. The f
 adds the one rule the node engine would have: frames bridged within one of its
 networks (:func:`_same_bridge`; its address pool, ``physdev --physdev-is-bridged``, so
 traffic routed between two of its networks is still dropped), and removes it at the
-end. The host rules of :mod:`sandbox.firewall` apply as on any engine.
+end. The host rules of :mod:`sandbox.docker.firewall` apply as on any engine.
 
 Fleet's images are copied from the main engine (``docker save | docker load``, only
 the current ones, once per session): the nodes then hold the same references the

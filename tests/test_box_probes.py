@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from sandbox.boxops import PROBE_BYTES, probe, probe_client, wait_cdp
+from sandbox.docker.boxops import PROBE_BYTES, probe, probe_client, wait_cdp
 
 
 class EndlessServer:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from browser_support import corpus_box
 
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from subagents.browser.dom import CLOSE_TAG, PageView, render_snapshot, untrusted
 from subagents.browser.pages import PageStore, quote_in, verify_quote
 

@@ -21,7 +21,7 @@ from browser_support import (
 )
 from loop_support import anthropic_model
 
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from subagents.fake_api import FakeMessagesAPI, tool_use
 from subagents.model.factory import make_model
 from subagents.trace import read_trace

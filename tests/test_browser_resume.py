@@ -16,7 +16,7 @@ import anyio
 import pytest
 from browser_support import CORPUS, browser_spec, corpus_box
 
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from subagents.durable import TRANSCRIPT
 from subagents.member import run_member
 from subagents.model.base import ModelRequest

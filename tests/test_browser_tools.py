@@ -10,7 +10,7 @@ import docker.errors
 import pytest
 from browser_support import CORPUS, Toolbox, browser_spec, corpus_box, tool_context
 
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from subagents.tools.browser import close_session
 from subagents.trace import read_trace
 

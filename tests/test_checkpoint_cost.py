@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
-from sandbox.docker import DockerBackend, DockerSandbox
+from sandbox.docker.backend import DockerBackend, DockerSandbox
 from sandbox.spec import SandboxSpec
 from subagents.durable import Checkpoints
 from subagents.kinds import coding

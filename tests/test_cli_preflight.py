@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from conftest import remove_run
 
-import sandbox.image_build as image_build
-import sandbox.images as images_mod
+import sandbox.images.build as image_build
+import sandbox.images.catalog as images_mod
 from coordinator.cli import main
 from coordinator.job.spec import Job
 from coordinator.rundir.runs import RunDir

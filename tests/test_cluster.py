@@ -49,8 +49,8 @@ from coordinator.nodes.node import NodeDeps
 from coordinator.nodes.worker import Recorder, Services
 from coordinator.oversight.approvals import ApprovalQueue
 from coordinator.rundir.runs import RunDir
-from sandbox.docker import DockerBackend
-from sandbox.reaper import pid_alive
+from sandbox.docker.backend import DockerBackend
+from sandbox.docker.reaper import pid_alive
 from subagents.model.offline import OfflineModel, with_required_fields
 from subagents.spec import MemberSpec
 from subagents.tools.mcp import McpServerSpec
@@ -690,9 +690,9 @@ def test_gc_on_the_cluster_takes_dead_actors_boxes_with_their_network_and_no_liv
     import ray
     from conftest import remove_run
 
-    from sandbox.cluster import actor_name, connect
-    from sandbox.network import network_name
-    from sandbox.reaper import box_labels, network_labels
+    from sandbox.cluster.nodes import actor_name, connect
+    from sandbox.docker.network import network_name
+    from sandbox.docker.reaper import box_labels, network_labels
     from sandbox.spec import SandboxSpec
 
     ship_by_value(sys.modules[__name__])
@@ -735,7 +735,7 @@ def test_gc_on_the_cluster_takes_dead_actors_boxes_with_their_network_and_no_liv
 
 
 def test_a_push_sends_a_node_only_the_images_asked_for_once_per_engine():
-    from sandbox.image_push import plan
+    from sandbox.images.push import plan
 
     def node(n: int) -> dict[str, str]:
         return {"NodeManagerAddress": "10.0.0.1", "NodeID": f"{n:06d}ffff"}

@@ -22,7 +22,7 @@ from coordinator.job.spec import RetryPolicy
 from coordinator.nodes.node import NodeDeps
 from coordinator.nodes.worker import Recorder, Services
 from coordinator.rundir.runs import RunDir
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from subagents.fake_api import FakeMessagesAPI, RateLimits
 from subagents.spec import MemberSpec
 from subagents.trace import read_trace

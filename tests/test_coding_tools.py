@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from loop_support import writer
 
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from sandbox.spec import SandboxSpec
 from subagents.tools.base import ToolContext, ToolOutput
 from subagents.tools.coding import coding_tools

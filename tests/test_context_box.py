@@ -14,7 +14,7 @@ import pytest
 from context_fakes import SummaryModel
 from test_context_compaction import NEEDLE, long_session
 
-from sandbox.docker import DockerBackend, DockerSandbox
+from sandbox.docker.backend import DockerBackend, DockerSandbox
 from sandbox.spec import SandboxSpec
 from subagents.context import ContextConfig, ContextManager
 from subagents.context.memory_tool import MemoryInput

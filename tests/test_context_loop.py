@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.docker import DockerBackend, DockerSandbox
+from sandbox.docker.backend import DockerBackend, DockerSandbox
 from sandbox.spec import SandboxSpec
 from subagents.context import ContextConfig
 from subagents.context.compaction import SUMMARY_SYSTEM, unmatched_tool_calls

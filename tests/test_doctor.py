@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import missing_dependency
 
-from sandbox.firewall import RULESET, TABLE
+from sandbox.docker.firewall import RULESET, TABLE
 
 pytestmark = [pytest.mark.docker]
 FLEET = str(Path(sys.executable).with_name("fleet"))
@@ -91,7 +91,7 @@ def test_doctor_reads_the_host_firewall_rules_from_the_kernel(tmp_path, docker_c
         f"FAIL  host firewall: there is no table inet {TABLE}"
     )
     assert "(FLEET_HOST_FIREWALL=external)" in absent["host firewall"]
-    assert "fix: load sandbox/firewall.py's RULESET" in absent["host firewall"]
+    assert "fix: load sandbox/docker/firewall.py's RULESET" in absent["host firewall"]
 
     tampered = tmp_path / "tampered.nft"  # Fleet's table, less the rule for proxies
     tampered.write_text(RULESET.replace('iifname "flt-egress" jump host', ""))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import engine
+from sandbox.docker import engine
 from sandbox.errors import SandboxUnavailable
 
 

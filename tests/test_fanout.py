@@ -30,7 +30,7 @@ from coordinator.nodes.node import NodeDeps
 from coordinator.nodes.worker import Recorder, Services
 from coordinator.rundir.runs import RunDir
 from sandbox.deferred import DeferredSandbox
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from subagents.context.config import ContextConfig
 from subagents.context.memory import MemoryStore
 from subagents.model import make_model
@@ -93,7 +93,7 @@ async def _remember(spec: MemberSpec, run_dir: Path, trace: Any, line: str) -> N
 
 
 def _kill(container: str) -> None:
-    from sandbox.engine import connect
+    from sandbox.docker.engine import connect
 
     client = connect()
     try:

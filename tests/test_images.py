@@ -19,10 +19,10 @@ import pytest
 from conftest import missing_dependency
 
 from coordinator.cli import main as fleet_main
-from sandbox import images as images_mod
 from sandbox.errors import SandboxUnavailable
-from sandbox.image_build import ensure_images
-from sandbox.images import (
+from sandbox.images import catalog as images_mod
+from sandbox.images.build import ensure_images
+from sandbox.images.catalog import (
     ImageDef,
     current_refs,
     image_ref,
@@ -266,7 +266,7 @@ def test_cached_rootfs_tarball_is_imported_without_debootstrap(
     with tarfile.open(store / f"{ref.split(':')[1]}.tar", "w") as tar:
         tar.add(marker, arcname="etc/fleet-marker")
     monkeypatch.setattr(
-        "sandbox.image_build._debootstrap_tarball",
+        "sandbox.images.build._debootstrap_tarball",
         lambda *a: pytest.fail("debootstrap ran although the tarball was cached"),
     )
 
@@ -393,7 +393,7 @@ async def test_coding_box_runs_pytest_and_installs_a_project_offline(
 ) -> None:
     """``fleet code REPO TASK --test "python3 -m pytest -q"`` in a box with no network:
     pytest is there, and a src-layout project installs into a venv without an index."""
-    from sandbox.docker import DockerBackend
+    from sandbox.docker.backend import DockerBackend
     from sandbox.spec import SandboxSpec
 
     backend = DockerBackend(docker_client, images=images)

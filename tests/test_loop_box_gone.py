@@ -19,7 +19,7 @@ import anyio
 import pytest
 from loop_support import anthropic_model, events, writer
 
-from sandbox.docker import DockerBackend, DockerSandbox
+from sandbox.docker.backend import DockerBackend, DockerSandbox
 from subagents.fake_api import FakeMessagesAPI, tool_use
 from subagents.member import run_member
 from subagents.outcome import MemberOutcome

@@ -214,7 +214,7 @@ def test_a_url_server_answers_through_the_runs_egress_proxy_and_only_its_allowed
     reaches it through a proxy allowing it, and is refused through one that does not."""
     import anyio
 
-    from sandbox.docker import DockerBackend
+    from sandbox.docker.backend import DockerBackend
     from sandbox.spec import SandboxSpec
     from subagents.tools.base import ToolContext
     from subagents.tools.mcp import McpServerSpec, McpStartFailed, serve_servers

@@ -20,7 +20,7 @@ from process_support import popen
 
 from coordinator.job.jobfile import parse_job
 from coordinator.rundir.runs import RunDir, RunNotFound
-from sandbox import reaper
+from sandbox.docker import reaper
 from subagents.fake_api import FakeMessagesAPI, tool_use
 
 FLEET = str(Path(sys.executable).with_name("fleet"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.docker import DockerBackend, DockerSandbox
+from sandbox.docker.backend import DockerBackend, DockerSandbox
 from sandbox.errors import (
     OutputLimitExceeded,
     PathRefused,
@@ -249,7 +249,7 @@ async def test_paused_box_is_crashed_promptly_and_stays_unusable_after_unpause(
 
     import anyio
 
-    from sandbox import transport
+    from sandbox.docker import transport
 
     monkeypatch.setattr(transport, "WATCH_S", 0.5)
     box = await backend.create(SandboxSpec(), run=run_id, member="frozen")

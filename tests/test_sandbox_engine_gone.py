@@ -20,9 +20,9 @@ import docker.errors
 import pytest
 import requests.exceptions
 
-from sandbox import engine
-from sandbox.docker import DockerBackend
-from sandbox.engine import engine_down
+from sandbox.docker import engine
+from sandbox.docker.backend import DockerBackend
+from sandbox.docker.engine import engine_down
 from sandbox.errors import SandboxCrashed, SandboxUnavailable
 from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec

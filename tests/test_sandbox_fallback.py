@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import docker
 import pytest
 
-from sandbox.docker import INLINE_UPLOAD_BYTES, DockerBackend, DockerSandbox
+from sandbox.docker.backend import INLINE_UPLOAD_BYTES, DockerBackend, DockerSandbox
 from sandbox.errors import SandboxCrashed, SandboxUnavailable
 from sandbox.spec import SandboxSpec
 

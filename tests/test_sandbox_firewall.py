@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox import firewall
+from sandbox.docker import firewall
 from sandbox.errors import SandboxUnavailable
 
 

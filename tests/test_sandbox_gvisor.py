@@ -32,10 +32,10 @@ from network_support import CONNECT, run_proxy, service_box
 from scripted_calls import tool_results
 
 from coordinator.rundir.runs import RunDir
-from sandbox import gvisor
-from sandbox.docker import DockerBackend, DockerSandbox
+from sandbox.docker import gvisor
+from sandbox.docker.backend import DockerBackend, DockerSandbox
+from sandbox.docker.firewall import PROXY_PORT, SERVICE_PORT
 from sandbox.errors import SandboxCrashed, SandboxUnavailable
-from sandbox.firewall import PROXY_PORT, SERVICE_PORT
 from sandbox.spec import NetworkPolicy, SandboxSpec
 from subagents.fake_api import tool_use
 from subagents.trace import read_trace
@@ -71,7 +71,7 @@ def backend(gvisor_engine: Any, images: dict[str, str]) -> DockerBackend:
 def module_run(gvisor_engine: Any) -> Iterator[str]:
     from conftest import remove_run
 
-    from sandbox.reaper import mark_done, mark_live
+    from sandbox.docker.reaper import mark_done, mark_live
 
     rid = f"test-gvisor-{os.getpid()}"
     mark_live(rid)
@@ -373,7 +373,7 @@ def test_a_job_asking_for_gvisor_where_it_is_not_registered_is_refused_before_an
 def test_doctor_says_whether_gvisor_is_available(
     gvisor_engine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandbox.doctor import _gvisor
+    from sandbox.cli.doctor import _gvisor
 
     info = gvisor_engine.info()
     assert _gvisor(info).status == "ok"
@@ -437,8 +437,8 @@ def test_a_box_whose_start_fails_leaves_no_runsc_process(
     failing_runtime: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sandbox.container import create_container
-    from sandbox.reaper import box_labels
+    from sandbox.docker.container import create_container
+    from sandbox.docker.reaper import box_labels
 
     monkeypatch.setattr(gvisor, "runtime_name", lambda spec, network: failing_runtime)
     spec = SandboxSpec(runtime="gvisor")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from sandbox.host_addresses import bridge_gateways, local_addresses
+from sandbox.docker.host_addresses import bridge_gateways, local_addresses
 
 
 def test_a_listed_gateway_is_taken_as_is() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from sandbox.errors import SandboxSpecError, SandboxUnavailable
 from sandbox.spec import NetworkPolicy, SandboxSpec
 

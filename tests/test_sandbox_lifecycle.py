@@ -10,9 +10,9 @@ import anyio
 import pytest
 from conftest import remove_run
 
-from sandbox import reaper
 from sandbox.base import BoxInfo
-from sandbox.docker import DockerBackend
+from sandbox.docker import reaper
+from sandbox.docker.backend import DockerBackend
 from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec
 

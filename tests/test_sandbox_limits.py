@@ -14,7 +14,7 @@ import anyio
 import pytest
 from rss_support import RssWatch
 
-from sandbox.docker import DockerBackend
+from sandbox.docker.backend import DockerBackend
 from sandbox.errors import SandboxUnavailable
 from sandbox.spec import SandboxSpec
 

@@ -20,8 +20,8 @@ import pytest
 from conftest import missing_dependency
 from network_support import CONNECT, proxy_exec, run_proxy, service_box
 
-from sandbox.docker import DockerBackend
-from sandbox.firewall import PROXY_PORT, SERVICE_PORT
+from sandbox.docker.backend import DockerBackend
+from sandbox.docker.firewall import PROXY_PORT, SERVICE_PORT
 from sandbox.spec import NetworkPolicy, SandboxSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio, pytest.mark.slow]

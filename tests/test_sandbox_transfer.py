@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.docker import INLINE_UPLOAD_BYTES, DockerBackend, DockerSandbox
+from sandbox.docker.backend import INLINE_UPLOAD_BYTES, DockerBackend, DockerSandbox
 from sandbox.errors import PathRefused
 from sandbox.spec import SandboxSpec
 
@@ -34,7 +34,7 @@ def anyio_backend() -> str:
 def module_run(docker_client) -> Iterator[str]:
     from conftest import remove_run
 
-    from sandbox.reaper import mark_done, mark_live
+    from sandbox.docker.reaper import mark_done, mark_live
 
     rid = f"test-{uuid.uuid4().hex[:12]}"
     mark_live(rid)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.agent_client import Demuxer
-from sandbox.boxops import agent_source, exec_request, exec_result, ok_reply, read_reply
+from sandbox.docker.agent_client import Demuxer
+from sandbox.docker.boxops import agent_source, exec_request, exec_result, ok_reply, read_reply
 from sandbox.errors import PathRefused
 from sandbox.inbox import wire
 

@@ -13,7 +13,7 @@ import docker
 import pytest
 
 import coordinator as fleet
-from sandbox import reaper
+from sandbox.docker import reaper
 from sandbox.errors import SandboxSpecError
 from sandbox.spec import SandboxSpec
 from sandbox.warm import WarmBoxes
@@ -210,7 +210,7 @@ def test_boxes_of_a_killed_owner_are_taken_by_gc(images, docker_client):
     owner = proc.stdout.strip()
     assert owner.startswith("warm-") and len(_names(docker_client, owner)) == 2
     assert owner not in reaper.live_runs()  # its marker names a dead process
-    from sandbox.docker import DockerBackend
+    from sandbox.docker.backend import DockerBackend
 
     removed = anyio.run(lambda: DockerBackend(docker_client).gc())
     assert len(_names_before(removed, owner)) == 2

@@ -4,7 +4,7 @@
 ``approve`` hold the sub-commands; the orchestration they call lives beside this
 package in ``coordinator/``, and reading traces in ``coordinator/traceview/``.
 
-Each room registers its own sub-commands (``sandbox.cli`` for ``images`` and
+Each room registers its own sub-commands (``sandbox.cli.commands`` for ``images`` and
 ``sandbox``; the coordinator's modules for the rest), so this file only wires
 them together and turns expected errors into one-paragraph messages with exit
 code 2 (bad input), 1 (failure), 130 (interrupted) or 141 (the reader of its output
@@ -28,7 +28,7 @@ EXIT_BROKEN_PIPE = 128 + 13
 # Modules that define ``register(subparsers)``; each adds its commands with
 # ``set_defaults(func=...)`` where ``func(args) -> int``.
 COMMAND_MODULES = (
-    "sandbox.cli",
+    "sandbox.cli.commands",
     "coordinator.cli.commands",
     "coordinator.cli.trace",
     "coordinator.cli.approve",
@@ -37,10 +37,10 @@ COMMAND_MODULES = (
 # a known command; `--help` imports them all. None of them imports the model client
 # (about a second) at the top: the run commands load it once their job is read.
 COMMAND_HOMES = {
-    "setup": "sandbox.cli",
-    "doctor": "sandbox.cli",
-    "images": "sandbox.cli",
-    "sandbox": "sandbox.cli",
+    "setup": "sandbox.cli.commands",
+    "doctor": "sandbox.cli.commands",
+    "images": "sandbox.cli.commands",
+    "sandbox": "sandbox.cli.commands",
     "run": "coordinator.cli.commands",
     "research": "coordinator.cli.commands",
     "code": "coordinator.cli.commands",

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from sandbox.cluster_auth import add_insecure_flag
+from sandbox.cluster.auth import add_insecure_flag
 from subagents.browser.corpus import CORPUS_ALLOW
 from subagents.kinds.results import CodingMemberResult, MemberResult, UnknownResult
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from subagents.kinds import kind_is
 from subagents.kinds.results import (
     CodingResult,
     Findings,
@@ -141,7 +142,9 @@ def _add_waves(report: Report, run: RunDir, outcomes: dict[str, MemberOutcome]) 
         line.wave = wave.get(line.member)
     for s in spawned:
         o = outcomes.get(s.job.id or "")
-        if s.job.kind != "coding" or (s.job.test is None and s.checks_claim is None):
+        if not kind_is(s.job.kind, "returns_patch") or (
+            s.job.test is None and s.checks_claim is None
+        ):
             continue
         report.checks.append(_check(s.job, s.wave, s.checks_claim or {}, o, outcomes))
 

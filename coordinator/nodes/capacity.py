@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sandbox.gvisor import host_memory
+from sandbox.docker.gvisor import host_memory
 from sandbox.spec import NetworkPolicy, SandboxSpec
 
 if TYPE_CHECKING:  # the job model imports the harness; choose() must not (prewarm.py)

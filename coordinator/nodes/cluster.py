@@ -69,7 +69,7 @@ import anyio
 import ray
 import ray.exceptions
 
-from sandbox.cluster import (
+from sandbox.cluster.nodes import (
     SLOTS,
     ClusterUnavailable,
     NodeUnreachable,
@@ -144,7 +144,7 @@ def check_nodes(
     (reference -> the field naming it) - and, for browser boxes, the host firewall rules;
     ClusterUnavailable naming each node that does not, and ``fleet setup``. Returns the
     ``fleet_slots`` the nodes offer. A cluster that lets in a process without its token
-    is refused unless ``insecure`` (:func:`sandbox.cluster.connect`)."""
+    is refused unless ``insecure`` (:func:`sandbox.cluster.nodes.connect`)."""
     connect(address, insecure=insecure)
     problems: list[str] = []
     lacking = False
@@ -314,7 +314,7 @@ class RayNodes(Nodes):
             scheduling_strategy=pinned(info),
             max_restarts=0,
             max_task_retries=0,
-            # Its name is its boxes' sign of life for any host's gc (sandbox.cluster).
+            # Its name is its boxes' sign of life for any host's gc (sandbox.cluster.nodes).
             name=actor_name(self._run_id, node_name(info)),
             namespace="fleet",
         ).remote(self._run_id, node_name(info), self.setup, self.governor, remove_dead)

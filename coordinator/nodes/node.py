@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 import anyio
 
-from sandbox import reaper
 from sandbox.base import Sandbox, SandboxBackend
 from sandbox.deferred import DeferredSandbox
+from sandbox.docker import reaper
 from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxUnavailable
 from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec
@@ -435,16 +435,13 @@ def _adopt(
     """Hand boxes of ``spec`` started before the run to its pool; each becomes idle once
     its agent answers (all come up together), one that does not is removed and the
     pool makes another."""
-    from sandbox.docker import DockerBackend
-
-    if not infos or not isinstance(backend, DockerBackend):
+    if not infos or not backend.adopts_prestarted:
         return
-    docker_backend = backend
     for info in infos:
         member = info["Config"]["Labels"].get("fleet.member", "pool")
 
         async def ready(info: dict = info, member: str = member) -> Sandbox:
-            return await docker_backend.adopt(info, spec, run=run, member=member)
+            return await backend.adopt(info, spec, run=run, member=member)
 
         pool.adopt(ready)
 

@@ -2,7 +2,7 @@
 (:func:`check_node`, before the run starts) and removing a dead run's boxes
 (:func:`reap_node`, before a resume).
 
-Each runs as a plain Ray task on every node (:func:`sandbox.cluster.on_each_node`), in
+Each runs as a plain Ray task on every node (:func:`sandbox.cluster.nodes.on_each_node`), in
 a worker process that imports this module by name. So it imports only what these two
 need - the Docker client and the image references - and none of what runs a member
 (the agent loop, the model client, the harnesses): that import is several seconds of
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import anyio
 
-from sandbox import firewall
+from sandbox.docker import firewall
 from sandbox.errors import SandboxUnavailable
 
 MISSING = " is missing"
@@ -26,8 +26,8 @@ def check_node(images: list[str], own: dict[str, str], firewall_needed: bool) ->
     naming it) not on its engine, the host firewall rules absent.
 
     Blocking; run as a task on the node before the run starts."""
-    from sandbox.engine import connect
-    from sandbox.images import current_refs, image_exists
+    from sandbox.docker.engine import connect
+    from sandbox.images.catalog import current_refs, image_exists
 
     problems: list[str] = []
     try:
@@ -56,6 +56,6 @@ def check_node(images: list[str], own: dict[str, str], firewall_needed: bool) ->
 
 def reap_node(run_id: str) -> int:
     """Remove every box of ``run_id`` on this node's engine, whichever node made it."""
-    from sandbox.docker import DockerBackend
+    from sandbox.registry import get_backend
 
-    return anyio.run(DockerBackend().remove_run, run_id)
+    return anyio.run(get_backend().remove_run, run_id)

@@ -40,7 +40,7 @@ from typing import Any
 
 import anyio
 
-from sandbox.docker import DockerBackend
+from sandbox.registry import get_backend
 from sandbox.spec import SandboxSpec
 from subagents.model import make_model
 from subagents.outcome import MemberOutcome
@@ -76,7 +76,7 @@ def _durable(send: Callable[[Message], None]) -> Callable[[DurableUpdate], None]
 
 def docker_node(node: str) -> NodeDeps:
     """The default node side: this host's Docker engine, the real model factory."""
-    return NodeDeps(backend=DockerBackend(node=node), make_model=make_model)
+    return NodeDeps(backend=get_backend("docker", node=node), make_model=make_model)
 
 
 def _preload(units: list[MemberUnit]) -> None:

@@ -103,10 +103,10 @@ class Prewarm:
 
     # -- the thread ---------------------------------------------------------------
     def _work(self) -> None:
-        from sandbox import reaper
-        from sandbox.docker import DockerBackend
-        from sandbox.engine import connect
-        from sandbox.images import image_ref
+        from sandbox.docker import reaper
+        from sandbox.docker.engine import connect
+        from sandbox.images.catalog import image_ref
+        from sandbox.registry import get_backend
 
         try:
             client = connect()
@@ -116,7 +116,7 @@ class Prewarm:
             limit = self._limit(client)
             wanted = self.first[:limit]
             image = image_ref("coding", client=client)  # built, else nothing starts early
-            backend = DockerBackend(client)
+            backend = get_backend("docker", client=client)
             reaper.mark_live(backend.owner(self.run))
 
             def one(i: int) -> None:
@@ -162,8 +162,8 @@ class Prewarm:
             left = [info["Id"] for _, info in self._boxes if info["Id"] not in self._taken]
         if not left:
             return
-        from sandbox import reaper
-        from sandbox.engine import connect, remove_box
+        from sandbox.docker import reaper
+        from sandbox.docker.engine import connect, remove_box
 
         try:
             client = connect()

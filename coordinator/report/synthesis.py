@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from subagents.browser.dom import CLOSE_TAG, OPEN_TAG
+from subagents.kinds import kind_is
 from subagents.kinds.results import result_json
 from subagents.member_text import clean, member_block
 from subagents.model.base import Model, ModelError, ModelRequest
@@ -96,7 +97,7 @@ def digest(outcomes: list[MemberOutcome], tasks: dict[str, str], cap: int) -> li
             # evidence, marked partial wherever it is shown or cited.
             "partial": (
                 cap_result(o.partial_result, cap)
-                if o.status != "ok" and o.partial_result and o.kind != "coding"
+                if o.status != "ok" and o.partial_result and not kind_is(o.kind, "returns_patch")
                 else None
             ),
         }
@@ -122,7 +123,7 @@ def unfinished(digests: list[dict[str, Any]]) -> list[str]:
         f"Not finished ({d['member']} ended {d['status']}): {d['task']}"
         for d in digests
         if d["status"] != "ok"
-        and d["kind"] != "coding"
+        and not kind_is(d["kind"], "returns_patch")
         and d["task"]
         and not (d.get("partial") or {}).get("claims")
     ]
@@ -147,7 +148,7 @@ def keep_open(report: Report, digests: list[dict[str, Any]]) -> None:
     not."""
     listed = {_norm(q) for q in report.open_questions}
     for d in digests:
-        if d["status"] == "ok" or d["kind"] == "coding":
+        if d["status"] == "ok" or kind_is(d["kind"], "returns_patch"):
             continue
         asked = {_norm(x["task"]) for x in digests if x["member"] != d["member"]}
         left = [q for q in open_questions_of(d) if _norm(q) not in asked]
@@ -194,7 +195,7 @@ def _code_entries(digests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         _code_entry(d)
         for d in digests
-        if d["kind"] == "coding" and (d["status"] == "ok" or d.get("kept"))
+        if kind_is(d["kind"], "returns_patch") and (d["status"] == "ok" or d.get("kept"))
     ]
 
 
@@ -202,7 +203,7 @@ def _answers(digests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for d in digests:
         r = d.get("result") or {}
-        if d["status"] == "ok" and d["kind"] != "coding" and r.get("summary"):
+        if d["status"] == "ok" and not kind_is(d["kind"], "returns_patch") and r.get("summary"):
             out.append(
                 {
                     "member": d["member"],

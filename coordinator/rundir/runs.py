@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox.reaper import pid_alive
+from sandbox.docker.reaper import pid_alive
 from subagents.outcome import MemberOutcome
 
 from ..job.run_names import run_name

@@ -27,12 +27,14 @@ from typing import Any, TextIO
 import anyio
 from anyio.abc import TaskStatus
 
-from sandbox import reaper
 from sandbox.base import SandboxBackend
+from sandbox.docker import reaper
+from sandbox.registry import get_backend
 from sandbox.warm import WarmBoxes
 from subagents.beside import leaves
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.budget import register
+from subagents.kinds import kind_is
 from subagents.model import Model, make_model, resolve_model
 from subagents.outcome import MemberOutcome
 
@@ -138,9 +140,7 @@ def _nodes(opts: RunOptions, approver: FileApprover) -> Nodes:
 
         return RayNodes(opts.cluster, approver=approver, insecure=opts.insecure_cluster)
     if opts.backend is None:
-        from sandbox.docker import DockerBackend
-
-        opts.backend = DockerBackend()
+        opts.backend = get_backend()
     deps = NodeDeps(
         backend=opts.backend,
         make_model=opts.make_model,
@@ -460,7 +460,7 @@ async def _run_members(
         services = Services(
             max_parallel=parallel,
             warm_pool=job.fanout.warm_pool,
-            corpus=any(u.spec.kind == "browser" for u in units) and _wants_corpus(job),
+            corpus=any(kind_is(u.spec.kind, "reads_web") for u in units) and _wants_corpus(job),
         )
         async with nodes.serve(run.id, units, services):
             fanned = await fan.run(units)
@@ -566,7 +566,7 @@ async def _lead_run(
         services=Services(
             max_parallel=parallel,
             warm_pool=job.fanout.warm_pool,
-            corpus="browser" in lead.kinds and _wants_corpus(job),
+            corpus=any(kind_is(k, "reads_web") for k in lead.kinds) and _wants_corpus(job),
             members=lead.max_members,  # later waves' members need slots too
         ),
         pending=pending,

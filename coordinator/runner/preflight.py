@@ -83,8 +83,8 @@ def preflight(
 def check_runtime(job: Job) -> None:
     """A job that asks for gVisor finds it registered with the engine, or is refused
     (exit 2) with the command that registers it - before any box starts."""
-    from sandbox.engine import connect
-    from sandbox.gvisor import missing_runtimes, unregistered_message
+    from sandbox.docker.engine import connect
+    from sandbox.docker.gvisor import missing_runtimes, unregistered_message
 
     wants = job.sandbox.runtime == "gvisor" or any(
         m.sandbox.runtime == "gvisor" for m in job.members
@@ -113,7 +113,7 @@ def check_parallel(job: Job, *, cluster_slots: int | None = None) -> Parallelism
     if cluster_slots is not None:
         members = max(1, min(len(job_boxes(job)), cluster_slots))
         return Parallelism(members, f"the cluster's nodes offer {cluster_slots} fleet_slots")
-    from sandbox.engine import connect
+    from sandbox.docker.engine import connect
 
     try:
         client = connect()
@@ -229,7 +229,7 @@ def check_models(job: Job, flags: dict[str, str] | None = None) -> None:
 
 def needed_images(job: Job) -> list[str]:
     """Fleet's images the job's boxes will run on, in build order."""
-    from sandbox.images import image_defs
+    from sandbox.images.catalog import image_defs
 
     kinds: list[str] = [m.kind for m in job.members if not m.sandbox.image]
     if job.research is not None:
@@ -255,9 +255,9 @@ def _say(out: TextIO) -> Callable[[str], None]:
 def check_images(job: Job, *, out: TextIO | None = None) -> dict[str, str]:
     """Build the job's missing or out-of-date images, or :class:`UsageError` when they
     cannot be built here; name -> reference. Blocking (a CLI step, before the run)."""
-    from sandbox.engine import connect
-    from sandbox.image_build import ensure_images
-    from sandbox.images import ImageBuildFailed, current_refs, image_exists
+    from sandbox.docker.engine import connect
+    from sandbox.images.build import ensure_images
+    from sandbox.images.catalog import ImageBuildFailed, current_refs, image_exists
 
     names = needed_images(job)
     own = {f"members[{i}].sandbox.image": m for i, m in enumerate(job.members) if m.sandbox.image}

@@ -8,7 +8,7 @@ the workspace's stamps print (:mod:`.stamps`, which the agent and Fleet's in-box
 program share).
 They use the standard library only, because a box has ``python3`` and nothing
 else, and the image build copies each of them, flat, into every Fleet image at
-``/opt/fleet`` (:data:`sandbox.images.BOX_HELPERS`).
+``/opt/fleet`` (:data:`sandbox.images.catalog.BOX_HELPERS`).
 
 The host never runs them; it imports only their pure rules and types (the proxy's
 allowlist and address checks, which a job file is validated against before any box

@@ -31,7 +31,7 @@ health check.
 Three files, this one and ``wire.py`` and ``stamps.py`` beside it in ``/opt/fleet``.
 ``python3 -I`` keeps the script's directory off ``sys.path``, so this file puts its
 own directory there for those imports. Hosts whose image lacks the agent send the
-sources with ``python3 -c`` (:func:`sandbox.boxops.agent_source`), the other two
+sources with ``python3 -c`` (:func:`sandbox.docker.boxops.agent_source`), the other two
 defined first.
 
 An ``exec`` request with ``stamps`` gets the workspace's stamps print

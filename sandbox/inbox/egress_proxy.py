@@ -5,7 +5,7 @@ one small container per run that has browser boxes. The proxy sits on the run's
 ``--internal`` network (where the browser boxes are) and on a normal bridge network
 (the way out). Chromium in a browser box is started with ``--proxy-server`` pointing
 here. The internal network forwards nothing off its bridge, and the host firewall
-rules of :mod:`sandbox.firewall` refuse every connection a box opens to the host
+rules of :mod:`sandbox.docker.firewall` refuse every connection a box opens to the host
 itself, so the proxy is the only path off the box for any program in it.
 
 It forwards plain HTTP (absolute-URI requests) and ``CONNECT`` tunnels, and only to

@@ -2,8 +2,8 @@
 
 Both ends import this one file: the agent in the box (:mod:`sandbox.inbox.boxagent`,
 beside it at ``/opt/fleet/wire.py``, or bundled into its source when the host sends
-that with ``python3 -c``) and the host (:mod:`sandbox.agent_client`,
-:mod:`sandbox.transport`, :mod:`sandbox.boxops`, :mod:`sandbox.docker`). So an
+that with ``python3 -c``) and the host (:mod:`sandbox.docker.agent_client`,
+:mod:`sandbox.docker.transport`, :mod:`sandbox.docker.boxops`, :mod:`sandbox.docker.backend`). So an
 operation's fields are declared once, and mypy checks both sides against them.
 
 Frame, both directions: a 4-byte big-endian length (:data:`HEADER`), then that many

@@ -12,9 +12,9 @@ import anyio
 import httpx
 
 from sandbox.base import Sandbox, SandboxBackend
-from sandbox.boxops import probe, probe_client
+from sandbox.docker.boxops import probe, probe_client
+from sandbox.docker.firewall import SERVICE_PORT
 from sandbox.errors import SandboxUnavailable
-from sandbox.firewall import SERVICE_PORT
 from sandbox.spec import SandboxSpec
 
 CORPUS_MEMBER = "corpus"
@@ -34,7 +34,7 @@ async def start_corpus(
 ) -> Sandbox:
     """Create the corpus service box and return it once its search page answers."""
     if image is None:
-        from sandbox.images import image_ref
+        from sandbox.images.catalog import image_ref
 
         image = await anyio.to_thread.run_sync(image_ref, "corpus")
     spec = SandboxSpec(kind="service", image=image, memory="512m", cpus=0.5)
@@ -50,7 +50,7 @@ async def start_corpus(
 
 async def wait_ready(box: Sandbox, timeout_s: float) -> None:
     """Poll ``/healthz`` of the corpus box from the host (by its run-network address;
-    :func:`sandbox.boxops.probe`)."""
+    :func:`sandbox.docker.boxops.probe`)."""
     ip = getattr(box, "ip", None)
     if not ip:
         raise SandboxUnavailable(f"corpus box {box.name} has no address on the run network")

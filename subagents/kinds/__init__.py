@@ -73,6 +73,13 @@ class Kind:
     needs_box: bool = True
     """False for a kind whose tools touch no box (the lead: it delegates, on the
     coordinator's host); such a member runs with no sandbox at all."""
+    returns_patch: bool = False
+    """Its result is a change to a repository (a patch, what its test did), not findings
+    to read: a report lists it among the code changes, never gives it to the analyst,
+    and a lead's check of a documented behaviour is a member of such a kind."""
+    reads_web: bool = False
+    """It reads pages through the run's egress: the run's offline corpus (when the job
+    allows it) is started for members of such a kind."""
     file_tools: bool = False
     """Its tools read and search box files (``read_file``, ``grep``), so a saved tool
     result is pointed to in the box; False: the member gets ``read_saved`` instead."""
@@ -129,6 +136,15 @@ def get_kind(name: str) -> Kind:
         known = sorted(set(_KINDS) | set(_BUILTIN))
         raise UnknownKind(f"unknown member kind {name!r}; use one of: {', '.join(known)}")
     return _KINDS[name]
+
+
+def kind_is(name: str, trait: str) -> bool:
+    """Whether the kind called ``name`` has ``trait`` (a boolean field of :class:`Kind`);
+    False for a kind this process does not know (a run recorded by a newer Fleet)."""
+    try:
+        return bool(getattr(get_kind(name), trait))
+    except UnknownKind:
+        return False
 
 
 def kind_settings(kind: str, value: Any = None) -> BaseModel:

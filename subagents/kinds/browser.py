@@ -123,6 +123,7 @@ BROWSER = register_kind(
             "quote, open questions, confidence). Call it exactly once, when done."
         ),
         box_kind="browser",
+        reads_web=True,
         finalize=verify_findings,
         checkpoint=checkpoint_page,
         restore=restore_page,

@@ -357,6 +357,7 @@ CODING = register_kind(
         ),
         todos=True,
         box_kind="coding",
+        returns_patch=True,
         file_tools=True,
         setup=snapshot_workspace,
         checkpoint=lambda ctx, tools: _checkpoint().checkpoint_workspace(ctx, tools, _diff_now),

@@ -1,7 +1,7 @@
 """How Fleet's images are built: the offline root file system and Dockerfile builds.
 
 :func:`ensure_images` is the entry point: it builds whichever of the images declared
-in :mod:`sandbox.images` (and their parents) are missing or out of date with their
+in :mod:`sandbox.images.catalog` (and their parents) are missing or out of date with their
 inputs. That module says what the images are and which tags their inputs give; this
 one makes them exist, so the import runs one way, from here to there.
 
@@ -39,9 +39,9 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from .engine import Say, connect, ensure_build_tools, is_root
-from .errors import SandboxUnavailable
-from .images import (
+from ..docker.engine import Say, connect, ensure_build_tools, is_root
+from ..errors import SandboxUnavailable
+from .catalog import (
     LABEL_IMAGE,
     LABEL_INPUTS,
     ImageBuildFailed,

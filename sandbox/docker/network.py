@@ -4,9 +4,9 @@ Coding boxes get ``network_mode=none``: no interface but loopback. Browser and s
 boxes sit on their run's own ``--internal`` bridge network, ``fleet-run-<run>``: the
 host reaches them by IP (that is how CDP gets out), a box reaches the run's egress
 proxy on its port and, through it, the run's service boxes (a service box answers
-under its member name as a DNS alias, on :data:`~sandbox.firewall.SERVICE_PORT`),
+under its member name as a DNS alias, on :data:`~sandbox.docker.firewall.SERVICE_PORT`),
 and nothing else - not a sibling member's box, not another port of a proxy or a
-service box (the host rules of :mod:`sandbox.firewall` drop that, by the MAC prefix
+service box (the host rules of :mod:`sandbox.docker.firewall` drop that, by the MAC prefix
 proxies and service boxes get and the port), and nothing off the bridge (an internal
 network has no route off it).
 
@@ -16,7 +16,7 @@ allowlist in a run (usually one per run). Boxes get its address in ``FLEET_PROXY
 (and the usual ``http_proxy`` variables); the browser image's start script hands it
 to Chromium as ``--proxy-server``. The proxy refuses every address of the Docker host
 it is told of (the gateways of the run network, of ``fleet-egress`` and of the
-default bridge, read by :func:`sandbox.host_addresses.bridge_gateways` even where the
+default bridge, read by :func:`sandbox.docker.host_addresses.bridge_gateways` even where the
 engine's description omits them, and, with a local engine, every address of the
 host's interfaces, IPv4 and IPv6), every address that is not globally routable
 (loopback, private, link-local, carrier-grade NAT, multicast, ...) outside the run's
@@ -35,7 +35,7 @@ bridge's gateway address, which lives on the host, so a packet a box sends to an
 host address is delivered to the host's own ``INPUT`` chain (Docker's isolation rules
 only act on ``FORWARD``). Proxy settings bind only programs that honour them, so they
 cannot be what keeps ``curl`` or a raw socket run by ``exec`` off the host. That is
-the job of :mod:`sandbox.firewall`: every run network's bridge is named
+the job of :mod:`sandbox.docker.firewall`: every run network's bridge is named
 ``fleet<hash>`` and one host rule set rejects any connection a ``fleet*`` bridge (or
 ``flt-egress``) opens to the host and forwards nothing off a ``fleet*`` bridge; the
 host's own connections to boxes (CDP) and their replies still pass. The rules are installed before the
@@ -55,9 +55,9 @@ import anyio
 import docker
 import docker.errors
 
+from ..errors import SandboxUnavailable
 from . import firewall, reaper
 from .engine import engine_calls, engine_host, remove_box
-from .errors import SandboxUnavailable
 from .host_addresses import bridge_gateways, engine_is_local, local_addresses
 
 PROXY_PORT = firewall.PROXY_PORT
@@ -198,7 +198,7 @@ class RunNetworks:
         """
         import fcntl
 
-        from .images import cache_dir
+        from ..images.catalog import cache_dir
 
         api = self._client.api
         cache_dir().mkdir(parents=True, exist_ok=True)

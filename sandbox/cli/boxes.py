@@ -12,7 +12,7 @@ and whatever of their run is left only for them (its egress proxy and networks).
 ``gc --cluster ADDRESS`` runs the same gc on every Docker engine of a Ray cluster's
 Fleet nodes, once per engine, for boxes a killed coordinator or a dead node left on
 other hosts: a cluster box lives as long as its node's actor for the run, which any
-process of the cluster can ask Ray about (:func:`sandbox.cluster.live_owners`); like every command
+process of the cluster can ask Ray about (:func:`sandbox.cluster.nodes.live_owners`); like every command
 that connects to a cluster, it refuses one that lets in a process without its token
 unless given ``--insecure-cluster-without-auth``.
 
@@ -27,10 +27,10 @@ import json
 import sys
 import time
 
-from . import reaper
-from .base import BoxInfo
-from .cluster_auth import add_insecure_flag
-from .errors import SandboxError, SandboxUnavailable
+from ..base import BoxInfo
+from ..cluster.auth import add_insecure_flag
+from ..docker import reaper
+from ..errors import SandboxError, SandboxUnavailable
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -73,7 +73,7 @@ def _age(seconds: float) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from .engine import connect
+    from ..docker.engine import connect
 
     try:
         client = connect()
@@ -111,7 +111,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     """Remove named boxes - never another run's in progress, never a box not Fleet's."""
-    from .engine import connect
+    from ..docker.engine import connect
 
     live = reaper.live_runs()
     try:
@@ -147,7 +147,7 @@ def gc_here(
 ) -> tuple[list[BoxInfo], reaper.Collected, set[str]]:
     """gc on this host's engine by this host's liveness rule: (boxes before, what was
     removed, live owners)."""
-    from .engine import connect
+    from ..docker.engine import connect
 
     live, now = reaper.live_runs(), time.time()
     client = connect()
@@ -169,7 +169,7 @@ def _gc_cluster(
     other boxes by the markers of the host gc runs on. A cluster that lets in a process
     without its token is refused unless ``insecure``."""
     try:
-        from .cluster import NodeUnreachable, connect, gc_node, on_each_engine
+        from ..cluster.nodes import NodeUnreachable, connect, gc_node, on_each_engine
     except ImportError:
         raise SandboxUnavailable(
             "--cluster needs Ray, which is not installed; install Fleet's 'cluster' extra: "

@@ -1,6 +1,6 @@
 """Small pure helpers of the Docker backend: agent requests in, typed results out.
 
-Kept apart from :mod:`sandbox.docker` so the backend file holds the lifecycle and the
+Kept apart from :mod:`sandbox.docker.backend` so the backend file holds the lifecycle and the
 transport, and the translation between the agent's wire operations
 (:mod:`sandbox.inbox.wire`) and the sandbox contract (results, the error contract,
 crash reasons) can be read on its own.
@@ -20,9 +20,9 @@ from typing import Any, cast
 import anyio
 import httpx
 
-from .base import Command, ExecResult
-from .errors import OutputLimitExceeded, PathRefused, SandboxError
-from .inbox import wire
+from ..base import Command, ExecResult
+from ..errors import OutputLimitExceeded, PathRefused, SandboxError, SandboxSpecError
+from ..inbox import wire
 
 AGENT_PATH = "/opt/fleet/boxagent.py"
 # -I -S: no site packages, no user environment - faster startup, nothing injected.
@@ -47,7 +47,7 @@ def agent_source() -> str:
     :mod:`sandbox.inbox.stamps` as ``stamps``; here those modules are made from their
     source first and registered, so the agent finds them without a file.
     """
-    inbox = Path(__file__).parent / "inbox"
+    inbox = Path(__file__).parent.parent / "inbox"
     return _INLINE.format(
         wire=(inbox / "wire.py").read_text(),
         stamps=(inbox / "stamps.py").read_text(),
@@ -127,6 +127,8 @@ def exec_request(
     req: wire.ExecRequest = {"op": wire.EXEC, "cwd": cwd, "limit": limit, "timeout": timeout}
     if isinstance(cmd, str):
         req["cmd"] = cmd
+    elif not cmd:
+        raise SandboxSpecError("exec needs a command: the argv list is empty")
     else:
         req["argv"] = [str(a) for a in cmd]
     if env:

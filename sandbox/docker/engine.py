@@ -43,7 +43,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from .errors import SandboxUnavailable
+from ..errors import SandboxUnavailable
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 DOCKERD_LOG = "/var/log/dockerd.log"

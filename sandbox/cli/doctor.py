@@ -10,7 +10,7 @@ On this machine (:func:`machine_checks`):
 - ``images``: every image a box runs is built at the tag this checkout's inputs give.
 - ``host firewall``: the nftables table that keeps boxes off the host and off each
   other's boxes is in force - read back from the kernel and compared with Fleet's rule
-  set (:func:`sandbox.firewall.installed`), in ``external`` mode too, where Fleet
+  set (:func:`sandbox.docker.firewall.installed`), in ``external`` mode too, where Fleet
   otherwise takes an administrator's word for it.
 - ``isolation``: the engine applies seccomp and can enforce a box's memory, process
   and CPU limits; ``swap limit``: it can keep a box from swapping past its memory.
@@ -21,7 +21,7 @@ On this machine (:func:`machine_checks`):
   on the machine the boxes run on.
 
 With ``--cluster ADDRESS``: ``ray token auth`` - the cluster refuses a process without
-its token (:mod:`sandbox.cluster_auth`, asked as an intruder would) - then, once Fleet
+its token (:mod:`sandbox.cluster.auth`, asked as an intruder would) - then, once Fleet
 may connect, the checks above on each Fleet node, each line naming its node. The
 coordinator's own machine needs no engine then, so it is not checked.
 
@@ -41,8 +41,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from . import firewall
-from .errors import SandboxUnavailable
+from ..docker import firewall
+from ..errors import SandboxUnavailable
 
 Status = Literal["ok", "FAIL", "warn"]
 GiB = 2**30
@@ -74,7 +74,7 @@ def machine_checks() -> list[Check]:
     from docker.errors import DockerException
     from requests.exceptions import RequestException
 
-    from .engine import connect, engine_host
+    from ..docker.engine import connect, engine_host
 
     try:
         client = connect(timeout=15)
@@ -116,7 +116,7 @@ def machine_checks() -> list[Check]:
 
 
 def _images(client: Any) -> Check:
-    from .images import IMAGES, current_refs, image_exists
+    from ..images.catalog import IMAGES, current_refs, image_exists
 
     parents = {d.parent for d in IMAGES}
     boxes = [d.name for d in IMAGES if d.name not in parents]  # the ones boxes run
@@ -152,7 +152,7 @@ def _firewall() -> Check:
     load = (
         "'fleet setup' as root replaces it"
         if mode == "auto"
-        else "load sandbox/firewall.py's RULESET with 'nft -f' (after every reboot)"
+        else "load sandbox/docker/firewall.py's RULESET with 'nft -f' (after every reboot)"
     )
     if found == "ok":
         return Check(name="host firewall", status="ok", seen=seen)
@@ -223,8 +223,8 @@ def _isolation(info: dict[str, Any]) -> list[Check]:
 
 def _gvisor(info: dict[str, Any]) -> Check:
     """Whether boxes may ask for ``runtime = "gvisor"``: Fleet's runtimes registered as
-    :mod:`sandbox.gvisor` writes them (a warning otherwise: runc boxes do not need it)."""
-    from .gvisor import RUNSC, RUNTIMES, missing_runtimes
+    :mod:`sandbox.docker.gvisor` writes them (a warning otherwise: runc boxes do not need it)."""
+    from ..docker.gvisor import RUNSC, RUNTIMES, missing_runtimes
 
     missing = missing_runtimes(info)
     if not missing:
@@ -290,8 +290,8 @@ def cluster_checks(address: str, *, insecure: bool = False) -> list[tuple[str, C
     """``ray token auth`` for the cluster, then each Fleet node's :func:`machine_checks`,
     as (where, check); the nodes only once Fleet may connect."""
     try:
-        from .cluster import ClusterUnavailable, connect, on_each_node
-        from .cluster_auth import HOW_TO_TURN_ON, probe, refusal
+        from ..cluster.auth import HOW_TO_TURN_ON, probe, refusal
+        from ..cluster.nodes import ClusterUnavailable, connect, on_each_node
     except ImportError:
         return [
             (
@@ -361,7 +361,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``fleet doctor``."""
-    from .cluster_auth import add_insecure_flag
+    from ..cluster.auth import add_insecure_flag
 
     p = subparsers.add_parser(
         "doctor",

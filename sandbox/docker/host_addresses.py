@@ -17,7 +17,7 @@ Two sources, because neither alone is complete:
   Only meaningful when the engine runs here, which :func:`engine_is_local` says.
 
 The list is a snapshot taken when a proxy starts. The host firewall
-(:mod:`sandbox.firewall`) does not depend on it: it refuses any connection a box or a
+(:mod:`sandbox.docker.firewall`) does not depend on it: it refuses any connection a box or a
 proxy opens to the host, whatever the address, so an address added later is covered.
 """
 

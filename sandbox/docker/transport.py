@@ -1,13 +1,13 @@
 """How requests reach one Docker box: the exec transport under :class:`DockerSandbox`.
 
-:mod:`sandbox.docker` says *what* a box does (the Sandbox API, the backend); this
+:mod:`sandbox.docker.backend` says *what* a box does (the Sandbox API, the backend); this
 module says *how* a request gets in and its answer out, and what a dead box looks like
 on the way.
 
 Paths, best first. ``docker exec`` costs about 55 ms a call here (engine, containerd
 and runc each take their turn). Each box instead runs ONE long-lived ``docker exec -i
 python3 /opt/fleet/boxagent.py``; requests travel as framed JSON (the operations of
-:mod:`sandbox.inbox.wire`) over that exec's hijacked socket (:mod:`sandbox.agent_client`) and many run at once, tagged by id. A
+:mod:`sandbox.inbox.wire`) over that exec's hijacked socket (:mod:`sandbox.docker.agent_client`) and many run at once, tagged by id. A
 round trip costs about a millisecond. The agent enforces the timeout and the output cap
 inside the box (new session per command, ``killpg`` on timeout, head+tail capture), so
 the semantics do not depend on the host. Fallbacks, in order: when the stream breaks
@@ -25,7 +25,7 @@ own, and the body follows the request on that exec's stdin as raw bytes - a tar
 stream, packed on the host while it is sent and unpacked in the box while it arrives:
 no base64, no frame limit, memory that does not grow with the tree, and the agent's
 stream stays free for other requests meanwhile. It costs one ``docker exec`` (about
-55 ms), so only trees past :data:`sandbox.docker.INLINE_UPLOAD_BYTES` take it.
+55 ms), so only trees past :data:`sandbox.docker.backend.INLINE_UPLOAD_BYTES` take it.
 
 Dead boxes. Every engine call on the box goes through :meth:`BoxTransport.engine`: a
 Docker API error (a 409 "container is not running" from a box that died between two
@@ -34,7 +34,7 @@ and a box that is not running becomes :class:`SandboxCrashed` naming why (``kill
 ``oom-killed``, ``exited(N)``, ``removed``, ``paused``). The first crash is recorded and
 raised again by every later call. An error on a box that still runs is
 :class:`SandboxUnavailable`, and so is an engine that stopped answering
-(:func:`sandbox.engine.engine_calls`): a box is judged crashed only on the engine's
+(:func:`sandbox.docker.engine.engine_calls`): a box is judged crashed only on the engine's
 word. Nothing from the ``docker`` or ``requests`` packages reaches the caller.
 
 Frozen boxes. A paused box keeps the agent's stream open and silent, so the in-box
@@ -53,8 +53,11 @@ import anyio
 import docker
 import docker.errors
 
+from ..base import ExecResult
+from ..errors import SandboxCrashed, SandboxUnavailable
+from ..inbox import wire
+from ..process import BoxProcess
 from .agent_client import AgentStream, StreamBroken, one_shot
-from .base import ExecResult
 from .boxops import (
     AGENT_ARGV,
     AGENT_PATH,
@@ -66,9 +69,7 @@ from .boxops import (
     crash_reason,
 )
 from .engine import engine_calls
-from .errors import SandboxCrashed, SandboxUnavailable
-from .inbox import wire
-from .process import BoxProcess
+from .process import DockerProcess
 
 T = TypeVar("T")
 
@@ -88,7 +89,7 @@ class BoxTransport:
         self._client = client
         self.prefix = list(prefix or [])
         """Put in front of every process started in the box (gVisor's limits, see
-        :func:`sandbox.gvisor.exec_prefix`)."""
+        :func:`sandbox.docker.gvisor.exec_prefix`)."""
         self._api = client.api
         self.id = box_id
         self.name = name
@@ -157,7 +158,7 @@ class BoxTransport:
 
         if self.crashed:
             raise self.crashed
-        return BoxProcess(await self.engine(start), f"'{command}' in {self.name}")
+        return DockerProcess(await self.engine(start), f"'{command}' in {self.name}")
 
     def _open_exec(self, cmd: list[str]) -> Any:
         argv = [*self.prefix, *cmd]

@@ -12,7 +12,7 @@ with SIGKILL leaves a marker whose pid is dead, which counts as over. ``gc`` the
 removes: boxes whose run is over (unless kept for debugging), boxes whose TTL has
 passed (kept or not), run networks with no live run and no containers, and gVisor
 processes on the host with no container behind them (a box whose start failed can
-leave them; :func:`sandbox.gvisor.end_orphans`). Boxes of
+leave them; :func:`sandbox.docker.gvisor.end_orphans`). Boxes of
 a live run are otherwise never touched - not even by ``--all`` - unless the caller
 says ``include_live``: on a shared engine, a live run is someone's work in progress.
 
@@ -20,11 +20,11 @@ On a cluster, a run's boxes on a node are made by that node's actor for the run,
 by the coordinator on another host: they carry a ``fleet.node`` label, and the actor
 writes the marker ``<run>@<node>`` on its node. A marker is on one host's disk,
 though, and hosts with different disks may share an engine, so a gc run inside the
-cluster also asks Ray whether that actor lives (:func:`sandbox.cluster.live_owners`);
+cluster also asks Ray whether that actor lives (:func:`sandbox.cluster.nodes.live_owners`);
 when the coordinator or the node dies, Ray ends the actor, and the next node actor
 to start on the engine, or ``gc --cluster``, removes the boxes.
 
-The public engine functions run under :func:`sandbox.engine.on_engine`: an engine that
+The public engine functions run under :func:`sandbox.docker.engine.on_engine`: an engine that
 stopped answering is :class:`~sandbox.errors.SandboxUnavailable`, for the backend and
 the ``fleet sandbox`` commands alike.
 """
@@ -40,10 +40,10 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from ..base import BoxInfo, owner_key
+from ..spec import SandboxSpec
 from . import gvisor
-from .base import BoxInfo, owner_key
 from .engine import on_engine, remove_box
-from .spec import SandboxSpec
 
 LABEL = "fleet.run"
 NODE_LABEL = "fleet.node"

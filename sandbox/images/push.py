@@ -1,7 +1,7 @@
 """``fleet images push --cluster ADDRESS``: Fleet's images onto every node's engine.
 
 A node's engine needs Fleet's images under the references the node's own Fleet
-computes from its build inputs (:func:`sandbox.images.current_refs`). This command asks
+computes from its build inputs (:func:`sandbox.images.catalog.current_refs`). This command asks
 each Fleet node which of them its engine lacks, and streams those images from this
 host's engine to the node through Ray: ``docker save`` output here, cut into chunks of
 :data:`CHUNK` bytes, each one call of a small actor pinned to the node
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import SandboxUnavailable
+from ..errors import SandboxUnavailable
 
 CHUNK = 8 * 2**20
 """Bytes of ``docker save`` output per call to a node."""
@@ -52,8 +52,8 @@ Say = Callable[[str], None]
 def engine_needs(names: list[str] | None) -> dict[str, Any]:
     """Run on a node: its engine's ID, the references its Fleet wants (name -> ref), and
     which of those its engine lacks."""
-    from .engine import connect
-    from .images import current_refs, image_exists
+    from ..docker.engine import connect
+    from .catalog import current_refs, image_exists
 
     client = connect()
     try:
@@ -69,7 +69,7 @@ class Loader:
     (in a thread, as they come); :meth:`finish` returns what the engine loaded."""
 
     def __init__(self) -> None:
-        from .engine import connect
+        from ..docker.engine import connect
 
         self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUED)
         self._loaded: list[str] = []
@@ -132,7 +132,7 @@ def plan(
     the repositories of the images asked for: a node is sent nothing else, whatever
     it says it lacks (what this host's engine holds besides Fleet's images is not
     the cluster's to take)."""
-    from .cluster import node_name
+    from ..cluster.nodes import node_name
 
     out = Plan()
     for info, needs in found:
@@ -167,9 +167,9 @@ def push(address: str, names: list[str] | None, say: Say, *, insecure: bool = Fa
     how many engines got images. SandboxUnavailable when a node could not be served."""
     import ray
 
-    from .cluster import connect, fleet_nodes, node_name, pinned
-    from .engine import connect as engine
-    from .images import build_order, image_exists
+    from ..cluster.nodes import connect, fleet_nodes, node_name, pinned
+    from ..docker.engine import connect as engine
+    from .catalog import build_order, image_exists
 
     connect(address, insecure=insecure)
     infos = fleet_nodes(address)
@@ -212,7 +212,7 @@ def _send(client: Any, info: dict[str, Any], refs: list[str]) -> list[str]:
     """Stream ``docker save REFS`` to a Loader on the node; what its engine loaded."""
     import ray
 
-    from .cluster import pinned
+    from ..cluster.nodes import pinned
 
     actor: Any = (
         ray.remote(Loader)

@@ -32,7 +32,7 @@ from typing import Any, BinaryIO, cast
 
 import anyio
 
-from .inbox import wire
+from ..inbox import wire
 
 _DOCKER_HEADER = struct.Struct(">BxxxI")
 THREAD_DECODE_BYTES = 1024 * 1024

@@ -30,7 +30,7 @@ would dial: Ray replaces a loopback address by the machine's own one unless
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, and a cluster bound to loopback is then out of
 reach - said at once instead of after Ray's minute of retries.
 
-Run as ``python -m sandbox.cluster_auth HOST:PORT`` it is that probe, printing one
+Run as ``python -m sandbox.cluster.auth HOST:PORT`` it is that probe, printing one
 JSON line; it imports only Ray's GCS client.
 """
 
@@ -114,13 +114,13 @@ def probe(address: str) -> Probe:
         return Probe("unreachable", address, str(exc))
     env = {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}
     env["RAY_AUTH_MODE"] = "disabled"
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="fleet-probe-") as home:
         env["HOME"] = home  # no ~/.ray/auth_token to fall back on
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "sandbox.cluster_auth", dialled],
+                [sys.executable, "-m", "sandbox.cluster.auth", dialled],
                 env=env,
                 cwd=home,
                 capture_output=True,

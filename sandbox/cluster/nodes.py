@@ -9,7 +9,7 @@ coordinator's preflight and resume). The coordinator's placement of members is i
 extra), so nothing imports it unless a cluster is named.
 
 Ray runs code for anyone who reaches its port, so :func:`connect` first asks the
-cluster from a process without the token (:mod:`sandbox.cluster_auth`) and refuses one
+cluster from a process without the token (:mod:`sandbox.cluster.auth`) and refuses one
 that lets such a process in - or that it cannot tell about - unless the caller passes
 ``insecure`` (``--insecure-cluster-without-auth``). With token authentication on
 (``RAY_AUTH_MODE=token``), this process needs the token too (``RAY_AUTH_TOKEN``,
@@ -31,12 +31,12 @@ import ray
 import ray.exceptions
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .base import BoxInfo
-from .cluster_auth import Probe, own_token_refused, probe, refusal, warning
-from .errors import SandboxUnavailable
+from ..base import BoxInfo
+from ..errors import SandboxUnavailable
+from .auth import Probe, own_token_refused, probe, refusal, warning
 
 if TYPE_CHECKING:
-    from .reaper import Collected
+    from ..docker.reaper import Collected
 
 SLOTS = "fleet_slots"
 """The custom resource a node offers Fleet: how many members it runs at once."""
@@ -178,7 +178,7 @@ def on_each_engine(
 
 def engine_id() -> str:
     """This node's Docker engine's ID (run on a node)."""
-    from .engine import connect
+    from ..docker.engine import connect
 
     client = connect()
     try:
@@ -219,8 +219,8 @@ def remove_dead() -> int:
     (:func:`live_owners`); returns how many boxes. Boxes of runs on one machine (no
     node label) are left to that machine's gc. Each node's actor runs it as it starts:
     a node that died leaves its boxes behind, and nothing else would ever look."""
-    from . import reaper
-    from .engine import connect
+    from ..docker import reaper
+    from ..docker.engine import connect
 
     client = connect()
     try:
@@ -237,8 +237,8 @@ def gc_node(
 ) -> tuple[list[BoxInfo], Collected, set[str]]:
     """``fleet sandbox gc`` on this node's engine: this host's rule for boxes of runs on
     one machine (live markers), Ray's for the cluster's (their node's actor lives)."""
-    from . import reaper
-    from .engine import connect
+    from ..docker import reaper
+    from ..docker.engine import connect
 
     client = connect()
     try:

@@ -4,14 +4,14 @@ Exec transport. How a request reaches the box - one long-lived in-box agent over
 framed stream (about a millisecond a round trip, against 55 ms for ``docker exec``),
 its restart and fallbacks (one-shot agent, inline agent, plain ``docker exec``), and
 how a dead, removed or frozen box becomes :class:`SandboxCrashed` - lives in
-:mod:`sandbox.transport`. This module holds the Sandbox API and the backend.
+:mod:`sandbox.docker.transport`. This module holds the Sandbox API and the backend.
 
 Filesystem. The root is read-only; ``/tmp`` is a tmpfs (``tmpfs_size``, mode 1777)
 and ``/workspace`` is a tmpfs owned by uid 1000 with ``workspace_size`` as its size
 limit. tmpfs is chosen over a volume because it is the only size-limited writable
 mount the engine offers on overlay2/ext4 without xfs quotas, and it is fast and
 disappears with the box. Its pages are charged as memory, so the container's memory
-limit counts the tmpfs sizes on top of ``spec.memory`` (:mod:`sandbox.container`): a
+limit counts the tmpfs sizes on top of ``spec.memory`` (:mod:`sandbox.docker.container`): a
 full workspace is ENOSPC, not an OOM kill. Paths are checked twice: on the host
 (:meth:`Sandbox.resolve`) and in the box after symlinks are resolved, so a symlink
 in ``/workspace`` pointing at ``/etc`` is refused.
@@ -30,7 +30,7 @@ Security defaults (from :class:`SandboxSpec`): user 1000, all capabilities dropp
 no-new-privileges, read-only root, pids/memory (no swap)/CPU limits, an init process,
 no network for coding boxes, never the Docker socket, never the host's environment.
 ``spec.runtime = "gvisor"`` puts gVisor's kernel between the box and the host's, with
-every process the backend starts in the box under gVisor's limits (:mod:`sandbox.gvisor`).
+every process the backend starts in the box under gVisor's limits (:mod:`sandbox.docker.gvisor`).
 """
 
 from __future__ import annotations
@@ -44,18 +44,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import anyio
 import docker
 import docker.errors
 
-from . import reaper
-from .base import BoxInfo, Command, ExecResult, FileInfo, Sandbox, SandboxBackend, owner_key
-from .boxops import bounded_data_filter, exec_request, exec_result, ok_reply, wait_cdp
-from .container import create_container
-from .engine import engine_calls, remove_box
-from .errors import (
+from ..base import BoxInfo, Command, ExecResult, FileInfo, Sandbox, SandboxBackend, owner_key
+from ..errors import (
     PathRefused,
     SandboxClosed,
     SandboxCrashed,
@@ -63,14 +59,18 @@ from .errors import (
     SandboxSpecError,
     SandboxUnavailable,
 )
+from ..inbox import wire
+from ..process import BoxProcess
+from ..spec import SandboxSpec
+from ..watch import WorkspaceWatch
+from . import reaper
+from .boxops import bounded_data_filter, exec_request, exec_result, ok_reply, wait_cdp
+from .container import create_container
+from .engine import engine_calls, remove_box
 from .firewall import infra_mac
 from .gvisor import exec_prefix, no_prlimit_message
-from .inbox import wire
 from .network import PROXY_PORT, RunNetworks, proxy_env
-from .process import BoxProcess
-from .spec import SandboxSpec
 from .transport import BoxTransport
-from .watch import WorkspaceWatch
 
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 _CODING_COMMAND = ["sleep", "infinity"]
@@ -221,7 +221,7 @@ class DockerSandbox(Sandbox):
 
     async def upload(self, local: Path, remote: str) -> None:
         """Small trees travel in one request; large ones (and large files) as a tar
-        stream on a one-shot agent of their own (see :mod:`sandbox.transport`)."""
+        stream on a one-shot agent of their own (see :mod:`sandbox.docker.transport`)."""
         self._untouched = False
         import base64
 
@@ -341,6 +341,8 @@ class DockerBackend(SandboxBackend):
     only what it made; their liveness is the node's marker (:func:`reaper.owner_key`).
     """
 
+    adopts_prestarted = True
+
     def __init__(
         self,
         client: docker.DockerClient | None = None,
@@ -377,7 +379,7 @@ class DockerBackend(SandboxBackend):
             return spec.image
         kind = "coding" if spec.kind == "service" else spec.kind
         if kind not in self._images:
-            from .images import image_ref
+            from ..images.catalog import image_ref
 
             client = await self._ready()
             with engine_calls(client):
@@ -414,7 +416,7 @@ class DockerBackend(SandboxBackend):
 
         ``command`` overrides the image's command (service boxes use it to start their
         server); a service box answers on the run network under ``member`` as its name,
-        on :data:`~sandbox.firewall.SERVICE_PORT` only, to the run's proxies only.
+        on :data:`~sandbox.docker.firewall.SERVICE_PORT` only, to the run's proxies only.
         """
         for what, value in (("run", run), ("member", member)):
             if not _NAME_RE.match(value):
@@ -453,7 +455,9 @@ class DockerBackend(SandboxBackend):
         info = await anyio.to_thread.run_sync(create_container, self.client, *args)
         return await self.adopt(info, spec, run=run, member=member)
 
-    def start_offline(self, spec: SandboxSpec, *, run: str, member: str, image: str) -> dict:
+    def start_offline(
+        self, spec: SandboxSpec, *, run: str, member: str, image: str
+    ) -> dict[str, Any]:
         """Blocking: create and start a box with no network (a coding box) from a
         thread without an event loop, before the run's own loop exists; returns the
         container's details for :meth:`adopt`. The caller marked ``run`` live."""
@@ -465,7 +469,9 @@ class DockerBackend(SandboxBackend):
             self.client, spec, image, labels, env, "none", [], _CODING_COMMAND, run, member
         )
 
-    async def adopt(self, info: dict, spec: SandboxSpec, *, run: str, member: str) -> DockerSandbox:
+    async def adopt(
+        self, info: dict[str, Any], spec: SandboxSpec, *, run: str, member: str
+    ) -> DockerSandbox:
         """The box of a started container (:meth:`create`, :meth:`start_offline`), ready
         for ``exec`` once its agent answers (and CDP, for a browser box); removed if not."""
         box = DockerSandbox(self, info, spec, run, member)

@@ -28,7 +28,7 @@ every image) and named by ``PIP_CERT``, ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE
 
 :func:`image_ref` is synchronous (it blocks on the Docker API); async callers run it
 through ``anyio.to_thread.run_sync``. Building what is missing is
-:func:`sandbox.image_build.ensure_images`: this module only says what the images are
+:func:`sandbox.images.build.ensure_images`: this module only says what the images are
 and which tags their inputs give, so it imports nothing of the builder.
 """
 
@@ -45,9 +45,9 @@ import docker
 import docker.errors
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import SandboxUnavailable
+from ..errors import SandboxUnavailable
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILDER_VERSION = "1"
 """Bump when the build procedure itself changes what an image contains."""
 LABEL_IMAGE = "fleet.image"
@@ -252,7 +252,7 @@ def image_ref(name: str, *, client: docker.DockerClient | None = None) -> str:
     ref = current_refs([name])[name]
     owned = client is None
     if client is None:
-        from .engine import connect
+        from ..docker.engine import connect
 
         client = connect()
     try:

@@ -1,10 +1,10 @@
 """``fleet setup`` and ``fleet images build|ls|prune``; also wires ``fleet sandbox`` and
-``fleet doctor`` (:mod:`sandbox.doctor`).
+``fleet doctor`` (:mod:`sandbox.cli.doctor`).
 
 ``fleet setup`` makes a machine ready and is what ``make test`` and ``make demo`` run
 first: a reachable Docker engine (installed and started when absent and we are
-root), as root the host firewall rules of :mod:`sandbox.firewall` (``nftables``
-installed when missing), with ``--gvisor`` gVisor's runtimes (:mod:`sandbox.gvisor`:
+root), as root the host firewall rules of :mod:`sandbox.docker.firewall` (``nftables``
+installed when missing), with ``--gvisor`` gVisor's runtimes (:mod:`sandbox.docker.gvisor`:
 ``runsc`` installed, registered, the engine reloaded), then every image built or
 confirmed up to date. When all is done it costs
 one ping and one inspect per image, and prints one line.
@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from .cluster_auth import add_insecure_flag
-from .errors import SandboxUnavailable
+from ..cluster.auth import add_insecure_flag
+from ..errors import SandboxUnavailable
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -94,9 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     # ``fleet sandbox ls|gc`` lives in its own module; wire it when it is there.
     try:
-        boxes_cli = importlib.import_module("sandbox.boxes_cli")
+        boxes_cli = importlib.import_module("sandbox.cli.boxes")
     except ModuleNotFoundError as exc:
-        if exc.name != "sandbox.boxes_cli":
+        if exc.name != "sandbox.cli.boxes":
             raise
     else:
         boxes_cli.register(subparsers)
@@ -112,9 +112,9 @@ def fail(exc: BaseException | str, code: int) -> int:
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
-    from . import firewall, gvisor
-    from .engine import ensure_engine
-    from .image_build import ensure_images
+    from ..docker import firewall, gvisor
+    from ..docker.engine import ensure_engine
+    from ..images.build import ensure_images
 
     started = time.monotonic()
     try:
@@ -143,9 +143,9 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 
 def cmd_images_build(args: argparse.Namespace) -> int:
-    from .engine import connect
-    from .image_build import ensure_images
-    from .images import build_order, save_extra_ca
+    from ..docker.engine import connect
+    from ..images.build import ensure_images
+    from ..images.catalog import build_order, save_extra_ca
 
     try:
         build_order(args.names or None)  # unknown names are bad input: exit 2
@@ -169,11 +169,11 @@ def cmd_images_build(args: argparse.Namespace) -> int:
 
 
 def cmd_images_push(args: argparse.Namespace) -> int:
-    from .images import build_order
+    from ..images.catalog import build_order
 
     try:
         build_order(args.names or None)  # unknown names are bad input: exit 2
-        from .image_push import push
+        from ..images.push import push
     except SandboxUnavailable as exc:
         return fail(exc, 2)
     except ImportError:
@@ -198,8 +198,8 @@ def _count_certs(bundle: bytes) -> int:
 
 
 def cmd_images_ls(args: argparse.Namespace) -> int:
-    from .engine import connect
-    from .images import status
+    from ..docker.engine import connect
+    from ..images.catalog import status
 
     try:
         client = connect()
@@ -221,8 +221,8 @@ def cmd_images_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_images_prune(args: argparse.Namespace) -> int:
-    from .engine import connect
-    from .images import prune_superseded
+    from ..docker.engine import connect
+    from ..images.catalog import prune_superseded
 
     try:
         client = connect()

@@ -111,7 +111,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
-from .errors import SandboxUnavailable
+from ..errors import SandboxUnavailable
 
 BRIDGE_PREFIX = "fleet"
 RUN_BRIDGE_PREFIX = "fleetr"
@@ -123,7 +123,7 @@ PROXY_PORT = 3128
 SERVICE_PORT = 8080
 """The port a service box (the corpus) serves on: the only one a proxy may open to it."""
 EGRESS_BRIDGE = "flt-egress"
-"""Bridge of the network the egress proxies leave by (see :mod:`sandbox.network`)."""
+"""Bridge of the network the egress proxies leave by (see :mod:`sandbox.docker.network`)."""
 TABLE = "fleet_v2"
 """The rule set's name carries its version (see the module docstring)."""
 _INFRA = f"& ff:ff:ff:00:00:00 == {INFRA_MAC_PREFIX}:00:00:00"
@@ -208,7 +208,7 @@ _WHAT_TO_DO = (
     "Without it, a process in a browser or service box could connect to services on the "
     "Docker host. Run Fleet as root (it installs the rules itself; 'fleet setup' also "
     "installs nftables), have an administrator install the rule set of "
-    "sandbox/firewall.py (RULESET) and set FLEET_HOST_FIREWALL=external, or set "
+    "sandbox/docker/firewall.py (RULESET) and set FLEET_HOST_FIREWALL=external, or set "
     "FLEET_HOST_FIREWALL=off to accept that risk"
 )
 

@@ -57,13 +57,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import SandboxUnavailable
 from .engine import DEFAULT_HOST, Say, apt_install, engine_host, is_root
-from .errors import SandboxUnavailable
 
 if TYPE_CHECKING:
     import docker
 
-    from .spec import SandboxSpec
+    from ..spec import SandboxSpec
 
 RUNSC = "/usr/bin/runsc"
 RUNTIME_OFFLINE = "fleet-gvisor"

@@ -2,7 +2,7 @@
 
 User 1000, all capabilities dropped, no-new-privileges, read-only root, tmpfs ``/tmp``
 (mode 1777) and a size-limited tmpfs ``/workspace`` owned by uid 1000 (see
-:mod:`sandbox.docker` for why tmpfs), pids limit, memory limit with swap equal to it
+:mod:`sandbox.docker.backend` for why tmpfs), pids limit, memory limit with swap equal to it
 (no swap on top), CPU quota, an init process reaping zombies, the given network
 (``none`` for coding boxes). Nothing from the host: no mounts, no Docker socket, no
 host environment - only ``env`` as given.
@@ -30,7 +30,7 @@ no-new-privileges and ``nosuid``/``nodev``, which stay.
 
 Runtime. ``spec.runtime`` picks the engine's default (runc) or one of gVisor's
 runtimes; a gVisor box also gets the host limits and the in-box process limits that
-keep its promises the same (:mod:`sandbox.gvisor`).
+keep its promises the same (:mod:`sandbox.docker.gvisor`).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ import secrets
 import docker
 import docker.errors
 
+from ..errors import SandboxUnavailable
+from ..spec import SHM_BYTES, SandboxSpec, parse_size
 from . import gvisor
 from .engine import on_engine, remove_box
-from .errors import SandboxUnavailable
-from .spec import SHM_BYTES, SandboxSpec, parse_size
 
 
 @on_engine

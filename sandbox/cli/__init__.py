@@ -1,0 +1,1 @@
+"""The sandbox layer's commands: fleet setup, images, doctor, sandbox ls / gc."""

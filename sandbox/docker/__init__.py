@@ -1,0 +1,1 @@
+"""The Docker backend: one container per box, driven through an in-box agent."""
