@@ -146,10 +146,20 @@ def cpu_hogs(n: int) -> Iterator[None]:
 
 
 def _ignored(pid: int) -> str:
-    """The signals ``pid`` ignores, by name, among those a shell's job may inherit."""
+    """The signals the suite's processes start with ignored, by name, among those a
+    shell's job may inherit: read from ``bash .ci/run``'s first child (``make``), since
+    bash ignores SIGQUIT itself in every case but gives its children what it was given."""
+    deadline = time.monotonic() + 10
+    children: list[str] = []
+    while not children and time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        time.sleep(0.05)
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
+        status = Path(f"/proc/{children[0]}/status").read_text() if children else ""
     except FileNotFoundError:
+        status = ""
+    if not status:
         return "?"
     mask = int(re.search(r"^SigIgn:\s*([0-9a-f]+)", status, re.M).group(1), 16)  # type: ignore[union-attr]
     names = [s.name for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM) if mask >> (s - 1) & 1]
@@ -166,14 +176,12 @@ def run_ci(clone: Path, way: str, log: Path, env: dict[str, str]) -> tuple[int, 
             shell = subprocess.Popen(["bash", "-c", job], cwd=clone, env=env)
             while not pidfile.exists() or not pidfile.read_text().strip():
                 time.sleep(0.05)
-            time.sleep(0.5)
             ignored = _ignored(int(pidfile.read_text()))
             return shell.wait(), ignored
         with cpu_hogs(2 if way == "loaded" else 0):
             # As a terminal starts it, whatever this script inherited.
             argv = ["env", "--default-signal=INT,QUIT,TERM", "bash", ".ci/run"]
             proc = subprocess.Popen(argv, cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT)
-            time.sleep(0.5)  # past env's reset and exec
             ignored = _ignored(proc.pid)
             return proc.wait(), ignored
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from fleet_policies import coding_policy
 from process_support import Child, ignored, ignoring, popen
@@ -243,3 +244,62 @@ def test_a_run_that_handles_signals_leaves_an_ignored_sigint_ignored(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def _offline_job(tmp_path: Path) -> dict[str, Any]:
+    job = _job(tmp_path)
+    job["model"] = {"name": "offline"}
+    job["members"][0]["task"] = "Say hello."
+    return job
+
+
+def _handlers() -> list[Any]:
+    return [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)]
+
+
+@pytest.mark.docker
+def test_a_run_that_handles_signals_puts_the_handlers_back_when_it_finishes(
+    tmp_path: Path, images: dict[str, str], cleanup: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In this process (the worker's main thread): a run that ends by itself."""
+    import coordinator as fleet
+    from coordinator.runner.driver import RunOptions
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    cleanup.append(tmp_path / "runs")
+    before = _handlers()
+    result = fleet.run(_offline_job(tmp_path), options=RunOptions(handle_signals=True, tty=False))
+    assert result.status == "succeeded"
+    assert all(a is b for a, b in zip(before, _handlers(), strict=True)), _handlers()
+
+
+@pytest.mark.docker
+def test_a_run_that_handles_signals_puts_the_handlers_back_when_cancelled_from_outside(
+    tmp_path: Path, images: dict[str, str], cleanup: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import coordinator as fleet
+    from coordinator.runner.driver import RunOptions
+
+    cleanup.append(tmp_path / "runs")
+    before = _handlers()
+    seen: list[Any] = []
+
+    async def cancel_once_started() -> None:
+        with anyio.CancelScope() as scope:
+
+            def started(entry: Any) -> None:
+                if entry.event == "member_started":
+                    seen.append(_handlers())  # the run's own, while it runs
+                    scope.cancel()
+
+            options = RunOptions(handle_signals=True, tty=False)
+            await fleet.run_async(_job(tmp_path), on_journal=started, options=options)
+
+    with FakeMessagesAPI(coding_policy()) as api:
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.url)
+        anyio.run(cancel_once_started)
+    assert seen and seen[0][0] is not before[0]  # it did receive SIGINT itself meanwhile
+    assert all(a is b for a, b in zip(before, _handlers(), strict=True)), _handlers()
+    (run,) = (tmp_path / "runs").iterdir()
+    assert '"run_interrupted"' in (run / "journal.jsonl").read_text()
