@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import anyio
 
 from .model.base import Model, ModelProfile, ModelRequest, ModelResponse
+from .model.tokens import CHARS_PER_TOKEN, estimate_bytes
 
 Journal = Callable[..., None]
 """``journal(event, **fields)``: appends one entry to the run's journal."""
@@ -290,10 +291,10 @@ class BudgetedModel:
         request's size."""
         body = {"system": request.system, "messages": request.messages, "tools": request.tools}
         size = len(json.dumps(body, default=str))
-        tokens = max(1, size // 4)
+        tokens = estimate_bytes(size)
         cached = 0
         if self._cache_hit and size >= self._last_size:
-            cached = self._last_size // 4
+            cached = self._last_size // CHARS_PER_TOKEN
         fresh = tokens - cached
         p = self.profile
         usd = (

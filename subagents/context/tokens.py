@@ -29,43 +29,26 @@ from __future__ import annotations
 import json
 from typing import Any
 
-CHARS_PER_TOKEN = 4
-IMAGE_TOKENS = 1_600
-MESSAGE_OVERHEAD = 4
-"""Role markers and block framing, per message."""
+# The estimate itself is the model seam's (one rule for every count before the API's).
+from ..model.tokens import (
+    CHARS_PER_TOKEN,
+    IMAGE_TOKENS,
+    MESSAGE_OVERHEAD,
+    estimate_block,
+    estimate_message,
+    estimate_text,
+)
 
-
-def estimate_text(text: str) -> int:
-    """Local estimate of the tokens of a piece of text."""
-    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
-
-
-def estimate_block(block: Any) -> int:
-    """Local estimate of one content block (text, tool_use, tool_result, image)."""
-    if isinstance(block, str):
-        return estimate_text(block)
-    kind = block.get("type")
-    if kind == "text":
-        return estimate_text(block.get("text", ""))
-    if kind == "tool_use":
-        return 8 + estimate_text(json.dumps(block.get("input", {}), ensure_ascii=False))
-    if kind == "tool_result":
-        content = block.get("content", "")
-        if isinstance(content, str):
-            return 8 + estimate_text(content)
-        return 8 + sum(estimate_block(b) for b in content)
-    if kind == "image":
-        return IMAGE_TOKENS
-    # thinking, compaction and other blocks: size of their JSON form.
-    return estimate_text(json.dumps(block, ensure_ascii=False, default=str))
-
-
-def estimate_message(message: dict[str, Any]) -> int:
-    """Local estimate of one ``MessageParam``."""
-    content = message.get("content", "")
-    if isinstance(content, str):
-        return MESSAGE_OVERHEAD + estimate_text(content)
-    return MESSAGE_OVERHEAD + sum(estimate_block(b) for b in content)
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "IMAGE_TOKENS",
+    "MESSAGE_OVERHEAD",
+    "TokenCounter",
+    "estimate_block",
+    "estimate_message",
+    "estimate_text",
+    "usage_input_total",
+]
 
 
 def usage_input_total(usage: Any) -> int:

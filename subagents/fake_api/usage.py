@@ -17,13 +17,13 @@ import json
 import threading
 from typing import Any
 
+from subagents.model.tokens import estimate_json
+
 LOOKBACK_BLOCKS = 20
 
 
-def estimate_tokens(value: Any) -> int:
-    """Characters / 4 (rounded up) of a string, or of the compact JSON of anything else."""
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-    return (len(text) + 3) // 4
+estimate_tokens = estimate_json
+"""Characters / 4 (rounded up) of a string, or of the compact JSON of anything else."""
 
 
 def prompt_blocks(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -64,6 +64,7 @@ from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelRe
 from subagents.model.governor import Governor, Permit, governor_for
 from subagents.model.message import ContentBlock, Message, Usage
 from subagents.model.profiles import profile_for
+from subagents.model.tokens import estimate_bytes
 from subagents.model.wire import BodyEncoder, MarkCounter, StreamedMessage, build_params
 from subagents.trace import RateWait, Retry, TraceWriter, no_lone_surrogates
 
@@ -241,8 +242,8 @@ class AnthropicModel:
         whole request otherwise (about 4 bytes of JSON a token)."""
         size = len(body) if body is not None else len(json.dumps(params, default=str))
         if self._cache_hit and size >= self._last_size:
-            return max(1, (size - self._last_size) // 4)
-        return max(1, size // 4)
+            return estimate_bytes(size - self._last_size)
+        return estimate_bytes(size)
 
     async def _admit(self, estimate: int, max_tokens: int | None) -> Permit:
         """Wait for the governor; a wait is a ``rate_wait`` event (live table, trace)."""

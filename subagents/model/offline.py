@@ -3,7 +3,7 @@
 Both implement the :class:`~subagents.model.base.Model` seam, answer every call with
 ``offline=True`` and a model name starting with ``offline`` or ``replay:``, and bill
 nothing (their profile prices are zero). Usage is estimated locally with the same
-rule the loop uses (:mod:`subagents.context.tokens`), so budgets and compaction
+rule the loop uses (:mod:`subagents.model.tokens`), so budgets and compaction
 behave as they would with a real model.
 
 - :class:`OfflineModel` asks a *policy*, a callable ``(ModelRequest) -> answer``
@@ -30,11 +30,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from subagents.context.tokens import estimate_block, estimate_message, estimate_text
 from subagents.model.base import ModelError, ModelRequest, ModelResponse
 from subagents.model.message import Message
 from subagents.model.profiles import offline_profile
 from subagents.trace import ModelCall, read_trace
+
+from .tokens import estimate_block, estimate_message, estimate_text
 
 PolicyAnswer = Message | list[Any] | dict[str, Any]
 PolicyFn = Callable[[ModelRequest], PolicyAnswer | Awaitable[PolicyAnswer]]

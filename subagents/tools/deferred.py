@@ -27,7 +27,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..browser.dom import untrusted
-from ..result import estimate_tokens
+from ..model.tokens import estimate_text
 from .base import Tool, ToolContext, ToolOutput
 from .registry import ToolRegistry
 
@@ -44,7 +44,7 @@ class ToolView:
 
     def __init__(self, registry: ToolRegistry, deferrable: list[Tool]) -> None:
         self.registry = registry
-        tokens = estimate_tokens(json.dumps([t.definition() for t in deferrable]))
+        tokens = estimate_text(json.dumps([t.definition() for t in deferrable]))
         defer = len(deferrable) > DEFER_TOOLS or tokens > DEFER_TOKENS
         self.deferred: dict[str, Tool] = {t.name: t for t in deferrable} if defer else {}
         self.loaded: list[str] = []
