@@ -1,5 +1,5 @@
 """Prompt tokens a coding member's tools cost per model call with many MCP tools:
-listed in full vs deferred behind tool_search (subagents/tools/deferred.py).
+listed in full vs deferred behind tool_search (subagents/tools/tool_search.py).
 
 The tools are the example server's (examples/mcp/echo_server.py with --extra-tools),
 turned into the member's tools by the same classes a run uses; tokens are counted the
@@ -23,9 +23,9 @@ from mcp import types  # noqa: E402
 
 from subagents.fake_api.usage import estimate_tokens  # noqa: E402
 from subagents.kinds import get_kind  # noqa: E402
-from subagents.tools.deferred import ToolSearch, ToolView  # noqa: E402
 from subagents.tools.mcp import McpServer, McpServerSpec, McpTool  # noqa: E402
 from subagents.tools.registry import ToolRegistry  # noqa: E402
+from subagents.tools.tool_search import ToolSearch, ToolView  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -63,9 +63,9 @@ from .result_schema import extend_model, job_field_names
 from .spec import MemberSpec
 from .tool_calls import ToolCalls
 from .tools.base import Tool, ToolContext
-from .tools.deferred import ToolSearch, ToolView
 from .tools.mcp import McpStartFailed, serve_servers
 from .tools.registry import ToolRegistry, build_custom_tool
+from .tools.tool_search import ToolSearch, ToolView
 from .trace import Resumed, TraceWriter
 
 HARNESS_RULES = """\
@@ -250,7 +250,7 @@ class AgentLoop:
 
     def _offer(self, tools: list[Tool]) -> None:
         """Offer the MCP servers' tools - deferred behind tool_search past the threshold
-        (tools/deferred.py)."""
+        (tools/tool_search.py)."""
         for tool in tools:
             self.registry.add(tool)
         self.view = ToolView(self.registry, tools)

@@ -51,6 +51,9 @@ from .run_names import slug
 from .schema_check import member_fields
 
 MemberKind = Literal["browser", "coding"]
+RESEARCH_KIND: MemberKind = "browser"
+"""The kind of the members a ``[research]`` job plans: each reads the web for one
+sub-question."""
 RetryOn = Literal["crashed", "overloaded", "timed_out"]
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 _SIZE_RE = re.compile(r"^\d+(\.\d+)?[kmgKMG]?$")

@@ -44,7 +44,7 @@ from subagents.trace import ModelCall, TraceWriter, read_trace
 
 from ..fanout.fanout import Fanout
 from ..job.planner import offline_plan
-from ..job.spec import LEAD_ID, Job, MemberJob
+from ..job.spec import LEAD_ID, RESEARCH_KIND, Job, MemberJob
 from ..journal.entries import (
     LeadFinishedEntry,
     LeadRetryEntry,
@@ -316,9 +316,9 @@ def _first_wave(job: Job) -> list[MemberJob]:
     """What the first wave's boxes will most likely be (browser members), for warming."""
     lead = job.lead
     assert lead is not None
-    if "browser" not in lead.kinds:
+    if RESEARCH_KIND not in lead.kinds:
         return []
     return [
-        MemberJob(id=f"warm-{i + 1}", kind="browser", task="-", limits=lead.member_limits)
+        MemberJob(id=f"warm-{i + 1}", kind=RESEARCH_KIND, task="-", limits=lead.member_limits)
         for i in range(lead.members)
     ]

@@ -41,7 +41,7 @@ from subagents.outcome import MemberOutcome
 from ..fanout.executor import Executor
 from ..fanout.fanout import Fanout, to_member_spec
 from ..job.planner import plan
-from ..job.spec import LEAD_ID, Job, MemberJob
+from ..job.spec import LEAD_ID, RESEARCH_KIND, Job, MemberJob
 from ..journal.entries import (
     BoxesKeptEntry,
     JournalEntryModel,
@@ -182,7 +182,11 @@ async def plan_members(
                 mid += "x"
             members.append(
                 MemberJob(
-                    id=mid, kind="browser", task=q, limits=r.limits, inputs={"question": r.question}
+                    id=mid,
+                    kind=RESEARCH_KIND,
+                    task=q,
+                    limits=r.limits,
+                    inputs={"question": r.question},
                 )
             )
         run.journal.append(PlanEntry(planner=planner, sub_questions=subs))

@@ -48,10 +48,11 @@ import anyio
 from sandbox.errors import SandboxUnavailable
 from sandbox.spec import NetworkPolicy
 from subagents.browser.corpus import CORPUS_MEMBER
+from subagents.kinds import get_kind, kind_is
 from subagents.model import ModelError, make_model, resolve_model
 
 from ..errors import CommandFailed, UsageError
-from ..job.spec import Job
+from ..job.spec import RESEARCH_KIND, Job
 from ..nodes.capacity import Parallelism, choose, engine_host, job_boxes
 from ..nodes.repo_copy import RepoRefused, RepoTooLarge, check_size, copy_room
 
@@ -233,12 +234,11 @@ def needed_images(job: Job) -> list[str]:
 
     kinds: list[str] = [m.kind for m in job.members if not m.sandbox.image]
     if job.research is not None:
-        kinds.append("browser")
+        kinds.append(RESEARCH_KIND)
     if job.lead is not None:
         kinds += job.lead.kinds
-    browsers = "browser" in kinds or any(m.kind == "browser" for m in job.members)
-    names: set[str] = set(kinds)
-    if browsers:
+    names: set[str] = {get_kind(k).box_kind for k in kinds}  # an image per box kind
+    if any(kind_is(k, "reads_web") for k in [*kinds, *(m.kind for m in job.members)]):
         names.add("coding")  # the run network's egress proxy runs on the default image
         if any(h.split(":")[0] == CORPUS_MEMBER for h in job.egress.allow):
             names.add("corpus")
