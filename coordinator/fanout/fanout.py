@@ -30,10 +30,8 @@ import anyio
 from pydantic import BaseModel
 
 from sandbox.spec import NetworkPolicy, Runtime
-from subagents.browser.config import DEFAULT_SEARCH_URL, BrowserConfig
 from subagents.context.config import ContextConfig
 from subagents.kinds import get_kind
-from subagents.kinds.coding import CodingSettings
 from subagents.outcome import MemberOutcome
 from subagents.policy import ToolPolicy
 from subagents.spec import MemberSpec
@@ -63,13 +61,17 @@ def to_member_spec(
     ``policy`` is the job's, merged with the member's own; ``runtime`` the job's box
     runtime, unless the member names its own)."""
     lim = job.limits
-    settings: BaseModel
-    if job.kind == "coding":
-        settings = CodingSettings(test=job.test, test_gate=job.test_gate)
-    else:
-        settings = BrowserConfig(search_url=egress.search_url or DEFAULT_SEARCH_URL)
+    kind = get_kind(job.kind)
+    # What the job says that a kind's settings may take, by name: each kind takes the
+    # fields its own settings model declares (a coding member its check command, a
+    # browser member the search page), and nothing here knows which kind wants what.
+    offered = {"test": job.test, "test_gate": job.test_gate}
+    if egress.search_url:
+        offered["search_url"] = egress.search_url
+    fields = kind.settings.model_fields
+    settings: BaseModel = kind.settings(**{k: v for k, v in offered.items() if k in fields})
     network = NetworkPolicy()  # no network at all
-    if job.kind == "browser":
+    if kind.reads_web:
         network = NetworkPolicy(egress="allowlist", allow=tuple(egress.allow))
     memory_dir = None
     if job.memory is not None:
