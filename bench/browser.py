@@ -38,17 +38,17 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 import anyio  # noqa: E402
 
-import subagents.browser.session as browser_session  # noqa: E402
+import subagents.tools.browser_session as browser_session  # noqa: E402
 from sandbox.docker.backend import DockerBackend  # noqa: E402
 from sandbox.spec import NetworkPolicy, SandboxSpec  # noqa: E402
 from subagents.browser.config import BrowserConfig  # noqa: E402
 from subagents.browser.corpus import CORPUS_ALLOW, start_corpus  # noqa: E402
-from subagents.browser.session import BrowserSession  # noqa: E402
 from subagents.member import run_member  # noqa: E402
 from subagents.model.factory import make_model  # noqa: E402
 from subagents.spec import MemberSpec  # noqa: E402
 from subagents.tools.base import ToolContext  # noqa: E402
 from subagents.tools.browser import Snapshot, close_session, session  # noqa: E402
+from subagents.tools.browser_session import BrowserSession  # noqa: E402
 from subagents.trace import TraceWriter  # noqa: E402
 
 LARGE_PAGE = "http://corpus:8080/library/stdtypes.html"

@@ -258,7 +258,7 @@ async def test_frozen_browser_or_box_errors_within_the_action_timeout(
 
     from sandbox.errors import SandboxCrashed
     from subagents.browser.config import BrowserConfig
-    from subagents.browser.session import _GRACE_S
+    from subagents.tools.browser_session import _GRACE_S
 
     config = BrowserConfig(action_timeout_s=2, navigation_timeout_s=3, connect_timeout_s=3)
     bound = config.navigation_timeout_s + _GRACE_S + 3  # the outer clock, plus slack

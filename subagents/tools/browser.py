@@ -28,9 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..browser.config import BrowserConfig
 from ..browser.dom import LINKS_JS, PageView, chunks, render_links, render_snapshot, untrusted
 from ..browser.pages import PageStore
-from ..browser.session import BrowserSession
 from ..trace import Screenshot
 from .base import Blocked, Tool, ToolContext, ToolError, ToolOutput
+from .browser_session import BrowserSession
 
 _REF = re.compile(r"^e\d{1,5}$")
 _NET_HINTS = {

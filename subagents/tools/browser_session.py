@@ -33,10 +33,10 @@ from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from sandbox.base import Sandbox
 
-from ..tools.base import ToolError
-from .ax import ax_nodes, merge
-from .config import BrowserConfig
-from .dom import SNAPSHOT_JS, PageView
+from ..browser.ax import ax_nodes, merge
+from ..browser.config import BrowserConfig
+from ..browser.dom import SNAPSHOT_JS, PageView
+from .base import ToolError
 
 T = TypeVar("T")
 _GRACE_S = 5.0
