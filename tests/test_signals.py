@@ -126,6 +126,15 @@ def _job(tmp_path: Path) -> dict[str, Any]:
     }
 
 
+def _script(prefix: list[str], script: str, args: list[str], api_url: str) -> Child:
+    """``script`` run by this Python (after ``prefix``, a wrapper), against the fake API
+    at ``api_url``, its output piped."""
+    env = os.environ | {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api_url}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    argv = [*prefix, sys.executable, "-c", script, *args]
+    return popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def _line(proc: subprocess.Popen[str], deadline: float) -> str:
     """The script's next line of output, or the test fails naming what it said."""
     assert proc.stdout is not None
@@ -148,15 +157,7 @@ def test_after_an_interrupted_run_the_process_is_as_it_was(
     way) and ends ``interrupted`` instead of raising."""
     cleanup.append(tmp_path / "runs")
     with FakeMessagesAPI(coding_policy()) as api:
-        env = os.environ | {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api.url}
-        env["PYTHONPATH"] = os.pathsep.join(sys.path)
-        proc = popen(
-            [sys.executable, "-c", SCRIPT, way, json.dumps(_job(tmp_path))],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = _script([], SCRIPT, [way, json.dumps(_job(tmp_path))], api.url)
         try:
             deadline = time.monotonic() + 240
             ended = "interrupted" if way == "watched" else "KeyboardInterrupt"
@@ -217,16 +218,8 @@ def test_a_run_that_handles_signals_leaves_an_ignored_sigint_ignored(
     SIGTERM does, and SIGINT is still ignored afterwards."""
     cleanup.append(tmp_path / "runs")
     with FakeMessagesAPI(coding_policy()) as api:
-        env = os.environ | {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api.url}
-        env["PYTHONPATH"] = os.pathsep.join(sys.path)
-        argv = [sys.executable, "-c", IGNORING_SCRIPT, json.dumps(_job(tmp_path))]
-        proc = popen(
-            ["env", "--ignore-signal=INT", *argv],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        started_ignoring = ["env", "--ignore-signal=INT"]
+        proc = _script(started_ignoring, IGNORING_SCRIPT, [json.dumps(_job(tmp_path))], api.url)
         try:
             deadline = time.monotonic() + 180
             assert _line(proc, deadline) == "started"
