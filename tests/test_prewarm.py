@@ -4,7 +4,6 @@ the run takes them; a run that does not start leaves none behind."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +39,6 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     monkeypatch.setattr(prewarm_module.Prewarm, "start", classmethod(recording))
     return seen
-
-
-def _since_epoch(docker_time: str) -> float:
-    return datetime.fromisoformat(docker_time[:26].rstrip("Z") + "+00:00").timestamp()
 
 
 def test_the_first_wave_starts_before_the_run_exists_and_the_run_takes_it(
