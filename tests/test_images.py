@@ -361,7 +361,7 @@ def _run_to_end(client, image: str, script: str, run_id: str, **kwargs) -> tuple
 
 def test_coding_image_has_tools_and_runs_as_agent(images, docker_client, run_id) -> None:
     script = (
-        "set -e; id -u; id -un; pwd; python3 --version; git --version; rg --version | head -1; "
+        "set -e; id -u; id -un; pwd; python3 --version; git --version; rg --version | sed -n 1p; "
         "printf 'int main(void){return 7;}' > /workspace/t.c && gcc -o /workspace/t /workspace/t.c; "
         "/workspace/t || echo gcc-exit=$?; ls /opt/fleet"
     )
