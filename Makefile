@@ -49,8 +49,13 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/fleet research "$(QUESTION)" --members 3
 
-# The trace page is tested in the host's Chromium (Debian's package), like a user's browser.
-test-deps:
+# The trace page is tested in the host's Chromium (Debian's package), like a user's browser;
+# the repository-setup test sets up a real published project (tests/projects/), whose
+# files are downloaded here once, each checked against the hash the list pins.
+PROJECTS_DIR = $${FLEET_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/fleet}/test-projects
+test-deps: $(STAMP)
+	@d=$(PROJECTS_DIR)/freezegun; [ -f $$d/.done ] || { rm -rf $$d && \
+	  $(BIN)/pip download -q --no-deps --require-hashes -r tests/projects/freezegun.txt -d $$d && touch $$d/.done; }
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then echo "fleet: installing chromium for the trace page tests (one time)"; \
 	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \

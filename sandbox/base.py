@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from .errors import PathRefused, SandboxError
+from .prepared.spec import PreparedInfo
 from .process import BoxProcess
 from .spec import SandboxSpec
 
@@ -361,6 +362,63 @@ class SandboxBackend(abc.ABC):
             SandboxCrashed: the box died before it answered.
         """
         raise SandboxError(f"{type(self).__name__} takes no boxes started before a run")
+
+    async def setup_image(self, spec: SandboxSpec) -> str:
+        """The id of the image a box of ``spec`` starts from (a prepared snapshot's key
+        names the image by id, not by name).
+
+        Raises:
+            SandboxError: this backend keeps no prepared snapshots.
+            SandboxUnavailable: the engine is gone, or has no such image.
+        """
+        raise SandboxError(f"{type(self).__name__} keeps no prepared snapshots")
+
+    async def find_prepared(self, key: str) -> str | None:
+        """The prepared snapshot ``key`` (for ``SandboxSpec.prepared``), its use
+        recorded; None when this engine has none.
+
+        Raises:
+            SandboxError: this backend keeps no prepared snapshots.
+            SandboxUnavailable: the engine is gone.
+        """
+        raise SandboxError(f"{type(self).__name__} keeps no prepared snapshots")
+
+    async def save_prepared(
+        self,
+        box: Sandbox,
+        *,
+        key: str,
+        inputs: dict[str, Any],
+        setup: str,
+        repo: Path | None,
+        secrets: dict[str, str],
+    ) -> str:
+        """Keep the finished setup ``box``'s ``/workspace`` as the snapshot ``key``
+        (:mod:`sandbox.prepared.capture` says what of it is kept); its reference.
+
+        Raises:
+            CaptureRefused: the tree cannot become a snapshot (a secret's value in it,
+                an entry that is not a file, link or directory, too large).
+            SandboxError: this backend keeps no prepared snapshots.
+            SandboxUnavailable: the engine is gone.
+        """
+        raise SandboxError(f"{type(self).__name__} keeps no prepared snapshots")
+
+    async def list_prepared(self) -> list[PreparedInfo]:
+        """The prepared snapshots on this engine, most recently used first.
+
+        Raises:
+            SandboxUnavailable: the engine is gone.
+        """
+        return []
+
+    async def remove_prepared(self, info: PreparedInfo) -> bool:
+        """Remove one snapshot; False when a box still uses it.
+
+        Raises:
+            SandboxUnavailable: the engine is gone.
+        """
+        return False
 
     @abc.abstractmethod
     async def remove_run(self, run: str) -> int:

@@ -121,6 +121,28 @@ def spec_error(model: type[BaseModel], exc: ValidationError) -> SandboxSpecError
     )
 
 
+def check_hosts(hosts: tuple[str, ...]) -> tuple[str, ...]:
+    """An allowlist's entries, lower case; ``ValueError`` for one that is not a host
+    name or that the egress proxy would refuse every time."""
+    out = []
+    for host in hosts:
+        h = host.strip().lower()
+        # First the proxy's own rule (it would refuse this host every time), which
+        # also says what an address in disguise (0x7f000001, a@b, [::1]) really is.
+        why = entry_refusal(h)
+        if why:
+            raise ValueError(
+                f"{host!r} can never be reached: {why}; list a host the boxes may reach, "
+                "e.g. 'docs.python.org' or 'corpus:8080'"
+            )
+        if not _HOST_RE.match(h):
+            raise ValueError(
+                f"{host!r} is not a host name; write e.g. 'docs.python.org' or 'corpus:8080'"
+            )
+        out.append(h)
+    return tuple(out)
+
+
 class _Strict(Strict):
     """Direct construction raises :class:`SandboxSpecError` (a ``ValueError``), not
     pydantic's multi-line error, so API users get the same one paragraph as the CLI."""
@@ -146,23 +168,7 @@ class NetworkPolicy(_Strict):
     @field_validator("allow")
     @classmethod
     def _hosts_are_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        out = []
-        for host in v:
-            h = host.strip().lower()
-            # First the proxy's own rule (it would refuse this host every time), which
-            # also says what an address in disguise (0x7f000001, a@b, [::1]) really is.
-            why = entry_refusal(h)
-            if why:
-                raise ValueError(
-                    f"{host!r} can never be reached: {why}; list a host the boxes may reach, "
-                    "e.g. 'docs.python.org' or 'corpus:8080'"
-                )
-            if not _HOST_RE.match(h):
-                raise ValueError(
-                    f"{host!r} is not a host name; write e.g. 'docs.python.org' or 'corpus:8080'"
-                )
-            out.append(h)
-        return tuple(out)
+        return check_hosts(v)
 
     @model_validator(mode="after")
     def _allow_needs_allowlist(self) -> NetworkPolicy:
@@ -214,6 +220,12 @@ class SandboxSpec(_Strict):
     runtime: Runtime = "runc"
     """The box's OCI runtime: ``runc`` (the host kernel, behind seccomp) or ``gvisor``
     (gVisor's user-space kernel between the box and the host; see :mod:`sandbox.docker.gvisor`)."""
+    prepared: str | None = None
+    """A prepared snapshot (:mod:`sandbox.prepared`): the box starts from it, its tree
+    copied into ``/workspace`` before the box is handed out."""
+    wheels: str | None = None
+    """A host directory mounted read-only at ``/wheels`` (a setup box's wheelhouse);
+    nothing else of the host is ever mounted."""
 
     @field_validator("memory", "tmpfs_size", "workspace_size")
     @classmethod
@@ -228,6 +240,18 @@ class SandboxSpec(_Strict):
     @classmethod
     def _image(cls, v: str | None) -> str | None:
         return check_image_reference(v)
+
+    @field_validator("prepared")
+    @classmethod
+    def _prepared(cls, v: str | None) -> str | None:
+        return check_image_reference(v)
+
+    @field_validator("wheels")
+    @classmethod
+    def _wheels(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"wheels {v!r} must be an absolute host path")
+        return v
 
     @field_validator("labels")
     @classmethod

@@ -52,11 +52,11 @@ def test_the_first_wave_starts_before_the_run_exists_and_the_run_takes_it(
     assert len(made) == 3
     run = tmp_path / "runs" / warm.run  # the run has the id its boxes were given
     created = json.loads((run / "journal.jsonl").read_text().splitlines()[0])["ts"]
-    # The first wave's start begins before the run directory exists: Fleet asked for
-    # its first box (``fleet.created``, stamped just before the engine is asked) before
-    # then; on a loaded machine the engine may finish making it later.
-    asked = min(float(info["Config"]["Labels"]["fleet.created"]) for info in made.values())
-    assert asked < created, (asked, created)
+    # The first wave's start begins before the run directory exists: its thread was
+    # started then. When it reaches the engine is the scheduler's to say - on a loaded
+    # machine after the run directory was made (1 ms after, once) - so that is not
+    # asserted; that the run took the boxes it made is.
+    assert warm.began is not None and warm.began < created, (warm.began, created)
     used = [
         e.box
         for m in ("c0", "c1", "c2")

@@ -103,12 +103,13 @@ def test_every_fleet_command_and_flag_shown_exists() -> None:
         if sub is None:
             problems.append(f"{doc}: 'fleet {text}': no command {words[0]!r}")
             continue
-        name = words[0]
-        nested = _subcommands(sub)
-        if nested and len(words) > 1 and re.fullmatch(r"[a-z]+", words[1]):
-            if words[1] not in nested:
-                problems.append(f"{doc}: 'fleet {text}': no 'fleet {name} {words[1]}'")
-            name, sub = f"{name} {words[1]}", nested.get(words[1], sub)
+        name, rest = words[0], words[1:]
+        # Down the subcommands as deep as the text names them (fleet sandbox prepared gc).
+        while (nested := _subcommands(sub)) and rest and re.fullmatch(r"[a-z]+", rest[0]):
+            if rest[0] not in nested:
+                problems.append(f"{doc}: 'fleet {text}': no 'fleet {name} {rest[0]}'")
+                break
+            name, sub, rest = f"{name} {rest[0]}", nested[rest[0]], rest[1:]
         known = _options(sub)
         for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text):
             if flag not in known:

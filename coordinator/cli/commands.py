@@ -35,7 +35,7 @@ from subagents.browser.corpus import CORPUS_ALLOW
 from subagents.kinds.results import CodingMemberResult, MemberResult, UnknownResult
 
 from ..errors import CommandFailed, UsageError
-from ..job.jobfile import JobError, load_job, parse_job
+from ..job.jobfile import JobError, load_job, parse_job, resolve_paths
 from ..job.spec import Job
 from ..nodes import host_git
 from ..rundir.run_lookup import runs_root
@@ -203,15 +203,33 @@ def cmd_code(args: argparse.Namespace) -> int:
     ]
     if args.test:
         lines.append(f"test = {_toml_str(args.test)}")
+    setup = _setup_table(args)
+    if setup:
+        lines.append(f"setup = {setup}")
     text = "\n".join(lines) + "\n"
-    job = _parse_flags(
-        text, {"members[0].task": "TASK", "members[0].test": "--test", "model.name": "--model"}
-    )
+    flags = {
+        "members[0].task": "TASK",
+        "members[0].test": "--test",
+        "model.name": "--model",
+        "members[0].setup.run": "--setup",
+        "members[0].setup.allow": "--setup-allow",
+        "members[0].setup.wheels": "--wheels",
+    }
+    job = _parse_flags(text, flags)
+    try:
+        resolve_paths(job, Path.cwd(), source="(command line)", relative_to="the current directory")
+    except JobError as exc:
+        msg = str(exc)
+        for field, flag in flags.items():
+            msg = msg.replace(f"  {field}", f"  {flag} ({field})")
+        raise UsageError(msg) from None
     summary = _start(job, text, args, {"model.name": "--model", "members[0].repo": "REPO"})
     from ..runner.driver import EXIT_FAILED
 
     outcome = summary.outcomes.get("coder")
     patch = summary.run.path / "members" / "coder" / "patch.diff"
+    if args.setup is not None:
+        _say_setup(patch.parent)
     if outcome is None or outcome.result is None:
         return summary.exit_code  # no result at all: the run's summary said why
     result = outcome.result
@@ -255,6 +273,43 @@ def cmd_code(args: argparse.Namespace) -> int:
         return _apply(repo, patch)
     print(f"your repository is untouched; apply with: git -C {repo} apply {patch.resolve()}")
     return summary.exit_code
+
+
+def _say_setup(member_dir: Path) -> None:
+    """What the member's setup did, from its trace: made (and its log), reused, failed."""
+    from subagents.trace import SandboxEvent
+
+    from ..traceview.detail import setup_text
+
+    try:
+        lines = (member_dir / "trace.jsonl").read_text().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("type") == "sandbox" and event.get("action") == "setup":
+            text = setup_text(SandboxEvent.model_validate(event)).removeprefix("SETUP ")
+            log = member_dir / "setup.log"
+            print(f"\nsetup: {text}" + (f" (its output: {log})" if log.exists() else ""))
+            return
+
+
+def _setup_table(args: argparse.Namespace) -> str | None:
+    """``--setup`` and its companions as the member's ``setup`` inline table."""
+    if args.setup is None:
+        used = "--setup-allow" if args.setup_allow else "--wheels" if args.wheels else None
+        if used:
+            raise UsageError(f"{used} is for a setup; add --setup CMD (or --setup auto)")
+        return None
+    pairs = [f"run = {_toml_str(args.setup)}"]
+    if args.setup_allow:
+        pairs.append(f"allow = [{', '.join(_toml_str(h) for h in args.setup_allow)}]")
+    if args.wheels:
+        pairs.append(f"wheels = {_toml_str(str(Path(args.wheels).resolve()))}")
+    return "{ " + ", ".join(pairs) + " }"
 
 
 def _why(result: MemberResult) -> str:
@@ -463,6 +518,23 @@ def register(subparsers: Any) -> None:
         "--apply",
         action="store_true",
         help="apply the patch to REPO afterwards (default: REPO is untouched)",
+    )
+    p.add_argument(
+        "--setup",
+        metavar="CMD",
+        help="prepare the box once with CMD (or 'auto': a venv and the project's "
+        "dependencies), cached on the engine for later runs; the member runs offline",
+    )
+    p.add_argument(
+        "--setup-allow",
+        action="append",
+        metavar="HOST",
+        help="a host the setup may reach (repeat; e.g. pypi.org files.pythonhosted.org)",
+    )
+    p.add_argument(
+        "--wheels",
+        metavar="DIR",
+        help="a wheelhouse for the setup, read-only at /wheels (PIP_FIND_LINKS)",
     )
     p.add_argument(
         "--model",

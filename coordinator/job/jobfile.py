@@ -11,6 +11,7 @@ table does accept) - not a traceback or pydantic's internal error codes.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from sandbox.prepared.spec import SetupSpec
 from subagents.policy import ToolPolicy
 from subagents.spec import Limits
 from subagents.tools.mcp import McpServerSpec
@@ -62,6 +64,7 @@ def known_fields(loc: tuple[str | int, ...]) -> str:
         "model": ModelDefaults,
         "policy": ToolPolicy,  # a member's MemberPolicy has the same fields
         "budget": Budget,
+        "setup": SetupSpec,
     }
     names = [p for p in loc[:-1] if isinstance(p, str)]
     if len(names) >= 2 and names[-2] == "parameters":  # parameters.<name>.<field>
@@ -187,8 +190,33 @@ def resolve_paths(job: Job, base: Path, *, source: str, relative_to: str) -> Non
                 server.files = str(files)
         if m.memory is not None and m.memory.dir is not None:
             m.memory.dir = str((base / m.memory.dir).resolve())
+        if m.setup is not None:
+            problems += _setup_on_host(m, i, base, relative_to)
     if problems:
         raise JobError(source, problems)
+
+
+def _setup_on_host(m: MemberJob, i: int, base: Path, relative_to: str) -> list[str]:
+    """A member's setup against this host: its wheelhouse made absolute and found a
+    directory, each of its secrets set (the values are read when the setup runs)."""
+    assert m.setup is not None
+    problems = []
+    if m.setup.wheels is not None:
+        wheels = (base / m.setup.wheels).resolve()
+        if not wheels.is_dir():
+            what = "does not exist" if not wheels.exists() else "is not a directory"
+            problems.append(
+                f"members[{i}].setup.wheels: {m.setup.wheels!r} {what} (paths are relative "
+                f'to {relative_to}); name a directory of wheels, e.g. wheels = "./wheelhouse"'
+            )
+        m.setup = m.setup.model_copy(update={"wheels": str(wheels)})
+    for name in m.setup.secrets:
+        if name not in os.environ:
+            problems.append(
+                f"members[{i}].setup.secrets: {name!r} is not set in this environment; "
+                f"export it before the run (its value goes to the setup command only)"
+            )
+    return problems
 
 
 def render_toml(data: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from pydantic import (
 from sandbox.errors import SandboxSpecError
 from sandbox.inbox.egress_proxy import Policy
 from sandbox.inbox.egress_rules import entry_refusal, read_host, split_entry
+from sandbox.prepared.spec import SetupSpec
 from sandbox.spec import (
     BoxKind,
     NetworkPolicy,
@@ -234,6 +235,19 @@ class MemberJob(_JobModel):
     """Coding members: a ``test`` that fails after the member submitted fails the
     member. False: its exit code is a finding, not a gate (a lead's check of a
     documented behaviour, where "the documentation is wrong" is a good answer)."""
+    setup: SetupSpec | None = None
+    """Coding members: the repository's setup (``setup = "pip install -e ."``, ``"auto"``
+    or a table: ``run``, ``allow``, ``wheels``, ``secrets``, ``timeout_s``,
+    ``key_files``, ``refresh``), run once per key in a box of the member's image, its
+    result cached on the engine; the member starts from it with no network
+    (:mod:`sandbox.prepared`)."""
+
+    @field_validator("setup", mode="before")
+    @classmethod
+    def _setup_shape(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {"run": v}
+        return v
 
     @field_validator("id")
     @classmethod
@@ -335,6 +349,7 @@ class MemberJob(_JobModel):
             "test": bool(self.test),
             "files": bool(self.files),
             "test_gate": not self.test_gate,
+            "setup": self.setup is not None,
         }
         field = next((f for f, used in coding_only.items() if used), None)
         if self.kind != "coding" and field is not None:

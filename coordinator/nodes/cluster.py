@@ -482,7 +482,10 @@ class RayNodes(Nodes):
         held = _Held()
         fields = job_fields(unit)
         try:
-            with anyio.fail_after(unit.deadline_s + GRACE_S):
+            # A member's clock stands while its setup runs on the node (bounded by the
+            # setup's own limit, and a box start for it).
+            setup_s = unit.setup.timeout_s + 120 if unit.setup is not None else 0.0
+            with anyio.fail_after(unit.deadline_s + GRACE_S + setup_s):
                 async for ref in call:
                     msg = receive(await ref, job_fields=fields)
                     if reply is not None:

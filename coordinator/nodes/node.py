@@ -18,6 +18,7 @@ a node's actor, against a scratch directory whose files go back to the coordinat
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -32,6 +33,7 @@ from sandbox.deferred import DeferredSandbox
 from sandbox.docker import reaper
 from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxUnavailable
 from sandbox.pool import SandboxPool
+from sandbox.prepared.prepare import Preparer, SetupFailed
 from sandbox.spec import SandboxSpec
 from sandbox.warm import WarmBoxes
 from subagents.beside import beside
@@ -50,6 +52,8 @@ from .prewarm import Prewarm
 from .repo_copy import RepoRefused, RepoTooLarge, StagedRepo, copy_room, staged_copy
 from .worker import CANCELLED, MemberUnit, Nodes, Recorder, Services, Started, failed_outcome
 
+SETUP_LOG = "setup.log"
+"""The setup's output (secrets masked), in the directory of the member that ran it."""
 CLEANUP_S = 60.0
 """Longest the run's cleanup (boxes, pools, corpus, proxy) may take after an interrupt;
 past it the run still ends, and ``fleet sandbox gc`` removes what is left."""
@@ -95,6 +99,14 @@ class NodeDeps:
     budget: Reserves | None = None
     """What members' calls reserve from when not the run's budget in this process (a
     cluster node's relay to the coordinator's, :mod:`coordinator.nodes.node_budget`)."""
+    preparers: dict[str, Preparer] = field(default_factory=dict)
+    """Each run's setups on this node's engine (:mod:`sandbox.prepared.prepare`)."""
+
+    def preparer(self, run: str) -> Preparer:
+        """``run``'s setups on this node: one per key, whichever member asks first."""
+        if run not in self.preparers:
+            self.preparers[run] = Preparer(self.backend, run)
+        return self.preparers[run]
 
     async def acquire(self, spec: SandboxSpec, run: str, member: str) -> tuple[Sandbox, Any]:
         """A fresh box for ``member`` (from a warm pool when there is one) and its pool."""
@@ -196,6 +208,7 @@ async def run_attempt(
     started = time.monotonic()
     held = _Held(keep=unit.spec.sandbox.keep)
     ended_by_harness = False
+    run_dir = member_dir or Path(unit.member_dir)
     try:
         with anyio.fail_after(unit.deadline_s):
             if staged_repo is None and unit.repo:
@@ -204,7 +217,13 @@ async def run_attempt(
                 repo = Path(unit.repo)
                 held.staging = await anyio.to_thread.run_sync(lambda: staged_copy(repo, room=room))
                 staged_repo = Path(held.staging.name)
-            run_dir = member_dir or Path(unit.member_dir)
+        if unit.setup is not None:
+            # The member's clock stands while its setup runs (bounded by its own
+            # timeout): members that wait on one setup lose none of their time to it.
+            t_setup = time.monotonic()
+            unit = await _with_prepared(unit, deps, trace, staged_repo, run_dir)
+            started += time.monotonic() - t_setup
+        with anyio.fail_after(max(unit.deadline_s - (time.monotonic() - started), 0.001)):
             outcome = await _harness(
                 unit, deps, trace, held, staged_repo, run_dir, on_turn_saved, started
             )
@@ -222,6 +241,70 @@ async def run_attempt(
         if held.staging.not_copied:
             outcome = outcome.model_copy(update={"not_copied": held.staging.not_copied})
     return _settled(unit, trace, outcome, traced_end=ended_by_harness)
+
+
+async def _with_prepared(
+    unit: MemberUnit, deps: NodeDeps, trace: TraceWriter, repo: Path | None, run_dir: Path
+) -> MemberUnit:
+    """The unit with its box made from the setup's snapshot: found on the engine, made
+    by this run already, or made now (the others that need it wait). The setup's log
+    goes to ``setup.log`` in the member's directory of whoever ran it (and of every
+    member it failed), and a ``setup`` event to the member's trace.
+
+    Raises:
+        SetupFailed: the setup failed (now or earlier in this run).
+    """
+    setup = unit.setup
+    assert setup is not None
+    missing = [n for n in setup.secrets if n not in os.environ]
+    if missing:
+        raise SetupFailed(f"setup failed: secret {missing[0]} is not set where the member runs")
+    secrets = {n: os.environ[n] for n in setup.secrets}
+    t0 = time.monotonic()
+    trace.emit(SandboxEvent(action="setup_start"))
+    try:
+        made = await deps.preparer(unit.run_id).prepare(
+            setup, unit.spec.sandbox, repo, secrets=secrets
+        )
+    except SetupFailed as exc:
+        await _write_log(run_dir, exc.log)
+        trace.emit(
+            SandboxEvent(
+                action="setup",
+                detail={"ok": False, "ran": not exc.again, "reason": str(exc)[:500]},
+                duration_s=round(time.monotonic() - t0, 3),
+            )
+        )
+        raise
+    await _write_log(run_dir, made.log)
+    trace.emit(
+        SandboxEvent(
+            action="setup",
+            box=made.ref[:19],
+            detail={"ok": True, "key": made.key[:16], "reused": made.reused},
+            duration_s=round(time.monotonic() - t0, 3),
+        )
+    )
+    sandbox = unit.spec.sandbox.model_copy(update={"prepared": made.ref})
+    return unit.model_copy(update={"spec": unit.spec.model_copy(update={"sandbox": sandbox})})
+
+
+async def _cached_snapshot(deps: NodeDeps, unit: MemberUnit, run_id: str) -> str | None:
+    """The snapshot of ``unit``'s setup the engine already has, by its key from the
+    repository as given (the attempt keys it from the copy that goes into the box;
+    were the two to differ, the attempt would simply find no pool)."""
+    assert unit.setup is not None
+    try:
+        repo = Path(unit.repo) if unit.repo else None
+        return await deps.preparer(run_id).cached(unit.setup, unit.spec.sandbox, repo)
+    except (SandboxError, OSError):
+        return None  # the attempt meets whatever this was, and says so
+
+
+async def _write_log(run_dir: Path, log: str) -> None:
+    if log:
+        await anyio.Path(run_dir).mkdir(parents=True, exist_ok=True)
+        await anyio.Path(run_dir / SETUP_LOG).write_text(log)
 
 
 @dataclass
@@ -320,6 +403,13 @@ async def _start_box(
             await box.upload(staged_repo, "/workspace")
         for name, text in unit.files.items():
             await box.write_file(f"/workspace/{name}", text)
+        if unit.setup is not None and unit.setup.refresh:
+            res = await box.exec(unit.setup.refresh, cwd="/workspace", timeout=unit.setup.timeout_s)
+            if not res.ok:
+                tail = (res.stderr or res.stdout).strip()[-1000:]
+                raise SandboxUnavailable(
+                    f"the setup's refresh failed (exit {res.exit_code}): {tail}"
+                )
     except (SandboxCrashed, SandboxClosed, SandboxUnavailable) as exc:
         pending.fail(exc)
     except SandboxError as exc:
@@ -339,7 +429,7 @@ def _attempt_failed(unit: MemberUnit, exc: Exception, started: float) -> MemberO
     if isinstance(exc, TimeoutError):
         why = f"deadline of {unit.deadline_s:g}s passed"
         return failed_outcome(unit, "timed_out", why, started)
-    if isinstance(exc, RepoTooLarge | RepoRefused):
+    if isinstance(exc, RepoTooLarge | RepoRefused | SetupFailed):
         return failed_outcome(unit, "failed", str(exc), started)
     if isinstance(exc, SandboxCrashed):
         why = f"sandbox crashed: {exc.reason}"
@@ -389,10 +479,17 @@ async def open_pools(
     run_id: str,
     max_parallel: int,
 ) -> None:
-    """One warm pool per distinct box spec, sized to what the members will take."""
+    """One warm pool per distinct box spec, sized to what the members will take. A
+    member with a setup whose snapshot the engine has already gets a pool of boxes
+    made from it; one whose setup has yet to run gets none (its box waits for it)."""
     specs: dict[str, Any] = {}
     for u in units:
         spec = u.spec.sandbox
+        if u.setup is not None:
+            ref = await _cached_snapshot(deps, u, run_id)
+            if ref is None:
+                continue
+            spec = spec.model_copy(update={"prepared": ref})
         key = spec.pool_key
         specs[key] = spec
         deps.demand[key] = deps.demand.get(key, 0) + 1

@@ -49,6 +49,7 @@ and goes with the rest of the run's boxes when it ends.
 from __future__ import annotations
 
 import threading
+import time
 import tomllib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -71,6 +72,8 @@ class Prewarm:
         """One box spec per coding member of the first wave, in the job's order."""
         self.members = members
         """One box spec per member, when Fleet chooses max_parallel (else empty)."""
+        self.began: float | None = None
+        """When its thread started (the epoch), for whoever asks how early that was."""
         self._boxes: list[tuple[str, dict]] = []
         """(spec key, container details) of every box started, in order."""
         self._taken: set[str] = set()
@@ -98,6 +101,7 @@ class Prewarm:
         if not first:
             return None
         warm = cls(name, first, members)
+        warm.began = time.time()
         warm._thread.start()
         return warm
 
@@ -207,7 +211,12 @@ def _first_wave(raw: dict[str, Any]) -> tuple[str, list[SandboxSpec], list[Sandb
     first = []
     for member in wave:
         overrides = {**runtime, **(member.get("sandbox") or {})}
-        if member.get("kind") != "coding" or overrides.get("image") or overrides.get("keep"):
+        if (
+            member.get("kind") != "coding"
+            or overrides.get("image")
+            or overrides.get("keep")
+            or member.get("setup") is not None  # its box starts from the setup's snapshot
+        ):
             continue  # a kept box is the member's own, never a pool's
         first.append(SandboxSpec(kind="coding", network=NetworkPolicy(), **overrides))
     return name, boxes if not isinstance(limit, int) else [], first

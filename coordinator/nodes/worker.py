@@ -54,6 +54,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sandbox.prepared.spec import SetupSpec
 from subagents.durable import forget
 from subagents.outcome import MemberOutcome
 from subagents.spec import MemberSpec
@@ -90,6 +91,9 @@ class MemberUnit(BaseModel):
     """Host directory copied into ``/workspace`` before the member starts (coding)."""
     files: dict[str, str] = Field(default_factory=dict)
     """Small text files written into ``/workspace`` after the repo (coding)."""
+    setup: SetupSpec | None = None
+    """The repository's setup (coding): the member's box starts from its prepared
+    snapshot (:mod:`sandbox.prepared`)."""
     result_schema: dict[str, Any] | None = None
     """Extra checks the member's result must pass (see :mod:`coordinator.job.schema_check`)."""
 

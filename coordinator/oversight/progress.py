@@ -99,6 +99,14 @@ def _action(event: Any) -> str:
         if event.action == "keep":
             return f"box kept: {event.box}"
         return "box up" if event.action == "create" else "box removed"
+    if t == "sandbox" and event.action == "setup_start":
+        return "setting up the repository (waits on its setup)"
+    if t == "sandbox" and event.action == "setup":
+        if not event.detail.get("ok"):
+            return "setup failed"
+        if event.detail.get("reused"):
+            return "setup reused (prepared snapshot)"
+        return f"set up in {event.duration_s:.1f} s"
     if t == "rate_wait" and not event.waited_s:
         return f"waiting ~{event.expected_s:.0f} s: {event.reason}"
     if t == "tool_result" and event.is_error:

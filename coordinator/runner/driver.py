@@ -220,6 +220,7 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
                 deadline_s=m.limits.deadline_s,
                 repo=m.repo,
                 files=dict(m.files),
+                setup=m.setup,
                 result_schema=m.result_schema,
             )
         )

@@ -295,6 +295,8 @@ def _mark(ev: Any, ref: str, limit: int, prefix: str) -> Mark | None:
     if isinstance(ev, MemoryWrite):
         return Mark(kind="memory", ts=ev.ts, text=ev.command, path=member_file(prefix, ev.path),
                     ref=ref)  # fmt: skip
+    if isinstance(ev, SandboxEvent) and ev.action in ("setup", "setup_start"):
+        return Mark(kind="sandbox", ts=ev.ts, text=setup_text(ev)[:limit], ref=ref)
     if isinstance(ev, SandboxEvent):
         return Mark(kind="sandbox", ts=ev.ts, text=f"{ev.action} {ev.box}".strip(), ref=ref)
     return None
@@ -425,3 +427,14 @@ def _add_to_turn(
         if mark is not None:
             view.marks.append(mark)
     view.end = max(view.end, ev.ts)
+
+
+def setup_text(ev: SandboxEvent) -> str:
+    """A repository setup's event in words: waited for, made, reused or failed."""
+    if ev.action == "setup_start":
+        return "SETUP waiting on the repository's setup"
+    d = ev.detail
+    if not d.get("ok"):
+        return f"SETUP failed after {ev.duration_s:.1f}s: {d.get('reason', '')}"
+    how = "reused the prepared snapshot" if d.get("reused") else "made the prepared snapshot"
+    return f"SETUP {how} {d.get('key', '')} in {ev.duration_s:.1f}s"

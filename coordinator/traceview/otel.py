@@ -225,6 +225,27 @@ class _MemberSpans:
     def conversation_id(self) -> str:
         return f"{self.live.run_id}/{self.member}"
 
+    def _setup(self, ev: SandboxEvent) -> None:
+        """The member's wait on its repository's setup (made, reused or failed): a span
+        of its own beside the member's, in the run's trace."""
+        detail = ev.detail
+        attrs: dict[str, Any] = {
+            "fleet.run.id": self.live.run_id,
+            "gen_ai.agent.name": self.member,
+            "fleet.setup.ok": bool(detail.get("ok")),
+            "fleet.setup.reused": bool(detail.get("reused")),
+        }
+        if detail.get("key"):
+            attrs["fleet.setup.key"] = str(detail["key"])
+        span = self.live.start(
+            f"setup/{self.member}/{self.attempt}", f"setup {self.member}",
+            context=self.live.context, kind=SpanKind.INTERNAL, attributes=attrs,
+            start_time=_ns(ev.ts - ev.duration_s),
+        )  # fmt: skip
+        if not detail.get("ok"):
+            span.set_status(Status(StatusCode.ERROR, str(detail.get("reason", ""))[:500]))
+        span.end(end_time=_ns(ev.ts))
+
     def _agent(self, ts: float) -> Span:
         if self.agent is None:
             attrs: dict[str, Any] = {
@@ -263,6 +284,9 @@ class _MemberSpans:
         # its own invoke_agent span, ended by that attempt's member_end. Between
         # attempts only the box's close comes, which starts nothing.
         box = isinstance(ev, SandboxEvent)
+        if box and ev.action == "setup":
+            self._setup(ev)
+            return
         if self.agent is None and box and ev.action != "create":
             return
         start = ev.ts - ev.duration_s if box and ev.action == "create" else ev.ts

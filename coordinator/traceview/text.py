@@ -6,7 +6,13 @@ import time
 from typing import Any
 
 from coordinator.report.report import memory_lines
-from coordinator.traceview.detail import MemberDetail, MemorySaveView, ToolView, TurnView
+from coordinator.traceview.detail import (
+    MemberDetail,
+    MemorySaveView,
+    ToolView,
+    TurnView,
+    setup_text,
+)
 from coordinator.traceview.rollup import MemberRollup, RunRollup, compact_json
 from subagents.trace import (
     Compaction,
@@ -283,6 +289,8 @@ def format_event(member: str, ev: Any, width: int = 160) -> str | None:
             if ev.waited_s
             else f"RATE waiting ~{ev.expected_s:.0f}s: {ev.reason}"
         )
+    elif isinstance(ev, SandboxEvent) and ev.action in ("setup", "setup_start"):
+        body = setup_text(ev)
     elif isinstance(ev, SandboxEvent):
         body = f"box {ev.action}" + (f" {ev.duration_s:.1f}s" if ev.duration_s else "")
     else:

@@ -9,6 +9,9 @@ boxes, but never those of a live run (another process may be using them; gc says
 many it spared) unless ``--include-live`` is given too; ``--dry-run`` only says what
 would go. ``rm NAME...`` removes the named boxes (a box a member kept for debugging)
 and whatever of their run is left only for them (its egress proxy and networks).
+``prepared [ls | rm KEY... | gc]`` lists and removes the prepared snapshots repository
+setups left on the engine (:mod:`sandbox.docker.prepared`); ``gc`` also removes those
+unused for two weeks, then the least recently used past 20 GB.
 ``gc --cluster ADDRESS`` runs the same gc on every Docker engine of a Ray cluster's
 Fleet nodes, once per engine, for boxes a killed coordinator or a dead node left on
 other hosts: a cluster box lives as long as its node's actor for the run, which any
@@ -23,14 +26,17 @@ Exit codes: 0 done, 2 the engine is unavailable (one paragraph saying what to do
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 
 from ..base import BoxInfo
 from ..cluster.auth import add_insecure_flag
+from ..docker import prepared as prepared_store
 from ..docker import reaper
 from ..errors import SandboxError, SandboxUnavailable
+from ..prepared.spec import PreparedInfo
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,6 +68,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rm = sub.add_parser("rm", help="remove the named boxes (a box kept for debugging, say)")
     rm.add_argument("names", nargs="+", metavar="NAME", help="a box's name, as 'ls' shows it")
     rm.set_defaults(func=cmd_rm)
+    prepared = sub.add_parser(
+        "prepared", help="list, remove or gc prepared snapshots (a repository's setup, cached)"
+    )
+    psub = prepared.add_subparsers(dest="prepared_cmd")
+    prepared.set_defaults(func=cmd_prepared_ls, json=False)
+    pls = psub.add_parser("ls", help="list snapshots: key, size, age, last use, setup")
+    pls.add_argument("--json", action="store_true", help="one JSON object per line")
+    pls.set_defaults(func=cmd_prepared_ls)
+    prm = psub.add_parser("rm", help="remove snapshots by key (or the start of one)")
+    prm.add_argument("keys", nargs="*", metavar="KEY", help="a key as 'ls' shows it")
+    prm.add_argument("--all", action="store_true", help="remove every snapshot")
+    prm.set_defaults(func=cmd_prepared_rm)
+    pgc = psub.add_parser("gc", help="remove snapshots unused past a TTL, then past a disk cap")
+    pgc.add_argument("--ttl-days", type=float, default=prepared_store.TTL_S / 86400, metavar="D")
+    pgc.add_argument(
+        "--max-size",
+        default=f"{prepared_store.MAX_TOTAL_BYTES // 1024**3}g",
+        metavar="SIZE",
+        help="most bytes of snapshots kept, least recently used removed first (e.g. 20g)",
+    )
+    pgc.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    pgc.set_defaults(func=cmd_prepared_gc)
 
 
 def _age(seconds: float) -> str:
@@ -219,6 +247,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if removed.orphans:
         print(f"ended {removed.orphans} gVisor process(es) left with no box behind them")
     print(f"{verb} {len(removed.boxes)} box(es) and {len(removed.networks)} network(s)")
+    if not args.cluster:
+        try:
+            _say_prepared(verb, _gc_prepared(dry_run=args.dry_run))
+        except SandboxError as e:
+            print(f"fleet: prepared snapshots: {e}", file=sys.stderr)
     taken = {b.id for b in removed.boxes}
     spared = [b for b in before if b.owner in live and b.id not in taken]
     if args.all and spared:
@@ -227,4 +260,137 @@ def cmd_gc(args: argparse.Namespace) -> int:
             f"kept {len(spared)} box(es) of live run(s) {', '.join(runs)}; add --include-live "
             f"to remove them too (their runs will fail)"
         )
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit, size in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n}B"
+
+
+def _prepared_list() -> list[PreparedInfo]:
+    from ..docker.engine import connect
+
+    client = connect()
+    try:
+        return prepared_store.list_all(client)
+    finally:
+        client.close()
+
+
+def _gc_prepared(
+    *,
+    ttl_s: float = prepared_store.TTL_S,
+    max_bytes: int = prepared_store.MAX_TOTAL_BYTES,
+    dry_run: bool = False,
+) -> list[PreparedInfo]:
+    from ..docker.engine import connect
+
+    client = connect()
+    try:
+        return prepared_store.gc(client, ttl_s=ttl_s, max_bytes=max_bytes, dry_run=dry_run)
+    finally:
+        client.close()
+
+
+def _say_prepared(verb: str, removed: list[PreparedInfo]) -> None:
+    for info in removed:
+        print(
+            f"{verb} prepared snapshot {info.key[:16]} ({_size(info.size)}, setup: {info.setup[:60]})"
+        )
+    if removed:
+        print(f"{verb} {len(removed)} prepared snapshot(s)")
+
+
+def cmd_prepared_ls(args: argparse.Namespace) -> int:
+    try:
+        snapshots = _prepared_list()
+    except SandboxError as e:
+        print(f"fleet: {e}", file=sys.stderr)
+        return 2 if isinstance(e, SandboxUnavailable) else 1
+    if args.json:
+        for info in snapshots:
+            print(json.dumps(dataclasses.asdict(info)))
+        return 0
+    if not snapshots:
+        print("no prepared snapshots on this engine")
+        return 0
+    now = time.time()
+    rows = [("KEY", "SIZE", "AGE", "LAST-USE", "SETUP")]
+    for info in snapshots:
+        rows.append(
+            (
+                info.key[:16],
+                _size(info.size),
+                _age(now - info.created),
+                _age(now - info.last_used) + " ago",
+                info.setup.replace("\n", " ")[:60],
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_prepared_rm(args: argparse.Namespace) -> int:
+    if not args.keys and not args.all:
+        print(
+            "fleet: name a snapshot's KEY (see 'fleet sandbox prepared ls') or --all",
+            file=sys.stderr,
+        )
+        return 2
+    from ..docker.engine import connect
+
+    try:
+        client = connect()
+        snapshots = prepared_store.list_all(client)
+        chosen = snapshots if args.all else []
+        for key in args.keys:
+            found = [s for s in snapshots if s.key.startswith(key.lower())]
+            if len(found) != 1:
+                what = "no snapshot" if not found else f"{len(found)} snapshots"
+                print(
+                    f"fleet: {what} with key {key!r}; 'fleet sandbox prepared ls' lists them",
+                    file=sys.stderr,
+                )
+                return 2
+            chosen += found
+        for info in chosen:
+            if prepared_store.remove(client, info):
+                print(f"removed prepared snapshot {info.key[:16]}")
+            else:
+                print(
+                    f"kept prepared snapshot {info.key[:16]}: a box still uses it", file=sys.stderr
+                )
+    except SandboxError as e:
+        print(f"fleet: {e}", file=sys.stderr)
+        return 2 if isinstance(e, SandboxUnavailable) else 1
+    return 0
+
+
+def cmd_prepared_gc(args: argparse.Namespace) -> int:
+    from ..spec import parse_size
+
+    if args.ttl_days <= 0:
+        print("fleet: --ttl-days must be more than 0", file=sys.stderr)
+        return 2
+    try:
+        max_bytes = parse_size(args.max_size)
+    except ValueError:
+        print(f"fleet: --max-size {args.max_size!r} is not a size (e.g. 20g)", file=sys.stderr)
+        return 2
+    try:
+        removed = _gc_prepared(
+            ttl_s=args.ttl_days * 86400, max_bytes=max_bytes, dry_run=args.dry_run
+        )
+    except SandboxError as e:
+        print(f"fleet: {e}", file=sys.stderr)
+        return 2 if isinstance(e, SandboxUnavailable) else 1
+    verb = "would remove" if args.dry_run else "removed"
+    _say_prepared(verb, removed)
+    if not removed:
+        print("no prepared snapshot to remove")
     return 0

@@ -60,10 +60,12 @@ from ..errors import (
     SandboxUnavailable,
 )
 from ..inbox import wire
+from ..prepared.capture import PREFIX
+from ..prepared.spec import PreparedInfo
 from ..process import BoxProcess
 from ..spec import SandboxSpec
 from ..watch import WorkspaceWatch
-from . import reaper
+from . import prepared, reaper
 from .boxops import bounded_data_filter, exec_request, exec_result, ok_reply, wait_cdp
 from .container import create_container
 from .engine import engine_calls, remove_box
@@ -120,7 +122,7 @@ class DockerSandbox(Sandbox):
         self._watch = WorkspaceWatch()
         # Fleet's coding image starts nothing but its agent, and /workspace is a fresh
         # tmpfs; another image's entrypoint may write there before anyone asks.
-        self._untouched = spec.kind == "coding" and spec.image is None
+        self._untouched = spec.kind == "coding" and spec.image is None and spec.prepared is None
 
     def untouched_workspace(self) -> bool:
         return self._untouched and not self._closed
@@ -425,7 +427,7 @@ class DockerBackend(SandboxBackend):
                     f"(starting with a letter or digit), e.g. 'r1' or 'browser-2'"
                 )
         await self._ready()
-        image = await self.image_for(spec)
+        image = spec.prepared or await self.image_for(spec)
         reaper.mark_live(self.owner(run))
         labels = reaper.box_labels(spec, run, member, self.node)
         env = dict(spec.env)
@@ -453,7 +455,76 @@ class DockerBackend(SandboxBackend):
         mac = infra_mac() if spec.kind == "service" and network != "none" else None
         args = (spec, image, labels, env, network, aliases, command, run, member, mac)
         info = await anyio.to_thread.run_sync(create_container, self.client, *args)
-        return await self.adopt(info, spec, run=run, member=member)
+        box = await self.adopt(info, spec, run=run, member=member)
+        if spec.prepared:
+            await self._lay_prepared(box)
+        return box
+
+    async def _lay_prepared(self, box: DockerSandbox) -> None:
+        """Copy the snapshot's tree into the box's fresh ``/workspace`` (removed if not)."""
+        try:
+            res = await box.exec(["cp", "-a", f"/{PREFIX}/.", "/workspace/"], cwd="/", timeout=600)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.remove_container(box.id)
+            raise
+        if not res.ok:
+            await self.remove_container(box.id)
+            raise SandboxUnavailable(
+                f"box {box.name}: the prepared tree did not copy into /workspace "
+                f"(exit {res.exit_code}): {(res.stderr or res.stdout).strip()[-300:]}"
+            )
+
+    async def setup_image(self, spec: SandboxSpec) -> str:
+        await self._ready()
+        image = await self.image_for(spec)
+        return await anyio.to_thread.run_sync(prepared.image_id, self.client, image)
+
+    async def find_prepared(self, key: str) -> str | None:
+        await self._ready()
+        ref = await anyio.to_thread.run_sync(prepared.find, self.client, key)
+        if ref is not None:
+            await anyio.to_thread.run_sync(prepared.touch, key)
+        return ref
+
+    async def save_prepared(
+        self,
+        box: Sandbox,
+        *,
+        key: str,
+        inputs: dict[str, Any],
+        setup: str,
+        repo: Path | None,
+        secrets: dict[str, str],
+    ) -> str:
+        assert isinstance(box, DockerSandbox)
+        base = await self.image_for(box.spec)
+        prefix = exec_prefix(box.spec)
+
+        def save() -> str:
+            with engine_calls(self.client):
+                ref, _ = prepared.save(
+                    self.client,
+                    box.id,
+                    prefix,
+                    base,
+                    key=key,
+                    inputs=inputs,
+                    setup=setup,
+                    repo=repo,
+                    secrets=secrets,
+                )
+            return ref
+
+        return await anyio.to_thread.run_sync(save)
+
+    async def list_prepared(self) -> list[PreparedInfo]:
+        await self._ready()
+        return await anyio.to_thread.run_sync(prepared.list_all, self.client)
+
+    async def remove_prepared(self, info: PreparedInfo) -> bool:
+        await self._ready()
+        return await anyio.to_thread.run_sync(prepared.remove, self.client, info)
 
     def start_offline(
         self, spec: SandboxSpec, *, run: str, member: str, image: str

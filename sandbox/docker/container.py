@@ -4,8 +4,9 @@ User 1000, all capabilities dropped, no-new-privileges, read-only root, tmpfs ``
 (mode 1777) and a size-limited tmpfs ``/workspace`` owned by uid 1000 (see
 :mod:`sandbox.docker.backend` for why tmpfs), pids limit, memory limit with swap equal to it
 (no swap on top), CPU quota, an init process reaping zombies, the given network
-(``none`` for coding boxes). Nothing from the host: no mounts, no Docker socket, no
-host environment - only ``env`` as given.
+(``none`` for coding boxes). Nothing from the host: no Docker socket, no host
+environment - only ``env`` as given - and no mount but a setup box's wheelhouse
+(``spec.wheels``), read-only at ``/wheels``.
 
 Memory and disk. A tmpfs page is charged to the memory cgroup of whoever wrote it
 and, with no swap, can never be reclaimed: with the memory limit equal to
@@ -39,6 +40,7 @@ import secrets
 
 import docker
 import docker.errors
+import docker.types
 
 from ..errors import SandboxUnavailable
 from ..spec import SHM_BYTES, SandboxSpec, parse_size
@@ -81,6 +83,11 @@ def create_container(
         nano_cpus=int(spec.cpus * 1e9),
         init=True,
         runtime=gvisor.runtime_name(spec, network),
+        mounts=(
+            [docker.types.Mount("/wheels", spec.wheels, type="bind", read_only=True)]
+            if spec.wheels
+            else None
+        ),
     )
     networking = None
     if aliases:

@@ -1,0 +1,220 @@
+"""Running a setup once per key and handing its snapshot to every member that needs it.
+
+A :class:`Preparer` serves one run on one engine (a cluster node has its own, against
+its own engine: no node sets up a key twice, and no node waits for another's). For
+each key it holds a lock, and a file lock keeps two runs on one host from setting up
+one key at once: the first member to need a key runs its setup, the others wait and
+then start from the same snapshot; a key whose setup failed fails every
+member that needs it in this run, with the same reason, without running it again. A
+failed setup is never kept, so the next run tries again; a snapshot is found on the
+engine before any setup is run, so a run whose key is cached sets up nothing.
+
+The setup box is a box of the member's image, runtime and limits, with no network, or,
+when the setup names ``allow`` hosts, the run's network and its egress proxy for those
+hosts only (the proxy variables set, so pip, uv, npm and apt use it). The wheelhouse is
+mounted read-only at ``/wheels`` with ``PIP_FIND_LINKS`` pointing there. Secrets reach
+the setup's command alone, as its environment (never the box's, which a snapshot's
+image would keep); their values are replaced by ``***`` in the log, and a tree that
+holds one is refused (:mod:`.capture`). The command runs from ``/workspace`` holding
+the repository as the member would get it, as the box's user, bounded by ``timeout_s``
+and the box's output limit like every command.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from ..base import SandboxBackend
+from ..errors import SandboxError
+from ..spec import SandboxSpec
+from .capture import CaptureRefused, redact
+from .key import key_inputs, setup_key
+from .spec import SetupSpec
+
+TAIL_CHARS = 1500
+"""The end of a failed setup's output, as its members' reason gives it."""
+
+
+class SetupFailed(Exception):
+    """The setup did not make a snapshot; ``str()`` is the members' reason."""
+
+    def __init__(self, reason: str, *, log: str = "", again: bool = False) -> None:
+        super().__init__(reason)
+        self.log = log
+        self.again = again
+        """Met as this run's earlier failure of the same key (the setup did not run)."""
+
+
+@dataclass
+class Prepared:
+    """A snapshot a member's box starts from."""
+
+    key: str
+    ref: str
+    reused: bool
+    """Found on the engine (no setup ran for it in this run)."""
+    duration_s: float
+    log: str = ""
+    """The setup's output (secrets masked); empty when reused."""
+
+
+class Preparer:
+    """One run's setups on one engine (see the module docstring)."""
+
+    def __init__(self, backend: SandboxBackend, run: str) -> None:
+        self.backend = backend
+        self.run = run
+        self._locks: dict[str, anyio.Lock] = {}
+        self._done: dict[str, Prepared | SetupFailed] = {}
+
+    async def key(self, setup: SetupSpec, box: SandboxSpec, repo: Path | None) -> tuple[str, dict]:
+        """The setup's key for members of ``box`` with the repository copy ``repo``."""
+        image = await self.backend.setup_image(box)
+        inputs = await anyio.to_thread.run_sync(
+            lambda: key_inputs(setup, image_id=image, runtime=box.runtime, repo=repo)
+        )
+        return setup_key(inputs), inputs
+
+    async def cached(self, setup: SetupSpec, box: SandboxSpec, repo: Path | None) -> str | None:
+        """The snapshot of this setup the engine already has (None: it must run)."""
+        key, _ = await self.key(setup, box, repo)
+        return await self.backend.find_prepared(key)
+
+    async def prepare(
+        self,
+        setup: SetupSpec,
+        box: SandboxSpec,
+        repo: Path | None,
+        *,
+        secrets: dict[str, str],
+    ) -> Prepared:
+        """The snapshot for this setup, made now unless this run or the engine has it.
+
+        Raises:
+            SetupFailed: the setup (or this run's earlier try of the same key) failed.
+            SandboxError: the engine could not start the setup box.
+        """
+        key, inputs = await self.key(setup, box, repo)
+        lock = self._locks.setdefault(key, anyio.Lock())
+        async with lock, _host_lock(key):
+            done = self._done.get(key)
+            if isinstance(done, SetupFailed):
+                raise SetupFailed(str(done), log=done.log, again=True)
+            if done is not None:
+                return Prepared(key=key, ref=done.ref, reused=True, duration_s=0.0)
+            t0 = time.monotonic()
+            ref = await self.backend.find_prepared(key)
+            if ref is not None:
+                found = Prepared(key=key, ref=ref, reused=True, duration_s=0.0)
+                self._done[key] = found
+                return found
+            try:
+                made = await self._run(setup, box, repo, key, inputs, secrets)
+            except SetupFailed as exc:
+                self._done[key] = exc
+                raise
+            made.duration_s = round(time.monotonic() - t0, 3)
+            self._done[key] = made
+            return made
+
+    async def _run(
+        self,
+        setup: SetupSpec,
+        box: SandboxSpec,
+        repo: Path | None,
+        key: str,
+        inputs: dict,
+        secrets: dict[str, str],
+    ) -> Prepared:
+        env = dict(box.env)
+        env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+        if setup.wheels:
+            env["PIP_FIND_LINKS"] = "/wheels"
+        spec = box.model_copy(
+            update={
+                "network": setup.network,
+                "wheels": setup.wheels,
+                "env": env,
+                "keep": False,
+                "prepared": None,
+            }
+        )
+        member = f"setup-{key[:12]}"
+        sandbox = await self.backend.create(spec, run=self.run, member=member)
+        try:
+            if repo is not None:
+                await sandbox.upload(repo, "/workspace")
+            res = await sandbox.exec(
+                setup.command, cwd="/workspace", timeout=setup.timeout_s, env=secrets
+            )
+            log = redact(f"$ {setup.command}\n" + _log_text(res.stdout, res.stderr), secrets)
+            if res.timed_out:
+                raise SetupFailed(
+                    f"setup failed (timed out after {setup.timeout_s:g} s): {_tail(log)}", log=log
+                )
+            if not res.ok:
+                raise SetupFailed(f"setup failed (exit {res.exit_code}): {_tail(log)}", log=log)
+            try:
+                ref = await self.backend.save_prepared(
+                    sandbox,
+                    key=key,
+                    inputs=inputs,
+                    setup=setup.run,
+                    repo=repo,
+                    secrets=secrets,
+                )
+            except CaptureRefused as exc:
+                raise SetupFailed(f"setup failed: {exc}", log=log) from None
+            return Prepared(key=key, ref=ref, reused=False, duration_s=0.0, log=log)
+        except SandboxError as exc:
+            raise SetupFailed(f"setup failed: its box was lost ({exc})") from None
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await sandbox.close()
+                except SandboxError:
+                    pass
+
+
+@asynccontextmanager
+async def _host_lock(key: str) -> AsyncIterator[None]:
+    """Held while a key is looked up and set up: two runs on one host that need the
+    same key set it up once, the second finding the first's snapshot. A file lock,
+    polled (never a blocked thread a cancelled run would leave behind)."""
+    from ..images.catalog import cache_dir
+
+    path = cache_dir() / "prepared-locks" / key
+    await anyio.Path(path.parent).mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await anyio.sleep(0.25)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _log_text(stdout: str, stderr: str) -> str:
+    parts = [stdout.rstrip("\n")] if stdout.strip() else []
+    if stderr.strip():
+        parts.append(stderr.rstrip("\n"))
+    return "\n".join(parts) + ("\n" if parts else "")
+
+
+def _tail(log: str) -> str:
+    text = log.strip()
+    if not text:
+        return "(no output)"
+    return text if len(text) <= TAIL_CHARS else "..." + text[-TAIL_CHARS:]

@@ -1,0 +1,381 @@
+"""Repository setup on real boxes: once per key, cached on the engine, members offline.
+
+Every run here is the real ``fleet`` process with the offline models, against real
+Docker boxes. The wheelhouse is made in the test (a wheel written by hand), so nothing
+leaves the machine: the setups install from ``/wheels``, and the one that names a host
+is refused by the run's egress proxy before any connection is made.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import docker
+import pytest
+
+from coordinator.rundir.runs import RunDir
+from sandbox.docker import prepared as store
+
+pytestmark = pytest.mark.docker
+FLEET = str(Path(sys.executable).with_name("fleet"))
+EDIT = "replace `world` with `fleet` in `greet.txt`"
+SECRET = "s3cr3t-7d1e0b9a44c2"
+
+
+def _wheel(directory: Path, name: str, version: str, source: str) -> None:
+    """A pure-Python wheel, written as pip expects one (PEP 427), with no build tool."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": source.encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    with zipfile.ZipFile(directory / f"{name}-{version}-py3-none-any.whl", "w") as whl:
+        for path, data in files.items():
+            whl.writestr(path, data)
+
+
+def make_project(base: Path) -> tuple[Path, Path]:
+    """A repository whose test imports a package it does not ship, and a wheelhouse
+    that has it (``bench/setup.py`` uses them too)."""
+    wheels = base / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "tinydep", "1.0", "VALUE = 42\n")
+    repo = base / "proj"
+    repo.mkdir()
+    (repo / "requirements.txt").write_text("tinydep==1.0\n")
+    (repo / "greet.txt").write_text("hello world\n")
+    (repo / "test_dep.py").write_text(
+        "import tinydep\n\ndef test_value():\n    assert tinydep.VALUE == 42\n"
+    )
+    return repo, wheels
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> tuple[Path, Path]:
+    return make_project(tmp_path)
+
+
+INSTALL = "python3 -m venv --system-site-packages .venv && .venv/bin/pip install --no-index -r requirements.txt"
+
+
+def _job(path: Path, repo: Path, members: list[str], *, name: str = "setup") -> Path:
+    """A job of coding members, each ``setup = <its inline table>``."""
+    lines = [f'name = "{name}"', "[model]", 'name = "offline"']
+    lines += ["[fanout]", f"max_parallel = {len(members)}"]
+    for i, setup in enumerate(members):
+        lines += [
+            "[[members]]",
+            f'id = "m{i}"',
+            'kind = "coding"',
+            f'task = "{EDIT}"',
+            f"repo = {json.dumps(str(repo))}",
+            'test = "python -m pytest -q -p no:cacheprovider test_dep.py"',
+            f"setup = {setup}",
+        ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def out(tmp_path: Path, cleanup: list[Path]) -> Path:
+    """The runs' directory; their boxes are removed at teardown, whatever happened."""
+    cleanup.append(tmp_path / "runs")
+    return tmp_path / "runs"
+
+
+def _run(
+    job: Path, out: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, RunDir]:
+    """``fleet run JOB`` and the run it made."""
+    before = {r.id for r in RunDir.list(out)} if out.exists() else set()
+    done = _fleet("run", str(job), "--output-dir", str(out), env=env)
+    (run,) = [r for r in RunDir.list(out) if r.id not in before]
+    return done, run
+
+
+def _fleet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [FLEET, *args, "--plain"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _setup_logs(run: RunDir) -> list[Path]:
+    return sorted(run.path.glob("members/*/setup.log"))
+
+
+def _setup_events(run: RunDir, member: str) -> list[dict]:
+    lines = (run.member_dir(member) / "trace.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    return [e for e in events if e.get("type") == "sandbox" and e.get("action") == "setup"]
+
+
+def _key_of(run: RunDir, member: str) -> str:
+    (event,) = _setup_events(run, member)
+    return str(event["detail"]["key"])
+
+
+def _forget(client: docker.DockerClient, key: str) -> None:
+    for info in store.list_all(client):
+        if info.key.startswith(key):
+            store.remove(client, info)
+
+
+def test_four_members_share_one_setup_run_offline_and_a_second_run_reuses_it(
+    tmp_path: Path, project: tuple[Path, Path], images: dict, out: Path, docker_client
+) -> None:
+    repo, wheels = project
+    # A key no earlier test made: the setup command names this test's directory.
+    setup = json.dumps(f"{INSTALL} # {tmp_path.name}")
+    table = f"{{ run = {setup}, wheels = {json.dumps(str(wheels))} }}"
+    job = _job(tmp_path / "job.toml", repo, [table] * 4)
+    done, run = _run(job, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    outcomes = run.outcomes()
+    assert sorted(outcomes) == ["m0", "m1", "m2", "m3"]
+    for member, outcome in outcomes.items():
+        assert outcome.status == "ok", (member, outcome.reason)
+        result = outcome.result
+        assert result is not None and result.verified is not None and result.verified.passed
+        # What the setup made (.venv, tinydep) is no part of any member's patch.
+        assert result.files_changed == ["greet.txt"], result.files_changed
+    logs = _setup_logs(run)
+    assert len(logs) == 1, logs  # one setup for four members
+    assert "tinydep" in logs[0].read_text()
+    keys = {_key_of(run, m) for m in outcomes}
+    assert len(keys) == 1
+    key = keys.pop()
+    try:
+        # The members' boxes had no network: a coding box's default, setup or not.
+        for m in outcomes:
+            assert all(e["detail"]["ok"] for e in _setup_events(run, m))
+        again, second = _run(job, out)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert _setup_logs(second) == []  # nothing set up: the snapshot was reused
+        for m in ("m0", "m1", "m2", "m3"):
+            (event,) = _setup_events(second, m)
+            assert event["detail"]["reused"] is True
+            assert second.outcomes()[m].status == "ok"
+        listed = _fleet_plain("sandbox", "prepared", "ls", "--json")
+        rows = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert any(r["key"].startswith(key) and r["size"] > 0 for r in rows), rows
+    finally:
+        _forget(docker_client, key)
+
+
+def _fleet_plain(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([FLEET, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_failing_setup_fails_every_member_that_needs_it_and_is_never_cached(
+    tmp_path: Path, project: tuple[Path, Path], images: dict, out: Path, docker_client
+) -> None:
+    repo, _ = project
+    setup = json.dumps(
+        f"echo resolving deps; echo 'no matching distribution' >&2; exit 3 # {tmp_path.name}"
+    )
+    job = _job(tmp_path / "job.toml", repo, [f"{{ run = {setup} }}"] * 2)
+    before = {p.key for p in store.list_all(docker_client)}
+    done, run = _run(job, out)
+    assert done.returncode != 0
+    for member, outcome in run.outcomes().items():
+        assert outcome.status == "failed", member
+        assert outcome.reason.startswith("setup failed (exit 3): "), outcome.reason
+        assert "no matching distribution" in outcome.reason
+    # Run once; the other member met the same failure (each has its log, to read why).
+    ran = [e["detail"]["ran"] for m in ("m0", "m1") for e in _setup_events(run, m)]
+    assert sorted(ran) == [False, True]
+    assert len(_setup_logs(run)) == 2
+    assert {p.key for p in store.list_all(docker_client)} == before
+
+
+def test_a_setup_past_its_time_limit_fails_its_members(
+    tmp_path: Path, project: tuple[Path, Path], images: dict, out: Path
+) -> None:
+    repo, _ = project
+    setup = json.dumps(f"echo started; sleep 60 # {tmp_path.name}")
+    job = _job(tmp_path / "job.toml", repo, [f"{{ run = {setup}, timeout_s = 2 }}"])
+    done, run = _run(job, out)
+    assert done.returncode != 0
+    reason = run.outcomes()["m0"].reason
+    assert reason.startswith("setup failed (timed out after 2 s)"), reason
+
+
+def test_a_host_the_setup_was_not_allowed_is_refused_by_the_proxy(
+    tmp_path: Path, project: tuple[Path, Path], images: dict, out: Path
+) -> None:
+    repo, _ = project
+    # The proxy refuses by name: no address outside the machine is ever looked up.
+    fetch = (
+        "python3 -c \"import os, urllib.request as u; print('proxy', os.environ['HTTPS_PROXY']); "
+        "u.urlopen('http://not-allowed.example/simple/')\""
+    )
+    setup = json.dumps(f"{fetch} # {tmp_path.name}")
+    job = _job(tmp_path / "job.toml", repo, [f'{{ run = {setup}, allow = ["pypi.org"] }}'])
+    done, run = _run(job, out)
+    assert done.returncode != 0
+    reason = run.outcomes()["m0"].reason
+    assert reason.startswith("setup failed (exit 1)"), reason
+    assert "403" in reason or "Forbidden" in reason, reason
+    log = (run.member_dir("m0") / "setup.log").read_text()
+    assert "proxy http://" in log  # it went through the run's proxy, the only way out
+
+
+def test_secrets_reach_the_setup_only_and_never_the_snapshot_log_or_image(
+    tmp_path: Path, project: tuple[Path, Path], images: dict, out: Path, docker_client
+) -> None:
+    repo, wheels = project
+    env = {"INDEX_TOKEN": SECRET}
+    # Uses the secret and says it (the log masks it); writes a file, not the secret.
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()
+    check = f'test "$(printf %s "$INDEX_TOKEN" | sha256sum | cut -d" " -f1)" = {digest}'
+    uses = json.dumps(f'{check} && echo "token $INDEX_TOKEN" && {INSTALL} # {tmp_path.name}')
+    # Writes the secret into the tree, as a pip.conf with a token in its URL would be.
+    leaks = json.dumps(
+        f'echo "index-url = https://u:$INDEX_TOKEN@idx" > pip.conf # {tmp_path.name}'
+    )
+    w = json.dumps(str(wheels))
+    job = _job(
+        tmp_path / "job.toml",
+        repo,
+        [
+            f'{{ run = {uses}, wheels = {w}, secrets = ["INDEX_TOKEN"] }}',
+            f'{{ run = {leaks}, secrets = ["INDEX_TOKEN"] }}',
+        ],
+    )
+    done, run = _run(job, out, env)
+    outcomes = run.outcomes()
+    assert outcomes["m0"].status == "ok", outcomes["m0"].reason
+    assert outcomes["m1"].status == "failed"
+    assert "holds the value of secret INDEX_TOKEN" in outcomes["m1"].reason
+    assert SECRET not in done.stdout + done.stderr
+    key = _key_of(run, "m0")
+    try:
+        # Two setups, two keys, in one run.
+        assert (run.member_dir("m1") / "trace.jsonl").exists()
+        log = (run.member_dir("m0") / "setup.log").read_text()
+        assert "token ***" in log and SECRET not in log
+        for path in run.path.rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), path
+        (info,) = [p for p in store.list_all(docker_client) if p.key.startswith(key)]
+        image = docker_client.api.inspect_image(info.ref)
+        assert SECRET not in json.dumps(image)
+        assert SECRET not in json.dumps(docker_client.api.history(info.ref))
+        box = docker_client.api.create_container(info.ref, network_disabled=True)
+        try:
+            exported = b"".join(docker_client.api.export(box["Id"]))
+        finally:
+            docker_client.api.remove_container(box["Id"], force=True)
+        assert b"tinydep" in exported and SECRET.encode() not in exported
+    finally:
+        _forget(docker_client, key)
+
+
+def test_fleet_code_setup_flags_run_the_projects_own_test_in_the_prepared_box(
+    tmp_path: Path, project: tuple[Path, Path], images: dict, out: Path, docker_client
+) -> None:
+    repo, wheels = project
+    done = subprocess.run(
+        [
+            FLEET,
+            "code",
+            str(repo),
+            EDIT,
+            "--model",
+            "offline",
+            "--plain",
+            "--output-dir",
+            str(out),
+            "--test",
+            "python -m pytest -q -p no:cacheprovider test_dep.py",
+            "--setup",
+            f"{INSTALL} # {tmp_path.name}",
+            "--wheels",
+            str(wheels),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "files changed: greet.txt" in done.stdout
+    assert "(passed" in done.stdout
+    assert "setup: made the prepared snapshot" in done.stdout and "setup.log" in done.stdout
+    (run,) = RunDir.list(out)
+    _forget(docker_client, _key_of(run, "coder"))
+
+
+@pytest.fixture
+def freezegun(tmp_path: Path) -> tuple[Path, Path]:
+    """freezegun's published source release (its own tests included), unpacked, and the
+    wheelhouse ``make test-deps`` filled with what its tests import."""
+    import tarfile
+
+    from sandbox.images.catalog import cache_dir
+
+    here = cache_dir() / "test-projects" / "freezegun"
+    if not (here / ".done").exists():
+        from conftest import missing_dependency
+
+        missing_dependency(f"{here} is missing; run 'make test-deps' (it downloads it)")
+    with tarfile.open(here / "freezegun-1.5.1.tar.gz") as sdist:
+        sdist.extractall(tmp_path, filter="data")
+    return tmp_path / "freezegun-1.5.1", here
+
+
+def test_a_real_projects_own_tests_pass_in_its_prepared_box_and_fail_without_it(
+    tmp_path: Path, freezegun: tuple[Path, Path], images: dict, out: Path, docker_client
+) -> None:
+    repo, wheels = freezegun
+    install = "python3 -m venv --system-site-packages .venv && .venv/bin/pip install --no-index python-dateutil"
+    setup = f"{{ run = {json.dumps(f'{install} # {tmp_path.name}')}, wheels = {json.dumps(str(wheels))} }}"
+    member = [
+        'kind = "coding"',
+        f'task = "{EDIT}"',
+        f"repo = {json.dumps(str(repo))}",
+        'test = "python3 -m pytest -q -p no:cacheprovider tests"',
+        'files = { "greet.txt" = "hello world\\n" }',
+    ]
+    job = tmp_path / "job.toml"
+    lines = [
+        'name = "freezegun"',
+        "[model]",
+        'name = "offline"',
+        "[[members]]",
+        'id = "prepared"',
+        *member,
+        f"setup = {setup}",
+    ]
+    lines += ["[[members]]", 'id = "bare"', *member, "test_gate = false"]
+    job.write_text("\n".join(lines) + "\n")
+    done, run = _run(job, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    prepared, bare = run.outcomes()["prepared"], run.outcomes()["bare"]
+    try:
+        assert prepared.status == "ok", prepared.reason
+        assert prepared.result.verified.passed, prepared.result.verified.output_tail
+        assert " passed" in prepared.result.verified.output_tail
+        assert prepared.result.files_changed == ["greet.txt"]
+        # The same repository in a plain box: its tests cannot even import.
+        assert bare.result.verified.passed is False
+        assert "dateutil" in bare.result.verified.output_tail
+    finally:
+        _forget(docker_client, _key_of(run, "prepared"))
