@@ -4,8 +4,11 @@ A repository whose test imports a package it does not ship (``tinydep``, from a
 wheelhouse the script writes), and a setup that installs it into ``.venv`` and then
 works ``--setup-s`` seconds more (a ``sleep``: the stand-in for a real project's slow
 install, so the figure does not depend on an index). Every run is the real ``fleet
-run JOB --plain`` process with the offline models, members writing one edit and Fleet
-re-running the project's test in each box.
+run JOB --plain`` process; members talk to the fake Messages API (in another process,
+on 127.0.0.1) through the real ``anthropic`` client, each call answered after 500 ms,
+5 turns with a box exec each and a submit (about 3 s of model latency, as in
+``bench/fanout.py``: a member's time is mostly its model's, as it is for real), and
+Fleet re-runs the project's test in each box after it submits.
 
 Printed, as medians over ``--rounds`` (each round interleaves every kind of run, so a
 drifting machine hits them alike):
@@ -38,10 +41,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT / "tests")  # bench/sandbox.py would shadow the package
 sys.path.insert(1, str(ROOT))
+sys.path.append(str(ROOT / "bench"))  # last: the fake API's server from fanout.py
 
 FLEET = str(Path(sys.executable).with_name("fleet"))
 EDIT = "replace `world` with `fleet` in `greet.txt`"
-TEST = "python -m pytest -q -p no:cacheprovider test_dep.py"
+TEST = "python3 -m pytest -q -p no:cacheprovider test_dep.py"
 INSTALL = "python3 -m venv --system-site-packages .venv && .venv/bin/pip install --no-index -r requirements.txt"
 
 
@@ -61,7 +65,7 @@ def job(path: Path, repo: Path, members: int, setup: str | None) -> Path:
     lines = [
         f'name = "bench-setup-{members}"',
         "[model]",
-        'name = "offline"',
+        'name = "claude-sonnet-5"',
         "[fanout]",
         f"max_parallel = {members}",
         "[synthesis]",
@@ -136,7 +140,31 @@ def main() -> int:
     parser.add_argument("--members", type=int, default=8)
     parser.add_argument("--setup-s", type=float, default=20.0)
     parser.add_argument("--boxes", type=int, default=10)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        from fanout import serve
+
+        serve()
+        return 0
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        os.environ["ANTHROPIC_BASE_URL"] = server.stdout.readline().strip()
+        os.environ["ANTHROPIC_API_KEY"] = "bench-key"
+        return measure(args)
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(timeout=30)
+
+
+def measure(args: argparse.Namespace) -> int:
     import docker
 
     from sandbox.docker import prepared as store
