@@ -1,0 +1,195 @@
+"""The preparer's promises, on a backend that keeps snapshots in a dict: one setup per
+key however many members ask at once, a failure met by every member without running
+again, nothing failed kept, a cached key set up by nobody, the time limit and the
+secrets handled as documented. The same paths on real boxes: tests/test_setup_boxes.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from context_fakes import MemoryBox
+
+from sandbox.base import BoxInfo, ExecResult, Sandbox, SandboxBackend
+from sandbox.prepared.capture import CaptureRefused
+from sandbox.prepared.prepare import Preparer, SetupFailed
+from sandbox.prepared.spec import SetupSpec
+from sandbox.spec import SandboxSpec
+
+
+class SetupBox(MemoryBox):
+    """Runs a setup command by its script: ``ok``, ``fail``, ``slow``, ``echo-secret``."""
+
+    def __init__(self, backend: SnapshotBackend, spec: SandboxSpec) -> None:
+        super().__init__()
+        self.backend, self.spec = backend, spec
+        self.env: dict[str, str] = {}
+
+    async def exec(self, cmd: Any, **kw: Any) -> ExecResult:
+        self.backend.runs.append(cmd)
+        self.env = dict(kw.get("env") or {})
+        await anyio.sleep(0.05)  # long enough for every other member to ask meanwhile
+        if cmd.startswith("fail"):
+            return ExecResult(exit_code=3, stdout="resolving\n", stderr="no matching dist\n")
+        if cmd.startswith("slow"):
+            return ExecResult(exit_code=124, stdout="started\n", stderr="", timed_out=True)
+        if cmd.startswith("echo-secret"):
+            return ExecResult(exit_code=0, stdout=f"token {self.env['TOKEN']}\n", stderr="")
+        return ExecResult(exit_code=0, stdout="installed\n", stderr="")
+
+
+class SnapshotBackend(SandboxBackend):
+    def __init__(self) -> None:
+        self.snapshots: dict[str, str] = {}
+        self.runs: list[str] = []
+        self.boxes: list[SetupBox] = []
+        self.closed = 0
+        self.refuse: str | None = None
+
+    async def setup_image(self, spec: SandboxSpec) -> str:
+        return "sha256:" + "b" * 64
+
+    async def find_prepared(self, key: str) -> str | None:
+        return self.snapshots.get(key)
+
+    async def save_prepared(self, box: Sandbox, *, key: str, **kw: Any) -> str:
+        if self.refuse:
+            raise CaptureRefused(self.refuse)
+        self.snapshots[key] = f"prepared-{key[:8]}"
+        return self.snapshots[key]
+
+    async def create(self, spec: SandboxSpec, *, run: str, member: str) -> Sandbox:
+        box = SetupBox(self, spec)
+        self.boxes.append(box)
+        return box
+
+    async def list_boxes(self, *, run: str | None = None) -> list[BoxInfo]:
+        return []
+
+    async def remove_run(self, run: str) -> int:
+        return 0
+
+    async def gc(
+        self, *, live_runs: set[str] | None = None, now: float | None = None
+    ) -> list[BoxInfo]:
+        return []
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_CACHE_DIR", str(tmp_path / "cache"))  # the host locks' place
+
+
+def _many(preparer: Preparer, setup: SetupSpec, n: int, repo: Path | None = None) -> list[Any]:
+    got: list[Any] = [None] * n
+
+    async def one(i: int) -> None:
+        try:
+            got[i] = await preparer.prepare(setup, SandboxSpec(), repo, secrets={})
+        except SetupFailed as exc:
+            got[i] = exc
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, i)
+
+    anyio.run(main)
+    return got
+
+
+def test_eight_members_asking_at_once_share_one_setup_and_one_snapshot() -> None:
+    backend = SnapshotBackend()
+    got = _many(Preparer(backend, "r1"), SetupSpec(run="ok"), 8)
+    assert backend.runs == ["ok"]
+    assert len({p.ref for p in got}) == 1
+    assert [p.reused for p in got].count(False) == 1  # the one that ran it
+    assert "installed" in next(p.log for p in got if not p.reused)
+    # The setup box had the setup's network (none: no hosts) and was removed.
+    (box,) = backend.boxes
+    assert box.spec.network.egress == "none" and box.spec.prepared is None
+
+
+def test_a_failed_setup_fails_every_member_runs_once_and_is_not_kept() -> None:
+    backend = SnapshotBackend()
+    preparer = Preparer(backend, "r1")
+    got = _many(preparer, SetupSpec(run="fail now"), 4)
+    assert backend.runs == ["fail now"] and backend.snapshots == {}
+    assert all(isinstance(e, SetupFailed) for e in got)
+    assert all(str(e).startswith("setup failed (exit 3): ") for e in got)
+    assert "no matching dist" in str(got[0])
+    assert sorted(e.again for e in got) == [False, True, True, True]
+    # The next run tries again: nothing of the failure was kept.
+    _many(Preparer(backend, "r2"), SetupSpec(run="fail now"), 1)
+    assert backend.runs == ["fail now", "fail now"]
+
+
+def test_a_key_the_engine_has_is_set_up_by_nobody_and_a_source_edit_keeps_the_key(
+    tmp_path: Path,
+) -> None:
+    backend = SnapshotBackend()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "requirements.txt").write_text("tinydep\n")
+    (repo / "app.py").write_text("x = 1\n")
+    _many(Preparer(backend, "r1"), SetupSpec(run="ok"), 1, repo)
+    (repo / "app.py").write_text("x = 2\n")
+    (again,) = _many(Preparer(backend, "r2"), SetupSpec(run="ok"), 1, repo)
+    assert backend.runs == ["ok"] and again.reused
+    (repo / "requirements.txt").write_text("tinydep\nother\n")
+    _many(Preparer(backend, "r3"), SetupSpec(run="ok"), 1, repo)
+    assert backend.runs == ["ok", "ok"]
+
+
+def test_a_setup_past_its_limit_and_a_refused_capture_are_failures_named_as_such() -> None:
+    backend = SnapshotBackend()
+    (slow,) = _many(Preparer(backend, "r1"), SetupSpec(run="slow", timeout_s=2), 1)
+    assert str(slow).startswith("setup failed (timed out after 2 s): ")
+    backend.refuse = "the file 'pip.conf' holds the value of secret TOKEN"
+    (refused,) = _many(Preparer(backend, "r1"), SetupSpec(run="ok again"), 1)
+    assert str(refused) == f"setup failed: {backend.refuse}" and backend.snapshots == {}
+
+
+def test_secrets_go_to_the_command_alone_and_are_masked_in_its_log() -> None:
+    backend = SnapshotBackend()
+
+    async def main() -> Any:
+        return await Preparer(backend, "r1").prepare(
+            SetupSpec(run="echo-secret", secrets=("TOKEN",)),
+            SandboxSpec(),
+            None,
+            secrets={"TOKEN": "tok-123456789"},
+        )
+
+    made = anyio.run(main)
+    (box,) = backend.boxes
+    assert box.env == {"TOKEN": "tok-123456789"}  # the command's environment...
+    assert "TOKEN" not in box.spec.env  # ...never the box's (a snapshot would keep it)
+    assert "token ***" in made.log and "tok-123456789" not in made.log
+
+
+def test_two_processes_on_one_host_set_a_key_up_once(tmp_path: Path) -> None:
+    # Two preparers (two runs) sharing an engine and a host: the second waits on the
+    # first's file lock, then finds its snapshot.
+    backend = SnapshotBackend()
+
+    async def main() -> list[Any]:
+        out: list[Any] = []
+
+        async def one(run: str) -> None:
+            out.append(
+                await Preparer(backend, run).prepare(
+                    SetupSpec(run="ok"), SandboxSpec(), None, secrets={}
+                )
+            )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, "r1")
+            tg.start_soon(one, "r2")
+        return out
+
+    got = anyio.run(main)
+    assert backend.runs == ["ok"] and sorted(p.reused for p in got) == [False, True]
