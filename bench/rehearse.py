@@ -147,18 +147,20 @@ def cpu_hogs(n: int) -> Iterator[None]:
 
 def _ignored(pid: int) -> str:
     """The signals the suite's processes start with ignored, by name, among those a
-    shell's job may inherit: read from ``bash .ci/run``'s first child (``make``), since
-    bash ignores SIGQUIT itself in every case but gives its children what it was given."""
+    shell's job may inherit: read from ``make`` - ``bash .ci/run``'s first child, or the
+    process itself once bash has exec'd its last command - since bash ignores SIGQUIT
+    itself in every case but gives its children what it was given."""
     deadline = time.monotonic() + 10
-    children: list[str] = []
-    while not children and time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError):
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    status = ""
+    while not status and time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError, IndexError):
+            # bash may exec its last command itself: then the process is make already.
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "make":
+                status = Path(f"/proc/{pid}/status").read_text()
+            else:
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                status = Path(f"/proc/{children[0]}/status").read_text()
         time.sleep(0.05)
-    try:
-        status = Path(f"/proc/{children[0]}/status").read_text() if children else ""
-    except FileNotFoundError:
-        status = ""
     if not status:
         return "?"
     mask = int(re.search(r"^SigIgn:\s*([0-9a-f]+)", status, re.M).group(1), 16)  # type: ignore[union-attr]

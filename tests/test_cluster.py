@@ -758,3 +758,61 @@ def test_a_push_sends_a_node_only_the_images_asked_for_once_per_engine():
     assert "node 10.0.0.1-000004 wants fleet-coding:other" in other
     assert "another version" in other
     assert down == "node 10.0.0.1-000006 could not say what it lacks (engine down)"
+
+
+def test_members_with_a_setup_start_from_its_snapshot_on_their_nodes_engine(
+    tmp_path, ray_cluster, node_client, cleanup
+):
+    # Each node sets up on its own engine, once per key whatever its number of members
+    # (nodes that share an engine find each other's snapshot), and its members run
+    # offline from it: the project's test imports a package only the wheelhouse has.
+    from test_setup_boxes import INSTALL, make_project
+
+    from sandbox.docker import prepared as store
+
+    repo, wheels = make_project(tmp_path)
+    setup = f"{{ run = {json.dumps(f'{INSTALL} # {tmp_path.name}')}, wheels = {json.dumps(str(wheels))} }}"
+    lines = [
+        'name = "setup-on-nodes"',
+        "[model]",
+        'name = "offline"',
+        "[fanout]",
+        "max_parallel = 4",
+    ]
+    for i in range(4):
+        lines += [
+            "[[members]]", f'id = "c{i}"', 'kind = "coding"',
+            'task = "replace `world` with `fleet` in `greet.txt`"',
+            f"repo = {json.dumps(str(repo))}",
+            'test = "python3 -m pytest -q -p no:cacheprovider test_dep.py"',
+            f"setup = {setup}",
+        ]  # fmt: skip
+    job = tmp_path / "job.toml"
+    job.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "runs"
+    cleanup.append(out)
+    done = _fleet(
+        "run", str(job), "--output-dir", str(out), "--plain", "--cluster", ray_cluster.address
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = RunDir.list(out)
+    started = _started_on(run)
+    nodes = {node for attempts in started.values() for node in attempts}
+    assert nodes <= {ray_cluster.name(n) for n in ray_cluster.nodes} and len(started) == 4
+    events = {}
+    for m in started:
+        lines = (run.member_dir(m) / "trace.jsonl").read_text().splitlines()
+        (events[m],) = [
+            e
+            for e in map(json.loads, lines)
+            if e.get("type") == "sandbox" and e.get("action") == "setup"
+        ]
+        outcome = run.outcome(m)
+        assert outcome.status == "ok" and outcome.result.verified.passed, outcome.reason
+        assert outcome.result.files_changed == ["greet.txt"]
+    made = [m for m, e in events.items() if not e["detail"]["reused"]]
+    assert 1 <= len(made) <= len(nodes), events  # never twice for a node
+    (key,) = {e["detail"]["key"] for e in events.values()}
+    for info in store.list_all(node_client):
+        if info.key.startswith(key):
+            store.remove(node_client, info)

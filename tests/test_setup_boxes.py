@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -21,6 +22,7 @@ import docker
 import pytest
 
 from coordinator.rundir.runs import RunDir
+from coordinator.traceview import load_run, rollup_run
 from sandbox.docker import prepared as store
 
 pytestmark = pytest.mark.docker
@@ -162,6 +164,19 @@ def test_four_members_share_one_setup_run_offline_and_a_second_run_reuses_it(
     keys = {_key_of(run, m) for m in outcomes}
     assert len(keys) == 1
     key = keys.pop()
+    # The wait is in the rollup, the trace text and OTel (a span per member, one made).
+    roll = rollup_run(load_run(run.path))
+    assert roll.totals["setup_s"] > 0 and all(r.setup_s > 0 for r in roll.members)
+    spans = _setup_spans(run)
+    assert sorted(s.attributes["gen_ai.agent.name"] for s in spans) == ["m0", "m1", "m2", "m3"]
+    assert [s.attributes["fleet.setup.reused"] for s in spans].count(False) == 1
+    page = tmp_path / "trace.html"
+    assert _fleet_plain("trace", str(run.path), "--html", str(page)).returncode == 0
+    waits = [float(v) for v in re.findall(r'"su": ?([0-9.]+)', page.read_text())]
+    assert len(waits) == 4 and all(w > 0 for w in waits), waits  # a setup bar per lane
+    for m in outcomes:
+        traced = _fleet_plain("trace", str(run.path), m).stdout
+        assert re.search(r"waited [0-9.]+s on the repository's setup", traced), traced[:400]
     try:
         # The members' boxes had no network: a coding box's default, setup or not.
         for m in outcomes:
@@ -176,12 +191,38 @@ def test_four_members_share_one_setup_run_offline_and_a_second_run_reuses_it(
         listed = _fleet_plain("sandbox", "prepared", "ls", "--json")
         rows = [json.loads(line) for line in listed.stdout.splitlines()]
         assert any(r["key"].startswith(key) and r["size"] > 0 for r in rows), rows
+        table = _fleet_plain("sandbox", "prepared", "ls").stdout
+        assert key[:16] in table and "LAST-USE" in table
+        # gc would take it once unused past a TTL (asked without removing anything)...
+        dry = _fleet_plain("sandbox", "prepared", "gc", "--ttl-days", "0.000001", "--dry-run")
+        assert f"would remove prepared snapshot {key[:16]}" in dry.stdout, dry.stdout
+        assert any(r["key"].startswith(key) for r in map(json.loads, _ls_json()))
+        # ...and rm takes it by (the start of) its key.
+        gone = _fleet_plain("sandbox", "prepared", "rm", key[:16])
+        assert gone.returncode == 0 and f"removed prepared snapshot {key[:16]}" in gone.stdout
+        assert not any(r["key"].startswith(key) for r in map(json.loads, _ls_json()))
+        bad = _fleet_plain("sandbox", "prepared", "rm", "ffffffffffffffff0000")
+        assert bad.returncode == 2 and "no snapshot with key" in bad.stderr
     finally:
         _forget(docker_client, key)
 
 
+def _setup_spans(run: RunDir) -> list:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from coordinator.traceview import otel
+
+    exporter = InMemorySpanExporter()
+    otel.export_run(load_run(run.path), exporter=exporter)
+    return [s for s in exporter.get_finished_spans() if s.name.startswith("setup ")]
+
+
 def _fleet_plain(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([FLEET, *args], capture_output=True, text=True, timeout=120)
+
+
+def _ls_json() -> list[str]:
+    return _fleet_plain("sandbox", "prepared", "ls", "--json").stdout.splitlines()
 
 
 def test_a_failing_setup_fails_every_member_that_needs_it_and_is_never_cached(
@@ -203,19 +244,26 @@ def test_a_failing_setup_fails_every_member_that_needs_it_and_is_never_cached(
     ran = [e["detail"]["ran"] for m in ("m0", "m1") for e in _setup_events(run, m)]
     assert sorted(ran) == [False, True]
     assert len(_setup_logs(run)) == 2
+    spans = _setup_spans(run)
+    assert len(spans) == 2 and all(s.status.status_code.name == "ERROR" for s in spans)
     assert {p.key for p in store.list_all(docker_client)} == before
 
 
-def test_a_setup_past_its_time_limit_fails_its_members(
+def test_an_endless_setup_is_cut_at_its_limit_and_its_output_bounded(
     tmp_path: Path, project: tuple[Path, Path], images: dict, out: Path
 ) -> None:
     repo, _ = project
-    setup = json.dumps(f"echo started; sleep 60 # {tmp_path.name}")
-    job = _job(tmp_path / "job.toml", repo, [f"{{ run = {setup}, timeout_s = 2 }}"])
+    # Writes without end (hundreds of MB in its 3 s) and never finishes.
+    setup = json.dumps(f"echo started; yes 'no end to this line' # {tmp_path.name}")
+    job = _job(tmp_path / "job.toml", repo, [f"{{ run = {setup}, timeout_s = 3 }}"])
     done, run = _run(job, out)
     assert done.returncode != 0
     reason = run.outcomes()["m0"].reason
-    assert reason.startswith("setup failed (timed out after 2 s)"), reason
+    assert reason.startswith("setup failed (timed out after 3 s)"), reason
+    assert len(reason) < 2000
+    log = run.member_dir("m0") / "setup.log"
+    assert log.stat().st_size < 3 * 1024 * 1024  # the box's stream cap, head and tail
+    assert log.read_text().startswith("$ echo started")
 
 
 def test_a_host_the_setup_was_not_allowed_is_refused_by_the_proxy(
@@ -289,10 +337,13 @@ def test_secrets_reach_the_setup_only_and_never_the_snapshot_log_or_image(
         _forget(docker_client, key)
 
 
-def test_fleet_code_setup_flags_run_the_projects_own_test_in_the_prepared_box(
+def test_fleet_code_setup_auto_from_a_wheelhouse_runs_the_projects_test_in_its_box(
     tmp_path: Path, project: tuple[Path, Path], images: dict, out: Path, docker_client
 ) -> None:
     repo, wheels = project
+    # "auto" is one command for every project: this one's own key comes from its
+    # requirements file (made unique here), as a real project's would.
+    (repo / "requirements.txt").write_text(f"tinydep==1.0  # {tmp_path.name}\n")
     done = subprocess.run(
         [
             FLEET,
@@ -307,7 +358,7 @@ def test_fleet_code_setup_flags_run_the_projects_own_test_in_the_prepared_box(
             "--test",
             "python -m pytest -q -p no:cacheprovider test_dep.py",
             "--setup",
-            f"{INSTALL} # {tmp_path.name}",
+            "auto",
             "--wheels",
             str(wheels),
         ],
@@ -320,6 +371,8 @@ def test_fleet_code_setup_flags_run_the_projects_own_test_in_the_prepared_box(
     assert "(passed" in done.stdout
     assert "setup: made the prepared snapshot" in done.stdout and "setup.log" in done.stdout
     (run,) = RunDir.list(out)
+    log = (run.member_dir("coder") / "setup.log").read_text()
+    assert log.startswith("$ set -e; python3 -m venv") and "tinydep" in log  # what ran
     _forget(docker_client, _key_of(run, "coder"))
 
 

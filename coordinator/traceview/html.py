@@ -122,7 +122,7 @@ def clip_result(value: Any, limit: int) -> tuple[Any, list[tuple[list[str | int]
 def _attempts(r: MemberRollup, base: float) -> list[dict[str, Any]]:
     return [
         {"n": a.n, "st": a.status, "why": a.reason, "s": _r(a.start, base), "b": _r(a.ready, base),
-         "e": _r(a.end, base), "d": a.duration_s, "box": a.box_s, "turns": a.turns,
+         "e": _r(a.end, base), "d": a.duration_s, "box": a.box_s, "su": a.setup_s, "turns": a.turns,
          "tools": a.tool_calls}
         for a in r.per_attempt
     ]  # fmt: skip

@@ -79,6 +79,8 @@ class AttemptRollup(_View):
     """``end - start``: box start-up included."""
     box_s: float = 0.0
     """Seconds spent creating its box."""
+    setup_s: float = 0.0
+    """Seconds it waited on its repository's setup (run, reused or failed)."""
     turns: int = 0
     tool_calls: int = 0
     node: str = ""
@@ -108,6 +110,8 @@ class MemberRollup(_View, TokenCounts):
     back-off between attempts included."""
     box_s: float = 0.0
     """Seconds spent creating boxes, all attempts."""
+    setup_s: float = 0.0
+    """Seconds waited on the repository's setup, all attempts."""
     attempts: int = 0
     """Attempts made (1 unless the member was retried; 0 before it started)."""
     per_attempt: list[AttemptRollup] = Field(default_factory=list)
@@ -199,6 +203,8 @@ def _attempt(n: int, events: list[Any], journal: MemberJournal | None) -> Attemp
             starts.append(ev.ts - ev.duration_s)
             a.box_s += ev.duration_s
             ready = ev.ts
+        elif isinstance(ev, SandboxEvent) and ev.action == "setup":
+            a.setup_s += ev.duration_s
         elif isinstance(ev, ModelCall):
             a.turns += not ev.closing
         elif isinstance(ev, ToolCall):
@@ -212,6 +218,7 @@ def _attempt(n: int, events: list[Any], journal: MemberJournal | None) -> Attemp
     a.start = min(starts)
     a.ready = max(ready, a.start)
     a.box_s = round(a.box_s, 3)
+    a.setup_s = round(a.setup_s, 3)
     a.duration_s = round(a.end - a.start, 3)
     return a
 
@@ -274,6 +281,7 @@ def rollup_member(
         r.start, r.end = r.per_attempt[0].start, max(a.end for a in r.per_attempt)
         r.duration_s = round(r.end - r.start, 3)
         r.box_s = round(sum(a.box_s for a in r.per_attempt), 3)
+        r.setup_s = round(sum(a.setup_s for a in r.per_attempt), 3)
     last = r.per_attempt[-1] if r.per_attempt else None
     r.node = last.node if last is not None else ""
     _apply_outcome(r, last, member.result, run_finished, journal)
@@ -321,7 +329,7 @@ def _apply_outcome(
 _SUMMED = (
     "turns", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
     "tool_calls", "errors", "offloads", "compactions", "clips", "retries", "screenshots",
-    "cost_usd", "attempts", "box_s", "rate_wait_s",
+    "cost_usd", "attempts", "box_s", "setup_s", "rate_wait_s",
 )  # fmt: skip
 
 
@@ -351,6 +359,7 @@ def rollup_run(run: RunTrace) -> RunRollup:
     out.totals = {k: sum(getattr(r, k) for r in rows) for k in _SUMMED}
     out.totals["cost_usd"] = round(out.totals["cost_usd"], 6)
     out.totals["box_s"] = round(out.totals["box_s"], 3)
+    out.totals["setup_s"] = round(out.totals["setup_s"], 3)
     for r in rows:
         if r.kind != "lead":  # members' statuses; a lead run's lead is a row of its own
             out.statuses[r.status] = out.statuses.get(r.status, 0) + 1

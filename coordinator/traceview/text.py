@@ -216,6 +216,8 @@ def format_member(detail: MemberDetail, *, width: int = 160) -> str:
         f"(box start-up {human_duration(r.box_s)}), ${r.cost_usd:.3f}",
         "",
     ]
+    if r.setup_s:
+        lines.insert(-1, f"waited {human_duration(r.setup_s)} on the repository's setup")
     if r.rate_wait_s:
         lines.insert(-1, f"waited {human_duration(r.rate_wait_s)} for the API's rate limits")
     lines.extend(_attempt_lines(r))

@@ -131,17 +131,23 @@ def wheelhouse_digest(path: str | None) -> str | None:
 
 
 def key_inputs(
-    setup: SetupSpec, *, image_id: str, runtime: str, repo: Path | None
+    setup: SetupSpec,
+    *,
+    image_id: str,
+    runtime: str,
+    repo: Path | None,
+    wheels: str | None = None,
 ) -> dict[str, object]:
     """Everything the key is made of, as data (kept on the snapshot as its label, so a
-    person can see why two snapshots differ)."""
+    person can see why two snapshots differ). ``wheels``: the wheelhouse's digest when
+    the caller has it already (a run hashes a wheelhouse once, not once per member)."""
     return {
         "format": FORMAT,
         "image": image_id,
         "runtime": runtime,
         "run": setup.command,
         "allow": sorted(setup.allow),
-        "wheels": wheelhouse_digest(setup.wheels),
+        "wheels": wheels if wheels is not None else wheelhouse_digest(setup.wheels),
         "secrets": sorted(setup.secrets),
         "files": key_files(repo, setup.key_files),
     }

@@ -36,7 +36,7 @@ from ..base import SandboxBackend
 from ..errors import SandboxError
 from ..spec import SandboxSpec
 from .capture import CaptureRefused, redact
-from .key import key_inputs, setup_key
+from .key import key_inputs, setup_key, wheelhouse_digest
 from .spec import SetupSpec
 
 TAIL_CHARS = 1500
@@ -74,12 +74,18 @@ class Preparer:
         self.run = run
         self._locks: dict[str, anyio.Lock] = {}
         self._done: dict[str, Prepared | SetupFailed] = {}
+        self._wheels: dict[str, str | None] = {}
+        """Each wheelhouse's digest, made once per run however many members use it."""
 
     async def key(self, setup: SetupSpec, box: SandboxSpec, repo: Path | None) -> tuple[str, dict]:
         """The setup's key for members of ``box`` with the repository copy ``repo``."""
         image = await self.backend.setup_image(box)
+        wheels = setup.wheels
+        if wheels is not None and wheels not in self._wheels:
+            self._wheels[wheels] = await anyio.to_thread.run_sync(wheelhouse_digest, wheels)
+        digest = self._wheels.get(wheels) if wheels is not None else None
         inputs = await anyio.to_thread.run_sync(
-            lambda: key_inputs(setup, image_id=image, runtime=box.runtime, repo=repo)
+            lambda: key_inputs(setup, image_id=image, runtime=box.runtime, repo=repo, wheels=digest)
         )
         return setup_key(inputs), inputs
 

@@ -74,6 +74,7 @@
       [MEMBERS.filter((m) => !m.lead).length, "members", st + (RUN.lead ? "; the lead is not counted" : "")],
       ...(RUN.lead ? [[waves, "waves", "spawn calls of the lead that started members"]] : []), [dur(RUN.duration), "wall time", (RUN.finished ? "finished" : "running") + "; run start to end, planning and synthesis included"],
       [dur(t.box_s), "box start-up", "seconds spent creating boxes, all members and attempts"],
+      ...(t.setup_s ? [[dur(t.setup_s), "setup wait", "seconds members waited on their repository's setup (made, reused or failed)"]] : []),
       [t.turns, "turns"], [t.tool_calls, "tool calls"], [tok(tin), "tokens in", "cached " + tok(t.cache_read_tokens)],
       [tok(t.output_tokens), "tokens out"], [t.errors, "errors"], [t.offloads + " / " + t.compactions, "offloads / compactions"],
       ["$" + t.cost_usd.toFixed(3), "est. cost"],
@@ -182,6 +183,9 @@
       grp.append(sv("line", { class: "attempt-line", x1: g.x(a.s), x2: g.x(a.e), y1: y + g.laneH / 2, y2: y + g.laneH / 2, stroke: "#d5dae4" }));
       if (a.b > a.s) grp.append(sv("rect", { class: "box-bar", x: g.x(a.s), y: y + 5, width: Math.max(1, g.x(a.b) - g.x(a.s)), height: 16, rx: 2, fill: "var(--box)" },
         title(`${m.id} attempt ${a.n}: box start-up ${a.box.toFixed(1)}s`)));
+      // The wait on the repository's setup comes first, its own bar over the start-up's.
+      if (a.su) grp.append(sv("rect", { class: "setup-bar", x: g.x(a.s), y: y + 5, width: Math.max(1, g.x(a.s + a.su) - g.x(a.s)), height: 16, rx: 2, fill: "var(--setup)" },
+        title(`${m.id} attempt ${a.n}: waited ${a.su.toFixed(1)}s on the repository's setup`)));
       if (!last) {
         const xe = g.x(a.e);
         grp.append(sv("path", { d: `M${xe - 4} ${y + 7} l8 8 M${xe + 4} ${y + 7} l-8 8`, stroke: "var(--tool-err)", "stroke-width": 2, class: "attempt-fail" },
@@ -555,6 +559,7 @@
     const tin = totalIn(m);
     const lastA = m.per_attempt[m.per_attempt.length - 1];
     const stats = [[m.turns, "turns"], [dur(m.duration_s), m.attempts > 1 ? "wall, all attempts" : "wall time"], [dur(m.box_s), "box start-up"],
+      ...(m.setup_s ? [[dur(m.setup_s), "setup wait"]] : []),
       ...(m.attempts > 1 ? [[m.attempts, "attempts"], [dur(lastA.d), "last attempt"]] : []), [m.tool_calls, "tool calls"], [m.errors, "errors"],
       [tok(tin), "tokens in"], [tok(m.cache_read_tokens), "cached"], [tok(m.output_tokens), "tokens out"],
       [m.offloads, "offloads"], [m.compactions, "compactions"], ["$" + m.cost_usd.toFixed(3), "cost"]];
