@@ -9,6 +9,7 @@ is refused by the run's egress proxy before any connection is made.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -432,3 +433,19 @@ def test_a_real_projects_own_tests_pass_in_its_prepared_box_and_fail_without_it(
         assert "dateutil" in bare.result.verified.output_tail
     finally:
         _forget(docker_client, _key_of(run, "prepared"))
+
+
+def test_a_commit_helper_left_by_a_killed_process_is_removed_by_gc(
+    images: dict, docker_client
+) -> None:
+    helper = docker_client.api.create_container(
+        images["coding"], network_disabled=True, labels={"fleet.kind": "prepare"}
+    )
+    try:
+        mine = {helper["Id"]}  # other tests' commits may be under way meanwhile
+        assert store.remove_helpers(docker_client, age_s=3600, only=mine) == 0  # recent: kept
+        assert store.remove_helpers(docker_client, age_s=0, only=mine) == 1
+        assert not docker_client.api.containers(all=True, filters={"id": helper["Id"]})
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            docker_client.api.remove_container(helper["Id"], force=True)

@@ -38,11 +38,12 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import requests
 
 from ..errors import SandboxUnavailable
 from ..prepared.capture import Captured, CaptureRefused, capture, redact
 from ..prepared.spec import PreparedInfo
-from .engine import on_engine
+from .engine import REMOVE_PATIENCE_S, answers, on_engine
 
 REPOSITORY = "fleet-prepared"
 KEY_LABEL = "fleet.prepared.key"
@@ -185,6 +186,31 @@ def save(
     return ref, got
 
 
+HELPER_AGE_S = 3600.0
+"""A commit's helper container older than this was left by a process that died mid-commit."""
+
+
+@on_engine
+def remove_helpers(
+    client: docker.DockerClient,
+    *,
+    now: float | None = None,
+    age_s: float = HELPER_AGE_S,
+    only: set[str] | None = None,
+) -> int:
+    """Remove commit helpers (never started) that a killed process left; how many
+    (``only``: of these container ids alone)."""
+    now = time.time() if now is None else now
+    gone = 0
+    for c in client.api.containers(all=True, filters={"label": "fleet.kind=prepare"}):
+        if only is not None and c["Id"] not in only:
+            continue
+        if now - float(c.get("Created") or 0) >= age_s:
+            client.api.remove_container(c["Id"], force=True)
+            gone += 1
+    return gone
+
+
 @on_engine
 def list_all(client: docker.DockerClient) -> list[PreparedInfo]:
     out = []
@@ -215,13 +241,22 @@ def list_all(client: docker.DockerClient) -> list[PreparedInfo]:
 
 @on_engine
 def remove(client: docker.DockerClient, info: PreparedInfo) -> bool:
-    """Remove one snapshot; False when a box still uses it (it stays)."""
-    try:
-        client.api.remove_image(info.ref, force=False)
-    except docker.errors.ImageNotFound:
-        pass
-    except docker.errors.APIError:
-        return False
+    """Remove one snapshot; False when a box still uses it (it stays). Like a box's
+    removal, a call that times out on an engine that still answers is asked again,
+    bounded: deleting an image's layers waits on whatever else the engine is doing."""
+    deadline = time.monotonic() + REMOVE_PATIENCE_S
+    while True:
+        try:
+            client.api.remove_image(info.ref, force=False)
+            break
+        except docker.errors.ImageNotFound:
+            break
+        except docker.errors.APIError:
+            return False
+        except requests.exceptions.Timeout:
+            if time.monotonic() > deadline or not answers(client):
+                raise
+            time.sleep(1.0)
     try:
         os.unlink(_uses_dir() / info.key)
     except OSError:
@@ -240,6 +275,8 @@ def gc(
     """Remove snapshots unused for ``ttl_s``, then the least recently used until the rest
     hold at most ``max_bytes``; the ones removed (or, ``dry_run``, that would be)."""
     now = time.time() if now is None else now
+    if not dry_run:
+        remove_helpers(client, now=now)
     kept, removed = [], []
 
     def drop(info: PreparedInfo) -> bool:
