@@ -41,11 +41,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT / "tests")  # bench/sandbox.py would shadow the package
 sys.path.insert(1, str(ROOT))
-sys.path.append(str(ROOT / "bench"))  # last: the fake API's server from fanout.py
 
 FLEET = str(Path(sys.executable).with_name("fleet"))
 EDIT = "replace `world` with `fleet` in `greet.txt`"
-TEST = "python3 -m pytest -q -p no:cacheprovider test_dep.py"
 INSTALL = "python3 -m venv --system-site-packages .venv && .venv/bin/pip install --no-index -r requirements.txt"
 
 
@@ -62,28 +60,11 @@ def make_project(base: Path) -> tuple[Path, Path, Path]:
 
 
 def job(path: Path, repo: Path, members: int, setup: str | None) -> Path:
-    lines = [
-        f'name = "bench-setup-{members}"',
-        "[model]",
-        'name = "claude-sonnet-5"',
-        "[fanout]",
-        f"max_parallel = {members}",
-        "[synthesis]",
-        "enabled = false",
-    ]
-    for i in range(members):
-        lines += [
-            "[[members]]",
-            f'id = "m{i}"',
-            'kind = "coding"',
-            f'task = "{EDIT}"',
-            f"repo = {json.dumps(str(repo))}",
-            f"test = {json.dumps(TEST)}",
-        ]
-        if setup:
-            lines.append(f"setup = {setup}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    from test_setup_boxes import job_file
+
+    name = f"bench-setup-{members}"
+    extra = ("[synthesis]", "enabled = false")
+    return job_file(path, repo, [setup] * members, name=name, model="claude-sonnet-5", extra=extra)
 
 
 def timed_run(job_file: Path, out: Path) -> tuple[float, float]:
@@ -140,15 +121,10 @@ def main() -> int:
     parser.add_argument("--members", type=int, default=8)
     parser.add_argument("--setup-s", type=float, default=20.0)
     parser.add_argument("--boxes", type=int, default=10)
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve:
-        from fanout import serve
-
-        serve()
-        return 0
+    # The fake Messages API with bench/fanout.py's coding policy, in its own process.
     server = subprocess.Popen(
-        [sys.executable, __file__, "--serve"],
+        [sys.executable, str(ROOT / "bench" / "fanout.py"), "--serve"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

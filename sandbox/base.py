@@ -19,7 +19,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from .errors import PathRefused, SandboxError
-from .prepared.spec import PreparedInfo
 from .process import BoxProcess
 from .spec import SandboxSpec
 
@@ -403,22 +402,6 @@ class SandboxBackend(abc.ABC):
             SandboxUnavailable: the engine is gone.
         """
         raise SandboxError(f"{type(self).__name__} keeps no prepared snapshots")
-
-    async def list_prepared(self) -> list[PreparedInfo]:
-        """The prepared snapshots on this engine, most recently used first.
-
-        Raises:
-            SandboxUnavailable: the engine is gone.
-        """
-        return []
-
-    async def remove_prepared(self, info: PreparedInfo) -> bool:
-        """Remove one snapshot; False when a box still uses it.
-
-        Raises:
-            SandboxUnavailable: the engine is gone.
-        """
-        return False
 
     @abc.abstractmethod
     async def remove_run(self, run: str) -> int:

@@ -3,7 +3,8 @@
 ``MemoryBox`` keeps a box's files in a dict, so the mechanisms' message-list logic
 can be tested in milliseconds; the tests that count for the box side run the same
 paths against the real Docker sandbox (tests/test_context_box.py).
-``SummaryModel`` answers Messages requests in-process and records them.
+``SummaryModel`` answers Messages requests in-process and records them. ``NoBoxes`` is
+a backend that makes nothing, for tests of what sits on top of one.
 """
 
 from __future__ import annotations
@@ -12,11 +13,32 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
-from sandbox.base import ExecResult, FileInfo, Sandbox
-from sandbox.errors import OutputLimitExceeded, SandboxCrashed
+from sandbox.base import BoxInfo, ExecResult, FileInfo, Sandbox, SandboxBackend
+from sandbox.errors import OutputLimitExceeded, SandboxCrashed, SandboxError
 from sandbox.spec import SandboxSpec
 from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelResponse
 from subagents.model.message import Message
+
+
+class NoBoxes(SandboxBackend):
+    """A backend that makes nothing: enough to be registered and made."""
+
+    def __init__(self, *, label: str = "") -> None:
+        self.label = label
+
+    async def create(self, spec: SandboxSpec, *, run: str, member: str) -> Sandbox:
+        raise SandboxError("no boxes here")
+
+    async def list_boxes(self, *, run: str | None = None) -> list[BoxInfo]:
+        return []
+
+    async def remove_run(self, run: str) -> int:
+        return 0
+
+    async def gc(
+        self, *, live_runs: set[str] | None = None, now: float | None = None
+    ) -> list[BoxInfo]:
+        return []
 
 
 class MemoryBox(Sandbox):

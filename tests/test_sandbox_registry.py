@@ -10,34 +10,13 @@ from typing import Any
 
 import anyio
 import pytest
+from context_fakes import NoBoxes
 
 from sandbox import registry
-from sandbox.base import BoxInfo, Sandbox, SandboxBackend
 from sandbox.errors import SandboxError, SandboxSpecError
 from sandbox.spec import SandboxSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class NoBoxes(SandboxBackend):
-    """A backend that makes nothing: enough to be registered and made."""
-
-    def __init__(self, *, label: str = "") -> None:
-        self.label = label
-
-    async def create(self, spec: SandboxSpec, *, run: str, member: str) -> Sandbox:
-        raise SandboxError("no boxes here")
-
-    async def list_boxes(self, *, run: str | None = None) -> list[BoxInfo]:
-        return []
-
-    async def remove_run(self, run: str) -> int:
-        return 0
-
-    async def gc(
-        self, *, live_runs: set[str] | None = None, now: float | None = None
-    ) -> list[BoxInfo]:
-        return []
 
 
 @pytest.fixture

@@ -75,20 +75,26 @@ def project(tmp_path: Path) -> tuple[Path, Path]:
 INSTALL = "python3 -m venv --system-site-packages .venv && .venv/bin/pip install --no-index -r requirements.txt"
 
 
-def _job(path: Path, repo: Path, members: list[str], *, name: str = "setup") -> Path:
-    """A job of coding members, each ``setup = <its inline table>``."""
-    lines = [f'name = "{name}"', "[model]", 'name = "offline"']
+TEST = "python3 -m pytest -q -p no:cacheprovider test_dep.py"
+
+
+def job_file(
+    path: Path,
+    repo: Path,
+    members: list[str | None],
+    *,
+    name: str = "setup",
+    model: str = "offline",
+    extra: tuple[str, ...] = (),
+) -> Path:
+    """A job of coding members, each with ``setup = <its inline table>`` (None: none),
+    running :data:`TEST` (``bench/setup.py`` writes its jobs with it too)."""
+    lines = [f'name = "{name}"', "[model]", f'name = "{model}"', *extra]
     lines += ["[fanout]", f"max_parallel = {len(members)}"]
     for i, setup in enumerate(members):
-        lines += [
-            "[[members]]",
-            f'id = "m{i}"',
-            'kind = "coding"',
-            f'task = "{EDIT}"',
-            f"repo = {json.dumps(str(repo))}",
-            'test = "python -m pytest -q -p no:cacheprovider test_dep.py"',
-            f"setup = {setup}",
-        ]
+        lines += ["[[members]]", f'id = "m{i}"', 'kind = "coding"', f'task = "{EDIT}"']
+        lines += [f"repo = {json.dumps(str(repo))}", f"test = {json.dumps(TEST)}"]
+        lines += [f"setup = {setup}"] if setup is not None else []
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -148,7 +154,7 @@ def test_four_members_share_one_setup_run_offline_and_a_second_run_reuses_it(
     # A key no earlier test made: the setup command names this test's directory.
     setup = json.dumps(f"{INSTALL} # {tmp_path.name}")
     table = f"{{ run = {setup}, wheels = {json.dumps(str(wheels))} }}"
-    job = _job(tmp_path / "job.toml", repo, [table] * 4)
+    job = job_file(tmp_path / "job.toml", repo, [table] * 4)
     done, run = _run(job, out)
     assert done.returncode == 0, done.stdout + done.stderr
     outcomes = run.outcomes()
@@ -233,7 +239,7 @@ def test_a_failing_setup_fails_every_member_that_needs_it_and_is_never_cached(
     setup = json.dumps(
         f"echo resolving deps; echo 'no matching distribution' >&2; exit 3 # {tmp_path.name}"
     )
-    job = _job(tmp_path / "job.toml", repo, [f"{{ run = {setup} }}"] * 2)
+    job = job_file(tmp_path / "job.toml", repo, [f"{{ run = {setup} }}"] * 2)
     before = {p.key for p in store.list_all(docker_client)}
     done, run = _run(job, out)
     assert done.returncode != 0
@@ -256,7 +262,7 @@ def test_an_endless_setup_is_cut_at_its_limit_and_its_output_bounded(
     repo, _ = project
     # Writes without end (hundreds of MB in its 3 s) and never finishes.
     setup = json.dumps(f"echo started; yes 'no end to this line' # {tmp_path.name}")
-    job = _job(tmp_path / "job.toml", repo, [f"{{ run = {setup}, timeout_s = 3 }}"])
+    job = job_file(tmp_path / "job.toml", repo, [f"{{ run = {setup}, timeout_s = 3 }}"])
     done, run = _run(job, out)
     assert done.returncode != 0
     reason = run.outcomes()["m0"].reason
@@ -277,7 +283,7 @@ def test_a_host_the_setup_was_not_allowed_is_refused_by_the_proxy(
         "u.urlopen('http://not-allowed.example/simple/')\""
     )
     setup = json.dumps(f"{fetch} # {tmp_path.name}")
-    job = _job(tmp_path / "job.toml", repo, [f'{{ run = {setup}, allow = ["pypi.org"] }}'])
+    job = job_file(tmp_path / "job.toml", repo, [f'{{ run = {setup}, allow = ["pypi.org"] }}'])
     done, run = _run(job, out)
     assert done.returncode != 0
     reason = run.outcomes()["m0"].reason
@@ -301,7 +307,7 @@ def test_secrets_reach_the_setup_only_and_never_the_snapshot_log_or_image(
         f'echo "index-url = https://u:$INDEX_TOKEN@idx" > pip.conf # {tmp_path.name}'
     )
     w = json.dumps(str(wheels))
-    job = _job(
+    job = job_file(
         tmp_path / "job.toml",
         repo,
         [
@@ -357,7 +363,7 @@ def test_fleet_code_setup_auto_from_a_wheelhouse_runs_the_projects_test_in_its_b
             "--output-dir",
             str(out),
             "--test",
-            "python -m pytest -q -p no:cacheprovider test_dep.py",
+            TEST,
             "--setup",
             "auto",
             "--wheels",

@@ -104,6 +104,22 @@ def test_entries_no_snapshot_may_hold_refuse_the_whole_capture(
         capture_bytes(_archive(*entries), repo=None, secrets={})
 
 
+def test_a_repository_link_out_is_never_followed_to_judge_a_file_unchanged(
+    tmp_path: Path,
+) -> None:
+    # The repository copy has lib -> a directory outside it holding the very bytes the
+    # box's lib/x has: were the link followed, lib/x would be judged "unchanged" and
+    # left out (and a host file would have been read). It is kept instead.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x").write_text("host secret\n")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "lib").symlink_to(outside)
+    out, got = capture_bytes(_archive(("file", "lib/x", "host secret\n")), repo=repo, secrets={})
+    assert f"{PREFIX}/lib/x" in _kept(out) and got.unchanged == 0
+
+
 def test_a_hard_link_to_a_kept_file_stays_inside_the_tree() -> None:
     out, _ = capture_bytes(
         _archive(("file", "a", "data"), ("hard", "b", "a")), repo=None, secrets={}
@@ -213,6 +229,10 @@ def test_auto_is_fleets_own_command_and_a_string_is_a_command() -> None:
         ('{ run = "x", timeout_s = 100000 }', "setup.timeout_s"),
         ('{ run = "x", secrets = ["HTTPS_PROXY"] }', "set by Fleet"),
         ('{ run = "x", key_files = ["/etc/passwd"] }', "not a relative file pattern"),
+        ('{ run = "x", allow = ["pyp\u0456.org"] }', "is not a host name"),  # Cyrillic i
+        ('{ run = "x", allow = ["0x7f000001"] }', "loopback"),
+        ('{ run = "x", secrets = ["T\u041eKEN"] }', "not an environment variable name"),
+        (f'"{"x" * 20_001}"', "setup.run"),
     ],
 )
 def test_bad_setups_are_refused_naming_the_field(setup: str, says: str) -> None:

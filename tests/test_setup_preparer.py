@@ -11,9 +11,9 @@ from typing import Any
 
 import anyio
 import pytest
-from context_fakes import MemoryBox
+from context_fakes import MemoryBox, NoBoxes
 
-from sandbox.base import BoxInfo, ExecResult, Sandbox, SandboxBackend
+from sandbox.base import ExecResult, Sandbox
 from sandbox.prepared.capture import CaptureRefused
 from sandbox.prepared.prepare import Preparer, SetupFailed
 from sandbox.prepared.spec import SetupSpec
@@ -41,8 +41,11 @@ class SetupBox(MemoryBox):
         return ExecResult(exit_code=0, stdout="installed\n", stderr="")
 
 
-class SnapshotBackend(SandboxBackend):
+class SnapshotBackend(NoBoxes):
+    """Snapshots in a dict; setup boxes are :class:`SetupBox` es."""
+
     def __init__(self) -> None:
+        super().__init__()
         self.snapshots: dict[str, str] = {}
         self.runs: list[str] = []
         self.boxes: list[SetupBox] = []
@@ -65,17 +68,6 @@ class SnapshotBackend(SandboxBackend):
         box = SetupBox(self, spec)
         self.boxes.append(box)
         return box
-
-    async def list_boxes(self, *, run: str | None = None) -> list[BoxInfo]:
-        return []
-
-    async def remove_run(self, run: str) -> int:
-        return 0
-
-    async def gc(
-        self, *, live_runs: set[str] | None = None, now: float | None = None
-    ) -> list[BoxInfo]:
-        return []
 
 
 @pytest.fixture(autouse=True)

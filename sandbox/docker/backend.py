@@ -61,7 +61,6 @@ from ..errors import (
 )
 from ..inbox import wire
 from ..prepared.capture import PREFIX
-from ..prepared.spec import PreparedInfo
 from ..process import BoxProcess
 from ..spec import SandboxSpec
 from ..watch import WorkspaceWatch
@@ -503,28 +502,12 @@ class DockerBackend(SandboxBackend):
 
         def save() -> str:
             with engine_calls(self.client):
-                ref, _ = prepared.save(
-                    self.client,
-                    box.id,
-                    prefix,
-                    base,
-                    key=key,
-                    inputs=inputs,
-                    setup=setup,
-                    repo=repo,
-                    secrets=secrets,
-                )
-            return ref
+                return prepared.save(
+                    self.client, box.id, prefix, base,
+                    key=key, inputs=inputs, setup=setup, repo=repo, secrets=secrets,
+                )  # fmt: skip
 
         return await anyio.to_thread.run_sync(save)
-
-    async def list_prepared(self) -> list[PreparedInfo]:
-        await self._ready()
-        return await anyio.to_thread.run_sync(prepared.list_all, self.client)
-
-    async def remove_prepared(self, info: PreparedInfo) -> bool:
-        await self._ready()
-        return await anyio.to_thread.run_sync(prepared.remove, self.client, info)
 
     def start_offline(
         self, spec: SandboxSpec, *, run: str, member: str, image: str

@@ -41,7 +41,7 @@ import docker.errors
 import requests
 
 from ..errors import SandboxUnavailable
-from ..prepared.capture import Captured, CaptureRefused, capture, redact
+from ..prepared.capture import CaptureRefused, capture, redact
 from ..prepared.spec import PreparedInfo
 from .engine import REMOVE_PATIENCE_S, answers, on_engine
 
@@ -161,7 +161,7 @@ def save(
     setup: str,
     repo: Path | None,
     secrets: dict[str, str],
-) -> tuple[str, Captured]:
+) -> str:
     """Blocking: the finished setup box's tree as the snapshot ``key``; its image id."""
     with tempfile.TemporaryDirectory(prefix="fleet-prepare-") as tmp:
         raw, clean = Path(tmp) / "raw.tar", Path(tmp) / "clean.tar"
@@ -183,7 +183,7 @@ def save(
         }
         ref = commit(client, base, clean, key=key, labels=labels, venv=got.venv)
     touch(key)
-    return ref, got
+    return ref
 
 
 HELPER_AGE_S = 3600.0
