@@ -414,8 +414,12 @@ def test_a_frozen_node_is_met_by_the_coordinators_own_deadline(
     frozen = ray_cluster.add_node(slots=8)  # the most slots: the run's one slot is here
     name = ray_cluster.name(frozen)
     cleanup.append(tmp_path / "runs")
-    job = _coder_job(tmp_path, 1, test="sleep 30", max_parallel=1)
-    job.write_text(job.read_text() + "limits = { deadline_s = 8 }\n")
+    # c1 runs after c0, on another node: the frozen node is fenced while it does.
+    job = _coder_job(tmp_path, 2, test="sleep 30", max_parallel=1)
+    text = job.read_text().replace("min_success = 2", "min_success = 1")
+    job.write_text(
+        text.replace('test = "sleep 30"', 'test = "sleep 30"\nlimits = { deadline_s = 8 }')
+    )
     stopped: list[int] = []
     try:
         with _cluster_run(tmp_path, job, ray_cluster.address) as (proc, run):
@@ -427,6 +431,11 @@ def test_a_frozen_node_is_met_by_the_coordinators_own_deadline(
             stopped.append(int(marker.read_text().split()[0]))
             os.kill(stopped[0], signal.SIGSTOP)
             t0 = time.monotonic()
+            # Fenced: the coordinator killed the actor it gave up on while the run went
+            # on (Ray does not see a stopped process die): a node that wakes up cannot
+            # go on with a member that runs elsewhere.
+            _wait_for(lambda: not pid_alive(stopped[0]), 60, "the fenced actor to end")
+            assert run.state().members.get("c1") in (None, "queued", "running"), run.state()
             _, err = proc.communicate(timeout=120)
         waited = time.monotonic() - t0
     finally:
@@ -438,9 +447,9 @@ def test_a_frozen_node_is_met_by_the_coordinators_own_deadline(
     result = run.outcome("c0")
     assert result.status == "timed_out"
     assert result.reason == f"deadline of 8s passed (node {name} did not report)"
-    assert waited < 60, "the run ended by the coordinator's deadline, not by Ray's verdict"
+    assert waited < 90, "the run ended by the coordinator's deadline, not by Ray's verdict"
+    assert _started_on(run)["c1"][-1] != name
     # Once the node is gone with its actor, gc takes its box (its owner is dead).
-    _wait_for(lambda: not pid_alive(stopped[0]), 60, "the frozen node's actor to end")
     gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address)
     left = [(b["Names"], b["Labels"], b["State"]) for b in _boxes(node_client, run.id)]
     assert left == [], (gc.stdout, gc.stderr[-2000:], os.listdir(marker.parent))
@@ -538,7 +547,8 @@ def test_a_run_whose_only_node_is_lost_while_its_member_waits_for_an_answer_goes
     assert _decisions(run) == {m: [("fleet approve", True)] for m in ("c0", "c1")}
     assert run.outcome("c0").status == "ok" and _edited(run, "c0") and _edited(run, "c1")
     # The lost node's boxes did not outlive it: the actor that took over its slots, on
-    # the same engine, removed them as it started (their own actor was dead) - no gc.
+    # the same engine, removed them (their owner was killed when its node was taken for
+    # lost, before Ray's health checks gave up on it) - no gc.
     assert _boxes(node_client, run.id) == []
     gc = _fleet("sandbox", "gc", "--cluster", ray_cluster.address, "--dry-run")
     assert gc.returncode == 0 and f"run {run.id}" not in gc.stdout, gc.stdout

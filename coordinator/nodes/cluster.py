@@ -30,6 +30,14 @@ to a dead node never finishes. The coordinator enforces each attempt's deadline
 itself (the node's own, plus :data:`GRACE_S` for the node to release the box and
 report): a frozen node takes about a minute to be declared dead.
 
+Fencing. A node taken for lost has its actor killed at once (``ray.kill``): the
+coordinator has already handed its member to another node, and an actor that was only
+cut off for a while must not go on with that attempt beside its retry (two boxes
+editing, asking and spending for one member). Killing it also makes its death Ray's
+verdict now rather than after Ray's health checks give up, so the sweep of a node on
+the same engine (:func:`sandbox.cluster.nodes.remove_dead`, run as each actor starts
+and again as it closes) takes the lost node's boxes: their owner is dead.
+
 Files. The repository selection, the memory profile and the MCP servers' ``files``
 go to the node with the call (:mod:`coordinator.nodes.shipping`); trace events come back
 as they happen and go through the coordinator's :class:`~subagents.trace.TraceWriter`
@@ -125,7 +133,7 @@ READY_S = 60.0
 CLOSE_S = 60.0
 """How long a node may take to remove the run's boxes at the end."""
 LOST_CLOSE_S = 5.0
-"""How long a node taken for lost is given to answer that call anyway."""
+"""How long a node that could not start its share of the run is given to remove it."""
 
 _Actor: Any = None  # ray.remote(NodeService), made on first use
 
@@ -194,6 +202,8 @@ class _Node:
     free: int
     lost: str = ""
     """Why the node is gone ("" while it serves)."""
+    fenced: bool = False
+    """Its actor was killed when it was lost mid-run (:meth:`RayNodes._lose`)."""
     pooled: set[str] = field(default_factory=set)
     """The box specs (as JSON) this node keeps a warm pool for."""
     ahead: dict[str, int] = field(default_factory=dict)
@@ -387,6 +397,10 @@ class RayNodes(Nodes):
         if not node.lost:
             node.lost = reason
             self._missing += node.slots
+            # Fenced (see the module docstring): its attempt now runs elsewhere.
+            node.fenced = True
+            with contextlib.suppress(Exception):
+                ray.kill(node.actor)
             self._notify()
 
     async def _replace(self) -> None:
@@ -577,12 +591,13 @@ class RayNodes(Nodes):
     # ------------------------------------------------------------ cleanup
 
     async def remove_boxes(self, run_id: str) -> list[str]:
-        """Each live node removes the run's boxes (its own liveness marker goes); lost
-        nodes' boxes are left to ``fleet sandbox gc`` on them and to their TTL."""
+        """Each live node removes the run's boxes (its own liveness marker goes) and
+        those of dead actors on its engine. A node lost mid-run had its actor killed
+        then: its boxes are left to such a sweep on its engine, ``fleet sandbox gc`` on
+        it and their TTL. One that could not start its share is asked briefly."""
         kept: list[str] = []
 
         async def close(node: _Node) -> None:
-            # A node that stopped answering may still be there: asked briefly too.
             with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
                 with anyio.fail_after(LOST_CLOSE_S if node.lost else CLOSE_S):
                     names = await node.actor.close.remote()
@@ -591,7 +606,8 @@ class RayNodes(Nodes):
         try:
             async with anyio.create_task_group() as tg:
                 for node in self.nodes:
-                    tg.start_soon(close, node)
+                    if not node.fenced:
+                        tg.start_soon(close, node)
         finally:
             for node in self.nodes:
                 with contextlib.suppress(Exception):

@@ -139,7 +139,8 @@ class NodeService:
         self.run_id = run_id
         self.node = node
         self._sweep = sweep
-        """Removes this engine's boxes whose node's actor is dead (run once, at start)."""
+        """Removes this engine's boxes whose node's actor is dead (as the actor starts
+        and as it closes)."""
         if governor is not None:
             # The run's one rate governor (a Ray actor): this node's model calls ask it.
             from .run_governor import install
@@ -322,3 +323,7 @@ class NodeService:
             return await remove_run_boxes(self.deps.backend, self.run_id)
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
+            if self._sweep is not None:
+                # Again as the run ends: a node lost after this actor's first sweep, or
+                # before Ray knew it then, left boxes whose owner is dead by now.
+                await anyio.to_thread.run_sync(_quietly, self._sweep)
