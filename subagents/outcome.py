@@ -53,6 +53,44 @@ class Progress(Strict):
     """The model's last words (capped), which often say where it was."""
 
 
+class AttemptRecord(Strict, TokenCounts):
+    """One of a coding member's parallel attempts (``attempts = N``), as its member's
+    ``result.json`` lists it; the attempt's own outcome is in ``attempts/N/result.json``."""
+
+    attempt: int
+    """Its number, from 1."""
+    status: Status
+    reason: str = ""
+    verified: bool | None = None
+    """Whether the job's test, re-run by Fleet after the attempt submitted, passed (None:
+    no test, or it did not get that far)."""
+    files_changed: list[str] = Field(default_factory=list)
+    lines: int = 0
+    """Lines its patch adds plus lines it removes."""
+    patch: str = ""
+    """Its patch, relative to the member's directory (``attempts/2/patch.diff``); "" when
+    it left none."""
+    same_as: int | None = None
+    """An earlier attempt whose patch is the same change (whitespace at line ends aside)."""
+    turns: int = 0
+    cost_usd: float = 0.0
+    duration_s: float = 0.0
+
+
+class Choice(Strict, TokenCounts):
+    """Which attempt's patch is the member's, and why."""
+
+    attempt: int | None
+    """The chosen attempt (None: no attempt left a patch that could be chosen)."""
+    by: Literal["only", "reviewer", "rule", "none"]
+    """``only``: one attempt qualified; ``reviewer``: the member's model chose among
+    several; ``rule``: the fewest changed lines (no reviewer answer: an offline model,
+    an error, the budget); ``none``: nothing to choose."""
+    reason: str = ""
+    cost_usd: float = 0.0
+    """What the reviewer's call cost (its tokens are this record's)."""
+
+
 class MemberOutcome(Strict, TokenCounts):
     """How one member ended; JSON-ready, written to ``result.json``."""
 
@@ -91,6 +129,12 @@ class MemberOutcome(Strict, TokenCounts):
     not_copied: list[str] = Field(default_factory=list)
     """Paths of the member's ``repo`` left out of its box, each with why (a path
     through a symbolic link, a named pipe, a device); bounded, the rest counted."""
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    """A member with ``attempts = N``: every attempt, in order (empty otherwise). The
+    member's ``result`` is the chosen attempt's; its tokens, cost and turns are all the
+    attempts' and the reviewer's together."""
+    choice: Choice | None = None
+    """A member with ``attempts = N``: which attempt was chosen, by whom and why."""
 
     @field_validator("result", "partial_result", mode="wrap")
     @classmethod

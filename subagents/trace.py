@@ -319,6 +319,20 @@ class ErrorEvent(_Event):
     """How long the failed model call took, retries included."""
 
 
+class AttemptsChosen(_Event):
+    """A coding member with parallel attempts: which attempt's patch became the member's
+    (:mod:`coordinator.attempts`), once all of them ended."""
+
+    type: Literal["attempts_chosen"] = "attempts_chosen"
+    attempt: int | None
+    """The chosen attempt; None: none could be chosen."""
+    by: str
+    """``only``, ``reviewer``, ``rule`` or ``none``."""
+    reason: str = ""
+    candidates: list[int] = Field(default_factory=list)
+    """The attempts that could be chosen (ok, a patch, the test passed)."""
+
+
 class Screenshot(_Event):
     type: Literal["screenshot"] = "screenshot"
     path: str
@@ -345,7 +359,8 @@ TraceEvent = Annotated[
     | RateWait
     | PolicyDecision
     | ErrorEvent
-    | Screenshot,
+    | Screenshot
+    | AttemptsChosen,
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(TraceEvent)

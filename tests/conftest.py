@@ -318,6 +318,17 @@ def cleanup(docker_client: docker.DockerClient) -> Iterator[list[Path]]:
         client.close()
 
 
+@pytest.fixture
+def runs_dir(tmp_path: Path, docker_client: Any) -> Iterator[Path]:
+    """An output directory whose runs' boxes are removed at teardown."""
+    from coordinator.rundir.runs import RunDir
+
+    out = tmp_path / "runs"
+    yield out
+    for run in RunDir.list(out):
+        remove_run(docker_client, run.id)
+
+
 def remove_run(client: docker.DockerClient, rid: str) -> None:
     """Remove every container, then every network, labelled ``fleet.run=<rid>``."""
     import docker.errors

@@ -282,6 +282,14 @@ def _code_here(task: str) -> Callable[[Path], list[str]]:
     return build
 
 
+def _code_attempts(n: str) -> Callable[[Path], list[str]]:
+    def build(d: Path) -> list[str]:
+        (d / "proj").mkdir()
+        return ["code", str(d / "proj"), "t", "--attempts", n]
+
+    return build
+
+
 def _many_members(n: int) -> Callable[[Path], list[str]]:
     member = '[[members]]\nkind = "coding"\ntask = "t"\n'
     return _job('name = "many"\n' + member * n)
@@ -315,6 +323,16 @@ HAND: list[Case] = [
     ("code task 120k", _code_here("t" * 120_000), "TASK (members[0].task): the task is 120,000"),
     ("egress metadata", lambda d: ["research", "q", "--allow-domain", "169.254.169.254"], "never"),
     ("egress port", lambda d: ["research", "q", "--allow-domain", "a.org:65536"], "TCP port"),
+    ("attempts 9", _job(job_text(attempts=9)), "members[0].attempts"),
+    ("attempts 0", _job(job_text(attempts=0)), "members[0].attempts"),
+    ("attempts a fraction", _job(job_text(attempts=2.5)), "members[0].attempts"),
+    (
+        "attempts on a browser member",
+        _job(job_text(kind="browser", attempts=2)),
+        "'attempts' is only for coding members",
+    ),
+    ("code --attempts 9", _code_attempts("9"), "--attempts (members[0].attempts)"),
+    ("code --attempts x", _code_attempts("x"), "--attempts: invalid int value"),
 ]
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import remove_run
 from fleet_policies import coding_policy
 from process_support import popen
 
@@ -48,15 +47,6 @@ def run_against(
         return fleet("run", str(job), "--output-dir", str(out), "--plain", **keys), api
     finally:
         api.stop()
-
-
-@pytest.fixture
-def runs_dir(tmp_path, docker_client):
-    """An output directory whose runs' boxes are removed at teardown."""
-    out = tmp_path / "runs"
-    yield out
-    for run in RunDir.list(out):
-        remove_run(docker_client, run.id)
 
 
 def _coder(mid: str, task: str) -> str:

@@ -33,11 +33,13 @@ import anyio
 from sandbox.cluster.auth import add_insecure_flag
 from subagents.browser.corpus import CORPUS_ALLOW
 from subagents.kinds.results import CodingMemberResult, MemberResult, UnknownResult
+from subagents.outcome import MemberOutcome
 
 from ..errors import CommandFailed, UsageError
 from ..job.jobfile import JobError, load_job, parse_job, resolve_paths
 from ..job.spec import Job
 from ..nodes import host_git
+from ..report.synthesis import WHO
 from ..rundir.run_lookup import runs_root
 from ..rundir.runs import RunDir, RunNotFound
 from . import add_runs_dir
@@ -203,6 +205,8 @@ def cmd_code(args: argparse.Namespace) -> int:
     ]
     if args.test:
         lines.append(f"test = {_toml_str(args.test)}")
+    if args.attempts is not None:
+        lines.append(f"attempts = {args.attempts}")
     setup = _setup_table(args)
     if setup:
         lines.append(f"setup = {setup}")
@@ -214,6 +218,7 @@ def cmd_code(args: argparse.Namespace) -> int:
         "members[0].setup.run": "--setup",
         "members[0].setup.allow": "--setup-allow",
         "members[0].setup.wheels": "--wheels",
+        "members[0].attempts": "--attempts",
     }
     job = _parse_flags(text, flags)
     try:
@@ -230,6 +235,8 @@ def cmd_code(args: argparse.Namespace) -> int:
     patch = summary.run.path / "members" / "coder" / "patch.diff"
     if args.setup is not None:
         _say_setup(patch.parent)
+    if outcome is not None and outcome.attempts:
+        print("\n" + attempts_table(outcome))
     if outcome is None or outcome.result is None:
         return summary.exit_code  # no result at all: the run's summary said why
     result = outcome.result
@@ -273,6 +280,38 @@ def cmd_code(args: argparse.Namespace) -> int:
         return _apply(repo, patch)
     print(f"your repository is untouched; apply with: git -C {repo} apply {patch.resolve()}")
     return summary.exit_code
+
+
+def attempts_table(outcome: MemberOutcome) -> str:
+    """A member's parallel attempts, one row each, and which one was chosen and why."""
+    rows = [("attempt", "status", "test", "files", "lines", "tokens", "cost", "")]
+    chosen = outcome.choice.attempt if outcome.choice else None
+    for a in outcome.attempts:
+        test = "-" if a.verified is None else "passed" if a.verified else "FAILED"
+        tokens = a.input_tokens + a.output_tokens + a.cache_read_tokens + a.cache_write_tokens
+        same = f"same as {a.same_as}" if a.same_as else ""
+        mark = "chosen" if a.attempt == chosen else same
+        rows.append(
+            (
+                str(a.attempt),
+                a.status,
+                test,
+                str(len(a.files_changed)),
+                str(a.lines),
+                f"{tokens:,}",
+                f"${a.cost_usd:.4f}",
+                mark,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if outcome.choice is not None:
+        c = outcome.choice
+        if c.attempt is None:
+            lines.append(f"chosen: none ({c.reason})")
+        else:
+            lines.append(f"chosen: attempt {c.attempt}, by {WHO.get(c.by, c.by)}: {c.reason}")
+    return "\n".join(lines)
 
 
 def _say_setup(member_dir: Path) -> None:
@@ -518,6 +557,13 @@ def register(subparsers: Any) -> None:
         "--apply",
         action="store_true",
         help="apply the patch to REPO afterwards (default: REPO is untouched)",
+    )
+    p.add_argument(
+        "--attempts",
+        type=int,
+        metavar="N",
+        help="N independent attempts at once (1-8), each in its own box; the patch "
+        "chosen among those whose test passed is the one kept",
     )
     p.add_argument(
         "--setup",

@@ -32,10 +32,13 @@ from pydantic import BaseModel
 from sandbox.spec import NetworkPolicy, Runtime
 from subagents.context.config import ContextConfig
 from subagents.kinds import get_kind
+from subagents.model import Model
+from subagents.model import make_model as default_make_model
 from subagents.outcome import MemberOutcome
 from subagents.policy import ToolPolicy
 from subagents.spec import MemberSpec
 
+from ..attempts.attempts import run_attempts
 from ..job.spec import Egress, MemberJob
 from ..journal.entries import FailFastEntry
 from ..nodes.node import Deps, LocalNodes
@@ -133,6 +136,7 @@ class Fanout:
         executor: Executor[MemberUnit, MemberOutcome] | None = None,
         nodes: Nodes | None = None,
         already_ok: int = 0,
+        make_model: Callable[..., Model] | None = None,
     ) -> None:
         if nodes is None:
             if not isinstance(deps, Deps):
@@ -142,6 +146,8 @@ class Fanout:
         self.max_parallel, self.min_success = max_parallel, min_success
         self.fail_fast, self.already_ok = fail_fast, already_ok
         self.executor = executor or LocalExecutor()
+        self.make_model = make_model or default_make_model
+        """The model a member's reviewer of its parallel attempts calls (its own)."""
         self.units: list[MemberUnit] = []
         """Every unit given so far, in order."""
         self.outcomes: dict[str, MemberOutcome] = {}
@@ -177,6 +183,8 @@ class Fanout:
         if member not in self._cancelled:
             with anyio.CancelScope() as self._scopes[member]:
                 try:
+                    if unit.attempts > 1:
+                        return await run_attempts(unit, self.deps, self.nodes, self.make_model)
                     return await run_unit(unit, self.deps, self.nodes)
                 finally:
                     del self._scopes[member]

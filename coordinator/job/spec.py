@@ -57,6 +57,24 @@ RESEARCH_KIND: MemberKind = "browser"
 sub-question."""
 RetryOn = Literal["crashed", "overloaded", "timed_out"]
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
+MAX_ATTEMPTS = 8
+"""Most attempts of one coding member (``attempts``)."""
+
+
+def attempt_id(member: str, attempt: int) -> str:
+    """The id of a member's parallel attempt (``coder.2``): its directory is
+    ``members/coder/attempts/2``; the dot is never in a member id."""
+    return f"{member}.{attempt}"
+
+
+def split_attempt(unit_id: str) -> tuple[str, int] | None:
+    """``("coder", 2)`` for ``coder.2``; None for a member's own id."""
+    member, dot, n = unit_id.rpartition(".")
+    if not dot or not member or not n.isdigit():
+        return None
+    return member, int(n)
+
+
 _SIZE_RE = re.compile(r"^\d+(\.\d+)?[kmgKMG]?$")
 MAX_FILES_BYTES = 64 * 1024
 """A member's ``files`` in all (names and contents): examples and small scripts."""
@@ -242,6 +260,11 @@ class MemberJob(_JobModel):
     result cached on the engine; the member starts from it with no network
     (:mod:`sandbox.prepared`)."""
 
+    attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS)
+    """Coding members: independent attempts at the task, run at once, each in its own
+    box from the same tree; the member's patch is the one chosen among them
+    (:mod:`coordinator.attempts`). Each attempt has the member's limits."""
+
     @field_validator("setup", mode="before")
     @classmethod
     def _setup_shape(cls, v: Any) -> Any:
@@ -350,6 +373,7 @@ class MemberJob(_JobModel):
             "files": bool(self.files),
             "test_gate": not self.test_gate,
             "setup": self.setup is not None,
+            "attempts": self.attempts != 1,
         }
         field = next((f for f, used in coding_only.items() if used), None)
         if self.kind != "coding" and field is not None:

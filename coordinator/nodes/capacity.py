@@ -66,18 +66,19 @@ class Parallelism:
     why: str
 
 
-def choose(boxes: Sequence[SandboxSpec], host: HostSize | None) -> Parallelism:
+def choose(boxes: Sequence[SandboxSpec], host: HostSize | None, per_member: int = 1) -> Parallelism:
     """Members at once for members running in ``boxes`` (one spec per member) on ``host``
-    (None: the engine did not say; then all members, at most 4, as before)."""
+    (None: the engine did not say; then all members, at most 4, as before); a member
+    may hold ``per_member`` boxes at once (its parallel attempts)."""
     count = len(boxes)
     if count == 0:
         return Parallelism(1, "no members")
     if host is None:
         return Parallelism(min(count, 4), "the engine did not report its host's size")
     largest = max(host_memory(b) for b in boxes)  # a gVisor box's Sentry included
-    by_memory = int(host.memory_bytes * MEMORY_OVERCOMMIT // largest)
+    by_memory = int(host.memory_bytes * MEMORY_OVERCOMMIT // largest) // per_member
     share = max(CPU_SHARE.get(b.kind, 1.0) for b in boxes)
-    by_cpu = int(host.cpus / share)
+    by_cpu = int(host.cpus / share) // per_member
     chosen = max(1, min(count, by_memory, by_cpu))
     if chosen == count:
         why = f"all of them: {host.describe()}"
@@ -94,6 +95,11 @@ def engine_host(client: Any) -> HostSize | None:
         return HostSize(cpus=int(info["NCPU"]), memory_bytes=int(info["MemTotal"]))
     except Exception:  # an old or odd engine: Fleet falls back, the run goes on
         return None
+
+
+def widest(job: Job) -> int:
+    """The most boxes one member of ``job`` holds at once (its parallel attempts)."""
+    return max((m.attempts for m in job.members), default=1)
 
 
 def job_boxes(job: Job) -> list[SandboxSpec]:

@@ -277,7 +277,7 @@ class RayNodes(Nodes):
         connect(self.address, insecure=self.insecure)
         self.governor = run_governor.start()
         infos = fleet_nodes(self.address)
-        members = len(units) if services.members is None else services.members
+        members = sum(u.attempts for u in units) if services.members is None else services.members
         share = allocate(
             [int(n["Resources"][SLOTS]) for n in infos], min(services.max_parallel, members)
         )

@@ -492,7 +492,7 @@ async def open_pools(
             spec = spec.model_copy(update={"prepared": ref})
         key = spec.pool_key
         specs[key] = spec
-        deps.demand[key] = deps.demand.get(key, 0) + 1
+        deps.demand[key] = deps.demand.get(key, 0) + u.attempts
     for key, spec in specs.items():
         if spec.keep:
             continue  # a pool's spare box would be kept too; these members get fresh boxes

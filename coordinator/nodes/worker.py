@@ -96,6 +96,9 @@ class MemberUnit(BaseModel):
     snapshot (:mod:`sandbox.prepared`)."""
     result_schema: dict[str, Any] | None = None
     """Extra checks the member's result must pass (see :mod:`coordinator.job.schema_check`)."""
+    attempts: int = 1
+    """Independent attempts at the task, at once (:mod:`coordinator.attempts`); each is
+    a unit of its own with ``attempts = 1``."""
 
 
 class Services(BaseModel):
@@ -259,20 +262,23 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
         trace.close()
         raise
     forget(Path(mdir))  # a final outcome: nothing is left to go on from
-    _write_result(mdir, outcome)
-    deps.note(
-        MemberFinishedEntry(
-            member=unit.spec.id,
-            status=outcome.status,
-            reason=outcome.reason,
-            attempts=tries.n,
-            turns=outcome.turns,
-            input_tokens=outcome.input_tokens,
-            output_tokens=outcome.output_tokens,
-        )
-    )
+    write_result(mdir, outcome)
+    deps.note(finished_entry(unit.spec.id, outcome, tries.n))
     trace.close()
     return outcome
+
+
+def finished_entry(member: str, outcome: MemberOutcome, attempts: int) -> MemberFinishedEntry:
+    """The journal's record of a member's final outcome."""
+    return MemberFinishedEntry(
+        member=member,
+        status=outcome.status,
+        reason=outcome.reason,
+        attempts=attempts,
+        turns=outcome.turns,
+        input_tokens=outcome.input_tokens,
+        output_tokens=outcome.output_tokens,
+    )
 
 
 @dataclass
@@ -358,7 +364,8 @@ def memory_entry(ev: MemorySave, member: str, attempt: int) -> MemorySavedEntry:
     )
 
 
-def _write_result(mdir: anyio.Path, outcome: MemberOutcome) -> None:
+def write_result(mdir: anyio.Path | Path, outcome: MemberOutcome) -> None:
+    """The member's ``result.json``, written last and synced."""
     from ..rundir.runs import _fsync_write
 
     _fsync_write(Path(mdir) / "result.json", outcome.model_dump_json(indent=2))

@@ -236,6 +236,8 @@ def render_markdown(report: Report) -> str:
                 f"- **{entry['member']}**: {entry.get('summary', '')} (files: {files}; "
                 f"patch: `{entry['patch']}`){failing}"
             )
+            if entry.get("attempts"):
+                out.append(f"  {entry['attempts']}")
         out.append("")
     if report.checks:
         out += ["## Checked by running code", ""]

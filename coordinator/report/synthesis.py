@@ -79,6 +79,30 @@ def _shorten(value: Any, width: int) -> Any:
     return value
 
 
+WHO = {"only": "the only candidate", "reviewer": "the reviewer", "rule": "the rule"}
+"""Who chose a member's attempt (``Choice.by``), in words."""
+
+
+def attempts_line(outcome: MemberOutcome) -> str | None:
+    """A member's parallel attempts in one line (``3 attempts: 1 ok (test passed), 2
+    failed (test failed), 3 ok (test passed); chosen: 3, by the reviewer: ...``); None
+    for a member without them."""
+    if not outcome.attempts:
+        return None
+    parts = []
+    for a in outcome.attempts:
+        test = "" if a.verified is None else " (test passed)" if a.verified else " (test failed)"
+        parts.append(f"{a.attempt} {a.status}{test}")
+    line = f"{len(outcome.attempts)} attempts: " + ", ".join(parts)
+    c = outcome.choice
+    if c is not None:
+        if c.attempt is None:
+            line += f"; none chosen ({c.reason})"
+        else:
+            line += f"; chosen: {c.attempt}, by {WHO.get(c.by, c.by)}: {c.reason}"
+    return line
+
+
 def digest(outcomes: list[MemberOutcome], tasks: dict[str, str], cap: int) -> list[dict[str, Any]]:
     """What the analyst may see: per member, task, status and capped result."""
     return [
@@ -89,6 +113,7 @@ def digest(outcomes: list[MemberOutcome], tasks: dict[str, str], cap: int) -> li
             "status": o.status,
             "reason": o.reason,
             "resumed_from": o.resumed_from,
+            "attempts": attempts_line(o),
             "result": cap_result(o.result, cap) if o.status == "ok" else None,
             # A failed member's kept result (a coding patch whose test fails): listed
             # in the report's code changes as failing, never given to the analyst.
@@ -187,6 +212,8 @@ def _code_entry(d: dict[str, Any]) -> dict[str, Any]:
     }
     if r.get("edits_archive"):
         entry["edits"] = f"members/{d['member']}/{r['edits_archive']}"
+    if d.get("attempts"):
+        entry["attempts"] = d["attempts"]
     return entry
 
 

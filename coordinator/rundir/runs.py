@@ -36,7 +36,7 @@ from sandbox.docker.reaper import pid_alive
 from subagents.outcome import MemberOutcome
 
 from ..job.run_names import run_name
-from ..job.spec import Job, MemberJob
+from ..job.spec import Job, MemberJob, split_attempt
 from ..journal.entries import (
     AnyEntry,
     JournalEntryModel,
@@ -165,6 +165,8 @@ class RunState:
     reasons: dict[str, str] = field(default_factory=dict)
     starts: dict[str, int] = field(default_factory=dict)
     """Member id -> how many attempts were started over the run's whole life."""
+    attempts: dict[str, str] = field(default_factory=dict)
+    """A parallel attempt's id (``coder.2``) -> its last status; not in ``members``."""
 
 
 class RunDir:
@@ -280,6 +282,16 @@ class RunDir:
         st = RunState()
         creator: int | None = None
         for e in self.journal.read():
+            member = getattr(e, "member", None)
+            if isinstance(member, str) and split_attempt(member) is not None:
+                match e:
+                    case MemberStartedEntry() | MemberQueuedEntry():
+                        st.attempts[member] = "running"
+                    case MemberRetryEntry():
+                        st.attempts[member] = "retrying"
+                    case MemberFinishedEntry():
+                        st.attempts[member] = e.status
+                continue
             match e:
                 case RunCreatedEntry():
                     creator = e.pid

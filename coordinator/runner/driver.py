@@ -55,7 +55,7 @@ from ..journal.entries import (
     RunStartedEntry,
 )
 from ..lead.lead import lead_finished, run_lead, spawned_members
-from ..nodes.capacity import choose, job_boxes
+from ..nodes.capacity import choose, job_boxes, widest
 from ..nodes.node import CLEANUP_S, LocalNodes, NodeDeps
 from ..nodes.prewarm import Prewarm
 from ..nodes.worker import MemberUnit, Nodes, Recorder, Services
@@ -222,6 +222,7 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
                 files=dict(m.files),
                 setup=m.setup,
                 result_schema=m.result_schema,
+                attempts=m.attempts,
             )
         )
     return out
@@ -446,7 +447,11 @@ async def _run_members(
     units = _units(run, job, pending)
     if progress.tty:
         _watch_terminal(tg, progress, approver, opts)
-    parallel = job.fanout.max_parallel or opts.max_parallel or choose(job_boxes(job), None).members
+    parallel = (
+        job.fanout.max_parallel
+        or opts.max_parallel
+        or choose(job_boxes(job), None, widest(job)).members
+    )
     fan = Fanout(
         deps,
         max_parallel=parallel,
@@ -455,6 +460,7 @@ async def _run_members(
         executor=opts.executor,
         nodes=nodes,
         already_ok=_already_ok(run, members, pending),
+        make_model=opts.make_model,
     )
     for told in opts.on_fanout:
         told(fan)
@@ -463,7 +469,7 @@ async def _run_members(
             got.outcomes = await _lead_run(run, job, opts, nodes, got, deps, fan, parallel, pending)
             return
         services = Services(
-            max_parallel=parallel,
+            max_parallel=boxes_at_once(units, parallel),
             warm_pool=job.fanout.warm_pool,
             corpus=any(kind_is(u.spec.kind, "reads_web") for u in units) and _wants_corpus(job),
         )
@@ -472,6 +478,13 @@ async def _run_members(
             got.outcomes = fanned.outcomes
     finally:
         register(run.id, None)  # the run's budget, whatever ended the fan-out
+
+
+def boxes_at_once(units: list[MemberUnit], parallel: int) -> int:
+    """Boxes the run may hold at once: ``parallel`` members, each with all its attempts
+    (the members with the most attempts, to be safe)."""
+    widths = sorted((u.attempts for u in units), reverse=True)
+    return max(1, sum(widths[:parallel]))
 
 
 async def _begin_life(run: RunDir, nodes: Nodes, approver: FileApprover, *, resume: bool) -> None:

@@ -53,7 +53,7 @@ from subagents.model import ModelError, make_model, resolve_model
 
 from ..errors import CommandFailed, UsageError
 from ..job.spec import RESEARCH_KIND, Job
-from ..nodes.capacity import Parallelism, choose, engine_host, job_boxes
+from ..nodes.capacity import Parallelism, choose, engine_host, job_boxes, widest
 from ..nodes.repo_copy import RepoRefused, RepoTooLarge, check_size, copy_room
 
 
@@ -112,7 +112,7 @@ def check_parallel(job: Job, *, cluster_slots: int | None = None) -> Parallelism
     if job.fanout.max_parallel is not None:
         return Parallelism(job.fanout.max_parallel, "as the job says")
     if cluster_slots is not None:
-        members = max(1, min(len(job_boxes(job)), cluster_slots))
+        members = max(1, min(len(job_boxes(job)), cluster_slots // widest(job)))
         return Parallelism(members, f"the cluster's nodes offer {cluster_slots} fleet_slots")
     from sandbox.docker.engine import connect
 
@@ -125,7 +125,7 @@ def check_parallel(job: Job, *, cluster_slots: int | None = None) -> Parallelism
             host = engine_host(client)
         finally:
             client.close()
-    return choose(job_boxes(job), host)
+    return choose(job_boxes(job), host, widest(job))
 
 
 def check_cluster(job: Job, address: str, *, insecure: bool = False) -> int:

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from coordinator.job.spec import attempt_id, split_attempt
 from coordinator.journal.entries import (
     AnyEntry,
     LeadSpawnEntry,
@@ -259,9 +260,22 @@ def refresh_members(run: RunTrace) -> list[MemberTrace]:
         if members_dir.is_dir()
         else set()
     )
+    # A member's parallel attempts (coder.2 in members/coder/attempts/2), each a trace
+    # of its own listed right after its member.
+    ids |= {
+        attempt_id(sub.parent.parent.name, int(sub.name))
+        for sub in members_dir.glob("*/attempts/*")
+        if sub.name.isdigit() and sub.is_dir()
+    }
     ids |= {rec.member for rec in run.journal if isinstance(rec, MEMBER_ENTRIES)}
     for mid in sorted(ids - known):
-        if mid and "/" not in mid and mid not in (".", ".."):
+        if not mid or "/" in mid or mid in (".", ".."):
+            continue
+        split = split_attempt(mid)
+        if split is not None:
+            rel = f"members/{split[0]}/attempts/{split[1]}"
+            added.append(MemberTrace(id=mid, dir=run.dir / rel, rel=rel))
+        else:
             added.append(MemberTrace(id=mid, dir=members_dir / mid))
     lead = run.dir / LEAD_DIR
     if not any(m.is_lead for m in run.members) and (lead / "trace.jsonl").is_file():

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from coordinator.job.spec import split_attempt
 from coordinator.report.report import MemoryProblem, memory_problems
 from coordinator.traceview.load import MemberJournal, MemberTrace, RunTrace
 from subagents.model import profiles
@@ -91,6 +92,8 @@ class MemberRollup(_View, TokenCounts):
     """One member of a run at a glance."""
 
     member: str
+    attempt_of: str | None = None
+    """A parallel attempt's row (``coder.2``): the member it is an attempt of."""
     kind: str = ""
     model: str = ""
     status: str = "running"
@@ -361,7 +364,12 @@ def rollup_run(run: RunTrace) -> RunRollup:
     out.totals["box_s"] = round(out.totals["box_s"], 3)
     out.totals["setup_s"] = round(out.totals["setup_s"], 3)
     for r in rows:
-        if r.kind != "lead":  # members' statuses; a lead run's lead is a row of its own
+        split = split_attempt(r.member)
+        r.attempt_of = split[0] if split else None
+    for r in rows:
+        if r.kind != "lead" and r.attempt_of is None:
+            # Members' statuses; a lead run's lead and a member's attempts are rows of
+            # their own.
             out.statuses[r.status] = out.statuses.get(r.status, 0) + 1
     out.memory = memory_problems(run.journal)
     return out

@@ -83,9 +83,11 @@ def _row(r: MemberRollup, nodes: bool, waves: bool) -> list[str]:
 
 def _who(roll: RunRollup) -> str:
     """``3 members``, or ``a lead and 3 members`` for a lead run."""
-    members = sum(1 for r in roll.members if r.kind != "lead")
-    lead = "a lead and " if len(roll.members) > members else ""
-    return f"{lead}{members} members"
+    tries = sum(1 for r in roll.members if r.attempt_of is not None)
+    members = sum(1 for r in roll.members if r.kind != "lead" and r.attempt_of is None)
+    lead = "a lead and " if any(r.kind == "lead" for r in roll.members) else ""
+    said = f"{lead}{members} member{'' if members == 1 else 's'}"
+    return said + (f", {tries} parallel attempts" if tries else "")
 
 
 def format_run(roll: RunRollup) -> str:

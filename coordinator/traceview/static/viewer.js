@@ -71,7 +71,7 @@
     const st = Object.entries(RUN.statuses).map(([k, v]) => v + " " + k).join(", ");
     const waves = new Set(MEMBERS.filter((m) => m.wave).map((m) => m.wave)).size;
     const items = [
-      [MEMBERS.filter((m) => !m.lead).length, "members", st + (RUN.lead ? "; the lead is not counted" : "")],
+      [MEMBERS.filter((m) => !m.lead && !m.attempt_of).length, "members", st + (RUN.lead ? "; the lead is not counted" : "") + (MEMBERS.some((m) => m.attempt_of) ? "; " + MEMBERS.filter((m) => m.attempt_of).length + " parallel attempts are lanes under their member" : "")],
       ...(RUN.lead ? [[waves, "waves", "spawn calls of the lead that started members"]] : []), [dur(RUN.duration), "wall time", (RUN.finished ? "finished" : "running") + "; run start to end, planning and synthesis included"],
       [dur(t.box_s), "box start-up", "seconds spent creating boxes, all members and attempts"],
       ...(t.setup_s ? [[dur(t.setup_s), "setup wait", "seconds members waited on their repository's setup (made, reused or failed)"]] : []),

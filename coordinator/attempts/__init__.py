@@ -1,0 +1,2 @@
+"""A coding member's parallel attempts and the choice among them
+(:mod:`.attempts`, :mod:`.selection`)."""
