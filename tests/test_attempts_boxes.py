@@ -9,13 +9,16 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fleet_policies import OOM_BOX
+from process_support import popen
 
 from coordinator.rundir.runs import RunDir
 from subagents.fake_api import FakeMessagesAPI, tool_use
@@ -33,6 +36,8 @@ EDITS = {
     3: '# A warmer greeting.\n    return f"Hello there, {name}!"',  # passes, three lines
 }
 REASON = "attempt 3 says why the greeting changed"
+CODER = "careful software engineer"
+"""Opens the coding member's system prompt."""
 
 
 def _attempt(body: dict[str, Any]) -> int:
@@ -55,15 +60,24 @@ class Attempts:
     """A fake model whose attempt N makes ``EDITS[N]`` then submits; ``crash`` attempts
     OOM-kill their box instead; the reviewer chooses ``choose``."""
 
-    def __init__(self, choose: int = 3, crash: tuple[int, ...] = ()) -> None:
-        self.choose, self.crash = choose, crash
+    def __init__(
+        self, choose: int = 3, crash: tuple[int, ...] = (), slow: dict[int, int] | None = None
+    ) -> None:
+        self.choose, self.crash, self.slow = choose, crash, slow or {}
         self.reviews: list[dict[str, Any]] = []
+        self.calls: dict[int, int] = {}
 
     def __call__(self, body: dict[str, Any]) -> Any:
         if "You review candidate patches" in json.dumps(body.get("system", "")):
             self.reviews.append(body)
             return tool_use("choose_attempt", {"attempt": self.choose, "reason": REASON})
         n, step = _attempt(body), _step(body)
+        if CODER in json.dumps(body.get("system", "")):  # not the analyst's
+            self.calls[n] = self.calls.get(n, 0) + 1
+        waits = self.slow.get(n, 0)  # this many slow steps first
+        if step < waits:
+            return tool_use("shell", {"command": f"echo wait {step}"}, latency_s=0.3)
+        step -= waits
         if step == 0 and n in self.crash:
             return tool_use("shell", {"command": OOM_BOX})
         if step == 0:
@@ -181,3 +195,65 @@ def test_when_no_attempt_passes_the_member_fails_and_nothing_is_applied(tmp_path
     assert outcome.reason.startswith("none of 3 attempts was chosen")
     assert "chosen: none" in done.stdout and "not applied" in done.stdout
     assert "Hello, {name}" in (tmp_path / "repo" / "greet.py").read_text()
+
+
+def test_a_resumed_run_finishes_only_the_attempts_that_had_not_ended(tmp_path, images, runs_dir):
+    repo = tmp_path / "repo"
+    shutil.copytree(SAMPLE, repo)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'name = "tries"\noutput_dir = "{runs_dir}"\n[model]\nname = "claude-sonnet-5"\n'
+        "[fanout.retry]\nbackoff_s = 0\n"
+        f'[[members]]\nid = "coder"\nkind = "coding"\ntask = "Make the greeting warmer."\n'
+        f'repo = "{repo}"\ntest = "{TEST}"\nattempts = 3\n'
+    )
+    policy = Attempts(choose=3, slow={2: 12})
+    api = FakeMessagesAPI(policy).start()
+    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+    env |= {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api.url}
+    try:
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        proc = popen([FLEET, "run", str(job), "--plain"], env=env, **quiet)
+        try:
+            member = None
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and proc.poll() is None:
+                runs = RunDir.list(runs_dir)
+                member = runs[0].path / "members" / "coder" if runs else None
+                ended = member is not None and all(
+                    (member / f"attempts/{n}/result.json").exists() for n in (1, 3)
+                )
+                if ended and policy.calls.get(2, 0) >= 4:
+                    break
+                time.sleep(0.05)
+            assert proc.poll() is None, "the run ended before it could be killed"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        (run,) = RunDir.list(runs_dir)
+        assert not (run.path / "members/coder/result.json").exists()
+        before = dict(policy.calls)
+        resumed = subprocess.run(
+            [FLEET, "resume", str(run.path), "--plain"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        api.stop()
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # Attempts 1 and 3 had ended: not a call more, not a start more; attempt 2 went on.
+    assert policy.calls[1] == before[1] and policy.calls[3] == before[3]
+    assert policy.calls[2] > before[2]
+    starts = [e.member for e in run.journal.read() if e.event == "member_started"]
+    assert (starts.count("coder.1"), starts.count("coder.2"), starts.count("coder.3")) == (1, 2, 1)
+    outcome = run.outcome("coder")
+    assert outcome.status == "ok" and outcome.choice.attempt == 3
+    # Attempt 2 went on to its (failing) end after the resume; 1 and 3 kept theirs.
+    assert [a.status for a in outcome.attempts] == ["ok", "failed", "ok"]
+    assert run.state().attempts == {"coder.1": "ok", "coder.2": "failed", "coder.3": "ok"}
+    (review,) = policy.reviews
+    assert "## Attempt 1" in json.dumps(review) and "## Attempt 3" in json.dumps(review)
