@@ -122,22 +122,11 @@ def main() -> int:
     parser.add_argument("--setup-s", type=float, default=20.0)
     parser.add_argument("--boxes", type=int, default=10)
     args = parser.parse_args()
+    from process_support import served_api
+
     # The fake Messages API with bench/fanout.py's coding policy, in its own process.
-    server = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "fanout.py"), "--serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        os.environ["ANTHROPIC_BASE_URL"] = server.stdout.readline().strip()
-        os.environ["ANTHROPIC_API_KEY"] = "bench-key"
+    with served_api([sys.executable, str(ROOT / "bench" / "fanout.py"), "--serve"]):
         return measure(args)
-    finally:
-        assert server.stdin is not None
-        server.stdin.close()
-        server.wait(timeout=30)
 
 
 def measure(args: argparse.Namespace) -> int:

@@ -77,3 +77,23 @@ def ignoring(*signums: int) -> Iterator[None]:
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+@contextmanager
+def served_api(argv: Sequence[str]) -> Iterator[str]:
+    """A fake Messages API in a process of its own (``argv``: a benchmark's ``--serve``
+    mode, which prints its URL and serves until its stdin closes), with this process's
+    ``ANTHROPIC_BASE_URL`` and key pointed at it meanwhile; yields the URL."""
+    import os
+
+    server = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        os.environ["ANTHROPIC_BASE_URL"] = url
+        os.environ["ANTHROPIC_API_KEY"] = "bench-key"
+        yield url
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(timeout=30)

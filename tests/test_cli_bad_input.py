@@ -290,6 +290,17 @@ def _code_attempts(n: str) -> Callable[[Path], list[str]]:
     return build
 
 
+def _merge_job(one: str, two: str, merge: str) -> Callable[[Path], list[str]]:
+    def build(d: Path) -> list[str]:
+        for name in ("a", "b"):
+            (d / name).mkdir(exist_ok=True)
+        member = '[[members]]\nid = "{}"\nkind = "coding"\ntask = "t"\nmodel = "offline"\n{}\n'
+        text = f'name = "m"\n[merge]\n{merge}\n' + member.format("a", one) + member.format("b", two)
+        return ["run", str(_write(d / "job.toml", text))]
+
+    return build
+
+
 def _many_members(n: int) -> Callable[[Path], list[str]]:
     member = '[[members]]\nkind = "coding"\ntask = "t"\n'
     return _job('name = "many"\n' + member * n)
@@ -332,6 +343,16 @@ HAND: list[Case] = [
         "'attempts' is only for coding members",
     ),
     ("code --attempts 9", _code_attempts("9"), "--attempts (members[0].attempts)"),
+    ("merge of one member", _job(job_text(repo=".") + "[merge]\n"), "at least two coding members"),
+    ("merge of two repos", _merge_job('repo = "a"', 'repo = "b"', ""), "different repositories"),
+    (
+        "merge order unknown",
+        _merge_job('repo = "a"', 'repo = "a"', 'order = ["x"]'),
+        "merge.order[0]",
+    ),
+    ("merge order twice", _merge_job('repo = "a"', 'repo = "a"', 'order = ["a", "a"]'), "twice"),
+    ("merge blank test", _merge_job('repo = "a"', 'repo = "a"', 'test = " "'), "merge.test"),
+    ("merge unknown field", _merge_job('repo = "a"', 'repo = "a"', "tset = 1"), "merge.tset"),
     ("code --attempts x", _code_attempts("x"), "--attempts: invalid int value"),
 ]
 

@@ -97,7 +97,8 @@ ROOMS: dict[str, set[str]] = {
     "fanout": {"attempts"},
     "lead": {"fanout", "oversight", "report"},
     "traceview": {"rundir", "oversight", "report"},
-    "runner": {"lead", "traceview"},
+    "merge": {"nodes"},
+    "runner": {"lead", "traceview", "merge"},
     "api": {"runner"},
     "cli": {"api"},
 }

@@ -40,7 +40,7 @@ from ..job.jobfile import JobError, load_job, parse_job, resolve_paths
 from ..job.spec import Job
 from ..nodes import host_git
 from ..report.synthesis import WHO
-from ..rundir.run_lookup import runs_root
+from ..rundir.run_lookup import find_run, runs_root
 from ..rundir.runs import RunDir, RunNotFound
 from . import add_runs_dir
 
@@ -369,6 +369,40 @@ def _apply(repo: Path, patch: Path) -> int:
     return 0
 
 
+def cmd_apply(args: argparse.Namespace) -> int:
+    """``fleet apply RUN``: ``fleet code --apply`` for a merged run - the merged patch,
+    onto the members' repository, only when the merge test passed there."""
+    from ..merge.merge import MERGE_DIR, merge_line, read_merge
+
+    try:
+        run = RunDir(find_run(args.run, args.output_dir))
+    except RunNotFound as exc:
+        raise UsageError(str(exc)) from None
+    record = read_merge(run.path)
+    if record is None:
+        raise UsageError(
+            f"run {run.id} has no merge (merge/merge.json); a job asks for one with [merge]"
+        )
+    if record.verdict != "passed":
+        why = "the merged patches were not tested" if record.verdict == "untested" else ""
+        print(
+            f"fleet: not applied: the merge {record.verdict}"
+            + (f" ({why})" if why else "")
+            + f"\nmerge: {merge_line(record)}",
+            file=sys.stderr,
+        )
+        return 1
+    repo = Path(args.repo or record.repo).resolve()
+    if not repo.is_dir():
+        raise UsageError(f"{repo} is not a directory; give the repository with --repo DIR")
+    patch = run.path / MERGE_DIR / "merged.diff"
+    if not patch.is_file() or patch.is_symlink():
+        print(f"fleet: run {run.id} has no merged patch to apply", file=sys.stderr)
+        return 1
+    print(f"merge: {merge_line(record)}")
+    return _apply(repo, patch)
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     from ..api import resume_run
 
@@ -411,6 +445,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 "members": len(st.members),
                 "started": st.started or run.created,
                 "path": str(run.path),
+                "merge": st.merge,
             }
         )
     if args.json:
@@ -425,6 +460,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(
             f"{r['id']:<{width}}  {r['status']:<11} {r['ok']:>2}/{r['members']:<2}  "
             f"{_age(r['started']):<16}  {r['name']}"
+            + (f"  (merge: {r['merge']})" if r["merge"] else "")
         )
     return 0
 
@@ -615,6 +651,19 @@ def register(subparsers: Any) -> None:
     _approval_flags(p)
     _cluster_flag(p)
     p.set_defaults(func=cmd_resume)
+
+    p = subparsers.add_parser(
+        "apply",
+        help="apply a run's merged patch ([merge]) to its repository, only if the merge test passed",
+    )
+    p.add_argument("run", help="run id (or the start of one) or run directory")
+    p.add_argument(
+        "--repo",
+        metavar="DIR",
+        help="apply to DIR instead of the repository the members worked on",
+    )
+    add_runs_dir(p)
+    p.set_defaults(func=cmd_apply)
 
     p = subparsers.add_parser("runs", help="list runs and their status")
     add_runs_dir(p)

@@ -36,6 +36,7 @@ from .spec import (
     Lead,
     MemberJob,
     MemoryProfile,
+    Merge,
     ModelDefaults,
     Research,
     RetryPolicy,
@@ -64,6 +65,7 @@ def known_fields(loc: tuple[str | int, ...]) -> str:
         "model": ModelDefaults,
         "policy": ToolPolicy,  # a member's MemberPolicy has the same fields
         "budget": Budget,
+        "merge": Merge,
         "setup": SetupSpec,
     }
     names = [p for p in loc[:-1] if isinstance(p, str)]

@@ -12,6 +12,7 @@ points at the right line.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from typing import Any, Literal
@@ -601,6 +602,29 @@ class Synthesis(_JobModel):
     """Each member's result is cut to this many characters before the analyst sees it."""
 
 
+class Merge(_JobModel):
+    """``[merge]``: the ok coding members' patches applied together in a fresh box from
+    their repository, and a test run on the result (:mod:`coordinator.merge`)."""
+
+    enabled: bool = True
+    test: str | None = None
+    """The command run on the merged tree; default: the members' ``test`` when they
+    all have the same one (none: the merge is not tested, and not applied)."""
+    order: list[str] = Field(default_factory=list)
+    """Member ids, in the order their patches are applied (default: the job's order
+    of its coding members on the repository); a later patch that conflicts with an
+    earlier one is left out."""
+
+    @field_validator("test")
+    @classmethod
+    def _test_size(cls, v: str | None) -> str | None:
+        if v is not None:
+            if not v.strip():
+                raise ValueError("the merge test is blank; leave it out to use the members' test")
+            within_text_limit("the merge test", v, "put a long script in a file of the repo")
+        return v
+
+
 class Job(_JobModel):
     """A whole job file."""
 
@@ -619,6 +643,8 @@ class Job(_JobModel):
     budget: Budget | None = None
     """The run's spending line (USD and/or tokens); none: only each member's limits.
     With ``[lead]``, a token line bounds the lead's ``token_budget`` too."""
+    merge: Merge | None = None
+    """Apply the coding members' patches together after they end (``[merge]``)."""
     output_dir: str = "runs"
     """Where run directories are created (relative to the current directory)."""
 
@@ -680,6 +706,8 @@ class Job(_JobModel):
                 "fanout.min_success",
                 f"it is {self.fanout.min_success} but the job has only {total} member(s)",
             )
+        if self.merge is not None and self.merge.enabled:
+            self.merged_members()  # raises FieldProblem naming what is wrong
         if self.lead is not None and self.budget is not None and self.budget.tokens:
             # The lead plans spawns against token_budget (what members may reserve);
             # [budget] is what may really be spent: the plan never promises more.
@@ -690,6 +718,49 @@ class Job(_JobModel):
                     lead.member_limits.max_tokens, lead.token_budget
                 )
         return self
+
+    def merged_members(self) -> list[MemberJob]:
+        """The members whose patches ``[merge]`` applies, in its order: at least two
+        coding members, all on one repository."""
+        merge = self.merge
+        assert merge is not None
+        coding = {m.id: m for m in self.members if m.kind == "coding" and m.repo}
+        if merge.order:
+            chosen = []
+            for i, mid in enumerate(merge.order):
+                if mid not in coding:
+                    known = ", ".join(sorted(str(k) for k in coding)) or "none"
+                    raise FieldProblem(
+                        f"merge.order.{i}",
+                        f"{mid!r} is not a coding member with a repo (those are: {known})",
+                    )
+                if merge.order.index(mid) != i:
+                    raise FieldProblem(f"merge.order.{i}", f"{mid!r} is named twice")
+                chosen.append(coding[mid])
+        else:
+            chosen = list(coding.values())
+        repos = {os.path.normpath(str(m.repo)) for m in chosen}
+        if len(repos) > 1:
+            raise FieldProblem(
+                "merge" if not merge.order else "merge.order",
+                "the merged members work on different repositories "
+                f"({', '.join(sorted(repos))}); merge those on one (name them in merge.order)",
+            )
+        if len(chosen) < 2:
+            raise FieldProblem(
+                "merge",
+                "[merge] needs at least two coding members on one repository "
+                f"(the job has {len(chosen)})",
+            )
+        return chosen
+
+    def merge_test(self) -> str | None:
+        """The merged tree's test: ``[merge].test``, else the merged members' one test."""
+        assert self.merge is not None
+        if self.merge.test is not None:
+            return self.merge.test
+        tests = {m.test for m in self.merged_members()}
+        return tests.pop() if len(tests) == 1 else None
 
     @property
     def member_count(self) -> int:

@@ -110,6 +110,18 @@ class BoxesKeptEntry(Entry):
     boxes: list[str] = Field(default_factory=list)
 
 
+class MergeEntry(Entry):
+    """``[merge]`` ran: its verdict (``passed``, ``failed``, ``untested``, ``nothing``,
+    ``error``), the members whose patches it applied and those that conflicted
+    (``merge/merge.json`` has the rest)."""
+
+    event: Literal["merge"] = "merge"
+    verdict: str
+    applied: list[str] = Field(default_factory=list)
+    conflicts: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
 class ReapedEntry(Entry):
     """A resume removed this many boxes of the run's dead earlier life."""
 
@@ -356,6 +368,7 @@ JournalEntryModel = Annotated[
     | RunInterruptedEntry
     | PlanEntry
     | BoxesKeptEntry
+    | MergeEntry
     | ReapedEntry
     | ReportWrittenEntry
     | AnalystFailedEntry

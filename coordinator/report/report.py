@@ -140,6 +140,8 @@ class Report(Strict):
     answers: list[dict[str, Any]] = Field(default_factory=list)
     """Per ok member: its task (sub-question), its own summary and confidence."""
     code: list[dict[str, Any]] = Field(default_factory=list)
+    merge: dict[str, Any] | None = None
+    """``[merge]``'s record (``merge/merge.json``), when the job asked for one."""
     """Coding members' changes: summary, files changed, tests, patch path, and
     ``status`` (a ``failed`` entry is a patch whose test fails, kept for reading, or
     one that could not be collected: ``collection_error``, its files in ``edits``)."""
@@ -172,6 +174,37 @@ def _quoted(quote: str) -> list[str]:
         return [f"  > {quote}"]
     fence = "~~~" if "```" in quote else "```"
     return [f"  {fence}", *(f"  {line}" for line in quote.strip("\n").split("\n")), f"  {fence}"]
+
+
+def _merge_lines(merge: dict[str, Any]) -> list[str]:
+    """The report's merge section, from ``merge/merge.json``."""
+    out = ["## Merge", ""]
+    verdict = str(merge.get("verdict", ""))
+    test = merge.get("test") or {}
+    if verdict == "error":
+        out.append(f"The merge could not run: {merge.get('error', '')}")
+    else:
+        head = {
+            "passed": "The merged patches pass the merge test",
+            "failed": "**The merged patches fail the merge test**",
+            "untested": "The patches were merged; no merge test was given",
+            "nothing": "There was nothing to merge",
+        }.get(verdict, verdict)
+        if test:
+            head += f" (`{test.get('command')}` exit {test.get('exit_code')})"
+        out.append(head + ".")
+        applied = merge.get("applied") or []
+        out.append("")
+        out.append(f"- applied, in order: {', '.join(applied) if applied else 'none'}")
+        for c in merge.get("conflicts") or []:
+            files = ", ".join(c.get("files") or []) or "its files"
+            out.append(f"- **{c.get('member')}** left out whole: it conflicts on {files}")
+        for k in merge.get("skipped") or []:
+            out.append(f"- {k.get('member')} not merged: {k.get('reason')}")
+        if merge.get("merged_diff"):
+            out.append(f"- merged patch: `{merge['merged_diff']}`")
+    out.append("")
+    return out
 
 
 def render_markdown(report: Report) -> str:
@@ -239,6 +272,8 @@ def render_markdown(report: Report) -> str:
             if entry.get("attempts"):
                 out.append(f"  {entry['attempts']}")
         out.append("")
+    if report.merge:
+        out += _merge_lines(report.merge)
     if report.checks:
         out += ["## Checked by running code", ""]
         for check in report.checks:

@@ -44,6 +44,7 @@ from ..journal.entries import (
     MemberQueuedEntry,
     MemberRetryEntry,
     MemberStartedEntry,
+    MergeEntry,
     RunCreatedEntry,
     RunFinishedEntry,
     RunInterruptedEntry,
@@ -167,6 +168,8 @@ class RunState:
     """Member id -> how many attempts were started over the run's whole life."""
     attempts: dict[str, str] = field(default_factory=dict)
     """A parallel attempt's id (``coder.2``) -> its last status; not in ``members``."""
+    merge: str | None = None
+    """``[merge]``'s last verdict (``passed``, ``failed``, ...); None: no merge ran."""
 
 
 class RunDir:
@@ -310,6 +313,8 @@ class RunDir:
                 case MemberFinishedEntry():
                     st.members[e.member] = e.status
                     st.reasons[e.member] = e.reason
+                case MergeEntry():
+                    st.merge = e.verdict
         if st.status == "running" and self.owner_pid() is None:
             st.status = "dead"
         elif st.status == "created" and creator is not None and not pid_alive(creator):

@@ -13,6 +13,7 @@ from subagents.outcome import MemberOutcome
 from ..job.spec import Job, MemberJob
 from ..journal.entries import AnalystFailedEntry, ReportWrittenEntry
 from ..lead.lead_report import lead_report
+from ..merge.merge import read_merge
 from ..report.report import Report, memory_problems
 from ..report.synthesis import render_markdown, synthesize
 from ..rundir.runs import RunDir
@@ -37,6 +38,9 @@ async def write_report(
     else:
         report = await _analyse(run, job, members, outcomes, make_model)
     journal = run.journal.read()
+    merged = read_merge(run.path)
+    if merged is not None:
+        report.merge = merged.model_dump(mode="json")
     report.memory = memory_problems(journal)
     report.budget = budget_lines(journal)
     (run.path / "report.json").write_text(report.model_dump_json(indent=2), encoding="utf-8")

@@ -55,6 +55,7 @@ from ..journal.entries import (
     RunStartedEntry,
 )
 from ..lead.lead import lead_finished, run_lead, spawned_members
+from ..merge.merge import MergeRecord, merge_line, read_merge, run_merge
 from ..nodes.capacity import choose, job_boxes, widest
 from ..nodes.node import CLEANUP_S, LocalNodes, NodeDeps
 from ..nodes.prewarm import Prewarm
@@ -311,6 +312,8 @@ class _Progressed:
     outcomes: dict[str, MemberOutcome] = field(default_factory=dict)
     live_otel: Any = None
     """The run's live OpenTelemetry export (None: off)."""
+    merge: MergeRecord | None = None
+    """``[merge]``'s record, once it ran."""
 
 
 async def execute(run: RunDir, job: Job, opts: RunOptions, *, resume: bool = False) -> RunSummary:
@@ -476,6 +479,8 @@ async def _run_members(
         async with nodes.serve(run.id, units, services):
             fanned = await fan.run(units)
             got.outcomes = fanned.outcomes
+        if job.merge is not None and job.merge.enabled:
+            got.merge = await run_merge(run, job, lambda: opts.backend or get_backend())
     finally:
         register(run.id, None)  # the run's budget, whatever ended the fan-out
 
@@ -679,6 +684,9 @@ async def _finish(
     spending = budget_lines(run.journal.read())
     if spending:
         verdict += "\nbudget: " + "\nbudget: ".join(spending)
+    got_merge = read_merge(run.path) if job.merge is not None and job.merge.enabled else None
+    if got_merge is not None:
+        verdict += "\nmerge: " + merge_line(got_merge)
     if report_path:
         verdict += f"\nreport: {report_path}"
     print(progress.summary(str(run.path), verdict), file=opts.out)

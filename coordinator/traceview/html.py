@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.traceview.detail import Mark, MemberDetail, member_detail
-from coordinator.traceview.load import LEAD_DIR, RunTrace
+from coordinator.traceview.load import LEAD_DIR, RunTrace, read_json
 from coordinator.traceview.rollup import MemberRollup, compact_json, rollup_run
 
 TEXT_BUDGET = 3_200_000
@@ -256,11 +256,25 @@ def page_data(
             "dir": str(run.dir), "limit": per_content, "lb": link_base, "served": served,
             "question": run.question(), "report": _report(run.dir),
             "job_text": _job_text(run.dir), "model_cfg": run.job.get("model"),
-            "lead": any(m.is_lead for m in run.members),
+            "lead": any(m.is_lead for m in run.members), "merge": _merge(run.dir),
         },
         "members": members,
         "live": live,
     }  # fmt: skip
+
+
+def _merge(run_dir: Path) -> dict[str, Any] | None:
+    """``[merge]``'s verdict for the page, from ``merge/merge.json`` (None: no merge)."""
+    data = read_json(run_dir / "merge" / "merge.json")
+    if not isinstance(data, dict):
+        return None
+    conflicts = [c.get("member") for c in data.get("conflicts") or [] if isinstance(c, dict)]
+    return {
+        "verdict": str(data.get("verdict", "")),
+        "applied": [str(m) for m in data.get("applied") or []],
+        "conflicts": [str(m) for m in conflicts],
+        "diff": str(data.get("merged_diff") or ""),
+    }
 
 
 def _asset(name: str) -> str:

@@ -75,6 +75,7 @@
       ...(RUN.lead ? [[waves, "waves", "spawn calls of the lead that started members"]] : []), [dur(RUN.duration), "wall time", (RUN.finished ? "finished" : "running") + "; run start to end, planning and synthesis included"],
       [dur(t.box_s), "box start-up", "seconds spent creating boxes, all members and attempts"],
       ...(t.setup_s ? [[dur(t.setup_s), "setup wait", "seconds members waited on their repository's setup (made, reused or failed)"]] : []),
+      ...(RUN.merge ? [[RUN.merge.verdict, "merge", "applied: " + (RUN.merge.applied.join(", ") || "none") + (RUN.merge.conflicts.length ? "; left out (conflicts): " + RUN.merge.conflicts.join(", ") : "") + (RUN.merge.diff ? "; " + RUN.merge.diff : "")]] : []),
       [t.turns, "turns"], [t.tool_calls, "tool calls"], [tok(tin), "tokens in", "cached " + tok(t.cache_read_tokens)],
       [tok(t.output_tokens), "tokens out"], [t.errors, "errors"], [t.offloads + " / " + t.compactions, "offloads / compactions"],
       ["$" + t.cost_usd.toFixed(3), "est. cost"],

@@ -1,0 +1,1 @@
+"""``[merge]``: the coding members' patches applied together and tested (:mod:`.merge`)."""
