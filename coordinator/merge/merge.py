@@ -140,6 +140,7 @@ for member, patch in order:
     files |= set(re.findall(r"^error: (.+?): (?:patch does not apply|does not exist in index|"
                             r"already exists in (?:index|working directory))$", words, re.M))
     files |= set(re.findall(r"^U (.+)$", words, re.M))
+    files |= set(re.findall(r"^error: (?:invalid path|affected file) '(.+?)'", words, re.M))
     git("reset", "-q", "--hard", "HEAD")
     git("clean", "-fdq")
     conflicts.append({"member": member, "files": sorted(f for f in files if f)[:50],
