@@ -826,3 +826,32 @@ def test_members_with_a_setup_start_from_its_snapshot_on_their_nodes_engine(
     for info in store.list_all(node_client):
         if info.key.startswith(key):
             store.remove(node_client, info)
+
+
+def test_a_members_parallel_attempts_run_at_once_on_the_nodes(
+    tmp_path, ray_cluster, node_client, cleanup
+):
+    # max_parallel = 1 member, but its three attempts are three boxes at once: the run
+    # reserves slots for all of them, and each attempt is placed like a member.
+    job = _coder_job(tmp_path, 1, test="python3 test_greet.py", max_parallel=1)
+    job.write_text(job.read_text() + "attempts = 3\n")
+    out = tmp_path / "runs"
+    cleanup.append(out)
+    done = _fleet(
+        "run", str(job), "--output-dir", str(out), "--plain", "--cluster", ray_cluster.address
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = RunDir.list(out)
+    outcome = run.outcome("c0")
+    assert outcome.status == "ok" and [a.status for a in outcome.attempts] == ["ok"] * 3
+    assert outcome.choice is not None and outcome.choice.attempt == 1  # the same change thrice
+    started = _started_on(run)
+    nodes = {ray_cluster.name(n) for n in ray_cluster.nodes}
+    assert all(started[f"c0.{k}"][0] in nodes for k in (1, 2, 3))
+    entries = run.journal.read()
+    starts = [e.ts for e in entries if e.event == "member_started" and e.member.startswith("c0.")]
+    ends = [e.ts for e in entries if e.event == "member_finished" and e.member.startswith("c0.")]
+    assert len(starts) == 3 and max(starts) < min(ends), "the attempts ran one after another"
+    for k in (1, 2, 3):
+        assert (run.path / f"members/c0/attempts/{k}/patch.diff").read_text().strip()
+    assert _boxes(node_client, run.id) == []
