@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from coordinator.cli import build_parser
+from coordinator.cli.check import plan as check_plan
 from coordinator.job.jobfile import load_job
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +84,9 @@ def test_job_file_examples_validate(tmp_path: Path, doc: Path, index: int, text:
     path.write_text(text, encoding="utf-8")
     job, _ = load_job(path)  # raises JobError, naming the field, if the page is wrong
     assert job.member_count >= 1
+    # And `fleet check` takes it as the page shows it (the model names too).
+    plan = check_plan(job)
+    assert plan["valid"] and not any(m.get("model_problem") for m in plan["members"])
 
 
 def test_the_readme_has_a_job_file_example() -> None:

@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "coordinator.cli.commands",
     "coordinator.cli.trace",
     "coordinator.cli.approve",
+    "coordinator.cli.check",
 )
 # Which module defines each top-level command. Only that module is imported for
 # a known command; `--help` imports them all. None of them imports the model client
@@ -46,6 +47,8 @@ COMMAND_HOMES = {
     "code": "coordinator.cli.commands",
     "resume": "coordinator.cli.commands",
     "runs": "coordinator.cli.commands",
+    "apply": "coordinator.cli.commands",
+    "check": "coordinator.cli.check",
     "trace": "coordinator.cli.trace",
     "view": "coordinator.cli.trace",
     "approve": "coordinator.cli.approve",
