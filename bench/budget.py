@@ -13,7 +13,7 @@ under ``[budget] usd = --usd``. Two ways, one after the other:
 Printed per way: spent against the hard line, the most one call cost, and how many
 members ended ok / stopped by the budget.
 
-Usage: ``.venv/bin/python bench/budget.py [--members 16] [--turns 12] [--usd 0.10]``
+Usage: ``.venv/bin/python bench/budget.py [--members 16] [--turns 12] [--usd 0.10 | --tokens N] [--max-tokens 256]``
 """
 
 from __future__ import annotations
@@ -57,18 +57,20 @@ def _run(way: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from subagents.usage import Usage
 
     if way == "counted":
-        real = budget.BudgetedModel.estimate
+        real = (budget.BudgetedModel._input, budget.BudgetedModel._output)
 
-        def nothing(self: Any, request: Any) -> tuple[budget.Amount, int]:
-            return budget.Amount(), real(self, request)[1]
+        def nothing(self: Any, _n: int) -> budget.Amount:
+            return budget.Amount()
 
-        budget.BudgetedModel.estimate = nothing  # type: ignore[method-assign]
+        budget.BudgetedModel._input = nothing  # type: ignore[method-assign]
+        budget.BudgetedModel._output = nothing  # type: ignore[method-assign]
     job = out / way / "job.toml"
     job.parent.mkdir(parents=True)
     text = f'name = "bench"\noutput_dir = "{out / way / "runs"}"\n'
-    text += f'[model]\nname = "{MODEL}"\nmax_tokens = 256\n'
+    text += f'[model]\nname = "{MODEL}"\nmax_tokens = {args.max_tokens}\n'
     text += f"[fanout]\nmax_parallel = {args.members}\nmin_success = 0\n"
-    text += f"[synthesis]\nenabled = false\n[budget]\nusd = {args.usd}\n"
+    line = f"tokens = {args.tokens}" if args.tokens else f"usd = {args.usd}"
+    text += f"[synthesis]\nenabled = false\n[budget]\n{line}\n"
     for i in range(args.members):
         text += f'[[members]]\nid = "m{i + 1}"\nkind = "coding"\ntask = "List the files."\n'
     job.write_text(text)
@@ -77,13 +79,16 @@ def _run(way: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     except SystemExit:
         pass
     if way == "counted":
-        budget.BudgetedModel.estimate = real  # type: ignore[method-assign]
+        budget.BudgetedModel._input, budget.BudgetedModel._output = real  # type: ignore[method-assign]
     (run,) = RunDir.list(out / way / "runs")
     profile = profile_for(MODEL)
     costs = []
+    tokens = 0.0
     for trace in (run.path / "members").glob("*/trace.jsonl"):
         for e in read_trace(trace):
             if e.type == "model_call":
+                tokens += e.input_tokens + e.cache_write_tokens + e.output_tokens
+                tokens += e.cache_read_tokens * 0.1
                 u = Usage()
                 u.add(
                     type(
@@ -101,6 +106,7 @@ def _run(way: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
                 costs.append(u.cost_usd)
     results = [json.loads(p.read_text()) for p in (run.path / "members").glob("*/result.json")]
     return {
+        "tokens": tokens,
         "spent": sum(costs),
         "max_call": max(costs),
         "ok": sum(r["status"] == "ok" for r in results),
@@ -114,13 +120,18 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=16)
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--usd", type=float, default=0.10)
+    parser.add_argument("--tokens", type=int, default=None, help="a token line instead of --usd")
+    parser.add_argument("--max-tokens", type=int, default=256, help="[model] max_tokens")
     args = parser.parse_args()
     from subagents.fake_api import FakeMessagesAPI
 
     api = FakeMessagesAPI(_policy(args.turns)).start()
     os.environ["ANTHROPIC_API_KEY"] = "bench-key"
     os.environ["ANTHROPIC_BASE_URL"] = api.url
-    print(f"{args.members} members x {args.turns} turns, hard line ${args.usd:g}")
+    hard = f"{args.tokens:,} tokens" if args.tokens else f"${args.usd:g}"
+    print(
+        f"{args.members} members x {args.turns} turns, max_tokens {args.max_tokens}, hard line {hard}"
+    )
     print(
         "| way | spent | spent / hard line | most one call cost | ok | stopped (budget) | with partial result |"
     )
@@ -129,8 +140,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="fleet-bench-budget-") as tmp:
             for way in ("reserved", "counted"):
                 r = _run(way, args, Path(tmp))
+                spent = f"{r['tokens']:,.0f} tokens" if args.tokens else f"${r['spent']:.4f}"
+                share = r["tokens"] / args.tokens if args.tokens else r["spent"] / args.usd
                 print(
-                    f"| {way} | ${r['spent']:.4f} | {r['spent'] / args.usd:.0%} | "
+                    f"| {way} | {spent} | {share:.0%} | "
                     f"${r['max_call']:.4f} | {r['ok']} | {r['budget']} | {r['partial']} |",
                     flush=True,
                 )

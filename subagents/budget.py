@@ -13,11 +13,28 @@ spent nothing). A call whose reservation would cross the hard line does not go o
 ``limit = "budget"`` after its closing call.
 
 Room for that closing call is *held*, not hoped for (as the token limit reserves it,
-:mod:`subagents.closing`): a member whose call is admitted also holds one more call
-of the same size, so a regular call needs room for itself and its member's closing
-call, and a closing call only uses what its member held. Every member that has
-started keeps its closing call, so each one stopped at the line still hands in its
-partial result.
+:mod:`subagents.closing`): a member whose call is admitted also holds its closing
+call - its context as of that call (its answer included, once it came) and
+``closing_max_tokens`` of output (:data:`CLOSING_TOKENS`), the bound its closing call
+is sent with - so a regular call needs room for itself and its member's closing call,
+and a closing call uses what its member held. Every member that has started keeps its
+closing call, so each one stopped at the line still hands in its partial result.
+
+Near the line, a call is not refused while a smaller one would do: it is sent with the
+output bound that fits (:meth:`RunBudget.reserve_upto`), never less than twice what
+answers produce at the 95th percentile (this member's, else the run's; the whole
+``max_tokens`` before anything is known and after one of the member's answers was cut at
+its bound). What it may spend is still reserved in full before it goes out. Holding a
+whole ``max_tokens`` call for every member and sending every call with its whole bound
+made eight members meet a line 1.3x their need with a third of it unspent and three of
+them finished (``tests/test_budget_room.py``).
+
+Who waits. A call that does not fit waits while calls are in flight (they usually spend
+less than they reserved); a member's *first* call also waits while other members are at
+work - a member that has started goes before one that has not, and their ends give back
+what they held - and is refused only when no one is left to give anything back. A
+started member's call never waits on another member's end, so no two members wait on
+each other.
 
 Tokens: input + cache writes + output, with cache reads counted at their price
 relative to uncached input (``cache_read_per_mtok / input_per_mtok``, 0.1 on every
@@ -37,6 +54,8 @@ resume starts from), ``budget_soft`` (the soft line was passed, once per line) a
 from __future__ import annotations
 
 import json
+import math
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -45,6 +64,21 @@ import anyio
 
 from .model.base import Model, ModelProfile, ModelRequest, ModelResponse
 from .model.tokens import CHARS_PER_TOKEN, estimate_bytes
+
+OBSERVED = 1000
+"""Answers whose output a run remembers for its estimates."""
+MIN_OUTPUT = 256
+"""Least output bound a call is ever sent with when the line lowers it."""
+SURE_CALLS = 3
+"""A member's first calls (before it has this many answers of its own) are sent with
+their whole ``max_tokens`` unless the run's other answers say what to expect."""
+
+CLOSING_TOKENS = 1024
+"""Default output bound of a closing call in a run with a budget (``[budget]
+closing_max_tokens``): a partial result says what was done, what was found and what is
+left - a few hundred words, about 1,000 tokens - and every started member holds this
+much output for it. Holding a whole ``max_tokens`` (4,096 and more) for each of eight
+members made a line "reached" while most of it was unspent."""
 
 Journal = Callable[..., None]
 """``journal(event, **fields)``: appends one entry to the run's journal."""
@@ -66,6 +100,22 @@ class Amount:
 
     def __sub__(self, other: Amount) -> Amount:
         return Amount(self.usd - other.usd, self.tokens - other.tokens)
+
+
+def _times(unit: Amount, n: int) -> Amount:
+    return Amount(unit.usd * n, unit.tokens * n)
+
+
+def high(observed: Iterable[int], fraction: float = 0.95) -> int:
+    """The ``fraction`` percentile of ``observed`` (0 when empty)."""
+    values = sorted(observed)
+    if not values:
+        return 0
+    return values[min(len(values) - 1, max(0, math.ceil(fraction * len(values)) - 1))]
+
+
+def _at_most(amount: Amount, bound: Amount) -> Amount:
+    return Amount(min(amount.usd, bound.usd), min(amount.tokens, bound.tokens))
 
 
 def _total(amounts: Iterable[Amount]) -> Amount:
@@ -107,13 +157,19 @@ class RunBudget:
     """Hard line in budget tokens (None: no token line)."""
     soft: float = 0.8
     """Fraction of each hard line past which the run is warned (once)."""
+    closing_tokens: int = CLOSING_TOKENS
+    """Output bound of a member's closing call in this run, and the output a started
+    member holds room for (``[budget] closing_max_tokens``)."""
     journal: Journal | None = None
     say: Callable[[str], None] | None = None
     """Prints a line in the live output."""
     spent: Amount = field(default_factory=Amount)
     _in_flight: dict[int, Amount] = field(default_factory=dict)
     _held: dict[str, Amount] = field(default_factory=dict)
-    """Each started member's closing call."""
+    """Each started member's closing call: its context as of its last call, plus
+    ``closing_tokens`` of output."""
+    observed: deque[int] = field(default_factory=lambda: deque(maxlen=OBSERVED))
+    """Output tokens of the run's recent answers (what members' calls really produce)."""
     _seq: int = 0
     _changed: anyio.Event | None = None
     """Set when a call settles or a member ends (room may have come back)."""
@@ -149,23 +205,30 @@ class RunBudget:
         )
 
     # -- calls -----------------------------------------------------------------
-    async def reserve(self, member: str, estimate: Amount, *, closing: bool) -> int:
+    async def reserve(
+        self, member: str, estimate: Amount, *, closing: bool, hold: Amount | None = None
+    ) -> int:
         """Reserve one call of ``member`` (its id for :meth:`settle`), or raise
-        :class:`BudgetExhausted` when it would cross the hard line.
+        :class:`BudgetExhausted` when it would cross the hard line. ``estimate`` is the
+        call's worst case (its input and its whole ``max_tokens``): what it reserves.
+        ``hold`` is what a regular call keeps for its member's closing call (its input
+        and ``closing_tokens`` of output; never more than ``estimate``; None: the
+        estimate itself).
 
         A call that fits only once calls in flight have settled waits for them: their
-        reservations are estimates, and what they really spend is usually less."""
+        reservations are worst cases, and what they really spend is usually less."""
         if closing and member not in self._held:
             # Its first call was refused: it never started, there is nothing to close.
             raise BudgetExhausted("run budget reached before the member's first call")
+        keep = estimate if hold is None else _at_most(hold, estimate)
         while True:
             others = _total(a for m, a in self._held.items() if m != member)
             committed = self.spent + _total(self._in_flight.values()) + others
             # A regular call also holds its member's closing call; a closing call uses it.
-            need = committed + estimate if closing else committed + estimate + estimate
+            need = committed + estimate if closing else committed + estimate + keep
             if not self._over(need):
                 break
-            if not self._in_flight:
+            if not self._may_wait(member):
                 if closing:
                     self._held.pop(member, None)
                 raise BudgetExhausted(self._refusal(member, estimate))
@@ -175,16 +238,95 @@ class RunBudget:
         if closing:
             self._held.pop(member, None)
         else:
-            self._held[member] = estimate
+            self._held[member] = keep
         return self._seq
+
+    async def reserve_upto(
+        self,
+        member: str,
+        given: Amount,
+        per_out: Amount,
+        *,
+        max_out: int,
+        min_out: int | Callable[[], int],
+        closing: bool,
+        hold: Amount | None = None,
+    ) -> tuple[int, int]:
+        """Reserve a call whose output bound may be lowered to fit the line: its input
+        ``given`` and between ``min_out`` and ``max_out`` tokens of output at ``per_out``
+        each. Returns its id and the output bound granted - the most that fits, up to
+        ``max_out`` - which the call must be sent with: what it may spend is covered.
+        ``min_out`` may be a function, asked again each time the call looks for room
+        (what other calls' answers taught meanwhile lowers it). Waits and refuses as
+        :meth:`reserve` does."""
+        if closing and member not in self._held:
+            raise BudgetExhausted("run budget reached before the member's first call")
+        worst = given + _times(per_out, max_out)
+        keep = worst if hold is None else _at_most(hold, worst)
+        while True:
+            others = _total(a for m, a in self._held.items() if m != member)
+            committed = self.spent + _total(self._in_flight.values()) + others
+            base = committed + given if closing else committed + given + keep
+            out = self._affordable(base, per_out, max_out)
+            least = min_out() if callable(min_out) else min_out
+            if out >= least:
+                break
+            if not self._may_wait(member):
+                if closing:
+                    self._held.pop(member, None)
+                raise BudgetExhausted(self._refusal(member, given + _times(per_out, least)))
+            await self._next_change()
+        self._seq += 1
+        self._in_flight[self._seq] = given + _times(per_out, out)
+        if closing:
+            self._held.pop(member, None)
+        else:
+            self._held[member] = keep
+        return self._seq, out
+
+    def _may_wait(self, member: str) -> bool:
+        """Whether a call that does not fit now may wait for room rather than be
+        refused: while calls are in flight (they usually spend less than reserved); and
+        a member's first call also while other members are at work - a member that has
+        started goes before one that has not, and their ends give back what they hold.
+        A started member never waits on another's end, so no two wait on each other."""
+        if self._in_flight:
+            return True
+        return member not in self._held and any(m != member for m in self._held)
+
+    def _affordable(self, base: Amount, per_out: Amount, most: int) -> int:
+        """Output tokens (at most ``most``) that fit on top of ``base`` under every line."""
+        out = most
+        for line, used, unit in (
+            (self.usd, base.usd, per_out.usd),
+            (self.tokens, base.tokens, per_out.tokens),
+        ):
+            if line is None:
+                continue
+            room = line - used
+            if room < 0:
+                return -1
+            if unit > 0:
+                out = min(out, int(room // unit))
+        return out
+
+    def observe(self, output_tokens: int) -> None:
+        """An answer's output tokens, for the estimate of what later calls produce."""
+        self.observed.append(max(0, int(output_tokens)))
 
     def reserved(self, seq: int) -> Amount:
         """What the call ``seq`` holds until it settles (nothing once it has)."""
         return self._in_flight.get(seq, Amount())
 
-    def settle(self, seq: int, member: str, used: Amount | None) -> None:
-        """The call ``seq`` ended: ``used`` is what it spent (None: no answer, nothing)."""
+    def settle(
+        self, seq: int, member: str, used: Amount | None, hold: Amount | None = None
+    ) -> None:
+        """The call ``seq`` ended: ``used`` is what it spent (None: no answer, nothing).
+        ``hold``: its member's closing call as it now stands (its context grew by the
+        call's answer), held from here on while the member has not ended."""
         self._in_flight.pop(seq, None)
+        if hold is not None and member in self._held:
+            self._held[member] = hold
         self._signal()
         if used is None:
             return
@@ -258,9 +400,15 @@ class Reserves(Protocol):
     """What a member's calls reserve from: the run's :class:`RunBudget`, or on a
     cluster node its relay to the coordinator's (:mod:`coordinator.nodes.node_budget`)."""
 
-    async def reserve(self, member: str, estimate: Amount, *, closing: bool) -> int: ...
+    closing_tokens: int
 
-    def settle(self, seq: int, member: str, used: Amount | None) -> None: ...
+    async def reserve(
+        self, member: str, estimate: Amount, *, closing: bool, hold: Amount | None = None
+    ) -> int: ...
+
+    def settle(
+        self, seq: int, member: str, used: Amount | None, hold: Amount | None = None
+    ) -> None: ...
 
     def release(self, member: str) -> None: ...
 
@@ -281,47 +429,114 @@ class BudgetedModel:
         self.offline = inner.offline
         self._last_size = 0
         self._cache_hit = False
+        self._outputs: deque[int] = deque(maxlen=OBSERVED)
+        """Output tokens of this member's answers."""
+        self._cut = False
+        """An answer of this member was cut at its output bound."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    @property
+    def closing_tokens(self) -> int:
+        """Output bound of this member's closing call (the run's ``closing_max_tokens``)."""
+        return int(getattr(self.budget, "closing_tokens", CLOSING_TOKENS))
+
+    def _output(self, tokens: int) -> Amount:
+        return Amount(tokens * self.profile.output_per_mtok / 1_000_000, tokens)
 
     def estimate(self, request: ModelRequest) -> tuple[Amount, int]:
         """The call's reservation: its input at input price (what the previous call of
         this model cached, at the cache-read price) plus ``max_tokens`` of output; and the
         request's size."""
+        size = self._size(request)
+        return self._input(size) + self._output(request.max_tokens), size
+
+    @staticmethod
+    def _size(request: ModelRequest) -> int:
         body = {"system": request.system, "messages": request.messages, "tools": request.tools}
-        size = len(json.dumps(body, default=str))
+        return len(json.dumps(body, default=str))
+
+    def _input(self, size: int) -> Amount:
+        """A request of ``size`` bytes, as input (cached as the last call's was)."""
         tokens = estimate_bytes(size)
         cached = 0
         if self._cache_hit and size >= self._last_size:
             cached = self._last_size // CHARS_PER_TOKEN
         fresh = tokens - cached
         p = self.profile
-        usd = (
-            fresh * p.input_per_mtok
-            + cached * p.cache_read_per_mtok
-            + request.max_tokens * p.output_per_mtok
-        ) / 1_000_000
-        return Amount(usd, fresh + cached * cache_weight(p) + request.max_tokens), size
+        usd = (fresh * p.input_per_mtok + cached * p.cache_read_per_mtok) / 1_000_000
+        return Amount(usd, fresh + cached * cache_weight(p))
+
+    def _after(self, given: Amount, usage: Any, closing_out: int) -> Amount:
+        """The closing call's room once this call answered: this call's input as it was
+        estimated (the closing call's is estimated the same way), its answer read again
+        as input, and ``closing_out`` tokens of output."""
+        out = usage.output_tokens or 0
+        again = Amount(out * self.profile.input_per_mtok / 1_000_000, out)
+        return given + again + self._output(closing_out)
+
+    def least_output(self, max_tokens: int) -> int:
+        """The least output bound this member's next call may be sent with: twice what
+        its answers (else the run's) produce at the 95th percentile, at least
+        :data:`MIN_OUTPUT`; the whole ``max_tokens`` before anything is known, and after
+        an answer of this member was cut at its bound."""
+        seen = list(self._outputs)
+        if len(seen) < SURE_CALLS:
+            seen = list(getattr(self.budget, "observed", ()) or ()) or seen
+        if self._cut or not seen:
+            return max_tokens
+        return min(max_tokens, max(MIN_OUTPUT, 2 * high(seen)))
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        estimate, size = self.estimate(request)
+        size = self._size(request)
+        given = self._input(size)
+        per_out = self._output(1)
         # The loop forces a named tool only in the closing call after a limit
         # (subagents.closing): that call spends what its member held for it.
         closing = (request.tool_choice or {}).get("type") == "tool"
-        seq = await self.budget.reserve(self.member, estimate, closing=closing)
+        # The closing call is sent with at most closing_tokens, and never with more
+        # than this member's calls may produce.
+        closing_out = min(self.closing_tokens, request.max_tokens)
+        hold = None if closing else given + self._output(closing_out)
+        upto = getattr(self.budget, "reserve_upto", None)
+        if upto is not None:
+            bound = request.max_tokens
+            seq, out = await upto(
+                self.member,
+                given,
+                per_out,
+                max_out=bound,
+                min_out=min(bound, MIN_OUTPUT) if closing else lambda: self.least_output(bound),
+                closing=closing,
+                hold=hold,
+            )
+            if out < request.max_tokens:  # what the line can carry: the call is bounded so
+                request = request.model_copy(update={"max_tokens": out})
+        else:  # a relay to the run's budget elsewhere: the call's whole bound
+            estimate = given + self._output(request.max_tokens)
+            seq = await self.budget.reserve(self.member, estimate, closing=closing, hold=hold)
         used: Amount | None = None
+        after: Amount | None = None
         try:
             response = await self.inner.complete(request)
             usage = response.message.usage
             used = usage_amount(usage, self.profile)
+            after = None if closing else self._after(given, usage, closing_out)
+            out_tokens = usage.output_tokens or 0
+            self._outputs.append(out_tokens)
+            observe = getattr(self.budget, "observe", None)
+            if observe is not None:
+                observe(out_tokens)
+            if response.message.stop_reason == "max_tokens":
+                self._cut = True  # from now on, this member's calls get their whole bound
             self._cache_hit = bool(getattr(usage, "cache_read_input_tokens", 0))
             self._last_size = size
             return response
         finally:
             # A call that failed (retries spent, cancelled) has no usage to settle with:
             # its reservation is given back.
-            self.budget.settle(seq, self.member, used)
+            self.budget.settle(seq, self.member, used, after)
 
     async def count_tokens(self, request: ModelRequest) -> int | None:
         return await self.inner.count_tokens(request)

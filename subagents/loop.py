@@ -497,7 +497,10 @@ class AgentLoop:
         )
 
     def _closing_output_bound(self) -> int:
-        return closing.output_tokens(self.limits.result_tokens, self.conv.max_output_tokens)
+        bound = closing.output_tokens(self.limits.result_tokens, self.conv.max_output_tokens)
+        # In a run with a budget, the room its member holds for this call.
+        budget = getattr(self.conv.model, "closing_tokens", None)
+        return min(bound, budget) if isinstance(budget, int) else bound
 
     async def _accept(self) -> MemberOutcome:
         """The accepted submission, finished by the kind (e.g. the coding patch), and

@@ -134,6 +134,14 @@ def test_a_fan_out_stops_at_the_hard_line_and_resume_with_more_finishes_it(
         ("[budget]\nsoft = 0.5", "a [budget] needs a hard line: usd, tokens or both"),
         ("[budget]\ntokens = 10", "budget.tokens: input should be greater than or equal to 1000"),
         ("[budget]\ndollars = 3", "budget.dollars: is not a known field"),
+        (
+            "[budget]\ntokens = 9000\nclosing_max_tokens = 100",
+            "budget.closing_max_tokens: input should be greater than or equal to 256",
+        ),
+        (
+            "[budget]\ntokens = 9000\nclosing_max_tokens = 99999",
+            "budget.closing_max_tokens: input should be less than or equal to 16384",
+        ),
     ],
 )
 def test_bad_budget_values_are_refused_with_what_is_wrong(tmp_path, capsys, table, said):

@@ -55,6 +55,7 @@ from ..nodes.worker import (
     run_unit,
     write_result,
 )
+from ..rundir.runs import FINISHED
 from .selection import Candidate, changed_lines, choose, read_patch
 
 APPROACHES = (
@@ -131,6 +132,10 @@ async def run_attempts(
         done = _recorded(Path(sub.member_dir) / "result.json")
         if done is not None:
             outcomes[k] = done  # ended in an earlier life of the run
+            # Its result is written before its journal entry: a life killed between
+            # the two left the journal saying it runs. It ended; the journal says so.
+            if deps.recorded is not None and deps.recorded(sub.spec.id) not in FINISHED:
+                deps.note(finished_entry(sub.spec.id, done, 1))
 
     async def one(k: int, sub: MemberUnit) -> None:
         outcomes[k] = await run_unit(sub, deps, nodes)

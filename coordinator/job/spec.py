@@ -41,6 +41,7 @@ from sandbox.spec import (
 )
 from sandbox.strict import Strict
 from subagents.browser.config import BrowserConfig
+from subagents.budget import CLOSING_TOKENS
 from subagents.kinds import get_kind
 from subagents.policy import MemberPolicy, ToolPolicy
 from subagents.result_schema import parse_result_schema
@@ -130,6 +131,10 @@ class Budget(_JobModel):
     soft: float = Field(default=0.8, gt=0, lt=1, allow_inf_nan=False)
     """Fraction of the hard line past which the run warns (live output, journal
     ``budget_soft``, report)."""
+    closing_max_tokens: int = Field(default=CLOSING_TOKENS, ge=256, le=16_384)
+    """Output bound of a member's closing call (its partial result after a limit), and
+    the room every started member holds for it (:data:`subagents.budget.CLOSING_TOKENS`
+    says why 1,024)."""
 
     @model_validator(mode="after")
     def _a_line(self) -> Budget:

@@ -453,6 +453,8 @@ class RayNodes(Nodes):
             request = NodeRequest(unit=unit)
         budget = run_budget(unit.run_id)
         request.budget = budget is not None
+        if budget is not None:
+            request.closing_tokens = budget.closing_tokens
         call = node.actor.attempt.options(num_returns="streaming").remote(request)
         async with anyio.create_task_group() as tg:
             # The attempt's asks and reservations are answered in tg; whatever is still

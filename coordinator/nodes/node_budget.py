@@ -41,7 +41,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from subagents.budget import Amount, BudgetExhausted, RunBudget
+from subagents.budget import CLOSING_TOKENS, Amount, BudgetExhausted, RunBudget
 
 from .node_asks import NodeAsks, Send
 from .stream import Release, Reserve, Settle, Spent, Unreserve
@@ -51,15 +51,21 @@ class RelayBudget:
     """A node member's budget: reservations go through its attempt's stream (``send``)
     and wait until :meth:`NodeAsks.answer` delivers the coordinator's answer."""
 
-    def __init__(self, send: Send, asks: NodeAsks) -> None:
+    def __init__(self, send: Send, asks: NodeAsks, closing_tokens: int = CLOSING_TOKENS) -> None:
         self.send = send
         self.asks = asks
+        self.closing_tokens = closing_tokens
+        """The run's ``closing_max_tokens`` (it came with the attempt's request)."""
         self._ids: dict[int, str] = {}
         self._seq = 0
 
-    async def reserve(self, member: str, estimate: Amount, *, closing: bool) -> int:
+    async def reserve(
+        self, member: str, estimate: Amount, *, closing: bool, hold: Amount | None = None
+    ) -> int:
         rid = uuid.uuid4().hex
-        item = Reserve(id=rid, usd=estimate.usd, tokens=estimate.tokens, closing=closing)
+        item = Reserve(
+            id=rid, usd=estimate.usd, tokens=estimate.tokens, closing=closing, hold=_spent(hold)
+        )
         answer = await self.asks.wait(self.send, rid, item, Unreserve(id=rid)) or {}
         if not answer.get("ok"):
             raise BudgetExhausted(str(answer.get("refused") or "run budget reached"))
@@ -67,14 +73,23 @@ class RelayBudget:
         self._ids[self._seq] = rid
         return self._seq
 
-    def settle(self, seq: int, member: str, used: Amount | None) -> None:
+    def settle(
+        self, seq: int, member: str, used: Amount | None, hold: Amount | None = None
+    ) -> None:
         rid = self._ids.pop(seq, None)
         if rid is not None:
-            spent = None if used is None else Spent(usd=used.usd, tokens=used.tokens)
-            self.send(Settle(id=rid, used=spent))
+            self.send(Settle(id=rid, used=_spent(used), hold=_spent(hold)))
 
     def release(self, member: str) -> None:
         self.send(Release())
+
+
+def _spent(amount: Amount | None) -> Spent | None:
+    return None if amount is None else Spent(usd=amount.usd, tokens=amount.tokens)
+
+
+def _amount(spent: Spent | None) -> Amount | None:
+    return None if spent is None else Amount(spent.usd, spent.tokens)
 
 
 class BudgetRelay:
@@ -101,14 +116,20 @@ class BudgetRelay:
         # Made now, not in the task: an unreserve may come before the task first runs.
         scope = self.waiting[rid] = anyio.CancelScope()
         estimate = Amount(msg.usd, msg.tokens)
-        self.tg.start_soon(self._reserve, rid, estimate, msg.closing, scope)
+        # The budget keeps a hold no larger than the call's own estimate.
+        self.tg.start_soon(self._reserve, rid, estimate, msg.closing, _amount(msg.hold), scope)
 
     async def _reserve(
-        self, rid: str, estimate: Amount, closing: bool, scope: anyio.CancelScope
+        self,
+        rid: str,
+        estimate: Amount,
+        closing: bool,
+        hold: Amount | None,
+        scope: anyio.CancelScope,
     ) -> None:
         with scope:
             try:
-                seq = await self.budget.reserve(self.member, estimate, closing=closing)
+                seq = await self.budget.reserve(self.member, estimate, closing=closing, hold=hold)
             except BudgetExhausted as exc:
                 answer: dict[str, Any] = {"refused": str(exc)}
             else:
@@ -132,8 +153,7 @@ class BudgetRelay:
         seq = self.granted.pop(msg.id, None)
         if seq is None:
             return
-        used = None if msg.used is None else Amount(msg.used.usd, msg.used.tokens)
-        self.budget.settle(seq, self.member, used)
+        self.budget.settle(seq, self.member, _amount(msg.used), _amount(msg.hold))
 
     def release(self, _msg: Release | None = None) -> None:
         self.budget.release(self.member)

@@ -215,7 +215,8 @@ class NodeService:
         if unit.spec.policy.may_ask:  # its asks go to the coordinator, through the stream
             deps = dataclasses.replace(deps, approver=self._asks.approver(queue.put_nowait))
         if request.budget:  # and its calls' reservations, to the run's one budget there
-            deps = dataclasses.replace(deps, budget=RelayBudget(queue.put_nowait, self._asks))
+            relay = RelayBudget(queue.put_nowait, self._asks, request.closing_tokens)
+            deps = dataclasses.replace(deps, budget=relay)
         scope = anyio.CancelScope()
         done: list[NodeReply] = []
 

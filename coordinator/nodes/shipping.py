@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from subagents.budget import CLOSING_TOKENS
 from subagents.context.memory_profile import META
 from subagents.durable import TRANSCRIPT
 from subagents.outcome import MemberOutcome
@@ -57,6 +58,8 @@ class NodeRequest(BaseModel):
     budget: bool = False
     """The run has a ``[budget]``: the member's calls reserve from it through the
     stream (:mod:`coordinator.nodes.node_budget`)."""
+    closing_tokens: int = Field(default=CLOSING_TOKENS, ge=256, le=16_384)
+    """The budget's ``closing_max_tokens``."""
     durable: dict[str, bytes] = Field(default_factory=dict)
     """The member's transcript and checkpoint from an earlier attempt, by file name
     (:mod:`coordinator.nodes.node_durable`): the attempt goes on from its last saved turn."""

@@ -112,6 +112,8 @@ class Reserve(Spent):
     kind: Literal["reserve"] = "reserve"
     id: AskId
     closing: Annotated[bool, Field(strict=True)] = False
+    hold: Spent | None = None
+    """What a regular call keeps for its member's closing call (None: its estimate)."""
 
 
 class Unreserve(Message):
@@ -128,6 +130,8 @@ class Settle(Message):
     id: AskId
     used: Spent | None
     """What the call spent, as the API reported it; None: it failed before any usage."""
+    hold: Spent | None = None
+    """The member's closing call as it stands after this call (None: as it was)."""
 
 
 class Release(Message):

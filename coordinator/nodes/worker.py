@@ -171,6 +171,9 @@ class Recorder:
     """Trace listeners (live progress); called with every trace event."""
     journal: Callable[[JournalEntryModel], Any] | None = None
     """Appends an entry to the run's journal; None: no journal (a bare worker)."""
+    recorded: Callable[[str], str | None] | None = None
+    """A member's (or parallel attempt's) last status in the run's journal, for what an
+    earlier life of the run left; None: nothing to look up."""
 
     def note(self, entry: JournalEntryModel) -> None:
         if self.journal is not None:

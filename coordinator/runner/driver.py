@@ -444,7 +444,11 @@ async def _run_members(
     # One write and one fsync for the whole queue: one each per member made a
     # 10,000-member run wait most of a minute before its first member started.
     run.journal.append_many([MemberQueuedEntry(member=m.id or "") for m in pending])
-    deps = Recorder(listeners=[progress.on_event, *opts.on_event], journal=run.journal.append)
+    deps = Recorder(
+        listeners=[progress.on_event, *opts.on_event],
+        journal=run.journal.append,
+        recorded=lambda member: _last_status(run, member),
+    )
     if got.live_otel is not None:
         _attach_otel(got.live_otel, deps)
     units = _units(run, job, pending)
@@ -483,6 +487,12 @@ async def _run_members(
             got.merge = await run_merge(run, job, lambda: opts.backend or get_backend())
     finally:
         register(run.id, None)  # the run's budget, whatever ended the fan-out
+
+
+def _last_status(run: RunDir, member: str) -> str | None:
+    """A member's or parallel attempt's last status in the run's journal."""
+    state = run.state()
+    return state.attempts.get(member) or state.members.get(member)
 
 
 def boxes_at_once(units: list[MemberUnit], parallel: int) -> int:

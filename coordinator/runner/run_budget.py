@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from subagents.budget import Amount, RunBudget
+from subagents.budget import CLOSING_TOKENS, Amount, RunBudget
 
 from ..errors import UsageError
 from ..job.spec import Job
@@ -52,6 +52,7 @@ def make_budget(
         usd=lines.get("usd"),
         tokens=lines.get("tokens"),
         soft=float(lines.get("soft") or 0.8),
+        closing_tokens=job.budget.closing_max_tokens if job.budget else CLOSING_TOKENS,
         journal=journal,
         say=say,
     )

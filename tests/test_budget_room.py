@@ -1,0 +1,177 @@
+"""What a budget line buys: eight members started at once under a line a little over
+what all of them need. Each started member holds room for its closing call - its context
+and ``closing_max_tokens`` of output, not a whole ``max_tokens`` call - and a call near the
+line is sent with the output bound that fits (never under twice what answers produce),
+so the line carries the members to their ends instead of being "reached" with a third of
+it unspent; and it is never crossed. Real :class:`~subagents.budget.BudgetedModel`
+reservations over an in-process model whose calls answer with 120 output tokens."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from subagents.budget import BudgetedModel, BudgetExhausted, RunBudget
+from subagents.model.base import ModelRequest, ModelResponse
+from subagents.model.offline import build_message
+from subagents.model.profiles import profile_for
+from subagents.model.tokens import estimate_bytes
+
+MAX_TOKENS = 4096
+TURNS = 7  # six shell turns, then submit_result
+OUTPUT = 120
+
+
+class _Model:
+    """Answers every call with ``OUTPUT`` tokens after a short wait; input counted
+    from the request's size as the budget estimates it."""
+
+    offline = False
+
+    def __init__(self) -> None:
+        self.profile = profile_for("claude-sonnet-4-6")
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        await anyio.sleep(0.01)
+        size = len(str(request.messages)) + len(str(request.system))
+        usage = {"input_tokens": estimate_bytes(size), "output_tokens": OUTPUT}
+        message = build_message([{"type": "text", "text": "ok"}], model="m", input_tokens=0,
+                                message_id="msg", usage=usage)  # fmt: skip
+        return ModelResponse(message=message)
+
+    async def count_tokens(self, request: ModelRequest) -> int | None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _member(budget: RunBudget, name: str, ended: dict[str, str]) -> None:
+    model = BudgetedModel(_Model(), budget, name)
+    messages = [{"role": "user", "content": "task " + "x" * 1600}]
+    turn = 0
+    try:
+        for turn in range(TURNS):  # noqa: B007 - read after the loop
+            await model.complete(ModelRequest(messages=messages, max_tokens=MAX_TOKENS))
+            messages = [*messages, {"role": "assistant", "content": "y" * 480}]
+            await anyio.sleep(0.03)  # the tool call runs: no call of this member in flight
+        ended[name] = "ok"
+    except BudgetExhausted:
+        try:  # the closing call, forced, bounded by closing_max_tokens
+            request = ModelRequest(
+                messages=messages,
+                max_tokens=min(model.closing_tokens, MAX_TOKENS),
+                tool_choice={"type": "tool", "name": "submit_result"},
+            )
+            await model.complete(request)
+            ended[name] = "stopped, partial result"
+        except BudgetExhausted:
+            ended[name] = "never started" if turn == 0 else "stopped, nothing"
+    finally:
+        await model.aclose()
+
+
+def _fan_out(line: int) -> tuple[dict[str, str], RunBudget]:
+    budget = RunBudget(tokens=line)
+    ended: dict[str, str] = {}
+
+    async def go() -> None:
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(_member, budget, f"m{i}", ended)
+
+    anyio.run(go)
+    return ended, budget
+
+
+def _one_member_tokens() -> float:
+    ended, budget = _fan_out(10_000_000)
+    assert set(ended.values()) == {"ok"}
+    return budget.spent.tokens / 8
+
+
+@pytest.mark.parametrize("factor", [1.3, 1.5])
+def test_a_line_that_can_carry_the_members_finishes_them(factor: float) -> None:
+    # Before: 3 and 4 of 8 ended ok under these lines (every started member held a whole
+    # max_tokens call for its closing, and calls were never sent with less).
+    line = int(_one_member_tokens() * 8 * factor)
+    ended, budget = _fan_out(line)
+    assert set(ended.values()) == {"ok"}, ended
+    assert budget.spent.tokens <= line
+
+
+def test_a_line_barely_over_the_need_is_spent_not_left_and_never_crossed() -> None:
+    # 1.1x: the members run in step and meet the line together (which members to start
+    # first is the admission's to decide); the line is spent, never crossed, and every
+    # member stopped hands in its partial result.
+    line = int(_one_member_tokens() * 8 * 1.1)
+    ended, budget = _fan_out(line)
+    assert budget.spent.tokens <= line
+    assert budget.spent.tokens >= 0.85 * line, (budget.spent.tokens, line)
+    assert set(ended.values()) <= {"ok", "stopped, partial result"}, ended
+
+
+def test_a_line_for_half_the_members_is_never_crossed_and_every_stopped_member_hands_in() -> None:
+    line = int(_one_member_tokens() * 4.2)
+    ended, budget = _fan_out(line)
+    assert budget.spent.tokens <= line
+    assert set(ended.values()) <= {"ok", "stopped, partial result", "never started"}, ended
+
+
+def test_a_call_near_the_line_is_sent_with_the_output_bound_that_fits() -> None:
+    seen: list[int] = []
+
+    class Recording(_Model):
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            seen.append(request.max_tokens)
+            return await super().complete(request)
+
+    async def go() -> None:
+        budget = RunBudget(tokens=12_000)
+        for _ in range(5):  # what answers produce: about OUTPUT tokens
+            budget.observe(OUTPUT)
+        model = BudgetedModel(Recording(), budget, "m")
+        request = ModelRequest(
+            messages=[{"role": "user", "content": "x" * 4000}], max_tokens=MAX_TOKENS
+        )
+        await model.complete(request)  # far from the line: the whole bound
+        budget.spent = budget.spent + type(budget.spent)(0, 6_000)
+        await model.complete(request)  # near it: less, but never under twice the answers
+        await model.aclose()
+
+    anyio.run(go)
+    assert seen[0] == MAX_TOKENS
+    assert 2 * OUTPUT <= seen[1] < MAX_TOKENS
+
+
+def test_a_member_not_started_waits_for_one_at_work_to_end_and_a_started_one_never_waits() -> None:
+    from subagents.budget import Amount
+
+    budget = RunBudget(tokens=10_000)
+    got: list[str] = []
+
+    async def go() -> None:
+        with anyio.fail_after(10):
+            seq = await budget.reserve("a", Amount(0, 3_000), closing=False, hold=Amount(0, 3_000))
+            budget.settle(seq, "a", Amount(0, 2_000), hold=Amount(0, 3_000))
+            # Nothing in flight; "a" holds 3,000 and 2,000 are spent: 5,000 are free.
+            # "b" (not started) needs 3,000 + 3,000: it waits for "a" to end.
+            async with anyio.create_task_group() as tg:
+
+                async def b() -> None:
+                    await budget.reserve(
+                        "b", Amount(0, 3_000), closing=False, hold=Amount(0, 3_000)
+                    )
+                    got.append("b")
+
+                tg.start_soon(b)
+                await anyio.sleep(0.05)
+                assert got == []  # waiting, not refused
+                # "a", started, asks for more than is free with nothing in flight: refused
+                # at once (it never waits on another member, so none wait on each other).
+                with pytest.raises(BudgetExhausted):
+                    await budget.reserve("a", Amount(0, 4_500), closing=False)
+                budget.release("a")  # "a" ended: what it held comes back
+        assert got == ["b"]
+
+    anyio.run(go)
