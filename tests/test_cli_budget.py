@@ -3,6 +3,7 @@ fake Messages API, every member's calls reserved against the same line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -101,6 +102,16 @@ def test_a_fan_out_stops_at_the_hard_line_and_resume_with_more_finishes_it(
     assert "budget: past the soft line" in out and "budget: reached the hard line" in out
     report = (run.path / "report.md").read_text()
     assert "## Budget" in report and "reached the hard line" in report
+    # fleet runs says how the line was used: spent, finished, stopped, never started.
+    assert main(["runs", "--output-dir", str(tmp_path / "runs"), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    use = row["budget"]
+    assert use["usd"] == HARD_USD and use["spent_usd"] == pytest.approx(spent, abs=1e-5)
+    assert use["finished"] == MEMBERS - len(stopped)
+    assert use["stopped"] == sum(1 for r in stopped.values() if r.turns)
+    assert use["never_started"] == sum(1 for r in stopped.values() if not r.turns)
+    assert main(["runs", "--output-dir", str(tmp_path / "runs")]) == 0
+    assert f"budget: ${use['spent_usd']:.4f} of ${HARD_USD:g} spent" in capsys.readouterr().out
 
     # A raise below what was spent, or no number at all, is refused before anything runs.
     for bad in ("0.001", "0", "nan", "-1"):

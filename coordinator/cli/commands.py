@@ -42,6 +42,7 @@ from ..nodes import host_git
 from ..report.synthesis import WHO
 from ..rundir.run_lookup import find_run, runs_root
 from ..rundir.runs import RunDir, RunNotFound
+from ..runner.run_budget import budget_use_line
 from . import add_runs_dir
 
 if TYPE_CHECKING:
@@ -422,6 +423,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
+def _budget_use(run: RunDir) -> dict[str, Any] | None:
+    """How the run used its ``[budget]`` (None: it has none)."""
+    from ..runner.run_budget import budget_use
+
+    entries = run.journal.read()
+    if not any(e.event == "budget" for e in entries):
+        return None
+    return budget_use(entries, run.outcomes().values())
+
+
 def _age(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
 
@@ -446,6 +457,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 "started": st.started or run.created,
                 "path": str(run.path),
                 "merge": st.merge,
+                "budget": _budget_use(run),
             }
         )
     if args.json:
@@ -461,6 +473,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             f"{r['id']:<{width}}  {r['status']:<11} {r['ok']:>2}/{r['members']:<2}  "
             f"{_age(r['started']):<16}  {r['name']}"
             + (f"  (merge: {r['merge']})" if r["merge"] else "")
+            + (f"  (budget: {budget_use_line(r['budget'])})" if r["budget"] else "")
         )
     return 0
 

@@ -120,3 +120,37 @@ def budget_lines(entries: Iterable[AnyEntry]) -> list[str]:
             "raises it and finishes them"
         )
     return lines
+
+
+def budget_use(entries: Iterable[AnyEntry], outcomes: Iterable[Any]) -> dict[str, Any] | None:
+    """How a run used its budget, as data (``fleet runs``): the lines, what was spent, and
+    the members that finished, were stopped by the budget after starting, and never
+    started for it. None for a run without a budget."""
+    spent, last = from_journal(entries)
+    if last is None:
+        return None
+    ended = list(outcomes)
+    by_budget = [o for o in ended if getattr(o, "limit", None) == "budget"]
+    return {
+        "usd": last.usd,
+        "tokens": last.tokens,
+        "spent_usd": round(spent.usd, 6),
+        "spent_tokens": round(spent.tokens),
+        "finished": sum(1 for o in ended if getattr(o, "status", "") == "ok"),
+        "stopped": sum(1 for o in by_budget if getattr(o, "turns", 0)),
+        "never_started": sum(1 for o in by_budget if not getattr(o, "turns", 0)),
+    }
+
+
+def budget_use_line(use: dict[str, Any]) -> str:
+    """``11,799 of 15,500 tokens spent; 4 finished, 3 stopped, 1 never started``."""
+    parts = []
+    if use.get("tokens"):
+        parts.append(f"{use['spent_tokens']:,} of {use['tokens']:,} tokens")
+    if use.get("usd"):
+        parts.append(f"${use['spent_usd']:.4f} of ${use['usd']:g}")
+    said = " and ".join(parts) + " spent"
+    said += f"; {use['finished']} finished, {use['stopped']} stopped by it"
+    if use["never_started"]:
+        said += f", {use['never_started']} never started"
+    return said
