@@ -426,6 +426,8 @@ class BudgetedModel:
     def __init__(self, inner: Model, budget: Reserves, member: str) -> None:
         self.inner, self.budget, self.member = inner, budget, member
         self.profile = inner.profile
+        """The model in use: read again at every call (a member that switched to its
+        fallback is priced as that one)."""
         self.offline = inner.offline
         self._last_size = 0
         self._cache_hit = False
@@ -489,6 +491,7 @@ class BudgetedModel:
         return min(max_tokens, max(MIN_OUTPUT, 2 * high(seen)))
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.profile, self.offline = self.inner.profile, self.inner.offline
         size = self._size(request)
         given = self._input(size)
         per_out = self._output(1)
@@ -521,6 +524,8 @@ class BudgetedModel:
         try:
             response = await self.inner.complete(request)
             usage = response.message.usage
+            # Priced as the model that answered (a fallback may have taken the call).
+            self.profile, self.offline = self.inner.profile, self.inner.offline
             used = usage_amount(usage, self.profile)
             after = None if closing else self._after(given, usage, closing_out)
             out_tokens = usage.output_tokens or 0

@@ -129,6 +129,9 @@ class MemberOutcome(Strict, TokenCounts):
     not_copied: list[str] = Field(default_factory=list)
     """Paths of the member's ``repo`` left out of its box, each with why (a path
     through a symbolic link, a named pipe, a device); bounded, the rest counted."""
+    model_switch: str | None = None
+    """The member's model stayed overloaded and it went on with its fallback:
+    ``"claude-a -> claude-b: <why>"`` (None: no switch)."""
     attempts: list[AttemptRecord] = Field(default_factory=list)
     """A member with ``attempts = N``: every attempt, in order (empty otherwise). The
     member's ``result`` is the chosen attempt's; its tokens, cost and turns are all the

@@ -106,6 +106,9 @@ class MemberSpec(Strict):
     """Named facts handed over with the task (shown to the model as JSON)."""
     model: str = "offline"
     """Model string (a known model, ``offline`` or ``replay:<trace>``)."""
+    fallback_model: str | None = None
+    """The model the member goes on with when its own stays overloaded
+    (:mod:`subagents.model.fallback`); None: it fails as the model does."""
     limits: Limits = Field(default_factory=Limits)
     stated_deadline_s: float | None = None
     """The deadline the job stated, when ``limits.deadline_s`` is the harness's own

@@ -319,6 +319,16 @@ class ErrorEvent(_Event):
     """How long the failed model call took, retries included."""
 
 
+class ModelSwitch(_Event):
+    """The member's model stayed overloaded; it goes on with its fallback from here
+    (:mod:`subagents.model.fallback`)."""
+
+    type: Literal["model_switch"] = "model_switch"
+    model: str
+    to: str
+    reason: str = ""
+
+
 class AttemptsChosen(_Event):
     """A coding member with parallel attempts: which attempt's patch became the member's
     (:mod:`coordinator.attempts`), once all of them ended."""
@@ -360,7 +370,8 @@ TraceEvent = Annotated[
     | PolicyDecision
     | ErrorEvent
     | Screenshot
-    | AttemptsChosen,
+    | AttemptsChosen
+    | ModelSwitch,
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(TraceEvent)

@@ -42,6 +42,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "run_interrupted": {"status": "interrupted"},
     "plan": {"planner": "offline", "sub_questions": ["a?", "b?"], "lead": True},
     "boxes_kept": {"boxes": ["fleet-x-a"]},
+    "merge": {"verdict": "passed", "applied": ["a", "b"], "conflicts": ["c"], "error": "x"},
     "reaped": {"boxes": 3},
     "report_written": {"analyst": "offline", "claims": 4},
     "analyst_failed": {"reason": "no submit_report"},

@@ -138,3 +138,14 @@ async def test_a_429_pauses_every_member_for_its_retry_after() -> None:
     assert time.monotonic() - started >= 0.55
     assert all("429" in p.reason for p in permits[:1])
     assert governor.window == pytest.approx(32.0)  # halved from 64
+
+
+async def test_a_long_overload_never_overflows_the_pause() -> None:
+    # Thousands of 529s in a row (a model down for the whole patience): the backoff's
+    # exponent stays bounded and the pause at its cap; no OverflowError.
+    governor = RateGovernor()
+    for _ in range(5_000):
+        permit = await governor.acquire(100, 100)
+        pause = governor.release(permit, status=529)
+        governor.paused_until = 0.0  # as if the pause had passed
+    assert 0 < pause <= 60.0

@@ -59,6 +59,7 @@ def to_member_spec(
     memory_root: Path,
     policy: ToolPolicy | None = None,
     runtime: Runtime = "runc",
+    fallback: str | None = None,
 ) -> MemberSpec:
     """The harness's spec for a job member (soft deadline 10% before the hard one;
     ``policy`` is the job's, merged with the member's own; ``runtime`` the job's box
@@ -87,6 +88,7 @@ def to_member_spec(
         settings=settings,
         inputs=dict(job.inputs),
         model=model,
+        fallback_model=fallback,
         limits=lim.model_copy(
             update={"deadline_s": max(lim.deadline_s * 0.9, lim.deadline_s - 60)}
         ),

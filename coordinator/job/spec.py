@@ -110,6 +110,29 @@ class _JobModel(Strict):
         return JobError(f"<{cls.__name__}>", describe_validation(exc, _fields_of(cls)))
 
 
+def known_model(name: str | None) -> str | None:
+    """A fallback model's name, if Fleet knows it (a Claude family it has prices for,
+    or an offline model): a name it does not know would only fail when the switch comes."""
+    if name is None:
+        return None
+    from subagents.model import ModelError, parse_model
+    from subagents.model.profiles import KNOWN_PROFILES, normalized
+
+    try:
+        choice = parse_model(name)
+    except ModelError as exc:
+        raise ValueError(str(exc)) from None
+    if choice.source == "replay":
+        raise ValueError("a fallback is a live model, not a replay of a trace")
+    if choice.source == "claude" and not any(
+        normalized(choice.name).startswith(p) for p in KNOWN_PROFILES
+    ):
+        raise ValueError(
+            f"{name!r} is not a model Fleet knows; known families: {', '.join(sorted(KNOWN_PROFILES))}"
+        )
+    return name
+
+
 class ModelDefaults(_JobModel):
     """The model every member uses unless it names its own."""
 
@@ -117,6 +140,14 @@ class ModelDefaults(_JobModel):
     """Model string; ``auto`` = Claude when ANTHROPIC_API_KEY is set, else ``offline``."""
     max_tokens: int = Field(default=4096, ge=256, le=128_000)
     """Output token limit of one model call."""
+    fallback: str | None = None
+    """The model a member goes on with when its own stays overloaded (529, or 429 past
+    the retries): from its next call, priced and budgeted as that model. None: no switch."""
+
+    @field_validator("fallback")
+    @classmethod
+    def _fallback_known(cls, v: str | None) -> str | None:
+        return known_model(v)
 
 
 class Budget(_JobModel):
@@ -229,6 +260,14 @@ class MemberJob(_JobModel):
     """Named facts handed to the member with its task."""
     model: str | None = None
     """Model for this member; default the job's ``[model].name``."""
+    fallback: str | None = None
+    """This member's fallback model; default the job's ``[model].fallback``."""
+
+    @field_validator("fallback")
+    @classmethod
+    def _fallback_known(cls, v: str | None) -> str | None:
+        return known_model(v)
+
     limits: Limits = Field(default_factory=Limits)
     sandbox: SandboxOverrides = Field(default_factory=SandboxOverrides)
     memory: MemoryProfile | None = None

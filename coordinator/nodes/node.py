@@ -42,6 +42,7 @@ from subagents.budget import Reserves, budgeted
 from subagents.durable import TRANSCRIPT
 from subagents.kinds.results import result_json
 from subagents.model.base import Model, ModelError
+from subagents.model.fallback import FALLBACK_AFTER_S, FallbackModel
 from subagents.outcome import MemberOutcome
 from subagents.policy import Approver
 from subagents.spec import MemberSpec
@@ -336,15 +337,27 @@ async def _harness(
     pending = DeferredSandbox(unit.spec.sandbox, unit.spec.id)
     member_ended = anyio.Event()
     spec = await _with_proxies(soft_deadline(unit, started), deps.backend, unit.run_id)
-    model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
+    if unit.spec.fallback_model:
+        # Its own model waits less on overload: the fallback is there for that.
+        first = deps.make_model(
+            unit.spec.model, kind=unit.spec.kind, trace=trace, patience_s=FALLBACK_AFTER_S
+        )
+        fallback = deps.make_model(unit.spec.fallback_model, kind=unit.spec.kind, trace=trace)
+        model: Model = FallbackModel(first, fallback, trace=trace)
+    else:
+        model = deps.make_model(unit.spec.model, kind=unit.spec.kind, trace=trace)
     model = budgeted(model, unit.run_id, unit.spec.id, deps.budget)
     extra = _harness_options(unit, deps, run_dir, on_turn_saved)
 
     async def attempt() -> MemberOutcome:
         try:
-            return await run_member(
+            outcome = await run_member(
                 spec, sandbox=pending, model=model, run_dir=run_dir, trace=trace, **extra
             )
+            switched = getattr(model, "switched", None)
+            if isinstance(switched, str):  # its model stayed overloaded: it went on with another
+                outcome = outcome.model_copy(update={"model_switch": switched})
+            return outcome
         finally:
             member_ended.set()
             with anyio.CancelScope(shield=True):

@@ -111,6 +111,8 @@ def _action(event: Any) -> str:
         return f"waiting ~{event.expected_s:.0f} s: {event.reason}"
     if t == "tool_result" and event.is_error:
         return f"{event.tool} error"
+    if t == "model_switch":
+        return f"overloaded: now on {event.to}"
     return ""
 
 

@@ -50,6 +50,8 @@ class MemberLine(Strict):
     """A lead run: the wave the member was spawned in."""
     resumed_from: int | None = None
     """The turn its last attempt went on from (None: it started at turn 0)."""
+    model_switch: str | None = None
+    """Its model stayed overloaded and it went on with its fallback (``a -> b: why``)."""
 
 
 Verdict = Literal["verified", "contradicted", "inconclusive"]
@@ -297,7 +299,8 @@ def render_markdown(report: Report) -> str:
     ]
     for m in report.members:
         resumed = f"resumed from turn {m.resumed_from}" if m.resumed_from else ""
-        why = "; ".join(x for x in (m.reason, resumed) if x)
+        switched = f"went on with its fallback model ({m.model_switch})" if m.model_switch else ""
+        why = "; ".join(x for x in (m.reason, resumed, switched) if x)
         task, reason = (x.replace("|", "/").replace("\n", " ") for x in (m.task, why))
         col = f" {m.wave if m.wave is not None else ''} |" if wave else ""
         out.append(f"| {m.member} | {m.kind} |{col} {m.status} | {task[:160]} | {reason[:300]} |")

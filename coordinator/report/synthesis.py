@@ -114,6 +114,7 @@ def digest(outcomes: list[MemberOutcome], tasks: dict[str, str], cap: int) -> li
             "reason": o.reason,
             "resumed_from": o.resumed_from,
             "attempts": attempts_line(o),
+            "model_switch": o.model_switch,
             "result": cap_result(o.result, cap) if o.status == "ok" else None,
             # A failed member's kept result (a coding patch whose test fails): listed
             # in the report's code changes as failing, never given to the analyst.
@@ -190,6 +191,7 @@ def _lines(digests: list[dict[str, Any]]) -> tuple[list[MemberLine], list[Member
         MemberLine(
             **{k: d[k] for k in ("member", "kind", "task", "status", "reason")},
             resumed_from=d.get("resumed_from"),
+            model_switch=d.get("model_switch"),
         )
         for d in digests
     ]

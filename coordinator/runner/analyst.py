@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from subagents.model import Model, ModelError, resolve_model
+from subagents.model.fallback import FALLBACK_AFTER_S, FallbackModel
 from subagents.outcome import MemberOutcome
 
 from ..job.spec import Job, MemberJob
@@ -25,7 +26,7 @@ async def write_report(
     job: Job,
     members: list[MemberJob],
     outcomes: list[MemberOutcome],
-    make_model: Callable[[str], Model],
+    make_model: Callable[..., Model],
 ) -> Path:
     """The analyst step over the members' results; writes report.json and report.md.
 
@@ -55,12 +56,20 @@ async def _analyse(
     job: Job,
     members: list[MemberJob],
     outcomes: list[MemberOutcome],
-    make_model: Callable[[str], Model],
+    make_model: Callable[..., Model],
 ) -> Report:
     """The analyst (a model, or the offline one) over the members' results."""
     name = resolve_model(job.synthesis.model or job.model.name)
     nothing = not any(o.status == "ok" or o.partial_result for o in outcomes)
     model = make_model("offline" if nothing else name)
+    if job.model.fallback and not nothing and not model.offline:
+        # Its model stays overloaded: the report is written by the fallback, as a
+        # member's work would be (subagents.model.fallback).
+        await model.aclose()
+        model = FallbackModel(
+            make_model(name, patience_s=FALLBACK_AFTER_S),
+            make_model(resolve_model(job.model.fallback)),
+        )
     question = job.research.question if job.research else ""
     tasks = {m.id or "": m.task for m in members}
     cap = job.synthesis.max_result_chars

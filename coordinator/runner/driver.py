@@ -210,6 +210,7 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
             memory_root=run.path.parent / "memory",
             policy=job.policy,
             runtime=job.sandbox.runtime,
+            fallback=m.fallback or job.model.fallback,
         )
         out.append(
             MemberUnit(

@@ -118,6 +118,7 @@ class AnthropicModel:
         on_retry: Callable[[Retry], None] | None = None,
         profile: ModelProfile | None = None,
         governor: Governor | None = None,
+        patience_s: float | None = None,
     ) -> None:
         key = api_key or os.environ.get("ANTHROPIC_API_KEY")
         token = None if key else os.environ.get("ANTHROPIC_AUTH_TOKEN")
@@ -130,6 +131,10 @@ class AnthropicModel:
         self.profile = profile or profile_for(name)
         self.max_retries = max_retries
         """Retries per call, HTTP errors and mid-stream overloads together."""
+        self.patience_s = patience_s
+        """How long one call keeps waiting on 429/529 before it fails; None: the
+        governor's patience (a member with a fallback model waits less: see
+        :mod:`.fallback`)."""
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.cache = cache
@@ -266,7 +271,8 @@ class AnthropicModel:
         if isinstance(exc, anthropic.APIStatusError):
             if exc.response.headers.get("x-should-retry") == "false":
                 return False
-        return time.monotonic() - started < self.governor.patience_s
+        patience = self.governor.patience_s if self.patience_s is None else self.patience_s
+        return time.monotonic() - started < patience
 
     def _settle(self, permit: Permit, message: Message, headers: Any, size: int) -> None:
         usage = message.usage

@@ -252,7 +252,10 @@ class RateGovernor:
             else:
                 self.stats["overloaded"] += 1
                 self._overloads += fresh
-                backoff = min(_MAX_PAUSE_S, _MIN_PAUSE_S * 2 ** max(0, self._overloads - 1))
+                # The exponent is capped: a long overload (thousands of 529s) must not
+                # overflow a float; the pause is capped below that anyway.
+                doublings = min(max(0, self._overloads - 1), 32)
+                backoff = min(_MAX_PAUSE_S, _MIN_PAUSE_S * 2**doublings)
                 pause = retry_after if retry_after is not None else backoff
                 why = "API overloaded (529)"
             pause = min(max(pause, 0.0), _MAX_PAUSE_S)

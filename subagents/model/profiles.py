@@ -115,6 +115,11 @@ def _normalize(name: str) -> str:
     return name.split("@", 1)[0]
 
 
+def normalized(name: str) -> str:
+    """A model name as the profiles' prefixes are written."""
+    return _normalize(name)
+
+
 def offline_profile(name: str = "offline") -> ModelProfile:
     """The offline profile under ``name`` (``offline:research``, ``replay:...``)."""
     return OFFLINE_PROFILE.model_copy(update={"name": name})
