@@ -21,7 +21,8 @@ and a closing call uses what its member held. Every member that has started keep
 closing call, so each one stopped at the line still hands in its partial result.
 
 Near the line, a call is not refused while a smaller one would do: it is sent with the
-output bound that fits (:meth:`RunBudget.reserve_upto`), never less than twice what
+output bound that fits (:meth:`RunBudget.reserve_upto`; a cluster node's member asks the
+coordinator's budget the same through its relay), never less than twice what
 answers produce at the 95th percentile (this member's, else the run's; the whole
 ``max_tokens`` before anything is known and after one of the member's answers was cut at
 its bound). What it may spend is still reserved in full before it goes out. Holding a

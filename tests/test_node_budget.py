@@ -77,6 +77,16 @@ def test_a_node_members_calls_stop_at_the_runs_line_and_close_at_the_attempts_en
         {"kind": "reserve", "id": "r1", "usd": 0, "tokens": 10, "member": "other"},
         {"kind": "settle", "id": "r1", "used": {"usd": 0, "tokens": -1e9}},
         ["reserve", {"id": "r1", "usd": 0, "tokens": 10}],
+        {"kind": "reserve", "id": "r1", "usd": 0, "tokens": 10, "max_out": 0},
+        {"kind": "reserve", "id": "r1", "usd": 0, "tokens": 10, "min_out": True},
+        {"kind": "reserve", "id": "r1", "usd": 0, "tokens": 10, "max_out": 10**9},
+        {
+            "kind": "reserve",
+            "id": "r1",
+            "usd": 0,
+            "tokens": 10,
+            "per_out": {"usd": -1, "tokens": 1},
+        },
     ],
 )
 def test_a_reservation_that_is_not_an_amount_is_never_made(sent):
@@ -110,3 +120,38 @@ def test_a_node_can_neither_settle_for_less_nor_touch_another_reservation():
 
     anyio.run(go)
     assert budget.spent == CALL
+
+
+def test_a_node_members_call_near_the_line_goes_out_with_the_bound_that_fits():
+    # As on one machine (subagents.budget.RunBudget.reserve_upto): the coordinator grants
+    # the most output that fits, never under what the node says its member needs.
+    budget, _ = _budget(6000)
+    one = Amount(0.0, 1)
+
+    async def go() -> None:
+        async with anyio.create_task_group() as tg:
+            link = _Link(budget, tg)
+            seq, out = await link.node.reserve_upto(
+                "m", Amount(0.0, 500), one, max_out=4096, min_out=4096, closing=False,
+                hold=Amount(0.0, 756),
+            )  # fmt: skip
+            assert out == 4096  # room for it: its whole bound
+            link.node.settle(seq, "m", Amount(0.0, 700), hold=Amount(0.0, 700 + 256))
+            # 700 spent: a call of 500 input with its own hold of 756 leaves room for
+            # 4,044 tokens of output - not 4,096.
+            seq, out = await link.node.reserve_upto(
+                "m", Amount(0.0, 500), one, max_out=4096, min_out=256, closing=False,
+                hold=Amount(0.0, 756),
+            )  # fmt: skip
+            assert out == 4044 and budget.reserved(2) == Amount(0.0, 500 + 4044)
+            link.node.settle(seq, "m", Amount(0.0, 600))
+            # Less room than its least: refused, as a whole call would be.
+            with pytest.raises(BudgetExhausted):
+                await link.node.reserve_upto(
+                    "m", Amount(0.0, 5000), one, max_out=4096, min_out=2048, closing=False
+                )
+            link.coord.close()
+            tg.cancel_scope.cancel()
+
+    anyio.run(go)
+    assert budget.spent.tokens <= 6000

@@ -73,6 +73,44 @@ class RelayBudget:
         self._ids[self._seq] = rid
         return self._seq
 
+    async def reserve_upto(
+        self,
+        member: str,
+        given: Amount,
+        per_out: Amount,
+        *,
+        max_out: int,
+        min_out: int | Callable[[], int],
+        closing: bool,
+        hold: Amount | None = None,
+    ) -> tuple[int, int]:
+        """:meth:`RunBudget.reserve_upto` through the stream: the call's input, its
+        output's unit and bounds go to the coordinator, which answers with the output
+        bound granted (the least this member may be sent with is said once, here)."""
+        least = min_out() if callable(min_out) else min_out
+        least = max(1, min(least, max_out))
+        worst = given + Amount(per_out.usd * max_out, per_out.tokens * max_out)
+        rid = uuid.uuid4().hex
+        item = Reserve(
+            id=rid,
+            usd=worst.usd,
+            tokens=worst.tokens,
+            closing=closing,
+            hold=_spent(hold),
+            per_out=_spent(per_out),
+            max_out=max_out,
+            min_out=least,
+        )
+        answer = await self.asks.wait(self.send, rid, item, Unreserve(id=rid)) or {}
+        if not answer.get("ok"):
+            raise BudgetExhausted(str(answer.get("refused") or "run budget reached"))
+        out = answer.get("out", max_out)
+        # The coordinator's word, bounded: never more than asked, never under the least.
+        out = max_out if isinstance(out, bool) or not isinstance(out, int) else out
+        self._seq += 1
+        self._ids[self._seq] = rid
+        return self._seq, max(least, min(out, max_out))
+
     def settle(
         self, seq: int, member: str, used: Amount | None, hold: Amount | None = None
     ) -> None:
@@ -117,24 +155,40 @@ class BudgetRelay:
         scope = self.waiting[rid] = anyio.CancelScope()
         estimate = Amount(msg.usd, msg.tokens)
         # The budget keeps a hold no larger than the call's own estimate.
-        self.tg.start_soon(self._reserve, rid, estimate, msg.closing, _amount(msg.hold), scope)
+        self.tg.start_soon(self._reserve, rid, estimate, msg, scope)
 
     async def _reserve(
-        self,
-        rid: str,
-        estimate: Amount,
-        closing: bool,
-        hold: Amount | None,
-        scope: anyio.CancelScope,
+        self, rid: str, estimate: Amount, msg: Reserve, scope: anyio.CancelScope
     ) -> None:
+        closing, hold = msg.closing, _amount(msg.hold)
         with scope:
+            answer: dict[str, Any] = {"ok": True}
             try:
-                seq = await self.budget.reserve(self.member, estimate, closing=closing, hold=hold)
+                if msg.per_out is not None and msg.max_out is not None:
+                    most = msg.max_out
+                    unit = Amount(msg.per_out.usd, msg.per_out.tokens)
+                    # Its input: the estimate less its whole output (never below nothing).
+                    given = Amount(
+                        max(0.0, estimate.usd - unit.usd * most),
+                        max(0.0, estimate.tokens - unit.tokens * most),
+                    )
+                    seq, answer["out"] = await self.budget.reserve_upto(
+                        self.member,
+                        given,
+                        unit,
+                        max_out=most,
+                        min_out=min(msg.min_out or most, most),
+                        closing=closing,
+                        hold=hold,
+                    )
+                else:
+                    seq = await self.budget.reserve(
+                        self.member, estimate, closing=closing, hold=hold
+                    )
             except BudgetExhausted as exc:
-                answer: dict[str, Any] = {"refused": str(exc)}
+                answer = {"refused": str(exc)}
             else:
                 self.granted[rid] = seq
-                answer = {"ok": True}
             self.waiting.pop(rid, None)
             await self._answer(rid, answer)
 

@@ -114,6 +114,11 @@ class Reserve(Spent):
     closing: Annotated[bool, Field(strict=True)] = False
     hold: Spent | None = None
     """What a regular call keeps for its member's closing call (None: its estimate)."""
+    per_out: Spent | None = None
+    """A call whose output bound may be lowered to fit the line: one output token's
+    amount (the estimate is then its input plus ``max_out`` of them)."""
+    max_out: Annotated[int, Field(strict=True, ge=1, le=1_000_000)] | None = None
+    min_out: Annotated[int, Field(strict=True, ge=1, le=1_000_000)] | None = None
 
 
 class Unreserve(Message):
