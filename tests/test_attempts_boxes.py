@@ -61,9 +61,15 @@ class Attempts:
     OOM-kill their box instead; the reviewer chooses ``choose``."""
 
     def __init__(
-        self, choose: int = 3, crash: tuple[int, ...] = (), slow: dict[int, int] | None = None
+        self,
+        choose: int = 3,
+        crash: tuple[int, ...] = (),
+        slow: dict[int, int] | None = None,
+        every: int | None = None,
     ) -> None:
         self.choose, self.crash, self.slow = choose, crash, slow or {}
+        self.every = every
+        """Every attempt makes ``EDITS[every]`` (None: its own)."""
         self.reviews: list[dict[str, Any]] = []
         self.calls: dict[int, int] = {}
 
@@ -82,7 +88,8 @@ class Attempts:
             return tool_use("shell", {"command": OOM_BOX})
         if step == 0:
             return tool_use(
-                "edit_file", {"path": "greet.py", "old_string": OLD, "new_string": EDITS[n]}
+                "edit_file",
+                {"path": "greet.py", "old_string": OLD, "new_string": EDITS[self.every or n]},
             )
         if step == 1:
             return tool_use("shell", {"command": TEST})
@@ -187,7 +194,7 @@ def test_an_attempt_whose_box_dies_costs_the_others_nothing(tmp_path, images, ru
 
 
 def test_when_no_attempt_passes_the_member_fails_and_nothing_is_applied(tmp_path, images, runs_dir):
-    policy = Attempts(crash=(1, 3))
+    policy = Attempts(every=2)  # each attempt's change breaks the test
     done, run = _code(tmp_path, policy, runs_dir, "--attempts", "3", "--apply")
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     outcome = run.outcome("coder")
