@@ -18,12 +18,12 @@ from coordinator.attempts.selection import (
     Candidate,
     changed_lines,
     choose,
-    read_patch,
     review_prompt,
 )
 from coordinator.job.spec import RetryPolicy, split_attempt
 from coordinator.nodes.worker import MemberUnit
 from subagents.budget import BudgetExhausted
+from subagents.kinds.coding import read_patch
 from subagents.model import ModelError
 from subagents.model.base import ModelRequest, ModelResponse
 from subagents.model.offline import build_message

@@ -39,7 +39,7 @@ from pathlib import Path
 import anyio
 
 from subagents.durable import forget
-from subagents.kinds.coding import PATCH_BYTES
+from subagents.kinds.coding import PATCH_BYTES, read_patch
 from subagents.model import Model
 from subagents.outcome import AttemptRecord, Choice, MemberOutcome
 from subagents.trace import AttemptsChosen, MemberEnd, MemberStart, TraceWriter
@@ -56,7 +56,7 @@ from ..nodes.worker import (
     write_result,
 )
 from ..rundir.runs import FINISHED
-from .selection import Candidate, changed_lines, choose, read_patch
+from .selection import Candidate, changed_lines, choose
 
 APPROACHES = (
     "Lead with reproducing the problem: write or run a check that shows it before you "

@@ -31,10 +31,8 @@ attempt that failed the test.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from subagents.budget import BudgetExhausted, budgeted
@@ -104,17 +102,6 @@ class Chosen:
     choice: Choice
     candidates: list[int] = field(default_factory=list)
     """The attempts that qualified."""
-
-
-def read_patch(path: Path, limit: int) -> bytes:
-    """A patch file's bytes (at most ``limit``), never through a symbolic link: the
-    member directory's files came from a box's collection (or a node's reply)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return b""
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read(limit)
 
 
 def changed_lines(patch: bytes) -> int:

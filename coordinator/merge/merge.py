@@ -47,7 +47,7 @@ from sandbox.base import SandboxBackend
 from sandbox.errors import OutputLimitExceeded, SandboxError
 from sandbox.spec import NetworkPolicy
 from subagents.kinds import get_kind
-from subagents.kinds.coding import PATCH_BYTES
+from subagents.kinds.coding import PATCH_BYTES, read_patch
 from subagents.tools.registry import render_exec
 
 from ..job.spec import Job
@@ -172,7 +172,7 @@ async def run_merge(run: RunDir, job: Job, backend: Callable[[], SandboxBackend]
             why = "it has no outcome" if outcome is None else f"it ended {outcome.status}"
             record.skipped.append(Skipped(member=mid, reason=why))
             continue
-        patch = _read(run.path / "members" / mid / "patch.diff")
+        patch = read_patch(run.path / "members" / mid / "patch.diff")
         if not patch.strip():
             record.skipped.append(Skipped(member=mid, reason="it changed nothing"))
             continue
@@ -271,16 +271,6 @@ def _take(record: MergeRecord, said: Any, names: set[str]) -> None:
             files = [str(f)[:300] for f in (c.get("files") or []) if isinstance(f, str)][:50]
             detail = str(c.get("detail") or "")[-600:]
             record.conflicts.append(Conflict(member=c["member"], files=files, detail=detail))
-
-
-def _read(path: Path) -> bytes:
-    """A member's patch, bounded, never through a link."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return b""
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read(PATCH_BYTES)
 
 
 def _write(run: RunDir, record: MergeRecord) -> None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,17 @@ PATCH_BYTES = 64 * 1024 * 1024
 RESULT_BYTES = 16 * 1024 * 1024
 _SAME = '{"ok": true, "same": true'
 """How the in-box program's answer for a checkpoint equal to the last one begins."""
+
+
+def read_patch(path: Path, limit: int = PATCH_BYTES) -> bytes:
+    """A patch file's bytes from a run directory (at most ``limit``), never through a
+    symbolic link: its files came from a box's collection or a node's reply."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(limit)
 
 
 def _print_or_none(value: object) -> str | None:
