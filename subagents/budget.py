@@ -37,6 +37,24 @@ what they held - and is refused only when no one is left to give anything back. 
 started member's call never waits on another member's end, so no two members wait on
 each other.
 
+Who starts (:meth:`RunBudget.admit`). A member starts - its box and its first call -
+only when the line can carry it to its end by the run's estimate of what a member of its
+kind costs, on top of what is spent, reserved and held and what the members already at
+work are still expected to spend; the others wait in the run's queue (journalled as
+``member_queued`` with ``waiting = "budget"``, shown as ``waiting (budget)``). The
+estimate is the most a finished member of that kind cost; before one has finished, the
+job's turn limit times what the kind's first call cost (an upper bound: members seldom
+use every turn); before any first call is known, one member of the kind goes ahead
+alone until its first call has settled. A member that waits until no member is at work
+goes ahead if the line can carry the least a finished member of its kind cost (it
+finishes, or hands in a partial result: the line is spent on work rather than left) and
+its first call's room; otherwise it ends ``skipped`` (``limit = "budget"``) with no box
+and no call. So eight members that cost 1.1x of the line run a few at a time and all of
+them finish, where started together they met the line in step, halfway, each holding
+its closing call (``tests/test_budget_room.py``). Why not start all and pause some near
+the line: a paused member still holds its closing call, so pausing frees nothing; only
+not starting does. The cost is time: under a tight line members run fewer at once.
+
 Tokens: input + cache writes + output, with cache reads counted at their price
 relative to uncached input (``cache_read_per_mtok / input_per_mtok``, 0.1 on every
 Claude model), so a token budget tracks what the run costs. Offline models cost
@@ -148,6 +166,45 @@ def usage_amount(usage: Any, profile: ModelProfile) -> Amount:
     return Amount(usd, inp + write + out + read * cache_weight(profile))
 
 
+def _most(amounts: Iterable[Amount]) -> Amount:
+    out = Amount()
+    for a in amounts:
+        out = Amount(max(out.usd, a.usd), max(out.tokens, a.tokens))
+    return out
+
+
+def _not_below_zero(amount: Amount) -> Amount:
+    return Amount(max(0.0, amount.usd), max(0.0, amount.tokens))
+
+
+@dataclass
+class _Kind:
+    """What a run learned of its members of one kind, for admission."""
+
+    first_call: Amount = field(default_factory=Amount)
+    """The most a member's first call of this kind cost (its first settled call)."""
+    costs: list[Amount] = field(default_factory=list)
+    """What each member of this kind that finished ``ok`` spent (per attempt)."""
+    closing: Amount = field(default_factory=Amount)
+    """The most a member of this kind held for its closing call."""
+    first_call_room: tuple[Amount, Amount, int] | None = None
+    """The latest first call of a member of this kind: its input and its member's
+    closing room, the price of one output token, and its ``max_tokens``."""
+
+
+@dataclass
+class _Admitted:
+    """A member admitted to start (:meth:`RunBudget.admit`), until it ends."""
+
+    kind: str
+    turns: int
+    share: int = 1
+    """Parallel attempts: each costs what a member does."""
+    calls: int = 0
+    """Its calls settled with an answer so far."""
+    spent: Amount = field(default_factory=Amount)
+
+
 @dataclass
 class RunBudget:
     """The run's lines and what is spent, reserved and held against them."""
@@ -176,6 +233,8 @@ class RunBudget:
     """Set when a call settles or a member ends (room may have come back)."""
     _soft_told: bool = False
     _hard_told: bool = False
+    _kinds: dict[str, _Kind] = field(default_factory=dict)
+    _admitted: dict[str, _Admitted] = field(default_factory=dict)
 
     # -- lines -----------------------------------------------------------------
     def _over(self, total: Amount, fraction: float = 1.0) -> bool:
@@ -227,6 +286,8 @@ class RunBudget:
             committed = self.spent + _total(self._in_flight.values()) + others
             # A regular call also holds its member's closing call; a closing call uses it.
             need = committed + estimate if closing else committed + estimate + keep
+            if not closing:
+                self._first_call(member, estimate + keep, Amount(), 0)
             if not self._over(need):
                 break
             if not self._may_wait(member):
@@ -270,6 +331,8 @@ class RunBudget:
             base = committed + given if closing else committed + given + keep
             out = self._affordable(base, per_out, max_out)
             least = min_out() if callable(min_out) else min_out
+            if not closing:
+                self._first_call(member, given + keep, per_out, max_out)
             if out >= least:
                 break
             if not self._may_wait(member):
@@ -332,6 +395,7 @@ class RunBudget:
         if used is None:
             return
         self.spent = self.spent + used
+        self._learn(member, used)
         self._note(
             "budget_spent",
             member=member,
@@ -350,6 +414,161 @@ class RunBudget:
         """The member ended: the closing call it held is free again."""
         self._held.pop(member, None)
         self._signal()
+
+    # -- who starts ------------------------------------------------------------------
+    @property
+    def limited(self) -> bool:
+        """Whether the run has a hard line at all."""
+        return self.usd is not None or self.tokens is not None
+
+    def _owner(self, key: str) -> _Admitted | None:
+        """The admitted member a call's member key belongs to (``coder`` for its
+        attempts' ``coder.2``)."""
+        found = self._admitted.get(key)
+        while found is None and "." in key:
+            key = key.rpartition(".")[0]
+            found = self._admitted.get(key)
+        return found
+
+    def _hold_of(self, member: str) -> bool:
+        return any(k == member or k.startswith(member + ".") for k in self._held)
+
+    def _expected(self, kind: str, turns: int) -> Amount | None:
+        """What a member of ``kind`` is expected to cost: the most a finished one did;
+        else its turn limit times the kind's first call; None when nothing is known."""
+        known = self._kinds.get(kind)
+        if known is None:
+            return None
+        if known.costs:
+            return _most(known.costs)
+        if known.first_call.tokens > 0 or known.first_call.usd > 0:
+            return _times(known.first_call, turns)
+        return None
+
+    def _least(self, kind: str) -> Amount | None:
+        """The least a finished member of ``kind`` cost (None: none has finished)."""
+        costs = (self._kinds.get(kind) or _Kind()).costs
+        if not costs:
+            return None
+        return Amount(min(c.usd for c in costs), min(c.tokens for c in costs))
+
+    def _closing_room(self, kind: str) -> Amount:
+        known = self._kinds.get(kind) or _Kind()
+        return _most([known.closing, known.first_call])
+
+    def _still_to_spend(self, *, closing: bool = True) -> Amount:
+        """What the members at work are still expected to spend (``closing``: with the
+        room for the closing calls of those that hold none yet)."""
+        total = Amount()
+        for member, a in self._admitted.items():
+            each = self._expected(a.kind, a.turns)
+            if each is not None:
+                total = total + _not_below_zero(_times(each, a.share) - a.spent)
+            if closing and not self._hold_of(member):
+                total = total + _times(self._closing_room(a.kind), a.share)
+        return total
+
+    async def admit(
+        self,
+        member: str,
+        kind: str,
+        *,
+        turns: int,
+        share: int = 1,
+        waiting: Callable[[], None] | None = None,
+    ) -> str | None:
+        """Wait until ``member`` (of ``kind``, at most ``turns`` turns, ``share``
+        attempts) may start - see the module docstring - then count it as at work until
+        :meth:`ended`. Returns None when admitted, or why it is skipped. ``waiting`` is
+        called once if it has to wait."""
+        told = False
+        while True:
+            each = self._expected(kind, turns)
+            if each is None:
+                # Nothing known of its kind: one member of it goes first, alone.
+                if not any(a.kind == kind and a.calls == 0 for a in self._admitted.values()):
+                    break
+            else:
+                need = _times(each, share) + _times(self._closing_room(kind), share)
+                ahead = self.spent + _total(self._in_flight.values())
+                ahead = ahead + _total(self._held.values()) + self._still_to_spend()
+                if not self._over(ahead + need):
+                    break
+                at_work = bool(self._admitted or self._in_flight or self._held)
+                if not at_work:
+                    # Judged on what was spent, not on estimates of others' rest: what
+                    # the cheapest finished member cost, and what a first call needs free.
+                    least = self._least(kind)
+                    if least is not None and self._over(self.spent + _times(least, share)):
+                        return self._skipped(kind, least)
+                    first = self._first_need(kind)
+                    if self._over(self.spent + first):
+                        return self._skipped(kind, first, first_call=True)
+                    # Alone, it goes: what it costs fits, only its closing room may not
+                    # (it finishes, or hands in a partial result); or all that is known
+                    # is the turn limit's bound, no reason to start nothing.
+                    break
+            if not told and waiting is not None:
+                told = True
+                waiting()
+            await self._next_change()
+        self._admitted[member] = _Admitted(kind=kind, turns=turns, share=max(1, share))
+        return None
+
+    def _skipped(self, kind: str, each: Amount, *, first_call: bool = False) -> str:
+        cost = f"{round(each.tokens):,} tokens"
+        if self.usd is not None:
+            cost = f"${each.usd:.4f} ({cost})"
+        why = f"skipped: the run's budget cannot carry it ({self.describe()} spent); "
+        if first_call:
+            return why + f"a {kind} member's first call needs {cost} free, with its closing room"
+        return why + f"a {kind} member costs at least {cost} by those that finished"
+
+    def ended(self, member: str, *, ok: bool) -> None:
+        """An admitted member ended (``ok``: it finished by itself, and what it cost
+        teaches the estimate of its kind)."""
+        a = self._admitted.pop(member, None)
+        if a is not None and ok and a.calls:
+            n = max(1, a.share)
+            self._kinds.setdefault(a.kind, _Kind()).costs.append(
+                Amount(a.spent.usd / n, a.spent.tokens / n)
+            )
+        self._signal()
+
+    def _first_call(self, key: str, base: Amount, per_out: Amount, max_out: int) -> None:
+        a = self._owner(key)
+        if a is not None and a.calls == 0:
+            self._kinds.setdefault(a.kind, _Kind()).first_call_room = (base, per_out, max_out)
+
+    def _first_need(self, kind: str) -> Amount:
+        """What a member's first call of ``kind`` needs free now: its input, its
+        closing room and the least output bound it would be sent with."""
+        room = (self._kinds.get(kind) or _Kind()).first_call_room
+        if room is None:
+            return Amount()
+        base, per_out, max_out = room
+        least = max_out
+        if self.observed:
+            least = min(max_out, max(MIN_OUTPUT, 2 * high(self.observed)))
+        return base + _times(per_out, least)
+
+    def learned(self, kind: str, cost: Amount) -> None:
+        """A member of ``kind`` finished ``ok`` having spent ``cost`` (in an earlier life
+        of the run: a resumed run's admission starts from what it knew)."""
+        self._kinds.setdefault(kind, _Kind()).costs.append(cost)
+
+    def _learn(self, key: str, used: Amount) -> None:
+        a = self._owner(key)
+        if a is None:
+            return
+        known = self._kinds.setdefault(a.kind, _Kind())
+        if a.calls == 0:
+            known.first_call = _most([known.first_call, used])
+        a.calls += 1
+        a.spent = a.spent + used
+        held = self._held.get(key)
+        if held is not None:
+            known.closing = _most([known.closing, held])
 
     async def _next_change(self) -> None:
         if self._changed is None:

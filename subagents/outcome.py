@@ -8,6 +8,8 @@ incomplete  a limit (turns, tokens, the run's budget) was reached, or the model 
             a result after one reminder; ``progress`` says what was done,
             ``partial_result`` holds what the member submitted in its closing
             call (limits only, when there was room for one)
+skipped     never started: the run's budget could not carry it (``limit`` is
+            ``budget``; no box, no call; a resume with a raised line runs it)
 timed_out   its deadline passed: the harness's own (``limit`` is
             ``deadline``; progress and partial result as for ``incomplete``)
             or a caller's outer one
@@ -36,7 +38,7 @@ from sandbox.strict import Strict
 from .kinds.results import MemberResult, parse_result
 from .trace import TokenCounts
 
-Status = Literal["ok", "failed", "timed_out", "crashed", "cancelled", "incomplete"]
+Status = Literal["ok", "failed", "timed_out", "crashed", "cancelled", "incomplete", "skipped"]
 LimitName = Literal["turns", "tokens", "deadline", "no_result", "budget"]
 
 

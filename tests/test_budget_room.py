@@ -71,14 +71,26 @@ async def _member(budget: RunBudget, name: str, ended: dict[str, str]) -> None:
         await model.aclose()
 
 
-def _fan_out(line: int) -> tuple[dict[str, str], RunBudget]:
+async def _admitted_member(budget: RunBudget, name: str, ended: dict[str, str]) -> None:
+    """A member as the fan-out runs one under a budget: admitted first (or skipped)."""
+    skipped = await budget.admit(name, "coding", turns=30)
+    if skipped is not None:
+        ended[name] = "skipped"
+        return
+    try:
+        await _member(budget, name, ended)
+    finally:
+        budget.ended(name, ok=ended.get(name) == "ok")
+
+
+def _fan_out(line: int, *, admission: bool = False) -> tuple[dict[str, str], RunBudget]:
     budget = RunBudget(tokens=line)
     ended: dict[str, str] = {}
 
     async def go() -> None:
         async with anyio.create_task_group() as tg:
             for i in range(8):
-                tg.start_soon(_member, budget, f"m{i}", ended)
+                tg.start_soon(_admitted_member if admission else _member, budget, f"m{i}", ended)
 
     anyio.run(go)
     return ended, budget
@@ -175,3 +187,102 @@ def test_a_member_not_started_waits_for_one_at_work_to_end_and_a_started_one_nev
         assert got == ["b"]
 
     anyio.run(go)
+
+
+def test_admitted_a_few_at_a_time_seven_of_eight_finish_under_a_line_just_over_their_need() -> None:
+    # The 1.1x line above, with admission: members start as the line can carry them to
+    # their ends (one alone until its first call, then by the turn limit's bound, then by
+    # what finished members cost), so they no longer meet the line together.
+    line = int(_one_member_tokens() * 8 * 1.1)
+    ended, budget = _fan_out(line, admission=True)
+    assert budget.spent.tokens <= line
+    assert sum(v == "ok" for v in ended.values()) >= 7, ended
+    assert set(ended.values()) <= {"ok", "skipped", "stopped, partial result"}, ended
+
+
+def test_admitted_under_a_line_for_four_members_the_rest_are_skipped_not_started() -> None:
+    line = int(_one_member_tokens() * 4.2)
+    ended, budget = _fan_out(line, admission=True)
+    assert budget.spent.tokens <= line
+    assert sum(v == "ok" for v in ended.values()) >= 3, ended
+    # None started and stopped with nothing: a member either finishes, hands in a partial
+    # result, or never starts.
+    assert set(ended.values()) <= {"ok", "skipped", "stopped, partial result"}, ended
+    assert "skipped" in ended.values()
+    assert budget.spent.tokens >= 0.8 * line, (budget.spent.tokens, line)
+
+
+def test_a_generous_line_admits_every_member_once_the_first_call_is_known() -> None:
+    from subagents.budget import Amount
+
+    budget = RunBudget(tokens=1_000_000)
+    order: list[str] = []
+
+    async def go() -> None:
+        with anyio.fail_after(10):
+            assert await budget.admit("a", "coding", turns=30) is None
+            order.append("a")
+            async with anyio.create_task_group() as tg:
+
+                async def b() -> None:
+                    assert await budget.admit("b", "coding", turns=30) is None
+                    order.append("b")
+
+                tg.start_soon(b)
+                await anyio.sleep(0.05)
+                assert order == ["a"]  # nothing known of a coding member: "a" goes alone
+                seq = await budget.reserve("a", Amount(0, 3_000), closing=False)
+                budget.settle(seq, "a", Amount(0, 2_000), hold=Amount(0, 3_000))
+            # 30 turns x 2,000 fit many times over: "b" went as soon as "a"'s call was in.
+            assert order == ["a", "b"]
+
+    anyio.run(go)
+
+
+def test_a_member_that_can_never_be_carried_is_skipped_with_the_reason() -> None:
+    from subagents.budget import Amount
+
+    budget = RunBudget(tokens=10_000)
+
+    async def go() -> None:
+        with anyio.fail_after(10):
+            assert await budget.admit("a", "coding", turns=30) is None
+            seq = await budget.reserve("a", Amount(0, 3_000), closing=False)
+            budget.settle(seq, "a", Amount(0, 6_000), hold=Amount(0, 1_000))
+            budget.release("a")
+            budget.ended("a", ok=True)  # a coding member costs 6,000: 4,000 are left
+            why = await budget.admit("b", "coding", turns=30)
+        assert why is not None and why.startswith("skipped: the run's budget cannot carry it")
+        assert "6,000 tokens" in why
+
+    anyio.run(go)
+
+
+def test_a_resumed_run_starts_from_what_its_finished_members_cost() -> None:
+    from coordinator.journal.entries import BudgetSpentEntry, MemberFinishedEntry
+    from coordinator.runner.run_budget import finished_costs
+    from subagents.budget import Amount
+
+    entries = [
+        BudgetSpentEntry(member="a", usd=0.01, tokens=1_000),
+        BudgetSpentEntry(member="coder.2", usd=0.02, tokens=2_000),  # an attempt's call
+        BudgetSpentEntry(member="coder", usd=0.001, tokens=100),  # the review
+        BudgetSpentEntry(member="b", usd=0.05, tokens=5_000),
+        BudgetSpentEntry(member="a", usd=0.01, tokens=1_000),
+        MemberFinishedEntry(member="a", status="ok"),
+        MemberFinishedEntry(member="coder", status="ok"),
+        MemberFinishedEntry(member="b", status="incomplete"),  # stopped: teaches nothing
+    ]
+    kinds = {"a": "browser", "b": "coding", "coder": "coding"}
+    costs = sorted(finished_costs(entries, kinds), key=lambda kc: kc[0])
+    assert [(k, round(c.tokens)) for k, c in costs] == [("browser", 2_000), ("coding", 2_100)]
+
+    budget = RunBudget(tokens=5_000)
+    budget.learned("coding", Amount(0, 4_000))
+
+    async def go() -> str | None:
+        budget.spent = Amount(0, 2_000)  # what the earlier life spent: 3,000 are left
+        return await budget.admit("c", "coding", turns=30)
+
+    why = anyio.run(go)
+    assert why is not None and why.startswith("skipped:") and "4,000 tokens" in why

@@ -168,8 +168,11 @@ def _budget_job(tmp_path: Path, members: int, tokens: int) -> Path:
 
 
 def test_a_fan_out_across_nodes_keeps_the_runs_one_budget(tmp_path, ray_cluster, cleanup):
-    # 4 offline members of 2 calls each spend about 13,000 tokens; the line is 9,000.
-    members, hard = 4, 9000
+    # 4 offline members of 2 calls each spend about 3,400 tokens each (13,500 in all);
+    # the line is 15,000 with each member's closing room held: one goes first (its first
+    # call teaches the run), two at once once it finished (on both nodes: the node with
+    # the most free slots takes each), then what is left carries one more, not a fourth.
+    members, hard = 4, 15000
     cleanup.append(tmp_path / "runs")
     job = _budget_job(tmp_path, members, hard)
     out = str(tmp_path / "runs")
@@ -180,20 +183,22 @@ def test_a_fan_out_across_nodes_keeps_the_runs_one_budget(tmp_path, ray_cluster,
     nodes = {e.node for e in journal if e.event == "member_started"}
     assert len(nodes) == 2, nodes  # members on both nodes reserved from the one line
     calls = [e.tokens for e in journal if e.event == "budget_spent"]
-    assert calls and sum(calls) <= hard + max(calls), (sum(calls), calls)
-    assert [e.event for e in journal].count("budget_hard") == 1
+    assert calls and sum(calls) <= hard, (sum(calls), calls)
+    assert [e.event for e in journal].count("budget_hard") <= 1
     results = {f"m{i}": run.outcome(f"m{i}") for i in range(members)}
     stopped = {m: r for m, r in results.items() if r.status != "ok"}
     assert stopped and len(stopped) < members, {m: r.reason for m, r in results.items()}
     for member, r in stopped.items():
-        assert (r.status, r.limit) == ("incomplete", "budget"), (member, r.reason)
-        assert r.reason.startswith("run budget reached"), r.reason
-        if r.turns:  # a member that had started keeps what it did
-            assert r.partial_result and r.progress.last_actions, r
-    # Two first calls fit with their closing calls held, no third; no second call of
-    # both: one member stopped after its first turn.
-    assert any(r.turns for r in stopped.values()), stopped
-    assert "reached the hard line" in (run.path / "report.md").read_text()
+        assert r.limit == "budget", (member, r.reason)
+        if r.status == "skipped":  # never started: no box, no call
+            assert r.reason.startswith("skipped: the run's budget cannot carry it"), r.reason
+            assert r.turns == 0
+        else:  # stopped at the line, with what it did
+            assert r.status == "incomplete" and r.reason.startswith("run budget reached")
+            if r.turns:
+                assert r.partial_result and r.progress.last_actions, r
+    report = (run.path / "report.md").read_text()
+    assert "never started (skipped" in report or "reached the hard line" in report
 
     # More tokens: the members the budget stopped run again, on the nodes, and finish.
     more = _fleet(

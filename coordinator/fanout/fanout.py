@@ -30,6 +30,7 @@ import anyio
 from pydantic import BaseModel
 
 from sandbox.spec import NetworkPolicy, Runtime
+from subagents.budget import RunBudget, run_budget
 from subagents.context.config import ContextConfig
 from subagents.kinds import get_kind
 from subagents.model import Model
@@ -40,9 +41,17 @@ from subagents.spec import MemberSpec
 
 from ..attempts.attempts import run_attempts
 from ..job.spec import Egress, MemberJob
-from ..journal.entries import FailFastEntry
+from ..journal.entries import FailFastEntry, MemberQueuedEntry
 from ..nodes.node import Deps, LocalNodes
-from ..nodes.worker import MemberUnit, Nodes, Recorder, failed_outcome, run_unit
+from ..nodes.worker import (
+    MemberUnit,
+    Nodes,
+    Recorder,
+    failed_outcome,
+    finished_entry,
+    run_unit,
+    write_result,
+)
 from .executor import Executor, LocalExecutor
 
 CANCELLED_BY_CALLER = "cancelled: the caller cancelled this member"
@@ -184,15 +193,50 @@ class Fanout:
         member, started = unit.spec.id, time.monotonic()
         if member not in self._cancelled:
             with anyio.CancelScope() as self._scopes[member]:
+                budget = run_budget(unit.run_id)
+                ok = False
                 try:
+                    if budget is not None and budget.limited:
+                        skipped = await self._admitted(unit, budget)
+                        if skipped is not None:
+                            return skipped
                     if unit.attempts > 1:
-                        return await run_attempts(unit, self.deps, self.nodes, self.make_model)
-                    return await run_unit(unit, self.deps, self.nodes)
+                        outcome = await run_attempts(unit, self.deps, self.nodes, self.make_model)
+                    else:
+                        outcome = await run_unit(unit, self.deps, self.nodes)
+                    ok = outcome.status == "ok"
+                    return outcome
                 finally:
                     del self._scopes[member]
+                    if budget is not None:
+                        budget.ended(member, ok=ok)
         # Cancelled by the caller (cancel): while it ran (run_unit journalled it and
         # released its box) or before it started (the run's end journals it).
         return failed_outcome(unit, "cancelled", CANCELLED_BY_CALLER, started)
+
+    async def _admitted(self, unit: MemberUnit, budget: RunBudget) -> MemberOutcome | None:
+        """Wait until the run's budget admits the member (:meth:`RunBudget.admit`); its
+        outcome when the budget cannot carry it: ``skipped``, recorded, no box started."""
+        member = unit.spec.id
+
+        def waiting() -> None:
+            self.deps.note(MemberQueuedEntry(member=member, waiting="budget"))
+
+        why = await budget.admit(
+            member,
+            unit.spec.kind,
+            turns=unit.spec.limits.max_turns,
+            share=unit.attempts,
+            waiting=waiting,
+        )
+        if why is None:
+            return None
+        outcome = failed_outcome(unit, "skipped", why, time.monotonic(), limit="budget")
+        mdir = anyio.Path(unit.member_dir)
+        await mdir.mkdir(parents=True, exist_ok=True)
+        write_result(mdir, outcome)
+        self.deps.note(finished_entry(member, outcome, 0))
+        return outcome
 
     def cancel(self, member: str) -> bool:
         """End one member ``cancelled`` - at once if it runs (its box is released), before

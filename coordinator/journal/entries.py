@@ -148,6 +148,9 @@ class MemberQueuedEntry(Entry):
     member: str
     wave: int | None = None
     """A lead run: the wave that spawned it."""
+    waiting: str | None = None
+    """What it waits for, when queued again after it was first queued (``budget``: the
+    run's budget cannot carry it yet, :meth:`subagents.budget.RunBudget.admit`)."""
 
 
 class MemberStartedEntry(Entry):

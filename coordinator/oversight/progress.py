@@ -40,7 +40,7 @@ from ..journal.entries import (
 from .approvals import ApprovalQueue, answered_line
 from .visible import visible
 
-_DONE = {"ok", "failed", "timed_out", "crashed", "cancelled", "incomplete"}
+_DONE = {"ok", "failed", "timed_out", "crashed", "cancelled", "incomplete", "skipped"}
 _COLOURS = {
     "ok": "32",
     "failed": "31",
@@ -48,6 +48,8 @@ _COLOURS = {
     "crashed": "31",
     "cancelled": "90",
     "incomplete": "33",
+    "skipped": "90",
+    "waiting (budget)": "90",
     "retrying": "35",
     "running": "36",
 }
@@ -164,6 +166,9 @@ class Progress:
                 self.rows.setdefault(m, Row(m))
                 self._answered(entry)
                 return
+            case MemberQueuedEntry(member=m) if entry.waiting:
+                row = self.rows.setdefault(m, Row(m))
+                row.status = f"waiting ({entry.waiting})"
             case MemberQueuedEntry(member=m):
                 row = self.rows.setdefault(m, Row(m))
                 if entry.wave is not None:  # shown in the table, not worth a plain line

@@ -303,7 +303,7 @@ class RunDir:
                 case RunFinishedEntry() | RunInterruptedEntry():
                     st.status, st.finished = e.status, e.ts
                 case MemberQueuedEntry():
-                    st.members[e.member] = "queued"
+                    st.members[e.member] = f"waiting ({e.waiting})" if e.waiting else "queued"
                 case MemberStartedEntry():
                     st.members[e.member] = "running"
                     st.starts[e.member] = st.starts.get(e.member, 0) + 1

@@ -65,7 +65,7 @@ from ..oversight.progress import Progress
 from ..report.report import memory_lines, memory_problems
 from ..rundir.runs import RunDir
 from .analyst import write_report
-from .run_budget import budget_lines, make_budget
+from .run_budget import budget_lines, finished_costs, make_budget
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -545,6 +545,12 @@ def _start_budget(run: RunDir, job: Job, opts: RunOptions, *, resume: bool) -> N
     )
     if budget is not None:
         budget.start(resume=resume)
+        if resume:  # what members an earlier life finished cost: admission starts from it
+            kinds: dict[str, str] = {
+                m.id or "": m.kind for m in run.planned_members() or job.members
+            }
+            for kind, cost in finished_costs(run.journal.read(), kinds):
+                budget.learned(kind, cost)
     register(run.id, budget)
 
 
@@ -665,7 +671,8 @@ async def _finish(
     }
     recorded = run.state().members
     for mid, o in extra.items():
-        if recorded.get(mid) in ("queued", None) and mid in outcomes:
+        last = recorded.get(mid)
+        if (last is None or last == "queued" or last.startswith("waiting")) and mid in outcomes:
             # Never started (fail_fast stopped the run first): the journal says so too,
             # or `fleet runs` and `fleet trace` would show it queued forever.
             run.journal.append(MemberFinishedEntry(member=mid, status=o.status, reason=o.reason))

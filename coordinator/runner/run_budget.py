@@ -23,6 +23,7 @@ from ..journal.entries import (
     BudgetHardEntry,
     BudgetSoftEntry,
     BudgetSpentEntry,
+    MemberFinishedEntry,
 )
 
 
@@ -58,6 +59,27 @@ def make_budget(
     )
     budget.spent = spent
     return budget
+
+
+def finished_costs(entries: Iterable[AnyEntry], kinds: dict[str, str]) -> list[tuple[str, Amount]]:
+    """What each member that an earlier life finished ``ok`` spent (its attempts' calls
+    and their review included), with its kind (``kinds``: member id -> kind): what a
+    resumed run's admission starts from (:meth:`RunBudget.learned`)."""
+    spent: dict[str, Amount] = {}
+    last: dict[str, str] = {}
+    for e in entries:
+        if isinstance(e, BudgetSpentEntry) and e.member:
+            owner = e.member
+            while owner not in kinds and "." in owner:
+                owner = owner.rpartition(".")[0]
+            spent[owner] = spent.get(owner, Amount()) + Amount(e.usd, e.tokens)
+        elif isinstance(e, MemberFinishedEntry):
+            last[e.member] = e.status
+    return [
+        (kinds[m], cost)
+        for m, cost in spent.items()
+        if m in kinds and last.get(m) == "ok" and cost.tokens > 0
+    ]
 
 
 def check_raise(entries: Iterable[AnyEntry], *, usd: float | None, tokens: int | None) -> None:
@@ -118,6 +140,14 @@ def budget_lines(entries: Iterable[AnyEntry]) -> list[str]:
             "reached the hard line: members stopped there ended incomplete (budget) with "
             "their partial results; 'fleet resume RUN --budget-usd X' (or --budget-tokens N) "
             "raises it and finishes them"
+        )
+    last_status = {e.member: e.status for e in entries if isinstance(e, MemberFinishedEntry)}
+    skipped = sorted(m for m, status in last_status.items() if status == "skipped")
+    if skipped:
+        lines.append(
+            f"{len(skipped)} never started (skipped: the line could not carry them by what "
+            f"finished members cost): {', '.join(skipped)}; 'fleet resume RUN --budget-usd X' "
+            "(or --budget-tokens N) starts them"
         )
     return lines
 

@@ -146,6 +146,8 @@ class RunTrace:
             j = out.setdefault(rec.member, MemberJournal())
             j.last = rec.event
             match rec:
+                case MemberQueuedEntry():
+                    j.waiting = rec.waiting or ""
                 case MemberStartedEntry():
                     n = rec.attempt if rec.attempt is not None else len(j.starts) + 1
                     j.starts[n] = rec.ts
@@ -198,6 +200,8 @@ class MemberJournal:
     last: str = ""
     """Its latest record (``member_queued``, ``member_started``, ``member_retry``,
     ``member_finished``): where the coordinator has it now."""
+    waiting: str = ""
+    """What its latest ``member_queued`` said it waits for (``budget``; "": a slot)."""
 
     @property
     def settled(self) -> bool:

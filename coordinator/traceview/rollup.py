@@ -97,7 +97,7 @@ class MemberRollup(_View, TokenCounts):
     kind: str = ""
     model: str = ""
     status: str = "running"
-    """ok, failed, timed_out, crashed, cancelled, incomplete; or, with no end yet,
+    """ok, failed, timed_out, crashed, cancelled, incomplete, skipped; or, with no end yet,
     queued, running, or not_started (the run ended before it started)."""
     reason: str = ""
     node: str = ""
@@ -314,10 +314,13 @@ def _apply_outcome(
     if journal is not None and journal.settled and journal.outcome is not None:
         r.status, r.reason = journal.outcome
     elif journal is not None and journal.last == "member_queued":
+        waits = "a free slot (fanout.max_parallel)"
+        if journal.waiting == "budget":
+            waits = "the run's budget to carry it ([budget])"
         r.status, r.reason = (
             ("not_started", "the run ended before this member started")
             if run_finished
-            else ("queued", "waiting for a free slot (fanout.max_parallel)")
+            else ("queued", f"waiting for {waits}")
         )
     elif last is not None and last.status != "running":
         r.status, r.reason = last.status, last.reason

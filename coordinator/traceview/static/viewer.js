@@ -53,7 +53,7 @@
   }
   const totalIn = (x) => x.input_tokens + x.cache_read_tokens + x.cache_write_tokens;
   const pill = (status) => el("span", { class: "pill st-" + token(status), text: status });
-  const FAILED = new Set(["failed", "crashed", "timed_out", "cancelled", "incomplete"]);
+  const FAILED = new Set(["failed", "crashed", "timed_out", "cancelled", "incomplete", "skipped"]);
   // Ids in natural order: research-2 before research-10.
   const natural = (a, b) => String(a).localeCompare(String(b), "en", { numeric: true });
   // A lead run: the lead first, then its members wave by wave.
