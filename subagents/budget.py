@@ -228,6 +228,9 @@ class RunBudget:
     ``closing_tokens`` of output."""
     observed: deque[int] = field(default_factory=lambda: deque(maxlen=OBSERVED))
     """Output tokens of the run's recent answers (what members' calls really produce)."""
+    cached_models: set[str] = field(default_factory=set)
+    """Models whose answers in this run read the prompt cache: a member's first call of
+    one shares its system prompt and tools with calls already made."""
     _seq: int = 0
     _changed: anyio.Event | None = None
     """Set when a call settles or a member ends (room may have come back)."""
@@ -374,9 +377,12 @@ class RunBudget:
                 out = min(out, int(room // unit))
         return out
 
-    def observe(self, output_tokens: int) -> None:
-        """An answer's output tokens, for the estimate of what later calls produce."""
+    def observe(self, output_tokens: int, *, cached: str | None = None) -> None:
+        """An answer's output tokens, for the estimate of what later calls produce;
+        ``cached``: the model whose answer it was read the prompt cache."""
         self.observed.append(max(0, int(output_tokens)))
+        if cached:
+            self.cached_models.add(cached)
 
     def reserved(self, seq: int) -> Amount:
         """What the call ``seq`` holds until it settles (nothing once it has)."""
@@ -690,12 +696,39 @@ class BudgetedModel:
         usd = (fresh * p.input_per_mtok + cached * p.cache_read_per_mtok) / 1_000_000
         return Amount(usd, fresh + cached * cache_weight(p))
 
+    def _hold_input(self, request: ModelRequest, size: int) -> Amount:
+        """The input of the closing call a regular call holds room for, before its answer:
+        the call's own input estimate; for a member's first call of a model whose answers
+        in this run read the prompt cache, its system prompt and tools (the prefix every
+        member of a kind shares) priced as cache reads. What is held is an estimate, not
+        the call's own worst case, which its reservation keeps whole."""
+        given = self._input(size)
+        if self._cache_hit or self.profile.name not in getattr(self.budget, "cached_models", ()):
+            return given
+        prefix = len(json.dumps({"system": request.system, "tools": request.tools}, default=str))
+        shared = min(estimate_bytes(prefix), round(given.tokens))
+        p = self.profile
+        off = Amount(shared * (p.input_per_mtok - p.cache_read_per_mtok) / 1_000_000, 0)
+        return given - off - Amount(0, shared * (1 - cache_weight(p)))
+
     def _after(self, given: Amount, usage: Any, closing_out: int) -> Amount:
-        """The closing call's room once this call answered: this call's input as it was
-        estimated (the closing call's is estimated the same way), its answer read again
-        as input, and ``closing_out`` tokens of output."""
+        """The closing call's room once this call answered: this call's input - priced
+        as the API says it will be read next time (what it read from or wrote to the
+        prompt cache, as cache reads; the rest as input) when it used the cache at all,
+        else as it was estimated - its answer read again as input, and ``closing_out``
+        tokens of output."""
         out = usage.output_tokens or 0
-        again = Amount(out * self.profile.input_per_mtok / 1_000_000, out)
+        p = self.profile
+        again = Amount(out * p.input_per_mtok / 1_000_000, out)
+        read = getattr(usage, "cache_read_input_tokens", None) or 0
+        write = getattr(usage, "cache_creation_input_tokens", None) or 0
+        if read or write:
+            fresh = usage.input_tokens or 0
+            cached = read + write
+            given = Amount(
+                (fresh * p.input_per_mtok + cached * p.cache_read_per_mtok) / 1_000_000,
+                fresh + cached * cache_weight(p),
+            )
         return given + again + self._output(closing_out)
 
     def least_output(self, max_tokens: int) -> int:
@@ -721,7 +754,7 @@ class BudgetedModel:
         # The closing call is sent with at most closing_tokens, and never with more
         # than this member's calls may produce.
         closing_out = min(self.closing_tokens, request.max_tokens)
-        hold = None if closing else given + self._output(closing_out)
+        hold = None if closing else self._hold_input(request, size) + self._output(closing_out)
         upto = getattr(self.budget, "reserve_upto", None)
         if upto is not None:
             bound = request.max_tokens
@@ -752,7 +785,8 @@ class BudgetedModel:
             self._outputs.append(out_tokens)
             observe = getattr(self.budget, "observe", None)
             if observe is not None:
-                observe(out_tokens)
+                read = getattr(usage, "cache_read_input_tokens", None) or 0
+                observe(out_tokens, cached=self.profile.name if read else None)
             if response.message.stop_reason == "max_tokens":
                 self._cut = True  # from now on, this member's calls get their whole bound
             self._cache_hit = bool(getattr(usage, "cache_read_input_tokens", 0))

@@ -286,3 +286,50 @@ def test_a_resumed_run_starts_from_what_its_finished_members_cost() -> None:
 
     why = anyio.run(go)
     assert why is not None and why.startswith("skipped:") and "4,000 tokens" in why
+
+
+def test_a_first_call_holds_its_shared_prefix_as_cache_reads_once_the_run_reads_the_cache() -> (
+    None
+):
+    """What a member's first call holds for its closing call prices the system prompt and
+    tools as cache reads once another member's answer read the prompt cache (they share
+    that prefix); the call's own reservation stays its worst case, all input uncached."""
+    from subagents.budget import Amount
+
+    class Cached(_Model):
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            size = len(str(request.messages)) + len(str(request.system))
+            usage = {"input_tokens": 50, "output_tokens": OUTPUT,
+                     "cache_read_input_tokens": estimate_bytes(size) - 50}  # fmt: skip
+            message = build_message([{"type": "text", "text": "ok"}], model="m",
+                                    input_tokens=0, message_id="msg", usage=usage)  # fmt: skip
+            return ModelResponse(message=message)
+
+    system = "s" * 8000
+    request = ModelRequest(
+        system=system, messages=[{"role": "user", "content": "task"}], max_tokens=1024
+    )
+    held: dict[str, Amount] = {}
+    reserved: dict[str, Amount] = {}
+
+    class Watching(RunBudget):
+        async def reserve_upto(self, member, given, per_out, **kw):  # type: ignore[no-untyped-def]
+            seq, out = await super().reserve_upto(member, given, per_out, **kw)
+            held[member], reserved[member] = self._held[member], self.reserved(seq)
+            return seq, out
+
+    async def go() -> None:
+        budget = Watching(tokens=1_000_000)
+        first = BudgetedModel(Cached(), budget, "a")
+        await first.complete(request)  # the run has not read the cache yet: held whole
+        second = BudgetedModel(Cached(), budget, "b")
+        await second.complete(request)
+        await first.aclose()
+        await second.aclose()
+
+    anyio.run(go)
+    prefix = estimate_bytes(len(system) + 30)
+    assert reserved["b"] == reserved["a"]  # the call's own worst case, unchanged
+    saved = held["a"].tokens - held["b"].tokens
+    assert 0.85 * prefix < saved < prefix, (saved, prefix)  # 0.9 of the prefix, about
+    assert held["b"].usd < held["a"].usd
