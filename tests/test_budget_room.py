@@ -288,9 +288,7 @@ def test_a_resumed_run_starts_from_what_its_finished_members_cost() -> None:
     assert why is not None and why.startswith("skipped:") and "4,000 tokens" in why
 
 
-def test_a_first_call_holds_its_shared_prefix_as_cache_reads_once_the_run_reads_the_cache() -> (
-    None
-):
+def test_a_first_call_holds_its_shared_prefix_as_cache_reads_once_the_cache_is_read() -> None:
     """What a member's first call holds for its closing call prices the system prompt and
     tools as cache reads once another member's answer read the prompt cache (they share
     that prefix); the call's own reservation stays its worst case, all input uncached."""
