@@ -180,6 +180,34 @@ def test_bad_budget_values_are_refused_with_what_is_wrong(tmp_path, capsys, tabl
     assert said in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize(
+    ("model", "line", "said"),
+    [
+        ("offline", "tokens = 5000", "budget.tokens: 5,000 cannot carry one member's first call"),
+        (MODEL, "usd = 0.01", "budget.usd: $0.01 cannot carry one member's first call"),
+    ],
+)
+def test_a_line_below_one_first_call_is_refused_before_any_box_starts(
+    tmp_path, capsys, monkeypatch, model, line, said
+):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")  # the model is made, never called
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent.sock")  # no engine is asked
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f'name = "t"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "{model}"\n'
+        f'max_tokens = 4096\n[budget]\n{line}\n[[members]]\nkind = "coding"\ntask = "x"\n'
+    )
+    for command in ("run", "check"):
+        assert main([command, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "4,096 tokens of output" in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()  # no run, no box
+    # Lowering max_tokens is one of the two ways out the message gives.
+    path.write_text(path.read_text().replace("max_tokens = 4096", "max_tokens = 256"))
+    if model == "offline":
+        assert main(["check", str(path)]) == 0
+
+
 @pytest.mark.docker
 def test_offline_members_cost_nothing_and_still_spend_a_token_budget(
     tmp_path, images, docker_client, cleanup, monkeypatch, capsys

@@ -43,6 +43,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     problems = [m["model_problem"] for m in found["members"] if m.get("model_problem")]
     if problems:
         raise UsageError(f"job file {args.job} is invalid:\n  " + "\n  ".join(problems))
+    from ..runner.preflight import check_budget
+
+    check_budget(job)  # a line that cannot carry one first call: as `fleet run` refuses it
     print(json.dumps(found, indent=2) if args.json else render(found))
     return 0
 

@@ -50,6 +50,8 @@ from sandbox.spec import NetworkPolicy
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.kinds import get_kind, kind_is
 from subagents.model import ModelError, make_model, resolve_model
+from subagents.model.profiles import profile_for
+from subagents.model.tokens import estimate_bytes
 
 from ..errors import CommandFailed, UsageError
 from ..job.spec import RESEARCH_KIND, Job
@@ -72,6 +74,7 @@ def preflight(
     how many members will run at once (:func:`check_parallel`)."""
     check_repos(job, flags)
     check_models(job, flags)
+    check_budget(job)
     slots = None
     if cluster:
         slots = check_cluster(job, cluster, insecure=insecure_cluster)
@@ -79,6 +82,47 @@ def preflight(
         check_images(job, out=out)
         check_runtime(job)
     return check_parallel(job, cluster_slots=slots)
+
+
+def first_call_need(job: Job) -> tuple[float, float]:
+    """What the cheapest member's first call needs free under the run's budget, in USD
+    and budget tokens: its input (its kind's system prompt and its task - a lower
+    bound: its tools are left out), ``[model] max_tokens`` of output (nothing is known
+    yet of what answers produce) and its closing room (that input again and
+    ``closing_max_tokens`` of output)."""
+    closing = job.budget.closing_max_tokens if job.budget else 1024
+    out = job.model.max_tokens
+    needs = []
+    for m in job.members:
+        profile = profile_for(resolve_model(m.model or job.model.name))
+        given = estimate_bytes(len(get_kind(m.kind).system_prompt) + len(m.task))
+        tokens = 2 * given + out + min(closing, out)
+        usd = (
+            2 * given * profile.input_per_mtok + (out + min(closing, out)) * profile.output_per_mtok
+        )
+        needs.append((usd / 1_000_000, float(tokens)))
+    return min(needs, default=(0.0, 0.0), key=lambda n: n[1])
+
+
+def check_budget(job: Job) -> None:
+    """A ``[budget]`` line that cannot carry even one member's first call is refused
+    before any box starts (exit 2), the line and the call's estimate named."""
+    if job.budget is None or not job.members:
+        return
+    usd, tokens = first_call_need(job)
+    how = "raise it, or lower [model] max_tokens"
+    if job.budget.tokens is not None and job.budget.tokens < tokens:
+        raise UsageError(
+            f"budget.tokens: {job.budget.tokens:,} cannot carry one member's first call: it "
+            f"needs about {round(tokens):,} tokens free (its system prompt and task, "
+            f"{job.model.max_tokens:,} tokens of output and room for its closing call); {how}"
+        )
+    if job.budget.usd is not None and job.budget.usd < usd:
+        raise UsageError(
+            f"budget.usd: ${job.budget.usd:g} cannot carry one member's first call: it "
+            f"needs about ${usd:.4f} free (its system prompt and task, "
+            f"{job.model.max_tokens:,} tokens of output and room for its closing call); {how}"
+        )
 
 
 def check_runtime(job: Job) -> None:
