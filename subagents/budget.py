@@ -500,7 +500,9 @@ class RunBudget:
                 ahead = ahead + _total(self._held.values()) + self._still_to_spend()
                 if not self._over(ahead + need):
                     break
-                at_work = bool(self._admitted or self._in_flight or self._held)
+                # Members at work, or calls in flight: what may still change. (The lead holds
+                # room too, but waits on members: it is no reason to wait.)
+                at_work = bool(self._admitted or self._in_flight)
                 if not at_work:
                     # Judged on what was spent, not on estimates of others' rest: what
                     # the cheapest finished member cost, and what a first call needs free.

@@ -331,3 +331,21 @@ def test_a_first_call_holds_its_shared_prefix_as_cache_reads_once_the_cache_is_r
     saved = held["a"].tokens - held["b"].tokens
     assert 0.85 * prefix < saved < prefix, (saved, prefix)  # 0.9 of the prefix, about
     assert held["b"].usd < held["a"].usd
+
+
+def test_a_member_waiting_for_the_line_never_waits_on_the_lead() -> None:
+    # The lead holds room for its closing call while it waits for its members: a member
+    # the line cannot carry is judged once no member is at work, not left waiting on it.
+    from subagents.budget import Amount
+
+    budget = RunBudget(tokens=10_000)
+
+    async def go() -> str | None:
+        with anyio.fail_after(5):
+            seq = await budget.reserve("lead", Amount(0, 2_000), closing=False)
+            budget.settle(seq, "lead", Amount(0, 1_000), hold=Amount(0, 2_000))
+            budget.learned("coding", Amount(0, 9_500))
+            return await budget.admit("m", "coding", turns=30)
+
+    why = anyio.run(go)
+    assert why is not None and why.startswith("skipped:")
