@@ -149,6 +149,7 @@ def ray_groups(nodeids: list[str]) -> dict[str, str]:
     return groups
 
 
+@pytest.hookimpl(optionalhook=True)  # with -p no:xdist there is no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Whole modules per worker, the Ray tests first and in :data:`RAY_GROUPS` groups
     (see above). The scheduler sees only node ids, so the rule is by name
