@@ -11,7 +11,7 @@ QUESTION ?= How do Python's asyncio tasks get cancelled, and how does a program 
 DEPS ?= locked
 LOCK := requirements.lock
 
-.PHONY: setup demo test test-latest test-deps lint lock rehearse bench clean
+.PHONY: setup demo test test-latest test-deps lint lock rehearse bench clean docs docs-serve
 
 # The lock's releases, each file checked against the lock's hashes (pip refuses a file
 # that differs and a dependency the lock does not name). The virtualenv is made anew
@@ -60,6 +60,14 @@ test-deps: $(STAMP)
 	  if [ "$$(id -u)" = 0 ]; then echo "fleet: installing chromium for the trace page tests (one time)"; \
 	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
 	  else echo "fleet: the tests need Chromium; run 'sudo apt-get install chromium'" >&2; exit 2; fi; }
+
+# The documentation site (mkdocs.yml, docs/), built strictly: a broken link, anchor or
+# API reference fails the build (the suite builds it too: tests/test_docs_site.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
 # Lint, format and types gate the tests: what a reviewer would check, CI checks first;
 # then gVisor is registered (the tests run boxes under it too; registering needs root, and

@@ -1,0 +1,46 @@
+"""The documentation site builds strictly: a page missing from the navigation, a link
+to a page or an anchor that is not there, an API reference to an object that does not
+exist - each fails the build, so it fails here (``make docs`` builds it the same way)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MKDOCS = Path(sys.executable).with_name("mkdocs")
+
+
+def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(MKDOCS), "build", "--strict", "-f", str(config), "-d", str(site)],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_site_builds_strictly_with_every_page_and_the_api_reference(tmp_path: Path) -> None:
+    done = _build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode == 0, done.stderr[-3000:]
+    api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
+    for name in ("run_async", "RunHandle", "RunNotStarted"):
+        assert 'id="coordinator.' in api and name in api, name
+    pages = {p.stem for p in (ROOT / "docs").glob("*.md")}
+    built = {p.parent.name for p in (tmp_path / "site").glob("*/index.html")} | {"index"}
+    assert pages <= built, pages - built
+
+
+def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Home\n\nSee [the missing page](missing.md).\n")
+    config = tmp_path / "mkdocs.yml"
+    config.write_text(f"site_name: t\ndocs_dir: {docs}\nnav:\n  - Home: index.md\n")
+    done = _build(config, tmp_path / "site")
+    assert done.returncode != 0 and "missing.md" in done.stderr, done.stderr[-2000:]
