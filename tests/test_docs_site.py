@@ -44,3 +44,22 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
     config.write_text(f"site_name: t\ndocs_dir: {docs}\nnav:\n  - Home: index.md\n")
     done = _build(config, tmp_path / "site")
     assert done.returncode != 0 and "missing.md" in done.stderr, done.stderr[-2000:]
+
+
+def test_the_readmes_links_into_the_docs_reach_a_page_and_its_heading() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    broken = []
+    for target in re.findall(r"\]\((docs/[^)]+)\)", readme):
+        path, _, anchor = target.partition("#")
+        page = ROOT / path
+        if not page.is_file():
+            broken.append(target)
+            continue
+        if anchor:  # GitHub's anchors: the heading, lowercased, spaces as dashes
+            heads = re.findall(r"^#+ (.*)$", page.read_text(encoding="utf-8"), flags=re.M)
+            slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+            if anchor not in slugs:
+                broken.append(target)
+    assert not broken, broken

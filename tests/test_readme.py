@@ -151,7 +151,7 @@ def test_quoted_defaults_are_the_codes() -> None:
     from sandbox.spec import SandboxSpec
     from subagents.context.config import ContextConfig
 
-    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    readme = " ".join(" ".join(d.read_text(encoding="utf-8") for d in DOCS).split())
     c = ContextConfig()
 
     def pct(x: float) -> str:
@@ -178,7 +178,7 @@ def test_quoted_defaults_are_the_codes() -> None:
         "256m",
         "1g",
         3600.0,
-    ), "the security model section quotes these defaults: update it with them"
+    ), "the security model page quotes these defaults: update it with them"
     expected += [
         "limits of 256 processes, 1 GB memory",
         "and 1 CPU by default",

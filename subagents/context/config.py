@@ -1,4 +1,4 @@
-"""Thresholds of the context mechanisms, with their defaults (the README's "Context
+"""Thresholds of the context mechanisms, with their defaults (docs/members.md, "Context
 management" table lists them).
 
 Every threshold is relative to one working-set *budget* in tokens, separate from
