@@ -402,8 +402,8 @@ def test_a_run_where_no_member_ends_ok_still_writes_its_report(tmp_path, images,
 
 
 def _readme_block(first_line: str) -> str:
-    """The README's indented code block that starts with ``first_line``, dedented."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+    """The models page's indented code block that starts with ``first_line``, dedented."""
+    lines = (ROOT / "docs" / "models.md").read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip() == first_line)
     indent = len(lines[start]) - len(lines[start].lstrip())
     block = []

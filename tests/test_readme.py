@@ -127,7 +127,7 @@ def test_fake_api_flags_shown_exist(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--help"])
     help_text = capsys.readouterr().out
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
     shown = re.findall(r"python -m subagents\.fake_api(.*)", readme)
     assert shown
     for line in shown:
@@ -190,8 +190,7 @@ def test_quoted_defaults_are_the_codes() -> None:
 
 
 def test_every_command_and_flag_of_the_cli_is_in_the_readme_reference() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    reference = readme.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    reference = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     missing = []
     for name, sub in _subcommands(build_parser()).items():
         nested = _subcommands(sub)
@@ -217,9 +216,9 @@ def test_no_inline_code_span_crosses_a_line_break() -> None:
 
 
 def _python_blocks(section: str) -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index(f"## {section}\n")
-    end = text.index("\n## ", start)
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    start = text.index(f"# {section}\n")
+    end = text.index("\n## Reference\n", start)
     return [m.group(2) for m in FENCE.finditer(text[start:end]) if m.group(1) == "python"]
 
 
@@ -243,7 +242,7 @@ def test_the_python_api_examples_run_as_written(
     assert len(blocks) == 4
     names: dict[str, Any] = {}
     for block in blocks:
-        exec(compile(block, "README.md (Python API)", "exec"), names)
+        exec(compile(block, "docs/api.md (Python API)", "exec"), names)
     assert (names["result"].status, names["result"].outcomes["coder"].status) == ("succeeded", "ok")
     assert names["status"] == "succeeded"
     summary = names["summary"]
@@ -271,8 +270,7 @@ def test_every_coordinator_path_the_docs_name_exists_and_the_layout_lists_every_
     assert len(named) > 5, "the path reader found nothing: it is broken"
     missing = sorted(f"{doc}: {path}" for doc, path in named if not (ROOT / path).is_file())
     assert missing == [], "paths in the docs that are not in the tree:\n" + "\n".join(missing)
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    layout = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
     rooms = {p.name for p in (ROOT / "coordinator").iterdir() if (p / "__init__.py").is_file()}
     unlisted = sorted(room for room in rooms if f"`{room}/`" not in layout)
-    assert unlisted == [], f"rooms the README's Layout does not list: {unlisted}"
+    assert unlisted == [], f"rooms docs/layout.md does not list: {unlisted}"
