@@ -31,6 +31,9 @@ def test_the_site_builds_strictly_with_every_page_and_the_api_reference(tmp_path
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
     for name in ("run_async", "RunHandle", "RunNotStarted"):
         assert 'id="coordinator.' in api and name in api, name
+    # The benchmarks page is bench/README.md itself, read at build time (no copy).
+    bench = (tmp_path / "site" / "benchmarks" / "index.html").read_text(encoding="utf-8")
+    assert "bench/budget.py" in bench and "fresh-machine rehearsal" in bench
     pages = {p.stem for p in (ROOT / "docs").glob("*.md")}
     built = {p.parent.name for p in (tmp_path / "site").glob("*/index.html")} | {"index"}
     assert pages <= built, pages - built
