@@ -66,3 +66,30 @@ def test_the_readmes_links_into_the_docs_reach_a_page_and_its_heading() -> None:
             if anchor not in slugs:
                 broken.append(target)
     assert not broken, broken
+
+
+def test_the_readmes_bad_job_output_is_what_fleet_prints(tmp_path: Path) -> None:
+    """The README shows what a bad job file prints; the same mistake, made for real,
+    prints exactly that (the only output block the pages show)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(
+        r"\n((?:    fleet: job file job\.toml is invalid:\n)(?:     [^\n]*\n)+)", readme
+    )
+    assert block, "the README's bad-job output block is gone: update this test with it"
+    shown = "\n".join(line[4:] for line in block.group(1).splitlines())
+    (tmp_path / "job.toml").write_text(
+        'name = "t"\n[fanout]\nretry = { on = ["failed"] }\n'
+        '[[members]]\nkind = "coding"\ntask = "x"\n'
+    )
+    done = subprocess.run(
+        [str(MKDOCS.with_name("fleet")), "check", "job.toml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == shown.strip(), done.stderr
