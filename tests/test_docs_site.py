@@ -93,3 +93,24 @@ def test_the_readmes_bad_job_output_is_what_fleet_prints(tmp_path: Path) -> None
     )
     assert done.returncode == 2
     assert done.stderr.strip() == shown.strip(), done.stderr
+
+
+def test_every_test_the_security_page_names_exists() -> None:
+    import ast
+    import re
+
+    page = (ROOT / "docs" / "security.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`(tests/test_\w+\.py)::(test_\w+)`", page))
+    assert len(named) >= 15, "the guarantees table is gone or the reader is broken"
+    missing = []
+    for path, name in sorted(named):
+        file = ROOT / path
+        tree = ast.parse(file.read_text(encoding="utf-8")) if file.is_file() else None
+        defined = {
+            n.name
+            for n in (ast.walk(tree) if tree else [])
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        if name not in defined:
+            missing.append(f"{path}::{name}")
+    assert not missing, missing
