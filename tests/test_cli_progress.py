@@ -140,3 +140,24 @@ def test_a_lead_runs_table_shows_the_wave_each_member_came_in():
     plain = Progress(["a"], out=io.StringIO())
     plain.on_journal(entry("member_queued", member="a"))
     assert "wave" not in plain.table()[0]  # no column off a lead run
+
+
+def test_a_member_waiting_for_the_budget_says_so_then_its_skip(tmp_path):
+    from coordinator.job.jobfile import parse_job
+    from coordinator.rundir.runs import RunDir
+
+    out = io.StringIO()
+    p = Progress(["a"], out=out)
+    p.on_journal(entry("member_queued", member="a"))
+    p.on_journal(entry("member_queued", member="a", waiting="budget"))
+    assert "a: waiting (budget)" in out.getvalue()
+    assert any("waiting (budget)" in line for line in p.table())
+    why = "skipped: the run's budget cannot carry it (9,000 of 10,000 tokens spent)"
+    p.on_journal(entry("member_finished", member="a", status="skipped", reason=why))
+    assert "a: skipped after" in out.getvalue() and why in out.getvalue()
+    # The run's recorded state (fleet runs, the API) says the same.
+    text = 'name = "r"\n[[members]]\nid = "a"\nkind = "coding"\ntask = "t"\n'
+    run = RunDir.create(parse_job(text), text, root=tmp_path)
+    run.journal.append(entry("member_queued", member="a"))
+    run.journal.append(entry("member_queued", member="a", waiting="budget"))
+    assert run.state().members["a"] == "waiting (budget)"
