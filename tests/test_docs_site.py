@@ -114,3 +114,31 @@ def test_every_test_the_security_page_names_exists() -> None:
         if name not in defined:
             missing.append(f"{path}::{name}")
     assert not missing, missing
+
+
+def test_the_readmes_first_job_plan_is_what_fleet_check_prints(tmp_path: Path) -> None:
+    """The README's first job file, saved where it says (the repository's top), and the
+    plan it shows for it: `fleet check` prints that, paths and image tags aside."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    job = re.search(r"## Your first job file.*?```toml\n(.*?)```", readme, re.S)
+    plan = re.search(r"\n((?:    job asyncio-cancellation: valid\n)(?:    [^\n]*\n)+)", readme)
+    assert job and plan, "the README's first job file or its plan is gone: update this test"
+    shown = "\n".join(line[4:] for line in plan.group(1).splitlines())
+    (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
+    (tmp_path / "my-job.toml").write_text(job.group(1))
+    env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
+    done = subprocess.run(
+        [str(MKDOCS.with_name("fleet")), "check", "my-job.toml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.replace(str(ROOT), "<clone>").replace(str(tmp_path), "<clone>")
+    printed = re.sub(r"(fleet-\w+):[0-9a-f]{12}", r"\1:<tag>", printed)
+    assert printed.strip() == shown.strip(), printed
