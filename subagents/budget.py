@@ -238,6 +238,9 @@ class RunBudget:
     _hard_told: bool = False
     _kinds: dict[str, _Kind] = field(default_factory=dict)
     _admitted: dict[str, _Admitted] = field(default_factory=dict)
+    waiters: set[str] = field(default_factory=set)
+    """Holders that wait on members (a run's lead): room they hold is no reason for a
+    member to wait, since they end only after the members they wait on."""
 
     # -- lines -----------------------------------------------------------------
     def _over(self, total: Amount, fraction: float = 1.0) -> bool:
@@ -359,7 +362,8 @@ class RunBudget:
         A started member never waits on another's end, so no two wait on each other."""
         if self._in_flight:
             return True
-        return member not in self._held and any(m != member for m in self._held)
+        others = (m for m in self._held if m != member and m not in self.waiters)
+        return member not in self._held and any(True for _ in others)
 
     def _affordable(self, base: Amount, per_out: Amount, most: int) -> int:
         """Output tokens (at most ``most``) that fit on top of ``base`` under every line."""
@@ -509,7 +513,7 @@ class RunBudget:
                     least = self._least(kind)
                     if least is not None and self._over(self.spent + _times(least, share)):
                         return self._skipped(kind, least)
-                    first = self._first_need(kind)
+                    first = self._first_need(kind) + _total(self._held.values())
                     if self._over(self.spent + first):
                         return self._skipped(kind, first, first_call=True)
                     # Alone, it goes: what it costs fits, only its closing room may not

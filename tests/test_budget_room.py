@@ -349,3 +349,21 @@ def test_a_member_waiting_for_the_line_never_waits_on_the_lead() -> None:
 
     why = anyio.run(go)
     assert why is not None and why.startswith("skipped:")
+
+
+def test_a_first_call_never_waits_on_the_lead() -> None:
+    # A member's first call that does not fit waits for members at work to end - but not
+    # for the lead, which ends only after its members: it is refused instead.
+    from subagents.budget import Amount
+
+    budget = RunBudget(tokens=10_000)
+    budget.waiters.add("lead")
+
+    async def go() -> None:
+        with anyio.fail_after(5):
+            seq = await budget.reserve("lead", Amount(0, 2_000), closing=False)
+            budget.settle(seq, "lead", Amount(0, 1_000), hold=Amount(0, 6_000))
+            with pytest.raises(BudgetExhausted):
+                await budget.reserve("m", Amount(0, 2_000), closing=False)
+
+    anyio.run(go)

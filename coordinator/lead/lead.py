@@ -32,7 +32,7 @@ from typing import Any
 
 import anyio
 
-from subagents.budget import budgeted
+from subagents.budget import budgeted, run_budget
 from subagents.context.config import ContextConfig
 from subagents.delegation import Reply
 from subagents.kinds.lead import LeadSettings
@@ -181,6 +181,9 @@ async def _run_the_lead(
     trace.listeners.append(count)
     name = resolve_model(lead.model or job.model.name)
     model = budgeted(make_model(name, kind="lead", trace=trace), run.id, LEAD_ID)
+    budget = run_budget(run.id)
+    if budget is not None:  # the lead waits on its members: none of them waits on it
+        budget.waiters.add(LEAD_ID)
     spec = lead_spec(job, name, offline=model.offline)
     resumed = (ldir / "conversation.json").is_file()
     if "plan" in spec.inputs and not resumed:
