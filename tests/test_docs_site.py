@@ -25,6 +25,19 @@ def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _fleet_check(job: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``fleet check JOB`` run from the job's directory, as a reader would."""
+    return subprocess.run(
+        [str(MKDOCS.with_name("fleet")), "check", job.name],
+        cwd=job.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def test_the_site_builds_strictly_with_every_page_and_the_api_reference(tmp_path: Path) -> None:
     done = _build(ROOT / "mkdocs.yml", tmp_path / "site")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -83,14 +96,7 @@ def test_the_readmes_bad_job_output_is_what_fleet_prints(tmp_path: Path) -> None
         'name = "t"\n[fanout]\nretry = { on = ["failed"] }\n'
         '[[members]]\nkind = "coding"\ntask = "x"\n'
     )
-    done = subprocess.run(
-        [str(MKDOCS.with_name("fleet")), "check", "job.toml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _fleet_check(tmp_path / "job.toml", dict(os.environ))
     assert done.returncode == 2
     assert done.stderr.strip() == shown.strip(), done.stderr
 
@@ -129,15 +135,7 @@ def test_the_readmes_first_job_plan_is_what_fleet_check_prints(tmp_path: Path) -
     (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
     (tmp_path / "my-job.toml").write_text(job.group(1))
     env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
-    done = subprocess.run(
-        [str(MKDOCS.with_name("fleet")), "check", "my-job.toml"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _fleet_check(tmp_path / "my-job.toml", env)
     assert done.returncode == 0, done.stderr
     printed = done.stdout.replace(str(ROOT), "<clone>").replace(str(tmp_path), "<clone>")
     printed = re.sub(r"(fleet-\w+):[0-9a-f]{12}", r"\1:<tag>", printed)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,21 +77,28 @@ def test_the_offline_lead_follows_up_what_is_open_and_runs_the_documented_exampl
     assert "[lead]" in job and "max_waves = 2" in job and "[research]" not in job
 
 
-def test_the_offline_lead_spawns_only_what_the_token_budget_has_room_for(
-    tmp_path, images, docker_client, cleanup
-):
-    cleanup.append(tmp_path / "runs")
+def _two_waves(tmp_path: Path, lines: str) -> tuple[RunDir, list[Any]]:
+    """A two-wave offline lead run with ``lines`` (its token limits) added; the run and
+    the lead's spawn results."""
     job = tmp_path / "job.toml"
     job.write_text(
         f'name = "budget"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "offline"\n'
-        f'[lead]\nquestion = "{QUESTION}"\nmembers = 1\nmax_waves = 2\n'
-        # Wave 1 (about 90,000 tokens) and the lead leave room for one 150,000-token member.
-        "token_budget = 300000\nmember_limits = { max_tokens = 150000 }\n"
+        f'[lead]\nquestion = "{QUESTION}"\nmembers = 1\nmax_waves = 2\n' + lines
     )
     assert main(["run", str(job), "--plain"]) == 0
     (run,) = RunDir.list(tmp_path / "runs")
     events = list(read_trace(run.path / "lead" / "trace.jsonl"))
-    spawns = [e for e in events if e.type == "tool_result" and e.tool == "spawn"]
+    return run, [e for e in events if e.type == "tool_result" and e.tool == "spawn"]
+
+
+def test_the_offline_lead_spawns_only_what_the_token_budget_has_room_for(
+    tmp_path, images, docker_client, cleanup
+):
+    cleanup.append(tmp_path / "runs")
+    # Wave 1 (about 90,000 tokens) and the lead leave room for one 150,000-token member.
+    run, spawns = _two_waves(
+        tmp_path, "token_budget = 300000\nmember_limits = { max_tokens = 150000 }\n"
+    )
     # Wave 2 wanted two members (the open question and the example); the budget said
     # room for 1, and the lead spawned that one: the open question's browser member.
     refused, accepted = spawns[1], spawns[2]
@@ -108,16 +116,9 @@ def test_a_budget_line_narrows_the_leads_second_wave(tmp_path, images, docker_cl
     # The same run under the run's [budget] line instead of the lead's own token_budget:
     # the line caps what the lead plans with, and its second wave is narrowed the same way.
     cleanup.append(tmp_path / "runs")
-    job = tmp_path / "job.toml"
-    job.write_text(
-        f'name = "budget"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "offline"\n'
-        f'[lead]\nquestion = "{QUESTION}"\nmembers = 1\nmax_waves = 2\n'
-        "member_limits = { max_tokens = 150000 }\n[budget]\ntokens = 300000\n"
+    run, spawns = _two_waves(
+        tmp_path, "member_limits = { max_tokens = 150000 }\n[budget]\ntokens = 300000\n"
     )
-    assert main(["run", str(job), "--plain"]) == 0
-    (run,) = RunDir.list(tmp_path / "runs")
-    events = list(read_trace(run.path / "lead" / "trace.jsonl"))
-    spawns = [e for e in events if e.type == "tool_result" and e.tool == "spawn"]
     refused = spawns[1]
     assert refused.is_error and "room for 1 more member" in refused.output, refused.output
     assert [len(s.members) for s in _spawns(run)] == [1, 1]
