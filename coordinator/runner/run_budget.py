@@ -16,7 +16,7 @@ from typing import Any
 from subagents.budget import CLOSING_TOKENS, Amount, RunBudget
 
 from ..errors import UsageError
-from ..job.spec import Job
+from ..job.spec import Job, split_attempt
 from ..journal.entries import (
     AnyEntry,
     BudgetEntry,
@@ -69,9 +69,8 @@ def finished_costs(entries: Iterable[AnyEntry], kinds: dict[str, str]) -> list[t
     last: dict[str, str] = {}
     for e in entries:
         if isinstance(e, BudgetSpentEntry) and e.member:
-            owner = e.member
-            while owner not in kinds and "." in owner:
-                owner = owner.rpartition(".")[0]
+            attempt = split_attempt(e.member)  # an attempt's calls are its member's
+            owner = attempt[0] if attempt is not None else e.member
             spent[owner] = spent.get(owner, Amount()) + Amount(e.usd, e.tokens)
         elif isinstance(e, MemberFinishedEntry):
             last[e.member] = e.status
