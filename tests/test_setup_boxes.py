@@ -181,6 +181,14 @@ def test_four_members_share_one_setup_run_offline_and_a_second_run_reuses_it(
     assert _fleet_plain("trace", str(run.path), "--html", str(page)).returncode == 0
     waits = [float(v) for v in re.findall(r'"su": ?([0-9.]+)', page.read_text())]
     assert len(waits) == 4 and all(w > 0 for w in waits), waits  # a setup bar per lane
+    # The setup is a lane of its own (made once, for all four) on the page and in the text.
+    lanes = re.findall(r'"setups":\[\{"key":"([0-9a-f]+)","st":"(\w+)"', page.read_text())
+    assert lanes == [(key[:16], "made")], lanes
+    summary = _fleet_plain("trace", str(run.path)).stdout
+    assert re.search(
+        rf"{key[:16]}  ran in [0-9.]+s \(by m\d\)  for m0, m1, m2, m3  log members/m\d/setup.log",
+        summary,
+    ), summary
     for m in outcomes:
         traced = _fleet_plain("trace", str(run.path), m).stdout
         assert re.search(r"waited [0-9.]+s on the repository's setup", traced), traced[:400]

@@ -355,3 +355,83 @@ def test_a_cluster_runs_lanes_and_member_pages_name_the_node(browser: Any, tmp_p
     assert "node 10.0.0.7-a1b2c3" in w.page.locator(".member-head .meta").inner_text()
     assert w.problems == []
     w.page.close()
+
+
+def _with_setups(run: tracegen.Expected, tmp_path: Path) -> Path:
+    """A copy of ``run`` whose members waited on two setups: one made here by the first
+    member for three, one that failed for the fourth (its reason hostile text)."""
+    copy = tmp_path / "run"
+    shutil.copytree(run.run_dir, copy)
+    ids = sorted(run.members)
+    for i, mid in enumerate(ids[:4]):
+        trace = copy / "members" / mid / "trace.jsonl"
+        first = json.loads(trace.read_text().splitlines()[0])
+        t0 = first["ts"] - 5
+        if i < 3:
+            detail = {"ok": True, "key": "a1b2c3d4e5f60718", "reused": i > 0}
+        else:
+            detail = {"ok": False, "ran": True, "key": "ffee000011112222",
+                      "reason": "setup failed (exit 1): <img src=x onerror=alert(1)>"}  # fmt: skip
+        lines = [
+            {**first, "ts": t0, "type": "sandbox", "action": "setup_start", "box": "", "detail": {},
+             "duration_s": 0.0},
+            {**first, "ts": t0 + 4, "type": "sandbox", "action": "setup", "box": "", "detail": detail,
+             "duration_s": 4.0},
+        ]  # fmt: skip
+        for line in lines:
+            for k in list(line):
+                if k not in ("ts", "run", "member", "span", "parent", "turn", "type", "action",
+                             "box", "detail", "duration_s"):  # fmt: skip
+                    del line[k]
+        body = "".join(json.dumps(line) + "\n" for line in lines) + trace.read_text()
+        trace.write_text(body)
+        if i in (0, 3):
+            (trace.parent / "setup.log").write_text("installing tinydep\n")
+    return copy
+
+
+def test_each_setup_has_a_lane_of_its_own_that_opens_its_log(
+    browser: Any, run: tracegen.Expected, tmp_path: Path
+) -> None:
+    copy = _with_setups(run, tmp_path)
+    out = tmp_path / "page.html"
+    write_page(load_run(copy), out)  # links relative to the page
+    w = Watched(browser)
+    w.page.goto(out.as_uri())
+    w.page.wait_for_selector("#timeline-svg")
+    assert w.problems == []
+    lanes = w.page.locator(".setup-lane")
+    assert lanes.evaluate_all("ls => ls.map(l => [l.dataset.key, l.dataset.status])") == [
+        ["a1b2c3d4e5f60718", "made"],
+        ["ffee000011112222", "failed"],
+    ]
+    ids = sorted(run.members)
+    made = lanes.nth(0).locator("title").text_content() or ""
+    assert f"for {ids[0]}" in made and ", ".join(ids[:3]) in made
+    failed = lanes.nth(1).locator("title").text_content() or ""
+    assert "<img src=x onerror=alert(1)>" in failed  # shown as text, never markup
+    assert w.page.locator("#timeline img").count() == 0
+    # Members keep their own lanes, their setup wait a bar on each.
+    assert w.page.locator(".lane").count() == len(run.members)
+    assert w.page.locator(".lane .setup-bar").count() == 4
+    ARTIFACTS.mkdir(exist_ok=True)
+    w.page.locator("#timeline").screenshot(path=str(ARTIFACTS / "trace_setups.png"))
+    with w.page.expect_popup() as popup:
+        lanes.nth(0).click()
+    assert popup.value.url == (copy / "members" / ids[0] / "setup.log").as_uri()
+    w.page.close()
+
+
+def test_fleet_trace_lists_each_setup_with_its_log(run: tracegen.Expected, tmp_path: Path) -> None:
+    copy = _with_setups(run, tmp_path)
+    shown = subprocess.run([FLEET, "trace", str(copy)], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    ids = sorted(run.members)
+    text = shown.stdout
+    assert "repository setups (one per key; members waited on them):" in text
+    assert (
+        f"a1b2c3d4e5f60718  ran in 4.0s (by {ids[0]})  for {', '.join(ids[:3])}  "
+        f"log members/{ids[0]}/setup.log" in text
+    )
+    assert "ffee000011112222  FAILED after 4.0s: setup failed (exit 1): " in text
+    assert f"for {ids[3]}  log members/{ids[3]}/setup.log" in text

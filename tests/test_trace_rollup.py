@@ -107,6 +107,7 @@ def test_json_is_valid_and_stable(synthetic: tracegen.Expected) -> None:
         "totals",
         "statuses",
         "memory",
+        "setups",
     ]
     assert [m["member"] for m in data["members"]] == sorted(synthetic.members)
     detail = json.loads(

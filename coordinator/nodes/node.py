@@ -272,7 +272,12 @@ async def _with_prepared(
         trace.emit(
             SandboxEvent(
                 action="setup",
-                detail={"ok": False, "ran": not exc.again, "reason": str(exc)[:500]},
+                detail={
+                    "ok": False,
+                    "ran": not exc.again,
+                    "key": exc.key[:16],
+                    "reason": str(exc)[:500],
+                },
                 duration_s=round(time.monotonic() - t0, 3),
             )
         )

@@ -257,6 +257,12 @@ def page_data(
             "question": run.question(), "report": _report(run.dir),
             "job_text": _job_text(run.dir), "model_cfg": run.job.get("model"),
             "lead": any(m.is_lead for m in run.members), "merge": _merge(run.dir),
+            "setups": [
+                {"key": su.key, "st": su.status, "s": _r(su.start, base), "e": _r(su.end, base),
+                 "d": su.duration_s, "by": su.ran_by, "log": su.log, "m": su.members,
+                 "why": su.reason[:RESULT_TEXT_LIMIT]}
+                for su in roll.setups
+            ],
         },
         "members": members,
         "live": live,

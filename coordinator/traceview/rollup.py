@@ -144,6 +144,74 @@ class MemberRollup(_View, TokenCounts):
         return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
 
 
+class SetupRollup(_View):
+    """One repository setup of the run: the members that needed one key, and what came
+    of it (made here, reused from the engine or this run, or failed)."""
+
+    key: str = ""
+    """The key's first 16 characters ("" in a trace that does not say it)."""
+    status: str = "running"
+    """``made`` (it ran in this run), ``reused`` (an earlier run's snapshot), ``failed``,
+    or ``running`` (members still wait on it)."""
+    start: float = 0.0
+    """Unix time the first member began waiting on it."""
+    end: float = 0.0
+    """Unix time the last member's wait ended."""
+    duration_s: float = 0.0
+    """The setup's own time when it ran here (the member that ran it waited that long),
+    else the span of the waits."""
+    ran_by: str = ""
+    """The member whose directory holds ``setup.log`` ("" when nothing ran here)."""
+    log: str = ""
+    """``setup.log``'s path relative to the run directory, when it is there."""
+    members: list[str] = Field(default_factory=list)
+    reason: str = ""
+    """Why it failed."""
+
+
+def rollup_setups(run: RunTrace) -> list[SetupRollup]:
+    """The run's setups, one per key, from the members' ``setup_start`` / ``setup``
+    events, in the order they began."""
+    by_key: dict[str, SetupRollup] = {}
+    for member in run.members:
+        began: float | None = None
+        for ev in member.events:
+            if not isinstance(ev, SandboxEvent) or ev.action not in ("setup_start", "setup"):
+                continue
+            if ev.action == "setup_start":
+                began = ev.ts
+                continue
+            d = ev.detail
+            key = str(d.get("key") or "")
+            s = by_key.setdefault(key, SetupRollup(key=key, start=ev.ts))
+            start = began if began is not None else ev.ts - ev.duration_s
+            began = None
+            s.start, s.end = min(s.start, start), max(s.end, ev.ts)
+            if member.id not in s.members:
+                s.members.append(member.id)
+            ran = bool(d.get("ran")) if not d.get("ok") else not d.get("reused")
+            if not d.get("ok"):
+                s.status, s.reason = "failed", s.reason or str(d.get("reason") or "")
+            elif ran and s.status != "failed":
+                s.status = "made"
+            elif s.status == "running":
+                s.status = "reused"
+            if ran:
+                s.ran_by, s.duration_s = member.id, round(ev.duration_s, 3)
+                if (member.dir / "setup.log").is_file():
+                    s.log = f"{member.rel}/setup.log"
+        if began is not None:  # still waiting (a run going on, or one cut short)
+            s = by_key.setdefault("", SetupRollup(start=began))
+            s.start = min(s.start, began)
+            if member.id not in s.members:
+                s.members.append(member.id)
+    out = sorted(by_key.values(), key=lambda s: s.start)
+    for s in out:
+        if not s.ran_by:
+            s.duration_s = round(max(0.0, s.end - s.start), 3)
+    return out
+
+
 class RunRollup(_View):
     """A run at a glance: one row per member, plus totals."""
 
@@ -163,6 +231,8 @@ class RunRollup(_View):
     """Members by status (a lead run's lead not counted: it is no member)."""
     memory: list[MemoryProblem] = Field(default_factory=list)
     """Memory saves that left a conflict in their profile or failed (from the journal)."""
+    setups: list[SetupRollup] = Field(default_factory=list)
+    """The run's repository setups, one per key."""
 
 
 def _estimate_cost(r: MemberRollup, offline: bool) -> float:
@@ -375,6 +445,7 @@ def rollup_run(run: RunTrace) -> RunRollup:
             # their own.
             out.statuses[r.status] = out.statuses.get(r.status, 0) + 1
     out.memory = memory_problems(run.journal)
+    out.setups = rollup_setups(run)
     return out
 
 

@@ -90,6 +90,24 @@ def _who(roll: RunRollup) -> str:
     return said + (f", {tries} parallel attempts" if tries else "")
 
 
+def setup_lines(roll: RunRollup) -> list[str]:
+    """One line per repository setup: its key, what came of it, for whom, its log."""
+    out = []
+    for su in roll.setups:
+        key = su.key or "(key not recorded)"
+        who = ", ".join(su.members)
+        if su.status == "made":
+            what = f"ran in {human_duration(su.duration_s)} (by {su.ran_by})"
+        elif su.status == "reused":
+            what = "reused a prepared snapshot"
+        elif su.status == "failed":
+            what = f"FAILED after {human_duration(su.duration_s)}: {one_line(su.reason, 200)}"
+        else:
+            what = "running"
+        out.append(f"{key}  {what}  for {who}" + (f"  log {su.log}" if su.log else ""))
+    return out
+
+
 def format_run(roll: RunRollup) -> str:
     """The run table: a header line, one row per member, and a legend."""
     t = roll.totals
@@ -115,6 +133,9 @@ def format_run(roll: RunRollup) -> str:
     lines = [head, ""]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if roll.setups:
+        lines += ["", "repository setups (one per key; members waited on them):"]
+        lines += [f"  {line}" for line in setup_lines(roll)]
     waited = [r for r in roll.members if r.rate_wait_s >= 0.1]
     if waited:
         lines += ["", "waited for the API's rate limits (429/529 pauses, per-minute limits):"]

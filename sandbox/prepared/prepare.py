@@ -46,11 +46,13 @@ TAIL_CHARS = 1500
 class SetupFailed(Exception):
     """The setup did not make a snapshot; ``str()`` is the members' reason."""
 
-    def __init__(self, reason: str, *, log: str = "", again: bool = False) -> None:
+    def __init__(self, reason: str, *, log: str = "", again: bool = False, key: str = "") -> None:
         super().__init__(reason)
         self.log = log
         self.again = again
         """Met as this run's earlier failure of the same key (the setup did not run)."""
+        self.key = key
+        """The setup's key, when it is known."""
 
 
 @dataclass
@@ -113,7 +115,7 @@ class Preparer:
         async with lock, _host_lock(key):
             done = self._done.get(key)
             if isinstance(done, SetupFailed):
-                raise SetupFailed(str(done), log=done.log, again=True)
+                raise SetupFailed(str(done), log=done.log, again=True, key=key)
             if done is not None:
                 return Prepared(key=key, ref=done.ref, reused=True, duration_s=0.0)
             t0 = time.monotonic()
@@ -125,6 +127,7 @@ class Preparer:
             try:
                 made = await self._run(setup, box, repo, key, inputs, secrets)
             except SetupFailed as exc:
+                exc.key = key
                 self._done[key] = exc
                 raise
             made.duration_s = round(time.monotonic() - t0, 3)

@@ -135,6 +135,13 @@
     const byNode = !RUN.lead && MEMBERS.some((m) => m.node);
     const lanes = ORDER.filter(shown);
     if (byNode) lanes.sort((a, b) => natural(a.node || "", b.node || ""));  // stable: ids stay in order
+    // Repository setups first, a lane each: what the members below waited on.
+    const setups = RUN.setups || [];
+    if (setups.length) {
+      rows.push({ head: setups.length === 1 ? "repository setup" : "repository setups" });
+      for (const su of setups) rows.push({ su });
+      if (lanes.length) rows.push({ head: "members" });
+    }
     for (const m of lanes) {
       if (RUN.lead && !m.lead && m.wave !== wave) {
         wave = m.wave;
@@ -160,9 +167,32 @@
     const slowest = MEMBERS.reduce((a, m) => (m.duration_s > a.duration_s ? m : a), MEMBERS[0] || { duration_s: 0 });
     for (const r of rows) {
       if (r.head) svg.append(sv("text", { class: "wave-head", x: 6, y: r.y + 12 }, document.createTextNode(r.head)));
+      else if (r.su) svg.append(setupLane(r.su, r.y, { x, laneH, W }));
       else svg.append(lane(r.m, r.y, { x, laneH, W, L, slowest, narrow }));
     }
     box.append(svg);
+  }
+
+  // One setup: from the first member's wait to the last one's end; its log opens on click.
+  function setupLane(su, y, g) {
+    const failed = su.st === "failed";
+    const name = "setup " + (su.key || "(key not recorded)");
+    const how = su.st === "made" ? `ran here in ${dur(su.d)}, for ${su.by}`
+      : su.st === "reused" ? "reused a prepared snapshot" : su.st === "failed" ? `failed after ${dur(su.d)}: ${su.why}` : "still running";
+    const text = `${name}: ${how}; members ${su.m.join(", ")}` + (su.log ? "; click for its log" : "");
+    const grp = sv("g", { class: "setup-lane" + (failed ? " failed" : ""), "data-key": su.key, "data-status": su.st,
+      tabindex: su.log ? 0 : -1, role: su.log ? "link" : "img", "aria-label": text });
+    if (su.log) {
+      const open = () => window.open(RUN.lb + su.log, "_blank", "noopener");
+      grp.addEventListener("click", open);
+      grp.addEventListener("keydown", onKeys(open));
+    }
+    grp.append(sv("rect", { class: "lane-bg", x: 0, y, width: g.W, height: g.laneH }));
+    grp.append(sv("text", { class: "lane-label", x: 20, y: y + g.laneH / 2 + 4 }, document.createTextNode("setup " + (su.key ? su.key.slice(0, 10) : "?"))));
+    grp.append(sv("rect", { class: "setup-span", x: g.x(su.s), y: y + 5, width: Math.max(1, g.x(su.e) - g.x(su.s)), height: 16, rx: 2,
+      fill: failed ? "var(--tool-err)" : "var(--setup)" }));
+    grp.append(title(text));
+    return grp;
   }
 
   function lane(m, y, g) {
