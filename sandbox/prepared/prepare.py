@@ -9,6 +9,20 @@ member that needs it in this run, with the same reason, without running it again
 failed setup is never kept, so the next run tries again; a snapshot is found on the
 engine before any setup is run, so a run whose key is cached sets up nothing.
 
+Why each node of a cluster sets up on its own engine rather than one node setting up
+and shipping the snapshot to the others (measured by ``bench/setup_nodes.py`` against a
+second engine on one machine; figures in ``bench/README.md``): the nodes' setups run at
+the same time, so the run waits one setup whichever way; shipping adds its transfer
+after it. The whole image is the worst way (478 MiB of ``docker save`` for a 22 MiB
+tree, about a build's time through a local pipe and some three times that through
+Ray); the tree alone, committed on the node over its own copy of the image, costs about
+a third of a small build (3 s against 8.5 s, local pipe) - still time added, never
+taken away. What a build per node spends is each node's own CPU (and, for a setup that
+downloads, its own downloads, through its own run's proxy, limited to the same hosts).
+Shipping the tree would be the choice for a setup much longer than its transfer on
+nodes too busy to run it, or one whose downloads must be byte-identical across nodes
+(a wheelhouse makes them so already).
+
 The setup box is a box of the member's image, runtime and limits, with no network, or,
 when the setup names ``allow`` hosts, the run's network and its egress proxy for those
 hosts only (the proxy variables set, so pip, uv, npm and apt use it). The wheelhouse is
