@@ -463,3 +463,80 @@ def test_a_commit_helper_left_by_a_killed_process_is_removed_by_gc(
     finally:
         with contextlib.suppress(docker.errors.NotFound):
             docker_client.api.remove_container(helper["Id"], force=True)
+
+
+def _kill_after(proc: subprocess.Popen, base: Path, pattern: str, results: int) -> None:
+    """SIGKILL ``proc`` once the member's trace (``base.glob(pattern)``) holds ``results``
+    tool results."""
+    import signal
+    import time
+
+    from subagents.trace import read_trace
+
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        traces = list(base.glob(pattern))
+        if traces and sum(e.type == "tool_result" for e in read_trace(traces[0])) >= results:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else ""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+
+
+def test_a_resumed_run_sets_up_again_only_when_its_snapshot_is_gone(
+    tmp_path: Path, project: tuple[Path, Path], images: dict, out: Path, docker_client, fake_api
+) -> None:
+    from conftest import remove_run
+    from fleet_policies import appending_policy
+
+    repo, wheels = project
+    setup = json.dumps(f"{INSTALL} # {tmp_path.name}")
+    table = f"{{ run = {setup}, wheels = {json.dumps(str(wheels))} }}"
+    job = job_file(tmp_path / "job.toml", repo, [table], model="claude-sonnet-5")
+    api = fake_api(appending_policy(14, latency_s=0.3))
+    env = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str) -> subprocess.Popen:
+        started.append(
+            subprocess.Popen(
+                [FLEET, *args, "--plain"],
+                env={**os.environ, **env},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+        return started[-1]
+
+    key = ""
+    try:
+        # Its first life makes the snapshot and is killed mid-member.
+        _kill_after(
+            start("run", str(job), "--output-dir", str(out)), out, "*/members/m0/trace.jsonl", 3
+        )
+        (run,) = RunDir.list(out)
+        key = _key_of(run, "m0")
+        # The second starts from the snapshot (nothing set up) and is killed in turn.
+        _kill_after(start("resume", str(run.path)), run.member_dir("m0"), "trace.jsonl", 6)
+        # The snapshot goes (the killed run's box first: a snapshot in use is kept), and
+        # the third life sets up again, then finishes.
+        remove_run(docker_client, run.id)
+        _forget(docker_client, key)  # as `fleet sandbox prepared rm` would
+        assert not any(p.key.startswith(key) for p in store.list_all(docker_client))
+        resumed = _fleet("resume", str(run.path), env=env)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        lives = _setup_events(run, "m0")
+        assert [e["detail"]["reused"] for e in lives] == [False, True, False]
+        assert all(e["detail"]["ok"] and e["detail"]["key"] == key[:16] for e in lives)
+        outcome = run.outcome("m0")
+        assert outcome.status == "ok", outcome.reason
+        assert outcome.result is not None and outcome.result.verified is not None
+        assert outcome.result.verified.passed  # tinydep imported: the tree was laid
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+        if key:
+            _forget(docker_client, key)
