@@ -15,10 +15,11 @@ import json
 import os
 import re
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     Field,
     ValidationError,
@@ -42,7 +43,12 @@ from sandbox.spec import (
 from sandbox.strict import Strict
 from subagents.browser.config import BrowserConfig
 from subagents.budget import CLOSING_TOKENS
-from subagents.kinds import get_kind
+from subagents.kinds import (
+    BUILTIN_MEMBER_KINDS,
+    get_kind,
+    kind_is,
+    member_kinds,
+)
 from subagents.policy import MemberPolicy, ToolPolicy
 from subagents.result_schema import parse_result_schema
 from subagents.spec import Limits, check_tool_names
@@ -53,10 +59,21 @@ from .job_problems import FieldProblem, JobError, describe_validation
 from .run_names import slug
 from .schema_check import member_fields
 
-MemberKind = Literal["browser", "coding"]
-RESEARCH_KIND: MemberKind = "browser"
-"""The kind of the members a ``[research]`` job plans: each reads the web for one
-sub-question."""
+
+def _a_member_kind(value: str) -> str:
+    """``value`` when a job may name it as a member's kind: a built-in kind with a box or
+    one the program registered (:func:`subagents.kinds.register_kind`)."""
+    if value not in member_kinds():
+        names = [repr(k) for k in member_kinds()]
+        listed = (
+            " or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]
+        )
+        raise ValueError(f"{value!r} is not allowed; input should be {listed}")
+    return value
+
+
+MemberKind = Annotated[str, AfterValidator(_a_member_kind)]
+"""A member's kind, asked of the kind registry (no kind's module is imported for it)."""
 RetryOn = Literal["crashed", "overloaded", "timed_out"]
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 MAX_ATTEMPTS = 8
@@ -421,7 +438,7 @@ class MemberJob(_JobModel):
             "attempts": self.attempts != 1,
         }
         field = next((f for f, used in coding_only.items() if used), None)
-        if self.kind != "coding" and field is not None:
+        if not kind_is(self.kind, "returns_patch") and field is not None:
             raise FieldProblem(field, f"'{field}' is only for coding members (kind = \"coding\")")
         return self
 
@@ -444,7 +461,6 @@ class Research(_JobModel):
     """Limits of each research member."""
 
 
-_ALL_KINDS: tuple[MemberKind, ...] = ("browser", "coding")
 LEAD_ID = "lead"
 """The lead's own id (its directory, trace and progress row); no member may take it."""
 
@@ -467,7 +483,9 @@ class Lead(_JobModel):
     """Members over all waves, at most; a spawn past it is refused."""
     max_waves: int = Field(default=3, ge=1, le=20)
     """Waves (spawn calls that start members), at most."""
-    kinds: list[MemberKind] = Field(default_factory=lambda: list(_ALL_KINDS), min_length=1)
+    kinds: list[MemberKind] = Field(
+        default_factory=lambda: list(BUILTIN_MEMBER_KINDS), min_length=1
+    )
     """Member kinds the lead may spawn."""
     model: str | None = None
     """The lead's own model; default the job's ``[model].name``."""
@@ -768,7 +786,7 @@ class Job(_JobModel):
         coding members, all on one repository."""
         merge = self.merge
         assert merge is not None
-        coding = {m.id: m for m in self.members if m.kind == "coding" and m.repo}
+        coding = {m.id: m for m in self.members if kind_is(m.kind, "returns_patch") and m.repo}
         if merge.order:
             chosen = []
             for i, mid in enumerate(merge.order):

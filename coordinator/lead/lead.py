@@ -35,6 +35,7 @@ import anyio
 from subagents.budget import budgeted, run_budget
 from subagents.context.config import ContextConfig
 from subagents.delegation import Reply
+from subagents.kinds import RESEARCH_KIND
 from subagents.kinds.lead import LeadSettings
 from subagents.member import run_member
 from subagents.model import Model, resolve_model
@@ -44,7 +45,7 @@ from subagents.trace import ModelCall, TraceWriter, read_trace
 
 from ..fanout.fanout import Fanout
 from ..job.planner import offline_plan
-from ..job.spec import LEAD_ID, RESEARCH_KIND, Job, MemberJob
+from ..job.spec import LEAD_ID, Job, MemberJob
 from ..journal.entries import (
     LeadFinishedEntry,
     LeadRetryEntry,

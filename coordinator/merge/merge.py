@@ -46,7 +46,7 @@ from pydantic import BaseModel, Field
 from sandbox.base import SandboxBackend
 from sandbox.errors import OutputLimitExceeded, SandboxError
 from sandbox.spec import NetworkPolicy
-from subagents.kinds import get_kind
+from subagents.kinds import trait
 from subagents.kinds.coding import PATCH_BYTES, read_patch
 from subagents.tools.registry import render_exec
 
@@ -208,7 +208,7 @@ async def _in_box(
     backend: SandboxBackend,
 ) -> None:
     spec = first.sandbox.box(
-        get_kind("coding").box_kind, network=NetworkPolicy(), runtime=job.sandbox.runtime
+        trait(first.kind, "box_kind"), network=NetworkPolicy(), runtime=job.sandbox.runtime
     )
     repo = Path(str(first.repo))
     staging = await anyio.to_thread.run_sync(lambda: staged_copy(repo, room=copy_room(spec)))

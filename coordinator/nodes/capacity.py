@@ -104,19 +104,21 @@ def widest(job: Job) -> int:
 
 def job_boxes(job: Job) -> list[SandboxSpec]:
     """One box spec per member the job may run (a lead's: its most of its heaviest kind)."""
-    from subagents.kinds import get_kind
+    from subagents.kinds import RESEARCH_KIND, trait
 
     from ..job.spec import SandboxOverrides
 
     none, runtime = NetworkPolicy(), job.sandbox.runtime
     boxes = [
-        m.sandbox.box(get_kind(m.kind).box_kind, network=none, runtime=runtime) for m in job.members
+        m.sandbox.box(trait(m.kind, "box_kind"), network=none, runtime=runtime) for m in job.members
     ]
     if job.research is not None:
-        research = SandboxOverrides().box("browser", network=none, runtime=runtime)
+        research = SandboxOverrides().box(
+            trait(RESEARCH_KIND, "box_kind"), network=none, runtime=runtime
+        )
         boxes += [research] * job.research.members
     if job.lead is not None:
-        kinds = [get_kind(k).box_kind for k in job.lead.kinds]
+        kinds = [trait(k, "box_kind") for k in job.lead.kinds]
         heaviest = max(kinds, key=lambda k: CPU_SHARE.get(k, 1.0))
         spawned = SandboxOverrides().box(heaviest, network=none, runtime=runtime)
         boxes += [spawned] * job.lead.max_members

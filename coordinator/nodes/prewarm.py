@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.spec import NetworkPolicy, SandboxSpec
+from subagents.kinds import RESEARCH_KIND, UnknownKind, trait
 
 from ..job.run_names import run_name
 from .capacity import choose, engine_host
@@ -184,6 +185,15 @@ class Prewarm:
             reaper.mark_done(self.run)
 
 
+def _box_kind(kind: Any) -> Any:
+    """The box kind of a member of ``kind`` as the job file says it (None: no box, or a
+    kind the job's validation will refuse), asked of the kind, not of its module."""
+    try:
+        return trait(kind, "box_kind") if trait(kind, "needs_box") else None
+    except (UnknownKind, TypeError):
+        return None
+
+
 def _first_wave(raw: dict[str, Any]) -> tuple[str, list[SandboxSpec], list[SandboxSpec]]:
     """The job's name, a box spec per member it may run (for the choice of
     ``max_parallel``, as :func:`coordinator.nodes.capacity.job_boxes` makes them), and the box
@@ -197,22 +207,21 @@ def _first_wave(raw: dict[str, Any]) -> tuple[str, list[SandboxSpec], list[Sandb
     # only by a member whose box spec is the same, runtime included.
     runtime = {"runtime": (raw.get("sandbox") or {}).get("runtime", "runc")}
     boxes = [
-        SandboxSpec(
-            kind="browser" if m.get("kind") == "browser" else "coding",
-            **{**runtime, **(m.get("sandbox") or {})},
-        )
+        SandboxSpec(kind=box, **{**runtime, **(m.get("sandbox") or {})})
         for m in members
+        if (box := _box_kind(m.get("kind")))
     ]
     research = raw.get("research")
     if isinstance(research, dict):
-        boxes += [SandboxSpec(kind="browser", **runtime)] * int(research.get("members", 3))
+        box = _box_kind(RESEARCH_KIND)
+        boxes += [SandboxSpec(kind=box, **runtime)] * int(research.get("members", 3))
     limit = (raw.get("fanout") or {}).get("max_parallel")
     wave = members[:limit] if isinstance(limit, int) and limit > 0 else members
     first = []
     for member in wave:
         overrides = {**runtime, **(member.get("sandbox") or {})}
         if (
-            member.get("kind") != "coding"
+            _box_kind(member.get("kind")) != "coding"  # only a box with no network starts early
             or overrides.get("image")
             or overrides.get("keep")
             or member.get("setup") is not None  # its box starts from the setup's snapshot

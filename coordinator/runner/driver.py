@@ -34,14 +34,14 @@ from sandbox.warm import WarmBoxes
 from subagents.beside import leaves
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.budget import register
-from subagents.kinds import kind_is
+from subagents.kinds import RESEARCH_KIND, kind_is
 from subagents.model import Model, make_model, resolve_model
 from subagents.outcome import MemberOutcome
 
 from ..fanout.executor import Executor
 from ..fanout.fanout import Fanout, to_member_spec
 from ..job.planner import plan
-from ..job.spec import LEAD_ID, RESEARCH_KIND, Job, MemberJob
+from ..job.spec import LEAD_ID, Job, MemberJob
 from ..journal.entries import (
     BoxesKeptEntry,
     JournalEntryModel,

@@ -48,13 +48,13 @@ import anyio
 from sandbox.errors import SandboxUnavailable
 from sandbox.spec import NetworkPolicy
 from subagents.browser.corpus import CORPUS_MEMBER
-from subagents.kinds import get_kind, kind_is
+from subagents.kinds import RESEARCH_KIND, get_kind, kind_is, trait
 from subagents.model import ModelError, make_model, resolve_model
 from subagents.model.profiles import profile_for
 from subagents.model.tokens import estimate_bytes
 
 from ..errors import CommandFailed, UsageError
-from ..job.spec import RESEARCH_KIND, Job
+from ..job.spec import Job
 from ..nodes.capacity import Parallelism, choose, engine_host, job_boxes, widest
 from ..nodes.repo_copy import RepoRefused, RepoTooLarge, check_size, copy_room
 
@@ -222,7 +222,8 @@ def check_repos(job: Job, flags: dict[str, str] | None = None) -> None:
                 "point it at the project's own directory (e.g. ./my-project)"
             )
         try:
-            check_size(repo, room=copy_room(member.sandbox.box("coding", network=NetworkPolicy())))
+            box = member.sandbox.box(trait(member.kind, "box_kind"), network=NetworkPolicy())
+            check_size(repo, room=copy_room(box))
         except (RepoTooLarge, RepoRefused) as exc:
             raise UsageError(f"{field}: {exc}") from None
         except OSError as exc:
@@ -281,7 +282,7 @@ def needed_images(job: Job) -> list[str]:
         kinds.append(RESEARCH_KIND)
     if job.lead is not None:
         kinds += job.lead.kinds
-    names: set[str] = {get_kind(k).box_kind for k in kinds}  # an image per box kind
+    names: set[str] = {trait(k, "box_kind") for k in kinds}  # an image per box kind
     if any(kind_is(k, "reads_web") for k in [*kinds, *(m.kind for m in job.members)]):
         names.add("coding")  # the run network's egress proxy runs on the default image
         if any(h.split(":")[0] == CORPUS_MEMBER for h in job.egress.allow):

@@ -20,24 +20,27 @@ part of the answer - a coding member's patch is computed from the box by
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox.spec import BoxKind
+if TYPE_CHECKING:  # the harness's parts, for the hooks' types only: asking a kind about
+    # itself (its traits, :func:`trait`) imports neither them nor any kind's module
+    from sandbox.spec import BoxKind
 
-from ..durable import Checkpoint, Restore
-from ..tools.base import Tool, ToolContext
+    from ..durable import Checkpoint, Restore
+    from ..tools.base import Tool, ToolContext
 
-ToolsFactory = Callable[[Any], list[Tool]]
-"""Builds a member's tools from its settings (an instance of the kind's ``settings``)."""
-Brief = Callable[[Any], "str | None"]
-Setup = Callable[[ToolContext], Awaitable[None]]
-Finalize = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
-Judge = Callable[[dict[str, Any]], "str | None"]
+    ToolsFactory = Callable[[Any], list[Tool]]
+    """Builds a member's tools from its settings (an instance of the kind's ``settings``)."""
+    Brief = Callable[[Any], str | None]
+    Setup = Callable[[ToolContext], Awaitable[None]]
+    Finalize = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
+    Judge = Callable[[dict[str, Any]], str | None]
 
 
 class NoSettings(BaseModel):
@@ -115,7 +118,51 @@ class UnknownKind(ValueError):
 
 
 _KINDS: dict[str, Kind] = {}
-_BUILTIN = ("coding", "browser", "lead")
+BUILTIN_TRAITS: dict[str, dict[str, Any]] = {
+    "coding": {"box_kind": "coding", "todos": True, "returns_patch": True, "file_tools": True},
+    "browser": {"box_kind": "browser", "reads_web": True},
+    "lead": {"needs_box": False},
+}
+"""The built-in kinds' traits (their plain fields): each kind's module builds its
+:class:`Kind` from these (:func:`builtin_traits`), and :func:`trait` answers from them
+without importing the module - a browser kind's brings Playwright with it (about 0.2 s),
+which a job's check, the early boxes and the report never need."""
+_BUILTIN = tuple(BUILTIN_TRAITS)
+BUILTIN_MEMBER_KINDS = ("browser", "coding")
+"""The built-in kinds a job may name for a member (the lead is a run's own)."""
+RESEARCH_KIND = "browser"
+"""The kind of the members a ``[research]`` job plans: each reads the web for one
+sub-question."""
+_TRAITS = {f.name: f.default for f in dataclasses.fields(Kind) if f.type in ("bool", "BoxKind")}
+
+
+def builtin_traits(name: str) -> dict[str, Any]:
+    """The traits of the built-in kind ``name``, for its module's :class:`Kind`."""
+    return dict(BUILTIN_TRAITS[name])
+
+
+def trait(name: str, which: str) -> Any:
+    """The trait ``which`` (a plain field of :class:`Kind`: ``box_kind``, ``needs_box``,
+    ``returns_patch``, ``reads_web``, ...) of the kind called ``name``, without
+    importing a built-in kind's module.
+
+    Raises:
+        UnknownKind: no kind of that name is registered or built in.
+        KeyError: ``which`` is no trait.
+    """
+    if which not in _TRAITS:
+        raise KeyError(f"{which!r} is not a trait of a kind; traits: {', '.join(sorted(_TRAITS))}")
+    if name in _KINDS:
+        return getattr(_KINDS[name], which)
+    if name in BUILTIN_TRAITS:
+        return BUILTIN_TRAITS[name].get(which, _TRAITS[which])
+    raise UnknownKind(f"unknown member kind {name!r}; use one of: {', '.join(member_kinds())}")
+
+
+def member_kinds() -> list[str]:
+    """The kinds a job may name for a member: the built-in ones and every registered
+    kind that runs in a box, sorted."""
+    return sorted({*BUILTIN_MEMBER_KINDS, *(n for n, k in _KINDS.items() if k.needs_box)})
 
 
 def register_kind(kind: Kind) -> Kind:
@@ -138,11 +185,12 @@ def get_kind(name: str) -> Kind:
     return _KINDS[name]
 
 
-def kind_is(name: str, trait: str) -> bool:
-    """Whether the kind called ``name`` has ``trait`` (a boolean field of :class:`Kind`);
-    False for a kind this process does not know (a run recorded by a newer Fleet)."""
+def kind_is(name: str, which: str) -> bool:
+    """Whether the kind called ``name`` has the trait ``which`` (a boolean field of
+    :class:`Kind`); False for a kind this process does not know (a run recorded by a
+    newer Fleet)."""
     try:
-        return bool(getattr(get_kind(name), trait))
+        return bool(trait(name, which))
     except UnknownKind:
         return False
 

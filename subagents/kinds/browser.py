@@ -28,7 +28,7 @@ from ..browser.config import BrowserConfig
 from ..browser.pages import verify_quote
 from ..tools.base import ToolContext, ToolError
 from ..tools.browser import Navigate, browser_tools, close_session, page_store
-from . import Kind, register_kind
+from . import Kind, builtin_traits, register_kind
 from .results import Findings, VerifiedClaim, VerifiedFindings
 
 SYSTEM_PROMPT = """\
@@ -114,6 +114,7 @@ async def _teardown(ctx: ToolContext) -> None:
 BROWSER = register_kind(
     Kind(
         name="browser",
+        **builtin_traits("browser"),
         system_prompt=SYSTEM_PROMPT,
         tools=browser_tools,
         result_model=VerifiedFindings,
@@ -122,8 +123,6 @@ BROWSER = register_kind(
             "Finish: submit your findings (summary, claims with source_url and a verbatim "
             "quote, open questions, confidence). Call it exactly once, when done."
         ),
-        box_kind="browser",
-        reads_web=True,
         finalize=verify_findings,
         checkpoint=checkpoint_page,
         restore=restore_page,

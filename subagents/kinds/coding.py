@@ -59,7 +59,7 @@ from ..tools.base import ToolContext
 from ..tools.coding import coding_tools
 from ..tools.names import show
 from ..tools.registry import render_exec
-from . import Kind, register_kind, workspace_git
+from . import Kind, builtin_traits, register_kind, workspace_git
 from .results import CodingReport, CodingResult, VerifiedTests
 
 PATCH_CHARS = 200_000
@@ -359,6 +359,7 @@ async def _diff_now(
 CODING = register_kind(
     Kind(
         name="coding",
+        **builtin_traits("coding"),
         system_prompt=SYSTEM_PROMPT,
         tools=lambda settings: coding_tools(),
         result_model=CodingResult,
@@ -367,10 +368,6 @@ CODING = register_kind(
             "Finish: report what you changed (summary), the test commands you ran and "
             "whether they passed. The patch is collected automatically. Call once, when done."
         ),
-        todos=True,
-        box_kind="coding",
-        returns_patch=True,
-        file_tools=True,
         setup=snapshot_workspace,
         checkpoint=lambda ctx, tools: _checkpoint().checkpoint_workspace(ctx, tools, _diff_now),
         restore=lambda ctx, data: _checkpoint().restore_workspace(ctx, data),

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..browser.dom import CLOSE_TAG, OPEN_TAG
 from ..tools.lead import lead_tools
-from . import Kind, register_kind
+from . import Kind, builtin_traits, register_kind
 from .results import LeadReport
 
 SYSTEM_PROMPT = f"""\
@@ -98,6 +98,7 @@ def lead_brief(settings: LeadSettings) -> str:
 LEAD = register_kind(
     Kind(
         name="lead",
+        **builtin_traits("lead"),
         system_prompt=SYSTEM_PROMPT,
         tools=lead_tools,
         result_model=LeadReport,
@@ -106,7 +107,6 @@ LEAD = register_kind(
             "Finish: submit the report (summary, claims citing member claims as "
             "{member, claim}, open questions). Call it once, when the research is done."
         ),
-        needs_box=False,
         settings=LeadSettings,
         brief=lead_brief,
     )
