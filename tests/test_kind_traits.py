@@ -89,6 +89,9 @@ def test_a_job_names_only_kinds_with_a_box_and_says_which_there_are() -> None:
     )
     with pytest.raises(fleet.JobError, match="'reviewer' is not allowed"):
         MemberJob(kind="reviewer", task="t")
+    with pytest.raises(fleet.JobError) as huge:
+        MemberJob(kind="x" * 1_000_000, task="t")  # named back, not printed back whole
+    assert len(str(huge.value)) < 500 and "(1,000,000 characters)" in str(huge.value)
     with pytest.raises(KeyError, match="'box' is not a trait"):
         trait("coding", "box")
     assert not kind_is("no-such-kind", "returns_patch")  # a newer Fleet's run, read here

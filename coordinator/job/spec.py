@@ -68,7 +68,12 @@ def _a_member_kind(value: str) -> str:
         listed = (
             " or ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " or " + names[-1]
         )
-        raise ValueError(f"{value!r} is not allowed; input should be {listed}")
+        shown = (
+            repr(value)
+            if len(repr(value)) <= 80
+            else f"{repr(value)[:60]}... ({len(value):,} characters)"
+        )
+        raise ValueError(f"{shown} is not allowed; input should be {listed}")
     return value
 
 
