@@ -38,7 +38,13 @@ class ContextConfig(BaseModel):
     preview_line_chars: int = Field(default=300, ge=20)
     """Each preview line is cut to this many characters (one-line JSON stays small)."""
     keep_recent_results: int = Field(default=3, ge=0)
-    """The most recent tool results are never offloaded for being over budget."""
+    """The most recent tool results are never offloaded for being over budget, and
+    (within ``keep_recent_tokens``) are not aged."""
+    keep_recent_tokens: int = Field(default=20_000, ge=0)
+    """Beyond the newest result, recent results stay whole only while they total at
+    most this: a 15,000-token page the model has read and acted on is not re-sent in
+    full (:mod:`subagents.context.aging`); small results keep the ``keep_recent_results``
+    newest."""
     offload_target_fraction: float = Field(default=0.6, gt=0, le=1)
     """Over-budget offloading goes on, oldest result first, until the context is under
     this share of the budget: the gap to the trigger makes it act in batches, so the
@@ -50,9 +56,11 @@ class ContextConfig(BaseModel):
     newest (and at least ``old_result_min_tokens``) become pointers without a preview;
     an offload's preview is dropped once it is that old at any size
     (:mod:`subagents.context.aging`)."""
-    age_fraction: float = Field(default=0.25, gt=0, le=1)
-    """Aging acts only in batches that free at least this share of the context, so
-    the cached prompt prefix it rewrites is rewritten rarely; 1 switches aging off."""
+    age_fraction: float = Field(default=0.1, gt=0, le=1)
+    """Aging acts only when it frees at least this share of what the rewrite sends to
+    the prompt cache again (the tail from the first rewritten block to the end), so a
+    result leaving the recent window ages at once and old ones far back in batches;
+    1 switches aging off."""
 
     clip_fraction: float = Field(default=0.85, gt=0, le=1)
     """Past this share of the budget, old write/edit inputs become pointers (never
