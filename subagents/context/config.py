@@ -6,8 +6,8 @@ the model's window: a 1M-token window does not mean the model attends well to 1M
 tokens, so by default the budget is the smaller of 85% of the window and 150,000
 tokens. The order in which the mechanisms act, each only if the one before did not
 make enough room, is: offload one large result as it arrives; clip old write/edit
-inputs past ``clip_fraction``; age results the model has moved past (in batches,
-past ``age_from_fraction``); past the compaction trigger (below the budget, so the
+inputs past ``clip_fraction``; age results the model has moved past (as they leave
+the recent window, past ``age_from_fraction``); past the compaction trigger (below the budget, so the
 budget itself is never passed), offload older results, oldest first, down to
 ``offload_target_fraction``; compact only if the context is still over the trigger.
 """
@@ -52,9 +52,10 @@ class ContextConfig(BaseModel):
     old_result_min_tokens: int = Field(default=1_000, ge=0)
     """Older results smaller than this stay inline: their pointer would save little."""
     age_from_fraction: float = Field(default=0.3, gt=0, le=1)
-    """Past this share of the budget, results older than the ``keep_recent_results``
-    newest (and at least ``old_result_min_tokens``) become pointers without a preview;
-    an offload's preview is dropped once it is that old at any size
+    """Past this share of the budget, results outside the recent window
+    (``keep_recent_results``, ``keep_recent_tokens``) of at least
+    ``old_result_min_tokens`` become brief pointers (size and path); an offload's
+    preview is dropped once it is outside the window at any size
     (:mod:`subagents.context.aging`)."""
     age_fraction: float = Field(default=0.1, gt=0, le=1)
     """Aging acts only when it frees at least this share of what the rewrite sends to
