@@ -7,9 +7,10 @@ tokens, so by default the budget is the smaller of 85% of the window and 150,000
 tokens. The order in which the mechanisms act, each only if the one before did not
 make enough room, is: offload one large result as it arrives; clip old write/edit
 inputs past ``clip_fraction``; age results the model has moved past (as they leave
-the recent window, past ``age_from_fraction``); past the compaction trigger (below the budget, so the
-budget itself is never passed), offload older results, oldest first, down to
-``offload_target_fraction``; compact only if the context is still over the trigger.
+the recent window, past ``age_from_fraction``); past the compaction trigger (below
+the budget, so the budget itself is never passed), offload older results, oldest
+first, down to ``offload_target_fraction``; compact only if the context is still
+over the trigger.
 """
 
 from __future__ import annotations
