@@ -38,6 +38,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,16 +68,13 @@ PLAN = re.compile(r"PLAN\[(\w+):(\d+):(\d+):(\w+)\]")
 # -- the fake model, in its own process ------------------------------------------------
 def serve() -> None:
     """Serve the plan policy on 127.0.0.1 until stdin closes; print the URL first."""
-    from subagents.fake_api import FakeMessagesAPI, text, tool_use
+    from subagents.fake_api import text, tool_use
 
     steps: dict[str, int] = {}
     lock = threading.Lock()
 
     def policy(body: dict[str, Any]) -> Any:
-        system = body.get("system") or ""
-        if not isinstance(system, str):
-            system = "".join(b.get("text", "") for b in system)
-        if SUMMARY_SYSTEM in system:
+        if SUMMARY_SYSTEM in system_text(body):
             return text("## Session intent\nbench\n## Next steps\ngo on")
         found = PLAN.search(json.dumps(body["messages"][0]))
         assert found is not None, "no PLAN[...] in the task"
@@ -89,11 +88,46 @@ def serve() -> None:
             size = 3_000 if step % 10 == 9 else 300
         return tool_use("produce", {"tokens": size, "tag": f"turn {step}"})
 
+    serve_policy(policy)
+
+
+def system_text(body: dict[str, Any]) -> str:
+    """A request's system prompt as one string."""
+    system = body.get("system") or ""
+    return system if isinstance(system, str) else "".join(b.get("text", "") for b in system)
+
+
+def serve_policy(policy: Any) -> None:
+    """Serve ``policy`` on 127.0.0.1 until stdin closes, recording no bodies; print the
+    URL first (the parent reads it: :func:`fake_server`)."""
+    from subagents.fake_api import FakeMessagesAPI
+
     api = FakeMessagesAPI(policy).start()
     api.record = lambda entry: None  # type: ignore[method-assign]  # keep no bodies
     print(api.url, flush=True)
     sys.stdin.read()
     api.stop()
+
+
+@contextmanager
+def fake_server(script: str) -> Iterator[None]:
+    """``script --serve`` in another process (its CPU is not this one's), with the
+    ``anthropic`` client of this process pointed at it."""
+    server = subprocess.Popen(
+        [sys.executable, script, "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        os.environ["ANTHROPIC_BASE_URL"] = server.stdout.readline().strip()
+        os.environ["ANTHROPIC_API_KEY"] = "bench-key"
+        yield
+    finally:
+        assert server.stdin is not None
+        server.stdin.close()
+        server.wait(timeout=10)
 
 
 # -- one member ---------------------------------------------------------------------
@@ -219,16 +253,7 @@ def main() -> None:
     if args.serve:
         serve()
         return
-    server = subprocess.Popen(
-        [sys.executable, __file__, "--serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        os.environ["ANTHROPIC_BASE_URL"] = server.stdout.readline().strip()
-        os.environ["ANTHROPIC_API_KEY"] = "bench-key"
+    with fake_server(__file__):
         parts = args.parts.split(",")
         print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
         if "cpu" in parts:
@@ -237,10 +262,6 @@ def main() -> None:
         if "tokens" in parts:
             print("\nTokens sent (as the fake API counts them) and prompt-cache reads\n")
             print("\n".join(part_tokens()))
-    finally:
-        assert server.stdin is not None
-        server.stdin.close()
-        server.wait(timeout=10)
 
 
 if __name__ == "__main__":

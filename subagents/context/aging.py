@@ -1,25 +1,40 @@
-"""Aging: results the model has moved past shrink, in batches, so fewer tokens are re-sent.
+"""Aging: results the model has moved past shrink, so fewer tokens are re-sent.
 
 Every turn re-sends the whole conversation. A result the model read several tool
 calls ago is still re-sent in full each turn: 60 results of 15,000 tokens (just
 under the offload line) made a member send 6M input tokens. Aging shrinks what the
-model has moved past - results older than the ``keep_recent_results`` newest:
+model has moved past - results outside the *recent window*:
 
-- an inline result of at least ``old_result_min_tokens`` is offloaded like a large
-  one (saved where the member can read it back) and becomes a pointer *without* a
-  preview: the model has read all of it, the path and size are what it needs now;
-  this waits until the context is past ``age_from_fraction`` of the budget, so a
-  small context keeps what the model read;
+- the recent window is the newest results: at most ``keep_recent_results`` of them,
+  and, beyond the newest, only while they total at most ``keep_recent_tokens``;
+  results of the message about to be sent are always in it (the model has not seen
+  them yet). By count alone, three 15,000-token pages stayed whole, so each page
+  was sent at least three times in full (2.7M of a 60-page member's input tokens,
+  whatever else was done); by tokens, a page the model has read once and acted on
+  (it made its next call after it) is re-sent as its pointer, while small results -
+  a coding member's command outputs - keep the three newest as before;
+- an inline result of at least ``old_result_min_tokens`` that leaves the window is
+  offloaded like a large one (saved where the member can read it back) and becomes
+  a pointer *without* a preview: the model has read all of it, the path and size are
+  what it needs now; this waits until the context is past ``age_from_fraction`` of
+  the budget, so a small context keeps what the model read;
 - a pointer that still shows its 10-line preview (an offload on arrival) loses the
-  preview, at any size: the preview was for deciding what to read, and that was
-  decided when the pointer was new.
+  preview once it leaves the window, at any size: the preview was for deciding what
+  to read, and that was decided when the pointer was new.
 
-Batches, not a trickle: rewriting an old block makes the prompt cache miss from that
-block on, so aging acts only when what it frees is at least ``age_fraction`` of the
-context (the same reason as the API's ``clear_at_least``): the rewrite is paid back
-within a few turns of smaller requests, and most turns remain pure appends whose
-history is a cache read. The model adapter also puts a cache breakpoint just before
-the first rewritten block, so the history before it is still read from the cache.
+When, and what it costs the prompt cache: rewriting an old block makes the cache miss
+from that block on, so what a rewrite costs is the *tail* - the tokens from the first
+rewritten block to the end, written to the cache again - not the whole context.
+Aging acts when what it frees is at least ``age_fraction`` of that tail (the same
+idea as the API's ``clear_at_least``). A result aged as it leaves the window sits
+just before it, so its tail is the window itself and it ages at once: the history
+before it stays a cache read, and every later turn sends its pointer instead of its
+text (measured on 60 pages, ``bench/context_total.py``: waiting for batches that
+free a quarter of the *whole* context re-sent each page several more times). Results
+far back (the first time the context passes ``age_from_fraction``) have the whole
+context as their tail, so they still age in one batch, rarely. The model adapter
+puts a cache breakpoint just before the first rewritten block, so the history
+before it is still read from the cache.
 
 Tracking is incremental: new messages are scanned once, and what the candidates
 would free is a running sum, so a turn without aging costs a few list operations.
@@ -27,27 +42,17 @@ would free is a running sum, so a turn without aging costs a few list operations
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..model.wire import replace_block
 from ..trace import Clip, Offload, TraceWriter
-from .offload import OFFLOAD_MARK, Offloader, result_text, tool_names
+from .offload import Offloader, result_text, tool_names
 from .tokens import estimate_text
 
-POINTER_HEAD_TOKENS = 60
-"""About what a pointer without its preview costs (mark, size, path, how to read)."""
-_PREVIEW = re.compile(r"\nFirst \d+ lines:\n")
-
-
-def without_preview(pointer: str) -> str | None:
-    """The pointer without its preview lines, or None if it has none."""
-    if not pointer.startswith(OFFLOAD_MARK):
-        return None
-    found = _PREVIEW.search(pointer)
-    return pointer[: found.start()] if found else None
+POINTER_HEAD_TOKENS = 30
+"""About what a brief pointer costs (mark, size, path)."""
 
 
 @dataclass
@@ -69,10 +74,16 @@ class AgingTracker:
 
     keep_recent: int
     min_tokens: int
+    keep_tokens: int = 1 << 62
+    """The recent results beyond the newest stay only while they total at most this."""
+    briefs: dict[str, str] = field(default_factory=dict)
+    """The offloader's call id -> brief pointer (shared): which results are pointers."""
     scanned: int = 0
     """Messages scanned (the conversation only grows at its end between resets)."""
     results: list[tuple[int, str]] = field(default_factory=list)
     """(message index, tool_use_id) of every tool result seen, oldest first."""
+    sizes: list[int] = field(default_factory=list)
+    """Tokens of each of ``results`` when it was scanned."""
     judged: int = 0
     """Results that left the recent window and were judged (counted in ``pending``)."""
     pending: list[Candidate] = field(default_factory=list)
@@ -82,7 +93,7 @@ class AgingTracker:
     def reset(self) -> None:
         """The conversation was rewritten (compaction, offload, clip): rescan it."""
         self.scanned, self.judged = 0, 0
-        self.results, self.pending, self.deferred = [], [], []
+        self.results, self.sizes, self.pending, self.deferred = [], [], [], []
 
     def update(self, messages: list[dict[str, Any]], *, inline_allowed: bool) -> int:
         """Scan what is new and judge results that left the recent window; returns the
@@ -97,8 +108,11 @@ class AgingTracker:
             for block in content:
                 if isinstance(block, dict) and block.get("type") == "tool_result":
                     self.results.append((index, block.get("tool_use_id", "")))
+                    text = result_text(block)
+                    self.sizes.append(estimate_text(text) if text is not None else 0)
         self.scanned = len(messages)
-        leaving = self.results[self.judged : max(self.judged, len(self.results) - self.keep_recent)]
+        end = len(self.results) - self._recent(len(messages) - 1)
+        leaving = self.results[self.judged : max(self.judged, end)]
         self.judged += len(leaving)
         if inline_allowed:
             leaving, self.deferred = [*self.deferred, *leaving], []
@@ -108,6 +122,21 @@ class AgingTracker:
                 self.pending.append(candidate)
         return sum(c.tokens for c in self.pending)
 
+    def _recent(self, last: int) -> int:
+        """How many of the newest results are in the recent window (see the module doc)."""
+        count, total = 0, 0
+        for (index, _), size in zip(reversed(self.results), reversed(self.sizes), strict=True):
+            unseen = index >= last  # in the message about to be sent
+            within = count < self.keep_recent and (count == 0 or total + size <= self.keep_tokens)
+            if not (unseen or within):
+                break
+            count, total = count + 1, total + size
+        return count
+
+    def tail_from(self) -> int | None:
+        """Message index of the oldest pending candidate (where a rewrite would start)."""
+        return min((c.index for c in self.pending), default=None)
+
     def _judge(
         self, messages: list[dict[str, Any]], index: int, call_id: str, inline_allowed: bool
     ) -> Candidate | None:
@@ -115,11 +144,12 @@ class AgingTracker:
         text = result_text(block) if block is not None else None
         if text is None:
             return None
-        shorter = without_preview(text)
-        if shorter is not None:
-            return Candidate(index, call_id, estimate_text(text) - estimate_text(shorter), False)
+        brief = self.briefs.get(call_id)
+        if brief is not None:  # a pointer: it drops its preview and how-to if it has them
+            saves = estimate_text(text) - estimate_text(brief)
+            return Candidate(index, call_id, saves, False) if saves > 0 else None
         size = estimate_text(text)
-        if text.startswith(OFFLOAD_MARK) or size < self.min_tokens:
+        if size < self.min_tokens:
             return None
         if not inline_allowed:
             self.deferred.append((index, call_id))
@@ -180,7 +210,7 @@ async def shrink(
                 )
             )
         else:
-            pointer = without_preview(text) or text
+            pointer = offloader.briefs.get(candidate.call_id, text)
             dropped.append(candidate.call_id)
             saved_tokens += candidate.tokens
         forget(messages[candidate.index])

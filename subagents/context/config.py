@@ -6,10 +6,11 @@ the model's window: a 1M-token window does not mean the model attends well to 1M
 tokens, so by default the budget is the smaller of 85% of the window and 150,000
 tokens. The order in which the mechanisms act, each only if the one before did not
 make enough room, is: offload one large result as it arrives; clip old write/edit
-inputs past ``clip_fraction``; age results the model has moved past (in batches,
-past ``age_from_fraction``); past the compaction trigger (below the budget, so the
-budget itself is never passed), offload older results, oldest first, down to
-``offload_target_fraction``; compact only if the context is still over the trigger.
+inputs past ``clip_fraction``; age results the model has moved past (as they leave
+the recent window, past ``age_from_fraction``); past the compaction trigger (below
+the budget, so the budget itself is never passed), offload older results, oldest
+first, down to ``offload_target_fraction``; compact only if the context is still
+over the trigger.
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ class ContextConfig(BaseModel):
     preview_line_chars: int = Field(default=300, ge=20)
     """Each preview line is cut to this many characters (one-line JSON stays small)."""
     keep_recent_results: int = Field(default=3, ge=0)
-    """The most recent tool results are never offloaded for being over budget."""
+    """The most recent tool results are never offloaded for being over budget, and
+    (within ``keep_recent_tokens``) are not aged."""
+    keep_recent_tokens: int = Field(default=20_000, ge=0)
+    """Beyond the newest result, recent results stay whole only while they total at
+    most this: a 15,000-token page the model has read and acted on is not re-sent in
+    full (:mod:`subagents.context.aging`); small results keep the ``keep_recent_results``
+    newest."""
     offload_target_fraction: float = Field(default=0.6, gt=0, le=1)
     """Over-budget offloading goes on, oldest result first, until the context is under
     this share of the budget: the gap to the trigger makes it act in batches, so the
@@ -46,13 +53,16 @@ class ContextConfig(BaseModel):
     old_result_min_tokens: int = Field(default=1_000, ge=0)
     """Older results smaller than this stay inline: their pointer would save little."""
     age_from_fraction: float = Field(default=0.3, gt=0, le=1)
-    """Past this share of the budget, results older than the ``keep_recent_results``
-    newest (and at least ``old_result_min_tokens``) become pointers without a preview;
-    an offload's preview is dropped once it is that old at any size
+    """Past this share of the budget, results outside the recent window
+    (``keep_recent_results``, ``keep_recent_tokens``) of at least
+    ``old_result_min_tokens`` become brief pointers (size and path); an offload's
+    preview is dropped once it is outside the window at any size
     (:mod:`subagents.context.aging`)."""
-    age_fraction: float = Field(default=0.25, gt=0, le=1)
-    """Aging acts only in batches that free at least this share of the context, so
-    the cached prompt prefix it rewrites is rewritten rarely; 1 switches aging off."""
+    age_fraction: float = Field(default=0.1, gt=0, le=1)
+    """Aging acts only when it frees at least this share of what the rewrite sends to
+    the prompt cache again (the tail from the first rewritten block to the end), so a
+    result leaving the recent window ages at once and old ones far back in batches;
+    1 switches aging off."""
 
     clip_fraction: float = Field(default=0.85, gt=0, le=1)
     """Past this share of the budget, old write/edit inputs become pointers (never

@@ -33,7 +33,7 @@ from .clip import clip_old_writes
 from .config import ContextConfig
 from .memory import MemoryStore, cap_text, wrap_memory
 from .memory_tool import MemoryTool
-from .offload import OFFLOAD_MARK, Offloader, old_results, result_text, tool_names
+from .offload import Offloader, old_results, result_text, tool_names
 from .saved import ReadSaved
 from .todos import TodoState, WriteTodos
 from .tokens import TokenCounter, estimate_text
@@ -68,11 +68,14 @@ class ContextManager:
         self.budget = self.limits.tokens
         self.counter = TokenCounter()
         self.aging = AgingTracker(
-            keep_recent=config.keep_recent_results, min_tokens=config.old_result_min_tokens
+            keep_recent=config.keep_recent_results,
+            min_tokens=config.old_result_min_tokens,
+            keep_tokens=config.keep_recent_tokens,
         )
         self.aged = 0
         """Results the model had moved past that were shrunk (offloaded, or a preview dropped)."""
         self.offloader = Offloader(config, sandbox, self.run_dir, box_tools=box_tools)
+        self.aging.briefs = self.offloader.briefs
         self.todos = TodoState(trace) if todos_enabled else None
         self.memory = (
             MemoryStore(
@@ -237,9 +240,14 @@ class ContextManager:
     async def _age(
         self, messages: list[dict], turn: int, system: Any, tools: list, tokens: int
     ) -> int:
-        """Shrink results the model has moved past, in one batch when it frees enough."""
+        """Shrink results the model has moved past, when it frees enough of what the
+        rewrite sends to the cache again (the tail from the first rewritten block)."""
         free = self.aging.update(messages, inline_allowed=tokens > self.limits.age_from)
-        if free < self.config.age_fraction * tokens:
+        start = self.aging.tail_from()
+        if start is None:
+            return tokens
+        tail = sum(self.counter.message(m) for m in messages[start:])
+        if free < self.config.age_fraction * tail:
             return tokens
         aged, offloaded = await shrink(
             messages,
@@ -262,7 +270,7 @@ class ContextManager:
             if tokens <= self.limits.offload_to:
                 break
             text = result_text(block)
-            if text is None or text.startswith(OFFLOAD_MARK):
+            if text is None or block.get("tool_use_id", "") in self.offloader.briefs:
                 continue
             size = estimate_text(text)
             if size < self.config.old_result_min_tokens:

@@ -35,7 +35,8 @@ from .config import ContextConfig
 from .tokens import estimate_text
 
 OFFLOAD_MARK = "[tool result offloaded"
-"""Start of every pointer text; an offloaded result is never offloaded again."""
+"""Start of every pointer text. Which results are pointers is known by their call id
+(:attr:`Offloader.briefs`), never by this text: a page may begin with it too."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -134,6 +135,16 @@ def pointer_text(
     return f"{head}\nFirst {len(preview)} lines:\n" + "\n".join(preview)
 
 
+def brief_pointer(saved: Saved, text: str, tokens: int) -> str:
+    """The short pointer of a result the model has read or moved past: its size and
+    path only. How to read it back is said by every new pointer and the tool list, so
+    it is not repeated in each old one, which every later turn re-sends."""
+    head = f"{OFFLOAD_MARK}: ~{tokens:,} tokens, {len(text.splitlines()):,} lines]"
+    if saved.how_to_read:
+        return f"{head}\nFull content: {saved.for_model}"
+    return f"{head}\nSaved outside your sandbox; you cannot read it back."
+
+
 class Offloader:
     """Saves results to the box and the run directory and builds their pointers."""
 
@@ -150,6 +161,9 @@ class Offloader:
         self.run_dir = run_dir
         self.box_tools = box_tools
         """The member reads box files with its own tools (else with ``read_saved``)."""
+        self.briefs: dict[str, str] = {}
+        """call id -> short pointer (:func:`brief_pointer`) of every result offloaded:
+        which results are pointers, and what an old pointer shrinks to."""
         self._seq = 0
 
     def too_large(self, text: str) -> bool:
@@ -158,13 +172,16 @@ class Offloader:
     async def offload(
         self, call_id: str, tool: str, text: str, *, preview: bool = True
     ) -> tuple[str, Saved, int]:
-        """Save ``text``; returns (pointer text, where it was saved, its tokens)."""
+        """Save ``text``; returns (pointer text, where it was saved, its tokens). Without
+        ``preview`` (a result the model has read whole) the pointer is the brief one."""
         self._seq += 1
         name = f"{self._seq:04d}-{safe_name(tool, 40)}-{safe_name(call_id)}.txt"
         saved = await self.save("offloads", name, text)
         tokens = estimate_text(text)
-        lines = None if preview else 0
-        return pointer_text(saved, text, tokens, self.config, preview_lines=lines), saved, tokens
+        brief = brief_pointer(saved, text, tokens)
+        self.briefs[call_id] = brief
+        pointer = pointer_text(saved, text, tokens, self.config) if preview else brief
+        return pointer, saved, tokens
 
     async def save(self, sub: str, name: str, data: str) -> Saved:
         """Save one artifact where this member can read it back."""
