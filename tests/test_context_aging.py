@@ -151,8 +151,9 @@ async def test_small_results_keep_the_three_newest_whole(tmp_path: Path) -> None
 
 
 async def test_results_the_model_has_not_seen_are_never_aged(tmp_path: Path) -> None:
-    # keep_recent_results=0 and no token allowance: everything seen may age at once.
-    config = ContextConfig(keep_recent_results=0, keep_recent_tokens=0)
+    # keep_recent_results=0, no token allowance and any gain worth a rewrite: everything
+    # seen may age at once.
+    config = ContextConfig(keep_recent_results=0, keep_recent_tokens=0, age_fraction=0.01)
     manager = context_manager(tmp_path, config, window=1_000_000, task=TASK)
     session = Session(manager)
     for n in range(1, 5):

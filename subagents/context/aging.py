@@ -25,8 +25,8 @@ model has moved past - results outside the *recent window*:
 When, and what it costs the prompt cache: rewriting an old block makes the cache miss
 from that block on, so what a rewrite costs is the *tail* - the tokens from the first
 rewritten block to the end, written to the cache again - not the whole context.
-Aging acts when what it frees is at least ``age_fraction`` of that tail (the same
-idea as the API's ``clear_at_least``). A result aged as it leaves the window sits
+Aging acts when what it frees is at least ``age_fraction`` (half) of that tail (the
+same idea as the API's ``clear_at_least``). A page aged as it leaves the window sits
 just before it, so its tail is the window itself and it ages at once: the history
 before it stays a cache read, and every later turn sends its pointer instead of its
 text (measured on 60 pages, ``bench/context_total.py``: waiting for batches that
@@ -35,6 +35,16 @@ far back (the first time the context passes ``age_from_fraction``) have the whol
 context as their tail, so they still age in one batch, rarely. The model adapter
 puts a cache breakpoint just before the first rewritten block, so the history
 before it is still read from the cache.
+
+Why half of the tail and not less: the tokens re-sent are one measure, what the API
+bills another. A rewritten tail is billed as a cache write (1.25x an input token) where
+it would have been a cache read (0.1x), so a rule that rewrites for a small gain sends
+fewer tokens and costs more. On 60 pages of 25,000 tokens (offloaded on arrival: only
+previews age) a tenth of the tail sent 233,793 input tokens and billed the equivalent
+of 99,925 (uncached + 1.25 x cache writes + 0.1 x cache reads), against 334,074 and
+72,520 before this rule; half of the tail sends 265,800 and bills 66,680, below both.
+On 60 pages of 15,000 tokens the two rules are the same (1,557,984 sent, 1,217,495
+billed, against 3,370,832 and 2,390,336 before).
 
 Tracking is incremental: new messages are scanned once, and what the candidates
 would free is a running sum, so a turn without aging costs a few list operations.

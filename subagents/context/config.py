@@ -58,11 +58,12 @@ class ContextConfig(BaseModel):
     ``old_result_min_tokens`` become brief pointers (size and path); an offload's
     preview is dropped once it is outside the window at any size
     (:mod:`subagents.context.aging`)."""
-    age_fraction: float = Field(default=0.1, gt=0, le=1)
+    age_fraction: float = Field(default=0.5, gt=0, le=1)
     """Aging acts only when it frees at least this share of what the rewrite sends to
     the prompt cache again (the tail from the first rewritten block to the end), so a
-    result leaving the recent window ages at once and old ones far back in batches;
-    1 switches aging off."""
+    page leaving the recent window ages at once and small results in batches; 1
+    switches aging off. Half, not less: a rewritten tail is billed as a cache write
+    (1.25x an input token) where it was a cache read (0.1x)."""
 
     clip_fraction: float = Field(default=0.85, gt=0, le=1)
     """Past this share of the budget, old write/edit inputs become pointers (never
