@@ -61,15 +61,14 @@ class DirectRequest:
         self.path = path
         self.headers = headers
         """The call's own headers, as ``post(..., options={"headers": ...})`` takes them."""
-        self._prepared: tuple[str, httpx2.URL, list[tuple[bytes, bytes]], dict[str, Any]] | None
-        self._prepared = None
+        self._prepared: tuple[str, httpx2.URL, httpx2.Headers, dict[str, Any]] | None = None
 
     def usable(self) -> bool:
         """Whether the client adds nothing per call that a prepared request would skip."""
         client = self.client
         return not client._middleware and client.custom_auth is None
 
-    async def _prepare(self) -> tuple[str, httpx2.URL, list[tuple[bytes, bytes]], dict[str, Any]]:
+    async def _prepare(self) -> tuple[str, httpx2.URL, httpx2.Headers, dict[str, Any]]:
         client = self.client
         if client._platform is None:
             # What client.request does before its first request (a worker thread:
@@ -83,7 +82,10 @@ class DirectRequest:
             headers=self.headers,
         )  # fmt: skip
         request = client._build_request(options)
-        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _STATIC]
+        # A Headers object: a request copies its list as it is, without parsing again.
+        headers = httpx2.Headers(
+            [(k, v) for k, v in request.headers.raw if k.lower() not in _STATIC]
+        )
         self._prepared = (request.method, request.url, headers, dict(request.extensions))
         return self._prepared
 
