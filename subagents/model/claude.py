@@ -25,9 +25,10 @@ Design choices:
   goes through the beta endpoint with its beta header, only when the request asks.
 - **The body is ours to serialize** (:mod:`subagents.model.wire`): the client would
   copy and re-encode the whole conversation on every call; instead each message is
-  encoded once and the client gets the bytes (``client.post(..., content=...)``,
-  then the SDK's own stream reader), so a turn costs what is new in it. The beta
-  path above keeps the SDK's request method (it is opt-in and rare).
+  encoded once and the client gets the bytes (a request the client built once,
+  :mod:`subagents.model.sdk_request`, sent by its own HTTP client; then the SDK's own
+  stream reader), so a turn costs what is new in it. The beta path above keeps the
+  SDK's request method (it is opt-in and rare).
 - **One TLS context per process**: building one reads the CA bundle (about 20 ms of
   CPU); every member's client shares it instead of building its own.
 - **One rate governor per key** (:mod:`subagents.model.governor`): every call asks
