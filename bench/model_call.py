@@ -7,16 +7,20 @@ One :class:`~subagents.model.claude.AnthropicModel` asks the fake Messages API (
 starts at ``--turns`` turns (a ``shell`` call and its 1 KB result each) and grows by
 one turn a call, as a member's does. The figure is this process's CPU
 (``process_time``: every thread) per call, median over the calls after the first five
-(connection and caches warm). Two clients, alternating round by round:
+(connection and caches warm). Three ways, alternating round by round:
 
 - ``sdk``: ``AnthropicModel.complete`` as Fleet runs it (the body built and encoded
   by :mod:`subagents.model.wire`, sent by the ``anthropic`` client's ``post`` on its
   aiohttp transport, the stream read by the client's own SSE decoder).
+- ``post``: the same ``complete`` with the request sent by the client's ``post``
+  (what Fleet did before :mod:`subagents.model.sdk_request` prepared it once per
+  client; a client with middleware or credential auth still does).
 - ``aiohttp``: the same ``complete`` - same parameters, same body bytes, same event
   gathering, same rate governor - with only the request sent by one plain
   ``aiohttp.ClientSession`` and the SSE lines split by hand.
 
-The difference is what the SDK's request path costs a call; the ``aiohttp`` column is
+``post - sdk`` is what preparing the request once saves a call; ``sdk - aiohttp`` is
+what the SDK's request path still costs; the ``aiohttp`` column is
 a floor for any client that speaks HTTP from Python on this machine. Network: only
 127.0.0.1.
 """
@@ -110,6 +114,8 @@ class PlainAiohttp(AnthropicModel):
 async def per_call_ms(kind: str, url: str, turns: int, calls: int) -> float:
     cls = PlainAiohttp if kind == "aiohttp" else AnthropicModel
     model = cls("claude-sonnet-5", api_key="bench", base_url=url)
+    if kind == "post":
+        model._direct_request = None  # the fallback: every call through client.post
     messages: list[dict[str, Any]] = [{"role": "user", "content": "List the directories."}]
     for t in range(turns):
         messages += turn(t)
@@ -153,12 +159,17 @@ def main() -> None:
         print(
             f"\nCPU per model call (ms, median of {args.calls}), {args.turns}+ turns of history\n"
         )
-        print("| round | sdk | aiohttp | sdk - aiohttp |")
-        print("|---:|---:|---:|---:|")
+        print("| round | sdk | post | aiohttp | post - sdk | sdk - aiohttp |")
+        print("|---:|---:|---:|---:|---:|---:|")
         for r in range(1, args.rounds + 1):
             sdk = anyio.run(per_call_ms, "sdk", url, args.turns, args.calls)
+            post = anyio.run(per_call_ms, "post", url, args.turns, args.calls)
             plain = anyio.run(per_call_ms, "aiohttp", url, args.turns, args.calls)
-            print(f"| {r} | {sdk:.2f} | {plain:.2f} | {sdk - plain:.2f} |", flush=True)
+            print(
+                f"| {r} | {sdk:.2f} | {post:.2f} | {plain:.2f} | {post - sdk:.2f} | "
+                f"{sdk - plain:.2f} |",
+                flush=True,
+            )
         print("\nload average after:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
     finally:
         if server.stdin is not None:

@@ -1,6 +1,7 @@
 """Coordinator CPU per turn as a user pays it: the whole process, a real box, measured from outside.
 
     .venv/bin/python bench/turn_cpu.py [--turns 10,100,200] [--repeats 3] [--latency-ms 0]
+        [--sdk-calls 100]
     .venv/bin/python bench/turn_cpu.py --profile FILE [--turns 200]
 
 One coding member runs through the Python API (:func:`coordinator.api.run_async`, the
@@ -23,6 +24,19 @@ The column "in the model call" is the part of it spent inside
 ``AnthropicModel.complete`` (the process's CPU from entering it to its return, wrapped
 by this script, for the same calls): building and sending the request, reading the
 stream, the governor. The rest of a turn is the column before it minus this one.
+
+**The floor beside it** (issue 43, goal 3: a turn within the client's own cost per
+call). After each member, in the same process, against the same fake API process,
+the official client as a user of it would call it - ``anthropic.AsyncAnthropic`` with
+its defaults (its own httpx transport, its own retries) and ``messages.create`` with a
+small body (the task as one user message, ``max_tokens`` 1024, no tools, no system;
+the answer is the same ``shell`` tool call a turn gets) - ``--sdk-calls`` times; its
+figure is this process's CPU per call (``process_time``: every thread, the clock the
+turn figure is read from), median after five warm-up calls. The two alternate member
+by member, so each turn figure has a floor taken in the same minute, and the table
+gives their ratio: the goal is <= 1.00x. It lives here rather than in
+``bench/model_call.py`` because the goal is the whole turn (a real box, the
+transcript, the trace), which only this script measures.
 
 ``--profile FILE`` runs one member under :mod:`cProfile` on every thread
 (``threading.setprofile``) and writes the stats, for ``python -m pstats``; the top
@@ -174,6 +188,29 @@ def per_turn_ms(server: Server, turns: int, out: Path) -> tuple[float, float, fl
     return (stamps[-1] - stamps[1]) / (turns - 2) * 1_000, (stamps[0] - start) * 1_000, in_calls
 
 
+async def sdk_call_ms(url: str, calls: int) -> float:
+    """The official client's own CPU per ``messages.create`` call with a small body (ms,
+    median after five warm-up calls: its connection, its platform look-up)."""
+    import anthropic
+
+    nonce = f"s{next(_NONCE)}"  # a plan too long to end: every answer is `ls /`
+    client = anthropic.AsyncAnthropic(api_key="bench-key", base_url=url)
+    samples: list[float] = []
+    try:
+        for _ in range(calls + 5):
+            started = time.process_time()
+            message = await client.messages.create(
+                model="claude-sonnet-5",
+                max_tokens=1024,
+                messages=[{"role": "user", "content": f"List /. PLAN[1000000000:{nonce}]"}],
+            )
+            samples.append((time.process_time() - started) * 1_000)
+            assert message.content[0].type == "tool_use", message
+    finally:
+        await client.close()
+    return statistics.median(samples[5:])
+
+
 def profile(turns: int, out: Path, dest: Path) -> None:
     """One member under cProfile on every thread; the top entries by own time."""
     profiles: list[cProfile.Profile] = []
@@ -205,6 +242,9 @@ def main() -> None:
     ap.add_argument("--turns", default="10,100,200")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--latency-ms", type=float, default=0.0, help="fake model latency per call")
+    ap.add_argument(
+        "--sdk-calls", type=int, default=100, help="the client's own calls beside each member"
+    )
     ap.add_argument("--profile", type=Path, default=None, help="write cProfile stats here")
     ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -224,18 +264,26 @@ def main() -> None:
             if args.profile:
                 profile(max(counts), out, args.profile)
                 return
+            anyio.run(sdk_call_ms, server.url, 5)  # warm-up: the client's imports
             rows = [
                 "| turns | CPU per turn, median (ms) | min | max | in the model call, "
-                "median (ms) | CPU before the first model call, median (ms) |",
-                "|---:|---:|---:|---:|---:|---:|",
+                "median (ms) | CPU before the first model call, median (ms) | the client's "
+                "`messages.create`, median (ms) | turn / client, median (pairs) |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|",
             ]
             for turns in counts:
-                runs = [per_turn_ms(server, turns, out) for _ in range(args.repeats)]
+                runs, floors = [], []
+                for _ in range(args.repeats):  # alternating: a member, then the client
+                    runs.append(per_turn_ms(server, turns, out))
+                    floors.append(anyio.run(sdk_call_ms, server.url, args.sdk_calls))
                 per = [r[0] for r in runs]
+                ratios = [r[0] / f for r, f in zip(runs, floors, strict=True)]
                 rows.append(
                     f"| {turns} | {statistics.median(per):.2f} | {min(per):.2f} | "
                     f"{max(per):.2f} | {statistics.median(r[2] for r in runs):.2f} | "
-                    f"{statistics.median(r[1] for r in runs):.1f} |"
+                    f"{statistics.median(r[1] for r in runs):.1f} | "
+                    f"{statistics.median(floors):.2f} | {statistics.median(ratios):.2f}x "
+                    f"({', '.join(f'{x:.2f}' for x in ratios)}) |"
                 )
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             print(

@@ -12,10 +12,12 @@ What to do with an answer - run its tools, remind, stop, close - is the loop's
 (:mod:`subagents.loop`); this module only keeps the exchange and its accounts.
 
 A durable conversation (``save_to``: the lead's, a member's) is kept in that file
-after every change (:mod:`.transcript`: new messages appended and fsynced, the file
-rewritten atomically only when the context replaced an older message), so a
-coordinator killed at any instant leaves the last complete exchange on disk - a write
-cut short reads back as the messages before it; :meth:`Conversation.restore` reads
+after every change (:mod:`.transcript`: new messages appended, the file rewritten
+atomically only when the context replaced an older message), so a coordinator killed
+at any instant leaves the last complete exchange on disk - a write cut short reads
+back as the messages before it. The appends are fsynced together before each model
+call (:meth:`Conversation.sync`; the transcript module says what a power loss may
+take); :meth:`Conversation.restore` reads
 it back for the member to continue from where it was. It holds the messages as
 the context left them (compacted, offloaded), which is what the model saw last - so
 its size is the member's context budget, not its history. A member's transcript was
@@ -105,6 +107,12 @@ class Conversation:
         if self._file is not None:
             self._file.save(self.messages)
 
+    def sync(self) -> None:
+        """Make the saved messages durable (fsync; a no-op without ``save_to`` or when
+        nothing was appended since the last sync)."""
+        if self._file is not None:
+            self._file.sync()
+
     def restore(self) -> bool:
         """Continue from the saved conversation, if there is one; True when there was.
 
@@ -175,6 +183,7 @@ class Conversation:
         )
         span = f"{self.turn_span}/model"
         requested = getattr(self.model, "name", "") or profile.name
+        self.sync()  # the turn before, answer and results, in one fsync
         started = time.monotonic()
         with self.trace.scope(span, self.turn_span, self.turn):  # the adapter's retries
             try:

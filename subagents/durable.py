@@ -5,8 +5,9 @@ exhausted) goes on from its last completed turn instead of turn 0. Two things ma
 that turn whole again:
 
 * the conversation - :class:`~subagents.conversation.Conversation` with ``save_to``,
-  the mechanism the lead already continues from: written whole and atomically after
-  every message, so it always ends at a message boundary. Its size is the member's
+  the mechanism the lead already continues from: written after every message, so it
+  always ends at a message boundary (:mod:`subagents.transcript`; fsynced before each
+  model call, and before an older checkpoint is removed). Its size is the member's
   context budget (the context mechanisms shrink it in place), not its history.
 * the box's state, which the kind saves (:attr:`Kind.checkpoint`) after every turn
   whose tools may have changed it and puts back (:attr:`Kind.restore`) into the new
@@ -125,12 +126,20 @@ class Checkpoints:
         if data is not None:
             _fsync_replace(self.dir / f"checkpoint-{turn}.bin", data)
 
-    def committed(self, turn: int) -> None:
-        """``turn``'s results are in the transcript: older checkpoints are not needed."""
+    def committed(self, turn: int, durable: Callable[[], None] | None = None) -> None:
+        """``turn``'s results are in the transcript: older checkpoints are not needed.
+        ``durable`` (the transcript's fsync) runs before the first is removed: a
+        transcript whose tail a power loss took must still find its checkpoint."""
         kept = self._newest(turn)
-        for entry in _entries(self.dir):
-            if kept is not None and _turn_of(entry) < _turn_of(kept):
-                entry.unlink(missing_ok=True)
+        older = [
+            entry
+            for entry in _entries(self.dir)
+            if kept is not None and _turn_of(entry) < _turn_of(kept)
+        ]
+        if older and durable is not None:
+            durable()
+        for entry in older:
+            entry.unlink(missing_ok=True)
         if self.on_saved is not None:
             self.on_saved()
 

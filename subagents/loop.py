@@ -200,7 +200,10 @@ class AgentLoop:
         of it; every turn's tools wait for it (:meth:`box_ready`).
         """
         # A set-up still running when the member ended is cancelled.
-        return await beside(self._run_served, self._set_up_box, wait_for_side=False)
+        try:
+            return await beside(self._run_served, self._set_up_box, wait_for_side=False)
+        finally:
+            self.conv.sync()  # durable before the journal records the member's end
 
     async def _set_up_box(self) -> None:
         try:
@@ -333,7 +336,7 @@ class AgentLoop:
             await self.checkpoints.after_tools(conv.turn, [str(b.get("name")) for b in tool_uses])
         conv.append({"role": "user", "content": results})
         if conv.save_to is not None:
-            self.checkpoints.committed(conv.turn)
+            self.checkpoints.committed(conv.turn, durable=conv.sync)
 
     async def _start(self) -> bool:
         """The first message - or the saved conversation, continued; True when that
@@ -407,7 +410,7 @@ class AgentLoop:
             for b in tool_uses
         ]  # fmt: skip
         self.conv.append({"role": "user", "content": results})
-        self.checkpoints.committed(self.conv.turn)
+        self.checkpoints.committed(self.conv.turn, durable=self.conv.sync)
         return False
 
     def _waiting(self) -> str:

@@ -4,12 +4,12 @@ The file is ``{"messages":[`` on its first line, one message per line (every one
 after the first opened by a comma), and ``]}`` on the last: a JSON document any
 reader takes whole (:func:`read_messages`, the lead's ``told``, a person with ``jq``).
 A turn's messages are added where the closing line was - written over it, the
-closing line written again after them, fsynced - so a save costs the new messages'
-bytes, not the whole conversation's: the file is rewritten whole (a temporary file,
-fsynced, renamed over it) only when what it holds is not the start of the
-conversation any more (the context compacted or offloaded an older message - it
-replaces a message rather than changing it, the contract of
-:mod:`subagents.model.wire`, so "the same" is "the same objects").
+closing line written again after them - so a save costs the new messages' bytes, not
+the whole conversation's: the file is rewritten whole (a temporary file, fsynced,
+renamed over it) only when what it holds is not the start of the conversation any more
+(the context compacted or offloaded an older message - it replaces a message rather
+than changing it, the contract of :mod:`subagents.model.wire`, so "the same" is "the
+same objects").
 
 Crash safety, as the whole-file rewrite had it: whatever instant the process dies,
 the file reads back as a whole conversation ending at a message boundary. A write cut
@@ -17,6 +17,21 @@ short can leave only the last line torn (no closing line, or half a message): th
 file is then no JSON document, and :func:`read_messages` takes its lines one by one,
 up to the last whole message. The next save after a restore rewrites the file whole,
 so a torn tail is never appended to.
+
+Durability: a group commit. An append is written (``pwrite``) at once but fsynced
+only by :meth:`TranscriptFile.sync`, which the conversation calls before each model
+call (so a turn's answer and its tool results share one fsync: it was one an
+append, two a turn, about 0.15 ms of CPU each - ``bench/README.md``), before a
+checkpoint the new messages supersede is removed (:mod:`subagents.durable`) and when
+the member ends (before the journal records it). What each failure keeps:
+
+- the coordinator killed (SIGKILL, a crash of Python, Ctrl-C): everything appended -
+  a written page lives in the kernel's page cache, which outlives the process;
+- the machine losing power or its kernel crashing: everything up to the last sync;
+  the messages of the turn under way (the model's answer and the tool results that
+  followed it) may be lost, and the member goes on from the turn before, which is
+  where it would have been had the power gone a moment earlier. Whatever is lost
+  is lost from the end: the file still reads back whole up to a message boundary.
 """
 
 from __future__ import annotations
@@ -107,6 +122,8 @@ class TranscriptFile:
         """What the file holds, in order (empty: nothing known, the next save rewrites)."""
         self._end = 0
         """Where the closing line starts."""
+        self._unsynced = False
+        """Appends were written since the last fsync."""
 
     def save(self, messages: list[Any]) -> None:
         """Make the file hold ``messages``: appended when it holds their start."""
@@ -127,11 +144,27 @@ class TranscriptFile:
             return
         try:
             os.pwrite(fd, body + _TAIL, self._end)
+        finally:
+            os.close(fd)
+        self._unsynced = True
+        self._held.add(messages, lines)
+        self._end += len(body)
+
+    def sync(self) -> None:
+        """Make what was appended since the last sync durable (fsync; a no-op when
+        nothing was). A file that is gone (forgotten) has nothing to keep."""
+        if not self._unsynced:
+            return
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW)
+        except OSError:
+            self._unsynced = False
+            return
+        try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._held.add(messages, lines)
-        self._end += len(body)
+        self._unsynced = False
 
     def _rewrite(self, messages: list[Any]) -> None:
         held = self._held.lines_of(messages)
@@ -143,6 +176,7 @@ class TranscriptFile:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
+        self._unsynced = False
         self._held, self._end = _Shape(), len(body)
         try:
             self._held.add(messages, lines)

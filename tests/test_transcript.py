@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from loop_support import NoopContext, ScriptedModel, writer
 
 from subagents.conversation import Conversation
+from subagents.durable import Checkpoints
+from subagents.member import run_member
+from subagents.spec import Limits, MemberSpec
 
 
 def _conversation(tmp_path: Path) -> Conversation:
@@ -101,3 +108,110 @@ def test_a_replaced_older_message_rewrites_the_file(tmp_path: Path) -> None:
     os.remove(path)  # a forgotten transcript: the next message starts it again
     _turn(conv, 4)
     assert _saved(path) == json.loads(json.dumps(conv.messages))
+
+
+def _fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record each fsync of a transcript (the file's size when it ran), and run it."""
+    sizes: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        sizes.append(os.fstat(fd).st_size)
+        real(fd)
+
+    monkeypatch.setattr("subagents.transcript.os.fsync", fsync)
+    return sizes
+
+
+def test_appends_are_written_at_once_and_fsynced_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conv = _conversation(tmp_path)
+    path = tmp_path / "conversation.json"
+    conv.append({"role": "user", "content": [{"type": "text", "text": "task"}]})  # a rewrite
+    sizes = _fsyncs(monkeypatch)
+    _turn(conv, 1)
+    _turn(conv, 2)
+    # Readable at once (another reader, a resume after SIGKILL), not yet fsynced.
+    assert _saved(path) == json.loads(json.dumps(conv.messages)) and sizes == []
+    conv.sync()
+    conv.sync()  # nothing new: no second fsync
+    assert sizes == [path.stat().st_size]
+    _turn(conv, 3)
+    conv.sync()
+    assert sizes == [sizes[0], path.stat().st_size] and sizes[1] > sizes[0]
+
+
+_WRITER = """
+import os, signal, sys
+from pathlib import Path
+sys.path[:0] = [{tests!r}, {root!r}]
+from test_transcript import _conversation, _turn
+conv = _conversation(Path({dir!r}))
+conv.append({{"role": "user", "content": [{{"type": "text", "text": "task"}}]}})
+conv.sync()
+for n in range(1, 21):
+    _turn(conv, n)
+os.kill(os.getpid(), signal.SIGKILL)  # never synced again
+"""
+
+
+def test_a_group_committed_transcript_is_whole_after_sigkill_of_the_writer(
+    tmp_path: Path,
+) -> None:
+    tests = Path(__file__).resolve().parent
+    code = _WRITER.format(tests=str(tests), root=str(tests.parent), dir=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    again = _conversation(tmp_path)
+    assert again.restore()
+    # Every message written before the kill is there: the page cache outlives the process.
+    assert len(again.messages) == 41 and again.turn == 20 and again.completed_turn == 20
+    assert again.messages[-1]["content"][0]["tool_use_id"] == "t20"
+
+
+@pytest.mark.anyio
+async def test_the_transcript_is_fsynced_before_each_model_call_and_at_the_members_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes = _fsyncs(monkeypatch)
+    seen: list[list[int]] = []
+
+    def policy(request: Any, n: int) -> list[dict[str, Any]]:
+        seen.append(list(sizes))
+        if n < 4:
+            return [{"type": "tool_use", "id": f"c{n}", "name": "add", "input": {"a": n, "b": 1}}]
+        answer = {"answer": "done", "sources": []}
+        return [{"type": "tool_use", "id": f"c{n}", "name": "submit_result", "input": answer}]
+
+    path = tmp_path / "conversation.json"
+    outcome = await run_member(
+        MemberSpec(id="m1", kind="probe", task="Count.", limits=Limits(max_turns=10)),
+        sandbox=None,
+        model=ScriptedModel(policy),
+        run_dir=tmp_path,
+        trace=writer(tmp_path),
+        conversation_file=path,
+    )
+    assert outcome.status == "ok"
+    # One fsync a call, covering the turn before (its answer and its results), not
+    # one an append; the last covers the member's last messages, before it ends.
+    assert [len(s) for s in seen] == [1, 2, 3, 4]
+    assert sizes[-1] == path.stat().st_size and len(sizes) == 5
+    assert len(_saved(path)) == 9
+
+
+def test_checkpoints_go_only_after_the_transcript_is_durable(tmp_path: Path) -> None:
+    for turn in (1, 2):
+        (tmp_path / f"checkpoint-{turn}.bin").write_bytes(b"x")
+    store = Checkpoints(tmp_path, None, writer(tmp_path), save=None, restore=None)  # type: ignore[arg-type]
+    present: list[list[str]] = []
+
+    def durable() -> None:
+        present.append(sorted(p.name for p in tmp_path.glob("checkpoint-*")))
+
+    store.committed(2, durable=durable)
+    assert present == [["checkpoint-1.bin", "checkpoint-2.bin"]]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2.bin"]
+    store.committed(2, durable=durable)  # nothing older to remove: no fsync asked
+    assert len(present) == 1

@@ -25,9 +25,10 @@ Design choices:
   goes through the beta endpoint with its beta header, only when the request asks.
 - **The body is ours to serialize** (:mod:`subagents.model.wire`): the client would
   copy and re-encode the whole conversation on every call; instead each message is
-  encoded once and the client gets the bytes (``client.post(..., content=...)``,
-  then the SDK's own stream reader), so a turn costs what is new in it. The beta
-  path above keeps the SDK's request method (it is opt-in and rare).
+  encoded once and the client gets the bytes (a request the client built once,
+  :mod:`subagents.model.sdk_request`, sent by its own HTTP client; then the SDK's own
+  stream reader), so a turn costs what is new in it. The beta path above keeps the
+  SDK's request method (it is opt-in and rare).
 - **One TLS context per process**: building one reads the CA bundle (about 20 ms of
   CPU); every member's client shares it instead of building its own.
 - **One rate governor per key** (:mod:`subagents.model.governor`): every call asks
@@ -296,14 +297,18 @@ class AnthropicModel:
         try:
             # The body is sent as it is; events come back as the dicts the client
             # decoded (AsyncStream[object]: no typed object built per event).
-            stream = await self.client.post(
-                "/v1/messages",
-                cast_to=SDKMessage,
-                content=body,
-                options={"headers": _STREAM_HEADERS},
-                stream=True,
-                stream_cls=anthropic.AsyncStream[object],
-            )
+            direct = self._direct()
+            if direct is not None:
+                stream = await direct.stream(body)
+            else:
+                stream = await self.client.post(
+                    "/v1/messages",
+                    cast_to=SDKMessage,
+                    content=body,
+                    options={"headers": _STREAM_HEADERS},
+                    stream=True,
+                    stream_cls=anthropic.AsyncStream[object],
+                )
             async with stream:
                 async for event in stream:
                     gathered.add(event)  # type: ignore[arg-type]
@@ -311,6 +316,20 @@ class AnthropicModel:
             _raise_early(exc, gathered.saw_delta)
             raise
         return _as_message(gathered.final()), stream.response.headers
+
+    def _direct(self) -> Any:
+        """The client's request prepared once (a :class:`.sdk_request.DirectRequest`), or
+        None where the client does per-call work it would skip (then ``client.post``
+        sends). Imported here, not at the top: the import of ``anthropic`` is another
+        module's concern."""
+        direct = getattr(self, "_direct_request", False)
+        if direct is False:
+            from subagents.model.sdk_request import DirectRequest
+
+            direct = DirectRequest(self.client, "/v1/messages", _STREAM_HEADERS)
+            direct = direct if direct.usable() else None
+            self._direct_request = direct
+        return direct
 
     async def _stream_beta(self, params: dict[str, Any]) -> tuple[Message, Any]:
         """Server-side context management: the SDK's beta stream method and header."""
