@@ -1,0 +1,162 @@
+"""The first model call: from ``fleet code`` / ``fleet run`` starting to its first request
+arriving at the API, against a bare ``import anthropic`` (issue 43, goal 2).
+
+Each round, interleaved so a drifting shared machine hits every figure alike:
+
+- ``import``: the wall time of ``.venv/bin/python -c "import anthropic"``, a whole
+  process (what the SDK's import costs on its own, interpreter start included);
+- ``code``: ``fleet code REPO TASK --plain`` (one coding member, a real Docker box, the
+  model ``auto`` with ``ANTHROPIC_API_KEY`` set: Claude), from starting the process to
+  the member's first ``/v1/messages`` request arriving at the fake Messages API;
+- ``run``: the same for ``fleet run JOB --plain``, a job file naming ``claude-sonnet-5``
+  and one coding member.
+
+The fake Messages API runs in this process, on 127.0.0.1 (the real ``anthropic``
+client talks to it over HTTP); it notes when the first request arrives and answers
+with a ``submit_result`` at once, so each run ends quickly and removes its box. The
+runs' directories go to a temporary directory.
+
+Printed: each figure's median and range, and the ratios ``code / import`` and
+``run / import`` (goal: <= 1.0x).
+
+Usage: ``.venv/bin/python bench/first_call.py [--rounds 7]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+# bench/sandbox.py would shadow the sandbox package: the tests directory (for the
+# shared fake-API policy) takes the script's place.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT / "tests")
+sys.path.insert(1, str(ROOT))
+
+PYTHON = sys.executable
+FLEET = str(Path(sys.executable).with_name("fleet"))
+
+
+class FirstRequest:
+    """The fake API's policy, noting when the first request of each run arrives."""
+
+    def __init__(self) -> None:
+        from fleet_policies import coding_policy
+
+        self._policy = coding_policy(turns=0)
+        self._arrived = threading.Event()
+        self.at = 0.0
+
+    def arm(self) -> None:
+        self._arrived.clear()
+        self.at = 0.0
+
+    def __call__(self, body: dict[str, Any]) -> Any:
+        if not self._arrived.is_set():
+            self.at = time.monotonic()
+            self._arrived.set()
+        return self._policy(body)
+
+
+def bare_import() -> float:
+    started = time.monotonic()
+    subprocess.run([PYTHON, "-c", "import anthropic"], check=True)
+    return time.monotonic() - started
+
+
+def first_call(argv: list[str], env: dict[str, str], seen: FirstRequest) -> float:
+    """Seconds from starting ``argv`` to the first request at the fake API; the run is
+    then left to finish (its box removed) before the next one starts."""
+    seen.arm()
+    started = time.monotonic()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    if not seen.at:
+        raise SystemExit(
+            f"{argv[1]}: no model request arrived (exit {done.returncode}):\n{done.stderr[-3000:]}"
+        )
+    if done.returncode != 0:
+        raise SystemExit(f"{argv[1]} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return seen.at - started
+
+
+def describe(name: str, xs: list[float]) -> str:
+    return (
+        f"{name:<8} median {statistics.median(xs):.3f} s  "
+        f"range {min(xs):.3f}-{max(xs):.3f} s  (n={len(xs)})"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    from subagents.fake_api import FakeMessagesAPI
+
+    seen = FirstRequest()
+    api = FakeMessagesAPI(seen).start()
+    api.record = lambda entry: None  # type: ignore[method-assign]  # keep no bodies
+    figures: dict[str, list[float]] = {"import": [], "code": [], "run": []}
+    try:
+        with tempfile.TemporaryDirectory(prefix="fleet-bench-first-") as tmp:
+            base = Path(tmp)
+            repo = base / "repo"
+            repo.mkdir()
+            (repo / "greet.txt").write_text("hello world\n")
+            job = base / "job.toml"
+            job.write_text(
+                'name = "first-call"\n'
+                f'output_dir = "{base / "runs"}"\n'
+                '[model]\nname = "claude-sonnet-5"\n'
+                '[[members]]\nid = "coder"\nkind = "coding"\n'
+                'task = "Say hello."\n'
+                f'repo = "{repo}"\n'
+            )
+            env = {
+                k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "FLEET_"))
+            }
+            env |= {"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "bench-key"}
+            code = [
+                FLEET,
+                "code",
+                str(repo),
+                "Say hello.",
+                "--plain",
+                "--output-dir",
+                str(base / "runs"),
+            ]
+            run = [FLEET, "run", str(job), "--plain"]
+            first_call(run, env, seen)  # one run unmeasured: images checked, caches warm
+            for r in range(args.rounds):
+                figures["import"].append(bare_import())
+                figures["code"].append(first_call(code, env, seen))
+                figures["run"].append(first_call(run, env, seen))
+                print(
+                    f"round {r + 1}: import {figures['import'][-1]:.3f} s  "
+                    f"code {figures['code'][-1]:.3f} s  run {figures['run'][-1]:.3f} s",
+                    flush=True,
+                )
+    finally:
+        api.stop()
+    med = statistics.median
+    print(f"\nload average {os.getloadavg()[0]:.2f}; {args.rounds} rounds")
+    for name, xs in figures.items():
+        print(describe(name, xs))
+    for name in ("code", "run"):
+        ratios = [c / i for c, i in zip(figures[name], figures["import"], strict=True)]
+        print(
+            f"{name} / import: {med(figures[name]) / med(figures['import']):.2f}x of the medians "
+            f"(per round {min(ratios):.2f}-{max(ratios):.2f}x); goal <= 1.0x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
