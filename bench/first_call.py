@@ -17,7 +17,9 @@ with a ``submit_result`` at once, so each run ends quickly and removes its box. 
 runs' directories go to a temporary directory.
 
 Printed: each figure's median and range, and the ratios ``code / import`` and
-``run / import`` (goal: <= 1.0x).
+``run / import`` (goal: <= 1.0x). Beside them, the CPU each process had used by
+then (every thread; ``/proc/PID/stat`` read as the request arrives, in 10 ms ticks):
+on a shared machine, other people's load moves it far less than the wall times.
 
 Usage: ``.venv/bin/python bench/first_call.py [--rounds 7]``
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,37 +57,58 @@ class FirstRequest:
         self._policy = coding_policy(turns=0)
         self._arrived = threading.Event()
         self.at = 0.0
+        self.cpu = 0.0
+        self.pid = 0
 
-    def arm(self) -> None:
+    def arm(self, pid: int) -> None:
         self._arrived.clear()
-        self.at = 0.0
+        self.at = self.cpu = 0.0
+        self.pid = pid
 
     def __call__(self, body: dict[str, Any]) -> Any:
         if not self._arrived.is_set():
             self.at = time.monotonic()
+            self.cpu = process_cpu(self.pid)
             self._arrived.set()
         return self._policy(body)
 
 
-def bare_import() -> float:
+def process_cpu(pid: int) -> float:
+    """CPU seconds process ``pid`` has used so far, every thread (``/proc/PID/stat``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bare_import() -> tuple[float, float]:
+    """Wall and CPU seconds of a whole ``python -c "import anthropic"`` process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     subprocess.run([PYTHON, "-c", "import anthropic"], check=True)
-    return time.monotonic() - started
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
-def first_call(argv: list[str], env: dict[str, str], seen: FirstRequest) -> float:
-    """Seconds from starting ``argv`` to the first request at the fake API; the run is
-    then left to finish (its box removed) before the next one starts."""
-    seen.arm()
+def first_call(argv: list[str], env: dict[str, str], seen: FirstRequest) -> tuple[float, float]:
+    """Wall seconds from starting ``argv`` to the first request at the fake API, and the
+    process's CPU seconds by then; the run is then left to finish (its box removed)
+    before the next one starts."""
     started = time.monotonic()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    seen.arm(proc.pid)
+    _, err = proc.communicate(timeout=600)
     if not seen.at:
         raise SystemExit(
-            f"{argv[1]}: no model request arrived (exit {done.returncode}):\n{done.stderr[-3000:]}"
+            f"{argv[1]}: no model request arrived (exit {proc.returncode}):\n{err[-3000:]}"
         )
-    if done.returncode != 0:
-        raise SystemExit(f"{argv[1]} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return seen.at - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv[1]} exited {proc.returncode}:\n{err[-3000:]}")
+    return seen.at - started, seen.cpu
 
 
 def describe(name: str, xs: list[float]) -> str:
@@ -104,6 +128,7 @@ def main() -> int:
     api = FakeMessagesAPI(seen).start()
     api.record = lambda entry: None  # type: ignore[method-assign]  # keep no bodies
     figures: dict[str, list[float]] = {"import": [], "code": [], "run": []}
+    cpu: dict[str, list[float]] = {"import": [], "code": [], "run": []}
     try:
         with tempfile.TemporaryDirectory(prefix="fleet-bench-first-") as tmp:
             base = Path(tmp)
@@ -135,9 +160,14 @@ def main() -> int:
             run = [FLEET, "run", str(job), "--plain"]
             first_call(run, env, seen)  # one run unmeasured: images checked, caches warm
             for r in range(args.rounds):
-                figures["import"].append(bare_import())
-                figures["code"].append(first_call(code, env, seen))
-                figures["run"].append(first_call(run, env, seen))
+                for name, measure in (
+                    ("import", bare_import),
+                    ("code", lambda: first_call(code, env, seen)),
+                    ("run", lambda: first_call(run, env, seen)),
+                ):
+                    wall, used = measure()
+                    figures[name].append(wall)
+                    cpu[name].append(used)
                 print(
                     f"round {r + 1}: import {figures['import'][-1]:.3f} s  "
                     f"code {figures['code'][-1]:.3f} s  run {figures['run'][-1]:.3f} s",
@@ -148,12 +178,13 @@ def main() -> int:
     med = statistics.median
     print(f"\nload average {os.getloadavg()[0]:.2f}; {args.rounds} rounds")
     for name, xs in figures.items():
-        print(describe(name, xs))
+        print(describe(name, xs) + f"  CPU median {med(cpu[name]):.2f} s")
     for name in ("code", "run"):
         ratios = [c / i for c, i in zip(figures[name], figures["import"], strict=True)]
         print(
             f"{name} / import: {med(figures[name]) / med(figures['import']):.2f}x of the medians "
-            f"(per round {min(ratios):.2f}-{max(ratios):.2f}x); goal <= 1.0x"
+            f"(per round {min(ratios):.2f}-{max(ratios):.2f}x; CPU "
+            f"{med(cpu[name]) / med(cpu['import']):.2f}x); goal <= 1.0x"
         )
     return 0
 
