@@ -21,7 +21,10 @@ Printed: each figure's median and range, and the ratios ``code / import`` and
 then (every thread; ``/proc/PID/stat`` read as the request arrives, in 10 ms ticks):
 on a shared machine, other people's load moves it far less than the wall times.
 
-Usage: ``.venv/bin/python bench/first_call.py [--rounds 7]``
+``--baseline DIR`` measures another checkout's ``fleet`` (its own ``.venv``: a worktree
+of an older commit) in the same rounds, for a before/after on a shared machine.
+
+Usage: ``.venv/bin/python bench/first_call.py [--rounds 7] [--baseline DIR]``
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ def first_call(argv: list[str], env: dict[str, str], seen: FirstRequest) -> tupl
 
 def describe(name: str, xs: list[float]) -> str:
     return (
-        f"{name:<8} median {statistics.median(xs):.3f} s  "
+        f"{name:<9} median {statistics.median(xs):.3f} s  "
         f"range {min(xs):.3f}-{max(xs):.3f} s  (n={len(xs)})"
     )
 
@@ -121,14 +124,23 @@ def describe(name: str, xs: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="another checkout with its own .venv (e.g. a worktree of an older commit): "
+        "its fleet is measured too, in the same rounds, as code@base and run@base",
+    )
     args = parser.parse_args()
     from subagents.fake_api import FakeMessagesAPI
 
+    fleets = {"": FLEET}
+    if args.baseline:
+        fleets["@base"] = str(Path(args.baseline).resolve() / ".venv" / "bin" / "fleet")
     seen = FirstRequest()
     api = FakeMessagesAPI(seen).start()
     api.record = lambda entry: None  # type: ignore[method-assign]  # keep no bodies
-    figures: dict[str, list[float]] = {"import": [], "code": [], "run": []}
-    cpu: dict[str, list[float]] = {"import": [], "code": [], "run": []}
+    figures: dict[str, list[float]] = {"import": []}
+    cpu: dict[str, list[float]] = {"import": []}
     try:
         with tempfile.TemporaryDirectory(prefix="fleet-bench-first-") as tmp:
             base = Path(tmp)
@@ -148,29 +160,25 @@ def main() -> int:
                 k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "FLEET_"))
             }
             env |= {"ANTHROPIC_BASE_URL": api.url, "ANTHROPIC_API_KEY": "bench-key"}
-            code = [
-                FLEET,
-                "code",
-                str(repo),
-                "Say hello.",
-                "--plain",
-                "--output-dir",
-                str(base / "runs"),
-            ]
-            run = [FLEET, "run", str(job), "--plain"]
-            first_call(run, env, seen)  # one run unmeasured: images checked, caches warm
+            out = ["--plain", "--output-dir", str(base / "runs")]
+            commands: dict[str, list[str]] = {}
+            for tag, fleet in fleets.items():
+                commands[f"code{tag}"] = [fleet, "code", str(repo), "Say hello.", *out]
+                commands[f"run{tag}"] = [fleet, "run", str(job), "--plain"]
+            for name, argv in commands.items():
+                figures[name], cpu[name] = [], []
+                first_call(argv, env, seen)  # unmeasured: images checked, caches warm
             for r in range(args.rounds):
-                for name, measure in (
-                    ("import", bare_import),
-                    ("code", lambda: first_call(code, env, seen)),
-                    ("run", lambda: first_call(run, env, seen)),
-                ):
-                    wall, used = measure()
+                wall, used = bare_import()
+                figures["import"].append(wall)
+                cpu["import"].append(used)
+                for name, argv in commands.items():
+                    wall, used = first_call(argv, env, seen)
                     figures[name].append(wall)
                     cpu[name].append(used)
                 print(
-                    f"round {r + 1}: import {figures['import'][-1]:.3f} s  "
-                    f"code {figures['code'][-1]:.3f} s  run {figures['run'][-1]:.3f} s",
+                    f"round {r + 1}: "
+                    + "  ".join(f"{name} {xs[-1]:.3f} s" for name, xs in figures.items()),
                     flush=True,
                 )
     finally:
@@ -179,12 +187,12 @@ def main() -> int:
     print(f"\nload average {os.getloadavg()[0]:.2f}; {args.rounds} rounds")
     for name, xs in figures.items():
         print(describe(name, xs) + f"  CPU median {med(cpu[name]):.2f} s")
-    for name in ("code", "run"):
+    for name in commands:
         ratios = [c / i for c, i in zip(figures[name], figures["import"], strict=True)]
         print(
             f"{name} / import: {med(figures[name]) / med(figures['import']):.2f}x of the medians "
-            f"(per round {min(ratios):.2f}-{max(ratios):.2f}x; CPU "
-            f"{med(cpu[name]) / med(cpu['import']):.2f}x); goal <= 1.0x"
+            f"(per round {min(ratios):.2f}-{max(ratios):.2f}x, median {med(ratios):.2f}x; "
+            f"CPU {med(cpu[name]) / med(cpu['import']):.2f}x); goal <= 1.0x"
         )
     return 0
 

@@ -104,11 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
-    # Before the rest of Fleet loads: the SDK's import when the job calls the Messages
-    # API, and the first wave's boxes of `fleet run JOB`, each on its thread
-    # (coordinator/cli/early.py); whatever no run takes is removed.
-    early.sdk_for_job(argv)
+    # Before the rest of Fleet loads: the first wave's boxes of `fleet run JOB`, then
+    # the SDK's import when the job calls the Messages API, each on its thread
+    # (coordinator/cli/early.py); whatever no run takes is removed. The boxes first:
+    # the engine starts them on another core, while the import and Fleet's own take
+    # turns on this one (the GIL), so that order has them ready soonest.
     prewarm = early.prewarm(argv)
+    early.sdk_for_job(argv)
     try:
         parser = build_parser(argv[0] if argv else None)
         args = parser.parse_args(argv)
