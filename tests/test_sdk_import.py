@@ -104,6 +104,8 @@ def test_offline_jobs_and_commands_never_start_the_import(tmp_path: Path) -> Non
     )
     broken = tmp_path / "broken.toml"
     broken.write_text('[model]\nname = "claude-sonnet-5"\n[[members]\n')  # no TOML
+    deep = tmp_path / "deep.toml"  # past the TOML parser's recursion limit
+    deep.write_text('[model]\nname = "claude-sonnet-5"\n[x]\ny = ' + "[" * 5000 + "]" * 5000)
     code = f"""
 import argparse, sys, threading
 from coordinator.cli import early
@@ -111,6 +113,7 @@ from subagents.model import sdk_import
 started = [
     early.sdk_for_job(["run", {str(job)!r}]),
     early.sdk_for_job(["run", {str(broken)!r}]),
+    early.sdk_for_job(["run", {str(deep)!r}]),
     early.sdk_for_job(["run", {str(job)!r}, "--help"]),
     early.sdk_for_command(argparse.Namespace(command="code", model="offline:coding")),
     early.sdk_for_command(argparse.Namespace(command="research", model=None)),  # auto, no key
@@ -122,7 +125,7 @@ print(started, sorted(t.name for t in threading.enumerate()),
 """
     done = _python(code, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[0] == f"{[False] * 7} ['MainThread'] []"
+    assert done.stdout.split("\n")[0] == f"{[False] * 8} ['MainThread'] []"
 
 
 # ---------------------------------------------------------------- when it starts

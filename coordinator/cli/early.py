@@ -73,7 +73,7 @@ def sdk_for_job(argv: list[str]) -> bool:
             return False
         with path.open("rb") as f:
             raw = tomllib.load(f)
-    except (OSError, ValueError):
+    except Exception:  # unreadable, not TOML, nested past the parser's recursion limit
         return False  # its validation says why, in the main thread
     return sdk_import.start_for(job_models(raw))
 
