@@ -324,3 +324,41 @@ def test_a_command_refused_before_any_model_call_does_not_wait_for_the_import(
     assert began.exists()  # the import had started, and was left behind
     assert done.stderr.startswith("fleet: ") and "Traceback" not in done.stderr
     assert "Exception in thread" not in done.stderr and done.stdout == ""
+
+
+# ---------------------------------------------------------------- the collector at start
+
+
+def test_the_collector_is_paused_while_a_run_loads_and_runs_during_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = f"""
+import gc, sys, types
+from coordinator import api
+from coordinator.cli import main
+from coordinator.nodes.capacity import Parallelism
+from coordinator.runner import preflight
+
+seen = []
+def checked(*a, **k):
+    seen.append(("preflight", gc.isenabled()))
+    return Parallelism(1, "test")
+async def go(self):
+    seen.append(("run", gc.isenabled()))
+    return types.SimpleNamespace(exit_code=0)
+preflight.preflight = checked
+api.Ready.go = go
+job = {str(tmp_path / "job.toml")!r}
+open(job, "w").write('name = "j"\\n[model]\\nname = "offline"\\n[[members]]\\nkind = "coding"\\ntask = "t"\\n')
+before = gc.get_freeze_count()
+assert main(["run", job, "--plain", "--output-dir", {str(tmp_path / "runs")!r}]) == 0
+frozen = gc.get_freeze_count() - before
+assert main(["runs", "--output-dir", {str(tmp_path / "runs")!r}]) == 0
+assert main(["run", "no-such-job.toml"]) == 2
+print(seen, frozen > 10_000, gc.isenabled(), gc.get_freeze_count() - before == frozen)
+"""
+    done = _python(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Paused through the preflight, collecting during the run and after every command;
+    # what was loaded frozen once, at the first command only.
+    assert done.stdout.splitlines()[-1] == ("[('preflight', False), ('run', True)] True True True")

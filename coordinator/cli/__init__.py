@@ -55,6 +55,11 @@ COMMAND_HOMES = {
 }
 
 
+RUN_COMMANDS = ("run", "code", "research")
+"""The commands whose start is timed to their first model call: the collector stays
+paused through their preflight (:func:`coordinator.cli.commands` resumes it)."""
+
+
 def add_runs_dir(p: argparse.ArgumentParser) -> None:
     """``--output-dir`` for a command that finds runs (resume, runs, trace, view): one
     rule for all of them, :mod:`coordinator.rundir.run_lookup`."""
@@ -109,6 +114,7 @@ def _dispatch(argv: list[str]) -> int:
     # (coordinator/cli/early.py); whatever no run takes is removed. The boxes first:
     # the engine starts them on another core, while the import and Fleet's own take
     # turns on this one (the GIL), so that order has them ready soonest.
+    early.pause_gc()  # until the command has loaded (a run: until its preflight is done)
     prewarm = early.prewarm(argv)
     early.sdk_for_job(argv)
     try:
@@ -116,6 +122,8 @@ def _dispatch(argv: list[str]) -> int:
         args = parser.parse_args(argv)
         args.prewarm = prewarm
         early.sdk_for_command(args)  # `fleet code` / `fleet research`: --model is known now
+        if args.command not in RUN_COMMANDS:
+            early.resume_gc()
         func = getattr(args, "func", None)
         if func is None:
             parser.print_help()
@@ -129,6 +137,7 @@ def _dispatch(argv: list[str]) -> int:
             print(f"fleet: {exc}", file=sys.stderr)
             return 1
     finally:
+        early.resume_gc()
         if prewarm is not None:
             prewarm.close()
 
