@@ -46,11 +46,13 @@ Why the API, too, starts the ``anthropic`` SDK's import early: a program calling
 load it), and the preflight no longer does either. So :func:`check_new` and
 :func:`check_resume` start it on a thread (:mod:`subagents.model.sdk_import`) as
 soon as they hold a job that calls the Messages API, just before the preflight: it
-then runs beside the preflight, the run directory and the box start instead of in
-series at the first member's first call. The thread is a daemon and imports only
-what that first call would import a moment later; a program that already imported
-the SDK, or a later run in the same process, starts nothing. A run on offline
-models never starts it.
+then runs beside the preflight (the repositories, the images, the engine's host),
+whose last check joins it (:func:`coordinator.runner.preflight.check_sdk` says why
+there), instead of in series before it. The thread is a daemon and imports only what
+the first model call would import a moment later; a program that already imported
+the SDK, or a later run in the same process, starts nothing. A run on offline models
+never starts it. Unlike the command line, the API leaves the caller's garbage
+collector alone (:mod:`coordinator.cli.early`): it is the caller's process.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ COMMAND_HOMES = {
 
 RUN_COMMANDS = ("run", "code", "research")
 """The commands whose start is timed to their first model call: the collector stays
-paused through their preflight (:func:`coordinator.cli.commands` resumes it)."""
+paused through their preflight (:mod:`coordinator.cli.commands` resumes it)."""
 
 
 def add_runs_dir(p: argparse.ArgumentParser) -> None:
