@@ -21,7 +21,10 @@ yet the collector ran about 430 times on the way, three of them full passes over
 everything: 0.5-0.8 s of CPU on this 2-core machine, more than Fleet's own imports.
 What is frozen is what a process keeps to its end anyway (modules, classes); the few
 thousand objects that were already garbage stay, a bounded one-time cost. The run
-itself, and every command that does not run one, collects as usual. Only the command
+itself, and every command that does not run one, collects as usual. A preflight that
+builds a missing image (a first run, changed ``images/``: a minute or more) builds it
+with the collector paused too: what it allocates is freed by reference counting as
+always, only reference cycles wait for the resume. Only the command
 line does this: it owns its process; the Python API never changes its caller's
 collector.
 """
