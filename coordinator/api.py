@@ -40,6 +40,19 @@ Why sync functions beside async ones: a script calls :func:`run`, a program with
 event loop awaits :func:`run_async`. Both are the same checks (:func:`check_new`,
 which runs in a thread from async code because the preflight runs its own event
 loop) followed by the same coroutine (:meth:`Ready.go`).
+
+Why the API, too, starts the ``anthropic`` SDK's import early: a program calling
+:func:`run` for the first time has not imported the SDK (``coordinator`` does not
+load it), and the preflight no longer does either. So :func:`check_new` and
+:func:`check_resume` start it on a thread (:mod:`subagents.model.sdk_import`) as
+soon as they hold a job that calls the Messages API, just before the preflight: it
+then runs beside the preflight (the repositories, the images, the engine's host),
+whose last check joins it (:func:`coordinator.runner.preflight.check_sdk` says why
+there), instead of in series before it. The thread is a daemon and imports only what
+the first model call would import a moment later; a program that already imported
+the SDK, or a later run in the same process, starts nothing. A run on offline models
+never starts it. Unlike the command line, the API leaves the caller's garbage
+collector alone (:mod:`coordinator.cli.early`): it is the caller's process.
 """
 
 from __future__ import annotations
@@ -57,7 +70,7 @@ from pydantic import ValidationError
 from sandbox.errors import SandboxError
 from sandbox.warm import WarmBoxes
 from subagents.beside import leaves
-from subagents.model import ModelError
+from subagents.model import ModelError, sdk_import
 
 from .errors import CommandFailed, UsageError
 from .job.jobfile import (
@@ -424,9 +437,12 @@ async def resume_async(
 
 
 def _preflight(job: Job, opts: RunOptions, flags: dict[str, str] | None) -> str:
-    """The preflight (:mod:`coordinator.runner.preflight`); how many members run at once, and why."""
-    from .runner.preflight import preflight
+    """The preflight (:mod:`coordinator.runner.preflight`); how many members run at once,
+    and why. The SDK's import starts first, on its thread, when the job calls the
+    Messages API (see the module's docstring)."""
+    from .runner.preflight import model_names, preflight
 
+    sdk_import.start_for(model_names(job))
     try:
         parallel = preflight(
             job, flags, out=opts.out, cluster=opts.cluster, insecure_cluster=opts.insecure_cluster

@@ -74,14 +74,30 @@ def test_an_offline_fleet_run_never_imports_the_sdk(
 ) -> None:
     cleanup.append(tmp_path / "runs")
     job = EXAMPLES / "code.toml"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "notes.txt").write_text("hello\n")
+    # `fleet run` of a job naming `offline`, `fleet code` on `auto` without a key and
+    # `fleet code --model offline` with one: none starts the SDK's early import
+    # (subagents/model/sdk_import.py).
     code = (
+        "import os\n"
         "from coordinator.cli import main\n"
+        "from subagents.model import sdk_import\n"
         f"code = main(['run', {str(job)!r}, '--output-dir', 'runs', '--plain'])\n"
-        "assert code == 0, code"
+        "assert code == 0, code\n"
+        f"code = main(['code', {str(repo)!r}, 'Read notes.txt.', '--output-dir', 'runs', "
+        "'--plain'])\n"
+        "assert code == 0, code\n"
+        "os.environ['ANTHROPIC_API_KEY'] = 'k'\n"
+        f"code = main(['code', {str(repo)!r}, 'Read notes.txt.', '--model', 'offline', "
+        "'--output-dir', 'runs', '--plain'])\n"
+        "assert code == 0, code\n"
+        "assert sdk_import._thread is None\n"
     )
     modules, done = _sdk_modules(code, tmp_path)
     assert done.returncode == 0, done.stderr[-3_000:]
-    assert "succeeded: 1 of 1 members ok" in done.stderr
+    assert done.stderr.count("succeeded: 1 of 1 members ok") == 3
     assert modules == []
 
 

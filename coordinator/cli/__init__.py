@@ -18,9 +18,9 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from ..errors import CommandFailed, UsageError
+from . import early
 
 EXIT_BROKEN_PIPE = 128 + 13
 """A reader that closed the pipe: what a process killed by SIGPIPE (git, cat) exits with."""
@@ -53,6 +53,11 @@ COMMAND_HOMES = {
     "view": "coordinator.cli.trace",
     "approve": "coordinator.cli.approve",
 }
+
+
+RUN_COMMANDS = ("run", "code", "research")
+"""The commands whose start is timed to their first model call: the collector stays
+paused through their preflight (:mod:`coordinator.cli.commands` resumes it)."""
 
 
 def add_runs_dir(p: argparse.ArgumentParser) -> None:
@@ -104,13 +109,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
-    # `fleet run JOB`: the first wave's boxes start now, while the rest of Fleet loads
-    # and the job is checked (coordinator/nodes/prewarm.py); whatever no run takes is removed.
-    prewarm = _prewarm(argv)
+    # Before the rest of Fleet loads: the first wave's boxes of `fleet run JOB`, then
+    # the SDK's import when the job calls the Messages API, each on its thread
+    # (coordinator/cli/early.py); whatever no run takes is removed. The boxes first:
+    # the engine starts them on another core, while the import and Fleet's own take
+    # turns on this one (the GIL), so that order has them ready soonest.
+    early.pause_gc()  # until the command has loaded (a run: until its preflight is done)
+    prewarm = early.prewarm(argv)
+    early.sdk_for_job(argv)
     try:
         parser = build_parser(argv[0] if argv else None)
         args = parser.parse_args(argv)
         args.prewarm = prewarm
+        early.sdk_for_command(args)  # `fleet code` / `fleet research`: --model is known now
+        if args.command not in RUN_COMMANDS:
+            early.resume_gc()
         func = getattr(args, "func", None)
         if func is None:
             parser.print_help()
@@ -124,20 +137,9 @@ def _dispatch(argv: list[str]) -> int:
             print(f"fleet: {exc}", file=sys.stderr)
             return 1
     finally:
+        early.resume_gc()
         if prewarm is not None:
             prewarm.close()
-
-
-def _prewarm(argv: list[str]) -> Any:
-    """Start the first wave's boxes of ``fleet run JOB`` (not on a cluster)."""
-    if not argv or argv[0] != "run" or "--cluster" in argv or os.environ.get("FLEET_CLUSTER"):
-        return None
-    files = [a for a in argv[1:] if not a.startswith("-") and os.path.isfile(a)]
-    if not files or "-h" in argv or "--help" in argv:
-        return None
-    from ..nodes.prewarm import Prewarm
-
-    return Prewarm.start(files[0])
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from ..report.synthesis import WHO
 from ..rundir.run_lookup import find_run, runs_root
 from ..rundir.runs import RunDir, RunNotFound
 from ..runner.run_budget import budget_use_line
-from . import add_runs_dir
+from . import add_runs_dir, early
 
 if TYPE_CHECKING:
     from ..runner.driver import RunOptions, RunSummary
@@ -110,6 +110,7 @@ def _start(
     # The checks run before the event loop, so Ctrl-C during an image build ends the
     # command at once (no run exists yet).
     ready = _go(lambda: check_new(job, text, opts, output_dir=args.output_dir, flags=flags))
+    early.resume_gc()  # loaded, the SDK included: the run collects as usual
     return _go(lambda: anyio.run(ready.go))
 
 

@@ -1,6 +1,10 @@
 """Checks before a run exists: the job's repositories can be copied, its models can be
 made, and its images are there (Fleet's own are built when missing).
 
+Models are checked without importing the ``anthropic`` SDK (a Claude model's
+credentials only): its import was started on a thread before the preflight and runs
+beside it; :func:`check_sdk`, the last check, joins it.
+
 All run after the job file is validated and before any run directory is created,
 so a job that cannot start leaves nothing behind and says why in one paragraph
 (exit 2), instead of every member "crashing" the same way, being retried, and the
@@ -49,7 +53,9 @@ from sandbox.errors import SandboxUnavailable
 from sandbox.spec import NetworkPolicy
 from subagents.browser.corpus import CORPUS_MEMBER
 from subagents.kinds import RESEARCH_KIND, get_kind, kind_is, trait
-from subagents.model import ModelError, make_model, resolve_model
+from subagents.model import ModelError, make_model, parse_model, resolve_model
+from subagents.model.credentials import api_credentials
+from subagents.model.names import calls_the_api
 from subagents.model.profiles import profile_for
 from subagents.model.tokens import estimate_bytes
 
@@ -81,7 +87,35 @@ def preflight(
     else:
         check_images(job, out=out)
         check_runtime(job)
-    return check_parallel(job, cluster_slots=slots)
+    parallel = check_parallel(job, cluster_slots=slots)
+    check_sdk(job)
+    return parallel
+
+
+def check_sdk(job: Job) -> None:
+    """The last check, for a job that calls the Messages API: the model client loads.
+
+    Its import (the ``anthropic`` SDK, about a second) was started on a thread before
+    the preflight (:mod:`subagents.model.sdk_import`) and has run beside it; this joins
+    it (Python's import lock: the main thread waits for the thread's import and gets
+    the finished module). Joined here, not at the member's first model call, so that an
+    SDK that cannot be imported stops the command before a run exists, once, as it
+    always did - not as every member's attempt crashing the same way. What the main
+    thread does between here and the first request (the run directory, the member's
+    start: about 0.1 s of Python) could not run beside the import anyway: one thread
+    at a time runs Python (the GIL), so the import overlaps only what waits on the
+    Docker engine, the disk and the prewarm's boxes - the preflight above. Raises
+    :class:`CommandFailed` (exit 1) naming the error and what to do."""
+    if not any(calls_the_api(name) for name in model_names(job)):
+        return
+    try:
+        import subagents.model.claude  # noqa: F401
+    except Exception as exc:
+        raise CommandFailed(
+            f"the Messages API client cannot be loaded: the 'anthropic' package fails to "
+            f"import ({type(exc).__name__}: {exc}); reinstall Fleet's dependencies "
+            "(pip install -e . in its checkout) or choose an offline model (--model offline)"
+        ) from exc
 
 
 def first_call_need(job: Job) -> tuple[float, float]:
@@ -237,6 +271,11 @@ def check_repos(job: Job, flags: dict[str, str] | None = None) -> None:
 # ---------------------------------------------------------------- models
 
 
+def model_names(job: Job) -> list[str]:
+    """Every distinct model the job will make, ``auto`` resolved."""
+    return list(_model_fields(job))
+
+
 def _model_fields(job: Job) -> dict[str, str]:
     """Each distinct model the job will make (``auto`` resolved) -> the field naming it."""
     named = [("model.name", job.model.name)]
@@ -252,9 +291,12 @@ def _model_fields(job: Job) -> dict[str, str]:
 
 
 def check_models(job: Job, flags: dict[str, str] | None = None) -> None:
-    """Make (and close) every model the job names, so that a model that cannot be used
-    (no API key, a replay file that is not there) is bad input before a run exists -
-    not a run that fails after its boxes and planner have started."""
+    """Check every model the job names, so that a model that cannot be used (no API
+    key, a replay file that is not there) is bad input before a run exists - not a run
+    that fails after its boxes and planner have started. An offline or replay model is
+    made and closed; a Claude model's credentials are checked without making its
+    client, whose SDK is still being imported beside the preflight
+    (:mod:`subagents.model.sdk_import`): the preflight never waits for that import."""
 
     async def probe(name: str) -> None:
         with warnings.catch_warnings():
@@ -265,7 +307,11 @@ def check_models(job: Job, flags: dict[str, str] | None = None) -> None:
 
     for name, where in _model_fields(job).items():
         try:
-            anyio.run(probe, name)
+            choice = parse_model(name)
+            if choice.source == "claude":
+                api_credentials(choice.name)
+            else:
+                anyio.run(probe, name)
         except ModelError as exc:
             raise UsageError(f"{_field(where, flags)}: {exc}") from None
 

@@ -4,9 +4,12 @@
   ``offline``, ``aclose()``), :class:`ModelProfile` and :class:`ModelError`;
 - :mod:`.message`: Fleet's own model of a response (``ModelResponse.message``);
 - :mod:`.choice`: a model string parsed once into a :class:`ModelChoice`
-  (``auto`` resolved, ``offline[:policy]``, ``replay:<trace>``, a Claude name);
+  (``auto`` resolved, ``offline[:policy]``, ``replay:<trace>``, a Claude name), with
+  the plain-string rules in :mod:`.names` (standard library only);
 - :mod:`.factory`: :func:`make_model`, from a name or a choice to a model;
-- :mod:`.claude`: the real adapter over the official ``anthropic`` client;
+- :mod:`.claude`: the real adapter over the official ``anthropic`` client, its
+  credentials read by :mod:`.credentials` (without the SDK) and the SDK imported on a
+  thread while a run starts by :mod:`.sdk_import`;
 - :mod:`.offline`: offline models (policies, replay) and the policy registry, with
   the built-in kinds' policies in :mod:`.offline_research` and :mod:`.offline_coding`;
 - :mod:`.profiles`: context windows, output limits and prices per model family.

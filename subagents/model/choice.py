@@ -12,22 +12,34 @@ A model string (job file, ``--model``, ``FLEET_MODEL``) is one of:
 
 :func:`parse_model` turns a concrete name into a typed :class:`ModelChoice`; the
 factory, the profiles and the coordinator read the choice instead of testing
-prefixes each in its own way.
+prefixes each in its own way. The plain-string rules (``auto``, the offline prefixes)
+live in :mod:`.names`, which loads nothing but the standard library.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from .errors import ModelError
+from .names import (
+    DEFAULT_REAL_MODEL,
+    OFFLINE,
+    OFFLINE_PREFIX,
+    REPLAY_PREFIX,
+    is_offline_name,
+    resolve_model,
+)
 
-DEFAULT_REAL_MODEL = "claude-sonnet-5"
-OFFLINE = "offline"
-_OFFLINE_PREFIX = "offline:"
-_REPLAY_PREFIX = "replay:"
+__all__ = [
+    "DEFAULT_REAL_MODEL",
+    "OFFLINE",
+    "ModelChoice",
+    "is_offline_name",
+    "parse_model",
+    "resolve_model",
+]
 
 
 class ModelChoice(BaseModel):
@@ -51,21 +63,6 @@ class ModelChoice(BaseModel):
         return self.source != "claude"
 
 
-def resolve_model(name: str) -> str:
-    """``auto`` -> Claude when ANTHROPIC_API_KEY is set (``FLEET_MODEL`` picks which),
-    else ``offline``; any other name is returned as it is."""
-    if name != "auto":
-        return name
-    if os.environ.get("ANTHROPIC_API_KEY"):
-        return os.environ.get("FLEET_MODEL") or DEFAULT_REAL_MODEL
-    return OFFLINE
-
-
-def is_offline_name(name: str) -> bool:
-    """True for names no real model answers (``offline``, ``offline:*``, ``replay:*``)."""
-    return name == OFFLINE or name.startswith((_OFFLINE_PREFIX, _REPLAY_PREFIX))
-
-
 def parse_model(name: str) -> ModelChoice:
     """The :class:`ModelChoice` for ``name`` (``auto`` resolved first); raises
     :class:`ModelError` for an empty name, policy or trace path."""
@@ -74,13 +71,13 @@ def parse_model(name: str) -> ModelChoice:
         raise ModelError("empty model string: give a model name, 'offline' or 'replay:<trace>'")
     if name == OFFLINE:
         return ModelChoice(source="offline", name=name)
-    if name.startswith(_OFFLINE_PREFIX):
-        policy = name.removeprefix(_OFFLINE_PREFIX)
+    if name.startswith(OFFLINE_PREFIX):
+        policy = name.removeprefix(OFFLINE_PREFIX)
         if not policy:
             raise ModelError("'offline:' names no policy: write 'offline' or 'offline:<policy>'")
         return ModelChoice(source="offline", name=name, policy=policy)
-    if name.startswith(_REPLAY_PREFIX):
-        trace = name.removeprefix(_REPLAY_PREFIX)
+    if name.startswith(REPLAY_PREFIX):
+        trace = name.removeprefix(REPLAY_PREFIX)
         if not trace:
             raise ModelError("'replay:' names no trace: write 'replay:<path to trace.jsonl>'")
         return ModelChoice(source="replay", name=name, trace=trace)

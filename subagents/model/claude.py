@@ -62,6 +62,7 @@ import pydantic
 from anthropic.types import Message as SDKMessage
 
 from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelResponse
+from subagents.model.credentials import api_credentials
 from subagents.model.governor import Governor, Permit, governor_for
 from subagents.model.message import ContentBlock, Message, Usage
 from subagents.model.profiles import profile_for
@@ -121,13 +122,7 @@ class AnthropicModel:
         governor: Governor | None = None,
         patience_s: float | None = None,
     ) -> None:
-        key = api_key or os.environ.get("ANTHROPIC_API_KEY")
-        token = None if key else os.environ.get("ANTHROPIC_AUTH_TOKEN")
-        if not key and not token:
-            raise ModelError(
-                f"no API key for model {name!r}: set ANTHROPIC_API_KEY in the environment "
-                "(or choose an offline model such as 'offline' or 'replay:<trace.jsonl>')"
-            )
+        key, token = api_credentials(name, api_key)
         self.name = name
         self.profile = profile or profile_for(name)
         self.max_retries = max_retries
