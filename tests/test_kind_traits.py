@@ -31,6 +31,21 @@ class _Notes(BaseModel):
     notes: str
 
 
+@pytest.fixture(autouse=True)
+def only_built_in_kinds() -> Iterator[None]:
+    """The registry as a fresh process has it: other tests in this worker register
+    kinds of their own (and keep them), which every list here would name."""
+    others = {n: k for n, k in kinds._KINDS.items() if n not in BUILTIN_TRAITS}
+    for name in others:
+        del kinds._KINDS[name]
+    try:
+        yield
+    finally:  # built-in kinds registered meanwhile stay: their modules are imported
+        for name in [n for n in kinds._KINDS if n not in BUILTIN_TRAITS]:
+            del kinds._KINDS[name]
+        kinds._KINDS.update(others)
+
+
 @pytest.fixture
 def reviewer() -> Iterator[Kind]:
     """A kind of the program's own: it works on a repository in a coding box."""
