@@ -53,8 +53,8 @@ def _run(way: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from coordinator.rundir.runs import RunDir
     from subagents import budget
     from subagents.model.profiles import profile_for
+    from subagents.spend.usage import Usage
     from subagents.trace import read_trace
-    from subagents.usage import Usage
 
     if way == "counted":
         real = (budget.BudgetedModel._input, budget.BudgetedModel._output)

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/context.py [--repeats N]
 
-Everything runs in-process through the real :class:`subagents.loop.AgentLoop` and
+Everything runs in-process through the real :class:`subagents.loop.loop.AgentLoop` and
 the real :class:`subagents.context.ContextManager` (trace written to disk, offloads
 written to the run directory). The model is a scripted in-process
 :class:`ScriptedModel` (no HTTP) and the tools are in-process too, so the CPU they
@@ -42,9 +42,9 @@ from subagents.context.budget import working_set_budget
 from subagents.context.compaction import SUMMARY_SYSTEM
 from subagents.context.tokens import estimate_message, estimate_text
 from subagents.kinds import Kind, register_kind
-from subagents.loop import AgentLoop
+from subagents.loop.loop import AgentLoop
 from subagents.model.base import ModelProfile, ModelRequest, ModelResponse
-from subagents.result import estimate_tokens
+from subagents.results.result import estimate_tokens
 from subagents.spec import Limits, MemberSpec
 from subagents.tools.base import Tool, ToolContext, ToolOutput
 from subagents.trace import TraceWriter

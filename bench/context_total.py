@@ -64,7 +64,7 @@ from subagents.fake_api.usage import estimate_tokens, prompt_blocks
 from subagents.kinds import Kind, get_kind, register_kind
 from subagents.member import run_member
 from subagents.model.factory import make_model
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.spec import Limits, MemberSpec
 from subagents.tools.base import Tool, ToolContext, ToolOutput
 from subagents.trace import ModelCall, Offload, TraceWriter, read_trace

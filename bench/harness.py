@@ -56,7 +56,7 @@ from subagents.context.config import ContextConfig
 from subagents.member import run_member
 from subagents.model.base import ModelRequest, ModelResponse
 from subagents.model.factory import make_model
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.spec import Limits, MemberSpec
 from subagents.trace import Compaction, ModelCall, Offload, TraceWriter, read_trace
 

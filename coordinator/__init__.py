@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         VerifiedTests,
     )
     from subagents.model import ModelError
-    from subagents.outcome import MemberOutcome
+    from subagents.results.outcome import MemberOutcome
 
     from .api import (
         RunFailed,
@@ -111,7 +111,7 @@ _EXPORTS = {
     "JobError": "coordinator.job.jobfile",
     "Job": "coordinator.job.spec",
     "MemberJob": "coordinator.job.spec",
-    "MemberOutcome": "subagents.outcome",
+    "MemberOutcome": "subagents.results.outcome",
     "BrowserMemberResult": "subagents.kinds.results",
     "Cite": "subagents.kinds.results",
     "CodingMemberResult": "subagents.kinds.results",

@@ -37,7 +37,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.warm import WarmBoxes
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.trace import TraceEvent
 
 from .api import (

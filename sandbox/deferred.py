@@ -10,7 +10,7 @@ beside it (:func:`coordinator.nodes.node.run_attempt`): every call on it waits u
 box is ready and then goes to the box; a box that could not be made raises the
 error that stopped it, on every call, as a dead box raises its crash. The harness
 awaits :meth:`DeferredSandbox.ready` before a turn's tools run
-(:meth:`subagents.loop.AgentLoop.box_ready`), so an error of the box's start ends the
+(:meth:`subagents.loop.loop.AgentLoop.box_ready`), so an error of the box's start ends the
 member as it did when the start came first (``crashed``, retryable), never as a
 failed tool call.
 

@@ -4,7 +4,7 @@ An anyio task group wraps whatever its body raises in an ``ExceptionGroup``; the
 harness and the node classify what a member's run raised by its type
 (``SandboxCrashed`` -> ``crashed``, ``ModelError`` -> ``failed``, ...), so a run that
 needs a task beside it - its box starting (:func:`coordinator.nodes.node.run_attempt`), its
-box's set-up (:meth:`subagents.loop.AgentLoop.run`) - goes through :func:`beside`,
+box's set-up (:meth:`subagents.loop.loop.AgentLoop.run`) - goes through :func:`beside`,
 which raises the run's own exception. The side task reports its own failures (it
 must not raise): it is the run that decides what they mean.
 """

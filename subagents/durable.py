@@ -4,9 +4,9 @@ A member whose process died (the coordinator SIGKILLed, Ctrl-C, the model's retr
 exhausted) goes on from its last completed turn instead of turn 0. Two things make
 that turn whole again:
 
-* the conversation - :class:`~subagents.conversation.Conversation` with ``save_to``,
+* the conversation - :class:`~subagents.loop.conversation.Conversation` with ``save_to``,
   the mechanism the lead already continues from: written after every message, so it
-  always ends at a message boundary (:mod:`subagents.transcript`; fsynced before each
+  always ends at a message boundary (:mod:`subagents.loop.transcript`; fsynced before each
   model call, and before an older checkpoint is removed). Its size is the member's
   context budget (the context mechanisms shrink it in place), not its history.
 * the box's state, which the kind saves (:attr:`Kind.checkpoint`) after every turn

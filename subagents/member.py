@@ -7,7 +7,7 @@ members in a local task group today and on cluster nodes later.
 
 :func:`run_member` never raises for the member's own failure. The task failing, a
 limit reached, the model giving up, the box dying, even a bug in a tool: each becomes
-a status with a reason (the statuses and what each means: :mod:`subagents.outcome`).
+a status with a reason (the statuses and what each means: :mod:`subagents.results.outcome`).
 Only cancellation propagates (the caller asked for it), and even then the memory is
 saved and ``MemberEnd`` is traced, shielded from the cancellation, before it does.
 """
@@ -26,13 +26,13 @@ from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxUnavailable
 
 from .context.base import ContextLike
 from .context.manager import ContextManager
-from .delegation import Delegation
 from .kinds import Kind, get_kind
 from .kinds.results import result_json
-from .loop import AgentLoop
+from .loop.loop import AgentLoop
 from .model.base import Model, ModelError
-from .outcome import MemberOutcome, Status
-from .policy import Approver
+from .results.outcome import MemberOutcome, Status
+from .rules.delegation import Delegation
+from .rules.policy import Approver
 from .spec import MemberSpec
 from .tools.mcp import McpStartFailed
 from .trace import ErrorEvent, MemberEnd, MemberStart, TraceWriter
@@ -82,7 +82,7 @@ async def run_member(
     ``run_dir`` is the member's own directory (``runs/<run>/members/<id>/``); the
     outcome is also written there as ``result.json``. ``approver`` answers the asks of
     the member's tool policy (None: nobody to ask, the policy's ``ask_default``).
-    ``delegate`` runs a lead's members (:mod:`subagents.delegation`);
+    ``delegate`` runs a lead's members (:mod:`subagents.rules.delegation`);
     ``conversation_file`` keeps the conversation durable, and a member whose file
     already holds one continues it; ``on_turn_saved`` is called after each turn saved
     there whole.

@@ -5,7 +5,7 @@ A spec is plain data, JSON-ready and validated when it is made, so it can cross 
 another process or node as it is: the kind's settings and the member's box travel
 in it typed and built once (``settings``, apart from the task's inputs, and
 ``sandbox``, a :class:`~sandbox.spec.SandboxSpec`). What comes back is a
-:class:`~subagents.outcome.MemberOutcome`; :func:`subagents.member.run_member` turns
+:class:`~subagents.results.outcome.MemberOutcome`; :func:`subagents.member.run_member` turns
 the one into the other.
 """
 
@@ -28,8 +28,8 @@ from sandbox.strict import Strict
 
 from .context.config import ContextConfig
 from .kinds import NoSettings, get_kind, kind_settings
-from .policy import ToolPolicy
-from .result_schema import ResultSchema, extend_model, parse_result_schema
+from .results.result_schema import ResultSchema, extend_model, parse_result_schema
+from .rules.policy import ToolPolicy
 from .tools.mcp import McpServerSpec
 from .tools.registry import CustomToolSpec
 
@@ -39,7 +39,7 @@ class Limits(Strict):
 
     One class for the job file's ``limits`` tables and the harness: the job file's
     bounds are the ones that hold. A member stopped by a limit ends ``incomplete``
-    with a partial result from one closing call (see subagents/closing.py); the
+    with a partial result from one closing call (see subagents/loop/closing.py); the
     coordinator hands the harness a deadline 10% (at most 60 s) earlier than the job's,
     so that call happens before the hard deadline, past which the member is
     ``timed_out``.
@@ -137,7 +137,7 @@ class MemberSpec(Strict):
     """Budget, offload, clip, compaction and memory thresholds."""
     result_schema: dict[str, Any] | None = None
     """Job-defined result fields (a JSON Schema object, see
-    :mod:`subagents.result_schema`), added to the kind's result; None: use
+    :mod:`subagents.results.result_schema`), added to the kind's result; None: use
     ``inputs["result_schema"]`` if the caller put it there, else none."""
 
     @field_validator("kind")

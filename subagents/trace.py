@@ -118,7 +118,7 @@ class ModelCall(_Event, TokenCounts):
     """Host that answered (empty for offline models)."""
     server_port: int = 0
     closing: bool = False
-    """The closing call after a limit (:mod:`subagents.closing`): a model call, but not
+    """The closing call after a limit (:mod:`subagents.loop.closing`): a model call, but not
     one of the member's ``max_turns`` turns, so views do not count it as one."""
 
 

@@ -17,7 +17,7 @@ from subagents.browser.config import BrowserConfig
 from subagents.browser.corpus import CORPUS_ALLOW, start_corpus
 from subagents.member import run_member
 from subagents.model.base import Model
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.spec import MemberSpec
 from subagents.tools.base import Tool, ToolContext, ToolOutput
 from subagents.tools.browser import browser_tools

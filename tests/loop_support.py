@@ -26,7 +26,7 @@ from subagents.kinds import Kind, register_kind
 from subagents.member import run_member
 from subagents.model.base import ModelProfile, ModelRequest, ModelResponse
 from subagents.model.message import Message
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.spec import MemberSpec
 from subagents.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from subagents.trace import TraceWriter, read_trace

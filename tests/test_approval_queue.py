@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 
 from coordinator.oversight.approvals import ApprovalQueue, FileApprover, shown_sha256
-from subagents.policy import ApprovalRequest
+from subagents.rules.policy import ApprovalRequest
 
 
 def _request(command: str) -> ApprovalRequest:

@@ -22,14 +22,14 @@ from coordinator.attempts.selection import (
 )
 from coordinator.job.spec import RetryPolicy, split_attempt
 from coordinator.nodes.worker import MemberUnit
-from subagents.budget import BudgetExhausted
 from subagents.kinds.coding import read_patch
 from subagents.model import ModelError
 from subagents.model.base import ModelRequest, ModelResponse
 from subagents.model.offline import build_message
 from subagents.model.profiles import profile_for
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.spec import MemberSpec
+from subagents.spend.budget import BudgetExhausted
 from subagents.trace import TraceWriter, read_trace
 
 REAL = "claude-sonnet-4-6"

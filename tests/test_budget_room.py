@@ -3,7 +3,7 @@ what all of them need. Each started member holds room for its closing call - its
 and ``closing_max_tokens`` of output, not a whole ``max_tokens`` call - and a call near the
 line is sent with the output bound that fits (never under twice what answers produce),
 so the line carries the members to their ends instead of being "reached" with a third of
-it unspent; and it is never crossed. Real :class:`~subagents.budget.BudgetedModel`
+it unspent; and it is never crossed. Real :class:`~subagents.spend.budget.BudgetedModel`
 reservations over an in-process model whose calls answer with 120 output tokens."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from subagents.budget import BudgetedModel, BudgetExhausted, RunBudget
 from subagents.model.base import ModelRequest, ModelResponse
 from subagents.model.offline import build_message
 from subagents.model.profiles import profile_for
 from subagents.model.tokens import estimate_bytes
+from subagents.spend.budget import BudgetedModel, BudgetExhausted, RunBudget
 
 MAX_TOKENS = 4096
 TURNS = 7  # six shell turns, then submit_result
@@ -157,7 +157,7 @@ def test_a_call_near_the_line_is_sent_with_the_output_bound_that_fits() -> None:
 
 
 def test_a_member_not_started_waits_for_one_at_work_to_end_and_a_started_one_never_waits() -> None:
-    from subagents.budget import Amount
+    from subagents.spend.budget import Amount
 
     budget = RunBudget(tokens=10_000)
     got: list[str] = []
@@ -213,7 +213,7 @@ def test_admitted_under_a_line_for_four_members_the_rest_are_skipped_not_started
 
 
 def test_a_generous_line_admits_every_member_once_the_first_call_is_known() -> None:
-    from subagents.budget import Amount
+    from subagents.spend.budget import Amount
 
     budget = RunBudget(tokens=1_000_000)
     order: list[str] = []
@@ -240,7 +240,7 @@ def test_a_generous_line_admits_every_member_once_the_first_call_is_known() -> N
 
 
 def test_a_member_that_can_never_be_carried_is_skipped_with_the_reason() -> None:
-    from subagents.budget import Amount
+    from subagents.spend.budget import Amount
 
     budget = RunBudget(tokens=10_000)
 
@@ -261,7 +261,7 @@ def test_a_member_that_can_never_be_carried_is_skipped_with_the_reason() -> None
 def test_a_resumed_run_starts_from_what_its_finished_members_cost() -> None:
     from coordinator.journal.entries import BudgetSpentEntry, MemberFinishedEntry
     from coordinator.runner.run_budget import finished_costs
-    from subagents.budget import Amount
+    from subagents.spend.budget import Amount
 
     entries = [
         BudgetSpentEntry(member="a", usd=0.01, tokens=1_000),
@@ -292,7 +292,7 @@ def test_a_first_call_holds_its_shared_prefix_as_cache_reads_once_the_cache_is_r
     """What a member's first call holds for its closing call prices the system prompt and
     tools as cache reads once another member's answer read the prompt cache (they share
     that prefix); the call's own reservation stays its worst case, all input uncached."""
-    from subagents.budget import Amount
+    from subagents.spend.budget import Amount
 
     class Cached(_Model):
         async def complete(self, request: ModelRequest) -> ModelResponse:
@@ -336,7 +336,7 @@ def test_a_first_call_holds_its_shared_prefix_as_cache_reads_once_the_cache_is_r
 def test_a_member_waiting_for_the_line_never_waits_on_the_lead() -> None:
     # The lead holds room for its closing call while it waits for its members: a member
     # the line cannot carry is judged once no member is at work, not left waiting on it.
-    from subagents.budget import Amount
+    from subagents.spend.budget import Amount
 
     budget = RunBudget(tokens=10_000)
 
@@ -354,7 +354,7 @@ def test_a_member_waiting_for_the_line_never_waits_on_the_lead() -> None:
 def test_a_first_call_never_waits_on_the_lead() -> None:
     # A member's first call that does not fit waits for members at work to end - but not
     # for the lead, which ends only after its members: it is refused instead.
-    from subagents.budget import Amount
+    from subagents.spend.budget import Amount
 
     budget = RunBudget(tokens=10_000)
     budget.waiters.add("lead")

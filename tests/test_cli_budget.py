@@ -15,8 +15,8 @@ from coordinator.cli import main
 from coordinator.rundir.runs import RunDir
 from subagents.fake_api import tool_use
 from subagents.model.profiles import profile_for
+from subagents.spend.usage import Usage
 from subagents.trace import read_trace
-from subagents.usage import Usage
 
 MODEL = "claude-sonnet-5"
 HARD_USD = 0.06

@@ -21,7 +21,7 @@ from coordinator.nodes import host_git
 from coordinator.rundir.runs import RunDir
 from subagents.fake_api import text, tool_use
 from subagents.kinds import coding
-from subagents.policy import ToolPolicy
+from subagents.rules.policy import ToolPolicy
 from subagents.spec import MemberSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]

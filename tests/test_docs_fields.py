@@ -16,7 +16,7 @@ from pydantic_core import PydanticUndefined
 
 from coordinator.job import spec as job
 from sandbox.prepared.spec import SetupSpec
-from subagents.policy import ToolPolicy
+from subagents.rules.policy import ToolPolicy
 from subagents.spec import Limits
 from subagents.tools.mcp import McpServerSpec
 from subagents.tools.registry import CustomToolSpec

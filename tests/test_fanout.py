@@ -34,7 +34,7 @@ from sandbox.docker.backend import DockerBackend
 from subagents.context.config import ContextConfig
 from subagents.context.memory import MemoryStore
 from subagents.model import make_model
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.spec import MemberSpec
 
 pytestmark = pytest.mark.docker

@@ -16,9 +16,9 @@ from forged_tags import CLOSE, FORGED, closing_tags
 from coordinator.job.planner import offline_plan, plan
 from coordinator.report.synthesis import digest, render_markdown, synthesize
 from subagents.fake_api import FakeMessagesAPI, tool_use
-from subagents.member_text import clean
 from subagents.model.claude import AnthropicModel
-from subagents.outcome import MemberOutcome
+from subagents.results.member_text import clean
+from subagents.results.outcome import MemberOutcome
 
 FINDINGS = {
     "summary": "Tasks are cancelled with Task.cancel().",

@@ -12,10 +12,10 @@ from coordinator.job.spec import MemberJob
 from coordinator.lead.lead import lead_spec
 from coordinator.lead.waves import Spawned, Waves
 from subagents.kinds.lead import LeadSettings, lead_brief
-from subagents.member_text import member_block
 from subagents.model.base import ModelRequest
 from subagents.model.offline_lead import CHECK, lead_policy
-from subagents.outcome import MemberOutcome
+from subagents.results.member_text import member_block
+from subagents.results.outcome import MemberOutcome
 
 QUESTION = "How are asyncio tasks cancelled?"
 

@@ -16,9 +16,9 @@ from loop_support import anthropic_model, events, run_probe, writer
 from pydantic import ValidationError
 
 from subagents.fake_api import FakeMessagesAPI, Reply, fault, reply, text, tool_use
-from subagents.loop import NUDGE
+from subagents.loop.loop import NUDGE
 from subagents.member import run_member
-from subagents.result import estimate_tokens
+from subagents.results.result import estimate_tokens
 from subagents.spec import Limits, MemberSpec
 from subagents.tools.registry import CustomToolSpec
 

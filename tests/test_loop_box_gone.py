@@ -22,7 +22,7 @@ from loop_support import anthropic_model, events, writer
 from sandbox.docker.backend import DockerBackend, DockerSandbox
 from subagents.fake_api import FakeMessagesAPI, tool_use
 from subagents.member import run_member
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.spec import Limits, MemberSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]

@@ -6,7 +6,7 @@ import json
 
 from loop_support import Answer
 
-from subagents.result import ResultGate, estimate_tokens, truncate_to_cap
+from subagents.results.result import ResultGate, estimate_tokens, truncate_to_cap
 
 
 def test_truncation_fits_the_cap_keeps_short_fields_and_marks_every_cut() -> None:

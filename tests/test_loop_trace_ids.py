@@ -23,7 +23,7 @@ from subagents.model.base import ModelRequest
 from subagents.model.claude import AnthropicModel
 from subagents.model.factory import make_model
 from subagents.model.offline import register_policy
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.spec import MemberSpec
 
 pytestmark = pytest.mark.anyio

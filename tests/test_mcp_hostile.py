@@ -168,7 +168,7 @@ def test_a_100_mb_line_fails_only_its_server_while_a_sibling_keeps_calling(
     import anthropic  # noqa: F401
     import mcp.client.session  # noqa: F401
 
-    import subagents.loop  # noqa: F401
+    import subagents.loop.loop  # noqa: F401
 
     with RssWatch() as rss:
         assert main(["run", str(job), "--plain"]) == 0

@@ -28,7 +28,7 @@ from coordinator.journal.entries import (
 from coordinator.nodes.worker import MemberUnit, received_outcome
 from coordinator.rundir.runs import RunDir
 from subagents.kinds.results import RESULT_CHARS
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.spec import MemberSpec
 
 OLD_CODING = {

@@ -16,7 +16,7 @@ from coordinator.job.jobfile import parse_job
 from coordinator.merge.merge import read_merge, run_merge
 from coordinator.rundir.runs import RunDir
 from sandbox.registry import get_backend
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parent.parent

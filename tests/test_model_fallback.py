@@ -12,12 +12,12 @@ import anyio
 import pytest
 
 from coordinator.job.jobfile import JobError, parse_job
-from subagents.budget import BudgetedModel, RunBudget
 from subagents.fake_api import FakeMessagesAPI, fault, text
 from subagents.model import ModelError
 from subagents.model.base import ModelRequest
 from subagents.model.claude import AnthropicModel
 from subagents.model.fallback import FallbackModel
+from subagents.spend.budget import BudgetedModel, RunBudget
 from subagents.trace import TraceWriter, read_trace
 
 PRIMARY, FALLBACK = "claude-sonnet-5", "claude-haiku-4-5"

@@ -1,7 +1,7 @@
 """A node's reservations reach the run's one budget on the coordinator, and what a node
 sends cannot stretch it (``coordinator/nodes/node_budget.py``): the node's relay and the
 coordinator's, joined here by an in-memory stream in place of Ray's, against a real
-:class:`~subagents.budget.RunBudget` and its journal."""
+:class:`~subagents.spend.budget.RunBudget` and its journal."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from coordinator.nodes.node_asks import NodeAsks
 from coordinator.nodes.node_budget import BudgetRelay, RelayBudget
 from coordinator.nodes.stream import Message, Reserve, Settle, Spent, StreamError, receive
-from subagents.budget import Amount, BudgetExhausted, RunBudget
+from subagents.spend.budget import Amount, BudgetExhausted, RunBudget
 
 CALL = Amount(0.0, 1000)
 
@@ -123,7 +123,7 @@ def test_a_node_can_neither_settle_for_less_nor_touch_another_reservation():
 
 
 def test_a_node_members_call_near_the_line_goes_out_with_the_bound_that_fits():
-    # As on one machine (subagents.budget.RunBudget.reserve_upto): the coordinator grants
+    # As on one machine (subagents.spend.budget.RunBudget.reserve_upto): the coordinator grants
     # the most output that fits, never under what the node says its member needs.
     budget, _ = _budget(6000)
     one = Amount(0.0, 1)

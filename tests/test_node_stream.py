@@ -40,8 +40,8 @@ from coordinator.nodes.stream import (
     receive,
 )
 from coordinator.nodes.worker import MemberUnit
-from subagents.outcome import MemberOutcome
-from subagents.policy import ApprovalRequest
+from subagents.results.outcome import MemberOutcome
+from subagents.rules.policy import ApprovalRequest
 from subagents.spec import MemberSpec
 from subagents.trace import ModelCall, read_trace
 

@@ -11,7 +11,7 @@ import pytest
 from coordinator.job.jobfile import JobError, parse_job
 from coordinator.oversight.approvals import ApprovalQueue, FileApprover
 from subagents.commandline.commands import invocations
-from subagents.policy import ApprovalRequest, MemberPolicy, ToolPolicy, rule_matches
+from subagents.rules.policy import ApprovalRequest, MemberPolicy, ToolPolicy, rule_matches
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import tracegen
 from test_trace_html import Watched, browser, fleet_view  # noqa: F401 (a fixture)
 
 from coordinator.oversight.approvals import ApprovalQueue, shown_sha256
-from subagents.policy import ApprovalRequest
+from subagents.rules.policy import ApprovalRequest
 
 pytestmark = pytest.mark.chromium
 ARTIFACTS = Path(__file__).parent / "artifacts"

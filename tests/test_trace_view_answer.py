@@ -20,7 +20,7 @@ from test_trace_html import fleet_view
 from coordinator.oversight.approvals import ApprovalQueue, shown_sha256
 from coordinator.traceview import load_run
 from coordinator.traceview.html import write_page
-from subagents.policy import ApprovalRequest
+from subagents.rules.policy import ApprovalRequest
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A durable conversation's file: appended to in place, read back to its last whole
 message after a write cut short, rewritten whole when the context replaced an older
-message. The real :class:`~subagents.conversation.Conversation` on real files."""
+message. The real :class:`~subagents.loop.conversation.Conversation` on real files."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from loop_support import NoopContext, ScriptedModel, writer
 
-from subagents.conversation import Conversation
 from subagents.durable import Checkpoints
+from subagents.loop.conversation import Conversation
 from subagents.member import run_member
 from subagents.spec import Limits, MemberSpec
 
@@ -119,7 +119,7 @@ def _fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         sizes.append(os.fstat(fd).st_size)
         real(fd)
 
-    monkeypatch.setattr("subagents.transcript.os.fsync", fsync)
+    monkeypatch.setattr("subagents.loop.transcript.os.fsync", fsync)
     return sizes
 
 

@@ -41,7 +41,7 @@ import anyio
 from subagents.durable import forget
 from subagents.kinds.coding import PATCH_BYTES, read_patch
 from subagents.model import Model
-from subagents.outcome import AttemptRecord, Choice, MemberOutcome
+from subagents.results.outcome import AttemptRecord, Choice, MemberOutcome
 from subagents.trace import AttemptsChosen, MemberEnd, MemberStart, TraceWriter
 
 from ..job.spec import attempt_id

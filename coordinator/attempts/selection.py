@@ -35,13 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from subagents.budget import BudgetExhausted, budgeted
 from subagents.kinds.results import CodingResult
 from subagents.model import Model, ModelError, parse_model
 from subagents.model.base import ModelRequest
-from subagents.outcome import Choice, MemberOutcome
+from subagents.results.outcome import Choice, MemberOutcome
+from subagents.spend.budget import BudgetExhausted, budgeted
+from subagents.spend.usage import Usage, model_call_event
 from subagents.trace import TraceWriter
-from subagents.usage import Usage, model_call_event
 
 DIFF_CHARS = 48_000
 """All candidates' diffs together, at most, in the review (each gets an even share)."""

@@ -33,7 +33,7 @@ import anyio
 from sandbox.cluster.auth import add_insecure_flag
 from subagents.browser.corpus import CORPUS_ALLOW
 from subagents.kinds.results import CodingMemberResult, MemberResult, UnknownResult
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 
 from ..errors import CommandFailed, UsageError
 from ..job.jobfile import JobError, load_job, parse_job, resolve_paths

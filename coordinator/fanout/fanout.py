@@ -30,14 +30,14 @@ import anyio
 from pydantic import BaseModel
 
 from sandbox.spec import NetworkPolicy, Runtime
-from subagents.budget import RunBudget, run_budget
 from subagents.context.config import ContextConfig
 from subagents.kinds import get_kind
 from subagents.model import Model
 from subagents.model import make_model as default_make_model
-from subagents.outcome import MemberOutcome
-from subagents.policy import ToolPolicy
+from subagents.results.outcome import MemberOutcome
+from subagents.rules.policy import ToolPolicy
 from subagents.spec import MemberSpec
+from subagents.spend.budget import RunBudget, run_budget
 
 from ..attempts.attempts import run_attempts
 from ..job.spec import Egress, MemberJob

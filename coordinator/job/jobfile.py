@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from sandbox.prepared.spec import SetupSpec
-from subagents.policy import ToolPolicy
+from subagents.rules.policy import ToolPolicy
 from subagents.spec import Limits
 from subagents.tools.mcp import McpServerSpec
 from subagents.tools.registry import CustomToolSpec, ParamSpec

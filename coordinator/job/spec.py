@@ -42,16 +42,16 @@ from sandbox.spec import (
 )
 from sandbox.strict import Strict
 from subagents.browser.config import BrowserConfig
-from subagents.budget import CLOSING_TOKENS
 from subagents.kinds import (
     BUILTIN_MEMBER_KINDS,
     get_kind,
     kind_is,
     member_kinds,
 )
-from subagents.policy import MemberPolicy, ToolPolicy
-from subagents.result_schema import parse_result_schema
+from subagents.results.result_schema import parse_result_schema
+from subagents.rules.policy import MemberPolicy, ToolPolicy
 from subagents.spec import Limits, check_tool_names
+from subagents.spend.budget import CLOSING_TOKENS
 from subagents.tools.mcp import McpServerSpec
 from subagents.tools.registry import CustomToolSpec, load_callable
 
@@ -174,7 +174,7 @@ class ModelDefaults(_JobModel):
 
 class Budget(_JobModel):
     """One budget for the whole run: every model call of every member (and the lead) is
-    reserved against it before it goes out (:mod:`subagents.budget`)."""
+    reserved against it before it goes out (:mod:`subagents.spend.budget`)."""
 
     usd: float | None = Field(default=None, gt=0, le=1_000_000, allow_inf_nan=False)
     """Hard line in US dollars, at the models' list prices (offline models cost 0)."""
@@ -186,7 +186,7 @@ class Budget(_JobModel):
     ``budget_soft``, report)."""
     closing_max_tokens: int = Field(default=CLOSING_TOKENS, ge=256, le=16_384)
     """Output bound of a member's closing call (its partial result after a limit), and
-    the room every started member holds for it (:data:`subagents.budget.CLOSING_TOKENS`
+    the room every started member holds for it (:data:`subagents.spend.budget.CLOSING_TOKENS`
     says why 1,024)."""
 
     @model_validator(mode="after")
@@ -706,7 +706,7 @@ class Job(_JobModel):
     sandbox: JobSandbox = Field(default_factory=JobSandbox)
     synthesis: Synthesis = Field(default_factory=Synthesis)
     policy: ToolPolicy = Field(default_factory=ToolPolicy)
-    """Allow / ask / deny rules on every member's tool calls (``subagents.policy``)."""
+    """Allow / ask / deny rules on every member's tool calls (``subagents.rules.policy``)."""
     budget: Budget | None = None
     """The run's spending line (USD and/or tokens); none: only each member's limits.
     With ``[lead]``, a token line bounds the lead's ``token_budget`` too."""

@@ -150,7 +150,7 @@ class MemberQueuedEntry(Entry):
     """A lead run: the wave that spawned it."""
     waiting: str | None = None
     """What it waits for, when queued again after it was first queued (``budget``: the
-    run's budget cannot carry it yet, :meth:`subagents.budget.RunBudget.admit`)."""
+    run's budget cannot carry it yet, :meth:`subagents.spend.budget.RunBudget.admit`)."""
 
 
 class MemberStartedEntry(Entry):

@@ -32,15 +32,15 @@ from typing import Any
 
 import anyio
 
-from subagents.budget import budgeted, run_budget
 from subagents.context.config import ContextConfig
-from subagents.delegation import Reply
 from subagents.kinds import RESEARCH_KIND
 from subagents.kinds.lead import LeadSettings
 from subagents.member import run_member
 from subagents.model import Model, resolve_model
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
+from subagents.rules.delegation import Reply
 from subagents.spec import MemberSpec
+from subagents.spend.budget import budgeted, run_budget
 from subagents.trace import ModelCall, TraceWriter, read_trace
 
 from ..fanout.fanout import Fanout

@@ -36,7 +36,7 @@ from subagents.kinds.results import (
     VerifiedTests,
 )
 from subagents.model import resolve_model
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 
 from ..job.spec import Job, MemberJob
 from ..report.report import Check, Report, Verdict, WaveLine

@@ -1,6 +1,6 @@
 """A lead's waves: its ``spawn``, ``wait`` and ``read_result`` against the run's fan-out.
 
-:class:`Waves` is the coordinator's :class:`~subagents.delegation.Delegation`. A spawn
+:class:`Waves` is the coordinator's :class:`~subagents.rules.delegation.Delegation`. A spawn
 is one wave: its members are validated as job members are (a bad one is refused with
 the field and an example, like a bad job file), checked against the lead's limits,
 written to ``members.json`` and the journal (``lead_spawn``: the call, the wave, the
@@ -18,7 +18,7 @@ Limits, each refused with an ``is_error`` reply that says what is left:
 
 What the lead sees of a member is its distilled result, cut to ``result_chars``
 (``read_result``: four times that), and only ever inside the untrusted-data
-delimiters, through :func:`~subagents.member_text.member_block` (normalized, every
+delimiters, through :func:`~subagents.results.member_text.member_block` (normalized, every
 spelling of a delimiter tag made inert), with the status line and the ids in our own
 words outside them. Never a
 transcript, a page or a tool output: the lead's context holds what members
@@ -42,12 +42,12 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
-from subagents.conversation import TRANSCRIPT_BYTES
-from subagents.delegation import Reply, WaitUntil
 from subagents.kinds.results import result_json
-from subagents.member_text import clean, member_block
-from subagents.outcome import MemberOutcome
-from subagents.transcript import read_messages
+from subagents.loop.conversation import TRANSCRIPT_BYTES
+from subagents.loop.transcript import read_messages
+from subagents.results.member_text import clean, member_block
+from subagents.results.outcome import MemberOutcome
+from subagents.rules.delegation import Reply, WaitUntil
 
 from ..fanout.fanout import Fanout
 from ..job.jobfile import describe_validation
@@ -327,7 +327,7 @@ class Waves:
     def distilled(o: MemberOutcome, chars: int) -> dict[str, Any]:
         """A member's result as the lead may see it: without empty fields (and without
         a coding member's patch, which stays on disk), cut to ``chars`` of JSON; shown
-        only through :func:`~subagents.member_text.member_block`."""
+        only through :func:`~subagents.results.member_text.member_block`."""
         data: dict[str, Any] = {} if o.status == "ok" else {"reason": o.reason}
         kept = o.result if o.result is not None else o.partial_result
         fields = result_json(kept)

@@ -90,10 +90,10 @@ from sandbox.cluster.nodes import (
     remove_dead,
 )
 from sandbox.spec import SandboxSpec
-from subagents.budget import run_budget
 from subagents.context.memory_profile import FileChange, load_profile, save_profile
-from subagents.outcome import MemberOutcome
-from subagents.policy import Approver
+from subagents.results.outcome import MemberOutcome
+from subagents.rules.policy import Approver
+from subagents.spend.budget import run_budget
 from subagents.trace import ErrorEvent, MemberEnd, MemorySave, TraceWriter
 
 from . import run_governor

@@ -38,14 +38,14 @@ from sandbox.spec import SandboxSpec
 from sandbox.warm import WarmBoxes
 from subagents.beside import beside
 from subagents.browser.corpus import start_corpus
-from subagents.budget import Reserves, budgeted
 from subagents.durable import TRANSCRIPT
 from subagents.kinds.results import result_json
 from subagents.model.base import Model, ModelError
 from subagents.model.fallback import FALLBACK_AFTER_S, FallbackModel
-from subagents.outcome import MemberOutcome
-from subagents.policy import Approver
+from subagents.results.outcome import MemberOutcome
+from subagents.rules.policy import Approver
 from subagents.spec import MemberSpec
+from subagents.spend.budget import Reserves, budgeted
 from subagents.trace import ErrorEvent, MemberEnd, SandboxEvent, TraceWriter
 
 from ..job.schema_check import problems as schema_problems

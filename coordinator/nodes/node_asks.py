@@ -1,6 +1,6 @@
 """Tool-policy asks of a member on a cluster node, answered by the coordinator.
 
-A member's policy may ``ask`` before a call (:mod:`subagents.policy`). On one machine
+A member's policy may ``ask`` before a call (:mod:`subagents.rules.policy`). On one machine
 the harness asks the run's :class:`~coordinator.oversight.approvals.FileApprover` itself. On a
 cluster node the run's approval queue is out of reach - it is ``runs/RUN/approvals/``
 on the coordinator, which stays the only writer of the run directory, and nodes share
@@ -36,7 +36,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from subagents.policy import Approval, ApprovalRequest, Approver, NoApprover
+from subagents.rules.policy import Approval, ApprovalRequest, Approver, NoApprover
 
 from .stream import Ask, Message, Unask
 

@@ -1,6 +1,6 @@
 """The run's ``[budget]`` for members on cluster nodes: reserved on the coordinator.
 
-A run's budget (:mod:`subagents.budget`) is one object, and its state is the run's
+A run's budget (:mod:`subagents.spend.budget`) is one object, and its state is the run's
 journal, which only the coordinator writes. On one machine every member's model calls
 reserve from it directly. A member on a cluster node reserves through its attempt's
 stream, the one that carries its trace events and policy asks back:
@@ -12,7 +12,7 @@ stream, the one that carries its trace events and policy asks back:
   (``unreserve``) and the member's end (``release``) are messages the node does not
   wait on;
 * on the coordinator, :class:`BudgetRelay` (one per attempt) reserves each call from
-  the run's one :class:`~subagents.budget.RunBudget` - the same reservation a member
+  the run's one :class:`~subagents.spend.budget.RunBudget` - the same reservation a member
   on this host makes, its closing call held the same way - and answers. So a fan-out
   across any number of nodes stops where one on this host does: short of the hard
   line by less than one call of each member, never a turn of every member past it.
@@ -41,7 +41,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from subagents.budget import CLOSING_TOKENS, Amount, BudgetExhausted, RunBudget
+from subagents.spend.budget import CLOSING_TOKENS, Amount, BudgetExhausted, RunBudget
 
 from .node_asks import NodeAsks, Send
 from .stream import Release, Reserve, Settle, Spent, Unreserve

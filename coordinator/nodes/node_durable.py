@@ -44,8 +44,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from subagents.conversation import TRANSCRIPT_BYTES
 from subagents.durable import CHECKPOINT_BYTES, TRANSCRIPT
+from subagents.loop.conversation import TRANSCRIPT_BYTES
 
 MARK_BYTES = 64 * 1024
 """Largest ``checkpoint-<turn>.over`` mark (it holds why the turn's state was not kept)."""

@@ -43,7 +43,7 @@ import anyio
 from sandbox.registry import get_backend
 from sandbox.spec import SandboxSpec
 from subagents.model import make_model
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.trace import TraceWriter
 
 from .node import NodeDeps, remove_run_boxes, run_attempt, serving

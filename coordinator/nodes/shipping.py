@@ -27,10 +27,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from subagents.budget import CLOSING_TOKENS
 from subagents.context.memory_profile import META
 from subagents.durable import TRANSCRIPT
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
+from subagents.spend.budget import CLOSING_TOKENS
 
 from .node_durable import is_durable
 from .worker import MemberUnit

@@ -27,7 +27,7 @@ by :func:`receive` - a message of an unknown kind, or one that does not fit its 
 (a number that is not finite, a field too many, another kind's reply), is a
 :class:`StreamError` that ends that attempt ``failed`` with the reason, and is never
 acted on. The run goes on. Validating a reply checks its outcome as coming from
-someone not trusted (:meth:`subagents.outcome.MemberOutcome.received`): its result is
+someone not trusted (:meth:`subagents.results.outcome.MemberOutcome.received`): its result is
 its kind's, with only the job's own fields beside the kind's.
 
 On the wire a message is its ``model_dump()`` (plain data: Ray pickles it, and no
@@ -43,8 +43,8 @@ from typing import Annotated, Any, Literal, TypeAlias, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from subagents.outcome import RECEIVED, Received
-from subagents.policy import ApprovalRequest
+from subagents.results.outcome import RECEIVED, Received
+from subagents.rules.policy import ApprovalRequest
 from subagents.trace import TraceEvent
 
 from .node_durable import DurableUpdate

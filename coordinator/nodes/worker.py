@@ -56,7 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandbox.prepared.spec import SetupSpec
 from subagents.durable import forget
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 from subagents.spec import MemberSpec
 from subagents.trace import MemorySave, PolicyDecision, Retry, TraceWriter
 

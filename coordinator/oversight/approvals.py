@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 import anyio
 
-from subagents.policy import Approval, ApprovalRequest
+from subagents.rules.policy import Approval, ApprovalRequest
 
 from ..journal.entries import (
     ApprovalAbandonedEntry,
@@ -185,7 +185,7 @@ class ApprovalQueue:
 
 
 class FileApprover:
-    """The coordinator's :class:`~subagents.policy.Approver`: asks through the queue."""
+    """The coordinator's :class:`~subagents.rules.policy.Approver`: asks through the queue."""
 
     def __init__(
         self,

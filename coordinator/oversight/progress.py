@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 import anyio
 
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 
 from ..journal.entries import (
     AnyEntry,

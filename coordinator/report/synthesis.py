@@ -17,7 +17,7 @@ Members' results are untrusted data. Their claims, quotes and summaries are text
 member copied from web pages (or a repository) - a page can plant "ignore previous
 instructions" in a quote as easily as in itself. So the model analyst gets each
 member's result inside the same ``<untrusted_page_content>`` delimiters the browser
-member gets pages in, through :func:`subagents.member_text.member_block` (normalized
+member gets pages in, through :func:`subagents.results.member_text.member_block` (normalized
 to NFKC without format characters, every spelling of a delimiter tag made inert; the
 ``url`` attribute names the member), only the job's own
 words (question, member ids and tasks, instructions) outside them, and a system prompt
@@ -34,9 +34,9 @@ from pydantic import BaseModel
 from subagents.browser.dom import CLOSE_TAG, OPEN_TAG
 from subagents.kinds import kind_is
 from subagents.kinds.results import result_json
-from subagents.member_text import clean, member_block
 from subagents.model.base import Model, ModelError, ModelRequest
-from subagents.outcome import MemberOutcome, MemberResult
+from subagents.results.member_text import clean, member_block
+from subagents.results.outcome import MemberOutcome, MemberResult
 
 from .report import Citation, MemberLine, Report, ReportClaim, render_markdown
 

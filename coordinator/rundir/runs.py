@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.docker.reaper import pid_alive
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 
 from ..job.run_names import run_name
 from ..job.spec import Job, MemberJob, split_attempt

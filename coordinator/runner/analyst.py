@@ -9,7 +9,7 @@ from pathlib import Path
 
 from subagents.model import Model, ModelError, resolve_model
 from subagents.model.fallback import FALLBACK_AFTER_S, FallbackModel
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
 
 from ..job.spec import Job, MemberJob
 from ..journal.entries import AnalystFailedEntry, ReportWrittenEntry

@@ -33,10 +33,10 @@ from sandbox.registry import get_backend
 from sandbox.warm import WarmBoxes
 from subagents.beside import leaves
 from subagents.browser.corpus import CORPUS_MEMBER
-from subagents.budget import register
 from subagents.kinds import RESEARCH_KIND, kind_is
 from subagents.model import Model, make_model, resolve_model
-from subagents.outcome import MemberOutcome
+from subagents.results.outcome import MemberOutcome
+from subagents.spend.budget import register
 
 from ..fanout.executor import Executor
 from ..fanout.fanout import Fanout, to_member_spec

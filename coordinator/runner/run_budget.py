@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from subagents.budget import CLOSING_TOKENS, Amount, RunBudget
+from subagents.spend.budget import CLOSING_TOKENS, Amount, RunBudget
 
 from ..errors import UsageError
 from ..job.spec import Job, split_attempt

@@ -89,6 +89,7 @@ from coordinator.traceview.load import LEAD_DIR, RunTrace
 from coordinator.traceview.otel_send import otlp_traces_url, send_spans
 from subagents.model.base import Model, ModelRequest, ModelResponse
 from subagents.model.errors import ModelError
+from subagents.spend.usage import model_call_event
 from subagents.trace import (
     Clip,
     Compaction,
@@ -105,7 +106,6 @@ from subagents.trace import (
     ToolCall,
     ToolResult,
 )
-from subagents.usage import model_call_event
 
 _MAX_ATTR = 8_000
 """Content attributes are cut to this many characters (collectors reject huge values)."""

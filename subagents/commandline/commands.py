@@ -1,5 +1,5 @@
 """What a shell command line runs, as far as it can be told without running it: the
-commands the ``shell`` rules of a tool policy (:mod:`subagents.policy`) are checked on.
+commands the ``shell`` rules of a tool policy (:mod:`subagents.rules.policy`) are checked on.
 
 The line is parsed with tree-sitter's bash grammar, the grammar editors and code hosts
 read bash with, rather than a tokenizer of our own: compound commands (``{ ...; }``,

@@ -23,9 +23,9 @@ from sandbox.base import Sandbox
 
 from ..model.base import Model, ModelProfile, ModelResponse
 from ..model.wire import replace_block
+from ..spend.usage import answered_by
 from ..tools.base import Tool
 from ..trace import Clip, Compaction, ModelCall, Offload, TraceWriter
-from ..usage import answered_by
 from . import compaction as comp
 from .aging import AgingTracker, shrink
 from .budget import Budget

@@ -2,7 +2,7 @@
 
 A lead is a harness member like the others - a model, the loop, the context
 mechanisms, a trace - with no box: its tools (:mod:`subagents.tools.lead`) start
-members through a :class:`~subagents.delegation.Delegation` (the coordinator runs
+members through a :class:`~subagents.rules.delegation.Delegation` (the coordinator runs
 them, each in its own box) and read back their distilled results. Its result tool is
 ``finish``: the report's content, whose citations name member claims by member id and
 index; the coordinator resolves them to URLs and quotes from those members' results,

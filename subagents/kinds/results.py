@@ -2,7 +2,7 @@
 
 The kinds' own models (what the model submits and what the harness adds) live here,
 not beside the kinds' tools, so that reading a result - ``fleet runs``, the report, a
-resume - never imports Playwright or a box: :mod:`subagents.outcome` types
+resume - never imports Playwright or a box: :mod:`subagents.results.outcome` types
 ``MemberOutcome.result`` with them.
 
 ``MemberOutcome.result`` (and ``partial_result``) is a :data:`MemberResult`, chosen by
@@ -23,7 +23,7 @@ and a job's own result field may be called anything - a tag would collide with i
 :func:`parse_result` is given the kind, tries that kind's models and nothing else: a
 browser's findings under a coding outcome are not a coding result, whatever fits.
 
-A job's ``result_schema`` adds fields of its own (:mod:`subagents.result_schema`).
+A job's ``result_schema`` adds fields of its own (:mod:`subagents.results.result_schema`).
 They survive typed, in the models' extra bag (:attr:`JobFields.job_fields`), each
 value one of the types a job may declare (:data:`JobValue`); the job's own schema
 checks them where the job is known (the submit call; the coordinator on a node's
@@ -200,7 +200,7 @@ class LeadReport(BaseModel):
 # -- a member's result, typed --------------------------------------------------------
 
 JobValue: TypeAlias = bool | int | float | str | list[str] | None
-"""A value of a job's own result field (:mod:`subagents.result_schema` allows no other)."""
+"""A value of a job's own result field (:mod:`subagents.results.result_schema` allows no other)."""
 
 
 class JobFields(BaseModel):

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from sandbox.base import Sandbox
 
-from ..delegation import Delegation
+from ..rules.delegation import Delegation
 from ..trace import TraceWriter, no_lone_surrogates
 
 CALL_ID: ContextVar[str] = ContextVar("fleet_tool_call_id", default="")
@@ -41,7 +41,7 @@ class ToolError(Exception):
 class Blocked(ToolError):
     """A call a policy refused (a host off the egress allowlist): no other arguments
     can make it work. Counted apart, so a member whose every call was refused is not
-    taken for a success (:class:`subagents.tool_calls.ToolCalls`)."""
+    taken for a success (:class:`subagents.loop.tool_calls.ToolCalls`)."""
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The lead's tools: ``spawn``, ``wait`` and ``read_result``, through a delegation.
 
 Each tool is a typed schema and a thin call to the member's
-:class:`~subagents.delegation.Delegation` (the coordinator): the schema is checked
+:class:`~subagents.rules.delegation.Delegation` (the coordinator): the schema is checked
 here, like any tool's, so a malformed call is an error result the lead can fix; what
 a request means - which kinds and how many members are allowed, what a result may
 show - is the delegation's to decide, and it answers refusals as error results too.
@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from sandbox.strict import Strict
 
-from ..delegation import Delegation
+from ..rules.delegation import Delegation
 from .base import Tool, ToolContext, ToolError, ToolOutput, current_call_id
 
 

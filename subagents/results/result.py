@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
-from .model.tokens import estimate_text as estimate_tokens
-from .tools.base import Tool, ToolContext, ToolOutput
-from .tools.registry import format_validation_error
+from ..model.tokens import estimate_text as estimate_tokens
+from ..tools.base import Tool, ToolContext, ToolOutput
+from ..tools.registry import format_validation_error
 
 SUBMIT_TOOL = "submit_result"
 TRUNCATION_MARKER = " [...truncated by Fleet: result over its {cap}-token cap]"

@@ -5,14 +5,14 @@ Each turn is the same five steps, small enough to hold in one's head:
 1. ``context.prepare`` - the context mechanisms (offload, clip, compaction, todo
    recitation) shape what is sent;
 2. ``model.complete`` - one Messages API call, counted and traced as ``ModelCall``
-   plus the new assistant message (steps 1 and 2 are :mod:`subagents.conversation`);
+   plus the new assistant message (steps 1 and 2 are :mod:`subagents.loop.conversation`);
 3. every ``tool_use`` of the response runs *concurrently*
-   (:mod:`subagents.tool_calls`: validation, errors as results, offloading);
+   (:mod:`subagents.loop.tool_calls`: validation, errors as results, offloading);
 4. all results go back as one user message, every ``tool_use`` answered, in order;
 5. stop when ``submit_result`` was accepted.
 
-Token and cost sums and the ``ModelCall`` event live in :mod:`subagents.usage`; the
-rules of the closing call after a limit in :mod:`subagents.closing` (the loop makes
+Token and cost sums and the ``ModelCall`` event live in :mod:`subagents.spend.usage`; the
+rules of the closing call after a limit in :mod:`subagents.loop.closing` (the loop makes
 that call: it is the member's last turn).
 
 Failure policy: a tool's own failure (bad arguments, ``ToolError``, any exception)
@@ -22,7 +22,7 @@ reminded once, then the member ends ``incomplete``. Limits (turns, total tokens,
 wall-clock deadline) end the member ``incomplete`` (``timed_out`` for the deadline)
 with what it did, not with an exception, after one closing call forcing
 ``submit_result`` whose answer becomes the outcome's ``partial_result`` (room for it
-is reserved: :mod:`subagents.closing`).
+is reserved: :mod:`subagents.loop.closing`).
 ``SandboxCrashed`` and ``ModelError`` propagate to :func:`run_member`,
 which turns them into ``crashed`` / ``failed`` outcomes using :meth:`AgentLoop.outcome`.
 
@@ -46,27 +46,27 @@ from pydantic import ValidationError
 from sandbox.base import Sandbox
 from sandbox.deferred import DeferredSandbox
 
+from ..beside import beside
+from ..context.base import ContextLike
+from ..durable import Checkpoints, forget
+from ..kinds import Kind
+from ..kinds.results import MemberResult, parse_result
+from ..model.base import Model, ModelError
+from ..results.outcome import LimitName, MemberOutcome, Progress, Status
+from ..results.result import ResultGate
+from ..results.result_schema import extend_model, job_field_names
+from ..rules.delegation import Delegation
+from ..rules.policy import Approver, NoApprover, PolicyGate
+from ..spec import MemberSpec
+from ..spend.budget import BudgetExhausted
+from ..tools.base import Tool, ToolContext
+from ..tools.mcp import McpStartFailed, serve_servers
+from ..tools.registry import ToolRegistry, build_custom_tool
+from ..tools.tool_search import ToolSearch, ToolView
+from ..trace import Resumed, TraceWriter
 from . import closing
-from .beside import beside
-from .budget import BudgetExhausted
-from .context.base import ContextLike
 from .conversation import Conversation
-from .delegation import Delegation
-from .durable import Checkpoints, forget
-from .kinds import Kind
-from .kinds.results import MemberResult, parse_result
-from .model.base import Model, ModelError
-from .outcome import LimitName, MemberOutcome, Progress, Status
-from .policy import Approver, NoApprover, PolicyGate
-from .result import ResultGate
-from .result_schema import extend_model, job_field_names
-from .spec import MemberSpec
 from .tool_calls import ToolCalls
-from .tools.base import Tool, ToolContext
-from .tools.mcp import McpStartFailed, serve_servers
-from .tools.registry import ToolRegistry, build_custom_tool
-from .tools.tool_search import ToolSearch, ToolView
-from .trace import Resumed, TraceWriter
 
 HARNESS_RULES = """\
 How you work here:
@@ -122,7 +122,7 @@ class AgentLoop:
         job_schema = spec.job_result_schema()
         submit_model, self.result_model = kind.submit_schema, kind.result_model
         if job_schema is not None:
-            # The job's fields extend the kind's (subagents.result_schema says why).
+            # The job's fields extend the kind's (subagents.results.result_schema says why).
             submit_model = extend_model(submit_model, job_schema)
             self.result_model = extend_model(self.result_model, job_schema)
         self.job_fields = job_field_names(kind.submit_schema, job_schema)
@@ -266,7 +266,7 @@ class AgentLoop:
         deadline_at = anyio.current_time() + deadline
         try:
             ended: MemberOutcome | tuple[LimitName, str] | None = None
-            # Part of the deadline is kept back for the closing call (subagents.closing).
+            # Part of the deadline is kept back for the closing call (subagents.loop.closing).
             with anyio.move_on_after(deadline - closing.deadline_reserve(deadline)):
                 ended = await self._run()
             limit: LimitName
@@ -438,7 +438,7 @@ class AgentLoop:
     async def _close(
         self, limit: LimitName, deadline_at: float
     ) -> tuple[dict[str, Any] | None, str]:
-        """The closing call after a limit, as :mod:`subagents.closing` rules it: one
+        """The closing call after a limit, as :mod:`subagents.loop.closing` rules it: one
         bounded turn forcing submit_result. The partial result, or None and why."""
         conv = self.conv
         room = closing.room(

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .model.base import ModelProfile, ModelResponse
-from .trace import ModelCall
+from ..model.base import ModelProfile, ModelResponse
+from ..trace import ModelCall
 
 
 @dataclass

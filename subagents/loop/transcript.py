@@ -42,7 +42,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .model.wire import encode_json
+from ..model.wire import encode_json
 
 _HEAD = b'{"messages":[\n'
 _TAIL = b"]}\n"

@@ -13,7 +13,7 @@ spent nothing). A call whose reservation would cross the hard line does not go o
 ``limit = "budget"`` after its closing call.
 
 Room for that closing call is *held*, not hoped for (as the token limit reserves it,
-:mod:`subagents.closing`): a member whose call is admitted also holds its closing
+:mod:`subagents.loop.closing`): a member whose call is admitted also holds its closing
 call - its context as of that call (its answer included, once it came) and
 ``closing_max_tokens`` of output (:data:`CLOSING_TOKENS`), the bound its closing call
 is sent with - so a regular call needs room for itself and its member's closing call,
@@ -81,8 +81,8 @@ from typing import Any, Protocol
 
 import anyio
 
-from .model.base import Model, ModelProfile, ModelRequest, ModelResponse
-from .model.tokens import CHARS_PER_TOKEN, estimate_bytes
+from ..model.base import Model, ModelProfile, ModelRequest, ModelResponse
+from ..model.tokens import CHARS_PER_TOKEN, estimate_bytes
 
 OBSERVED = 1000
 """Answers whose output a run remembers for its estimates."""
@@ -755,7 +755,7 @@ class BudgetedModel:
         given = self._input(size)
         per_out = self._output(1)
         # The loop forces a named tool only in the closing call after a limit
-        # (subagents.closing): that call spends what its member held for it.
+        # (subagents.loop.closing): that call spends what its member held for it.
         closing = (request.tool_choice or {}).get("type") == "tool"
         # The closing call is sent with at most closing_tokens, and never with more
         # than this member's calls may produce.

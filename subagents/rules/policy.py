@@ -74,9 +74,9 @@ from typing import Any, Literal, Protocol
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .commandline.commands import commands_of
-from .commandline.words import may_match, must_match
-from .trace import PolicyDecision, TraceWriter
+from ..commandline.commands import commands_of
+from ..commandline.words import may_match, must_match
+from ..trace import PolicyDecision, TraceWriter
 
 Action = Literal["allow", "ask", "deny"]
 EXEMPT = frozenset({"submit_result", "tool_search"})

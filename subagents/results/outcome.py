@@ -35,8 +35,8 @@ from pydantic import Field, ValidationInfo, ValidatorFunctionWrapHandler, field_
 
 from sandbox.strict import Strict
 
-from .kinds.results import MemberResult, parse_result
-from .trace import TokenCounts
+from ..kinds.results import MemberResult, parse_result
+from ..trace import TokenCounts
 
 Status = Literal["ok", "failed", "timed_out", "crashed", "cancelled", "incomplete", "skipped"]
 LimitName = Literal["turns", "tokens", "deadline", "no_result", "budget"]

@@ -9,7 +9,7 @@ plus the new assistant message. ``Messages`` events carry only new messages, so 
 trace grows linearly with turns.
 
 What to do with an answer - run its tools, remind, stop, close - is the loop's
-(:mod:`subagents.loop`); this module only keeps the exchange and its accounts.
+(:mod:`subagents.loop.loop`); this module only keeps the exchange and its accounts.
 
 A durable conversation (``save_to``: the lead's, a member's) is kept in that file
 after every change (:mod:`.transcript`: new messages appended, the file rewritten
@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .context.base import ContextLike
-from .model.base import Model, ModelRequest
-from .model.errors import ModelError
-from .trace import ErrorEvent, Messages, Prompt, TraceWriter
+from ..context.base import ContextLike
+from ..model.base import Model, ModelRequest
+from ..model.errors import ModelError
+from ..spend.usage import Usage, model_call_event
+from ..trace import ErrorEvent, Messages, Prompt, TraceWriter
 from .transcript import TranscriptFile, read_messages
-from .usage import Usage, model_call_event
 
 TRANSCRIPT_BYTES = 64 * 1024 * 1024
 """Largest saved conversation read back (a context window is a few MB at most)."""

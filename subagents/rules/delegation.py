@@ -18,7 +18,7 @@ What a reply may hold is the implementation's promise, stated here because the
 lead's safety rests on it: a member's *distilled* result (capped), never its
 transcript, pages or tool output, and always inside untrusted-data delimiters,
 since a member's findings are text copied from web pages - through
-:func:`subagents.member_text.member_block`, so no spelling of a delimiter tag in a
+:func:`subagents.results.member_text.member_block`, so no spelling of a delimiter tag in a
 member's text reaches the lead verbatim.
 """
 

@@ -39,7 +39,7 @@ import re
 import unicodedata
 from typing import Any
 
-from .browser.dom import untrusted
+from ..browser.dom import untrusted
 
 TAG_NAMES = ("untrusted_page_content",)
 """Delimiter tag names no member text may spell."""

@@ -34,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .outcome import LimitName
-from .result import SUBMIT_TOOL, ResultGate
+from ..results.outcome import LimitName
+from ..results.result import SUBMIT_TOOL, ResultGate
 
 RESERVE_FRACTION = 0.1
 RESERVE_MAX_S = 30.0

@@ -7,7 +7,7 @@ file reads) and returns one ``tool_result`` per call, in the order asked - the A
 refuses a ``tool_use`` left without its result.
 
 What happens to one call, in order: ``ToolCall`` traced; the member's policy checked
-(:mod:`subagents.policy`: a denied call, or an ask answered no, is an ``is_error``
+(:mod:`subagents.rules.policy`: a denied call, or an ask answered no, is an ``is_error``
 result counted as refused, and the tool never runs; an ask waits here, holding up this
 call only);
 arguments validated and the tool run by the registry (whose failures - bad arguments, ``ToolError``, any
@@ -33,11 +33,11 @@ import anyio
 
 from sandbox.errors import SandboxError
 
-from .context.base import ContextLike
-from .policy import PolicyGate
-from .tools.base import CALL_ID, ToolContext, ToolOutput
-from .tools.registry import BOX_GONE, ToolRegistry
-from .trace import ToolCall, ToolResult, TraceWriter
+from ..context.base import ContextLike
+from ..rules.policy import PolicyGate
+from ..tools.base import CALL_ID, ToolContext, ToolOutput
+from ..tools.registry import BOX_GONE, ToolRegistry
+from ..trace import ToolCall, ToolResult, TraceWriter
 
 TRACE_OUTPUT_CHARS = 2_000
 """ToolResult events keep a preview; the full text is in the Messages event."""
@@ -159,7 +159,7 @@ class ToolCalls:
         self, block: dict[str, Any], text: str, *, is_error: bool, turn: int, turn_span: str
     ) -> None:
         """Count and trace a call answered outside a response's batch: the closing
-        call's ``submit_result``, checked by the result gate (see subagents/closing.py)."""
+        call's ``submit_result``, checked by the result gate (see subagents/loop/closing.py)."""
         ids = self._called(block, turn, turn_span)
         self.trace.emit(
             ToolResult(
