@@ -27,7 +27,6 @@ from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxUnavailable
 from .context.base import ContextLike
 from .context.manager import ContextManager
 from .kinds import Kind, get_kind
-from .kinds.results import result_json
 from .loop.loop import AgentLoop
 from .model.base import Model, ModelError
 from .results.outcome import MemberOutcome, Status
@@ -35,7 +34,7 @@ from .rules.delegation import Delegation
 from .rules.policy import Approver
 from .spec import MemberSpec
 from .tools.mcp import McpStartFailed
-from .trace import ErrorEvent, MemberEnd, MemberStart, TraceWriter
+from .trace import ErrorEvent, MemberStart, TraceWriter
 
 FINISH_TIMEOUT_S = 60.0
 """Longest wait for the memory save and result write when the member ends."""
@@ -196,25 +195,7 @@ async def _finish(
         return
     outcome.duration_s = round(time.monotonic() - started, 3)
     (run_dir / "result.json").write_text(outcome.model_dump_json(indent=2), encoding="utf-8")
-    trace.emit(
-        MemberEnd(
-            span=spec.id,
-            parent=trace.run,
-            status=outcome.status,
-            reason=outcome.reason,
-            turns=outcome.turns,
-            input_tokens=outcome.input_tokens,
-            output_tokens=outcome.output_tokens,
-            cache_read_tokens=outcome.cache_read_tokens,
-            cache_write_tokens=outcome.cache_write_tokens,
-            cost_usd=outcome.cost_usd,
-            duration_s=outcome.duration_s,
-            result=result_json(outcome.result),
-            partial_result=result_json(outcome.partial_result),
-            limit=outcome.limit,
-            offline=outcome.offline,
-        )
-    )
+    trace.emit(outcome.end_event(span=spec.id, parent=trace.run))
 
 
 def _ended(

@@ -271,17 +271,18 @@ async def run_unit(unit: MemberUnit, deps: Recorder, nodes: Nodes) -> MemberOutc
     return outcome
 
 
+_FINISHED_FIELDS = sorted(
+    (set(MemberFinishedEntry.model_fields) & set(MemberOutcome.model_fields))
+    - {"member", "attempts", "ts", "event"}
+)
+"""What the journal's ``member_finished`` keeps of an outcome: the fields both have
+(``attempts`` is a count there, the attempts' records here)."""
+
+
 def finished_entry(member: str, outcome: MemberOutcome, attempts: int) -> MemberFinishedEntry:
     """The journal's record of a member's final outcome."""
-    return MemberFinishedEntry(
-        member=member,
-        status=outcome.status,
-        reason=outcome.reason,
-        attempts=attempts,
-        turns=outcome.turns,
-        input_tokens=outcome.input_tokens,
-        output_tokens=outcome.output_tokens,
-    )
+    shared = {k: getattr(outcome, k) for k in _FINISHED_FIELDS}
+    return MemberFinishedEntry(member=member, attempts=attempts, **shared)
 
 
 @dataclass

@@ -35,8 +35,8 @@ from pydantic import Field, ValidationInfo, ValidatorFunctionWrapHandler, field_
 
 from sandbox.strict import Strict
 
-from ..kinds.results import MemberResult, parse_result
-from ..trace import TokenCounts
+from ..kinds.results import MemberResult, parse_result, result_json
+from ..trace import MemberEnd, TokenCounts
 
 Status = Literal["ok", "failed", "timed_out", "crashed", "cancelled", "incomplete", "skipped"]
 LimitName = Literal["turns", "tokens", "deadline", "no_result", "budget"]
@@ -171,6 +171,20 @@ class MemberOutcome(Strict, TokenCounts):
             data = data.model_dump(mode="json")
         return cls.model_validate(data, context={RECEIVED: Received(frozenset(job_fields))})
 
+    def end_event(self, **overrides: Any) -> MemberEnd:
+        """The trace's ``member_end`` for this outcome: every field the event shares with
+        the outcome (status, reason, tokens, cost, results, ...) taken from it, never
+        copied one by one; ``overrides`` for what the event says otherwise (its span, an
+        attempts member's own review tokens)."""
+        shared = {k: getattr(self, k) for k in _END_FIELDS}
+        shared["result"] = result_json(self.result)
+        shared["partial_result"] = result_json(self.partial_result)
+        return MemberEnd(**{**shared, **overrides})
+
+
+_END_FIELDS = sorted((set(MemberEnd.model_fields) & set(MemberOutcome.model_fields)) - {"member"})
+"""What ``member_end`` carries of an outcome: the fields both models have (the event's
+``member`` is its trace's, set by the writer)."""
 
 RECEIVED = "received"
 """The validation context's key under which :meth:`MemberOutcome.received` asks for
