@@ -80,9 +80,9 @@ def units(n: int, run: str, root: Path) -> list[MemberUnit]:
                 task=f"Bench task {i}.",
                 model="claude-sonnet-5",
                 limits=Limits(max_turns=20),
+                stated_deadline_s=300,
             ),
             retry=RetryPolicy(attempts=1),
-            deadline_s=300,
         )
         for i in range(n)
     ]

@@ -255,9 +255,8 @@ def _unit(tmp_path: Path, n: int) -> MemberUnit:
     return MemberUnit(
         run_id="run-att",
         member_dir=str(tmp_path / "members" / "coder"),
-        spec=spec,
+        spec=spec.model_copy(update={"stated_deadline_s": 60}),
         retry=RetryPolicy(),
-        deadline_s=60,
         attempts=n,
     )
 

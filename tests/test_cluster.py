@@ -616,9 +616,8 @@ def test_a_node_members_stdio_mcp_server_gets_its_files_through_ray(
     unit = MemberUnit(
         run_id=run.id,
         member_dir=str(run.member_dir("coder")),
-        spec=spec,
+        spec=spec.model_copy(update={"stated_deadline_s": 120}),
         retry=RetryPolicy(attempts=1),
-        deadline_s=120,
     )
 
     async def go() -> Any:

@@ -64,9 +64,10 @@ def test_members_on_every_node_share_the_runs_one_governor(tmp_path, ray_cluster
         MemberUnit(
             run_id=run.id,
             member_dir=str(run.member_dir(f"m{i}")),
-            spec=MemberSpec(id=f"m{i}", kind="coding", task="List the files."),
+            spec=MemberSpec(
+                id=f"m{i}", kind="coding", task="List the files.", stated_deadline_s=180
+            ),
             retry=RetryPolicy(attempts=1),
-            deadline_s=180,
         )
         for i in range(members)
     ]

@@ -185,9 +185,10 @@ def _units(
         MemberUnit(
             run_id=run.id,
             member_dir=str(run.member_dir(mid)),
-            spec=MemberSpec(id=mid, kind="coding", task=task, model="offline"),
+            spec=MemberSpec(
+                id=mid, kind="coding", task=task, model="offline", stated_deadline_s=deadline
+            ),
             retry=RetryPolicy(attempts=attempts, backoff_s=backoff),
-            deadline_s=deadline,
         )
         for mid, task in tasks.items()
     ]

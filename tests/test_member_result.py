@@ -168,9 +168,8 @@ def _unit(tmp_path: Path, schema: dict[str, Any] | None = None) -> MemberUnit:
     return MemberUnit(
         run_id="r",
         member_dir=str(tmp_path),
-        spec=spec,
+        spec=spec.model_copy(update={"stated_deadline_s": 60}),
         retry={},
-        deadline_s=60,
         result_schema=schema,
     )
 

@@ -200,7 +200,7 @@ from subagents.spec import MemberSpec
 
 def unit(model):
     spec = MemberSpec(id="m1", kind="coding", task="t", model=model)
-    return MemberUnit(run_id="r", member_dir="d", spec=spec, retry=RetryPolicy(), deadline_s=60)
+    return MemberUnit(run_id="r", member_dir="d", spec=spec.model_copy(update={"stated_deadline_s": 60}), retry=RetryPolicy())
 
 _preload([unit("offline"), unit("offline:echo")])
 assert "subagents.member" in sys.modules

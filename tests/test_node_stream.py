@@ -78,9 +78,8 @@ def _follow(tmp_path: Path, items: list[Any], relay: dict[str, Any] | None = Non
     unit = MemberUnit(
         run_id="r",
         member_dir=str(tmp_path / "m"),
-        spec=MemberSpec(id="m", kind="coding", task="t", model="offline"),
+        spec=MemberSpec(id="m", kind="coding", task="t", model="offline", stated_deadline_s=60),
         retry=RetryPolicy(),
-        deadline_s=60,
     )
     nodes = RayNodes("127.0.0.1:1")
     node = _Node(name="n1", info={}, actor=None, slots=1, free=1)

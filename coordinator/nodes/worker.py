@@ -85,8 +85,6 @@ class MemberUnit(BaseModel):
     spec: MemberSpec
     """What the harness runs."""
     retry: RetryPolicy
-    deadline_s: float
-    """Hard wall-clock limit of one attempt."""
     repo: str | None = None
     """Host directory copied into ``/workspace`` before the member starts (coding)."""
     files: dict[str, str] = Field(default_factory=dict)
@@ -99,6 +97,12 @@ class MemberUnit(BaseModel):
     attempts: int = 1
     """Independent attempts at the task, at once (:mod:`coordinator.attempts`); each is
     a unit of its own with ``attempts = 1``."""
+
+    @property
+    def deadline_s(self) -> float:
+        """Hard wall-clock limit of one attempt: the deadline the job stated, which the
+        member's spec holds (its harness's own limit is earlier, see above)."""
+        return self.spec.stated_deadline_s or self.spec.limits.deadline_s
 
 
 class Services(BaseModel):

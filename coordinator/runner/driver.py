@@ -219,7 +219,6 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
                 member_dir=str(run.path / "members" / spec.id),
                 spec=spec,
                 retry=job.fanout.retry,
-                deadline_s=m.limits.deadline_s,
                 repo=m.repo,
                 files=dict(m.files),
                 setup=m.setup,
