@@ -7,25 +7,25 @@ box (Chromium with it), where under runc it would kill the one hog. The agent
 (``FLEET_MEMORY_GUARD=<bytes>`` in the box's environment; see
 :mod:`sandbox.docker.gvisor`). Standard library only, baked in beside the agent.
 
-Every :data:`TICK_S` it reads the Sentry's own accounting (``/proc/meminfo``: every
-program's pages and every tmpfs file, what the host's cgroup charges the box less the
-Sentry's own overhead, which has room of its own; see :func:`used`). When that passes
-the limit (the box's memory as runc would hold it: ``memory`` plus its disks), it ends the command that holds the most memory: all of its
-processes, wherever they went. A process belongs to a command when it carries the
-command's ``FLEET_EXEC_ID`` (every process a command starts inherits it) or descends
-from the agent, which is every command's subreaper; the owner of a process with no
-marker is its nearest ancestor's. Processes of neither kind (Chromium, socat, the
-init) are never touched: what a command holds is what it loses. The agent then says
-so in the command's reply (``oom_killed``, exit 137, a line on stderr).
+Every :data:`TICK_S`, while a command runs, it reads the Sentry's own count
+(``/proc/meminfo``; see :func:`used`). When that passes the limit (the box's memory as
+runc holds it: ``memory`` plus its disks), it ends the command holding the most
+memory with everything it started: its session and process group, the orphans the
+agent (every command's subreaper) adopted from it - those that still carry its
+``FLEET_EXEC_ID``, or all of them when it runs alone - and their descendants. Orphans
+that dropped both while several commands ran are an owner of their own. Nothing else
+is ever touched (Chromium, socat, the init): what a command holds is what it loses.
+The agent says so in the command's reply (``oom_killed``, exit 137, a line on stderr).
 
 Why the agent, and polling: the 2022 Sentry enforces no memory limit of its own (no
-runsc flag, and its cgroupfs only counts), and a box has no capability to set one.
-A program allocates about 0.7 GB/s here, so a tick passes by about 20 MB; the host's
-limit leaves the Sentry 256 MiB over the box's own (``SENTRY_MEMORY``), which this
-lag uses a small part of. What the guard cannot see: a process that both cleared its
-environment and was orphaned while no agent ran (a command that killed the agent);
-each such process is still held by its own address-space cap (``RLIMIT_AS``, set by
-the host on everything ``exec`` starts).
+runsc flag; its cgroupfs only counts), and a box has no capability to set one. The
+guard is late by a tick and by the time a kill takes to free memory, during which
+programs allocate on (about 1 GB/s here): the host gives a guarded box room for that
+(``GUARD_ROOM`` in :mod:`sandbox.docker.gvisor`, with the figures). What the guard
+cannot see: a process orphaned with its environment cleared while no agent ran (a
+command that killed the agent), and a long-lived process (``start_process``, an MCP
+server), which the agent does not start; each is still held by its own address-space
+cap (``RLIMIT_AS``, set by the host on everything ``exec`` and ``start_process`` start).
 """
 
 from __future__ import annotations
@@ -154,6 +154,15 @@ def _carries(pid: int, marker: str) -> bool:
         return False
 
 
+def _with_descendants(found: set[int], table: dict[int, tuple[int, int, int]]) -> set[int]:
+    grew = True
+    while grew:
+        more = {pid for pid, (ppid, _, _) in table.items() if ppid in found} - found
+        grew = bool(more)
+        found |= more
+    return found
+
+
 def members(
     agent: int, main: int, marker: str, table: dict[int, tuple[int, int, int]], alone: bool
 ) -> set[int]:
@@ -164,18 +173,29 @@ def members(
     for pid, (ppid, _, _) in table.items():
         if ppid == agent and pid not in _commands and (alone or _carries(pid, marker)):
             found.add(pid)
-    grew = True
-    while grew:
-        more = {pid for pid, (ppid, _, _) in table.items() if ppid in found} - found
-        grew = bool(more)
-        found |= more
-    found.discard(agent)
-    return found
+    return _with_descendants(found, table) - {agent}
+
+
+STRAYS = -1
+"""The owner of the orphans no running command claims (they left their session and
+dropped their marker while another command ran)."""
+
+
+def _owners(
+    agent: int, commands: dict[int, str], table: dict[int, tuple[int, int, int]]
+) -> dict[int, set[int]]:
+    """Several commands run: each one's processes, and the strays no one claims."""
+    groups = {main: members(agent, main, mark, table, False) for main, mark in commands.items()}
+    claimed = set().union(*groups.values())
+    orphans = {p for p, (pp, _, _) in table.items() if pp == agent and p not in _commands}
+    groups[STRAYS] = _with_descendants(orphans - claimed, table) - {agent}
+    return groups
 
 
 def strike(agent: int) -> int | None:
     """End the command holding the most memory, everything it started with it; its
-    main pid, or None when no command runs (the guard then leaves the box alone).
+    main pid (:data:`STRAYS`: the unclaimed orphans were ended), or None when no
+    command runs (the guard then leaves the box alone).
 
     One command running (the usual case) is ended with one ``killpg`` before anything
     is read: reading a process that is busy faulting pages in waits for it, and the
@@ -189,20 +209,22 @@ def strike(agent: int) -> int | None:
     if alone:
         (victim,) = commands
     else:
-        table = _table()
-        sizes = {
-            main: sum(_resident(p) for p in members(agent, main, mark, table, False))
-            for main, mark in commands.items()
-        }
-        victim = max(sizes, key=lambda m: sizes[m])
-    with _lock:
-        _ended.add(victim)
-    try:
-        os.killpg(victim, signal.SIGKILL)
-    except OSError:
-        pass
+        groups = _owners(agent, commands, _table())
+        sizes = {owner: sum(_resident(p) for p in pids) for owner, pids in groups.items()}
+        victim = max(sizes, key=lambda o: sizes[o])
+    if victim != STRAYS:
+        with _lock:
+            _ended.add(victim)
+        try:
+            os.killpg(victim, signal.SIGKILL)
+        except OSError:
+            pass
     for _ in range(50):
-        left = members(agent, victim, commands[victim], _table(), alone)
+        table = _table()
+        if victim == STRAYS:
+            left = _owners(agent, commands, table)[STRAYS]
+        else:
+            left = members(agent, victim, commands[victim], table, alone)
         if not left:
             break
         for pid in left:
