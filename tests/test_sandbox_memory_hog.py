@@ -68,12 +68,21 @@ RAISE_AND_MAP = (
     "while True: chunks.append(b'x' * (8 << 20))\n"
 )
 """Tries to lift its own memory limit and map 64 GiB, then allocates without end."""
+HOGS = (
+    "import os, time\n"
+    "for _ in range(6):\n"
+    "    if os.fork() == 0:\n"
+    "        b = b'x' * (160 << 20); time.sleep(3); os._exit(0)\n"
+    "for _ in range(6):\n"
+    "    os.wait()\n"
+)
+"""Six allocators of 160 MiB: each under the per-process cap, together past the box."""
 ESCAPED = (
-    "import os, sys, time\n"
+    f"import os, sys, time\nHOGS = {HOGS!r}\n"
     "if os.fork() == 0:\n"
     "    os.setsid()\n"
     "    if os.fork() == 0:\n"
-    "        hog = 'c = []\\nwhile True: c.append(bytes(8 << 20))'\n"
+    "        hog = HOGS\n"
     "        os.execve(sys.executable, [sys.executable, '-c', hog], {})\n"
     "    os._exit(0)\n"
     "os.wait()\n"
@@ -87,15 +96,26 @@ ESCAPED = (
     "                state = f.read().rsplit(b')', 1)[1].split()[0]\n"
     "        except (OSError, IndexError):\n"
     "            continue\n"
-    "        if b'bytes(8 << 20)' in args and state != b'Z' and int(pid) != os.getpid():\n"
+    "        if b'(160 << 20); time' in args and state != b'Z' and int(pid) != os.getpid():\n"
     "            yield pid\n"
     "for _ in range(1200):\n"
     "    if not list(hogs()):\n"
     "        print('hog gone'); break\n"
     "    time.sleep(0.05)\n"
 )
-"""A hog that leaves its command's session and drops its environment (the command's
-marker with it) while the command waits for it to be ended."""
+"""Allocators that leave their command's session and drop its environment (the
+command's marker with it) while the command waits for them to be gone."""
+LEFT = (
+    "import os\n"
+    "def args(pid):\n"
+    "    try:\n"
+    "        return open(f'/proc/{pid}/cmdline', 'rb').read()\n"
+    "    except OSError:\n"
+    "        return b''\n"
+    "me = str(os.getpid())\n"
+    "print(sum(b'<< 20); time' in args(p) for p in os.listdir('/proc') if p.isdigit() and p != me))\n"
+)
+"""How many of those allocators still run."""
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +176,9 @@ async def run_hog(box: DockerSandbox, program: str, *, timeout: float = 120) -> 
     res = await box.exec(["python3", "-c", program], timeout=timeout)
     await box.check()
     assert box.looks_alive()
-    assert (await box.exec("echo alive", timeout=30)).stdout == "alive\n"
-    assert await renders(box, "after the hog") == "after the hog"
+    alive = await box.exec("echo alive", timeout=30)
+    assert alive.stdout == "alive\n", (alive, res)
+    assert await renders(box, "after the hog") == "after the hog", res
     return res
 
 
@@ -187,11 +208,28 @@ async def test_a_hog_that_lifts_its_limit_and_maps_without_touching_costs_only_i
         assert res.stdout.splitlines()[:2] == ["kept", "not mapped"], res
 
 
+ESCAPE_LIMIT = (
+    "known limit under gVisor: allocators that left their command's session are found by "
+    "reading the process table, which waits on processes busy faulting pages in; the "
+    "host's limit is reached first and its OOM killer takes a stub of Chromium's"
+)
+
+
 async def test_a_hog_that_left_its_session_and_environment_costs_only_itself(
-    browser: DockerSandbox,
+    browser: DockerSandbox, request: pytest.FixtureRequest
 ) -> None:
+    if browser.spec.runtime == "gvisor":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=ESCAPE_LIMIT))
     res = await run_hog(browser, ESCAPED)
-    assert res.stdout == "hog gone\n", res
+    # runc's OOM killer ends allocators one by one and the command sees them gone; the
+    # guard ends the command itself with everything it started, escapees included.
+    if browser.spec.runtime == "gvisor":
+        assert (res.exit_code, res.oom_killed) == (137, True), res
+        assert "the box ran out of memory" in res.stderr, res
+    else:
+        assert res.stdout == "hog gone\n", res
+    left = await browser.exec(["python3", "-c", LEFT], timeout=30)
+    assert left.stdout == "0\n", left
 
 
 async def test_a_command_within_the_boxs_memory_is_left_alone(browser: DockerSandbox) -> None:

@@ -50,7 +50,8 @@ What differs, and how Fleet keeps the promises the same (:func:`host_pids`,
   ``--cgroupfs`` only counts), a cgroup inside the Sentry (the box has no capability
   to set one, and the 2022 Sentry does not enforce one), and an address-space cap
   alone (per process: eight programs under it still pass the box's memory together).
-  A coding box has no guard: programs that together pass its memory end the box,
+  Not held yet: allocators that left their command's session (the guard finds them
+  too slowly; :mod:`sandbox.inbox.memguard` says why). A coding box has no guard: programs that together pass its memory end the box,
   which Fleet reports as ``crashed: oom-killed``.
 - Disk. ``/tmp`` and ``/workspace`` are the Sentry's own tmpfs, with their sizes
   enforced: a full disk is ``ENOSPC``, as under runc.
