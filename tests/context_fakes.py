@@ -1,20 +1,22 @@
 """In-test stand-ins for the context-mechanism unit tests.
 
-``MemoryBox`` keeps a box's files in a dict, so the mechanisms' message-list logic
-can be tested in milliseconds; the tests that count for the box side run the same
-paths against the real Docker sandbox (tests/test_context_box.py).
+``MemoryBox`` (``tests/memory_box.py``) keeps a box's files in dicts, so the
+mechanisms' message-list logic can be tested in milliseconds; it passes the sandbox
+conformance suite but for the checks it lists, and the tests that count for the box
+side run the same paths against the real Docker sandbox (tests/test_context_box.py).
 ``SummaryModel`` answers Messages requests in-process and records them. ``NoBoxes`` is
 a backend that makes nothing, for tests of what sits on top of one.
 """
 
 from __future__ import annotations
 
-import posixpath
 from pathlib import Path
 from typing import Any
 
-from sandbox.base import BoxInfo, ExecResult, FileInfo, Sandbox, SandboxBackend
-from sandbox.errors import OutputLimitExceeded, SandboxCrashed, SandboxError
+from memory_box import MemoryBox
+
+from sandbox.base import BoxInfo, Sandbox, SandboxBackend
+from sandbox.errors import SandboxError
 from sandbox.spec import SandboxSpec
 from subagents.model.base import ModelError, ModelProfile, ModelRequest, ModelResponse
 from subagents.model.message import Message
@@ -39,62 +41,6 @@ class NoBoxes(SandboxBackend):
         self, *, live_runs: set[str] | None = None, now: float | None = None
     ) -> list[BoxInfo]:
         return []
-
-
-class MemoryBox(Sandbox):
-    """A dict of files behind the Sandbox API; ``crashed=True`` makes every call fail."""
-
-    def __init__(self) -> None:
-        self.id = self.name = "memory-box"
-        self.spec = SandboxSpec()
-        self.files: dict[str, bytes] = {}
-        self.crashed = False
-
-    def _alive(self) -> None:
-        if self.crashed:
-            raise SandboxCrashed(self.name, "killed")
-
-    async def exec(self, cmd: Any, **kw: Any) -> ExecResult:
-        self._alive()
-        if isinstance(cmd, list) and cmd[:3] == ["rm", "-rf", "--"]:
-            target = self.resolve(cmd[3])
-            for path in [p for p in self.files if p == target or p.startswith(target + "/")]:
-                del self.files[path]
-            return ExecResult(exit_code=0, stdout="", stderr="")
-        return ExecResult(exit_code=127, stdout="", stderr="not supported by MemoryBox")
-
-    async def read_file(self, path: str, *, limit: int = 64 * 1024 * 1024) -> bytes:
-        self._alive()
-        full = self.resolve(path)
-        if full not in self.files:
-            raise FileNotFoundError(path)
-        data = self.files[full]
-        if len(data) > limit:
-            raise OutputLimitExceeded(f"{path} is over {limit}", limit=limit, size=len(data))
-        return data
-
-    async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
-        self._alive()
-        self.files[self.resolve(path)] = data.encode() if isinstance(data, str) else data
-
-    async def list_dir(self, path: str) -> list[FileInfo]:
-        raise NotImplementedError
-
-    async def upload(self, local: Path, remote: str) -> None:
-        self._alive()
-        for item in Path(local).rglob("*"):  # noqa: ASYNC240 - tiny test dirs
-            if item.is_file():
-                rel = item.relative_to(local).as_posix()
-                self.files[self.resolve(posixpath.join(remote, rel))] = item.read_bytes()
-
-    async def download(self, remote: str, local: Path) -> None:
-        raise NotImplementedError
-
-    async def check(self) -> None:
-        self._alive()
-
-    async def close(self) -> None:
-        pass
 
 
 def message(content: list[dict[str, Any]], *, input_tokens: int = 10) -> Message:

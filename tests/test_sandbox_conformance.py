@@ -6,9 +6,13 @@ processes left behind), files (round trips, modes, limits, paths outside the box
 roots, directories), trees in and out, and the life of a box (check, close, a box
 removed under it). A new backend is done when it passes them: add it to ``VARIANTS``.
 
-The variants: the Docker box under ``runc`` and under gVisor (``runsc``), and the
+The variants: the Docker box under ``runc`` and under gVisor (``runsc``), the
 deferred box (``sandbox/deferred.py``, what a member holds while its box starts) in
-front of a Docker box it is given only after the first call is waiting.
+front of a Docker box it is given only after the first call is waiting, and the
+in-memory test box (``tests/memory_box.py``), which runs no process: the checks it
+cannot keep are named in :data:`MEMORY_EXCLUDED`, each with its reason, and are not
+generated for it (``pytest_generate_tests``); a test holds that list to checks that
+exist and to the reasons the fake gives.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import anyio
 import pytest
 from conftest import missing_dependency
+from memory_box import MemoryBox
 
 from sandbox.base import Sandbox
 from sandbox.deferred import DeferredSandbox
@@ -36,7 +41,37 @@ from sandbox.spec import SandboxSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
-VARIANTS = ["runc", "gvisor", "deferred"]
+VARIANTS = ["runc", "gvisor", "deferred", "memory"]
+
+_NO_PROCESS = "MemoryBox runs no process"
+_NO_SHELL = "MemoryBox has no shell"
+MEMORY_EXCLUDED: dict[str, str] = {
+    "test_exec_runs_a_shell_string_with_pipes_and_keeps_the_exit_code": f"{_NO_SHELL}: a pipe",
+    "test_a_timeout_returns_124_with_the_output_so_far": f"{_NO_PROCESS}: nothing runs long",
+    "test_a_timeout_ends_the_whole_process_group": f"{_NO_PROCESS}: no process group",
+    "test_output_over_the_cap_keeps_its_head_and_tail": f"{_NO_SHELL}: a list of commands",
+    "test_exec_takes_cwd_environment_and_stdin": f"{_NO_SHELL}: expansions and a pipe to od",
+    "test_commands_run_at_the_same_time": f"{_NO_PROCESS}: a shell loop waiting for another",
+    "test_processes_a_command_leaves_running_are_ended_and_counted": f"{_NO_PROCESS}: no setsid",
+    "test_a_command_killed_by_a_signal_is_128_plus_n": f"{_NO_PROCESS}: no signals",
+    "test_a_write_the_user_may_not_make_is_permission_error_and_leaves_nothing": (
+        f"{_NO_SHELL}: chmod in a list; and it has no users to refuse a write"
+    ),
+    "test_list_dir_is_sorted_with_each_entrys_type": f"{_NO_SHELL}: ln -s in a list",
+    "test_an_environment_given_to_one_command_is_not_kept_for_the_next": (
+        f"{_NO_SHELL}: a parameter expansion"
+    ),
+}
+"""Checks the in-memory box is not held to, with why: each needs a process, a signal or
+a shell, none of which a box of dicts has (``tests/memory_box.py``)."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every check over every variant, but the in-memory box's exclusions."""
+    if "box" in metafunc.fixturenames:
+        excluded = metafunc.function.__name__ in MEMORY_EXCLUDED
+        variants = [v for v in VARIANTS if not (v == "memory" and excluded)]
+        metafunc.parametrize("box", variants, indirect=True)
 
 
 @pytest.fixture
@@ -44,11 +79,19 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(params=VARIANTS)
-async def box(
-    request: pytest.FixtureRequest, docker_client: Any, images: Any, run_id: str
-) -> AsyncIterator[Sandbox]:
+@pytest.fixture
+async def box(request: pytest.FixtureRequest) -> AsyncIterator[Sandbox]:
     variant = request.param
+    if variant == "memory":
+        memory = MemoryBox()
+        try:
+            yield memory
+        finally:
+            await memory.close()
+        return
+    docker_client = request.getfixturevalue("docker_client")
+    images = request.getfixturevalue("images")
+    run_id = request.getfixturevalue("run_id")
     if variant == "gvisor" and gvisor.missing_runtimes(docker_client.info()):
         missing_dependency("the engine lacks Fleet's gVisor runtimes; run 'fleet setup --gvisor'")
     backend = DockerBackend(docker_client, images=images)
@@ -72,8 +115,13 @@ async def box(
         await made.close()
 
 
-def _docker_id(box: Sandbox) -> str:
-    return box.id
+def remove_under(box: Sandbox, docker_client: Any) -> None:
+    """Take the box away from under its user: its container removed, or a MemoryBox's
+    dicts dropped as a box that died drops them."""
+    if isinstance(box, MemoryBox):
+        box.crashed = True
+    else:
+        docker_client.api.remove_container(box.id, force=True)
 
 
 # ------------------------------------------------------------------ exec
@@ -290,9 +338,10 @@ async def test_check_passes_on_a_live_box(box: Sandbox) -> None:
 
 
 async def test_a_box_removed_under_its_user_raises_crashed_not_an_engine_error(
-    box: Sandbox, docker_client: Any
+    box: Sandbox, request: pytest.FixtureRequest
 ) -> None:
-    docker_client.api.remove_container(_docker_id(box), force=True)
+    engine = None if isinstance(box, MemoryBox) else request.getfixturevalue("docker_client")
+    remove_under(box, engine)
     with pytest.raises(SandboxCrashed):
         await box.check()
     with pytest.raises(SandboxCrashed):
@@ -333,3 +382,30 @@ async def test_a_missing_directory_or_tree_is_file_not_found(box: Sandbox, tmp_p
         await box.download("/workspace/no-such-tree", tmp_path / "out")
     with pytest.raises(FileNotFoundError):
         await box.upload(tmp_path / "no-such-local", "/workspace/x")
+
+
+# ------------------------------------------------------------------ the fake's exclusions
+
+
+def test_the_memory_box_exclusions_name_real_checks_and_leave_most_in() -> None:
+    checks = {name for name in globals() if name.startswith("test_")}
+    assert set(MEMORY_EXCLUDED) <= checks, set(MEMORY_EXCLUDED) - checks
+    assert all(
+        why.startswith(("MemoryBox runs no process", "MemoryBox has no shell"))
+        for why in MEMORY_EXCLUDED.values()
+    )
+    box_checks = [n for n in checks if "box" in globals()[n].__code__.co_varnames[:1]]
+    assert len(box_checks) - len(MEMORY_EXCLUDED) >= 20  # the fake is held to most of them
+
+
+@pytest.mark.anyio
+async def test_the_memory_box_says_what_it_cannot_run_rather_than_pretend() -> None:
+    box = MemoryBox()
+    piped = await box.exec("echo one two | wc -w")
+    assert piped.exit_code == 127 and "MemoryBox has no shell" in piped.stderr, piped
+    for unknown in ("sleep 30", ["kill", "-TERM", "1"], ["ln", "-s", "a", "b"]):
+        res = await box.exec(unknown)
+        assert res.exit_code == 127 and "command not found" in res.stderr, res
+    await box.write_file("run.py", "#!/usr/bin/python3\nprint(1)\n", mode=0o755)
+    res = await box.exec(["./run.py"])
+    assert res.exit_code == 126 and "only sh scripts" in res.stderr, res

@@ -41,7 +41,7 @@ def agent(request, tmp_path: Path) -> list[str]:
         return [sys.executable, "-I", "-S", "-c", agent_source()]
     opt = tmp_path / "opt-fleet"
     opt.mkdir()
-    for name in ("boxagent.py", "stamps.py", "wire.py"):
+    for name in ("boxagent.py", "memguard.py", "stamps.py", "wire.py"):
         shutil.copy(INBOX / name, opt / name)
     return [sys.executable, "-I", "-S", str(opt / "boxagent.py")]
 
@@ -89,7 +89,7 @@ print(json.dumps(replies))
 def test_a_command_that_fills_the_pids_limit_at_once_still_runs(tmp_path: Path) -> None:
     """Nothing the agent needs for a command (its stdin feeder) starts after the command:
     a command that leaves no pid free is the command's outcome, not 'cannot start'."""
-    for name in ("boxagent.py", "stamps.py", "wire.py"):
+    for name in ("boxagent.py", "memguard.py", "stamps.py", "wire.py"):
         shutil.copy(INBOX / name, tmp_path / name)
     done = subprocess.run(
         [sys.executable, "-I", "-S", "-c", _NO_THREAD_ONCE_STARTED, str(tmp_path), str(tmp_path)],

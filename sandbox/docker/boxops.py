@@ -31,7 +31,7 @@ _ROOTS = ("/workspace", "/tmp")
 
 
 _INLINE = """import sys
-for name, src in (("wire", {wire!r}), ("stamps", {stamps!r})):
+for name, src in (("wire", {wire!r}), ("stamps", {stamps!r}), ("memguard", {memguard!r})):
     m = type(sys)(name)
     exec(compile(src, "/opt/fleet/" + name + ".py", "exec"), m.__dict__)
     sys.modules[name] = m
@@ -44,13 +44,14 @@ def agent_source() -> str:
     """The agent as one ``python3 -c`` program, for images that lack the baked-in copy.
 
     The agent imports :mod:`sandbox.inbox.wire` as ``wire`` and
-    :mod:`sandbox.inbox.stamps` as ``stamps``; here those modules are made from their
+    :mod:`sandbox.inbox.stamps` as ``stamps`` (and :mod:`sandbox.inbox.memguard`); here those modules are made from their
     source first and registered, so the agent finds them without a file.
     """
     inbox = Path(__file__).parent.parent / "inbox"
     return _INLINE.format(
         wire=(inbox / "wire.py").read_text(),
         stamps=(inbox / "stamps.py").read_text(),
+        memguard=(inbox / "memguard.py").read_text(),
         agent=(inbox / "boxagent.py").read_text(),
     )
 

@@ -97,7 +97,7 @@ def create_container(
     try:
         created = api.create_container(
             image,
-            [*gvisor.exec_prefix(spec), *command] if command else command,
+            [*gvisor.command_prefix(spec), *command] if command else command,
             name=name,
             user="1000:1000",
             environment={**env, **gvisor.box_env(spec)},

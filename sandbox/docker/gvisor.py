@@ -29,12 +29,30 @@ What differs, and how Fleet keeps the promises the same (:func:`host_pids`,
   past it is ``EAGAIN``, as under runc), and the host cgroup gets the room those
   processes need on top (:data:`HOST_TASKS_PER_PROCESS`).
 - Memory. The Sentry holds every program's memory, so the host's OOM killer can only
-  end it, the whole box, where runc would kill the one program. In coding boxes each
-  program's address space is capped at ``memory`` (``RLIMIT_AS``, enforced by the
-  Sentry): an allocation past it fails (``ENOMEM``; Python's ``MemoryError``) and the
-  box lives. Several programs that together pass ``memory`` still end the box, which
-  Fleet reports as ``crashed: oom-killed``. Browser boxes get no address-space cap:
-  Chromium reserves far more address space than it uses.
+  end it, the whole box, where runc would kill the one program. Two holds keep a hog's
+  cost its own. Every process started through ``exec`` (and the box's command in a
+  coding box) has its address space capped at ``memory`` (``RLIMIT_AS``, soft and
+  hard, enforced by the Sentry): one allocation or mapping past it fails (``ENOMEM``;
+  Python's ``MemoryError``), and a program cannot lift it. Chromium, the browser box's
+  command, gets no such cap: it reserves far more address space than it uses. In a
+  browser box, several programs that together pass the box's memory are held by the
+  in-box agent's memory guard (:mod:`sandbox.inbox.memguard`, switched on by
+  :data:`MEMORY_GUARD_ENV`): it reads the Sentry's own count of used memory every
+  10 ms while a command runs and, past the box's limit (``memory`` plus its disks, as
+  runc holds it), ends the command holding the most with everything it started; the
+  command's reply says ``oom_killed``. Chromium is never its victim. The guard acts
+  late by up to a few hundred milliseconds of allocation (about 1 GB/s here): a
+  browser box gets :data:`GUARD_ROOM` on the host on top of :data:`SENTRY_MEMORY`
+  (peaks measured 34-115 MB past the guard's line for eight 160 MiB processes and
+  for a fork bomb of allocators; with only the Sentry's 256 MiB the box still died,
+  as the host's reclaim near its limit slows the guard). Weighed and left:
+  runsc's own flags (the 2022 ``runsc`` has no memory limit of its own; its
+  ``--cgroupfs`` only counts), a cgroup inside the Sentry (the box has no capability
+  to set one, and the 2022 Sentry does not enforce one), and an address-space cap
+  alone (per process: eight programs under it still pass the box's memory together).
+  Not held yet: allocators that left their command's session (the guard finds them
+  too slowly; :mod:`sandbox.inbox.memguard` says why). A coding box has no guard: programs that together pass its memory end the box,
+  which Fleet reports as ``crashed: oom-killed``.
 - Disk. ``/tmp`` and ``/workspace`` are the Sentry's own tmpfs, with their sizes
   enforced: a full disk is ``ENOSPC``, as under runc.
 - ``statx``. The 2022 Sentry refuses ``statx`` with ``AT_NO_AUTOMOUNT``, which
@@ -80,11 +98,18 @@ RELOAD_TIMEOUT_S = 15.0
 SENTRY_MEMORY = 256 * 2**20
 """Host memory a gVisor box gets on top of its own limit: the Sentry, the gofer and the
 ptrace stubs, so a box's programs have the same room as under runc."""
+GUARD_ROOM = 256 * 2**20
+"""Host memory a gVisor browser box gets on top of that: what its programs may allocate
+past the box's own limit before the memory guard has ended the command holding the most
+(module docstring)."""
 HOST_TASKS_PER_PROCESS = 8
 """Host pids allowed per box process under the ptrace platform (about 5 measured, with
 room for threads); the box's own count is held by ``RLIMIT_NPROC`` inside."""
 HOST_TASKS_BASE = 128
 """Host pids of an idle gVisor box (about 54 measured: Sentry threads, gofer, stubs)."""
+MEMORY_GUARD_ENV = "FLEET_MEMORY_GUARD"
+"""Names, in a gVisor browser box's environment, the bytes past which the in-box agent's
+memory guard (:mod:`sandbox.inbox.memguard`) ends the command holding the most."""
 STATX_PRELOAD = "/opt/fleet/gvisor-statx.so"
 """In Fleet's coding image: drops ``AT_NO_AUTOMOUNT`` from ``statx`` (module docstring)."""
 
@@ -112,27 +137,46 @@ def host_pids(spec: SandboxSpec) -> int:
 
 
 def host_memory(spec: SandboxSpec) -> int:
-    """The box's memory limit on the host."""
-    extra = SENTRY_MEMORY if spec.runtime == "gvisor" else 0
-    return spec.box_memory_bytes + extra
+    """The box's memory limit on the host (see "Memory" in the module docstring)."""
+    if spec.runtime != "gvisor":
+        return spec.box_memory_bytes
+    guard = GUARD_ROOM if spec.kind == "browser" else 0
+    return spec.box_memory_bytes + SENTRY_MEMORY + guard
 
 
 def exec_prefix(spec: SandboxSpec) -> list[str]:
-    """What every process the box's owner starts in it runs under: gVisor's own limits
-    (``prlimit``, util-linux, in every Debian image), nothing under runc."""
+    """What every process the box's owner starts in it (``exec``, its agent, a long-lived
+    process) runs under: gVisor's own limits (``prlimit``, util-linux, in every Debian
+    image), nothing under runc. Each such process's address space is capped at
+    ``memory``, in browser boxes too (Chromium is not started this way)."""
+    if spec.runtime != "gvisor":
+        return []
+    return ["prlimit", f"--nproc={spec.pids}", f"--as={spec.memory_bytes}", "--"]
+
+
+def command_prefix(spec: SandboxSpec) -> list[str]:
+    """What the box's own command (its image's program: Chromium in a browser box) runs
+    under: as :func:`exec_prefix`, without the address-space cap in a browser box
+    (Chromium reserves far more address space than it uses)."""
     if spec.runtime != "gvisor":
         return []
     caps = [f"--nproc={spec.pids}"]
-    if spec.kind == "coding":
+    if spec.kind != "browser":
         caps.append(f"--as={spec.memory_bytes}")
     return ["prlimit", *caps, "--"]
 
 
 def box_env(spec: SandboxSpec) -> dict[str, str]:
-    """Environment a gVisor box of Fleet's own coding image needs (the statx preload)."""
-    if spec.runtime != "gvisor" or spec.image or spec.kind not in ("coding", "service"):
+    """Environment a gVisor box needs: the memory guard's limit in a browser box (the
+    module docstring), the statx preload in a box of Fleet's own coding image."""
+    if spec.runtime != "gvisor":
         return {}
-    return {"LD_PRELOAD": STATX_PRELOAD}
+    env = {}
+    if spec.kind == "browser":
+        env[MEMORY_GUARD_ENV] = str(spec.box_memory_bytes)
+    if not spec.image and spec.kind in ("coding", "service"):
+        env["LD_PRELOAD"] = STATX_PRELOAD
+    return env
 
 
 # ---------------------------------------------------------------- registration

@@ -94,6 +94,7 @@ BOX_HELPERS = (
     "sandbox/inbox/boxagent.py",
     "sandbox/inbox/egress_proxy.py",
     "sandbox/inbox/egress_rules.py",
+    "sandbox/inbox/memguard.py",
     "sandbox/inbox/stamps.py",
     "sandbox/inbox/wire.py",
 )

@@ -28,11 +28,15 @@ can no longer start a process (its pids limit is reached), the request fails wit
 ``no_processes`` rather than a made-up exit code, and so does ``probe``, the host's
 health check.
 
-Three files, this one and ``wire.py`` and ``stamps.py`` beside it in ``/opt/fleet``.
-``python3 -I`` keeps the script's directory off ``sys.path``, so this file puts its
-own directory there for those imports. Hosts whose image lacks the agent send the
-sources with ``python3 -c`` (:func:`sandbox.docker.boxops.agent_source`), the other two
-defined first.
+Four files, this one and ``wire.py``, ``stamps.py`` and ``memguard.py`` beside it in
+``/opt/fleet``. ``python3 -I`` keeps the script's directory off ``sys.path``, so this
+file puts its own directory there for those imports. Hosts whose image lacks the agent
+send the sources with ``python3 -c`` (:func:`sandbox.docker.boxops.agent_source`), the
+other three defined first.
+
+In a gVisor box that asks for it, the agent also runs :mod:`memguard`, the OOM killer
+the Sentry lacks: when the box's memory runs out it ends the command holding the most,
+never Chromium; that command's reply says ``oom_killed`` and why on stderr.
 
 An ``exec`` request with ``stamps`` gets the workspace's stamps print
 (:mod:`sandbox.inbox.stamps`) in its reply, taken once the command and what it left
@@ -64,12 +68,14 @@ if TYPE_CHECKING:
     import tarfile
     from collections.abc import Callable, Mapping
 
-    from . import stamps, wire
+    from . import memguard, stamps, wire
 elif "wire" in sys.modules:  # the inline fallback defined them (see the docstring)
+    import memguard
     import stamps
     import wire
 else:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import memguard
     import stamps
     import wire
 
@@ -473,6 +479,7 @@ def op_exec(req: wire.ExecRequest) -> wire.ExecReply:
     exec_id = f"{os.getpid()}-{req['id']}-{binascii.hexlify(os.urandom(6)).decode()}"
     env["FLEET_EXEC_ID"] = exec_id
     oom_before = oom_kills()
+    memguard.start(os.getpid())
     started = time.monotonic()
     try:
         feeder = _StdinFeeder(stdin_data) if stdin_data else None
@@ -496,6 +503,7 @@ def op_exec(req: wire.ExecRequest) -> wire.ExecReply:
         pass
     with _running_lock:
         _running[req["id"]] = proc.pid
+    memguard.running(proc.pid, exec_id)
     caps = {"stdout": _Capture(limit), "stderr": _Capture(limit)}
     deadline = started + float(timeout) if timeout else None
     try:
@@ -504,6 +512,7 @@ def op_exec(req: wire.ExecRequest) -> wire.ExecReply:
         timed_out = _pump(proc, caps, deadline)
         code = proc.wait()
     finally:
+        memguard.running(proc.pid, exec_id, done=True)
         with _running_lock:
             _running.pop(req["id"], None)
         with _procs_lock:
@@ -519,6 +528,9 @@ def op_exec(req: wire.ExecRequest) -> wire.ExecReply:
     after = oom_kills()
     oom = oom_before is not None and after is not None and after > oom_before
     out, err = caps["stdout"], caps["stderr"]
+    if memguard.ended(proc.pid):
+        oom = True
+        err.add(_GUARD_NOTE)
     if leftovers:
         err.add(_leftovers_note(leftovers))
     truncated = out.truncated or err.truncated
@@ -530,6 +542,12 @@ def op_exec(req: wire.ExecRequest) -> wire.ExecReply:
         except Exception:  # the command's result is what the host must get
             reply["stamps_print"] = None
     return reply
+
+
+_GUARD_NOTE = (
+    b"\n[fleet: the box ran out of memory and this command, holding the most of it, "
+    b"was ended with everything it started]\n"
+)
 
 
 def _leftovers_note(count: int) -> bytes:
