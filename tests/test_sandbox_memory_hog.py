@@ -215,19 +215,16 @@ ESCAPE_LIMIT = (
 )
 
 
+# Under gVisor this attack is not claimed (ESCAPE_LIMIT, and docs/security.md): the
+# escaped allocators are not found in time, and the box's later commands are ended by
+# the guard while they hold the memory. So it runs under runc alone.
+@pytest.mark.parametrize("browser", ["runc"], indirect=True)
 async def test_a_hog_that_left_its_session_and_environment_costs_only_itself(
-    browser: DockerSandbox, request: pytest.FixtureRequest
+    browser: DockerSandbox,
 ) -> None:
-    if browser.spec.runtime == "gvisor":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=ESCAPE_LIMIT))
     res = await run_hog(browser, ESCAPED)
-    # runc's OOM killer ends allocators one by one and the command sees them gone; the
-    # guard ends the command itself with everything it started, escapees included.
-    if browser.spec.runtime == "gvisor":
-        assert (res.exit_code, res.oom_killed) == (137, True), res
-        assert "the box ran out of memory" in res.stderr, res
-    else:
-        assert res.stdout == "hog gone\n", res
+    # runc's OOM killer ends allocators one by one and the command sees them gone.
+    assert res.stdout == "hog gone\n", res
     left = await browser.exec(["python3", "-c", LEFT], timeout=30)
     assert left.stdout == "0\n", left
 
