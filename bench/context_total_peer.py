@@ -15,15 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from deepagents import create_deep_agent
-from langchain_anthropic import ChatAnthropic
-from langchain_core.tools import tool
-
 LINE = "0123456789 abcdefghij klmnopqrst uvwxyz ABCDEFGHIJ KLMNOPQRST UVWXYZ 0123456789\n"
 """The same page lines as ``bench/context.py``'s (80 characters, 20 tokens)."""
 
 
-@tool
 def visit(page: int, tokens: int, nonce: str) -> str:
     """Read one page."""
     half = LINE * max(1, tokens // 40)
@@ -35,6 +30,11 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--task", required=True)
     args = parser.parse_args()
+    # The peer's packages are there only in the peer's virtualenv (``--help`` runs anywhere).
+    from deepagents import create_deep_agent
+    from langchain_anthropic import ChatAnthropic
+    from langchain_core.tools import tool
+
     model = ChatAnthropic(
         model_name=args.model,
         base_url=os.environ["ANTHROPIC_BASE_URL"],
@@ -43,7 +43,7 @@ def main() -> None:
         timeout=600,
         stop=None,
     )
-    agent = create_deep_agent(model=model, tools=[visit], system_prompt="You read pages.")
+    agent = create_deep_agent(model=model, tools=[tool(visit)], system_prompt="You read pages.")
     state = agent.invoke(
         {"messages": [{"role": "user", "content": args.task}]},
         config={"recursion_limit": 1_000},

