@@ -10,6 +10,7 @@ Chromium still renders a page over CDP and that the box is not reported crashed.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -124,27 +125,70 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(params=["runc", "gvisor"])
-async def browser(
-    request: pytest.FixtureRequest, docker_client: Any, images: Any, run_id: str
-) -> AsyncIterator[DockerSandbox]:
+class _Boxes:
+    """One browser box per runtime for the whole module, made again only when a test
+    left it dead: a test here proves the box outlives its hog, so the next test may
+    take it (a gVisor browser box takes about 10 s to start)."""
+
+    def __init__(self, backend: DockerBackend, runtime: str, run: str) -> None:
+        self.backend, self.runtime, self.run = backend, runtime, run
+        self.box: DockerSandbox | None = None
+        self.made = 0
+
+    async def get(self) -> DockerSandbox:
+        if self.box is not None and self.box.looks_alive():
+            try:
+                await self.box.check()
+                return self.box
+            except SandboxCrashed:
+                pass
+        if self.box is not None:
+            await self.box.close()
+        self.made += 1
+        # Small disks: the box's memory is ``MEMORY`` plus what its tmpfs mounts may hold.
+        spec = SandboxSpec(
+            kind="browser",
+            runtime=self.runtime,
+            memory=MEMORY,
+            tmpfs_size=DISK,
+            workspace_size=DISK,
+            network=NetworkPolicy(egress="allowlist"),
+        )
+        made = await self.backend.create(
+            spec, run=self.run, member=f"hog-{self.runtime}-{self.made}"
+        )
+        assert isinstance(made, DockerSandbox)
+        assert await renders(made, "before") == "before"
+        self.box = made
+        return made
+
+
+@pytest.fixture(scope="module", params=["runc", "gvisor"])
+async def boxes(
+    request: pytest.FixtureRequest, docker_client: Any, images: Any
+) -> AsyncIterator[_Boxes]:
+    from conftest import remove_run
+
+    from sandbox.docker.reaper import mark_done, mark_live
+
     runtime = request.param
     if runtime == "gvisor" and gvisor.missing_runtimes(docker_client.info()):
         missing_dependency("the engine lacks Fleet's gVisor runtimes; run 'fleet setup --gvisor'")
-    backend = DockerBackend(docker_client, images=images)
-    # Small disks: the box's memory is ``MEMORY`` plus what its tmpfs mounts may hold.
-    spec = SandboxSpec(
-        kind="browser",
-        runtime=runtime,
-        memory=MEMORY,
-        tmpfs_size=DISK,
-        workspace_size=DISK,
-        network=NetworkPolicy(egress="allowlist"),
-    )
-    async with await backend.create(spec, run=run_id, member=f"hog-{runtime}") as made:
-        assert isinstance(made, DockerSandbox)
-        assert await renders(made, "before") == "before"
-        yield made
+    run = f"test-hog-{uuid.uuid4().hex[:12]}"
+    mark_live(run)
+    held = _Boxes(DockerBackend(docker_client, images=images), runtime, run)
+    try:
+        yield held
+    finally:
+        if held.box is not None:
+            await held.box.close()
+        remove_run(docker_client, run)
+        mark_done(run)
+
+
+@pytest.fixture
+async def browser(boxes: _Boxes) -> DockerSandbox:
+    return await boxes.get()
 
 
 async def renders(box: DockerSandbox, text: str) -> str:
@@ -230,7 +274,7 @@ ESCAPE_LIMIT = (
 # Under gVisor this attack is not claimed (ESCAPE_LIMIT, and docs/security.md): the
 # escaped allocators are not found in time, and the box's later commands are ended by
 # the guard while they hold the memory. So it runs under runc alone.
-@pytest.mark.parametrize("browser", ["runc"], indirect=True)
+@pytest.mark.parametrize("boxes", ["runc"], indirect=True)
 async def test_a_hog_that_left_its_session_and_environment_costs_only_itself(
     browser: DockerSandbox,
 ) -> None:
