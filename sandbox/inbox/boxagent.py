@@ -496,9 +496,12 @@ def op_exec(req: wire.ExecRequest) -> wire.ExecReply:
     if feeder is not None:
         feeder.hand(proc)
     try:
-        # The command, not this agent, should be the OOM killer's first choice.
+        # The command, not this agent nor Chromium (whose renderers score themselves
+        # 300), is the OOM killer's first choice: the highest score there is, so a hog of
+        # any size goes before a page does. (A hostile command may lower its own score,
+        # or raise another's: it can cost only its own box, never a sibling's.)
         with open(f"/proc/{proc.pid}/oom_score_adj", "w") as f:
-            f.write("500")
+            f.write("1000")
     except OSError:
         pass
     with _running_lock:
