@@ -37,11 +37,7 @@ def _step(body: dict[str, Any]) -> int:
 
 # PID 1 (the box's init) gets the highest OOM score, the hog the lowest it may set, so
 # the kernel kills init and with it the box - a crash of the box, not of one command.
-# The box agent raises each command's score to 1000 just after starting it: wait for
-# that write to land first, or it would undo the hog's own lowering.
 OOM_BOX = (
-    'i=0; while [ "$(cat /proc/$$/oom_score_adj)" != 1000 ] && [ $i -lt 300 ]; '
-    "do i=$((i+1)); done; "
     "echo 1000 > /proc/1/oom_score_adj; echo 0 > /proc/$$/oom_score_adj; "
     "exec python3 -c 'x = bytearray(4 << 30)'"
 )

@@ -291,3 +291,38 @@ async def test_a_command_within_the_boxs_memory_is_left_alone(browser: DockerSan
         browser, "import time; b = b'x' * (300 << 20); time.sleep(2); print('kept')"
     )
     assert (res.exit_code, res.stdout, res.oom_killed) == (0, "kept\n", False), res
+
+
+SCORES = (
+    "import os\n"
+    "r, w = os.pipe()\n"
+    "for _ in range(4):\n"
+    "    if os.fork() == 0:\n"
+    "        os.write(w, open('/proc/self/oom_score_adj', 'rb').read()); os._exit(0)\n"
+    "for _ in range(4):\n"
+    "    os.wait()\n"
+    "os.close(w)\n"
+    "kids = os.read(r, 4096).decode().split()\n"
+    "agent = [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()\n"
+    "         and b'/boxagent' in open(f'/proc/{p}/cmdline', 'rb').read()]\n"
+    "print(*sorted(set(kids)), *(open(f'/proc/{p}/oom_score_adj').read().strip() for p in agent))\n"
+)
+"""Four processes forked as the command's first act report their OOM scores; then the
+agent's score."""
+
+
+async def test_a_command_and_what_it_forks_at_once_are_the_oom_killers_first_choice(
+    browser: DockerSandbox,
+) -> None:
+    """A command's score is set before its first instruction, not a moment after it
+    starts: eight allocators forked at once, each smaller than Chromium, must not keep
+    the score Chromium has. The agent keeps its own (and stays out of a command's
+    reach: ``test_a_command_cannot_attach_to_or_read_the_box_agent``)."""
+    seen = []
+    for _ in range(25):
+        res = await browser.exec(["cat", "/proc/self/oom_score_adj"], timeout=30)
+        seen.append(res.stdout.strip())
+    assert set(seen) == {"1000"}, seen
+    for _ in range(5):
+        res = await browser.exec(["python3", "-c", SCORES], timeout=30)
+        assert res.stdout.split() == ["1000", "0"], res

@@ -51,6 +51,7 @@ whose archive follows the request on stdin as raw bytes (see :func:`op_tar_in`).
 from __future__ import annotations
 
 import binascii
+import contextlib
 import errno
 import io
 import os
@@ -61,6 +62,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, BinaryIO, Literal, cast
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs startup time
@@ -328,7 +330,7 @@ def _spawn(argv: list[str], cwd: str, env: dict) -> subprocess.Popen:
     try:
         while True:
             try:
-                with _procs_lock:
+                with _procs_lock, _scored_for_the_oom_killer():
                     try:
                         proc = subprocess.Popen(argv, **popen)
                     except OSError as e:
@@ -349,6 +351,62 @@ def _spawn(argv: list[str], cwd: str, env: dict) -> subprocess.Popen:
         if e.errno == errno.EAGAIN:
             raise Refused("no_processes", _no_processes()) from None
         raise _NotStarted(126, f"{argv[0]}: {e.strerror or e}\n") from None
+
+
+_score_fd: int | None = None
+"""The agent's own ``/proc/self/oom_score_adj``, opened before it made itself not
+dumpable (after that the file is root's, and the agent's user may not open it)."""
+_own_score = b"0"
+
+
+@contextlib.contextmanager
+def _scored_for_the_oom_killer() -> Iterator[None]:
+    """Start commands with the highest OOM score there is (1000), from their first
+    instruction on.
+
+    The command, not this agent nor Chromium (whose renderers score themselves 300), is
+    the OOM killer's first choice, so a hog of any size goes before a page does. A
+    child takes its score from its parent when it is forked, so the agent holds 1000
+    itself for as long as ``Popen`` takes (under ``_procs_lock``, so no other start
+    overlaps) and goes back to its own score after. Written into the started process
+    instead, the score lands a moment after ``exec``: a command that forks at once
+    (eight allocators, each smaller than Chromium) has children that keep the old
+    score, and the OOM killer ends Chromium before them. A hostile command may lower
+    its own score again (down to the box's floor, 0), or raise another's: it can cost
+    only its own box, never a sibling's.
+
+    The write goes through a descriptor kept from before the agent stopped being
+    dumpable (:func:`_become_subreaper`); a write needs no permission beyond the open.
+    Where there is none (no such file), the started process's own file is written
+    after it starts (see :func:`_score_started`).
+    """
+    fd = _score_fd
+    if fd is None:
+        yield
+        return
+    try:
+        os.write(fd, b"1000")
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            os.write(fd, _own_score)
+        except OSError:
+            pass
+
+
+def _score_started(pid: int) -> None:
+    """Where the agent could not give a command its score at the fork, give it now."""
+    if _score_fd is not None:
+        return
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
 
 
 def _no_processes() -> str:
@@ -382,6 +440,7 @@ def _become_subreaper() -> None:
     if _subreaper:
         return
     _subreaper = True
+    _keep_score_file()  # while this process's /proc files are still its user's
     try:
         import ctypes  # here, not at the top: it costs startup time every box pays
 
@@ -390,6 +449,20 @@ def _become_subreaper() -> None:
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass  # no prctl: orphans go to init, the other rules still end them
+
+
+def _keep_score_file() -> None:
+    global _score_fd, _own_score
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        _own_score = os.pread(fd, 16, 0).strip() or b"0"
+    except OSError:
+        os.close(fd)
+        return
+    _score_fd = fd
 
 
 def _process_table() -> dict[int, tuple[str, int, int, int]]:
@@ -495,15 +568,7 @@ def op_exec(req: wire.ExecRequest) -> wire.ExecReply:
         raise
     if feeder is not None:
         feeder.hand(proc)
-    try:
-        # The command, not this agent nor Chromium (whose renderers score themselves
-        # 300), is the OOM killer's first choice: the highest score there is, so a hog of
-        # any size goes before a page does. (A hostile command may lower its own score,
-        # or raise another's: it can cost only its own box, never a sibling's.)
-        with open(f"/proc/{proc.pid}/oom_score_adj", "w") as f:
-            f.write("1000")
-    except OSError:
-        pass
+    _score_started(proc.pid)
     with _running_lock:
         _running[req["id"]] = proc.pid
     memguard.running(proc.pid, exec_id)
