@@ -342,7 +342,8 @@ class SandboxBackend(abc.ABC):
         self, spec: SandboxSpec, *, run: str, member: str, image: str
     ) -> dict[str, Any]:
         """Blocking, from a thread with no event loop: create and start a coding box with
-        no network before the run exists; its details, for :meth:`adopt`.
+        no network before the run exists, from ``image`` (Fleet's coding image, or the
+        snapshot ``spec.prepared`` names); its details, for :meth:`adopt`.
 
         Raises:
             SandboxError: this backend starts no boxes early (:attr:`adopts_prestarted`).

@@ -143,8 +143,8 @@ def test_early_boxes_follow_the_kinds_box_and_skip_what_no_kind_names() -> None:
     name, boxes, first = _first_wave(raw)
     assert name == "j"
     assert boxes == []  # max_parallel is the job's own: nothing to choose
-    assert [b.kind for b in first] == ["coding"]
+    assert [e.spec.kind for e in first] == ["coding"]
     del raw["fanout"]
     _, boxes, first = _first_wave(raw)
     assert sorted(b.kind for b in boxes) == ["browser", "browser", "browser", "coding"]
-    assert [b.kind for b in first] == ["coding"]
+    assert [e.spec.kind for e in first] == ["coding"]

@@ -342,7 +342,7 @@ sandbox = { runtime = "runc" }
     import tomllib
 
     _, _, early = _first_wave(tomllib.loads(text))  # boxes started before validation
-    assert [s.runtime for s in early] == ["gvisor", "runc"]
+    assert [e.spec.runtime for e in early] == ["gvisor", "runc"]
     path.write_text(text.replace('runtime = "gvisor"', 'runtime = "gvisr"'))
     with pytest.raises(JobError) as err:
         load_job(path)

@@ -18,10 +18,13 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
 
+from coordinator.cli import main
+from coordinator.nodes import prewarm
 from coordinator.rundir.runs import RunDir
 from coordinator.traceview import load_run, rollup_run
 from sandbox.docker import prepared as store
@@ -196,13 +199,58 @@ def test_four_members_share_one_setup_run_offline_and_a_second_run_reuses_it(
         # The members' boxes had no network: a coding box's default, setup or not.
         for m in outcomes:
             assert all(e["detail"]["ok"] for e in _setup_events(run, m))
-        again, second = _run(job, out)
-        assert again.returncode == 0, again.stdout + again.stderr
+        # Run again, as `fleet run JOB` in this process, to see its early boxes.
+        seen: list[Any] = []
+        real = prewarm.Prewarm.start.__func__  # type: ignore[attr-defined]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(
+                prewarm.Prewarm,
+                "start",
+                classmethod(lambda cls, path: seen.append(real(cls, path)) or seen[-1]),
+            )
+            assert main(["run", str(job), "--output-dir", str(out), "--plain"]) == 0
+        (second,) = [r for r in RunDir.list(out) if r.id != run.id]
         assert _setup_logs(second) == []  # nothing set up: the snapshot was reused
         for m in ("m0", "m1", "m2", "m3"):
             (event,) = _setup_events(second, m)
             assert event["detail"]["reused"] is True
             assert second.outcomes()[m].status == "ok"
+            assert second.outcomes()[m].result.verified.passed  # tinydep was in its box
+        # Its boxes started from the snapshot while the job was read, and were the ones
+        # the members got (each member one), as a job with no setup gets them.
+        (warm,) = seen
+        (ref,) = [i.ref for i in store.list_all(docker_client) if i.key.startswith(key)]
+        early = {info["Name"].lstrip("/"): info for _, info in warm._boxes}
+        assert len(early) == 4 and {i["Config"]["Image"] for i in early.values()} == {ref}
+        used = [
+            e["box"]
+            for m in ("m0", "m1", "m2", "m3")
+            for e in map(
+                json.loads, (second.member_dir(m) / "trace.jsonl").read_text().splitlines()
+            )
+            if e.get("type") == "sandbox" and e.get("action") == "create"
+        ]
+        assert sorted(used) == sorted(early)
+        # A manifest changed since: its key is another, so no box of the old snapshot
+        # starts early (the run would set up again); as it was, one does.
+        text = job.read_text()
+        (repo / "requirements.txt").write_text("tinydep==1.0\n# pinned\n")
+        changed = prewarm.Prewarm.from_text(text)
+        assert changed is not None
+        changed._thread.join()
+        assert changed._boxes == []
+        changed.close()
+        (repo / "requirements.txt").write_text("tinydep==1.0\n")
+        same = prewarm.Prewarm.from_text(text)
+        assert same is not None
+        same._thread.join()
+        try:
+            assert [i["Config"]["Image"] for _, i in same._boxes] == [ref] * 4
+        finally:
+            same.close()
+        assert (
+            docker_client.api.containers(all=True, filters={"label": f"fleet.run={same.run}"}) == []
+        )
         listed = _fleet_plain("sandbox", "prepared", "ls", "--json")
         rows = [json.loads(line) for line in listed.stdout.splitlines()]
         assert any(r["key"].startswith(key) and r["size"] > 0 for r in rows), rows

@@ -20,6 +20,17 @@ or as :mod:`coordinator.nodes.capacity` will choose it from the engine's host - 
 settings each member asks for, only coding boxes without a network and on Fleet's
 image (no run network or proxy has to exist first). Anything else starts as before.
 
+A member with a repository ``setup`` starts early too when the engine already has the
+setup's snapshot: the thread keys the setup as the run will (the image's id, the
+command, the wheelhouse's content, the repository's manifests as they are now:
+:mod:`sandbox.prepared.key`) and starts the box from that snapshot, which copies its
+tree into ``/workspace`` as it starts. A second run of a job with a setup then starts
+like a job without one. When there is no snapshot yet (the first run, or a manifest
+that changed since) nothing starts here: the member's box waits for its setup, as it
+must. A key that came out otherwise than the run's (a file changed between the two
+reads) only means no pool takes the box: it is removed with the run's others, and a
+member never gets a box of a snapshot its run did not key.
+
 What was measured before choosing this over the other ways to have boxes ready
 (2-core engine, Docker 20.10). A pool that outlives its run - idle boxes kept for
 the next run of the same image and settings - would make a second run's boxes free,
@@ -53,6 +64,7 @@ import time
 import tomllib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +78,15 @@ from .capacity import choose, engine_host
 class Prewarm:
     """Boxes being started in a thread for a run that does not exist yet."""
 
-    def __init__(self, job_name: str, first: list[SandboxSpec], members: list[SandboxSpec]) -> None:
+    def __init__(
+        self, job_name: str, first: list[Early], members: list[SandboxSpec], base: Path
+    ) -> None:
         self.run = run_name(job_name)
         """The run's id and directory name, if it starts (RunDir.create takes it)."""
         self.first = first
-        """One box spec per coding member of the first wave, in the job's order."""
+        """What each coding member of the first wave starts from, in the job's order."""
+        self.base = base
+        """What the job's relative paths (a member's ``repo``) are relative to."""
         self.members = members
         """One box spec per member, when Fleet chooses max_parallel (else empty)."""
         self.began: float | None = None
@@ -90,18 +106,19 @@ class Prewarm:
             text = Path(job_file).read_text(encoding="utf-8")
         except Exception:
             return None
-        return cls.from_text(text)
+        return cls.from_text(text, base=Path(job_file).resolve().parent)
 
     @classmethod
-    def from_text(cls, job_text: str) -> Prewarm | None:
-        """The same from a job's TOML text (:func:`coordinator.api.run_async` has it)."""
+    def from_text(cls, job_text: str, *, base: Path | None = None) -> Prewarm | None:
+        """The same from a job's TOML text (:func:`coordinator.api.run_async` has it);
+        ``base``: what its relative paths are relative to (the current directory)."""
         try:
             name, members, first = _first_wave(tomllib.loads(job_text))
         except Exception:
             return None
         if not first:
             return None
-        warm = cls(name, first, members)
+        warm = cls(name, first, members, base or Path.cwd())
         warm.began = time.time()
         warm._thread.start()
         return warm
@@ -119,8 +136,8 @@ class Prewarm:
             return
         try:
             limit = self._limit(client)
-            wanted = self.first[:limit]
             image = image_ref("coding", client=client)  # built, else nothing starts early
+            wanted = self._specs(client, image, self.first[:limit])
             backend = get_backend("docker", client=client)
             reaper.mark_live(backend.owner(self.run))
 
@@ -129,7 +146,7 @@ class Prewarm:
                     return
                 spec = wanted[i]
                 info = backend.start_offline(
-                    spec, run=self.run, member=f"pool-{i + 1}", image=image
+                    spec, run=self.run, member=f"pool-{i + 1}", image=spec.prepared or image
                 )
                 with self._lock:
                     self._boxes.append((spec.pool_key, info))
@@ -140,6 +157,26 @@ class Prewarm:
             return  # the run starts its boxes itself, as it always could
         finally:
             client.close()
+
+    def _specs(self, client: Any, image: str, first: list[Early]) -> list[SandboxSpec]:
+        """The box spec of each early member as its run's warm pool will key it: a
+        member with a setup gets a box of the setup's snapshot when the engine has one
+        for the key its repository has now (:func:`snapshot`), else none here."""
+        out = []
+        image_id: str | None = None
+        wheels: dict[str | None, str | None] = {}
+        for early in first:
+            if early.setup is None:
+                out.append(early.spec)
+                continue
+            if image_id is None:
+                from sandbox.docker import prepared
+
+                image_id = prepared.image_id(client, image)
+            ref = snapshot(client, early, image_id, self.base, wheels)
+            if ref is not None:
+                out.append(early.spec.model_copy(update={"prepared": ref}))
+        return out
 
     def _limit(self, client: Any) -> int:
         """How many of the first wave start now: as many as will run at once (the job's
@@ -185,6 +222,53 @@ class Prewarm:
             reaper.mark_done(self.run)
 
 
+@dataclass(frozen=True)
+class Early:
+    """A first-wave coding member, as its job file says it."""
+
+    spec: SandboxSpec
+    """Its box (no snapshot yet: :meth:`Prewarm._specs` finds one for a setup)."""
+    setup: Any = None
+    """Its ``setup`` as the file says it (a string or a table), or None."""
+    repo: str | None = None
+    """Its ``repo`` as the file says it (relative to the job file)."""
+
+
+def snapshot(
+    client: Any, early: Early, image_id: str, base: Path, wheels: dict[str | None, str | None]
+) -> str | None:
+    """The snapshot the engine has for ``early``'s setup, keyed as the run will key it
+    (:class:`sandbox.prepared.prepare.Preparer`) from the repository and wheelhouse as
+    they are now; None when there is none or the member's setup does not read as one
+    (its validation says why, later). A key that comes out otherwise than the run's
+    only means that no pool takes the box. ``wheels``: digests made so far, by path."""
+    from sandbox.docker import prepared
+    from sandbox.prepared.key import key_inputs, setup_key, wheelhouse_digest
+    from sandbox.prepared.spec import SetupSpec
+
+    try:
+        raw = early.setup
+        setup = SetupSpec.model_validate({"run": raw} if isinstance(raw, str) else raw)
+        repo = (base / early.repo).resolve() if early.repo else None
+        if setup.wheels is not None:
+            setup = setup.model_copy(update={"wheels": str((base / setup.wheels).resolve())})
+        if setup.wheels not in wheels:
+            wheels[setup.wheels] = wheelhouse_digest(setup.wheels)
+        inputs = key_inputs(
+            setup,
+            image_id=image_id,
+            runtime=early.spec.runtime,
+            repo=repo,
+            wheels=wheels[setup.wheels],
+        )
+        ref = prepared.find(client, setup_key(inputs))
+        if ref is not None:
+            prepared.touch(setup_key(inputs))
+        return ref
+    except Exception:
+        return None
+
+
 def _box_kind(kind: Any) -> Any:
     """The box kind of a member of ``kind`` as the job file says it (None: no box, or a
     kind the job's validation will refuse), asked of the kind, not of its module."""
@@ -194,11 +278,11 @@ def _box_kind(kind: Any) -> Any:
         return None
 
 
-def _first_wave(raw: dict[str, Any]) -> tuple[str, list[SandboxSpec], list[SandboxSpec]]:
+def _first_wave(raw: dict[str, Any]) -> tuple[str, list[SandboxSpec], list[Early]]:
     """The job's name, a box spec per member it may run (for the choice of
-    ``max_parallel``, as :func:`coordinator.nodes.capacity.job_boxes` makes them), and the box
-    specs of its first wave's coding members - all from the job file's text as read (a
-    field the job's validation refuses stops nothing here: the boxes are not taken)."""
+    ``max_parallel``, as :func:`coordinator.nodes.capacity.job_boxes` makes them), and
+    its first wave's coding members - all from the job file's text as read (a field the
+    job's validation refuses stops nothing here: the boxes are not taken)."""
     name = str(raw["name"])
     if raw.get("lead") or (raw.get("fanout") or {}).get("warm_pool") is False:
         return name, [], []  # a lead decides its members later; no pool, nothing early
@@ -224,8 +308,9 @@ def _first_wave(raw: dict[str, Any]) -> tuple[str, list[SandboxSpec], list[Sandb
             _box_kind(member.get("kind")) != "coding"  # only a box with no network starts early
             or overrides.get("image")
             or overrides.get("keep")
-            or member.get("setup") is not None  # its box starts from the setup's snapshot
         ):
             continue  # a kept box is the member's own, never a pool's
-        first.append(SandboxSpec(kind="coding", network=NetworkPolicy(), **overrides))
+        spec = SandboxSpec(kind="coding", network=NetworkPolicy(), **overrides)
+        repo = member.get("repo")
+        first.append(Early(spec, member.get("setup"), repo if isinstance(repo, str) else None))
     return name, boxes if not isinstance(limit, int) else [], first

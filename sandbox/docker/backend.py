@@ -474,10 +474,7 @@ class DockerBackend(SandboxBackend):
         mac = infra_mac() if spec.kind == "service" and network != "none" else None
         args = (spec, image, labels, env, network, aliases, command, run, member, mac)
         info = await anyio.to_thread.run_sync(create_container, self.client, *args)
-        box = await self.adopt(info, spec, run=run, member=member)
-        if spec.prepared:
-            await self._lay_prepared(box, started=command is _LAYING_COMMAND)
-        return box
+        return await self.adopt(info, spec, run=run, member=member)
 
     async def _lay_prepared(self, box: DockerSandbox, *, started: bool) -> None:
         """The snapshot's tree in the box's fresh ``/workspace`` (the box removed if not):
@@ -544,15 +541,17 @@ class DockerBackend(SandboxBackend):
             raise SandboxSpecError(f"only a coding box without network starts early, not {spec}")
         labels = reaper.box_labels(spec, run, member, self.node)
         env = dict(spec.env)
+        command = _LAYING_COMMAND if spec.prepared else _CODING_COMMAND
         return create_container(
-            self.client, spec, image, labels, env, "none", [], _CODING_COMMAND, run, member
+            self.client, spec, image, labels, env, "none", [], command, run, member
         )
 
     async def adopt(
         self, info: dict[str, Any], spec: SandboxSpec, *, run: str, member: str
     ) -> DockerSandbox:
         """The box of a started container (:meth:`create`, :meth:`start_offline`), ready
-        for ``exec`` once its agent answers (and CDP, for a browser box); removed if not."""
+        for ``exec`` once its agent answers (and CDP, for a browser box) and, for a box of
+        a prepared snapshot, once the snapshot's tree is in ``/workspace``; removed if not."""
         box = DockerSandbox(self, info, spec, run, member)
         try:
             await box.transport.start()
@@ -569,6 +568,10 @@ class DockerBackend(SandboxBackend):
                 image = spec.image or str(info["Config"]["Image"])
                 raise SandboxUnavailable(no_prlimit_message(image)) from None
             raise
+        if spec.prepared:
+            command = (info.get("Config") or {}).get("Cmd") or []
+            laying = command[-len(_LAYING_COMMAND) :] == _LAYING_COMMAND
+            await self._lay_prepared(box, started=laying)
         return box
 
     async def remove_container(self, ident: str) -> None:
