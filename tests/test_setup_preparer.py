@@ -75,7 +75,14 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_CACHE_DIR", str(tmp_path / "cache"))  # the host locks' place
 
 
-def _many(preparer: Preparer, setup: SetupSpec, n: int, repo: Path | None = None) -> list[Any]:
+def _many(
+    preparer: Preparer,
+    setup: SetupSpec,
+    n: int,
+    repo: Path | None = None,
+    *,
+    within: float | None = None,
+) -> list[Any]:
     got: list[Any] = [None] * n
 
     async def one(i: int) -> None:
@@ -85,9 +92,10 @@ def _many(preparer: Preparer, setup: SetupSpec, n: int, repo: Path | None = None
             got[i] = exc
 
     async def main() -> None:
-        async with anyio.create_task_group() as tg:
-            for i in range(n):
-                tg.start_soon(one, i)
+        with anyio.fail_after(within):
+            async with anyio.create_task_group() as tg:
+                for i in range(n):
+                    tg.start_soon(one, i)
 
     anyio.run(main)
     return got
@@ -134,6 +142,48 @@ def test_a_key_the_engine_has_is_set_up_by_nobody_and_a_source_edit_keeps_the_ke
     (repo / "requirements.txt").write_text("tinydep\nother\n")
     _many(Preparer(backend, "r3"), SetupSpec(run="ok"), 1, repo)
     assert backend.runs == ["ok", "ok"]
+
+
+def test_a_snapshot_the_run_found_at_its_start_is_every_members_without_a_wait(
+    tmp_path: Path,
+) -> None:
+    """What the run's start found (its warm pools ask first) is the members' at once: no
+    engine call, no image asked twice, no line at the host lock another run holds."""
+    import fcntl
+    import os
+
+    backend = SnapshotBackend()
+    asked: list[str] = []
+    found, image = backend.find_prepared, backend.setup_image
+
+    async def counting_find(key: str) -> str | None:
+        asked.append("find")
+        return await found(key)
+
+    async def counting_image(spec: SandboxSpec) -> str:
+        asked.append("image")
+        return await image(spec)
+
+    backend.find_prepared = counting_find  # type: ignore[method-assign]
+    backend.setup_image = counting_image  # type: ignore[method-assign]
+    _many(Preparer(backend, "r1"), SetupSpec(run="ok"), 1)
+    preparer = Preparer(backend, "r2")
+    asked.clear()
+    ref = anyio.run(preparer.cached, SetupSpec(run="ok"), SandboxSpec(), None)
+    assert ref is not None and asked == ["image", "find"]
+    (key,) = backend.snapshots
+    lock = tmp_path / "cache" / "prepared-locks" / key
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another run on this host sets the key up meanwhile
+    try:
+        got = _many(preparer, SetupSpec(run="ok"), 8, within=5)  # it is held for good here
+    finally:
+        os.close(fd)
+    assert {p.ref for p in got} == {ref} and all(p.reused for p in got)
+    assert asked == ["image", "find"] and backend.runs == ["ok"]
+    # A key this run did not find is looked up (and set up) as before, under the lock.
+    (other,) = _many(preparer, SetupSpec(run="ok again"), 1)
+    assert not other.reused and asked == ["image", "find", "find"]
 
 
 def test_a_setup_past_its_limit_and_a_refused_capture_are_failures_named_as_such() -> None:

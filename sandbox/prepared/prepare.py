@@ -92,10 +92,15 @@ class Preparer:
         self._done: dict[str, Prepared | SetupFailed] = {}
         self._wheels: dict[str, str | None] = {}
         """Each wheelhouse's digest, made once per run however many members use it."""
+        self._images: dict[tuple[str, str | None], str] = {}
+        """Each box image's id, asked of the engine once per run (by kind and image)."""
 
     async def key(self, setup: SetupSpec, box: SandboxSpec, repo: Path | None) -> tuple[str, dict]:
         """The setup's key for members of ``box`` with the repository copy ``repo``."""
-        image = await self.backend.setup_image(box)
+        which = (box.kind, box.image)
+        if which not in self._images:
+            self._images[which] = await self.backend.setup_image(box)
+        image = self._images[which]
         wheels = setup.wheels
         if wheels is not None and wheels not in self._wheels:
             self._wheels[wheels] = await anyio.to_thread.run_sync(wheelhouse_digest, wheels)
@@ -106,9 +111,13 @@ class Preparer:
         return setup_key(inputs), inputs
 
     async def cached(self, setup: SetupSpec, box: SandboxSpec, repo: Path | None) -> str | None:
-        """The snapshot of this setup the engine already has (None: it must run)."""
+        """The snapshot of this setup the engine already has (None: it must run); one
+        found is this run's for the key from then on, as :meth:`prepare` would find it."""
         key, _ = await self.key(setup, box, repo)
-        return await self.backend.find_prepared(key)
+        ref = await self.backend.find_prepared(key)
+        if ref is not None:
+            self._done.setdefault(key, Prepared(key=key, ref=ref, reused=True, duration_s=0.0))
+        return ref
 
     async def prepare(
         self,
@@ -125,6 +134,9 @@ class Preparer:
             SandboxError: the engine could not start the setup box.
         """
         key, inputs = await self.key(setup, box, repo)
+        done = self._done.get(key)
+        if isinstance(done, Prepared):  # this run has it: no lock to wait in line for
+            return Prepared(key=key, ref=done.ref, reused=True, duration_s=0.0)
         lock = self._locks.setdefault(key, anyio.Lock())
         async with lock, _host_lock(key):
             done = self._done.get(key)
