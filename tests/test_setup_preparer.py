@@ -171,6 +171,8 @@ def test_a_snapshot_the_run_found_at_its_start_is_every_members_without_a_wait(
     asked.clear()
     ref = anyio.run(preparer.cached, SetupSpec(run="ok"), SandboxSpec(), None)
     assert ref is not None and asked == ["image", "find"]
+    assert anyio.run(preparer.cached, SetupSpec(run="ok"), SandboxSpec(), None) == ref
+    assert asked == ["image", "find"]  # the run's second member's pool: nothing asked
     (key,) = backend.snapshots
     lock = tmp_path / "cache" / "prepared-locks" / key
     fd = os.open(lock, os.O_RDWR)

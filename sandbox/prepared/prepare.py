@@ -114,6 +114,9 @@ class Preparer:
         """The snapshot of this setup the engine already has (None: it must run); one
         found is this run's for the key from then on, as :meth:`prepare` would find it."""
         key, _ = await self.key(setup, box, repo)
+        done = self._done.get(key)
+        if isinstance(done, Prepared):  # another member of the run asked already
+            return done.ref
         ref = await self.backend.find_prepared(key)
         if ref is not None:
             self._done.setdefault(key, Prepared(key=key, ref=ref, reused=True, duration_s=0.0))
