@@ -47,7 +47,7 @@ from subagents.kinds import (
     kind_is,
     member_kinds,
 )
-from subagents.results.result_schema import parse_result_schema
+from subagents.results.result_schema import member_part
 from subagents.rules.policy import MemberPolicy, ToolPolicy
 from subagents.spec import Limits, check_tool_names
 from subagents.spend.budget import CLOSING_TOKENS
@@ -56,7 +56,6 @@ from subagents.tools.registry import CustomToolSpec, load_callable
 
 from .job_problems import FieldProblem, JobError, describe_validation
 from .run_names import slug
-from .schema_check import member_fields
 from .work import MemberWork
 
 
@@ -379,20 +378,14 @@ class MemberJob(MemberWork, _JobModel):
 
     @model_validator(mode="after")
     def _result_fields_fillable(self) -> MemberJob:
-        fields = self.member_result_schema()
-        try:  # the fields the model must fill in are ones submit_result can carry
-            if fields is not None:
-                parse_result_schema(fields)
+        if self.result_schema is None:
+            return self
+        kind = get_kind(self.kind)
+        try:  # the member spec's own check, here where the job file can be named
+            member_part(self.result_schema, kind.submit_schema, kind.result_model)
         except ValueError as exc:
             raise FieldProblem("result_schema", str(exc)) from None
         return self
-
-    def member_result_schema(self) -> dict[str, Any] | None:
-        """The job's result fields the member's own model fills in (see
-        :func:`coordinator.job.schema_check.member_fields`)."""
-        kind = get_kind(self.kind)
-        fields = set(kind.submit_schema.model_fields) | set(kind.result_model.model_fields)
-        return member_fields(self.result_schema, fields)
 
     @model_validator(mode="after")
     def _coding_fields(self) -> MemberJob:

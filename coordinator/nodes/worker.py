@@ -84,10 +84,9 @@ class MemberUnit(MemberWork):
     member_dir: str
     """The member's own run subdirectory."""
     spec: MemberSpec
-    """What the harness runs."""
+    """What the harness runs; its ``result_schema`` is the job's whole one, checked
+    against the result after the member ends (:mod:`coordinator.nodes.node`)."""
     retry: RetryPolicy
-    result_schema: dict[str, Any] | None = None
-    """Extra checks the member's result must pass (see :mod:`coordinator.job.schema_check`)."""
 
     @property
     def deadline_s(self) -> float:
@@ -214,11 +213,9 @@ def failed_outcome(
 
 
 def job_fields(unit: MemberUnit) -> set[str]:
-    """The job's own result fields of ``unit`` (``result_schema``): the only fields a
-    result may carry beside its kind's."""
-    schema = unit.spec.job_result_schema()
-    fields = set(schema.properties if schema is not None else ())
-    return fields | set((unit.result_schema or {}).get("properties") or ())
+    """The job's own result fields of ``unit`` (its spec's ``result_schema``): the only
+    fields a result may carry beside its kind's."""
+    return set((unit.spec.job_schema() or {}).get("properties") or ())
 
 
 def received_outcome(unit: MemberUnit, sent: Any) -> MemberOutcome:

@@ -219,7 +219,6 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
                 member_dir=str(run.path / "members" / spec.id),
                 spec=spec,
                 retry=job.fanout.retry,
-                result_schema=m.result_schema,
                 **m.work(),
             )
         )
