@@ -28,7 +28,7 @@ from sandbox.strict import Strict
 
 from .context.config import ContextConfig
 from .kinds import NoSettings, get_kind, kind_settings
-from .results.result_schema import ResultSchema, extend_model, parse_result_schema
+from .results.result_schema import ResultSchema, member_part
 from .rules.policy import ToolPolicy
 from .tools.mcp import McpServerSpec
 from .tools.registry import CustomToolSpec
@@ -136,8 +136,11 @@ class MemberSpec(Strict):
     context: ContextConfig = Field(default_factory=ContextConfig)
     """Budget, offload, clip, compaction and memory thresholds."""
     result_schema: dict[str, Any] | None = None
-    """Job-defined result fields (a JSON Schema object, see
-    :mod:`subagents.results.result_schema`), added to the kind's result; None: use
+    """The job's whole result schema (a JSON Schema object), said once: the properties
+    the kind's result lacks are the member's to fill in (added to ``submit_result``:
+    :func:`~subagents.results.result_schema.member_part`), and the whole is checked
+    against the result after the member ends
+    (:func:`subagents.results.schema_check.problems`, by the coordinator). None: use
     ``inputs["result_schema"]`` if the caller put it there, else none."""
 
     @field_validator("kind")
@@ -172,19 +175,25 @@ class MemberSpec(Strict):
 
     @model_validator(mode="after")
     def _result_schema_fits_the_kind(self) -> MemberSpec:
-        schema = self.job_result_schema()
-        if schema is not None:
-            kind = get_kind(self.kind)
-            extend_model(kind.submit_schema, schema)  # raises naming a clashing field
-            extend_model(kind.result_model, schema)
+        self.member_result_schema()  # raises naming what the member could never satisfy
         return self
 
-    def job_result_schema(self) -> ResultSchema | None:
-        """The job's result fields: ``result_schema``, else ``inputs["result_schema"]``."""
+    def job_schema(self) -> dict[str, Any] | None:
+        """The job's whole result schema: ``result_schema``, else
+        ``inputs["result_schema"]``; None: the job asks nothing beyond the kind's result."""
         raw = self.result_schema
         if raw is None:
             raw = self.inputs.get("result_schema")
-        return None if raw is None else parse_result_schema(raw)
+        return raw
+
+    def member_result_schema(self) -> ResultSchema | None:
+        """The job's result fields the member's model fills in (its part of
+        :meth:`job_schema`); None: none."""
+        raw = self.job_schema()
+        if raw is None:
+            return None
+        kind = get_kind(self.kind)
+        return member_part(raw, kind.submit_schema, kind.result_model)
 
     def todos_enabled(self) -> bool:
         for choice in (self.todos, self.context.todos):

@@ -374,9 +374,14 @@ def test_concurrency_limit_queues_members(tmp_path, images, run_id, docker_clien
 STRICT = {
     "type": "object",
     "required": ["summary", "answer"],
-    "properties": {"summary": {"type": "string", "minLength": 40}},
+    "properties": {"summary": {"type": "string", "minLength": 40}, "answer": {"type": "string"}},
 }
 """A job's result schema the scripted harness's result misses (member ``strict``)."""
+
+
+def _strict(spec: MemberSpec) -> MemberSpec:
+    """``spec`` asking for :data:`STRICT` (its own field ``answer`` too), checked as a job's."""
+    return MemberSpec.model_validate({**spec.model_dump(), "result_schema": STRICT})
 
 
 def _strict_failed(res: FanoutResult, harness: ScriptedHarness, run: RunDir) -> None:
@@ -397,7 +402,7 @@ def test_result_that_misses_the_job_schema_is_that_members_failure(
     run = _run_dir(tmp_path, run_id)
     harness = ScriptedHarness(tmp_path / "calls")
     units = _units(run, {"strict": "ok", "lenient": "ok"})
-    units[0].result_schema = STRICT
+    units[0].spec = _strict(units[0].spec)
     res = _fan(where, images, harness, run, units, max_parallel=2, min_success=1, fail_fast=False)
     _strict_failed(res, harness, run)
 
@@ -461,7 +466,7 @@ def test_failures_the_quorum_and_the_schema_on_a_cluster(
     harness = ScriptedHarness(tmp_path / "calls")
     tasks = {"a": "ok", "raiser": "raise", "c": "raise", "strict": "ok", "lenient": "ok"}
     units = _units(run, tasks, attempts=3)
-    units[3].result_schema = STRICT
+    units[3].spec = _strict(units[3].spec)
     res = _fan(where, images, harness, run, units, max_parallel=3, min_success=3, fail_fast=False)
     # A task's failure is not retried.
     assert res.outcomes["raiser"].status == "failed"

@@ -164,13 +164,12 @@ def test_a_kind_fleet_does_not_type_keeps_its_fields():
 
 
 def _unit(tmp_path: Path, schema: dict[str, Any] | None = None) -> MemberUnit:
-    spec = MemberSpec(id="m", kind="coding", task="t", model="offline")
+    spec = MemberSpec(id="m", kind="coding", task="t", model="offline", result_schema=schema)
     return MemberUnit(
         run_id="r",
         member_dir=str(tmp_path),
         spec=spec.model_copy(update={"stated_deadline_s": 60}),
         retry={},
-        result_schema=schema,
     )
 
 

@@ -109,7 +109,7 @@ def to_member_spec(
         context=ContextConfig.model_validate(job.context),
         tools=list(job.tools),
         mcp=list(job.mcp),
-        result_schema=job.member_result_schema(),
+        result_schema=job.result_schema,
         policy=(policy or ToolPolicy()).merged(job.policy),
     )
 

@@ -31,7 +31,6 @@ from pydantic import (
 from sandbox.errors import SandboxSpecError
 from sandbox.inbox.egress_proxy import Policy
 from sandbox.inbox.egress_rules import entry_refusal, read_host, split_entry
-from sandbox.prepared.spec import SetupSpec
 from sandbox.spec import (
     BoxKind,
     NetworkPolicy,
@@ -48,7 +47,7 @@ from subagents.kinds import (
     kind_is,
     member_kinds,
 )
-from subagents.results.result_schema import parse_result_schema
+from subagents.results.result_schema import member_part
 from subagents.rules.policy import MemberPolicy, ToolPolicy
 from subagents.spec import Limits, check_tool_names
 from subagents.spend.budget import CLOSING_TOKENS
@@ -57,7 +56,7 @@ from subagents.tools.registry import CustomToolSpec, load_callable
 
 from .job_problems import FieldProblem, JobError, describe_validation
 from .run_names import slug
-from .schema_check import member_fields
+from .work import MemberWork
 
 
 def _a_member_kind(value: str) -> str:
@@ -81,8 +80,6 @@ MemberKind = Annotated[str, AfterValidator(_a_member_kind)]
 """A member's kind, asked of the kind registry (no kind's module is imported for it)."""
 RetryOn = Literal["crashed", "overloaded", "timed_out"]
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
-MAX_ATTEMPTS = 8
-"""Most attempts of one coding member (``attempts``)."""
 
 
 def attempt_id(member: str, attempt: int) -> str:
@@ -100,8 +97,6 @@ def split_attempt(unit_id: str) -> tuple[str, int] | None:
 
 
 _SIZE_RE = re.compile(r"^\d+(\.\d+)?[kmgKMG]?$")
-MAX_FILES_BYTES = 64 * 1024
-"""A member's ``files`` in all (names and contents): examples and small scripts."""
 
 
 MAX_TEXT_CHARS = 100_000
@@ -269,8 +264,11 @@ class MemoryProfile(_JobModel):
         return v
 
 
-class MemberJob(_JobModel):
-    """One member as the job file names it."""
+class MemberJob(MemberWork, _JobModel):
+    """One member as the job file names it: what the harness is asked (turned into its
+    :class:`~subagents.spec.MemberSpec`) and, inherited, what the coordinator does
+    before it starts (:class:`~coordinator.job.work.MemberWork`: repo, files, setup,
+    attempts), flat in the job file's member table."""
 
     id: str | None = None
     """Directory and label name; default ``<kind>-<n>``."""
@@ -300,8 +298,6 @@ class MemberJob(_JobModel):
     e.g. ``compact_fraction``, ``offload_result_tokens``); unset ones keep the defaults."""
     todos: bool | None = None
     """Todo list and its recitation on or off (default: on for coding, off for browser)."""
-    repo: str | None = None
-    """Coding members: host directory copied into the box (the original is untouched)."""
     test: str | None = None
     """Coding members: command that checks the work, run inside the box."""
     tools: list[CustomToolSpec] = Field(default_factory=list)
@@ -313,31 +309,10 @@ class MemberJob(_JobModel):
     policy: MemberPolicy | None = None
     """This member's tool policy, added to the job's ``[policy]`` (its rules join the
     job's; the settings it gives replace the job's)."""
-    files: dict[str, str] = Field(default_factory=dict)
-    """Coding members: small text files written into ``/workspace`` before the member
-    starts (relative name -> content), e.g. an example to run; 64 KB in all at most."""
     test_gate: bool = True
     """Coding members: a ``test`` that fails after the member submitted fails the
     member. False: its exit code is a finding, not a gate (a lead's check of a
     documented behaviour, where "the documentation is wrong" is a good answer)."""
-    setup: SetupSpec | None = None
-    """Coding members: the repository's setup (``setup = "pip install -e ."``, ``"auto"``
-    or a table: ``run``, ``allow``, ``wheels``, ``secrets``, ``timeout_s``,
-    ``key_files``, ``refresh``), run once per key in a box of the member's image, its
-    result cached on the engine; the member starts from it with no network
-    (:mod:`sandbox.prepared`)."""
-
-    attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS)
-    """Coding members: independent attempts at the task, run at once, each in its own
-    box from the same tree; the member's patch is the one chosen among them
-    (:mod:`coordinator.attempts`). Each attempt has the member's limits."""
-
-    @field_validator("setup", mode="before")
-    @classmethod
-    def _setup_shape(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            return {"run": v}
-        return v
 
     @field_validator("id")
     @classmethod
@@ -382,20 +357,6 @@ class MemberJob(_JobModel):
             raise ValueError(f"{where}: {err['msg'].removeprefix('Value error, ')}") from None
         return v
 
-    @field_validator("files")
-    @classmethod
-    def _file_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for name in v:
-            parts = name.split("/")
-            if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
-                raise ValueError(
-                    f"{name!r} is not a relative file name inside /workspace (e.g. 'check.py')"
-                )
-        size = sum(len(k.encode()) + len(c.encode()) for k, c in v.items())
-        if size > MAX_FILES_BYTES:
-            raise ValueError(f"the files hold {size} bytes; at most {MAX_FILES_BYTES} in all")
-        return v
-
     @model_validator(mode="after")
     def _tools_usable(self) -> MemberJob:
         try:
@@ -417,20 +378,14 @@ class MemberJob(_JobModel):
 
     @model_validator(mode="after")
     def _result_fields_fillable(self) -> MemberJob:
-        fields = self.member_result_schema()
-        try:  # the fields the model must fill in are ones submit_result can carry
-            if fields is not None:
-                parse_result_schema(fields)
+        if self.result_schema is None:
+            return self
+        kind = get_kind(self.kind)
+        try:  # the member spec's own check, here where the job file can be named
+            member_part(self.result_schema, kind.submit_schema, kind.result_model)
         except ValueError as exc:
             raise FieldProblem("result_schema", str(exc)) from None
         return self
-
-    def member_result_schema(self) -> dict[str, Any] | None:
-        """The job's result fields the member's own model fills in (see
-        :func:`coordinator.job.schema_check.member_fields`)."""
-        kind = get_kind(self.kind)
-        fields = set(kind.submit_schema.model_fields) | set(kind.result_model.model_fields)
-        return member_fields(self.result_schema, fields)
 
     @model_validator(mode="after")
     def _coding_fields(self) -> MemberJob:

@@ -43,12 +43,12 @@ from subagents.kinds.results import result_json
 from subagents.model.base import Model, ModelError
 from subagents.model.fallback import FALLBACK_AFTER_S, FallbackModel
 from subagents.results.outcome import MemberOutcome
+from subagents.results.schema_check import problems as schema_problems
 from subagents.rules.policy import Approver
 from subagents.spec import MemberSpec
 from subagents.spend.budget import Reserves, budgeted
 from subagents.trace import ErrorEvent, MemberEnd, SandboxEvent, TraceWriter
 
-from ..job.schema_check import problems as schema_problems
 from .prewarm import Prewarm
 from .repo_copy import RepoRefused, RepoTooLarge, StagedRepo, copy_room, staged_copy
 from .worker import CANCELLED, MemberUnit, Nodes, Recorder, Services, Started, failed_outcome
@@ -469,8 +469,9 @@ def _settled(
     with the trace's last word: the harness's end, unless it traced none or this
     check overruled it."""
     settled_here = not traced_end
-    if outcome.status == "ok" and unit.result_schema:
-        wrong = schema_problems(result_json(outcome.result) or {}, unit.result_schema)
+    schema = unit.spec.job_schema()
+    if outcome.status == "ok" and schema:
+        wrong = schema_problems(result_json(outcome.result) or {}, schema)
         if wrong:
             reason = "result does not satisfy the job's result_schema: " + "; ".join(wrong[:5])
             outcome = outcome.model_copy(update={"status": "failed", "reason": reason})

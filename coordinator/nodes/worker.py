@@ -52,15 +52,15 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sandbox.prepared.spec import SetupSpec
 from subagents.durable import forget
 from subagents.results.outcome import MemberOutcome
 from subagents.spec import MemberSpec
 from subagents.trace import MemorySave, PolicyDecision, Retry, TraceWriter
 
 from ..job.spec import RetryPolicy
+from ..job.work import MemberWork
 from ..journal.entries import (
     JournalEntryModel,
     MemberFinishedEntry,
@@ -73,30 +73,20 @@ from ..journal.entries import (
 CANCELLED = anyio.get_cancelled_exc_class
 
 
-class MemberUnit(BaseModel):
-    """One member's unit of work: everything a worker (here or on a node) needs."""
-
-    model_config = ConfigDict(extra="forbid")
+class MemberUnit(MemberWork):
+    """One member's unit of work: everything a worker (here or on a node) needs - what
+    the harness runs (``spec``) and, inherited, what is done before it starts (the
+    member's :class:`~coordinator.job.work.MemberWork`: repo, files, setup, attempts;
+    ``attempts`` are units of their own with ``attempts = 1``)."""
 
     run_id: str
     """The run this member belongs to (labels its box)."""
     member_dir: str
     """The member's own run subdirectory."""
     spec: MemberSpec
-    """What the harness runs."""
+    """What the harness runs; its ``result_schema`` is the job's whole one, checked
+    against the result after the member ends (:mod:`coordinator.nodes.node`)."""
     retry: RetryPolicy
-    repo: str | None = None
-    """Host directory copied into ``/workspace`` before the member starts (coding)."""
-    files: dict[str, str] = Field(default_factory=dict)
-    """Small text files written into ``/workspace`` after the repo (coding)."""
-    setup: SetupSpec | None = None
-    """The repository's setup (coding): the member's box starts from its prepared
-    snapshot (:mod:`sandbox.prepared`)."""
-    result_schema: dict[str, Any] | None = None
-    """Extra checks the member's result must pass (see :mod:`coordinator.job.schema_check`)."""
-    attempts: int = 1
-    """Independent attempts at the task, at once (:mod:`coordinator.attempts`); each is
-    a unit of its own with ``attempts = 1``."""
 
     @property
     def deadline_s(self) -> float:
@@ -223,11 +213,9 @@ def failed_outcome(
 
 
 def job_fields(unit: MemberUnit) -> set[str]:
-    """The job's own result fields of ``unit`` (``result_schema``): the only fields a
-    result may carry beside its kind's."""
-    schema = unit.spec.job_result_schema()
-    fields = set(schema.properties if schema is not None else ())
-    return fields | set((unit.result_schema or {}).get("properties") or ())
+    """The job's own result fields of ``unit`` (its spec's ``result_schema``): the only
+    fields a result may carry beside its kind's."""
+    return set((unit.spec.job_schema() or {}).get("properties") or ())
 
 
 def received_outcome(unit: MemberUnit, sent: Any) -> MemberOutcome:

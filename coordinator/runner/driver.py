@@ -219,11 +219,7 @@ def _units(run: RunDir, job: Job, members: list[MemberJob]) -> list[MemberUnit]:
                 member_dir=str(run.path / "members" / spec.id),
                 spec=spec,
                 retry=job.fanout.retry,
-                repo=m.repo,
-                files=dict(m.files),
-                setup=m.setup,
-                result_schema=m.result_schema,
-                attempts=m.attempts,
+                **m.work(),
             )
         )
     return out

@@ -27,7 +27,7 @@ A job's ``result_schema`` adds fields of its own (:mod:`subagents.results.result
 They survive typed, in the models' extra bag (:attr:`JobFields.job_fields`), each
 value one of the types a job may declare (:data:`JobValue`); the job's own schema
 checks them where the job is known (the submit call; the coordinator on a node's
-reply, :func:`coordinator.job.schema_check.schema_problems`).
+reply, :func:`subagents.results.schema_check.problems`).
 
 Reading is lenient, receiving strict - as for the journal
 (:mod:`coordinator.journal.entries`). A result read from disk that fits no model of its

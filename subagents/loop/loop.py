@@ -119,7 +119,7 @@ class AgentLoop:
         a turn's results and checkpoint are saved whole."""
         self.spec, self.kind, self.context = spec, kind, context
         self.limits = spec.limits
-        job_schema = spec.job_result_schema()
+        job_schema = spec.member_result_schema()
         submit_model, self.result_model = kind.submit_schema, kind.result_model
         if job_schema is not None:
             # The job's fields extend the kind's (subagents.results.result_schema says why).

@@ -27,13 +27,26 @@ tool schema and the validation can never disagree). A job property with the name
 of a kind field is accepted only when its type is one the kind's field already has
 (the kind's definition, at least as strict, is kept); a different type is refused.
 Optional job properties default to null.
+
+Decision - the job's schema travels whole and the member's part is derived here
+(:func:`member_part`), not handed over beside it: the schema is said once, so the
+fields the model is asked for and the fields checked after the member ends
+(:func:`.schema_check.problems`) can never come from two versions of it. What a job
+says of the kind's own fields (``claims`` with ``minItems``) is not the model's to
+fill in: it is left out of ``submit_result`` and checked after the end. Whatever can
+never be satisfied is refused when the schema is read, not after every member ran:
+a property that names a kind's field with another type, a ``required`` name that is
+neither a property nor a kind's field.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from .schema_check import member_fields, unreadable
 
 JsonType = Literal["string", "number", "integer", "boolean", "array"]
 _PY_TYPES: dict[str, Any] = {
@@ -128,7 +141,7 @@ def parse_result_schema(raw: Any) -> ResultSchema:
 
 def extend_model(base: type[BaseModel], schema: ResultSchema) -> type[BaseModel]:
     """``base`` plus the job's properties (see the module docstring for collisions)."""
-    kind_props = base.model_json_schema().get("properties", {})
+    kind_props = _json_properties(base)
     unknown = [n for n in schema.required if n not in schema.properties and n not in kind_props]
     if unknown:
         raise ValueError(
@@ -138,13 +151,7 @@ def extend_model(base: type[BaseModel], schema: ResultSchema) -> type[BaseModel]
     fields: dict[str, Any] = {}
     for name, prop in schema.properties.items():
         if name in base.model_fields:
-            have = _json_types(kind_props.get(name, {}))
-            if prop.type not in have and not (prop.type == "number" and "integer" in have):
-                raise ValueError(
-                    f"result_schema property {name!r} has type {prop.type}, but the "
-                    f"{base.__name__} result already has {name!r} as {'/'.join(sorted(have))}; "
-                    "rename the job's field"
-                )
+            _same_type(base, name, prop.type, kind_props)
             continue
         py: Any = Literal[tuple(prop.enum)] if prop.enum else _PY_TYPES[prop.type]
         text = prop.type == "string"
@@ -156,6 +163,80 @@ def extend_model(base: type[BaseModel], schema: ResultSchema) -> type[BaseModel]
         )
         fields[name] = (py if name in schema.required else py | None, info)
     return create_model(f"{base.__name__}WithJobFields", __base__=base, **fields)
+
+
+def member_part(raw: Any, submit: type[BaseModel], result: type[BaseModel]) -> ResultSchema | None:
+    """The part of a job's whole result schema ``raw`` that the member's model fills in:
+    the properties neither its kind's ``submit`` nor its ``result`` model has
+    (:func:`.schema_check.member_fields`), as :func:`extend_model` adds them; None when
+    the job asks for no field of its own. ValueError names what can never be: a schema
+    that is no object, a field the model could not submit, a kind's field asked for
+    with another type, a required name that is neither a property nor a kind's field,
+    a constraint the check after the end could not read
+    (:func:`.schema_check.unreadable`)."""
+    if not isinstance(raw, dict) or raw.get("type") != "object" or not _well_formed(raw):
+        raise _refused(raw)
+    why = unreadable(raw)
+    if why:
+        raise ValueError(f"unsupported result_schema ({why})")
+    props: dict[str, Any] = raw.get("properties") or {}
+    kind_fields = {**submit.model_fields, **result.model_fields}
+    for base in (submit, result):
+        kind_props = _json_properties(base)
+        for name, prop in props.items():
+            want = prop.get("type") if isinstance(prop, dict) else None
+            if name in base.model_fields and isinstance(want, str):
+                _same_type(base, name, want, kind_props)
+    unknown = [n for n in raw.get("required") or [] if n not in props and n not in kind_fields]
+    if unknown:
+        raise ValueError(
+            f"result_schema requires {unknown}: neither job properties nor fields of the "
+            f"{submit.__name__} result ({', '.join(kind_fields)})"
+        )
+    part = member_fields(raw, set(kind_fields))
+    return None if part is None else parse_result_schema(part)
+
+
+def _well_formed(raw: dict[str, Any]) -> bool:
+    """Whether ``properties`` is a table and ``required`` lists names (what
+    :func:`member_part` reads before the member's part is parsed)."""
+    props, required = raw.get("properties") or {}, raw.get("required") or []
+    return (
+        isinstance(props, dict)
+        and isinstance(required, list)
+        and all(isinstance(r, str) for r in required)
+    )
+
+
+def _refused(raw: Any) -> ValueError:
+    """The error for a schema :func:`member_part` cannot read: the parser's, which names
+    the part it could not take."""
+    try:
+        parse_result_schema(raw)
+    except ValueError as exc:
+        return exc
+    return ValueError(f"unsupported result_schema; e.g. {EXAMPLE}")
+
+
+@cache
+def _json_properties(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON Schema properties, made once per model (a kind's models are
+    classes that do not change; making the schema costs about a millisecond, and every
+    member's spec is checked). Read only."""
+    return dict(model.model_json_schema().get("properties", {}))
+
+
+def _same_type(base: type[BaseModel], name: str, want: str, kind_props: dict[str, Any]) -> None:
+    """Refuse a job property ``name`` of type ``want`` where the kind's ``base`` has the
+    field with other JSON types (an integer is a number); a field whose JSON type cannot
+    be read is left to the check after the end."""
+    have = _json_types(kind_props.get(name, {}))
+    if have and want not in have and not (want == "number" and "integer" in have):
+        raise ValueError(
+            f"result_schema property {name!r} has type {want}, but the "
+            f"{base.__name__} result already has {name!r} as {'/'.join(sorted(have))}; "
+            "rename the job's field"
+        )
 
 
 def job_field_names(base: type[BaseModel], schema: ResultSchema | None) -> list[str]:
