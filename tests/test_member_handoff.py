@@ -235,3 +235,14 @@ def test_the_jobs_schema_reaches_the_model_and_fails_a_result_after_the_end(
         assert "minItems" not in json.dumps(submit["properties"]["tests_run"])
     refused = [text for body in api.requests for text, error in tool_results(body) if error]
     assert refused and all("risk" in text for text in refused)
+
+
+def test_a_members_known_fields_start_with_its_own_and_name_every_one() -> None:
+    """An unknown key in a member's table lists what it may hold: its own fields first
+    (id, kind, task), the work settings it shares with the unit after."""
+    from coordinator.job.jobfile import known_fields
+    from coordinator.job.spec import MemberJob
+
+    listed = known_fields(("members", 0, "colour")).split(", ")
+    assert listed[:3] == ["id", "kind", "task"]
+    assert sorted(listed) == sorted(MemberJob.model_fields)

@@ -74,7 +74,10 @@ def known_fields(loc: tuple[str | int, ...]) -> str:
     if names == ["sandbox"]:  # the job's [sandbox], not a member's sandbox = {...}
         return ", ".join(JobSandbox.model_fields)
     model = sections.get(names[-1], Job) if names else Job
-    return ", ".join(model.model_fields)
+    # The table's own fields first, then those it shares (a member's MemberWork): what
+    # a person looks for first in a member's table is id, kind and task.
+    own = [n for n in vars(model).get("__annotations__", {}) if n in model.model_fields]
+    return ", ".join(own + [n for n in model.model_fields if n not in own])
 
 
 def describe_validation(exc: ValidationError, *, prefix: tuple[str | int, ...] = ()) -> list[str]:
