@@ -13,11 +13,17 @@ in-memory test box (``tests/memory_box.py``), which runs no process: the checks 
 cannot keep are named in :data:`MEMORY_EXCLUDED`, each with its reason, and are not
 generated for it (``pytest_generate_tests``); a test holds that list to checks that
 exist and to the reasons the fake gives.
+
+The Docker variants share one box per runtime for the module (:data:`OWN_BOX` names
+the checks that end theirs and get their own), emptied and checked alive before each
+check: a box's start and removal cost more than most checks (76.6 s of the module's
+time with a box per check, 21 s shared).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +80,68 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("box", variants, indirect=True)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"
+
+
+OWN_BOX = {
+    "test_a_box_removed_under_its_user_raises_crashed_not_an_engine_error",
+    "test_close_is_idempotent_and_a_closed_box_refuses_calls",
+}
+"""Checks that end their box: each gets one of its own. The others share one Docker box
+per runtime for the module, its ``/workspace`` and ``/tmp`` emptied before each check
+and its liveness checked (a box's start and removal cost more than most checks), so
+each still starts from an empty box of its own as far as it can see."""
+
+EMPTY = (
+    "chmod -R u+w /workspace /tmp 2>/dev/null; "
+    "rm -rf /workspace/..?* /workspace/.[!.]* /workspace/* /tmp/..?* /tmp/.[!.]* /tmp/*; "
+    '[ -z "$(ls -A /workspace)" ] && [ -z "$(ls -A /tmp)" ]'
+)
+"""Empties the shared box's writable roots; fails when anything is left."""
+
+
+class _Shared:
+    """The module's Docker boxes, one per runtime, made when first asked for."""
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self.boxes: dict[str, Sandbox] = {}
+
+    async def get(self, runtime: str, backend: DockerBackend) -> Sandbox:
+        made = self.boxes.get(runtime)
+        if made is not None and made.looks_alive():
+            try:
+                await made.check()
+                emptied = await made.exec(["sh", "-c", EMPTY], cwd="/")
+                assert emptied.ok, emptied  # a check left what the next one would see
+                return made
+            except SandboxCrashed:
+                pass
+        if made is not None:
+            await made.close()
+        spec = SandboxSpec(runtime="gvisor") if runtime == "gvisor" else SandboxSpec()
+        made = await backend.create(spec, run=self.run, member=f"conf-{runtime}")
+        self.boxes[runtime] = made
+        return made
+
+
+@pytest.fixture(scope="module")
+def shared(docker_client: Any) -> Iterator[_Shared]:
+    """The module's shared boxes (a plain fixture: :func:`box` asks for it by name, which
+    an async one cannot be); removed with their run at the module's end."""
+    from conftest import remove_run
+
+    from sandbox.docker.reaper import mark_done, mark_live
+
+    held = _Shared(f"test-{uuid.uuid4().hex[:12]}")
+    mark_live(held.run)
+    try:
+        yield held
+    finally:
+        remove_run(docker_client, held.run)
+        mark_done(held.run)
 
 
 @pytest.fixture
@@ -91,12 +156,19 @@ async def box(request: pytest.FixtureRequest) -> AsyncIterator[Sandbox]:
         return
     docker_client = request.getfixturevalue("docker_client")
     images = request.getfixturevalue("images")
-    run_id = request.getfixturevalue("run_id")
     if variant == "gvisor" and gvisor.missing_runtimes(docker_client.info()):
         missing_dependency("the engine lacks Fleet's gVisor runtimes; run 'fleet setup --gvisor'")
     backend = DockerBackend(docker_client, images=images)
-    spec = SandboxSpec(runtime="gvisor") if variant == "gvisor" else SandboxSpec()
-    made = await backend.create(spec, run=run_id, member=f"conf-{variant}")
+    runtime = "gvisor" if variant == "gvisor" else "runc"
+    spec = SandboxSpec(runtime=runtime)
+    own = request.function.__name__ in OWN_BOX
+    if own:
+        made = await backend.create(
+            spec, run=request.getfixturevalue("run_id"), member=f"conf-{variant}"
+        )
+    else:
+        held = request.getfixturevalue("shared")
+        made = await held.get(runtime, backend)
     try:
         if variant == "deferred":
             deferred = DeferredSandbox(spec, "conf")
@@ -112,7 +184,8 @@ async def box(request: pytest.FixtureRequest) -> AsyncIterator[Sandbox]:
         else:
             yield made
     finally:
-        await made.close()
+        if own:
+            await made.close()
 
 
 def remove_under(box: Sandbox, docker_client: Any) -> None:
