@@ -131,3 +131,48 @@ def test_a_member_that_ends_before_its_box_is_ready_is_one_attempt(
     (member,) = rollup_run(load_run(run)).members
     assert member.attempts == 1 and [a.status for a in member.per_attempt] == ["failed"]
     assert docker_client.api.containers(all=True, filters={"label": f"fleet.run={run.name}"}) == []
+
+
+def test_a_setup_the_early_thread_cannot_read_starts_nothing_and_raises_nothing(
+    tmp_path: Path,
+) -> None:
+    """The early thread keys setups from the job file's raw text, before the job is
+    checked: whatever a member's ``setup`` or ``repo`` says, it finds no snapshot rather
+    than fail, and asks the engine only for a setup that reads as one."""
+    from types import SimpleNamespace
+
+    from sandbox.spec import SandboxSpec
+
+    asked: list[dict] = []
+    engine = SimpleNamespace(
+        api=SimpleNamespace(images=lambda filters: asked.append(filters) or [])
+    )
+    spec = SandboxSpec()
+    broken = [
+        12,
+        ["pip", "install"],
+        {"run": 5},
+        {"run": "x", "allow": "not a list"},
+        {"run": "x", "timeout_s": -1},
+        {"run": "x", "unknown": True},
+        "",
+    ]
+    for setup in broken:
+        early = prewarm_module.Early(spec, setup, None)
+        assert prewarm_module.snapshot(engine, early, "sha256:" + "a" * 64, tmp_path, {}) is None
+    assert asked == []
+    # One that reads, with a wheelhouse and a repository that are not there: keyed
+    # (nothing to hash), looked up, not found.
+    early = prewarm_module.Early(spec, {"run": "x", "wheels": "no/such"}, "../no-such-repo")
+    assert prewarm_module.snapshot(engine, early, "sha256:" + "a" * 64, tmp_path, {}) is None
+    assert len(asked) == 1 and list(asked[0]) == ["label"]
+    # The raw job's members: a repo of another type is no repo, a setup is kept as written.
+    raw = {
+        "name": "j",
+        "members": [
+            {"kind": "coding", "task": "t", "repo": 7, "setup": {"run": "x"}},
+            {"kind": "coding", "task": "t", "repo": "r", "setup": "auto"},
+        ],
+    }
+    _, _, first = prewarm_module._first_wave(raw)
+    assert [(e.repo, e.setup) for e in first] == [(None, {"run": "x"}), ("r", "auto")]
