@@ -244,11 +244,13 @@ def snapshot(
     only means that no pool takes the box. ``wheels``: digests made so far, by path."""
     from sandbox.docker import prepared
     from sandbox.prepared.key import key_inputs, setup_key, wheelhouse_digest
-    from sandbox.prepared.spec import SetupSpec
 
-    try:
-        raw = early.setup
-        setup = SetupSpec.model_validate({"run": raw} if isinstance(raw, str) else raw)
+    from ..job.work import MemberWork
+
+    try:  # read as the job's member reads it (a string is the command)
+        setup = MemberWork.model_validate({"setup": early.setup}).setup
+        if setup is None:
+            return None
         repo = (base / early.repo).resolve() if early.repo else None
         if setup.wheels is not None:
             setup = setup.model_copy(update={"wheels": str((base / setup.wheels).resolve())})
@@ -261,10 +263,7 @@ def snapshot(
             repo=repo,
             wheels=wheels[setup.wheels],
         )
-        ref = prepared.find(client, setup_key(inputs))
-        if ref is not None:
-            prepared.touch(setup_key(inputs))
-        return ref
+        return prepared.find_for_use(client, setup_key(inputs))
     except Exception:
         return None
 

@@ -503,10 +503,7 @@ class DockerBackend(SandboxBackend):
 
     async def find_prepared(self, key: str) -> str | None:
         await self._ready()
-        ref = await anyio.to_thread.run_sync(prepared.find, self.client, key)
-        if ref is not None:
-            await anyio.to_thread.run_sync(prepared.touch, key)
-        return ref
+        return await anyio.to_thread.run_sync(prepared.find_for_use, self.client, key)
 
     async def save_prepared(
         self,

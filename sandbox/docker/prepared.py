@@ -92,6 +92,15 @@ def find(client: docker.DockerClient, key: str) -> str | None:
     return str(images[0]["Id"])
 
 
+def find_for_use(client: docker.DockerClient, key: str) -> str | None:
+    """:func:`find`, recording a use of the snapshot when there is one (a box is about to
+    start from it: ``fleet sandbox prepared gc`` goes by last use)."""
+    ref = find(client, key)
+    if ref is not None:
+        touch(key)
+    return ref
+
+
 @on_engine
 def image_id(client: docker.DockerClient, ref: str) -> str:
     try:
