@@ -190,7 +190,7 @@ for pid in os.listdir("/proc"):
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
         except OSError:
             continue
-        if b"boxagent" in cmd:
+        if b"boxagent" in cmd and pid != "1":  # PID 1 starts the agent: not the agent
             agents.append(int(pid))
 for pid in agents:
     attached = libc.ptrace(16, pid, 0, 0)  # PTRACE_ATTACH
@@ -214,6 +214,37 @@ async def test_a_command_cannot_attach_to_or_read_the_box_agent(box: DockerSandb
     assert all(
         "Operation not permitted" in line or "Permission denied" in line for line in lines
     ), lines
+
+
+async def test_the_agent_is_reached_without_docker_exec_and_its_stream_is_its_alone(
+    box: DockerSandbox, docker_client
+) -> None:
+    """A coding box of Fleet's image runs its agent from PID 1, attached from the host
+    before it started: the engine ran no ``docker exec`` for it, keeps no log of what it
+    says, and PID 1 - open to the member's commands, as Docker's init is - holds none of
+    the agent's stream (a command writing a forged frame there writes to /dev/null)."""
+    info = docker_client.api.inspect_container(box.id)
+    assert not info["ExecIDs"], info["ExecIDs"]
+    assert info["HostConfig"]["LogConfig"]["Type"] == "none"
+    assert info["Config"]["Cmd"][-1] == "--init"
+    fds = await box.exec("readlink /proc/1/fd/0 /proc/1/fd/1")
+    assert fds.stdout.split() == ["/dev/null", "/dev/null"], fds
+    forged = await box.exec(["sh", "-c", "printf '\\377\\377\\377\\360' > /proc/1/fd/1"])
+    assert forged.ok, forged
+    assert (await box.exec("echo still")).stdout == "still\n"
+    assert not docker_client.api.inspect_container(box.id)["ExecIDs"]
+
+
+async def test_a_forged_agent_end_only_restarts_the_boxs_own_agent(box: DockerSandbox) -> None:
+    """PID 1's stderr is how the host learns that the agent ended; a command can write
+    there too, and all it gets is its own agent restarted (by ``docker exec``)."""
+    from sandbox.errors import SandboxUnavailable
+    from sandbox.inbox import wire
+
+    line = wire.AGENT_ENDED.decode()
+    with pytest.raises(SandboxUnavailable, match="agent was restarted"):
+        await box.exec(["sh", "-c", f"echo '{line}' > /proc/1/fd/2; sleep 5"], timeout=30)
+    assert (await box.exec("echo still")).stdout == "still\n"
 
 
 async def test_coding_box_has_no_network(box: DockerSandbox) -> None:

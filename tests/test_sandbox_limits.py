@@ -197,10 +197,12 @@ async def test_a_box_that_cannot_start_processes_is_reported_crashed(
 
 # A length prefix of almost 4 GiB, then 200 MB, written on the agent's own stdout.
 FORGE = (
-    "a=$(pgrep -of 'boxagent.py') && [ -n \"$a\" ] && "
+    "a=$(pgrep -f '^python3 -I -S /opt/fleet/boxagent' | grep -vx 1 | head -n 1) && [ -n \"$a\" ] && "
     "printf '\\377\\377\\377\\360' > /proc/$a/fd/1 && head -c 200000000 /dev/zero > /proc/$a/fd/1"
 )
-ONE_SHOT_FORGE = FORGE.replace("$(pgrep -of 'boxagent.py')", "$PPID")
+ONE_SHOT_FORGE = FORGE.replace(
+    "$(pgrep -f '^python3 -I -S /opt/fleet/boxagent' | grep -vx 1 | head -n 1)", "$PPID"
+)
 
 
 @pytest.mark.parametrize("mode", ["agent", "oneshot"])

@@ -1,7 +1,9 @@
 """The host side of the in-box agent (:mod:`sandbox.inbox.boxagent`): one framed stream per box.
 
-The Docker backend starts the agent with ``exec_create`` + ``exec_start(socket=True)``
-and hands the hijacked socket to :class:`AgentStream`. Docker multiplexes the
+The Docker backend reaches the agent through the container's stdio, attached before the
+box started (its PID 1 runs the agent), or with ``exec_create`` +
+``exec_start(socket=True)``, and hands the hijacked socket to :class:`AgentStream`
+(:mod:`sandbox.docker.transport` says which when). Docker multiplexes the
 process's stdout and stderr on that socket behind 8-byte headers (stream type, three
 zero bytes, big-endian length); stdin is written raw. Inside stdout the agent speaks
 the frames of :mod:`sandbox.inbox.wire`, each tagged with the request id.
@@ -203,6 +205,8 @@ class AgentStream:
             except FrameTooLarge as e:
                 raise self._break(str(e)) from None
             if body is None:
+                if wire.AGENT_ENDED in self._demux.stderr:  # its box's PID 1 says so
+                    raise self._break("the box agent ended")
                 return
             if len(body) >= THREAD_DECODE_BYTES:
                 frame = await anyio.to_thread.run_sync(wire.decode, body)

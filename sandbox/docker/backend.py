@@ -65,7 +65,14 @@ from ..process import BoxProcess
 from ..spec import SandboxSpec
 from ..watch import WorkspaceWatch
 from . import prepared, reaper
-from .boxops import bounded_data_filter, exec_request, exec_result, ok_reply, wait_cdp
+from .boxops import (
+    AGENT_ARGV,
+    bounded_data_filter,
+    exec_request,
+    exec_result,
+    ok_reply,
+    wait_cdp,
+)
 from .container import create_container
 from .engine import engine_calls, remove_box
 from .firewall import infra_mac
@@ -83,12 +90,16 @@ _CODING_COMMAND = ["sleep", "infinity"]
 # laid tree. The markers live in the box's own /tmp and are removed before the box is
 # handed out.
 _LAID, _LAY_FAILED, _LAY_ERR = "/tmp/.fleet-laid", "/tmp/.fleet-lay-failed", "/tmp/.fleet-lay.err"
-_LAYING_COMMAND = [
-    "sh",
-    "-c",
+_LAY = (
     f"if cp -a /{PREFIX}/. /workspace/ 2>{_LAY_ERR}; then : >{_LAID}; "
-    f"else : >{_LAY_FAILED}; fi; exec sleep infinity",
-]
+    f"else : >{_LAY_FAILED}; fi; exec "
+)
+_LAYING_COMMAND = ["sh", "-c", _LAY + "sleep infinity"]
+# A coding box of Fleet's image runs its agent as PID 1, attached to from the host before
+# it starts (sandbox/docker/container.py): no `docker exec` to reach it. Other images may
+# have no agent (the transport's fallbacks), so they sleep and get one by `docker exec`.
+_AGENT_INIT = [*AGENT_ARGV, "--init"]
+_LAYING_AGENT = ["sh", "-c", _LAY + " ".join(_AGENT_INIT)]
 _LAY_WAIT = (
     f"while :; do if [ -e {_LAID} ]; then rm -f {_LAID} {_LAY_ERR}; exit 0; fi; "
     f"if [ -e {_LAY_FAILED} ]; then tail -c 2000 {_LAY_ERR} >&2; exit 1; fi; sleep 0.005; done"
@@ -462,17 +473,16 @@ class DockerBackend(SandboxBackend):
                     run, spec.network.allow, proxy_image, reaper.proxy_labels(run, self.node)
                 )
                 env.update(proxy_env(ip))
-        if command is None and (
-            spec.kind == "coding" or (spec.kind == "service" and not spec.image)
-        ):
+        attach = False
+        if command is None and spec.kind == "coding":
+            command, attach = _coding_command(spec)
+        elif command is None and spec.kind == "service" and not spec.image:
             command = _CODING_COMMAND  # a service box of a named image runs that image's server
-            if spec.prepared:
-                command = _LAYING_COMMAND
         elif command is None and spec.kind == "browser" and not spec.image:
             command = _BROWSER_COMMAND
         # A service box is one its run's proxies may connect to (firewall.py).
         mac = infra_mac() if spec.kind == "service" and network != "none" else None
-        args = (spec, image, labels, env, network, aliases, command, run, member, mac)
+        args = (spec, image, labels, env, network, aliases, command, run, member, mac, attach)
         info = await anyio.to_thread.run_sync(create_container, self.client, *args)
         return await self.adopt(info, spec, run=run, member=member)
 
@@ -538,9 +548,9 @@ class DockerBackend(SandboxBackend):
             raise SandboxSpecError(f"only a coding box without network starts early, not {spec}")
         labels = reaper.box_labels(spec, run, member, self.node)
         env = dict(spec.env)
-        command = _LAYING_COMMAND if spec.prepared else _CODING_COMMAND
+        command, attach = _coding_command(spec)
         return create_container(
-            self.client, spec, image, labels, env, "none", [], command, run, member
+            self.client, spec, image, labels, env, "none", [], command, run, member, attach=attach
         )
 
     async def adopt(
@@ -567,7 +577,7 @@ class DockerBackend(SandboxBackend):
             raise
         if spec.prepared:
             command = (info.get("Config") or {}).get("Cmd") or []
-            laying = command[-len(_LAYING_COMMAND) :] == _LAYING_COMMAND
+            laying = command[-len(_LAYING_COMMAND) :] in (_LAYING_COMMAND, _LAYING_AGENT)
             await self._lay_prepared(box, started=laying)
         return box
 
@@ -593,6 +603,14 @@ class DockerBackend(SandboxBackend):
         return await anyio.to_thread.run_sync(
             lambda: reaper.gc(self.client, live, now=now or time.time())
         )
+
+
+def _coding_command(spec: SandboxSpec) -> tuple[list[str], bool]:
+    """A coding box's command, and whether the host attaches to its stdio (the agent is
+    its PID 1: a box of Fleet's image, or of a snapshot of it)."""
+    if not spec.image:
+        return (_LAYING_AGENT if spec.prepared else _AGENT_INIT), True
+    return (_LAYING_COMMAND if spec.prepared else _CODING_COMMAND), False
 
 
 def new_run_id() -> str:

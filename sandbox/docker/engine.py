@@ -44,6 +44,7 @@ import docker.errors
 import requests.exceptions
 
 from ..errors import SandboxUnavailable
+from . import attached
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 DOCKERD_LOG = "/var/log/dockerd.log"
@@ -192,6 +193,7 @@ def remove_box(
     answers a ping is asked again until the container is gone or ``patience`` seconds
     have passed; an engine that stops answering raises, as every call does (run it under
     :func:`engine_calls`)."""
+    attached.drop(ident)  # a stdio socket nobody took (the box never got a transport)
     deadline = time.monotonic() + patience
     removed_here = False
     while True:

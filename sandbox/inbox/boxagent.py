@@ -968,7 +968,55 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
             write_frame(out, _failure(req.get("id"), "no_processes", _no_processes()))
 
 
+def init_then_serve() -> int:
+    """``--init``: this process is the box's PID 1, and the host is attached to its
+    stdio (the container's own stdin, stdout and stderr, attached before the box
+    started: no ``docker exec`` is needed to reach the agent).
+
+    The agent is a fork of it (no second interpreter to start) that keeps stdin and
+    stdout and serves them as ever; PID 1 gives its own copies of those two up at once,
+    for ``/dev/null``, so the agent's stream is held by the agent alone. That matters:
+    PID 1 runs as the box's user and stays dumpable, as Docker's own init is (a command
+    may raise its OOM score, and end its own box that way), so a command can open
+    ``/proc/1/fd/*`` - which then leads nowhere. The agent is not dumpable
+    (:func:`_become_subreaper`).
+
+    PID 1 then reaps what comes to it. The container's stdout stays open after the
+    agent's death (the engine's end of it holds it), so the host would not see the
+    stream end: PID 1 says so on stderr, its one stream left (:data:`wire.AGENT_ENDED`),
+    and the host starts another agent with ``docker exec``, as for any box whose agent
+    ended. A command could write that line too (PID 1's stderr is open to it through
+    ``/proc/1/fd/2``); all it gets is its own agent restarted."""
+    agent = os.fork()
+    if agent == 0:
+        return main([])
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:  # none now; orphans of `docker exec`'s processes may come
+            time.sleep(1.0)
+            continue
+        if pid == agent:
+            how = (
+                f"signal {-os.waitstatus_to_exitcode(status)}"
+                if os.WIFSIGNALED(status)
+                else (f"exit {os.waitstatus_to_exitcode(status)}")
+            )
+            try:
+                os.write(2, b"\n" + wire.AGENT_ENDED + f" ({how})\n".encode())
+            except OSError:
+                pass
+
+
 def main(argv: list[str]) -> int:
+    if "--init" in argv:
+        return init_then_serve()
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     if "--once" in argv:
         req = read_frame(inp)

@@ -28,6 +28,10 @@ HEADER = struct.Struct(">I")
 """The length prefix of every frame."""
 MAX_FRAME = 256 * 1024 * 1024
 """The largest frame the agent reads (a request past it is refused with ``bad_frame``)."""
+AGENT_ENDED = b"fleet-init: the box agent ended"
+"""What a box's PID 1 writes on the container's stderr when the agent it started ends
+(:func:`sandbox.inbox.boxagent.init_then_serve`): the attached stream stays open after
+the agent's death, so this is how the host learns of it."""
 
 # ---------------------------------------------------------------- operation names
 
