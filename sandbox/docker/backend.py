@@ -90,16 +90,20 @@ _CODING_COMMAND = ["sleep", "infinity"]
 # laid tree. The markers live in the box's own /tmp and are removed before the box is
 # handed out.
 _LAID, _LAY_FAILED, _LAY_ERR = "/tmp/.fleet-laid", "/tmp/.fleet-lay-failed", "/tmp/.fleet-lay.err"
-_LAY = (
-    f"if cp -a /{PREFIX}/. /workspace/ 2>{_LAY_ERR}; then : >{_LAID}; "
-    f"else : >{_LAY_FAILED}; fi; exec "
-)
-_LAYING_COMMAND = ["sh", "-c", _LAY + "sleep infinity"]
+_LAY = f"if cp -a /{PREFIX}/. /workspace/ 2>{_LAY_ERR}; then : >{_LAID}; else : >{_LAY_FAILED}; fi"
+_LAYING_COMMAND = ["sh", "-c", f"{_LAY}; exec sleep infinity"]
 # A coding box of Fleet's image runs its agent as PID 1, attached to from the host before
 # it starts (sandbox/docker/container.py): no `docker exec` to reach it. Other images may
 # have no agent (the transport's fallbacks), so they sleep and get one by `docker exec`.
+# A box of a snapshot copies its tree beside the agent's start, not before it: the copy
+# in the background, with none of the container's stdio (the agent's stream is the
+# agent's alone), and PID 1 - the shell's `exec` - reaps it.
 _AGENT_INIT = [*AGENT_ARGV, "--init"]
-_LAYING_AGENT = ["sh", "-c", _LAY + " ".join(_AGENT_INIT)]
+_LAYING_AGENT = [
+    "sh",
+    "-c",
+    f"({_LAY}) </dev/null >/dev/null 2>&1 & exec {' '.join(_AGENT_INIT)}",
+]
 _LAY_WAIT = (
     f"while :; do if [ -e {_LAID} ]; then rm -f {_LAID} {_LAY_ERR}; exit 0; fi; "
     f"if [ -e {_LAY_FAILED} ]; then tail -c 2000 {_LAY_ERR} >&2; exit 1; fi; sleep 0.005; done"
