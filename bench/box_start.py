@@ -169,7 +169,8 @@ def main() -> int:
             runs["agent attached at start"] = (engine.via_attach, n)
         if "settings" in parts:
             for drop in ("", "init", "tmpfs", "limits", "seccomp", "all"):
-                runs[f"start, Fleet's settings{' without ' + drop if drop else ''}"] = (
+                what = {"": "", "all": " (none of them)"}.get(drop, f" without {drop}")
+                runs[f"start, Fleet's settings{what}"] = (
                     engine.plain(drop),
                     n,
                 )

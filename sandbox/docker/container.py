@@ -71,7 +71,7 @@ def create_container(
     host attaches to the container's stdio before it starts, the agent's stream from its
     first byte; the socket waits in :mod:`.attached` for the box's transport. No
     ``docker exec`` is then needed to reach the agent (which costs the engine, containerd
-    and runc another round: a fifth of a box's start on this engine)."""
+    and runc another round: an eighth of a box's start, ``bench/box_start.py``)."""
     api = client.api
     mem = gvisor.host_memory(spec)
     host_config = api.create_host_config(

@@ -13,10 +13,10 @@ and many run at once, tagged by id. A round trip costs about a millisecond.
 How the agent is reached. A coding box of Fleet's image (or of a snapshot of it) runs
 the agent from its PID 1, and the host attached to the container's stdio before it
 started (:mod:`sandbox.docker.container`, :mod:`sandbox.docker.attached`): the first
-transport takes that socket, and no ``docker exec`` is made at all. Measured on this
-2-core engine, sixteen such boxes at once were ready (created, started, agent answering)
-in 1.74-1.83 s and 3.4-3.6 s of the machine's CPU, against 2.19-2.25 s and 4.3-4.4 s with
-an exec'd agent: the exec was a fifth of a box's start. The container's stdout outlives
+transport takes that socket, and no ``docker exec`` is made at all. Measured on a
+2-core engine (``bench/box_start.py``), sixteen such boxes at once were ready (created,
+started, agent answering) in 1.89 s and 3.67 s of the machine's CPU, against 2.13 s and
+4.17 s with an exec'd agent: the exec was an eighth of a box's start. The container's stdout outlives
 the agent (the engine's end holds it open), so PID 1 says on stderr when the agent ends
 (:data:`sandbox.inbox.wire.AGENT_ENDED`) and the stream is then broken as if it had
 closed. Every other box (browser boxes, a user's image, which may have no agent), and
