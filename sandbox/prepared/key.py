@@ -69,6 +69,17 @@ def file_sha256(path: str | Path) -> str:
 def _file_digest(path: str, st: os.stat_result) -> str:
     if stat.S_ISLNK(st.st_mode):
         return "link:" + hashlib.sha256(os.fsencode(os.readlink(path))).hexdigest()
+    return _content_digest(path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@lru_cache(maxsize=16384)
+def _content_digest(path: str, dev: int, ino: int, size: int, mtime_ns: int, ctime_ns: int) -> str:
+    """:func:`file_sha256`, once per process for a file whose status is unchanged. A run
+    keys each setup twice - its early boxes (:mod:`coordinator.nodes.prewarm`) and its
+    preparer read the same wheelhouse and manifests - and a wheelhouse can be hundreds
+    of megabytes. The change time is in the key: writing a file changes it, and unlike
+    the modification time no one but the kernel sets it (``touch -d`` cannot put it back),
+    so an edit that keeps the size and the old mtime is still seen."""
     return file_sha256(path)
 
 
