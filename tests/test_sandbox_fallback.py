@@ -7,6 +7,7 @@ import io
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import anyio
 import docker
 import pytest
 
@@ -55,6 +56,24 @@ async def _semantics_hold(box: DockerSandbox) -> None:
     assert (await box.exec(_SLEEPS)).stdout == "", "leftovers survived"
     assert (await box.exec("echo recovered")).stdout == "recovered\n"
     await box.check()
+
+
+async def test_an_idle_box_whose_agent_ended_no_longer_looks_alive(
+    backend: DockerBackend, run_id: str, docker_client
+) -> None:
+    """A pool hands out only boxes that look alive. An attached agent's stream stays open
+    after the agent dies; what PID 1 then says, waiting unread, is what tells."""
+    async with await backend.create(SandboxSpec(), run=run_id, member="idle") as box:
+        assert box.looks_alive()
+        await _kill_agent(box, docker_client)
+        for _ in range(200):  # PID 1's line comes a moment after the kill
+            if not box.looks_alive():
+                break
+            await anyio.sleep(0.05)
+        assert not box.looks_alive()
+        with pytest.raises(SandboxUnavailable, match="agent was restarted"):
+            await box.exec("true")
+        assert (await box.exec("echo x")).stdout == "x\n"
 
 
 async def test_a_broken_agent_is_restarted_once_then_calls_go_one_shot(

@@ -99,3 +99,20 @@ def test_a_command_that_fills_the_pids_limit_at_once_still_runs(tmp_path: Path) 
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == '[[0, "ran\\n"], [0, "from stdinran\\n"]]'
+
+
+def test_the_agent_ended_line_counts_on_stderr_only_even_across_a_split_frame() -> None:
+    """A box's PID 1 says on stderr that the agent ended; a command whose output holds
+    the same words (on stdout) must not make a live box look dead."""
+    import struct
+
+    header = struct.Struct(">BxxxI")
+    said = b"x " + wire.AGENT_ENDED + b" y"
+    stdout = header.pack(1, len(said)) + said
+    demux = Demuxer()
+    assert wire.AGENT_ENDED not in demux.stderr_ahead(stdout)
+    line = b"\n" + wire.AGENT_ENDED + b" (signal 9)\n"
+    both = stdout + header.pack(2, len(line)) + line
+    demux.feed(both[:5])  # part of a header already read off the socket
+    assert wire.AGENT_ENDED in demux.stderr_ahead(both[5:])
+    assert demux.stdout == b"" and demux.stderr == b""  # looked at, not taken

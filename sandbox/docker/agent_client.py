@@ -39,6 +39,9 @@ from ..inbox import wire
 _DOCKER_HEADER = struct.Struct(">BxxxI")
 THREAD_DECODE_BYTES = 1024 * 1024
 """Frames at least this long are decoded off the event loop."""
+_PEEK_BYTES = 4096
+"""What :meth:`AgentStream.alive` looks at of what waits unread (an idle box's stream
+holds nothing, or PID 1's one line)."""
 
 
 class FrameTooLarge(Exception):
@@ -85,6 +88,17 @@ class Demuxer:
                 del self.stderr[:-4096]
             else:
                 self.stdout += payload
+
+    def stderr_ahead(self, data: bytes) -> bytes:
+        """What of stderr ``data`` (bytes not fed yet, after those buffered) holds, without
+        consuming anything: a command's output on stdout is never read as stderr."""
+        raw, out, at = bytes(self._raw) + data, bytearray(), 0
+        while len(raw) - at >= 8:
+            kind, size = _DOCKER_HEADER.unpack_from(raw, at)
+            if kind == 2:
+                out += raw[at + 8 : at + 8 + size]
+            at += 8 + size
+        return bytes(out)
 
     def frame_size(self) -> int | None:
         """The next frame's body length once it is all there (else None);
@@ -217,15 +231,20 @@ class AgentStream:
                 self._done[rid] = frame
 
     def alive(self) -> bool:
-        """Cheap, non-blocking: False once the stream has ended (the box or agent died)."""
+        """Cheap, non-blocking: False once the stream has ended (the box or agent died),
+        or once the box's PID 1 has said that the agent ended (an attached stream stays
+        open after its agent: :data:`wire.AGENT_ENDED`, waiting unread on the socket)."""
         if self.broken:
             return False
+        if wire.AGENT_ENDED in self._demux.stderr:
+            return False
         try:
-            return self._sock.recv(1, socket.MSG_PEEK) != b""
+            waiting = self._sock.recv(_PEEK_BYTES, socket.MSG_PEEK)
         except BlockingIOError:
             return True
         except OSError:
             return False
+        return waiting != b"" and wire.AGENT_ENDED not in self._demux.stderr_ahead(waiting)
 
     def _break(self, message: str) -> StreamBroken:
         self.broken = StreamBroken(message, self._demux.stderr.decode("utf-8", "replace"))
