@@ -176,3 +176,45 @@ def test_a_setup_the_early_thread_cannot_read_starts_nothing_and_raises_nothing(
     }
     _, _, first = prewarm_module._first_wave(raw)
     assert [(e.repo, e.setup) for e in first] == [(None, {"run": "x"}), ("r", "auto")]
+
+
+def test_one_box_whose_member_calls_the_api_starts_beside_that_call_not_before(
+    tmp_path, images, docker_client, cleanup, fake_api, started, monkeypatch
+):
+    """A run of one coding member on Claude: nothing is started while the job is read
+    and no pool starts the box at the run's start; the member starts it beside its first
+    model call, which hides it (bench/first_call.py: 0.97x a bare SDK import with this,
+    1.06x with the early box and its pool). Two such members, or one on the offline
+    model (whose first call is instant), still get their boxes early."""
+    from fleet_policies import coding_policy
+
+    from sandbox.docker import attached
+
+    fake_api(coding_policy(turns=1, latency_s=0.5))
+    cleanup.append(tmp_path / "runs")
+    text = _job(tmp_path, 1).read_text().replace('name = "offline"', 'name = "claude-sonnet-5"')
+    (tmp_path / "job.toml").write_text(text)
+    assert main(["run", str(tmp_path / "job.toml"), "--plain"]) == 0
+    assert started == [None]  # the command line asked; nothing was started
+    (run,) = (tmp_path / "runs").iterdir()
+    events = list(read_trace(run / "members" / "c0" / "trace.jsonl"))
+    (create,) = [e for e in events if e.type == "sandbox" and e.action == "create"]
+    assert "-pool-" not in create.box and "-c0-" in create.box, create.box
+    first_call = next(e for e in events if e.type == "model_call")
+    assert first_call.ts - first_call.latency_s < create.ts  # the call went out first
+    assert attached.held() == 0
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")  # `auto` is Claude with a key
+    two = _job(tmp_path, 2).read_text().replace('name = "offline"', 'name = "auto"')
+    one_offline = _job(tmp_path, 1).read_text()
+    for text, early in ((two, 2), (one_offline, 1)):
+        warm = prewarm_module.Prewarm.from_text(text)
+        assert warm is not None
+        try:
+            warm._thread.join()
+            assert len(warm._boxes) == early
+        finally:
+            warm.close()  # no run took them: all removed
+        assert (
+            docker_client.api.containers(all=True, filters={"label": f"fleet.run={warm.run}"}) == []
+        )

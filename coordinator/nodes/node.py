@@ -497,10 +497,13 @@ async def open_pools(
     units: list[MemberUnit],
     run_id: str,
     max_parallel: int,
+    later: bool = False,
 ) -> None:
     """One warm pool per distinct box spec, sized to what the members will take. A
     member with a setup whose snapshot the engine has already gets a pool of boxes
-    made from it; one whose setup has yet to run gets none (its box waits for it)."""
+    made from it; one whose setup has yet to run gets none (its box waits for it).
+    A spec only one box is wanted of, with none made before, gets no pool either, unless
+    members may come ``later`` (a lead's waves, which a pool starts boxes for)."""
     specs: dict[str, Any] = {}
     for u in units:
         spec = u.spec.sandbox
@@ -519,6 +522,11 @@ async def open_pools(
         early: list[dict] = []
         if deps.prewarm is not None and deps.prewarm.run == run_id:
             early = await anyio.to_thread.run_sync(deps.prewarm.take, key)
+        if want <= 1 and not early and deps.warm is None and not later:
+            # One box, none made before: the member starts it beside its first model
+            # call (sandbox/deferred.py). A pool would only start the same box at the
+            # same moment, in the way of that call.
+            continue
         pool = SandboxPool(deps.backend, spec, run=run_id, min_idle=want, max_size=max_parallel)
         deps.pools[key] = await stack.enter_async_context(pool)
         # No await before this: the pool counts them before its refill makes any box.
@@ -578,7 +586,8 @@ async def serving(
             if deps.warm is not None:
                 await stack.enter_async_context(deps.warm.in_use())
             if services.warm_pool:
-                await open_pools(stack, deps, units, run_id, services.max_parallel)
+                later = services.members is not None  # a lead's later waves may come
+                await open_pools(stack, deps, units, run_id, services.max_parallel, later)
             if services.corpus:
                 box = await start_corpus(deps.backend, run_id)
             yield

@@ -70,6 +70,7 @@ from typing import Any
 
 from sandbox.spec import NetworkPolicy, SandboxSpec
 from subagents.kinds import RESEARCH_KIND, UnknownKind, trait
+from subagents.model.names import calls_the_api
 
 from ..job.run_names import run_name
 from .capacity import choose, engine_host
@@ -116,8 +117,8 @@ class Prewarm:
             name, members, first = _first_wave(tomllib.loads(job_text))
         except Exception:
             return None
-        if not first:
-            return None
+        if not first or (len(first) == 1 and calls_the_api(first[0].model)):
+            return None  # one box, whose member's first call (seconds) hides its start
         warm = cls(name, first, members, base or Path.cwd())
         warm.began = time.time()
         warm._thread.start()
@@ -232,6 +233,8 @@ class Early:
     """Its ``setup`` as the file says it (a string or a table), or None."""
     repo: str | None = None
     """Its ``repo`` as the file says it (relative to the job file)."""
+    model: str = "auto"
+    """The model of its first call: its own ``model``, else the job's ``[model] name``."""
 
 
 def snapshot(
@@ -311,5 +314,13 @@ def _first_wave(raw: dict[str, Any]) -> tuple[str, list[SandboxSpec], list[Early
             continue  # a kept box is the member's own, never a pool's
         spec = SandboxSpec(kind="coding", network=NetworkPolicy(), **overrides)
         repo = member.get("repo")
-        first.append(Early(spec, member.get("setup"), repo if isinstance(repo, str) else None))
+        model = member.get("model") or (raw.get("model") or {}).get("name") or "auto"
+        first.append(
+            Early(
+                spec,
+                member.get("setup"),
+                repo if isinstance(repo, str) else None,
+                model if isinstance(model, str) else "auto",
+            )
+        )
     return name, boxes if not isinstance(limit, int) else [], first

@@ -15,14 +15,16 @@ import tarfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
-import httpx
 
 from ..base import Command, ExecResult
 from ..errors import OutputLimitExceeded, PathRefused, SandboxError, SandboxSpecError
 from ..inbox import wire
+
+if TYPE_CHECKING:
+    import httpx
 
 AGENT_PATH = "/opt/fleet/boxagent.py"
 # -I -S: no site packages, no user environment - faster startup, nothing injected.
@@ -294,8 +296,19 @@ def probe_client() -> httpx.AsyncClient:
     """A client for readiness probes of a box: plain HTTP to its address, never through
     a host proxy (``trust_env=False``), no CA bundle loaded (``verify=False``: reading
     the system's bundle costs 0.1-0.3 s of CPU, once per box, for a probe that never
-    speaks TLS)."""
+    speaks TLS). ``httpx`` is imported here, not with the module: only browser and
+    service boxes are probed, and a run of coding members would pay its import (about
+    25 ms of CPU, ``click`` included) before its first model call."""
+    import httpx
+
     return httpx.AsyncClient(trust_env=False, timeout=2.0, verify=False)
+
+
+def probe_failed() -> type[Exception]:
+    """What a failed probe raises (``httpx.HTTPError``)."""
+    import httpx
+
+    return httpx.HTTPError
 
 
 async def probe(client: httpx.AsyncClient, url: str) -> tuple[int, bytes]:
@@ -320,7 +333,7 @@ async def wait_cdp(url: str, timeout: float) -> bool:
                     status, body = await probe(client, f"{url}/json/version")
                     if status == 200 and b"webSocketDebuggerUrl" in body:
                         return True
-                except httpx.HTTPError:
+                except probe_failed():
                     pass
                 await anyio.sleep(0.05)
     return False

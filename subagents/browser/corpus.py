@@ -9,10 +9,9 @@ like any allowlisted site, with :data:`CORPUS_ALLOW` on their allowlist and
 from __future__ import annotations
 
 import anyio
-import httpx
 
 from sandbox.base import Sandbox, SandboxBackend
-from sandbox.docker.boxops import probe, probe_client
+from sandbox.docker.boxops import probe, probe_client, probe_failed
 from sandbox.docker.firewall import SERVICE_PORT
 from sandbox.errors import SandboxUnavailable
 from sandbox.spec import SandboxSpec
@@ -62,7 +61,7 @@ async def wait_ready(box: Sandbox, timeout_s: float) -> None:
                 try:
                     if (await probe(client, url))[0] == 200:
                         return
-                except httpx.HTTPError as exc:
+                except probe_failed() as exc:
                     last = type(exc).__name__
                 await box.check()
                 await anyio.sleep(0.1)
