@@ -457,9 +457,17 @@ def test_a_box_whose_start_fails_leaves_no_runsc_process(
             module_run,
             "gv-fail",
         )
-    # Only orphans count: the other test worker may be running gVisor boxes of its own,
-    # whose runsc processes belong to containers the engine still has.
-    boxes = {c["Id"] for c in gvisor_engine.api.containers(all=True, quiet=True)}
-    found = gvisor.runsc_processes().items()
-    left = {pid: cid for pid, cid in found if pid not in before and cid not in boxes}
+    # Only orphans count: the other test workers may be running gVisor boxes of their
+    # own, whose runsc processes belong to containers the engine still has - or had a
+    # moment ago (a removed box's processes take a moment to end). So the processes are
+    # listed before the containers (a box made in between is known), and a process must
+    # still be there after a few seconds: one the failed start left never ends by itself.
+    deadline = time.monotonic() + 5.0
+    while True:
+        found = gvisor.runsc_processes().items()
+        boxes = {c["Id"] for c in gvisor_engine.api.containers(all=True, quiet=True)}
+        left = {pid: cid for pid, cid in found if pid not in before and cid not in boxes}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert not left, f"runsc processes left by the failed start: {left}"
