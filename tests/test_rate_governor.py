@@ -91,8 +91,11 @@ async def test_sixteen_members_under_a_request_limit_all_finish_paced_by_the_hea
     # near the limit means not much longer.
     assert 3.0 <= elapsed < 9.0
     # Paced from the headers, the account sees few 429s (the first calls went out
-    # before any header was read; a busy machine's late answers cost a few more).
-    assert rejected <= 8
+    # before any header was read; a busy machine's late answers cost a few more: 0-3 on
+    # a quiet machine, 12 once in a fresh clone's suite beside image builds). Unpaced,
+    # the 64 calls go out in well under a second against a bucket of 30: about 30
+    # would be refused, so a quarter of the calls still tells the two apart.
+    assert rejected <= 16
     waits = [w for s in sinks for w in s.waits]
     assert waits and any("requests per minute" in w.reason for w in waits)
 
