@@ -527,7 +527,9 @@ class FanoutPolicy(_JobModel):
     """Start boxes ahead of need (while the plan is made and services start; for
     ``fleet run JOB``, the first wave's coding boxes while Fleet loads and checks the
     job: :mod:`coordinator.nodes.prewarm`), so a member takes a running box instead of
-    waiting for one. A box is never reused."""
+    waiting for one. A box is never reused. One coding box whose member calls the
+    Messages API is started beside that member's first model call instead, which hides
+    it (:func:`coordinator.nodes.node.open_pools`)."""
 
 
 def url_host(url: str) -> tuple[str, int]:
