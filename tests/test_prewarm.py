@@ -218,3 +218,27 @@ def test_one_box_whose_member_calls_the_api_starts_beside_that_call_not_before(
         assert (
             docker_client.api.containers(all=True, filters={"label": f"fleet.run={warm.run}"}) == []
         )
+
+
+@pytest.mark.parametrize(
+    "model_part",
+    [
+        'model = "claude-sonnet-5"',  # the job's [model] as a string: not a table
+        "[model]\nname = 5",  # a name that is no string
+        '[model]\nname = "' + "c" * 100_000 + '"',  # huge
+        '[model]\nname = "claude\u2010sonnet-5"',  # a look-alike hyphen
+    ],
+)
+def test_a_model_the_early_thread_cannot_read_starts_nothing_and_raises_nothing(
+    model_part: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The single-box rule reads the member's model from the raw file before the job is
+    validated: whatever it finds there, one box of a member on (or maybe on) the API
+    starts nothing early and nothing raises; the job's validation says what is wrong."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")  # a name that falls back to auto is Claude
+    text = (
+        f'name = "odd"\n{model_part}\n[[members]]\nid = "c0"\nkind = "coding"\ntask = "t"\n'
+        if model_part.startswith("model")
+        else f'name = "odd"\n[[members]]\nid = "c0"\nkind = "coding"\ntask = "t"\n{model_part}\n'
+    )
+    assert prewarm_module.Prewarm.from_text(text) is None
