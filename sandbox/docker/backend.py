@@ -481,7 +481,8 @@ class DockerBackend(SandboxBackend):
         if command is None and spec.kind == "coding":
             command, attach = _coding_command(spec)
         elif command is None and spec.kind == "service" and not spec.image:
-            command = _CODING_COMMAND  # a service box of a named image runs that image's server
+            # a service box of a named image runs that image's server
+            command = _LAYING_COMMAND if spec.prepared else _CODING_COMMAND
         elif command is None and spec.kind == "browser" and not spec.image:
             command = _BROWSER_COMMAND
         # A service box is one its run's proxies may connect to (firewall.py).
