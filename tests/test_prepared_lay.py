@@ -38,9 +38,15 @@ def backend(docker_client, images) -> DockerBackend:
 
 
 def _snapshot(
-    client: docker.DockerClient, base: str, files: dict[str, bytes], tmp: Path, key: str
+    client: docker.DockerClient,
+    base: str,
+    files: dict[str, bytes],
+    tmp: Path,
+    key: str,
+    modes: dict[str, int] | None = None,
 ) -> str:
-    """An image of ``base`` with ``files`` under the prepared prefix, made as a setup's is."""
+    """An image of ``base`` with ``files`` under the prepared prefix, made as a setup's is
+    (each file 0644 unless ``modes`` names it)."""
     clean = tmp / "clean.tar"
     with tarfile.open(clean, "w") as tar:
         dirs = sorted({str(Path(name).parent) for name in files} - {"."})
@@ -50,7 +56,8 @@ def _snapshot(
             tar.addfile(info)
         for name, data in files.items():
             info = tarfile.TarInfo(f"{PREFIX}/{name}")
-            info.size, info.mode, info.uid, info.gid = len(data), 0o644, 1000, 1000
+            info.size, info.uid, info.gid = len(data), 1000, 1000
+            info.mode = (modes or {}).get(name, 0o644)
             tar.addfile(info, io.BytesIO(data))
     return store.commit(client, base, clean, key=key, labels={}, venv=False)
 
@@ -105,6 +112,27 @@ async def test_a_tree_that_does_not_fit_is_an_error_and_no_box_is_left(
     message = str(err.value)
     assert "did not copy into /workspace" in message
     assert "No space left on device" in message
+    assert await backend.list_boxes(run=run_id) == []
+
+
+async def test_a_file_the_box_cannot_read_fails_the_copy_rather_than_leaving_it_out(
+    backend: DockerBackend, docker_client, run_id: str, tmp_path: Path, snapshots: list[str]
+) -> None:
+    # A setup may leave a file its own user cannot read (`chmod 000`): the copy must not
+    # hand out a workspace without it. Each file's copy is read first and written after
+    # (a pipe), and the reading side's failure alone does not end the pipe in error.
+    files = {"a.txt": b"a\n", "locked.bin": b"x" * 4096, "z.txt": b"z\n"}
+    base = await backend.image_for(SandboxSpec())
+    ref = _snapshot(
+        docker_client, base, files, tmp_path, "t-lay-locked-" + run_id, {"locked.bin": 0}
+    )
+    snapshots.append(ref)
+
+    with pytest.raises(SandboxUnavailable) as err:
+        await backend.create(SandboxSpec(prepared=ref), run=run_id, member="m")
+    message = str(err.value)
+    assert "did not copy into /workspace" in message
+    assert "locked.bin" in message and "Permission denied" in message
     assert await backend.list_boxes(run=run_id) == []
 
 

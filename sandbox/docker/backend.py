@@ -90,8 +90,29 @@ _CODING_COMMAND = ["sleep", "infinity"]
 # laid tree. The markers live in the box's own /tmp and are removed before the box is
 # handed out.
 _LAID, _LAY_FAILED, _LAY_ERR = "/tmp/.fleet-laid", "/tmp/.fleet-lay-failed", "/tmp/.fleet-lay.err"
+_READ_ERR, _READ_FAILED = "/tmp/.fleet-lay-read.err", "/tmp/.fleet-lay-read-failed"
 _LAY = f"if cp -a /{PREFIX}/. /workspace/ 2>{_LAY_ERR}; then : >{_LAID}; else : >{_LAY_FAILED}; fi"
+# In Fleet's own image (Debian's GNU tar) the copy is a tar pipe: one process reads while
+# the other writes, so it takes about half of `cp -a`'s time (31 against 69 ms for the
+# 25 MB, 1,683-file virtualenv of bench/setup.py, median of 7 in one box). `-p` keeps the
+# modes as `cp -a` does (the box's user owns every entry either way: the snapshot's
+# entries are its own). A pipeline's status is its last command's, so the reading side
+# leaves a marker when it fails; the extracting side's error is what the host is shown,
+# the reading side's only when there is no other. A tree that does not fit makes tar
+# say only "Wrote only 7168 of 10240 bytes" (tmpfs writes short before it refuses), so
+# a workspace left with less than a MiB free says so in the words `cp` would use.
+_TAR = (
+    f"{{ tar -C /{PREFIX} -cf - . 2>{_READ_ERR} || : >{_READ_FAILED}; }} "
+    f"| tar -C /workspace -xpf - 2>{_LAY_ERR} && [ ! -e {_READ_FAILED} ]"
+)
+_LAY_FAST = (
+    f"if {_TAR}; then rm -f {_READ_ERR}; : >{_LAID}; "
+    f"else [ -s {_LAY_ERR} ] || cat {_READ_ERR} >{_LAY_ERR}; df -Pk /workspace | awk "
+    '\'NR == 2 && $4 < 1024 { print "/workspace: No space left on device (" $2 " KiB, " '
+    f'$4 " KiB free)" }}\' >>{_LAY_ERR}; : >{_LAY_FAILED}; fi'
+)
 _LAYING_COMMAND = ["sh", "-c", f"{_LAY}; exec sleep infinity"]
+_LAYING_OWN = ["sh", "-c", f"{_LAY_FAST}; exec sleep infinity"]
 # A coding box of Fleet's image runs its agent as PID 1, attached to from the host before
 # it starts (sandbox/docker/container.py): no `docker exec` to reach it. Other images may
 # have no agent (the transport's fallbacks), so they sleep and get one by `docker exec`.
@@ -102,7 +123,7 @@ _AGENT_INIT = [*AGENT_ARGV, "--init"]
 _LAYING_AGENT = [
     "sh",
     "-c",
-    f"({_LAY}) </dev/null >/dev/null 2>&1 & exec {' '.join(_AGENT_INIT)}",
+    f"({_LAY_FAST}) </dev/null >/dev/null 2>&1 & exec {' '.join(_AGENT_INIT)}",
 ]
 _LAY_WAIT = (
     f"while :; do if [ -e {_LAID} ]; then rm -f {_LAID} {_LAY_ERR}; exit 0; fi; "
@@ -482,7 +503,7 @@ class DockerBackend(SandboxBackend):
             command, attach = _coding_command(spec)
         elif command is None and spec.kind == "service" and not spec.image:
             # a service box of a named image runs that image's server
-            command = _LAYING_COMMAND if spec.prepared else _CODING_COMMAND
+            command = _LAYING_OWN if spec.prepared else _CODING_COMMAND
         elif command is None and spec.kind == "browser" and not spec.image:
             command = _BROWSER_COMMAND
         # A service box is one its run's proxies may connect to (firewall.py).
@@ -582,7 +603,11 @@ class DockerBackend(SandboxBackend):
             raise
         if spec.prepared:
             command = (info.get("Config") or {}).get("Cmd") or []
-            laying = command[-len(_LAYING_COMMAND) :] in (_LAYING_COMMAND, _LAYING_AGENT)
+            laying = command[-len(_LAYING_COMMAND) :] in (
+                _LAYING_COMMAND,
+                _LAYING_OWN,
+                _LAYING_AGENT,
+            )
             await self._lay_prepared(box, started=laying)
         return box
 
