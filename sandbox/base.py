@@ -392,9 +392,12 @@ class SandboxBackend(abc.ABC):
         setup: str,
         repo: Path | None,
         secrets: dict[str, str],
+        keep: Path | None = None,
     ) -> str:
         """Keep the finished setup ``box``'s ``/workspace`` as the snapshot ``key``
         (:mod:`sandbox.prepared.capture` says what of it is kept); its reference.
+        ``keep``: a directory that also gets the snapshot's tree for the boxes that
+        waited for it (:meth:`create_waiting`).
 
         Raises:
             CaptureRefused: the tree cannot become a snapshot (a secret's value in it,
@@ -403,6 +406,29 @@ class SandboxBackend(abc.ABC):
             SandboxUnavailable: the engine is gone.
         """
         raise SandboxError(f"{type(self).__name__} keeps no prepared snapshots")
+
+    async def create_waiting(
+        self, spec: SandboxSpec, *, run: str, member: str, tree: Path
+    ) -> Sandbox:
+        """A coding box of ``spec`` started before its setup's snapshot exists, that sees
+        the directory ``tree`` (read-only) where the snapshot's tree will be kept;
+        :meth:`lay_tree` makes it a box of the snapshot (:mod:`sandbox.prepared.waiting`).
+
+        Raises:
+            SandboxError: this backend (or this spec: another image) makes no such boxes.
+            SandboxUnavailable: the engine is gone, or could not start the box.
+        """
+        raise SandboxError(f"{type(self).__name__} makes no boxes that wait for a setup")
+
+    async def lay_tree(self, box: Sandbox, *, ref: str) -> None:
+        """Lay the snapshot ``ref``'s tree, kept in the directory ``box`` was created with
+        (:meth:`create_waiting`), into its ``/workspace``; the box is removed if it cannot.
+
+        Raises:
+            SandboxUnavailable: the tree did not lay (no room, no archive), or the engine
+                is gone.
+        """
+        raise SandboxError(f"{type(self).__name__} makes no boxes that wait for a setup")
 
     @abc.abstractmethod
     async def remove_run(self, run: str) -> int:

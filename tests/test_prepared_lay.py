@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import io
+import shutil
 import tarfile
 from pathlib import Path
 
+import anyio
 import docker
 import pytest
 
 from sandbox.docker import prepared as store
 from sandbox.docker.backend import DockerBackend
-from sandbox.errors import SandboxUnavailable
-from sandbox.prepared.capture import PREFIX
+from sandbox.errors import SandboxError, SandboxUnavailable
+from sandbox.prepared import waiting
+from sandbox.prepared.capture import PREFIX, CaptureRefused
 from sandbox.spec import SandboxSpec
 
 pytestmark = [pytest.mark.docker, pytest.mark.anyio]
@@ -44,6 +47,7 @@ def _snapshot(
     tmp: Path,
     key: str,
     modes: dict[str, int] | None = None,
+    venv: bool = False,
 ) -> str:
     """An image of ``base`` with ``files`` under the prepared prefix, made as a setup's is
     (each file 0644 unless ``modes`` names it)."""
@@ -59,7 +63,7 @@ def _snapshot(
             info.size, info.uid, info.gid = len(data), 1000, 1000
             info.mode = (modes or {}).get(name, 0o644)
             tar.addfile(info, io.BytesIO(data))
-    return store.commit(client, base, clean, key=key, labels={}, venv=False)
+    return store.commit(client, base, clean, key=key, labels={}, venv=venv)
 
 
 @pytest.fixture
@@ -150,3 +154,115 @@ async def test_a_snapshot_with_labels_fleet_did_not_write_is_listed_not_fatal(
     listed = {info.key: info for info in store.list_all(docker_client)}
     assert key in listed
     assert listed[key].created > 0 and listed[key].size >= 0
+
+
+_LOOK = (
+    "find /workspace -printf '%P %m %u %s\\n' | sort; echo VE=$VIRTUAL_ENV; echo PATH=$PATH; "
+    "command -v python"
+)
+
+
+async def test_a_box_that_waited_for_its_setup_is_then_as_one_started_from_the_snapshot(
+    backend: DockerBackend, docker_client, run_id: str, tmp_path: Path, snapshots: list[str]
+) -> None:
+    files = {f"pkg/m{i}.py": b"X = 1\n" for i in range(50)}
+    files[".venv/bin/python"] = b"#!/bin/sh\necho venv-python\n"
+    base = await backend.image_for(SandboxSpec())
+    key = "t-lay-wait-" + run_id
+    ref = _snapshot(docker_client, base, files, tmp_path, key, {".venv/bin/python": 0o755}, True)
+    snapshots.append(ref)
+    tree = waiting.key_dir(backend.owner(run_id), hashlib.sha256(key.encode()).hexdigest())
+    shutil.copyfile(tmp_path / "clean.tar", tree / store.TREE_FILE)
+
+    box = await backend.create_waiting(SandboxSpec(), run=run_id, member="w", tree=tree)
+    # Before its tree: an empty workspace, and the kept tree read-only - its own key's
+    # directory alone, nothing above it, nothing it can add, change or remove.
+    res = await box.exec(
+        "ls -A /workspace; ls -A /opt/fleet/tree; touch /opt/fleet/tree/x; "
+        f"rm /opt/fleet/tree/{store.TREE_FILE}; echo more >> /opt/fleet/tree/{store.TREE_FILE}",
+        cwd="/",
+    )
+    assert res.stdout.split() == [store.TREE_FILE], res.stdout
+    assert len(res.stderr.strip().splitlines()) == 3 and "Read-only" in res.stderr, res.stderr
+    assert (tree / store.TREE_FILE).read_bytes() == (tmp_path / "clean.tar").read_bytes()
+    assert [p.name for p in tree.iterdir()] == [store.TREE_FILE]
+    await backend.lay_tree(box, ref=ref)
+    laid = await box.exec(_LOOK, cwd="/")
+    async with await backend.create(SandboxSpec(prepared=ref), run=run_id, member="s") as same:
+        started = await same.exec(_LOOK, cwd="/")
+    assert laid.ok and started.ok, laid.stderr + started.stderr
+    assert laid.stdout == started.stdout
+    assert "VE=/workspace/.venv" in laid.stdout and "/workspace/.venv/bin/python" in laid.stdout
+    # A process of its own (an MCP server) has the snapshot's environment too.
+    proc = await box.start_process('echo "ve=$VIRTUAL_ENV"')
+    try:
+        with anyio.fail_after(30):
+            assert (await proc.receive()).strip() == b"ve=/workspace/.venv"
+    finally:
+        await proc.close()
+    # The run's end takes what it kept for its waiting boxes.
+    await backend.remove_run(run_id)
+    assert not (waiting.trees_dir() / backend.owner(run_id)).exists()
+
+
+async def test_a_waiting_box_that_cannot_take_its_tree_is_removed_and_says_why(
+    backend: DockerBackend, docker_client, run_id: str, tmp_path: Path, snapshots: list[str]
+) -> None:
+    files = {"big.bin": b"\0" * (6 * 1024 * 1024)}
+    base = await backend.image_for(SandboxSpec())
+    ref = _snapshot(docker_client, base, files, tmp_path, "t-lay-wait-full-" + run_id)
+    snapshots.append(ref)
+    owner = backend.owner(run_id)
+    full, empty = waiting.key_dir(owner, "a" * 64), waiting.key_dir(owner, "b" * 64)
+    shutil.copyfile(tmp_path / "clean.tar", full / store.TREE_FILE)
+
+    small = SandboxSpec(workspace_size="4m")
+    box = await backend.create_waiting(small, run=run_id, member="w1", tree=full)
+    with pytest.raises(SandboxUnavailable) as err:
+        await backend.lay_tree(box, ref=ref)
+    assert "did not copy into /workspace" in str(err.value)
+    assert "No space left on device" in str(err.value)
+    # No archive in its directory (the tree was never kept for it): the same.
+    box = await backend.create_waiting(SandboxSpec(), run=run_id, member="w2", tree=empty)
+    with pytest.raises(SandboxUnavailable) as err:
+        await backend.lay_tree(box, ref=ref)
+    assert "tree.tar" in str(err.value)
+    assert await backend.list_boxes(run=run_id) == []
+    # Only a coding box of Fleet's image waits for a tree (another image may have no tar).
+    for spec in (SandboxSpec(kind="browser"), SandboxSpec(image="debian:bookworm-slim")):
+        with pytest.raises(SandboxError, match="waits for a setup"):
+            await backend.create_waiting(spec, run=run_id, member="w3", tree=full)
+
+
+async def test_a_kept_tree_is_whole_clean_and_never_one_the_capture_refused(
+    backend: DockerBackend, docker_client, run_id: str, tmp_path: Path, snapshots: list[str]
+) -> None:
+    from sandbox.docker.gvisor import exec_prefix
+
+    secret = "s3cr3t-t0ken-value"
+    base = await backend.image_for(SandboxSpec())
+    keep = waiting.key_dir(backend.owner(run_id), "c" * 64)
+    async with await backend.create(SandboxSpec(), run=run_id, member="setup") as box:
+        await box.exec(f"mkdir -p .venv/bin && echo {secret} > pip.conf && echo ok > made.txt")
+
+        def save(key: str, secrets: dict[str, str]) -> str:
+            return store.save(
+                docker_client, box.id, exec_prefix(box.spec), base, key=key, inputs={},
+                setup="t", repo=None, secrets=secrets, keep=keep,
+            )  # fmt: skip
+
+        # A tree holding a secret's value is refused: nothing of it is kept anywhere a
+        # waiting box could see, and the private directory it was read into is gone.
+        with pytest.raises(CaptureRefused):
+            await anyio.to_thread.run_sync(save, "t-keep-refused-" + run_id, {"T": secret})
+        assert list(keep.iterdir()) == [] and list(keep.parent.iterdir()) == [keep]
+        assert await box.exec("rm pip.conf")
+        ref = await anyio.to_thread.run_sync(save, "t-keep-whole-" + run_id, {"T": secret})
+        snapshots.append(ref)
+    kept = keep / store.TREE_FILE
+    assert list(keep.iterdir()) == [kept] and list(keep.parent.iterdir()) == [keep]
+    assert kept.stat().st_mode & 0o777 == 0o644
+    with tarfile.open(kept) as tar:
+        names = tar.getnames()
+    assert f"{PREFIX}/made.txt" in names and not any("pip.conf" in n for n in names)
+    assert secret.encode() not in kept.read_bytes()

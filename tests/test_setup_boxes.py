@@ -28,6 +28,7 @@ from coordinator.nodes import prewarm
 from coordinator.rundir.runs import RunDir
 from coordinator.traceview import load_run, rollup_run
 from sandbox.docker import prepared as store
+from sandbox.prepared import waiting
 
 pytestmark = pytest.mark.docker
 FLEET = str(Path(sys.executable).with_name("fleet"))
@@ -139,6 +140,16 @@ def _setup_events(run: RunDir, member: str) -> list[dict]:
     return [e for e in events if e.get("type") == "sandbox" and e.get("action") == "setup"]
 
 
+def _box_events(run: RunDir, member: str) -> dict[str, list[dict]]:
+    """The member's sandbox events by action."""
+    lines = (run.member_dir(member) / "trace.jsonl").read_text().splitlines()
+    by: dict[str, list[dict]] = {}
+    for e in map(json.loads, lines):
+        if e.get("type") == "sandbox":
+            by.setdefault(e["action"], []).append(e)
+    return by
+
+
 def _key_of(run: RunDir, member: str) -> str:
     (event,) = _setup_events(run, member)
     return str(event["detail"]["key"])
@@ -171,6 +182,15 @@ def test_four_members_share_one_setup_run_offline_and_a_second_run_reuses_it(
     logs = _setup_logs(run)
     assert len(logs) == 1, logs  # one setup for four members
     assert "tinydep" in logs[0].read_text()
+    # Each member's box started while the setup ran and took its tree once it was made
+    # (sandbox/prepared/waiting.py); the test's import of tinydep in it is the snapshot's
+    # environment at work. What the run kept of the tree went with the run.
+    for m in outcomes:
+        events = _box_events(run, m)
+        (create,), (made,), (lay,) = events["create"], events["setup"], events["lay"]
+        assert create["detail"] == {"waits_for": "setup"} and create["ts"] < made["ts"]
+        assert lay["box"] == create["box"] and "ok" not in lay["detail"]
+    assert not (waiting.trees_dir() / run.id).exists()
     keys = {_key_of(run, m) for m in outcomes}
     assert len(keys) == 1
     key = keys.pop()
@@ -310,6 +330,15 @@ def test_a_failing_setup_fails_every_member_that_needs_it_and_is_never_cached(
     spans = _setup_spans(run)
     assert len(spans) == 2 and all(s.status.status_code.name == "ERROR" for s in spans)
     assert {p.key for p in store.list_all(docker_client)} == before
+    # The boxes that waited for it went with the members: none is left, nor anything
+    # kept for them.
+    for m in ("m0", "m1"):
+        events = _box_events(run, m)
+        assert events["create"][0]["detail"] == {"waits_for": "setup"}
+        assert [e["box"] for e in events["create"]] == [e["box"] for e in events["close"]]
+        assert "lay" not in events
+    assert docker_client.api.containers(all=True, filters={"label": f"fleet.run={run.id}"}) == []
+    assert not (waiting.trees_dir() / run.id).exists()
 
 
 def test_an_endless_setup_is_cut_at_its_limit_and_its_output_bounded(

@@ -51,6 +51,7 @@ class SnapshotBackend(NoBoxes):
         self.boxes: list[SetupBox] = []
         self.closed = 0
         self.refuse: str | None = None
+        self.kept: list[Path | None] = []
 
     async def setup_image(self, spec: SandboxSpec) -> str:
         return "sha256:" + "b" * 64
@@ -59,6 +60,7 @@ class SnapshotBackend(NoBoxes):
         return self.snapshots.get(key)
 
     async def save_prepared(self, box: Sandbox, *, key: str, **kw: Any) -> str:
+        self.kept.append(kw.get("keep"))
         if self.refuse:
             raise CaptureRefused(self.refuse)
         self.snapshots[key] = f"prepared-{key[:8]}"
@@ -237,3 +239,48 @@ def test_two_processes_on_one_host_set_a_key_up_once(tmp_path: Path) -> None:
 
     got = anyio.run(main)
     assert backend.runs == ["ok"] and sorted(p.reused for p in got) == [False, True]
+
+
+def test_a_tree_is_kept_only_for_a_key_some_box_waits_for_and_only_while_it_is_to_run() -> None:
+    backend = SnapshotBackend()
+    preparer = Preparer(backend, "r1")
+    waited, alone = SetupSpec(run="ok one"), SetupSpec(run="ok two")
+
+    async def main() -> tuple[Any, ...]:
+        where = await preparer.waiting_dir(waited, SandboxSpec(), None)
+        made = await preparer.prepare(waited, SandboxSpec(), None, secrets={})
+        again = await preparer.prepare(waited, SandboxSpec(), None, secrets={})
+        later = await preparer.waiting_dir(waited, SandboxSpec(), None)  # made: none
+        other = await preparer.prepare(alone, SandboxSpec(), None, secrets={})
+        return where, made, again, later, other
+
+    where, made, again, later, other = anyio.run(main)
+    # The waited-for key's tree goes to its own directory, made for it (0755: the box's
+    # user reads it through a read-only mount); the other key keeps none.
+    assert backend.kept == [where, None]
+    assert where.is_dir() and where.stat().st_mode & 0o777 == 0o755
+    assert where.name == made.key[:64] and where.parent.name == "r1"
+    assert made.tree and again.tree and not other.tree
+    assert later is None
+    # A key the engine has already needs no waiting box either.
+    fresh = Preparer(backend, "r2")
+    assert anyio.run(fresh.waiting_dir, alone, SandboxSpec(), None) is None
+
+
+def test_the_kept_trees_directory_takes_no_name_that_leaves_it_and_drops_dead_runs(
+    tmp_path: Path,
+) -> None:
+    from sandbox.prepared import waiting
+
+    for run, key in (("../x", "ab"), ("r1", "../ab"), ("a/b", "ab"), ("..", "ab"), ("r", "a.b")):
+        with pytest.raises(ValueError):
+            waiting.key_dir(run, key)
+    live = waiting.key_dir("r1@node-a", "ab" * 32)
+    dead = waiting.key_dir("r2", "cd" * 32)
+    (dead / "tree.tar").write_bytes(b"x")
+    assert waiting.drop_stale({"r1@node-a"}) == 1
+    assert live.is_dir() and not dead.parent.exists()
+    waiting.drop_trees("..")  # not a run: nothing happens
+    assert waiting.trees_dir().is_dir()
+    waiting.drop_trees("r1@node-a")
+    assert not live.parent.exists()

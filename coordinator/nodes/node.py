@@ -33,7 +33,7 @@ from sandbox.deferred import DeferredSandbox
 from sandbox.docker import reaper
 from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxUnavailable
 from sandbox.pool import SandboxPool
-from sandbox.prepared.prepare import Preparer, SetupFailed
+from sandbox.prepared.prepare import Prepared, Preparer, SetupFailed
 from sandbox.spec import SandboxSpec
 from sandbox.warm import WarmBoxes
 from subagents.beside import beside
@@ -222,7 +222,7 @@ async def run_attempt(
             # The member's clock stands while its setup runs (bounded by its own
             # timeout): members that wait on one setup lose none of their time to it.
             t_setup = time.monotonic()
-            unit = await _with_prepared(unit, deps, trace, staged_repo, run_dir)
+            unit = await _with_prepared(unit, deps, trace, staged_repo, run_dir, held)
             started += time.monotonic() - t_setup
         with anyio.fail_after(max(unit.deadline_s - (time.monotonic() - started), 0.001)):
             outcome = await _harness(
@@ -245,12 +245,21 @@ async def run_attempt(
 
 
 async def _with_prepared(
-    unit: MemberUnit, deps: NodeDeps, trace: TraceWriter, repo: Path | None, run_dir: Path
+    unit: MemberUnit,
+    deps: NodeDeps,
+    trace: TraceWriter,
+    repo: Path | None,
+    run_dir: Path,
+    held: _Held,
 ) -> MemberUnit:
     """The unit with its box made from the setup's snapshot: found on the engine, made
     by this run already, or made now (the others that need it wait). The setup's log
     goes to ``setup.log`` in the member's directory of whoever ran it (and of every
     member it failed), and a ``setup`` event to the member's trace.
+
+    A member whose setup is still to run has its box started meanwhile, a box that gets
+    the snapshot's tree when it is made (:mod:`sandbox.prepared.waiting`): ``held.waiting``
+    (``held.box`` too, so that it is removed however the attempt ends).
 
     Raises:
         SetupFailed: the setup failed (now or earlier in this run).
@@ -263,10 +272,21 @@ async def _with_prepared(
     secrets = {n: os.environ[n] for n in setup.secrets}
     t0 = time.monotonic()
     trace.emit(SandboxEvent(action="setup_start"))
+    preparer = deps.preparer(unit.run_id)
     try:
-        made = await deps.preparer(unit.run_id).prepare(
-            setup, unit.spec.sandbox, repo, secrets=secrets
-        )
+        tree = await preparer.waiting_dir(setup, unit.spec.sandbox, repo)
+    except (SandboxError, OSError, ValueError):
+        tree = None  # the setup meets whatever this was, and says so
+
+    async def start_waiting() -> None:
+        if tree is not None:
+            await _start_waiting(unit, deps, trace, held, tree)
+
+    async def prepare() -> Prepared:
+        return await preparer.prepare(setup, unit.spec.sandbox, repo, secrets=secrets)
+
+    try:
+        made = await beside(prepare, start_waiting, wait_for_side=True)
     except SetupFailed as exc:
         await _write_log(run_dir, exc.log)
         trace.emit(
@@ -291,8 +311,36 @@ async def _with_prepared(
             duration_s=round(time.monotonic() - t0, 3),
         )
     )
+    if held.waiting is not None and not made.tree:
+        # Its tree was not kept for it (the snapshot came from elsewhere): the member
+        # starts from the snapshot as a member that came later does.
+        await _release(held.waiting, trace, None, keep=False)
+        held.box = held.waiting = None
     sandbox = unit.spec.sandbox.model_copy(update={"prepared": made.ref})
     return unit.model_copy(update={"spec": unit.spec.model_copy(update={"sandbox": sandbox})})
+
+
+async def _start_waiting(
+    unit: MemberUnit, deps: NodeDeps, trace: TraceWriter, held: _Held, tree: Path
+) -> None:
+    """The member's box, started while its setup runs; none when the backend makes no
+    such box or the engine would not (the member then starts from the snapshot)."""
+    t0 = time.monotonic()
+    try:
+        box = await deps.backend.create_waiting(
+            unit.spec.sandbox, run=unit.run_id, member=unit.spec.id, tree=tree
+        )
+    except (SandboxError, OSError):
+        return
+    held.box = held.waiting = box
+    trace.emit(
+        SandboxEvent(
+            action="create",
+            box=box.name,
+            detail={"waits_for": "setup"},
+            duration_s=round(time.monotonic() - t0, 3),
+        )
+    )
 
 
 async def _cached_snapshot(deps: NodeDeps, unit: MemberUnit, run_id: str) -> str | None:
@@ -322,6 +370,9 @@ class _Held:
     box: Sandbox | None = None
     pool: SandboxPool | None = None
     staging: StagedRepo | None = None
+    waiting: Sandbox | None = None
+    """A box started while the member's setup ran, its tree still to lay
+    (:mod:`sandbox.prepared.waiting`)."""
 
 
 async def _harness(
@@ -409,14 +460,16 @@ async def _start_box(
     failure to start is the member's to meet at its first use of the box."""
     try:
         t0 = time.monotonic()
-        box, held.pool = await deps.acquire(unit.spec.sandbox, unit.run_id, unit.spec.id)
-        held.box = box
-        if not member_ended.is_set():  # else it was never the member's: no create
-            trace.emit(
-                SandboxEvent(
-                    action="create", box=box.name, duration_s=round(time.monotonic() - t0, 3)
+        box = await _laid(unit, deps, trace, held)
+        if box is None:
+            box, held.pool = await deps.acquire(unit.spec.sandbox, unit.run_id, unit.spec.id)
+            held.box = box
+            if not member_ended.is_set():  # else it was never the member's: no create
+                trace.emit(
+                    SandboxEvent(
+                        action="create", box=box.name, duration_s=round(time.monotonic() - t0, 3)
+                    )
                 )
-            )
         if staged_repo is not None:
             await box.upload(staged_repo, "/workspace")
         for name, text in unit.files.items():
@@ -439,6 +492,28 @@ async def _start_box(
         raise
     else:
         pending.set(box)
+
+
+async def _laid(
+    unit: MemberUnit, deps: NodeDeps, trace: TraceWriter, held: _Held
+) -> Sandbox | None:
+    """The box that waited for the member's setup, its tree laid (a ``lay`` event);
+    None when there is none, or it could not take the tree (it is removed then)."""
+    box, held.waiting = held.waiting, None
+    ref = unit.spec.sandbox.prepared
+    if box is None or ref is None:
+        return None
+    t0 = time.monotonic()
+    try:
+        await deps.backend.lay_tree(box, ref=ref)
+    except SandboxError as exc:
+        held.box = None  # lay_tree removed it
+        trace.emit(
+            SandboxEvent(action="lay", box=box.name, detail={"ok": False, "why": str(exc)[:300]})
+        )
+        return None
+    trace.emit(SandboxEvent(action="lay", box=box.name, duration_s=round(time.monotonic() - t0, 3)))
+    return box
 
 
 def _attempt_failed(unit: MemberUnit, exc: Exception, started: float) -> MemberOutcome:

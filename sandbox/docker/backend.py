@@ -60,7 +60,9 @@ from ..errors import (
     SandboxUnavailable,
 )
 from ..inbox import wire
+from ..prepared import waiting
 from ..prepared.capture import PREFIX
+from ..prepared.waiting import MOUNT
 from ..process import BoxProcess
 from ..spec import SandboxSpec
 from ..watch import WorkspaceWatch
@@ -78,6 +80,7 @@ from .engine import engine_calls, remove_box
 from .firewall import infra_mac
 from .gvisor import exec_prefix, no_prlimit_message
 from .network import PROXY_PORT, RunNetworks, proxy_env
+from .prepared import TREE_FILE
 from .transport import BoxTransport
 
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
@@ -112,6 +115,13 @@ _LAY_FAST = (
     f'$4 " KiB free)" }}\' >>{_LAY_ERR}; : >{_LAY_FAILED}; fi'
 )
 _LAYING_COMMAND = ["sh", "-c", f"{_LAY}; exec sleep infinity"]
+# A box that waited for its setup's snapshot lays the snapshot's archive (its entries
+# under PREFIX, three names deep) from its read-only mount (sandbox/prepared/waiting.py).
+_LAY_TREE = (
+    f"tar -C /workspace --strip-components=3 -xpf {MOUNT}/{TREE_FILE} || {{ "
+    "df -Pk /workspace | awk 'NR == 2 && $4 < 1024 { print \"/workspace: No space left on "
+    'device (" $2 " KiB, " $4 " KiB free)" }\' >&2; exit 1; }'
+)
 _LAYING_OWN = ["sh", "-c", f"{_LAY_FAST}; exec sleep infinity"]
 # A coding box of Fleet's image runs its agent as PID 1, attached to from the host before
 # it starts (sandbox/docker/container.py): no `docker exec` to reach it. Other images may
@@ -176,6 +186,10 @@ class DockerSandbox(Sandbox):
         # Fleet's coding image starts nothing but its agent, and /workspace is a fresh
         # tmpfs; another image's entrypoint may write there before anyone asks.
         self._untouched = spec.kind == "coding" and spec.image is None and spec.prepared is None
+        self.env_overlay: dict[str, str] = {}
+        """Set on every command the box runs: what its snapshot adds to a box's
+        environment, for a box that got the snapshot's tree after it started
+        (:meth:`DockerBackend.lay_tree`); a command's own ``env`` wins."""
 
     def untouched_workspace(self) -> bool:
         return self._untouched and not self._closed
@@ -221,6 +235,8 @@ class DockerSandbox(Sandbox):
     ) -> ExecResult:
         self._untouched = False
         limit = output_limit or self.spec.output_limit
+        if self.env_overlay:
+            env = {**self.env_overlay, **(env or {})}
         req = exec_request(cmd, timeout, cwd or self.spec.workdir, env, stdin, limit)
         with self._watch.command() as report:
             if self.mode == "plain":
@@ -272,7 +288,9 @@ class DockerSandbox(Sandbox):
         if self._closed:
             raise SandboxClosed(f"sandbox {self.name} was closed; create a new one")
         self._watch.live_process()
-        return await self.transport.open_process(command, self.resolve(cwd) if cwd else None)
+        return await self.transport.open_process(
+            command, self.resolve(cwd) if cwd else None, env=self.env_overlay
+        )
 
     async def upload(self, local: Path, remote: str) -> None:
         """Small trees travel in one request; large ones (and large files) as a tar
@@ -465,14 +483,25 @@ class DockerBackend(SandboxBackend):
         return f"http://{ip}:{PROXY_PORT}"
 
     async def create(
-        self, spec: SandboxSpec, *, run: str, member: str, command: list[str] | None = None
+        self,
+        spec: SandboxSpec,
+        *,
+        run: str,
+        member: str,
+        command: list[str] | None = None,
+        tree: Path | None = None,
     ) -> DockerSandbox:
         """Create and start a box; browser boxes are returned once CDP answers.
 
         ``command`` overrides the image's command (service boxes use it to start their
         server); a service box answers on the run network under ``member`` as its name,
         on :data:`~sandbox.docker.firewall.SERVICE_PORT` only, to the run's proxies only.
+        ``tree``: a coding box of Fleet's image that waits for a setup's snapshot, with
+        that directory read-only at :data:`~sandbox.prepared.waiting.MOUNT`
+        (:meth:`lay_tree`).
         """
+        if tree is not None and (spec.kind != "coding" or spec.image or spec.prepared):
+            raise SandboxSpecError("only a coding box of Fleet's own image waits for a tree")
         for what, value in (("run", run), ("member", member)):
             if not _NAME_RE.match(value):
                 raise SandboxSpecError(
@@ -509,8 +538,43 @@ class DockerBackend(SandboxBackend):
         # A service box is one its run's proxies may connect to (firewall.py).
         mac = infra_mac() if spec.kind == "service" and network != "none" else None
         args = (spec, image, labels, env, network, aliases, command, run, member, mac, attach)
-        info = await anyio.to_thread.run_sync(create_container, self.client, *args)
+        mount = str(tree) if tree is not None else None
+        info = await anyio.to_thread.run_sync(
+            lambda: create_container(self.client, *args, tree=mount)
+        )
         return await self.adopt(info, spec, run=run, member=member)
+
+    async def create_waiting(
+        self, spec: SandboxSpec, *, run: str, member: str, tree: Path
+    ) -> DockerSandbox:
+        if spec.kind != "coding" or spec.image or spec.prepared:
+            # Another image may have no GNU tar to lay the tree with.
+            raise SandboxError("only a coding box of Fleet's own image waits for a setup")
+        return await self.create(spec, run=run, member=member, tree=tree)
+
+    async def lay_tree(self, box: Sandbox, *, ref: str) -> None:
+        """The tree of the snapshot ``ref`` - kept as an archive in the directory the box
+        was created with (:mod:`sandbox.prepared.waiting`) - laid into ``box``'s
+        ``/workspace`` by the box's own ``tar``, and what the snapshot adds to its boxes'
+        environment set on the box's every command: the box is then as one started from
+        the snapshot. The box is removed if the tree does not lay."""
+        assert isinstance(box, DockerSandbox)
+        try:
+            base = await self.image_for(box.spec)
+            added = await anyio.to_thread.run_sync(prepared.added_env, self.client, ref, base)
+            res = await box.exec(["sh", "-c", _LAY_TREE], cwd="/", timeout=600)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.remove_container(box.id)
+            raise
+        if not res.ok:
+            await self.remove_container(box.id)
+            raise SandboxUnavailable(
+                f"box {box.name}: the prepared tree did not copy into /workspace "
+                f"(exit {res.exit_code}): {(res.stderr or res.stdout).strip()[-300:]}"
+            )
+        box.env_overlay = added
+        box.spec = box.spec.model_copy(update={"prepared": ref})
 
     async def _lay_prepared(self, box: DockerSandbox, *, started: bool) -> None:
         """The snapshot's tree in the box's fresh ``/workspace`` (the box removed if not):
@@ -550,6 +614,7 @@ class DockerBackend(SandboxBackend):
         setup: str,
         repo: Path | None,
         secrets: dict[str, str],
+        keep: Path | None = None,
     ) -> str:
         assert isinstance(box, DockerSandbox)
         base = await self.image_for(box.spec)
@@ -560,6 +625,7 @@ class DockerBackend(SandboxBackend):
                 return prepared.save(
                     self.client, box.id, prefix, base,
                     key=key, inputs=inputs, setup=setup, repo=repo, secrets=secrets,
+                    keep=keep,
                 )  # fmt: skip
 
         return await anyio.to_thread.run_sync(save)
@@ -622,6 +688,7 @@ class DockerBackend(SandboxBackend):
     async def remove_run(self, run: str) -> int:
         await self._ready()
         count = await anyio.to_thread.run_sync(reaper.remove_run, self.client, run, self.node)
+        await anyio.to_thread.run_sync(waiting.drop_trees, self.owner(run))
         reaper.mark_done(self.owner(run))
         return count
 
@@ -630,9 +697,11 @@ class DockerBackend(SandboxBackend):
     ) -> list[BoxInfo]:
         await self._ready()
         live = reaper.live_runs() if live_runs is None else live_runs
-        return await anyio.to_thread.run_sync(
+        removed = await anyio.to_thread.run_sync(
             lambda: reaper.gc(self.client, live, now=now or time.time())
         )
+        await anyio.to_thread.run_sync(waiting.drop_stale, live)
+        return removed
 
 
 def _coding_command(spec: SandboxSpec) -> tuple[list[str], bool]:

@@ -44,6 +44,7 @@ import docker.errors
 import docker.types
 
 from ..errors import SandboxUnavailable
+from ..prepared.waiting import MOUNT
 from ..spec import SHM_BYTES, SandboxSpec, parse_size
 from . import attached, gvisor
 from .engine import on_engine, remove_box
@@ -65,13 +66,16 @@ def create_container(
     member: str,
     mac_address: str | None = None,
     attach: bool = False,
+    tree: str | None = None,
 ) -> dict:
     """Create and start the box; its details (``inspect``). ``attach``: ``command`` is
     the box agent as PID 1 (:func:`sandbox.inbox.boxagent.init_then_serve`), and the
     host attaches to the container's stdio before it starts, the agent's stream from its
     first byte; the socket waits in :mod:`.attached` for the box's transport. No
     ``docker exec`` is then needed to reach the agent (which costs the engine, containerd
-    and runc another round: an eighth of a box's start, ``bench/box_start.py``)."""
+    and runc another round: an eighth of a box's start, ``bench/box_start.py``).
+    ``tree``: a host directory the box sees read-only at
+    :data:`sandbox.prepared.waiting.MOUNT` (its setup's tree, once made)."""
     api = client.api
     mem = gvisor.host_memory(spec)
     host_config = api.create_host_config(
@@ -97,11 +101,12 @@ def create_container(
         init=not attach,
         log_config={"type": "none"} if attach else None,
         runtime=gvisor.runtime_name(spec, network),
-        mounts=(
-            [docker.types.Mount("/wheels", spec.wheels, type="bind", read_only=True)]
-            if spec.wheels
-            else None
-        ),
+        mounts=[
+            docker.types.Mount(target, source, type="bind", read_only=True)
+            for target, source in (("/wheels", spec.wheels), (MOUNT, tree))
+            if source
+        ]
+        or None,
     )
     networking = None
     if aliases:

@@ -29,6 +29,11 @@ A lower layer mounted in place (an overlay of the image's tree under ``/workspac
 would copy nothing, but needs a mount the unprivileged box cannot make, and a tmpfs
 ``/workspace`` is what bounds the box's disk.
 
+A member that needs a setup still to run does not wait for the snapshot to start its
+box: its box starts from the member's image at once, and takes the clean archive
+:func:`save` keeps for it (``keep``) when the snapshot is made
+(:mod:`sandbox.prepared.waiting` says why and what it bounds).
+
 Last use is a file per key under the cache directory, touched each time a run takes
 the snapshot: an image's labels cannot change, and an engine records no use of an
 image. ``fleet sandbox prepared`` lists and removes snapshots; ``gc`` removes those
@@ -177,9 +182,16 @@ def save(
     setup: str,
     repo: Path | None,
     secrets: dict[str, str],
+    keep: Path | None = None,
 ) -> str:
-    """Blocking: the finished setup box's tree as the snapshot ``key``; its image id."""
-    with tempfile.TemporaryDirectory(prefix="fleet-prepare-") as tmp:
+    """Blocking: the finished setup box's tree as the snapshot ``key``; its image id.
+    ``keep``: a directory that also gets the clean archive, as :data:`TREE_FILE`, once
+    the snapshot is made (for the boxes that waited for it, read-only in each). Both
+    archives are written in a private directory beside it, never in it: the raw one is
+    the setup's tree as it was (a secret's value may be in it), and a clean one is whole
+    and free of secrets only once the capture has ended without refusing it."""
+    private = keep.parent if keep is not None else None
+    with tempfile.TemporaryDirectory(prefix="fleet-prepare-", dir=private) as tmp:
         raw, clean = Path(tmp) / "raw.tar", Path(tmp) / "clean.tar"
         archive_workspace(client, box_id, prefix, raw, ARCHIVE_LIMIT)
         with open(raw, "rb") as source, open(clean, "wb") as out:
@@ -198,8 +210,28 @@ def save(
             "fleet.prepared.files": str(got.files),
         }
         ref = commit(client, base, clean, key=key, labels=labels, venv=got.venv)
+        if keep is not None:  # one file system: a rename, never a half-written file
+            clean.chmod(0o644)
+            clean.rename(keep / TREE_FILE)
     touch(key)
     return ref
+
+
+TREE_FILE = "tree.tar"
+"""The clean archive of a snapshot's tree, as :func:`save` keeps it when asked."""
+
+
+@on_engine
+def added_env(client: docker.DockerClient, ref: str, base: str) -> dict[str, str]:
+    """What the snapshot ``ref`` sets in its boxes' environment beyond its ``base``
+    image (the virtualenv first on ``PATH``, :func:`commit`)."""
+
+    def env(image: str) -> dict[str, str]:
+        pairs = client.api.inspect_image(image)["Config"].get("Env") or []
+        return dict(e.split("=", 1) for e in pairs if "=" in e)
+
+    mine, theirs = env(ref), env(base)
+    return {k: v for k, v in mine.items() if theirs.get(k) != v}
 
 
 HELPER_AGE_S = 3600.0

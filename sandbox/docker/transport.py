@@ -157,8 +157,11 @@ class BoxTransport:
             self.crashed = self.crashed or SandboxCrashed(self.name, *reason)
             raise self.crashed
 
-    async def open_process(self, command: str, cwd: str | None) -> BoxProcess:
-        """A long-lived process on its own ``docker exec -i`` (see :mod:`sandbox.process`)."""
+    async def open_process(
+        self, command: str, cwd: str | None, env: dict[str, str] | None = None
+    ) -> BoxProcess:
+        """A long-lived process on its own ``docker exec -i`` (see :mod:`sandbox.process`),
+        with ``env`` added to the box's environment."""
 
         def start() -> Any:
             exec_id = self._api.exec_create(
@@ -167,6 +170,7 @@ class BoxTransport:
                 stdin=True,
                 user="1000:1000",
                 workdir=cwd,
+                environment=env or None,
             )["Id"]
             return self._api.exec_start(exec_id, socket=True)
 

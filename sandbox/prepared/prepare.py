@@ -49,6 +49,7 @@ import anyio
 from ..base import SandboxBackend
 from ..errors import SandboxError
 from ..spec import SandboxSpec
+from . import waiting
 from .capture import CaptureRefused, redact
 from .key import key_inputs, setup_key, wheelhouse_digest
 from .spec import SetupSpec
@@ -80,6 +81,8 @@ class Prepared:
     duration_s: float
     log: str = ""
     """The setup's output (secrets masked); empty when reused."""
+    tree: bool = False
+    """Its tree is kept for this run's waiting boxes (:meth:`Preparer.waiting_dir`)."""
 
 
 class Preparer:
@@ -94,6 +97,10 @@ class Preparer:
         """Each wheelhouse's digest, made once per run however many members use it."""
         self._images: dict[tuple[str, str | None], str] = {}
         """Each box image's id, asked of the engine once per run (by kind and image)."""
+        self._trees: dict[str, Path] = {}
+        """Keys some box waits for, and where their trees are to be kept."""
+        self._kept: set[str] = set()
+        """Keys whose trees were kept in this run."""
 
     async def key(self, setup: SetupSpec, box: SandboxSpec, repo: Path | None) -> tuple[str, dict]:
         """The setup's key for members of ``box`` with the repository copy ``repo``."""
@@ -122,6 +129,20 @@ class Preparer:
             self._done.setdefault(key, Prepared(key=key, ref=ref, reused=True, duration_s=0.0))
         return ref
 
+    async def waiting_dir(
+        self, setup: SetupSpec, box: SandboxSpec, repo: Path | None
+    ) -> Path | None:
+        """Where the tree of this setup will be kept for a box that waits for it
+        (:mod:`.waiting`), when the setup is still to run here: neither this run nor the
+        engine has its snapshot. None when there is one (the box starts from it)."""
+        key, _ = await self.key(setup, box, repo)
+        if key in self._done or await self.backend.find_prepared(key) is not None:
+            return None
+        if key not in self._trees:
+            owner = self.backend.owner(self.run)
+            self._trees[key] = await anyio.to_thread.run_sync(waiting.key_dir, owner, key)
+        return self._trees[key]
+
     async def prepare(
         self,
         setup: SetupSpec,
@@ -139,14 +160,16 @@ class Preparer:
         key, inputs = await self.key(setup, box, repo)
         done = self._done.get(key)
         if isinstance(done, Prepared):  # this run has it: no lock to wait in line for
-            return Prepared(key=key, ref=done.ref, reused=True, duration_s=0.0)
+            tree = key in self._kept
+            return Prepared(key=key, ref=done.ref, reused=True, duration_s=0.0, tree=tree)
         lock = self._locks.setdefault(key, anyio.Lock())
         async with lock, _host_lock(key):
             done = self._done.get(key)
             if isinstance(done, SetupFailed):
                 raise SetupFailed(str(done), log=done.log, again=True, key=key)
             if done is not None:
-                return Prepared(key=key, ref=done.ref, reused=True, duration_s=0.0)
+                tree = key in self._kept
+                return Prepared(key=key, ref=done.ref, reused=True, duration_s=0.0, tree=tree)
             t0 = time.monotonic()
             ref = await self.backend.find_prepared(key)
             if ref is not None:
@@ -200,6 +223,7 @@ class Preparer:
                 )
             if not res.ok:
                 raise SetupFailed(f"setup failed (exit {res.exit_code}): {_tail(log)}", log=log)
+            keep = self._trees.get(key)  # some box waits for it
             try:
                 ref = await self.backend.save_prepared(
                     sandbox,
@@ -208,10 +232,15 @@ class Preparer:
                     setup=setup.run,
                     repo=repo,
                     secrets=secrets,
+                    keep=keep,
                 )
             except CaptureRefused as exc:
                 raise SetupFailed(f"setup failed: {exc}", log=log) from None
-            return Prepared(key=key, ref=ref, reused=False, duration_s=0.0, log=log)
+            if keep is not None:
+                self._kept.add(key)
+            made = Prepared(key=key, ref=ref, reused=False, duration_s=0.0, log=log)
+            made.tree = keep is not None
+            return made
         except SandboxError as exc:
             raise SetupFailed(f"setup failed: its box was lost ({exc})") from None
         finally:
