@@ -42,7 +42,7 @@ import stat
 import tarfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -559,20 +559,14 @@ class DockerBackend(SandboxBackend):
         environment set on the box's every command: the box is then as one started from
         the snapshot. The box is removed if the tree does not lay."""
         assert isinstance(box, DockerSandbox)
-        try:
+        added: dict[str, str] = {}
+
+        async def lay() -> ExecResult:
             base = await self.image_for(box.spec)
-            added = await anyio.to_thread.run_sync(prepared.added_env, self.client, ref, base)
-            res = await box.exec(["sh", "-c", _LAY_TREE], cwd="/", timeout=600)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self.remove_container(box.id)
-            raise
-        if not res.ok:
-            await self.remove_container(box.id)
-            raise SandboxUnavailable(
-                f"box {box.name}: the prepared tree did not copy into /workspace "
-                f"(exit {res.exit_code}): {(res.stderr or res.stdout).strip()[-300:]}"
-            )
+            added.update(await anyio.to_thread.run_sync(prepared.added_env, self.client, ref, base))
+            return await box.exec(["sh", "-c", _LAY_TREE], cwd="/", timeout=600)
+
+        await self._laid_or_removed(box, lay)
         box.env_overlay = added
         box.spec = box.spec.model_copy(update={"prepared": ref})
 
@@ -583,8 +577,14 @@ class DockerBackend(SandboxBackend):
             argv = ["sh", "-c", _LAY_WAIT]
         else:
             argv = ["cp", "-a", f"/{PREFIX}/.", "/workspace/"]
+        await self._laid_or_removed(box, lambda: box.exec(argv, cwd="/", timeout=600))
+
+    async def _laid_or_removed(
+        self, box: DockerSandbox, lay: Callable[[], Awaitable[ExecResult]]
+    ) -> None:
+        """Run ``lay``; the box is removed when it raises or its command fails."""
         try:
-            res = await box.exec(argv, cwd="/", timeout=600)
+            res = await lay()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.remove_container(box.id)
