@@ -182,6 +182,8 @@ def test_four_members_share_one_setup_run_offline_and_a_second_run_reuses_it(
     logs = _setup_logs(run)
     assert len(logs) == 1, logs  # one setup for four members
     assert "tinydep" in logs[0].read_text()
+    # pip says nothing of the box's read-only home (its cache is off for a setup).
+    assert "cache has been disabled" not in logs[0].read_text()
     # Each member's box started while the setup ran and took its tree once it was made
     # (sandbox/prepared/waiting.py); the test's import of tinydep in it is the snapshot's
     # environment at work. What the run kept of the tree went with the run.
