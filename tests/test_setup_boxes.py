@@ -619,3 +619,45 @@ def test_a_resumed_run_sets_up_again_only_when_its_snapshot_is_gone(
                 proc.kill()
         if key:
             _forget(docker_client, key)
+
+
+def test_a_box_that_waited_but_cannot_take_the_tree_gives_way_to_one_of_the_snapshot(
+    tmp_path: Path, project: tuple[Path, Path], images: dict, out: Path, docker_client
+) -> None:
+    from sandbox.docker.backend import DockerBackend
+    from sandbox.errors import SandboxUnavailable
+
+    repo, wheels = project
+    setup = json.dumps(f"{INSTALL} # {tmp_path.name}")
+    table = f"{{ run = {setup}, wheels = {json.dumps(str(wheels))} }}"
+    job = job_file(tmp_path / "job.toml", repo, [table] * 2)
+    refused: list[str] = []
+
+    async def no_lay(self: DockerBackend, box: Any, *, ref: str) -> None:
+        refused.append(box.name)
+        await self.remove_container(box.id)  # as a failed lay leaves it
+        raise SandboxUnavailable(f"box {box.name}: the prepared tree did not copy (test)")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DockerBackend, "lay_tree", no_lay)
+        assert main(["run", str(job), "--output-dir", str(out), "--plain"]) == 0
+    (run,) = RunDir.list(out)
+    key = _key_of(run, "m0")
+    try:
+        assert len(refused) == 2
+        roll = rollup_run(load_run(run.path))
+        for m in ("m0", "m1"):
+            outcome = run.outcomes()[m]
+            assert outcome.status == "ok" and outcome.result.verified.passed, outcome.reason
+            events = _box_events(run, m)
+            waited, instead = events["create"]
+            assert waited["detail"] == {"waits_for": "setup"} and waited["box"] in refused
+            assert instead["detail"] == {"replaces": waited["box"]}
+            assert events["lay"][0]["detail"]["ok"] is False
+        # One attempt each on the trace, the box made instead part of it.
+        assert [r.attempts for r in roll.members] == [1, 1]
+        assert (
+            docker_client.api.containers(all=True, filters={"label": f"fleet.run={run.id}"}) == []
+        )
+    finally:
+        _forget(docker_client, key)

@@ -226,3 +226,31 @@ def test_cli_shows_attempts_and_what_time_measures(
     out = capsys.readouterr().out
     assert f"attempt 1  crashed: {tracegen.CRASH}" in out
     assert out.index("-- attempt 1 --") < out.index("-- attempt 2 --")
+
+
+def test_a_box_made_instead_of_one_that_waited_for_the_setup_is_the_same_attempt() -> None:
+    from coordinator.traceview.rollup import split_attempts
+    from subagents.trace import MemberStart, SandboxEvent
+
+    def box(action: str, name: str, **detail: str) -> SandboxEvent:
+        return SandboxEvent(action=action, box=name, detail=detail)
+
+    start = MemberStart(kind="coding", task="t", model="m")
+    end = MemberEnd(status="ok")
+    # The box that waited was let go (its tree did not lay); another was made instead.
+    waited = [
+        box("setup_start", ""),
+        box("create", "b1", waits_for="setup"),
+        box("setup", "snap"),
+        start,
+        box("lay", "b1", ok="false"),
+        box("create", "b2", replaces="b1"),
+        end,
+        box("close", "b2"),
+    ]
+    assert split_attempts(waited) == [0]
+    # A retry after it is an attempt of its own, as before.
+    assert split_attempts([*waited, box("create", "b3"), start, end]) == [0, 8]
+    # Without the mark, a second create in one attempt still begins another.
+    plain = [box("create", "b1"), start, box("create", "b2"), end]
+    assert split_attempts(plain) == [0, 2]

@@ -315,6 +315,7 @@ async def _with_prepared(
         # Its tree was not kept for it (the snapshot came from elsewhere): the member
         # starts from the snapshot as a member that came later does.
         await _release(held.waiting, trace, None, keep=False)
+        held.replaced = held.waiting.name
         held.box = held.waiting = None
     sandbox = unit.spec.sandbox.model_copy(update={"prepared": made.ref})
     return unit.model_copy(update={"spec": unit.spec.model_copy(update={"sandbox": sandbox})})
@@ -373,6 +374,9 @@ class _Held:
     waiting: Sandbox | None = None
     """A box started while the member's setup ran, its tree still to lay
     (:mod:`sandbox.prepared.waiting`)."""
+    replaced: str = ""
+    """The name of such a box that was let go (its tree was not kept for it, or did not
+    lay): the box made instead says so, and is no new attempt on the trace."""
 
 
 async def _harness(
@@ -467,7 +471,10 @@ async def _start_box(
             if not member_ended.is_set():  # else it was never the member's: no create
                 trace.emit(
                     SandboxEvent(
-                        action="create", box=box.name, duration_s=round(time.monotonic() - t0, 3)
+                        action="create",
+                        box=box.name,
+                        detail={"replaces": held.replaced} if held.replaced else {},
+                        duration_s=round(time.monotonic() - t0, 3),
                     )
                 )
         if staged_repo is not None:
@@ -507,7 +514,7 @@ async def _laid(
     try:
         await deps.backend.lay_tree(box, ref=ref)
     except SandboxError as exc:
-        held.box = None  # lay_tree removed it
+        held.box, held.replaced = None, box.name  # lay_tree removed it
         trace.emit(
             SandboxEvent(action="lay", box=box.name, detail={"ok": False, "why": str(exc)[:300]})
         )

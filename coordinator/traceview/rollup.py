@@ -251,12 +251,18 @@ def split_attempts(events: list[Any]) -> list[int]:
     The fan-out writes every attempt to the same trace: box create, ``member_start``,
     ..., ``member_end``, box close, then the next attempt's box create. A create or a
     ``member_start`` opens a new attempt once the current one has ended, or when the
-    current one already had one (an attempt whose end was never written).
+    current one already had one (an attempt whose end was never written). A create that
+    ``replaces`` a box which waited for the member's setup and was let go is the same
+    attempt's (:mod:`sandbox.prepared.waiting`).
     """
     starts = [0] if events else []
     ended = created = begun = False
     for i, ev in enumerate(events):
-        create = isinstance(ev, SandboxEvent) and ev.action == "create"
+        create = (
+            isinstance(ev, SandboxEvent)
+            and ev.action == "create"
+            and not (isinstance(ev.detail, dict) and ev.detail.get("replaces"))
+        )
         begin = isinstance(ev, MemberStart)
         if i and (create or begin) and (ended or (create and created) or (begin and begun)):
             starts.append(i)
