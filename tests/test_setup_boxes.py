@@ -155,6 +155,15 @@ def _key_of(run: RunDir, member: str) -> str:
     return str(event["detail"]["key"])
 
 
+def _install_job(tmp_path: Path, project: tuple[Path, Path], members: int) -> Path:
+    """A job of ``members`` members that share one setup (the venv and tinydep from the
+    wheelhouse), of a key no earlier test made: the command names the test's directory."""
+    repo, wheels = project
+    setup = json.dumps(f"{INSTALL} # {tmp_path.name}")
+    table = f"{{ run = {setup}, wheels = {json.dumps(str(wheels))} }}"
+    return job_file(tmp_path / "job.toml", repo, [table] * members)
+
+
 def _forget(client: docker.DockerClient, key: str) -> None:
     for info in store.list_all(client):
         if info.key.startswith(key):
@@ -164,11 +173,8 @@ def _forget(client: docker.DockerClient, key: str) -> None:
 def test_four_members_share_one_setup_run_offline_and_a_second_run_reuses_it(
     tmp_path: Path, project: tuple[Path, Path], images: dict, out: Path, docker_client
 ) -> None:
-    repo, wheels = project
-    # A key no earlier test made: the setup command names this test's directory.
-    setup = json.dumps(f"{INSTALL} # {tmp_path.name}")
-    table = f"{{ run = {setup}, wheels = {json.dumps(str(wheels))} }}"
-    job = job_file(tmp_path / "job.toml", repo, [table] * 4)
+    repo, _ = project
+    job = _install_job(tmp_path, project, 4)
     done, run = _run(job, out)
     assert done.returncode == 0, done.stdout + done.stderr
     outcomes = run.outcomes()
@@ -627,10 +633,7 @@ def test_a_box_that_waited_but_cannot_take_the_tree_gives_way_to_one_of_the_snap
     from sandbox.docker.backend import DockerBackend
     from sandbox.errors import SandboxUnavailable
 
-    repo, wheels = project
-    setup = json.dumps(f"{INSTALL} # {tmp_path.name}")
-    table = f"{{ run = {setup}, wheels = {json.dumps(str(wheels))} }}"
-    job = job_file(tmp_path / "job.toml", repo, [table] * 2)
+    job = _install_job(tmp_path, project, 2)
     refused: list[str] = []
 
     async def no_lay(self: DockerBackend, box: Any, *, ref: str) -> None:
