@@ -144,9 +144,12 @@ def test_a_setup_the_early_thread_cannot_read_starts_nothing_and_raises_nothing(
     from sandbox.spec import SandboxSpec
 
     asked: list[dict] = []
-    engine = SimpleNamespace(
-        api=SimpleNamespace(images=lambda filters: asked.append(filters) or [])
-    )
+
+    def images(filters: dict) -> list:
+        asked.append(filters)
+        return []
+
+    engine = SimpleNamespace(api=SimpleNamespace(images=images))
     spec = SandboxSpec()
     broken = [
         12,
