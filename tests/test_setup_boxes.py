@@ -205,6 +205,12 @@ def test_four_members_share_one_setup_run_offline_and_a_second_run_reuses_it(
     # The wait is in the rollup, the trace text and OTel (a span per member, one made).
     roll = rollup_run(load_run(run.path))
     assert roll.totals["setup_s"] > 0 and all(r.setup_s > 0 for r in roll.members)
+    # Their box start-up is what they waited for after the setup (the tree's lay), not
+    # the start that ran during it; the box was up after the setup ended.
+    for r in roll.members:
+        events = _box_events(run, r.member)
+        assert r.box_s == pytest.approx(events["lay"][0]["duration_s"], abs=0.002)
+        assert r.per_attempt[0].ready >= events["setup"][0]["ts"]
     spans = _setup_spans(run)
     assert sorted(s.attributes["gen_ai.agent.name"] for s in spans) == ["m0", "m1", "m2", "m3"]
     assert [s.attributes["fleet.setup.reused"] for s in spans].count(False) == 1

@@ -79,7 +79,9 @@ class AttemptRollup(_View):
     duration_s: float = 0.0
     """``end - start``: box start-up included."""
     box_s: float = 0.0
-    """Seconds spent creating its box."""
+    """Seconds spent creating its box - for a box started while the member's setup ran
+    (:mod:`sandbox.prepared.waiting`), laying the setup's tree in it after: the part of
+    its start the member waited for."""
     setup_s: float = 0.0
     """Seconds it waited on its repository's setup (run, reused or failed)."""
     turns: int = 0
@@ -280,6 +282,10 @@ def _attempt(n: int, events: list[Any], journal: MemberJournal | None) -> Attemp
     for ev in events:
         if isinstance(ev, SandboxEvent) and ev.action == "create":
             starts.append(ev.ts - ev.duration_s)
+            if not (isinstance(ev.detail, dict) and ev.detail.get("waits_for")):
+                a.box_s += ev.duration_s  # else it ran during the setup, counted there
+                ready = ev.ts
+        elif isinstance(ev, SandboxEvent) and ev.action == "lay":
             a.box_s += ev.duration_s
             ready = ev.ts
         elif isinstance(ev, SandboxEvent) and ev.action == "setup":
