@@ -146,7 +146,8 @@ def format_run(roll: RunRollup) -> str:
     lines.append("")
     lines.append(
         "ATT = attempts; WALL = from the member's first box starting to its last event "
-        "(box start-up, every attempt and back-off included); BOX = box start-up time; "
+        "(box start-up, every attempt and back-off included); BOX = the box start-up it "
+        "waited for (a box started while its setup ran: only the setup's tree laid in it); "
         "IN counts every input token (uncached + cache read + cache write); * = estimated cost."
         + (" NODE = the cluster node the member's last attempt ran on." if nodes else "")
         + (" WAVE = the lead's spawn call that started the member." if waves else "")
