@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import anyio
 import docker
 import pytest
 
@@ -647,13 +648,25 @@ def test_a_box_that_waited_but_cannot_take_the_tree_gives_way_to_one_of_the_snap
         await self.remove_container(box.id)  # as a failed lay leaves it
         raise SandboxUnavailable(f"box {box.name}: the prepared tree did not copy (test)")
 
+    from sandbox.prepared.prepare import Preparer
+
+    done = Preparer.done_waiting
+    left: list[bool] = []
+
+    async def done_then_look(self: Preparer, tree: Path) -> None:
+        await done(self, tree)
+        left.append(await anyio.Path(tree).exists())
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DockerBackend, "lay_tree", no_lay)
+        patch.setattr(Preparer, "done_waiting", done_then_look)
         assert main(["run", str(job), "--output-dir", str(out), "--plain"]) == 0
     (run,) = RunDir.list(out)
     key = _key_of(run, "m0")
     try:
         assert len(refused) == 2
+        # The kept tree went as soon as both boxes were done with it, within the run.
+        assert left == [True, False]
         roll = rollup_run(load_run(run.path))
         for m in ("m0", "m1"):
             outcome = run.outcomes()[m]

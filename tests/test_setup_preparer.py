@@ -284,3 +284,28 @@ def test_the_kept_trees_directory_takes_no_name_that_leaves_it_and_drops_dead_ru
     assert waiting.trees_dir().is_dir()
     waiting.drop_trees("r1@node-a")
     assert not live.parent.exists()
+
+
+def test_a_kept_tree_goes_once_the_last_box_of_its_key_is_done_with_it() -> None:
+    backend = SnapshotBackend()
+    preparer = Preparer(backend, "r1")
+    setup = SetupSpec(run="ok")
+
+    async def main() -> list[bool]:
+        seen = []
+        first = await preparer.waiting_dir(setup, SandboxSpec(), None)
+        second = await preparer.waiting_dir(setup, SandboxSpec(), None)
+        assert first == second and first is not None
+        await preparer.done_waiting(first)  # before the setup ended: it stays
+        seen.append(first.is_dir())
+        third = await preparer.waiting_dir(setup, SandboxSpec(), None)
+        assert third == first
+        await preparer.prepare(setup, SandboxSpec(), None, secrets={})
+        await preparer.done_waiting(first)
+        seen.append(first.is_dir())  # one box may still lay it
+        await preparer.done_waiting(first)
+        seen.append(first.is_dir())  # the last one is done: gone
+        await preparer.done_waiting(first)  # once too often: nothing happens
+        return seen
+
+    assert anyio.run(main) == [True, True, False]

@@ -231,12 +231,15 @@ async def run_attempt(
             ended_by_harness = True
     except CANCELLED():
         await _release(held.box, trace, held.pool, keep=held.keep)
+        with anyio.CancelScope(shield=True):
+            await _done_waiting(deps, unit, held)
         if held.staging is not None:
             held.staging.cleanup()
         raise
     except Exception as exc:
         outcome = _attempt_failed(unit, exc, started)
     await _release(held.box, trace, held.pool, keep=held.keep)
+    await _done_waiting(deps, unit, held)
     if held.staging is not None:
         await anyio.to_thread.run_sync(held.staging.cleanup)
         if held.staging.not_copied:
@@ -274,7 +277,7 @@ async def _with_prepared(
     trace.emit(SandboxEvent(action="setup_start"))
     preparer = deps.preparer(unit.run_id)
     try:
-        tree = await preparer.waiting_dir(setup, unit.spec.sandbox, repo)
+        tree = held.tree = await preparer.waiting_dir(setup, unit.spec.sandbox, repo)
     except (SandboxError, OSError, ValueError):
         tree = None  # the setup meets whatever this was, and says so
 
@@ -377,6 +380,9 @@ class _Held:
     replaced: str = ""
     """The name of such a box that was let go (its tree was not kept for it, or did not
     lay): the box made instead says so, and is no new attempt on the trace."""
+    tree: Path | None = None
+    """The directory where the setup's tree is kept for such a box, until handed back
+    (:meth:`sandbox.prepared.prepare.Preparer.done_waiting`)."""
 
 
 async def _harness(
@@ -514,13 +520,23 @@ async def _laid(
     try:
         await deps.backend.lay_tree(box, ref=ref)
     except SandboxError as exc:
+        await _done_waiting(deps, unit, held)
         held.box, held.replaced = None, box.name  # lay_tree removed it
         trace.emit(
             SandboxEvent(action="lay", box=box.name, detail={"ok": False, "why": str(exc)[:300]})
         )
         return None
     trace.emit(SandboxEvent(action="lay", box=box.name, duration_s=round(time.monotonic() - t0, 3)))
+    await _done_waiting(deps, unit, held)
     return box
+
+
+async def _done_waiting(deps: NodeDeps, unit: MemberUnit, held: _Held) -> None:
+    """Hand back the kept tree's directory this attempt was given, once (its box laid it,
+    or never will): the last box of a key to do so removes it."""
+    tree, held.tree = held.tree, None
+    if tree is not None:
+        await deps.preparer(unit.run_id).done_waiting(tree)
 
 
 def _attempt_failed(unit: MemberUnit, exc: Exception, started: float) -> MemberOutcome:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -101,6 +102,8 @@ class Preparer:
         """Keys some box waits for, and where their trees are to be kept."""
         self._kept: set[str] = set()
         """Keys whose trees were kept in this run."""
+        self._waiters: dict[str, int] = {}
+        """Boxes per key that may still lay its kept tree (:meth:`done_waiting`)."""
 
     async def key(self, setup: SetupSpec, box: SandboxSpec, repo: Path | None) -> tuple[str, dict]:
         """The setup's key for members of ``box`` with the repository copy ``repo``."""
@@ -134,14 +137,28 @@ class Preparer:
     ) -> Path | None:
         """Where the tree of this setup will be kept for a box that waits for it
         (:mod:`.waiting`), when the setup is still to run here: neither this run nor the
-        engine has its snapshot. None when there is one (the box starts from it)."""
+        engine has its snapshot. None when there is one (the box starts from it). Each
+        directory given is to be handed back to :meth:`done_waiting` once its box has
+        laid the tree or will not."""
         key, _ = await self.key(setup, box, repo)
         if key in self._done or await self.backend.find_prepared(key) is not None:
             return None
         if key not in self._trees:
             owner = self.backend.owner(self.run)
             self._trees[key] = await anyio.to_thread.run_sync(waiting.key_dir, owner, key)
+        self._waiters[key] = self._waiters.get(key, 0) + 1
         return self._trees[key]
+
+    async def done_waiting(self, tree: Path) -> None:
+        """A box that was given ``tree`` (:meth:`waiting_dir`) has laid it or never will:
+        once no box of its key may still need it and its setup has ended, the kept tree
+        is removed (not left on the host's disk until the run ends)."""
+        key = next((k for k, path in self._trees.items() if path == tree), None)
+        if key is None or self._waiters.get(key, 0) <= 0:
+            return
+        self._waiters[key] -= 1
+        if self._waiters[key] == 0 and key in self._done:
+            await anyio.to_thread.run_sync(lambda: shutil.rmtree(tree, ignore_errors=True))
 
     async def prepare(
         self,

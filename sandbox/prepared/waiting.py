@@ -24,9 +24,10 @@ command it runs. Such a box is then what a box of the snapshot is: the tree in
 
 What this costs and bounds:
 
-* a copy of the tree's archive on the host until the run ends (removed with the run's
-  boxes, :func:`drop_trees`, or by ``gc`` after a run that died), kept only for keys
-  some box waited for;
+* a copy of the tree's archive on the host, kept only for keys some box waited for,
+  and only until the last of those boxes has laid it (or will not:
+  :meth:`~sandbox.prepared.prepare.Preparer.done_waiting`); whatever is left goes with
+  the run's boxes (:func:`drop_trees`), or with ``gc`` after a run that died;
 * each waiting box sees its own key's directory only, read-only: never another key's,
   never the setup's raw archive, never a half-written file;
 * a setup that fails removes the waiting boxes with the members (they end ``failed``
