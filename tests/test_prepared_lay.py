@@ -66,6 +66,16 @@ def _snapshot(
     return store.commit(client, base, clean, key=key, labels={}, venv=venv)
 
 
+async def _too_big(
+    backend: DockerBackend, client: docker.DockerClient, tmp: Path, key: str, made: list[str]
+) -> str:
+    """A snapshot whose 6 MB tree a 4 MB workspace cannot hold (its archive in ``tmp``)."""
+    base = await backend.image_for(SandboxSpec())
+    ref = _snapshot(client, base, {"big.bin": b"\0" * (6 * 1024 * 1024)}, tmp, key)
+    made.append(ref)
+    return ref
+
+
 @pytest.fixture
 def snapshots(docker_client):
     made: list[str] = []
@@ -105,11 +115,7 @@ async def test_the_tree_is_whole_and_the_copy_leaves_nothing_behind(
 async def test_a_tree_that_does_not_fit_is_an_error_and_no_box_is_left(
     backend: DockerBackend, docker_client, run_id: str, tmp_path: Path, snapshots: list[str]
 ) -> None:
-    files = {"big.bin": b"\0" * (6 * 1024 * 1024)}
-    base = await backend.image_for(SandboxSpec())
-    ref = _snapshot(docker_client, base, files, tmp_path, "t-lay-full-" + run_id)
-    snapshots.append(ref)
-
+    ref = await _too_big(backend, docker_client, tmp_path, "t-lay-full-" + run_id, snapshots)
     spec = SandboxSpec(prepared=ref, workspace_size="4m")
     with pytest.raises(SandboxUnavailable) as err:
         await backend.create(spec, run=run_id, member="m")
@@ -208,10 +214,8 @@ async def test_a_box_that_waited_for_its_setup_is_then_as_one_started_from_the_s
 async def test_a_waiting_box_that_cannot_take_its_tree_is_removed_and_says_why(
     backend: DockerBackend, docker_client, run_id: str, tmp_path: Path, snapshots: list[str]
 ) -> None:
-    files = {"big.bin": b"\0" * (6 * 1024 * 1024)}
-    base = await backend.image_for(SandboxSpec())
-    ref = _snapshot(docker_client, base, files, tmp_path, "t-lay-wait-full-" + run_id)
-    snapshots.append(ref)
+    key = "t-lay-wait-full-" + run_id
+    ref = await _too_big(backend, docker_client, tmp_path, key, snapshots)
     owner = backend.owner(run_id)
     full, empty = waiting.key_dir(owner, "a" * 64), waiting.key_dir(owner, "b" * 64)
     shutil.copyfile(tmp_path / "clean.tar", full / store.TREE_FILE)

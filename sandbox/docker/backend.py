@@ -104,23 +104,25 @@ _LAY = f"if cp -a /{PREFIX}/. /workspace/ 2>{_LAY_ERR}; then : >{_LAID}; else : 
 # the reading side's only when there is no other. A tree that does not fit makes tar
 # say only "Wrote only 7168 of 10240 bytes" (tmpfs writes short before it refuses), so
 # a workspace left with less than a MiB free says so in the words `cp` would use.
+_FULL = (
+    "df -Pk /workspace | awk 'NR == 2 && $4 < 1024 { print \"/workspace: No space left on "
+    'device (" $2 " KiB, " $4 " KiB free)" }\''
+)
+"""Prints, when the workspace has under a MiB left, what a tree that did not fit came to."""
 _TAR = (
     f"{{ tar -C /{PREFIX} -cf - . 2>{_READ_ERR} || : >{_READ_FAILED}; }} "
     f"| tar -C /workspace -xpf - 2>{_LAY_ERR} && [ ! -e {_READ_FAILED} ]"
 )
 _LAY_FAST = (
     f"if {_TAR}; then rm -f {_READ_ERR}; : >{_LAID}; "
-    f"else [ -s {_LAY_ERR} ] || cat {_READ_ERR} >{_LAY_ERR}; df -Pk /workspace | awk "
-    '\'NR == 2 && $4 < 1024 { print "/workspace: No space left on device (" $2 " KiB, " '
-    f'$4 " KiB free)" }}\' >>{_LAY_ERR}; : >{_LAY_FAILED}; fi'
+    f"else [ -s {_LAY_ERR} ] || cat {_READ_ERR} >{_LAY_ERR}; {_FULL} >>{_LAY_ERR}; "
+    f": >{_LAY_FAILED}; fi"
 )
 _LAYING_COMMAND = ["sh", "-c", f"{_LAY}; exec sleep infinity"]
 # A box that waited for its setup's snapshot lays the snapshot's archive (its entries
 # under PREFIX, three names deep) from its read-only mount (sandbox/prepared/waiting.py).
 _LAY_TREE = (
-    f"tar -C /workspace --strip-components=3 -xpf {MOUNT}/{TREE_FILE} || {{ "
-    "df -Pk /workspace | awk 'NR == 2 && $4 < 1024 { print \"/workspace: No space left on "
-    'device (" $2 " KiB, " $4 " KiB free)" }\' >&2; exit 1; }'
+    f"tar -C /workspace --strip-components=3 -xpf {MOUNT}/{TREE_FILE} || {{ {_FULL} >&2; exit 1; }}"
 )
 _LAYING_OWN = ["sh", "-c", f"{_LAY_FAST}; exec sleep infinity"]
 # A coding box of Fleet's image runs its agent as PID 1, attached to from the host before
@@ -425,6 +427,8 @@ class DockerBackend(SandboxBackend):
     ) -> None:
         self._client = client
         self._images = dict(images or {})
+        self._added_env: dict[str, dict[str, str]] = {}
+        """What each snapshot adds to its boxes' environment (:meth:`lay_tree`)."""
         self._networks: RunNetworks | None = None
         self.node = node
 
@@ -496,12 +500,9 @@ class DockerBackend(SandboxBackend):
         ``command`` overrides the image's command (service boxes use it to start their
         server); a service box answers on the run network under ``member`` as its name,
         on :data:`~sandbox.docker.firewall.SERVICE_PORT` only, to the run's proxies only.
-        ``tree``: a coding box of Fleet's image that waits for a setup's snapshot, with
-        that directory read-only at :data:`~sandbox.prepared.waiting.MOUNT`
-        (:meth:`lay_tree`).
+        ``tree``: that directory read-only at :data:`~sandbox.prepared.waiting.MOUNT`
+        (only through :meth:`create_waiting`, which says for which boxes).
         """
-        if tree is not None and (spec.kind != "coding" or spec.image or spec.prepared):
-            raise SandboxSpecError("only a coding box of Fleet's own image waits for a tree")
         for what, value in (("run", run), ("member", member)):
             if not _NAME_RE.match(value):
                 raise SandboxSpecError(
@@ -562,8 +563,12 @@ class DockerBackend(SandboxBackend):
         added: dict[str, str] = {}
 
         async def lay() -> ExecResult:
-            base = await self.image_for(box.spec)
-            added.update(await anyio.to_thread.run_sync(prepared.added_env, self.client, ref, base))
+            if ref not in self._added_env:  # every waiting box of a key asks: once
+                base = await self.image_for(box.spec)
+                self._added_env[ref] = await anyio.to_thread.run_sync(
+                    prepared.added_env, self.client, ref, base
+                )
+            added.update(self._added_env[ref])
             return await box.exec(["sh", "-c", _LAY_TREE], cwd="/", timeout=600)
 
         await self._laid_or_removed(box, lay)
