@@ -17,6 +17,12 @@ each round.
   limits, init, no capabilities), without each group of them, and with none.
 - ``batches``: the same boxes started 1, 2, 4, 8 or 16 at a time: when the first, the
   eighth and the last is up.
+- ``agent``: the box agent's own start, inside one box of the coding image (read-only
+  root, the box's user): ``python3 -I -S`` of the agent's source as the program (how
+  every box started it before), of the program that imports the agent from the image's
+  bytecode (:mod:`sandbox.inbox.boxagent_main`, how it starts now), and of ``pass`` (the
+  interpreter alone). Each ``--once`` with nothing on stdin: the start, then an exit.
+  CPU of each child (``getrusage``), alternating, median of ``--boxes`` x ``--rounds``.
 """
 
 from __future__ import annotations
@@ -36,6 +42,23 @@ sys.path[0] = str(ROOT)  # bench/sandbox.py would shadow the sandbox package
 
 ECHO = "import sys\nfor line in sys.stdin: sys.stdout.write(line); sys.stdout.flush()"
 LABELS = {"fleet.bench": "box_start"}
+AGENT_STARTS = """import resource, statistics, subprocess, sys
+ways = {
+    "the agent's source as the program": ["/opt/fleet/boxagent.py", "--once"],
+    "the program importing the agent's bytecode": ["/opt/fleet/boxagent_main.py", "--once"],
+    "the interpreter alone": ["-c", "pass"],
+}
+cpu = {way: [] for way in ways}
+for _ in range(int(sys.argv[1])):
+    for way, argv in ways.items():
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(["python3", "-I", "-S", *argv], stdin=subprocess.DEVNULL, check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        cpu[way].append(used * 1000)
+for way, ms in cpu.items():
+    print(f"{way}\t{statistics.median(ms):.1f}")
+"""
 
 
 def busy_s() -> float:
@@ -130,6 +153,24 @@ class Engine:
         echo_once(sock)
         return box
 
+    def agent_starts(self, times: int) -> dict[str, float]:
+        """Median CPU milliseconds of each way to start the agent, in one box."""
+        box = self.api.create_container(
+            self.image,
+            ["python3", "-I", "-S", "-c", AGENT_STARTS, str(times)],
+            user="1000:1000",
+            host_config=self.api.create_host_config(network_mode="none", read_only=True),
+            labels=LABELS,
+        )["Id"]
+        try:
+            self.api.start(box)
+            if self.api.wait(box)["StatusCode"] != 0:
+                raise RuntimeError(self.api.logs(box).decode())
+            lines = self.api.logs(box, stderr=False).decode().split("\n")
+        finally:
+            self.api.remove_container(box, force=True)
+        return {k: float(v) for k, v in (line.split("\t") for line in lines if line)}
+
     def remove(self, boxes: list[str]) -> None:
         with ThreadPoolExecutor(len(boxes) or 1) as pool:
             list(pool.map(lambda b: self.api.remove_container(b, force=True), boxes))
@@ -180,6 +221,15 @@ def main() -> int:
         for name, (start, at_once) in runs.items():
             figures.setdefault(name, []).append(engine.timed(start, n, at_once))
     med = statistics.median
+    if "agent" in parts:
+        starts = [engine.agent_starts(n) for _ in range(args.rounds)]
+        print(f"The agent's start in a box of {engine.image}, {n * args.rounds} of each way")
+        print("| way | CPU, median of rounds (ms) | each round (ms) |\n|---|---:|---|")
+        for way in starts[0]:
+            each = ", ".join(f"{r[way]:.1f}" for r in starts)
+            print(f"| {way} | {med(r[way] for r in starts):.1f} | {each} |")
+        if parts == {"agent"}:
+            return 0
     print(f"{n} boxes of {engine.image}, {args.rounds} rounds, load {os.getloadavg()[0]:.1f}")
     print("| | all ready (s) | machine CPU (s) | first / middle ready (s) |\n|---|---:|---:|---:|")
     for name, rows in figures.items():

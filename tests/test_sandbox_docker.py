@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from sandbox.docker.backend import DockerBackend, DockerSandbox
+from sandbox.docker.boxops import AGENT_ARGV, AGENT_PATH
 from sandbox.errors import (
     OutputLimitExceeded,
     PathRefused,
@@ -226,13 +228,42 @@ async def test_the_agent_is_reached_without_docker_exec_and_its_stream_is_its_al
     info = docker_client.api.inspect_container(box.id)
     assert not info["ExecIDs"], info["ExecIDs"]
     assert info["HostConfig"]["LogConfig"]["Type"] == "none"
-    assert info["Config"]["Cmd"][-1] == "--init"
+    assert info["Config"]["Cmd"] == [*AGENT_ARGV, "--init"]
     fds = await box.exec("readlink /proc/1/fd/0 /proc/1/fd/1")
     assert fds.stdout.split() == ["/dev/null", "/dev/null"], fds
     forged = await box.exec(["sh", "-c", "printf '\\377\\377\\377\\360' > /proc/1/fd/1"])
     assert forged.ok, forged
     assert (await box.exec("echo still")).stdout == "still\n"
     assert not docker_client.api.inspect_container(box.id)["ExecIDs"]
+
+
+_COMPILED = """import runpy, sys
+seen = []
+sys.addaudithook(lambda event, args: event == "compile" and seen.append(args[1]))
+sys.argv = [sys.argv[1], "--once"]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    print(repr(seen))
+"""
+
+
+@pytest.mark.parametrize("kind", ["coding", "browser", "corpus"])
+def test_the_box_agent_starts_from_the_images_bytecode(docker_client, images, kind) -> None:
+    """A box's root is read-only, so Python can keep nothing it compiles there: each
+    image carries its helpers' bytecode, and the agent's program only imports the agent.
+    Run as a box runs it (read-only root, the box's user), the agent's start compiles
+    nothing of /opt/fleet but that program's few lines."""
+    out = docker_client.containers.run(
+        images[kind],
+        ["python3", "-I", "-S", "-c", _COMPILED, AGENT_PATH],
+        user="1000:1000",
+        read_only=True,
+        network_mode="none",
+        remove=True,
+    )
+    seen = ast.literal_eval(out.decode().strip().splitlines()[-1])
+    assert [name for name in seen if "/opt/fleet" in name] == [AGENT_PATH], seen
 
 
 async def test_a_forged_agent_end_only_restarts_the_boxs_own_agent(box: DockerSandbox) -> None:

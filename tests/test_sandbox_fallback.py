@@ -98,7 +98,7 @@ async def test_a_broken_agent_is_restarted_once_then_calls_go_one_shot(
 def image_without_agent(docker_client, images) -> Iterator[str]:
     """The coding image with the baked-in agent removed (python3 still there)."""
     tag = f"fleet-test-noagent:{uuid.uuid4().hex[:8]}"
-    dockerfile = f"FROM {images['coding']}\nUSER root\nRUN rm /opt/fleet/boxagent.py\n"
+    dockerfile = f"FROM {images['coding']}\nUSER root\nRUN rm /opt/fleet/boxagent*.py\n"
     docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
     try:
         yield tag

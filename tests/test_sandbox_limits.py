@@ -8,6 +8,7 @@ host applies the cap itself (an image without python3)."""
 from __future__ import annotations
 
 import re
+import struct
 import time
 
 import anyio
@@ -228,6 +229,39 @@ async def test_a_command_forging_agent_frames_breaks_that_call_not_the_hosts_mem
         assert (await box.exec("echo after")).stdout == "after\n"
 
 
+def _forger(frame: str, times: int) -> str:
+    """A command that stops each of the next ``times`` one-shot agents but its own and
+    writes ``frame`` on its stdout (the box's user may: it is not the agent that runs
+    the command), so the host reads it before anything that agent says."""
+    return (
+        "seen=$PPID; n=0; end=$(( $(date +%s) + 20 )); "
+        f"while [ $n -lt {times} ] && [ $(date +%s) -lt $end ]; do "
+        "for p in $(pgrep -f 'boxagent_main[.]py --once'); do "
+        'case " $seen " in *" $p "*) continue;; esac; seen="$seen $p"; '
+        f"kill -STOP $p 2>/dev/null && cat {frame} > /proc/$p/fd/1 && n=$((n+1)); done; done"
+    )
+
+
+@pytest.mark.parametrize("body", [b"[1, 2, 3]", b'{"id": 1, "ok": tru', b'{"x": "\xff"}'])
+async def test_a_frame_forged_for_a_one_shot_agent_that_is_no_reply_ends_only_that_call(
+    backend: DockerBackend, run_id: str, tmp_path, body: bytes
+) -> None:
+    """A whole frame that is not a JSON object, where a one-shot agent's reply should
+    be, ends that call with the reason (not the JSON parser's error), and the box goes on."""
+    async with await backend.create(SandboxSpec(), run=run_id, member="c") as box:
+        box.transport.close()  # each call its own one-shot agent, as after two restarts
+        box.transport.mode = "oneshot"
+        await box.write_file("/tmp/frame", struct.pack(">I", len(body)) + body)
+        await box.exec("mkdir -p d && head -c 40000000 /dev/urandom > d/big", timeout=60)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: box.exec(_forger("/tmp/frame", 1), timeout=30))
+            await anyio.sleep(1.0)
+            with pytest.raises(SandboxUnavailable, match="a frame that is not"):
+                await box.download("/workspace/d", tmp_path / "out")
+            tg.cancel_scope.cancel()
+        assert (await box.exec("echo after")).stdout == "after\n"
+
+
 async def test_output_capped_on_the_host_is_never_held_whole(
     backend: DockerBackend, run_id: str, images
 ) -> None:
@@ -274,14 +308,8 @@ async def test_a_downloaded_tree_is_never_decompressed_whatever_the_box_answers(
         box.transport.close()  # each call its own one-shot agent, as after two restarts
         box.transport.mode = "oneshot"
         await box.write_file("/tmp/forged", _gzip_bomb_reply("/workspace/d"))
-        # A real tree slow enough to archive that the forged answer comes first.
         await box.exec("mkdir -p d && head -c 40000000 /dev/urandom > d/big", timeout=60)
-        forger = (
-            "seen=$PPID; n=0; end=$(( $(date +%s) + 20 )); "
-            "while [ $n -lt 2 ] && [ $(date +%s) -lt $end ]; do "
-            'for p in $(pgrep -f \'boxagent[.]py --once\'); do case " $seen " in *" $p "*) continue;; esac; '
-            'seen="$seen $p"; cat /tmp/forged > /proc/$p/fd/1 && n=$((n+1)); done; done'
-        )
+        forger = _forger("/tmp/forged", 2)
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: box.exec(forger, timeout=30))
             await anyio.sleep(1.0)

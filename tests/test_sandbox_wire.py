@@ -12,11 +12,20 @@ from pathlib import Path
 import pytest
 
 from sandbox.docker.agent_client import Demuxer
-from sandbox.docker.boxops import agent_source, exec_request, exec_result, ok_reply, read_reply
+from sandbox.docker.boxops import (
+    AGENT_PATH,
+    agent_source,
+    exec_request,
+    exec_result,
+    ok_reply,
+    read_reply,
+)
 from sandbox.errors import PathRefused
+from sandbox.images.catalog import BOX_HELPERS
 from sandbox.inbox import wire
 
-INBOX = Path(__file__).resolve().parent.parent / "sandbox" / "inbox"
+REPO = Path(__file__).resolve().parent.parent
+INBOX = REPO / "sandbox" / "inbox"
 
 
 def _ask(argv: list[str], req: wire.Request) -> wire.Reply:
@@ -41,9 +50,9 @@ def agent(request, tmp_path: Path) -> list[str]:
         return [sys.executable, "-I", "-S", "-c", agent_source()]
     opt = tmp_path / "opt-fleet"
     opt.mkdir()
-    for name in ("boxagent.py", "memguard.py", "stamps.py", "wire.py"):
-        shutil.copy(INBOX / name, opt / name)
-    return [sys.executable, "-I", "-S", str(opt / "boxagent.py")]
+    for helper in BOX_HELPERS:
+        shutil.copy(REPO / helper, opt)
+    return [sys.executable, "-I", "-S", str(opt / Path(AGENT_PATH).name)]
 
 
 def test_typed_requests_round_trip_through_the_agent(agent: list[str], tmp_path: Path) -> None:
@@ -116,3 +125,79 @@ def test_the_agent_ended_line_counts_on_stderr_only_even_across_a_split_frame() 
     demux.feed(both[:5])  # part of a header already read off the socket
     assert wire.AGENT_ENDED in demux.stderr_ahead(both[5:])
     assert demux.stdout == b"" and demux.stderr == b""  # looked at, not taken
+
+
+def _on_stdout(body: bytes) -> bytes:
+    """``body`` as one agent frame on stdout, behind Docker's stream header."""
+    frame = wire.HEADER.pack(len(body)) + body
+    return bytes([1, 0, 0, 0]) + len(frame).to_bytes(4, "big") + frame
+
+
+NOT_REPLIES = {
+    "not UTF-8": b'{"id": 1, "ok": true, "x": "\xff\xfe"}',
+    "not JSON": b'{"id": 1, "ok": tru',
+    "a list": b"[1, 2, 3]",
+    "a number": b"7",
+    "nested past the parser": b"[" * 20_000 + b"]" * 20_000,
+}
+
+
+@pytest.mark.parametrize("body", NOT_REPLIES.values(), ids=NOT_REPLIES.keys())
+def test_a_frame_that_is_not_a_json_object_breaks_the_stream_with_its_reason(body: bytes) -> None:
+    """Whatever whole frame the box writes on the agent's stream, the host's call ends
+    with the stream broken and why - never with the JSON parser's own error - and a
+    one-shot call ends with no reply and that reason."""
+    import socket
+
+    import anyio
+
+    from sandbox.docker.agent_client import AgentStream, StreamBroken, one_shot
+
+    async def asked() -> str:
+        host, box = socket.socketpair()
+        stream = AgentStream(host)
+        box.sendall(_on_stdout(body))
+        try:
+            with anyio.fail_after(10):
+                await stream.request({"op": wire.PING})
+        except StreamBroken as e:
+            return str(e)
+        finally:
+            box.close()
+        raise AssertionError("the request was answered")
+
+    broken = anyio.run(asked)
+    assert "the box agent's stream carried a frame that is not" in broken, broken
+
+    host, box = socket.socketpair()
+    box.sendall(_on_stdout(body))
+    box.shutdown(socket.SHUT_WR)
+    reply, why = one_shot(host, {"op": wire.PING}, timeout=10)
+    box.close()
+    assert reply is None and "a frame that is not" in why, why
+
+
+def test_a_reply_under_an_id_no_request_has_is_passed_over() -> None:
+    """A frame whose id is not one the host waits for (another type, an unknown number)
+    is dropped; the request still gets its own reply."""
+    import socket
+
+    import anyio
+
+    from sandbox.docker.agent_client import AgentStream
+
+    async def asked() -> tuple[int, wire.Reply]:
+        host, box = socket.socketpair()
+        stream = AgentStream(host)
+        rid = stream.new_id()
+        for id_ in ([rid], {"a": rid}, str(rid), rid + 1000):
+            box.sendall(_on_stdout(wire.encode({"id": id_, "ok": True})[4:]))
+        box.sendall(_on_stdout(wire.encode({"id": rid, "ok": True, "pid": 5})[4:]))
+        try:
+            with anyio.fail_after(10):
+                return rid, await stream.request({"op": wire.PING}, rid)
+        finally:
+            box.close()
+
+    rid, reply = anyio.run(asked)
+    assert reply == {"id": rid, "ok": True, "pid": 5}

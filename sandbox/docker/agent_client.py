@@ -17,7 +17,9 @@ and files every response under its id, so concurrent requests share the stream.
 Bounds. The agent runs as the box's user, so what arrives on its stdout is the box's
 to write: a frame's length prefix is believed only up to :data:`wire.MAX_FRAME` (a
 longer one breaks the stream at once, before its bytes are waited for, and the agent
-is restarted), so one box makes the host hold at most one frame of that size. A frame
+is restarted), so one box makes the host hold at most one frame of that size. A whole
+frame that is not a JSON object (:class:`BadFrame`) breaks the stream the same way,
+and a one-shot call ends with the reason, never with the parser's own error. A frame
 of :data:`THREAD_DECODE_BYTES` or more is decoded on a worker thread, so a large
 reply (a file read, a tree downloaded) does not stall the other boxes' requests.
 """
@@ -52,6 +54,29 @@ class FrameTooLarge(Exception):
             f"the box agent's stream announced a frame of {size} bytes, over the "
             f"{wire.MAX_FRAME}-byte limit (something in the box wrote on the agent's stdout)"
         )
+
+
+class BadFrame(Exception):
+    """A whole frame whose body is not a JSON object: the stream is not the agent's."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            f"the box agent's stream carried a frame that is {why} (something in the box "
+            f"wrote on the agent's stdout)"
+        )
+
+
+def decode_reply(body: bytes) -> wire.Reply:
+    """A frame's body as a reply; :class:`BadFrame` for anything but a JSON object
+    (bytes that are not UTF-8 or not JSON, JSON nested past the parser's depth, a list
+    or a number), so what a box writes there never escapes as another error."""
+    try:
+        reply = wire.decode(body)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise BadFrame(f"not JSON ({type(e).__name__})") from None
+    if not isinstance(reply, dict):
+        raise BadFrame(f"not a JSON object but {type(reply).__name__}")
+    return reply
 
 
 class StreamBroken(Exception):
@@ -122,8 +147,9 @@ class Demuxer:
         return body
 
     def next_frame(self) -> wire.Reply | None:
+        """The next whole frame as a reply (None: not all there); :class:`BadFrame`."""
         body = self.next_body()
-        return None if body is None else wire.decode(body)
+        return None if body is None else decode_reply(body)
 
 
 class AgentStream:
@@ -222,12 +248,15 @@ class AgentStream:
                 if wire.AGENT_ENDED in self._demux.stderr:  # its box's PID 1 says so
                     raise self._break("the box agent ended")
                 return
-            if len(body) >= THREAD_DECODE_BYTES:
-                frame = await anyio.to_thread.run_sync(wire.decode, body)
-            else:
-                frame = wire.decode(body)
+            try:
+                if len(body) >= THREAD_DECODE_BYTES:
+                    frame = await anyio.to_thread.run_sync(decode_reply, body)
+                else:
+                    frame = decode_reply(body)
+            except BadFrame as e:
+                raise self._break(str(e)) from None
             rid = frame.get("id")
-            if rid in self._waiting:
+            if type(rid) is int and rid in self._waiting:
                 self._done[rid] = frame
 
     def alive(self) -> bool:
@@ -308,4 +337,10 @@ def one_shot(
         return None, str(e)
     finally:
         raw.close()
-    return demux.next_frame(), demux.stderr.decode("utf-8", "replace")
+    try:
+        reply = demux.next_frame()
+    except BadFrame as e:
+        return None, str(e)
+    if reply is not None and reply.get("id") != 1:
+        return None, f"the box agent answered request 1 with id {str(reply.get('id'))[:40]!r}"
+    return reply, demux.stderr.decode("utf-8", "replace")

@@ -26,7 +26,9 @@ from ..inbox import wire
 if TYPE_CHECKING:
     import httpx
 
-AGENT_PATH = "/opt/fleet/boxagent.py"
+AGENT_PATH = "/opt/fleet/boxagent_main.py"
+"""The agent's program in a Fleet image (it imports the agent from its bytecode:
+:mod:`sandbox.inbox.boxagent_main` says why)."""
 # -I -S: no site packages, no user environment - faster startup, nothing injected.
 AGENT_ARGV = ["python3", "-I", "-S", AGENT_PATH]
 _ROOTS = ("/workspace", "/tmp")
@@ -228,7 +230,7 @@ def bounded_data_filter(limit: int) -> Any:
 
 def agent_error(reply: wire.Reply, box: str) -> Exception:
     """The error-contract exception for a refused agent request."""
-    failure = cast(wire.ErrorReply, reply)
+    failure = cast("wire.ErrorReply", reply)
     code, message = failure.get("error", "failed"), failure.get("message", "")
     if code == "path_refused":
         err = PathRefused(message, _ROOTS)

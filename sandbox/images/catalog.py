@@ -92,6 +92,7 @@ class ImageDef(BaseModel):
 
 BOX_HELPERS = (
     "sandbox/inbox/boxagent.py",
+    "sandbox/inbox/boxagent_main.py",
     "sandbox/inbox/egress_proxy.py",
     "sandbox/inbox/egress_rules.py",
     "sandbox/inbox/memguard.py",
