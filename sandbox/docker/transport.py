@@ -6,7 +6,8 @@ on the way.
 
 Paths, best first. ``docker exec`` costs about 55 ms a call here (engine, containerd
 and runc each take their turn). Each box instead runs ONE long-lived agent
-(``python3 /opt/fleet/boxagent.py``); requests travel as framed JSON (the operations of
+(:mod:`sandbox.inbox.boxagent`, started as ``python3 -I -S
+/opt/fleet/boxagent_main.py``); requests travel as framed JSON (the operations of
 :mod:`sandbox.inbox.wire`) over its stdin and stdout (:mod:`sandbox.docker.agent_client`)
 and many run at once, tagged by id. A round trip costs about a millisecond.
 

@@ -1,8 +1,10 @@
 """Fleet's in-box agent: runs commands and file operations for the host over one stream.
 
-Baked into every Fleet image at ``/opt/fleet/boxagent.py`` and started once per box
-by the host (``docker exec -i <box> python3 /opt/fleet/boxagent.py``). Standard
-library only: the box image needs nothing but ``python3``.
+Baked into every Fleet image at ``/opt/fleet/boxagent.py``, with its bytecode, and
+started once per box: as the box's PID 1 (``--init``), or by the host with ``docker
+exec -i <box> python3 -I -S /opt/fleet/boxagent_main.py``, the program that imports
+this module (:mod:`sandbox.inbox.boxagent_main` says why). Standard library only: the
+box image needs nothing but ``python3``.
 
 The wire - every operation's request and reply, and the frame they travel in (a
 4-byte big-endian length, then that many bytes of UTF-8 JSON) - is declared in
