@@ -101,8 +101,10 @@ def test_members_on_every_node_share_the_runs_one_governor(tmp_path, ray_cluster
     # as it does in the fake API's log).
     assert counters["calls"] == len(api.requests)
     assert counters["limited"] == rejected
-    # ... which paced them by the account's headers: next to no 429s.
-    assert rejected <= 2, rejected
+    # ... which paced them by the account's headers: next to no 429s. (A loaded suite
+    # drifted the server's window from the headers' enough for a third, once; a
+    # governor per node spends the bucket twice over, six calls too many.)
+    assert rejected <= 3, rejected
     waits = [
         e
         for i in range(members)

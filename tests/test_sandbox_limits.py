@@ -242,22 +242,37 @@ def _forger(frame: str, times: int) -> str:
     )
 
 
-@pytest.mark.parametrize("body", [b"[1, 2, 3]", b'{"id": 1, "ok": tru', b'{"x": "\xff"}'])
+NOT_REPLIES = {
+    "a list": (b"[1, 2, 3]", "a frame that is not"),
+    "cut JSON": (b'{"id": 1, "ok": tru', "a frame that is not"),
+    "not UTF-8": (b'{"x": "\xff"}', "a frame that is not"),
+    "no fields": (b'{"id": 1, "ok": true}', "is malformed"),
+    "fields of other types": (
+        b'{"id": 1, "ok": true, "too_large": false, "data": 5}',
+        "is malformed",
+    ),
+}
+
+
+@pytest.mark.parametrize(("body", "says"), NOT_REPLIES.values(), ids=NOT_REPLIES.keys())
 async def test_a_frame_forged_for_a_one_shot_agent_that_is_no_reply_ends_only_that_call(
-    backend: DockerBackend, run_id: str, tmp_path, body: bytes
+    backend: DockerBackend, run_id: str, body: bytes, says: str
 ) -> None:
-    """A whole frame that is not a JSON object, where a one-shot agent's reply should
-    be, ends that call with the reason (not the JSON parser's error), and the box goes on."""
+    """A whole frame that is not a reply the host can read (not a JSON object, or one
+    without the op's fields), where a one-shot agent's reply should be, ends that call
+    with the reason - not the error of the parser or of the line that read it - and
+    the box goes on."""
     async with await backend.create(SandboxSpec(), run=run_id, member="c") as box:
         box.transport.close()  # each call its own one-shot agent, as after two restarts
         box.transport.mode = "oneshot"
         await box.write_file("/tmp/frame", struct.pack(">I", len(body)) + body)
-        await box.exec("mkdir -p d && head -c 40000000 /dev/urandom > d/big", timeout=60)
+        # A file slow enough to read and encode that the forger stops its agent first.
+        await box.exec("head -c 40000000 /dev/urandom > big", timeout=60)
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: box.exec(_forger("/tmp/frame", 1), timeout=30))
             await anyio.sleep(1.0)
-            with pytest.raises(SandboxUnavailable, match="a frame that is not"):
-                await box.download("/workspace/d", tmp_path / "out")
+            with pytest.raises(SandboxUnavailable, match=says):
+                await box.read_file("big")
             tg.cancel_scope.cancel()
         assert (await box.exec("echo after")).stdout == "after\n"
 

@@ -201,3 +201,47 @@ def test_a_reply_under_an_id_no_request_has_is_passed_over() -> None:
 
     rid, reply = anyio.run(asked)
     assert reply == {"id": rid, "ok": True, "pid": 5}
+
+
+MALFORMED = {
+    "exec without its fields": (wire.EXEC, {"id": 1, "ok": True}),
+    "exec with output of broken base64": (
+        wire.EXEC,
+        {"exit_code": 0, "stdout": "abc", "stderr": "", "timed_out": False}
+        | {"truncated": False, "duration_s": 0.1, "id": 1, "ok": True},
+    ),
+    "exec with a code that is no number": (
+        wire.EXEC,
+        {"exit_code": [], "stdout": "", "stderr": "", "timed_out": False}
+        | {"truncated": False, "duration_s": 0.1, "id": 1, "ok": True},
+    ),
+    "read without data": (wire.READ, {"id": 1, "ok": True}),
+    "read with data of another type": (wire.READ, {"id": 1, "ok": True, "data": 5}),
+    "read too large without a size": (wire.READ, {"id": 1, "ok": True, "too_large": True}),
+    "list with an entry of other fields": (
+        wire.LIST,
+        {"id": 1, "ok": True, "entries": [{"name": 5, "extra": 1}]},
+    ),
+    "list with entries that are no list": (wire.LIST, {"id": 1, "ok": True, "entries": 7}),
+}
+
+
+@pytest.mark.parametrize(("op", "reply"), MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_reply_without_its_ops_fields_ends_the_call_as_the_boxs_doing(
+    op: str, reply: wire.Reply
+) -> None:
+    """What the backend reads of each op's reply, read inside ``reading_reply``: a reply
+    the box forged without the fields (or with fields of other types) raises
+    SandboxUnavailable naming the op, never KeyError, TypeError or pydantic's error."""
+    from sandbox.base import FileInfo
+    from sandbox.docker.boxops import reading_reply
+    from sandbox.errors import SandboxUnavailable
+
+    read = {
+        wire.EXEC: lambda: exec_result(ok_reply(reply, "box")),
+        wire.READ: lambda: read_reply(reply, "/workspace/f", 100, "box"),
+        wire.LIST: lambda: [FileInfo(**e) for e in ok_reply(reply, "box")["entries"]],
+    }[op]
+    with pytest.raises(SandboxUnavailable, match=f"the agent's reply to '{op}' is malformed"):
+        with reading_reply(op, "box"):
+            read()

@@ -73,6 +73,7 @@ from .boxops import (
     exec_request,
     exec_result,
     ok_reply,
+    reading_reply,
     wait_cdp,
 )
 from .container import create_container
@@ -247,8 +248,12 @@ class DockerSandbox(Sandbox):
             if self._watch.on:
                 req["stamps"] = True
             done: wire.ExecReply = ok_reply(await self._call(req, timeout=timeout), self.name)
-            report(done.get("stamps_print"))
-        result = exec_result(done)
+            with reading_reply(wire.EXEC, self.name):
+                result = exec_result(done)
+                stamps = done.get("stamps_print")
+                if stamps is not None and not isinstance(stamps, str):
+                    raise TypeError(f"stamps_print is {type(stamps).__name__}")
+            report(stamps)
         if result.exit_code == 137 and not result.oom_killed:
             await self.transport.raise_if_dead()
         return result
@@ -263,7 +268,8 @@ class DockerSandbox(Sandbox):
         from .boxops import read_reply
 
         reply = await self._call({"op": wire.READ, "path": self.resolve(path), "limit": limit})
-        return read_reply(reply, path, limit, self.name)
+        with reading_reply(wire.READ, self.name):
+            return read_reply(reply, path, limit, self.name)
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         self._untouched = False
@@ -283,7 +289,8 @@ class DockerSandbox(Sandbox):
     async def list_dir(self, path: str) -> list[FileInfo]:
         req: wire.ListRequest = {"op": wire.LIST, "path": self.resolve(path)}
         done: wire.ListReply = ok_reply(await self._call(req), self.name)
-        return [FileInfo(**e) for e in done["entries"]]
+        with reading_reply(wire.LIST, self.name):
+            return [FileInfo(**e) for e in done["entries"]]
 
     async def start_process(self, command: str, *, cwd: str | None = None) -> BoxProcess:
         self._untouched = False
@@ -339,10 +346,11 @@ class DockerSandbox(Sandbox):
             return
         req: wire.TarOutRequest = {"op": wire.TAR_OUT, "path": self.resolve(remote)}
         reply: wire.TarOutReply = ok_reply(await self._call(req), self.name)
+        with reading_reply(wire.TAR_OUT, self.name):
+            archive = base64.b64decode(reply["data"])
 
         def unpack() -> None:
             local.mkdir(parents=True, exist_ok=True)
-            archive = base64.b64decode(reply["data"])
             # "r:": an archive the box sends is never decompressed (a small gzip could
             # unpack to far more than the frame that carried it); what it unpacks to is
             # held to the archive's own size (a sparse entry may claim more).

@@ -9,18 +9,25 @@ crash reasons) can be read on its own.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import re
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
 from ..base import Command, ExecResult
-from ..errors import OutputLimitExceeded, PathRefused, SandboxError, SandboxSpecError
+from ..errors import (
+    OutputLimitExceeded,
+    PathRefused,
+    SandboxError,
+    SandboxSpecError,
+    SandboxUnavailable,
+)
 from ..inbox import wire
 
 if TYPE_CHECKING:
@@ -247,6 +254,24 @@ def agent_error(reply: wire.Reply, box: str) -> Exception:
     if code == "too_large":
         return OutputLimitExceeded(f"sandbox {box}: {message}", limit=0)
     return SandboxError(f"sandbox {box}: the agent could not do it: {message}")
+
+
+@contextlib.contextmanager
+def reading_reply(op: str, box: str) -> Iterator[None]:
+    """Around the reading of an ``op`` reply's fields. A reply is whatever whole JSON
+    object came back, and a box can forge one (a one-shot agent's stdout is open to the
+    command it runs): one that lacks a field, holds one of another type, or base64
+    that does not decode ends the call as the box's doing (:class:`SandboxUnavailable`,
+    naming the op), not with the error of the line that read it."""
+    try:
+        yield
+    except SandboxError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # ValidationError too
+        raise SandboxUnavailable(
+            f"sandbox {box}: the agent's reply to {op!r} is malformed "
+            f"({type(e).__name__}: {str(e)[:200]}); retry the call"
+        ) from None
 
 
 def ok_reply(reply: wire.Reply, box: str) -> Any:
