@@ -278,6 +278,23 @@ async def test_a_forged_agent_end_only_restarts_the_boxs_own_agent(box: DockerSa
     assert (await box.exec("echo still")).stdout == "still\n"
 
 
+async def test_the_home_of_a_coding_box_is_writable_and_on_its_own_tmp(
+    box: DockerSandbox,
+) -> None:
+    """The root is read-only; the user's home is on the box's /tmp (its own, bounded by
+    /tmp's size), made before the first command: a tool that keeps a cache or settings
+    there (uv, npm, cargo, ``git config --global``) works, and nothing of it is the
+    image's or outlives the box."""
+    res = await box.exec(
+        'stat -c "%n %U %a" "$HOME" && df --output=target "$HOME" | tail -n 1 && '
+        "mkdir -p ~/.cache/tool && echo kept > ~/.cache/tool/f && cat ~/.cache/tool/f && "
+        "git config --global user.name box && git config --global user.name"
+    )
+    assert res.exit_code == 0, res
+    assert res.stdout.split("\n")[:4] == ["/tmp/home agent 700", "/tmp", "kept", "box"], res
+    assert (await box.exec("touch /home/agent/x")).exit_code != 0  # the root stays read-only
+
+
 async def test_coding_box_has_no_network(box: DockerSandbox) -> None:
     links = await box.exec("cat /proc/net/dev")
     ifaces = {line.split(":")[0].strip() for line in links.stdout.splitlines()[2:]}

@@ -189,7 +189,7 @@ def test_four_members_share_one_setup_run_offline_and_a_second_run_reuses_it(
     logs = _setup_logs(run)
     assert len(logs) == 1, logs  # one setup for four members
     assert "tinydep" in logs[0].read_text()
-    # pip says nothing of the box's read-only home (its cache is off for a setup).
+    # pip keeps no cache in the setup's box (PIP_NO_CACHE_DIR), and says nothing of one.
     assert "cache has been disabled" not in logs[0].read_text()
     # Each member's box started while the setup ran and took its tree once it was made
     # (sandbox/prepared/waiting.py); the test's import of tinydep in it is the snapshot's
@@ -398,10 +398,15 @@ def test_secrets_reach_the_setup_only_and_never_the_snapshot_log_or_image(
 ) -> None:
     repo, wheels = project
     env = {"INDEX_TOKEN": SECRET}
-    # Uses the secret and says it (the log masks it); writes a file, not the secret.
+    # Uses the secret and says it (the log masks it); keeps it in the home, as a tool's
+    # credential store would (the home is writable, and goes with the setup's box);
+    # writes a file in the tree, not the secret.
     digest = hashlib.sha256(SECRET.encode()).hexdigest()
     check = f'test "$(printf %s "$INDEX_TOKEN" | sha256sum | cut -d" " -f1)" = {digest}'
-    uses = json.dumps(f'{check} && echo "token $INDEX_TOKEN" && {INSTALL} # {tmp_path.name}')
+    store_it = 'mkdir -p ~/.config/tool && printf %s "$INDEX_TOKEN" > ~/.config/tool/token'
+    uses = json.dumps(
+        f'{check} && echo "token $INDEX_TOKEN" && {store_it} && {INSTALL} # {tmp_path.name}'
+    )
     # Writes the secret into the tree, as a pip.conf with a token in its URL would be.
     leaks = json.dumps(
         f'echo "index-url = https://u:$INDEX_TOKEN@idx" > pip.conf # {tmp_path.name}'

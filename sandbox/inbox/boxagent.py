@@ -1015,7 +1015,22 @@ def init_then_serve() -> int:
                 pass
 
 
+def make_home() -> None:
+    """The box user's home, when the image puts it on the box's own ``/tmp`` (Fleet's
+    coding image: the root is read-only, and a tool that keeps a cache or settings in
+    the home - uv, npm, cargo, go, ``git config --global`` - fails on a read-only
+    one). ``/tmp`` is an empty tmpfs at the box's start, so the directory is made here,
+    before any command, by every agent that starts (a command may have removed it)."""
+    home = os.environ.get("HOME", "")
+    if home.startswith("/tmp/"):
+        try:
+            os.makedirs(home, mode=0o700, exist_ok=True)
+        except OSError:
+            pass  # /tmp full, or the name taken by a file: the command meets that itself
+
+
 def main(argv: list[str]) -> int:
+    make_home()
     if "--init" in argv:
         return init_then_serve()
     inp, out = sys.stdin.buffer, sys.stdout.buffer

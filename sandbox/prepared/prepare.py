@@ -214,9 +214,9 @@ class Preparer:
     ) -> Prepared:
         env = dict(box.env)
         env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
-        # The box's home is read-only: pip would warn on every install that its cache
-        # is disabled, in every setup's log and a failed one's reason. A cache would
-        # only double what a download puts in the box's bounded /tmp.
+        # The box's home is on its bounded /tmp, and goes with the setup's box: pip's
+        # cache there would only double what a download puts in it. (Another tool's
+        # cache - uv's, npm's - is its own to keep there, and gone the same way.)
         env.setdefault("PIP_NO_CACHE_DIR", "1")
         if setup.wheels:
             env["PIP_FIND_LINKS"] = "/wheels"
