@@ -245,3 +245,11 @@ def test_a_reply_without_its_ops_fields_ends_the_call_as_the_boxs_doing(
     with pytest.raises(SandboxUnavailable, match=f"the agent's reply to '{op}' is malformed"):
         with reading_reply(op, "box"):
             read()
+
+
+def test_an_oom_count_is_believed_only_as_a_number() -> None:
+    """The box's OOM-kill count decides what a broken stream is blamed on; a forged
+    ping reply's count of another type is no count (never compared, never raised on)."""
+    from sandbox.docker.transport import _count
+
+    assert [_count(v) for v in (3, 0, "3", 3.0, True, None, [1])] == [3, 0] + [None] * 5

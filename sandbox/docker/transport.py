@@ -195,7 +195,7 @@ class BoxTransport:
             with anyio.fail_after(10):
                 hello = await agent.request({"op": wire.PING})
             self.agent, self.mode = agent, "agent"
-            self.oom_kills = hello.get("oom_kills")
+            self.oom_kills = _count(hello.get("oom_kills"))
         except (StreamBroken, TimeoutError, SandboxUnavailable):
             await self.raise_if_dead()
             self.mode = await self._pick_fallback()
@@ -264,7 +264,7 @@ class BoxTransport:
                 reply = await self._request_once({"op": wire.PING}, 10)
         except (StreamBroken, SandboxUnavailable, TimeoutError):
             return None
-        return reply.get("oom_kills")
+        return _count(reply.get("oom_kills"))
 
     async def _restart(self) -> None:
         self.agent = None
@@ -386,3 +386,8 @@ class BoxTransport:
         if self.agent is not None:
             self.agent.close()
             self.agent = None
+
+
+def _count(value: object) -> int | None:
+    """A count a reply gave, when it is one (a box's forged reply may say anything)."""
+    return value if type(value) is int else None
