@@ -36,6 +36,7 @@ from typing import Any, BinaryIO, cast
 
 import anyio
 
+from ..aside import parse_aside
 from ..inbox import wire
 
 _DOCKER_HEADER = struct.Struct(">BxxxI")
@@ -249,10 +250,7 @@ class AgentStream:
                     raise self._break("the box agent ended")
                 return
             try:
-                if len(body) >= THREAD_DECODE_BYTES:
-                    frame = await anyio.to_thread.run_sync(decode_reply, body)
-                else:
-                    frame = decode_reply(body)
+                frame = await parse_aside(decode_reply, body, THREAD_DECODE_BYTES)
             except BadFrame as e:
                 raise self._break(str(e)) from None
             rid = frame.get("id")

@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
+from sandbox.aside import parse_aside
 from sandbox.process import BoxProcess, ProcessEnded
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -98,10 +99,7 @@ async def box_streams(
 
     async def deliver(line: bytes) -> None:
         try:
-            if len(line) >= THREAD_PARSE_BYTES:
-                msg = await anyio.to_thread.run_sync(parse, line)
-            else:
-                msg = parse(line)
+            msg = await parse_aside(parse, line, THREAD_PARSE_BYTES)
         except ValueError as exc:
             await read_in.send(exc)
             return
