@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from functools import partial
+from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -87,6 +90,40 @@ async def test_gc_removes_orphans_and_expired_boxes_and_keeps_live_ones(
             await box.close()
     finally:
         remove_run(docker_client, orphan_run)
+
+
+async def test_a_run_that_starts_while_gc_works_keeps_its_box_and_network(
+    backend: DockerBackend, docker_client
+) -> None:
+    """gc lists the engine's boxes and networks first and asks which runs live after
+    (``reaper.collect``): a run marks itself live before it makes its network or a box,
+    so one that starts between the two is never taken for over. Asked first, the answer
+    lacked such a run, and gc removed the box it had just made, and its network."""
+    late = f"test-{uuid.uuid4().hex[:12]}"
+    made: list[Any] = []
+
+    def live(boxes: list[Any]) -> set[str]:
+        told = reaper.live_runs()  # what the markers say now: `late` has not started
+        assert late not in told
+        create = partial(backend.create, SandboxSpec(kind="service"), run=late, member="late")
+        made.append(anyio.from_thread.run(create))  # and now it starts
+        return _AllBut(late, told)  # the other runs on the engine: other work's, all live
+
+    try:
+        removed = await anyio.to_thread.run_sync(
+            lambda: reaper.collect(docker_client, live, now=time.time())
+        )
+        assert made and late in reaper.live_runs()
+        assert late not in {b.run for b in removed.boxes}
+        assert f"fleet-run-{late}" not in removed.networks
+        assert [(b.member, b.status) for b in await backend.list_boxes(run=late)] == [
+            ("late", "running")
+        ]
+        assert docker_client.api.networks(names=[f"fleet-run-{late}"])
+        await made[0].close()
+    finally:
+        remove_run(docker_client, late)
+        reaper.mark_done(late)
 
 
 async def test_cancelled_owner_still_removes_its_box(backend: DockerBackend, run_id: str) -> None:
@@ -235,6 +272,31 @@ def test_stale_live_markers_are_pruned_and_live_ones_kept() -> None:
     assert reaper.live_runs() == {"run-alive"}
     assert reaper.prune_stale_markers() == 1
     assert sorted(p.name for p in (reaper.fleet_home() / "live").iterdir()) == ["run-alive"]
+
+
+def test_a_marker_being_written_is_neither_a_run_nor_pruned(monkeypatch) -> None:
+    """A gc reading the markers while a run writes its own sees no marker or a whole
+    one: an empty file named no process, and was pruned as a dead run's (the run's boxes
+    then went with the next gc). A marker's remains left by a writer killed mid-way go
+    after a minute."""
+    seen: list[tuple[bool, int, set[str]]] = []
+    replace = os.replace
+
+    def read_then_replace(src: Any, dst: Any) -> None:  # a gc reads between write and rename
+        seen.append((Path(dst).exists(), reaper.prune_stale_markers(), reaper.live_runs()))
+        replace(src, dst)
+
+    monkeypatch.setattr(reaper.os, "replace", read_then_replace)
+    reaper.mark_live("run-new")
+    assert seen == [(False, 0, set())]
+    assert reaper.live_runs() == {"run-new"}
+    folder = reaper.fleet_home() / "live"
+    left = folder / ".run-cut.123.part"  # a writer killed between write and rename
+    left.write_text("")
+    assert reaper.prune_stale_markers() == 0 and left.exists()
+    os.utime(left, (time.time() - 120, time.time() - 120))
+    assert reaper.prune_stale_markers() == 1 and not left.exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["run-new"]
 
 
 def subprocess_pid_that_exited() -> int:

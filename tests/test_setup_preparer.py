@@ -278,12 +278,31 @@ def test_the_kept_trees_directory_takes_no_name_that_leaves_it_and_drops_dead_ru
     live = waiting.key_dir("r1@node-a", "ab" * 32)
     dead = waiting.key_dir("r2", "cd" * 32)
     (dead / "tree.tar").write_bytes(b"x")
-    assert waiting.drop_stale({"r1@node-a"}) == 1
+    assert waiting.drop_stale(lambda: {"r1@node-a"}) == 1
     assert live.is_dir() and not dead.parent.exists()
     waiting.drop_trees("..")  # not a run: nothing happens
     assert waiting.trees_dir().is_dir()
     waiting.drop_trees("r1@node-a")
     assert not live.parent.exists()
+
+
+def test_a_run_that_keeps_a_tree_while_gc_asks_who_lives_keeps_it(tmp_path: Path) -> None:
+    """gc lists the kept trees first and asks which runs live after: a run is live
+    before it keeps a tree, so one that starts between the two is never taken for dead.
+    Asked first, the answer lacked such a run and its new tree was removed."""
+    from sandbox.prepared import waiting
+
+    old = waiting.key_dir("r-old", "ab" * 32)
+    started: list[Path] = []
+
+    def live() -> set[str]:
+        owners = {"r-gone-by-now"}  # what the markers said: r-new had not started
+        started.append(waiting.key_dir("r-new", "cd" * 32))  # then it starts
+        return owners
+
+    assert waiting.drop_stale(live) == 1
+    assert not old.parent.exists()
+    assert started and started[0].is_dir()
 
 
 def test_a_kept_tree_goes_once_the_last_box_of_its_key_is_done_with_it() -> None:

@@ -177,16 +177,20 @@ def gc_here(
     removed, live owners)."""
     from ..docker.engine import connect
 
-    live, now = reaper.live_runs(), time.time()
+    now = time.time()
     client = connect()
     try:
-        before = reaper.list_boxes(client)
         removed = reaper.collect(
-            client, live, now=now, everything=everything, include_live=include_live, dry_run=dry_run
+            client,
+            lambda _: reaper.live_runs(),
+            now=now,
+            everything=everything,
+            include_live=include_live,
+            dry_run=dry_run,
         )
     finally:
         client.close()
-    return before, removed, live
+    return removed.listed, removed, removed.live
 
 
 def _gc_cluster(

@@ -242,11 +242,9 @@ def gc_node(
 
     client = connect()
     try:
-        before = reaper.list_boxes(client)
-        live = reaper.live_runs() | live_owners(before)
         removed = reaper.collect(
             client,
-            live,
+            lambda boxes: reaper.live_runs() | live_owners(boxes),
             now=time.time(),
             everything=everything,
             include_live=include_live,
@@ -254,7 +252,7 @@ def gc_node(
         )
     finally:
         client.close()
-    return before, removed, live
+    return removed.listed, removed, removed.live
 
 
 class NodeUnreachable(Exception):

@@ -709,9 +709,12 @@ class DockerBackend(SandboxBackend):
         self, *, live_runs: set[str] | None = None, now: float | None = None
     ) -> list[BoxInfo]:
         await self._ready()
-        live = reaper.live_runs() if live_runs is None else live_runs
+
+        def live() -> set[str]:  # asked after each listing (reaper.collect says why)
+            return reaper.live_runs() if live_runs is None else live_runs
+
         removed = await anyio.to_thread.run_sync(
-            lambda: reaper.gc(self.client, live, now=now or time.time())
+            lambda: reaper.gc(self.client, lambda _: live(), now=now or time.time())
         )
         await anyio.to_thread.run_sync(waiting.drop_stale, live)
         return removed

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,12 +59,18 @@ def _marker(run: str) -> Path:
 
 
 def mark_live(run: str, pid: int | None = None) -> None:
-    """Record that ``run`` is owned by process ``pid`` (default: this one)."""
+    """Record that ``run`` is owned by process ``pid`` (default: this one).
+
+    The marker is written beside its place and renamed into it: a gc reading the folder
+    meanwhile (another process's, at any moment) sees no marker or a whole one, never
+    an empty file, which names no process and would be pruned as a dead run's."""
     path = _marker(run)
     if path.exists() and pid_alive(_read_pid(path)):
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{pid or os.getpid()}\n")
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_text(f"{pid or os.getpid()}\n")
+    os.replace(part, path)
 
 
 def mark_done(run: str) -> None:
@@ -100,7 +107,20 @@ def live_runs() -> set[str]:
     folder = fleet_home() / "live"
     if not folder.is_dir():
         return set()
-    return {p.name for p in folder.iterdir() if pid_alive(_read_pid(p))}
+    return {p.name for p in folder.iterdir() if not _partial(p) and pid_alive(_read_pid(p))}
+
+
+def _partial(path: Path) -> bool:
+    """A marker still being written (:func:`mark_live`), not a run's."""
+    return path.name.startswith(".") and path.name.endswith(".part")
+
+
+def _age_s(path: Path) -> float:
+    """Seconds since ``path`` was written (0: it is gone)."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def prune_stale_markers() -> int:
@@ -108,7 +128,11 @@ def prune_stale_markers() -> int:
     folder = fleet_home() / "live"
     if not folder.is_dir():
         return 0
-    stale = [p for p in folder.iterdir() if not pid_alive(_read_pid(p))]
+    stale = [
+        p
+        for p in folder.iterdir()
+        if (_partial(p) and _age_s(p) > 60) or (not _partial(p) and not pid_alive(_read_pid(p)))
+    ]
     for path in stale:
         path.unlink(missing_ok=True)
     return len(stale)
@@ -254,12 +278,20 @@ class Collected:
     """Names of the run networks left without a live run and without containers."""
     orphans: int = 0
     """gVisor processes ended that no container stood behind (:func:`gvisor.end_orphans`)."""
+    listed: list[BoxInfo] = field(default_factory=list)
+    """Every box the engine had when gc looked."""
+    live: set[str] = field(default_factory=set)
+    """The owners judged live, read after that look."""
+
+
+Liveness = Callable[[list[BoxInfo]], set[str]]
+"""Which owners live, asked with the boxes gc has just listed (:func:`collect`)."""
 
 
 @on_engine
 def collect(
     client: docker.DockerClient,
-    live: set[str],
+    live: Liveness,
     *,
     now: float,
     everything: bool = False,
@@ -267,18 +299,28 @@ def collect(
     dry_run: bool = False,
 ) -> Collected:
     """Remove what :func:`doomed` picks, then networks left without a live run or boxes;
-    a dry run removes nothing and says which networks would go with those boxes."""
-    victims = doomed(list_boxes(client), live, now, everything, include_live=include_live)
-    out = Collected(boxes=victims)
+    a dry run removes nothing and says which networks would go with those boxes.
+
+    Which runs live is asked (``live``) only after the engine's boxes and networks are
+    listed. A run marks itself live before it makes its network or any box
+    (:meth:`~sandbox.docker.backend.DockerBackend.create`), so whatever the listings hold
+    of a live run is judged live. Asked first, the answer missed a run that started
+    while gc worked - on a shared engine, or beside a test suite, it does - and gc
+    removed that run's box as it started, and its network under it."""
+    boxes = list_boxes(client)
+    networks = _networks(client)
+    owners = live(boxes)
+    victims = doomed(boxes, owners, now, everything, include_live=include_live)
+    out = Collected(boxes=victims, listed=boxes, live=owners)
     going = {b.id for b in victims}
     for box in victims if not dry_run else []:
         _remove(client, box.id)
-    for net in _networks(client):
+    for net in networks:
         labels = net.get("Labels") or {}
         run, node = labels.get(LABEL, ""), labels.get(NODE_LABEL, "")
         # A live run's network may be empty for a moment, between its creation and
         # its first box: removing it then would fail that run's create.
-        if not include_live and owner_key(run, node) in live:
+        if not include_live and owner_key(run, node) in owners:
             continue
         left = [
             c for c in _containers(client, run, node or None) if not dry_run or c["Id"] not in going
@@ -313,6 +355,6 @@ def remove_boxes(client: docker.DockerClient, boxes: list[BoxInfo]) -> Collected
     return out
 
 
-def gc(client: docker.DockerClient, live: set[str], *, now: float) -> list[BoxInfo]:
+def gc(client: docker.DockerClient, live: Liveness, *, now: float) -> list[BoxInfo]:
     """:func:`collect` for the backend: the boxes removed."""
     return collect(client, live, now=now).boxes

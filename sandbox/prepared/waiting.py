@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 MOUNT = "/opt/fleet/tree"
@@ -77,12 +78,16 @@ def drop_trees(run: str) -> None:
         shutil.rmtree(trees_dir() / run, ignore_errors=True)
 
 
-def drop_stale(live: set[str]) -> int:
-    """Remove what runs no longer live kept (a run that died before its cleanup); how many."""
+def drop_stale(live: Callable[[], set[str]]) -> int:
+    """Remove what runs no longer live kept (a run that died before its cleanup); how many.
+    ``live`` (the owners that live) is asked after the kept trees are listed: a run is
+    live before it keeps one, so a run that starts meanwhile is never taken for dead."""
     try:
-        runs = [p for p in trees_dir().iterdir() if p.is_dir() and p.name not in live]
+        kept = [p for p in trees_dir().iterdir() if p.is_dir()]
     except FileNotFoundError:
         return 0
+    owners = live()
+    runs = [p for p in kept if p.name not in owners]
     for path in runs:
         shutil.rmtree(path, ignore_errors=True)
     return len(runs)
