@@ -55,7 +55,8 @@ class DeferredSandbox(Sandbox):
 
     async def ready(self) -> Sandbox:
         """The box, when it is ready; raises what stopped it otherwise."""
-        await self._set.wait()
+        if not self._set.is_set():  # set: no trip through the event loop (every call)
+            await self._set.wait()
         if self._error is not None:
             raise self._error
         assert self._box is not None

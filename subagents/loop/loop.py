@@ -220,7 +220,8 @@ class AgentLoop:
     async def box_ready(self) -> None:
         """Wait until the box is ready and set up; raises what stopped it (the box's
         start failed: SandboxCrashed or SandboxUnavailable, as a dead box would)."""
-        await self._box_set_up.wait()
+        if not self._box_set_up.is_set():  # set: no trip through the event loop
+            await self._box_set_up.wait()
         if self._box_error is not None:
             raise self._box_error
 

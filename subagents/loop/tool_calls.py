@@ -87,6 +87,12 @@ class ToolCalls:
         """Every call concurrently; their ``tool_result`` blocks in the order asked."""
         results: list[dict[str, Any]] = [{} for _ in tool_uses]
         crashes: list[SandboxError] = []
+        if len(tool_uses) == 1:  # most turns: no task to start, no trip through the loop
+            with anyio.CancelScope() as alone:
+                await self._one(0, tool_uses[0], results, crashes, alone, turn, turn_span)
+            if crashes:
+                raise crashes[0]
+            return results
         async with anyio.create_task_group() as tg:
             for i, block in enumerate(tool_uses):
                 tg.start_soon(

@@ -193,7 +193,10 @@ class RateGovernor:
         if self._admit is None or self._loop != loop:
             # A new event loop (a second anyio.run in one process): the old loop's calls
             # are gone with it.
-            self._loop, self._admit, self._changed = loop, anyio.Lock(), anyio.Event()
+            # fast_acquire: an uncontended admission goes on without a trip through the
+            # event loop (one a model call); waiters still queue in order.
+            lock = anyio.Lock(fast_acquire=True)
+            self._loop, self._admit, self._changed = loop, lock, anyio.Event()
             self._in_flight.clear()
         return self._admit
 
