@@ -3,6 +3,7 @@
     .venv/bin/python bench/turn_cpu.py [--turns 10,100,200] [--repeats 3] [--latency-ms 0]
         [--sdk-calls 100]
     .venv/bin/python bench/turn_cpu.py --profile FILE [--turns 200]
+    .venv/bin/python bench/turn_cpu.py --split [--turns 100] [--repeats 3]
 
 One coding member runs through the Python API (:func:`coordinator.api.run_async`, the
 job's defaults, the analyst off) in its own Docker box; each turn the model asks for
@@ -41,6 +42,15 @@ transcript, the trace), which only this script measures.
 ``--profile FILE`` runs one member under :mod:`cProfile` on every thread
 (``threading.setprofile``) and writes the stats, for ``python -m pstats``; the top
 entries by own time are printed.
+
+``--split`` says where a turn's CPU goes without a profiler's weight (cProfile costs
+each Python call a few microseconds, so it inflates the many small calls of a turn
+several times over and shifts the shares): the process's CPU clock is read on entering
+and leaving each part of the turn - the model call, the tool calls (and within them the
+box's ``exec``), the transcript's saves and fsync, the trace events written outside the
+tool calls, the context's preparation - over the same span as the turn figure, and the
+event loop's iterations are counted. "rest" is the turn minus the parts: the loop's own
+steps, the event loop, the progress and journal listeners.
 """
 
 from __future__ import annotations
@@ -237,6 +247,121 @@ def profile(turns: int, out: Path, dest: Path) -> None:
     stats.sort_stats("cumulative").print_stats(40)
 
 
+class Split:
+    """CPU of the parts of a turn (see ``--split``), summed between the member's second
+    and last model call, the span the turn figure covers."""
+
+    PARTS = (
+        ("model call", "subagents.model.claude", "AnthropicModel", "complete"),
+        ("tool calls", "subagents.loop.tool_calls", "ToolCalls", "run"),
+        ("  of which the box's exec", "sandbox.docker.backend", "DockerSandbox", "exec"),
+        ("transcript: save", "subagents.loop.conversation", "Conversation", "save"),
+        ("transcript: fsync", "subagents.loop.conversation", "Conversation", "sync"),
+        ("trace events (outside the tool calls)", "subagents.trace", "TraceWriter", "emit"),
+        ("context: prepare", "subagents.context.manager", "ContextManager", "prepare"),
+    )
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = dict.fromkeys([p[0] for p in self.PARTS], 0.0)
+        self.on = False
+        self.calls = 0
+        self.turns = 0
+        self.iterations = 0
+        self._depth = 0
+
+    def install(self, turns: int) -> None:
+        import asyncio
+        import importlib
+
+        self.turns = turns
+        for name, module, cls_name, attr in self.PARTS:
+            cls = getattr(importlib.import_module(module), cls_name)
+            setattr(cls, attr, self._wrap(name, getattr(cls, attr)))
+        loop_cls = asyncio.base_events.BaseEventLoop
+        run_once = loop_cls._run_once  # type: ignore[attr-defined]
+
+        def counted(loop: Any) -> None:
+            self.iterations += self.on
+            run_once(loop)
+
+        loop_cls._run_once = counted  # type: ignore[attr-defined]
+
+    def _wrap(self, name: str, func: Any) -> Any:
+        import inspect
+
+        nested = name.startswith("  ")  # inside another part: counted apart, not subtracted
+        first = name == "model call"
+        outside = name.startswith("trace events")
+
+        def enter() -> tuple[float, bool]:
+            if first:  # the member's n-th model call starts: the span is calls 2..last
+                self.calls += 1
+                self.on = 2 <= self.calls < self.turns
+            counts = self.on and (nested or not (outside and self._depth))
+            if not nested:
+                self._depth += 1
+            return time.process_time(), counts
+
+        def leave(started: float, counts: bool) -> None:
+            if not nested:
+                self._depth -= 1
+            if counts:
+                self.cpu[name] += time.process_time() - started
+
+        if inspect.iscoroutinefunction(func):
+
+            async def timed_async(*args: Any, **kwargs: Any) -> Any:
+                started, counts = enter()
+                try:
+                    return await func(*args, **kwargs)
+                finally:
+                    leave(started, counts)
+
+            return timed_async
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started, counts = enter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                leave(started, counts)
+
+        return timed
+
+    def reset(self) -> None:
+        self.cpu = dict.fromkeys(self.cpu, 0.0)
+        self.on, self.calls, self.iterations, self._depth = False, 0, 0, 0
+
+
+def split(server: Server, turns: int, repeats: int, out: Path) -> None:
+    """The parts of a turn, ``repeats`` members of ``turns`` turns (see ``--split``)."""
+    parts = Split()
+    parts.install(turns)
+    per_turn: list[float] = []
+    shares: dict[str, list[float]] = {name: [] for name in parts.cpu}
+    loops: list[float] = []
+    span = turns - 2
+    for _ in range(repeats):
+        parts.reset()
+        whole = per_turn_ms(server, turns, out)[0]
+        per_turn.append(whole)
+        for name, cpu in parts.cpu.items():
+            shares[name].append(cpu / span * 1_000)
+        loops.append(parts.iterations / span)
+    med = statistics.median
+    print(f"Where a turn's CPU goes, {turns} turns, median of {repeats} members\n")
+    print("| part | ms per turn | share |\n|---|---:|---:|")
+    whole = med(per_turn)
+    for name, values in shares.items():
+        label = name.strip()
+        label = f"- {label}" if name.startswith("  ") else label
+        print(f"| {label} | {med(values):.3f} | {med(values) / whole:.0%} |")
+    top = sum(med(v) for n, v in shares.items() if not n.startswith("  "))
+    print(f"| rest | {whole - top:.3f} | {(whole - top) / whole:.0%} |")
+    print(f"| the whole turn | {whole:.3f} | 100% |")
+    print(f"\nevent-loop iterations per turn: {med(loops):.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", default="10,100,200")
@@ -246,6 +371,7 @@ def main() -> None:
         "--sdk-calls", type=int, default=100, help="the client's own calls beside each member"
     )
     ap.add_argument("--profile", type=Path, default=None, help="write cProfile stats here")
+    ap.add_argument("--split", action="store_true", help="where a turn's CPU goes, part by part")
     ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
@@ -263,6 +389,9 @@ def main() -> None:
             per_turn_ms(server, 10, out)  # warm-up: imports, the image's layers
             if args.profile:
                 profile(max(counts), out, args.profile)
+                return
+            if args.split:
+                split(server, max(counts), args.repeats, out)
                 return
             anyio.run(sdk_call_ms, server.url, 5)  # warm-up: the client's imports
             rows = [
