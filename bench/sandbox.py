@@ -1,7 +1,9 @@
 """Sandbox benchmarks on the real engine: cold starts, pool acquire, exec round trips.
 
 Run: ``.venv/bin/python bench/sandbox.py [--rounds N]``. Prints median and p95 per
-measurement and the fast-path/docker-exec ratio. Every box it makes belongs to one
+measurement and the fast-path/docker-exec ratio. ``--locks`` measures only the host's
+CPU per ``exec`` with the agent stream's locks as Fleet makes them and as anyio's
+default makes them. Every box it makes belongs to one
 run (``bench-<hex>``) that is removed at the end, Ctrl-C included.
 
 ``--runtime gvisor`` runs the same measurements with boxes under gVisor;
@@ -123,6 +125,35 @@ async def bench_exec(backend: DockerBackend, run: str, rounds: int) -> float:
     return f
 
 
+async def bench_exec_locks(backend: DockerBackend, run: str, rounds: int) -> None:
+    """The host's CPU per ``exec`` on one box with the agent stream's locks as Fleet makes
+    them (``fast_acquire``: a free lock is taken without a trip through the event loop)
+    and as anyio makes them by default (a yield on every acquire), swapped on the same
+    stream round by round, 150 execs a round."""
+    box = await backend.create(coding(), run=run, member="locks")
+    cpu: dict[str, list[float]] = {"yielding locks": [], "fast locks (Fleet's)": []}
+    try:
+        agent = box.transport.agent
+        assert agent is not None, "the box has no agent stream"
+        for _ in range(30):
+            await box.exec(["true"])
+        for _ in range(rounds):
+            for way in cpu:
+                fast = way != "yielding locks"
+                agent._read_lock = anyio.Lock(fast_acquire=fast)
+                agent._send_lock = anyio.Lock(fast_acquire=fast)
+                started = time.process_time()
+                for _ in range(150):
+                    await box.exec(["true"])
+                cpu[way].append((time.process_time() - started) / 150 * 1000)
+    finally:
+        await box.close()
+    for way, values in cpu.items():
+        print(f"{'exec CPU, ' + way:<40} {statistics.median(values):8.3f} ms (median of rounds)")
+    ratios = [f / y for y, f in zip(*cpu.values(), strict=True)]
+    print(f"{'  fast / yielding, median of pairs':<40} {statistics.median(ratios):8.3f}x")
+
+
 TURN_SCRIPT = "import json, pathlib; print(len(json.dumps(sorted(pathlib.Path('.').iterdir()))))"
 
 
@@ -199,6 +230,16 @@ async def main(rounds: int) -> None:
             await backend.remove_run(run)
 
 
+async def _alone(bench: Callable[[DockerBackend, str, int], Awaitable[None]], rounds: int) -> None:
+    backend = DockerBackend()
+    run = f"bench-{uuid.uuid4().hex[:8]}"
+    try:
+        await bench(backend, run, rounds)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await backend.remove_run(run)
+
+
 async def runtime_figures(rounds: int) -> dict[str, float]:
     """The medians a runtime changes, for ``--runtime both``."""
     backend = DockerBackend()
@@ -249,8 +290,13 @@ if __name__ == "__main__":
     parser.add_argument(
         "--blocks", type=int, default=5, help="alternating blocks per runtime ('both')"
     )
+    parser.add_argument(
+        "--locks", action="store_true", help="only: exec CPU with fast and yielding locks"
+    )
     args = parser.parse_args()
-    if args.runtime == "both":
+    if args.locks:
+        anyio.run(_alone, bench_exec_locks, args.rounds)
+    elif args.runtime == "both":
         compare(args.blocks)
     else:
         RUNTIME = args.runtime
