@@ -22,6 +22,7 @@ from process_support import popen
 
 from coordinator.rundir.runs import RunDir
 from subagents.fake_api import FakeMessagesAPI, tool_use
+from subagents.loop.loop import INTERRUPTED
 from subagents.trace import read_trace
 
 pytestmark = pytest.mark.docker
@@ -46,28 +47,41 @@ def _attempt(body: dict[str, Any]) -> int:
     return int(found.group(1)) if found else 1
 
 
-def _step(body: dict[str, Any]) -> int:
-    return sum(
-        1
-        for m in body.get("messages") or []
-        if m.get("role") == "user" and isinstance(m.get("content"), list)
-        for b in m["content"]
-        if b.get("type") == "tool_result"
-    )
+def _done(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The inputs of the calls answered so far, in order - not those a resume answered
+    as interrupted (never run): a model calls those again, and so does this one."""
+    asked: dict[str, dict[str, Any]] = {}
+    done = []
+    for m in body.get("messages") or []:
+        content = m.get("content")
+        if not isinstance(content, list):
+            continue
+        for b in content:
+            if b.get("type") == "tool_use":
+                asked[b.get("id")] = b.get("input") or {}
+            elif b.get("type") == "tool_result" and b.get("tool_use_id") in asked:
+                text = json.dumps(b.get("content"))
+                if not (b.get("is_error") and INTERRUPTED[:40] in text):
+                    done.append(asked[b["tool_use_id"]])
+    return done
 
 
 class Attempts:
     """A fake model whose attempt N makes ``EDITS[N]`` then submits; ``crash`` attempts
-    OOM-kill their box instead; the reviewer chooses ``choose``."""
+    OOM-kill their box instead; the reviewer chooses ``choose``. Each step follows from
+    the calls answered so far (:func:`_done`), so a call a resume answered as interrupted
+    is made again, as a model would."""
 
     def __init__(
         self,
         choose: int = 3,
         crash: tuple[int, ...] = (),
-        slow: dict[int, int] | None = None,
+        held: set[int] | None = None,
         every: int | None = None,
     ) -> None:
-        self.choose, self.crash, self.slow = choose, crash, slow or {}
+        self.choose, self.crash = choose, crash
+        self.held = set(held or ())
+        """Attempts that wait (``echo wait``, 0.3 s a call) until taken out of this set."""
         self.every = every
         """Every attempt makes ``EDITS[every]`` (None: its own)."""
         self.reviews: list[dict[str, Any]] = []
@@ -77,13 +91,12 @@ class Attempts:
         if "You review candidate patches" in json.dumps(body.get("system", "")):
             self.reviews.append(body)
             return tool_use("choose_attempt", {"attempt": self.choose, "reason": REASON})
-        n, step = _attempt(body), _step(body)
+        n, done = _attempt(body), _done(body)
         if CODER in json.dumps(body.get("system", "")):  # not the analyst's
             self.calls[n] = self.calls.get(n, 0) + 1
-        waits = self.slow.get(n, 0)  # this many slow steps first
-        if step < waits:
-            return tool_use("shell", {"command": f"echo wait {step}"}, latency_s=0.3)
-        step -= waits
+        if n in self.held:
+            return tool_use("shell", {"command": f"echo wait {len(done)}"}, latency_s=0.3)
+        step = sum(1 for d in done if not str(d.get("command", "")).startswith("echo wait"))
         if step == 0 and n in self.crash:
             return tool_use("shell", {"command": OOM_BOX})
         if step == 0:
@@ -213,8 +226,9 @@ def test_a_resumed_run_finishes_only_the_attempts_that_had_not_ended(tmp_path, i
         "[fanout.retry]\nbackoff_s = 0\n"
         f'[[members]]\nid = "coder"\nkind = "coding"\ntask = "Make the greeting warmer."\n'
         f'repo = "{repo}"\ntest = "{TEST}"\nattempts = 3\n'
+        "limits = { max_turns = 1000 }\n"  # attempt 2's waits are not its end
     )
-    policy = Attempts(choose=3, slow={2: 12})
+    policy = Attempts(choose=3, held={2})  # 2 waits until the run is killed
     api = FakeMessagesAPI(policy).start()
     env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
     env |= {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": api.url}
@@ -242,6 +256,7 @@ def test_a_resumed_run_finishes_only_the_attempts_that_had_not_ended(tmp_path, i
         (run,) = RunDir.list(runs_dir)
         assert not (run.path / "members/coder/result.json").exists()
         before = dict(policy.calls)
+        policy.held.clear()  # the resumed attempt 2 goes on to its edit
         resumed = subprocess.run(
             [FLEET, "resume", str(run.path), "--plain"],
             env=env,
