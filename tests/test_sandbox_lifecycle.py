@@ -126,6 +126,31 @@ async def test_a_run_that_starts_while_gc_works_keeps_its_box_and_network(
         reaper.mark_done(late)
 
 
+async def test_rm_refuses_a_box_whose_run_was_resumed_while_it_looked(
+    backend: DockerBackend, run_id: str, monkeypatch, capsys
+) -> None:
+    """``fleet sandbox rm`` never removes a box of a live run: which runs live is read
+    after it has listed the boxes, so a run resumed while it looked (its marker written
+    between the two) is seen live. Read first, rm took that run's kept box - and with
+    it, when nothing else was left, the run's proxy and networks the resume needed."""
+    from coordinator.cli import main
+
+    box = await backend.create(SandboxSpec(keep=True), run=run_id, member="kept")
+    reaper.mark_done(run_id)  # the run is over: its kept box waits for rm
+    listed = reaper.list_boxes
+
+    def list_as_the_run_resumes(*args: Any, **kwargs: Any) -> list[BoxInfo]:
+        boxes = listed(*args, **kwargs)
+        reaper.mark_live(run_id)  # `fleet resume` marks the run live now
+        return boxes
+
+    monkeypatch.setattr(reaper, "list_boxes", list_as_the_run_resumes)
+    code = await anyio.to_thread.run_sync(main, ["sandbox", "rm", box.name])
+    assert code == 2
+    assert "belong(s) to a run still live" in capsys.readouterr().err
+    assert [b.member for b in await backend.list_boxes(run=run_id)] == ["kept"]
+
+
 async def test_cancelled_owner_still_removes_its_box(backend: DockerBackend, run_id: str) -> None:
     with anyio.move_on_after(1.0):
         async with await backend.create(SandboxSpec(), run=run_id, member="c") as box:

@@ -141,10 +141,10 @@ def cmd_rm(args: argparse.Namespace) -> int:
     """Remove named boxes - never another run's in progress, never a box not Fleet's."""
     from ..docker.engine import connect
 
-    live = reaper.live_runs()
     try:
         client = connect()
         by_name = {b.name: b for b in reaper.list_boxes(client)}
+        live = reaper.live_runs()  # after the look, as gc asks (reaper.collect says why)
         unknown = [n for n in args.names if n not in by_name]
         if unknown:
             print(
