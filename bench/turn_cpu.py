@@ -253,6 +253,19 @@ class Split:
 
     PARTS = (
         ("model call", "subagents.model.claude", "AnthropicModel", "complete"),
+        ("  of which the body's encoding", "subagents.model.wire", "BodyEncoder", "encode"),
+        (
+            "  of which the stream: sent, read, decoded",
+            "subagents.model.claude",
+            "AnthropicModel",
+            "_stream_once",
+        ),
+        (
+            "  of which sent, to the answer's head",
+            "subagents.model.sdk_request",
+            "DirectRequest",
+            "stream",
+        ),
         ("tool calls", "subagents.loop.tool_calls", "ToolCalls", "run"),
         ("  of which the box's exec", "sandbox.docker.backend", "DockerSandbox", "exec"),
         ("transcript: save", "subagents.loop.conversation", "Conversation", "save"),
