@@ -324,6 +324,22 @@ def test_a_marker_being_written_is_neither_a_run_nor_pruned(monkeypatch) -> None
     assert sorted(p.name for p in folder.iterdir()) == ["run-new"]
 
 
+def test_a_link_where_a_marker_is_written_is_replaced_not_followed(tmp_path) -> None:
+    """A link left where the marker's side file goes, or where the marker goes, is
+    replaced by the marker: the file it points to is never written."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep\n")
+    folder = reaper.fleet_home() / "live"
+    folder.mkdir(parents=True)
+    (folder / f".run-a.{os.getpid()}.part").symlink_to(outside)
+    (folder / "run-b").symlink_to(outside)
+    reaper.mark_live("run-a")
+    reaper.mark_live("run-b")
+    assert outside.read_text() == "keep\n"
+    assert reaper.live_runs() == {"run-a", "run-b"}
+    assert not any(p.is_symlink() for p in folder.iterdir())
+
+
 def subprocess_pid_that_exited() -> int:
     import subprocess
 

@@ -303,6 +303,12 @@ def test_a_run_that_keeps_a_tree_while_gc_asks_who_lives_keeps_it(tmp_path: Path
     assert waiting.drop_stale(live) == 1
     assert not old.parent.exists()
     assert started and started[0].is_dir()
+    # A link among the kept trees, named like a dead run: what it points to stays.
+    outside = tmp_path / "outside"
+    (outside / "k").mkdir(parents=True)
+    (waiting.trees_dir() / "r-link").symlink_to(outside, target_is_directory=True)
+    assert waiting.drop_stale(lambda: set()) == 2  # r-new's tree, and the link
+    assert (outside / "k").is_dir() and not (waiting.trees_dir() / "r-link").is_symlink()
 
 
 def test_a_kept_tree_goes_once_the_last_box_of_its_key_is_done_with_it() -> None:

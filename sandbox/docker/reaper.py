@@ -63,13 +63,20 @@ def mark_live(run: str, pid: int | None = None) -> None:
 
     The marker is written beside its place and renamed into it: a gc reading the folder
     meanwhile (another process's, at any moment) sees no marker or a whole one, never
-    an empty file, which names no process and would be pruned as a dead run's."""
+    an empty file, which names no process and would be pruned as a dead run's. The side
+    file is made new (a link left in its place is removed, never followed); no fsync: a
+    marker stands for a living process, which a power loss ends too."""
     path = _marker(run)
     if path.exists() and pid_alive(_read_pid(path)):
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    part.write_text(f"{pid or os.getpid()}\n")
+    part.unlink(missing_ok=True)
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, f"{pid or os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
     os.replace(part, path)
 
 

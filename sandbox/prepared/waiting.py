@@ -83,11 +83,14 @@ def drop_stale(live: Callable[[], set[str]]) -> int:
     ``live`` (the owners that live) is asked after the kept trees are listed: a run is
     live before it keeps one, so a run that starts meanwhile is never taken for dead."""
     try:
-        kept = [p for p in trees_dir().iterdir() if p.is_dir()]
+        kept = [p for p in trees_dir().iterdir() if p.is_symlink() or p.is_dir()]
     except FileNotFoundError:
         return 0
     owners = live()
     runs = [p for p in kept if p.name not in owners]
     for path in runs:
-        shutil.rmtree(path, ignore_errors=True)
+        if path.is_symlink():  # never Fleet's: the link goes, never what it points to
+            path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
     return len(runs)
