@@ -170,11 +170,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
-def gc_here(
-    everything: bool, include_live: bool, dry_run: bool
-) -> tuple[list[BoxInfo], reaper.Collected, set[str]]:
-    """gc on this host's engine by this host's liveness rule: (boxes before, what was
-    removed, live owners)."""
+def gc_here(everything: bool, include_live: bool, dry_run: bool) -> reaper.Collected:
+    """gc on this host's engine by this host's liveness rule."""
     from ..docker.engine import connect
 
     now = time.time()
@@ -190,12 +187,10 @@ def gc_here(
         )
     finally:
         client.close()
-    return removed.listed, removed, removed.live
+    return removed
 
 
-def _gc_cluster(
-    address: str, *args: bool, insecure: bool = False
-) -> tuple[list[BoxInfo], reaper.Collected, set[str]]:
+def _gc_cluster(address: str, *args: bool, insecure: bool = False) -> reaper.Collected:
     """gc on every Docker engine of the cluster's Fleet nodes, once per engine (on one
     node that uses it): a cluster box lives while its node's actor for the run does,
     other boxes by the markers of the host gc runs on. A cluster that lets in a process
@@ -207,24 +202,26 @@ def _gc_cluster(
             "--cluster needs Ray, which is not installed; install Fleet's 'cluster' extra: "
             "pip install -e '.[cluster]'"
         ) from None
-    before: dict[str, BoxInfo] = {}
+    listed: dict[str, BoxInfo] = {}
     boxes: dict[str, BoxInfo] = {}
     networks: dict[str, None] = {}
-    live: set[str] = set()
-    orphans = 0
+    out = reaper.Collected()
     connect(address, insecure=insecure)
     for name, done in on_each_engine(address, gc_node, *args):
         if isinstance(done, NodeUnreachable):
             print(f"fleet: node {name} did not answer ({done}); its boxes stay", file=sys.stderr)
             continue
-        b, r, lv = done
-        before.update((x.id, x) for x in b)
-        boxes.update((x.id, x) for x in r.boxes)
-        networks.update(dict.fromkeys(r.networks))
-        orphans += r.orphans
-        live |= lv
-    removed = reaper.Collected(boxes=list(boxes.values()), networks=list(networks), orphans=orphans)
-    return list(before.values()), removed, live
+        listed.update((x.id, x) for x in done.listed)
+        boxes.update((x.id, x) for x in done.boxes)
+        networks.update(dict.fromkeys(done.networks))
+        out.orphans += done.orphans
+        out.live |= done.live
+    out.listed, out.boxes, out.networks = (
+        list(listed.values()),
+        list(boxes.values()),
+        list(networks),
+    )
+    return out
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -234,11 +231,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
     flags = (args.all, args.include_live, args.dry_run)
     try:
         if args.cluster:
-            before, removed, live = _gc_cluster(
-                args.cluster, *flags, insecure=args.insecure_cluster_without_auth
-            )
+            removed = _gc_cluster(args.cluster, *flags, insecure=args.insecure_cluster_without_auth)
         else:
-            before, removed, live = gc_here(*flags)
+            removed = gc_here(*flags)
     except SandboxError as e:
         print(f"fleet: {e}", file=sys.stderr)
         return 2 if isinstance(e, SandboxUnavailable) else 1
@@ -257,7 +252,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         except SandboxError as e:
             print(f"fleet: prepared snapshots: {e}", file=sys.stderr)
     taken = {b.id for b in removed.boxes}
-    spared = [b for b in before if b.owner in live and b.id not in taken]
+    spared = [b for b in removed.listed if b.owner in removed.live and b.id not in taken]
     if args.all and spared:
         runs = sorted({b.run for b in spared})
         print(

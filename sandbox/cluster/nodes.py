@@ -232,9 +232,7 @@ def remove_dead() -> int:
         client.close()
 
 
-def gc_node(
-    everything: bool, include_live: bool, dry_run: bool
-) -> tuple[list[BoxInfo], Collected, set[str]]:
+def gc_node(everything: bool, include_live: bool, dry_run: bool) -> Collected:
     """``fleet sandbox gc`` on this node's engine: this host's rule for boxes of runs on
     one machine (live markers), Ray's for the cluster's (their node's actor lives)."""
     from ..docker import reaper
@@ -252,7 +250,7 @@ def gc_node(
         )
     finally:
         client.close()
-    return removed.listed, removed, removed.live
+    return removed
 
 
 class NodeUnreachable(Exception):
