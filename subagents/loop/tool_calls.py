@@ -90,14 +90,12 @@ class ToolCalls:
         if len(tool_uses) == 1:  # most turns: no task to start, no trip through the loop
             with anyio.CancelScope() as alone:
                 await self._one(0, tool_uses[0], results, crashes, alone, turn, turn_span)
-            if crashes:
-                raise crashes[0]
-            return results
-        async with anyio.create_task_group() as tg:
-            for i, block in enumerate(tool_uses):
-                tg.start_soon(
-                    self._one, i, block, results, crashes, tg.cancel_scope, turn, turn_span
-                )
+        else:
+            async with anyio.create_task_group() as tg:
+                for i, block in enumerate(tool_uses):
+                    tg.start_soon(
+                        self._one, i, block, results, crashes, tg.cancel_scope, turn, turn_span
+                    )
         if crashes:
             raise crashes[0]
         return results
