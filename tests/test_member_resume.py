@@ -27,8 +27,9 @@ CODER = "careful software engineer"
 """Opens the coding member's system prompt."""
 
 
-def _job(tmp_path: Path, *, retry: str = "", memory: str = "") -> Path:
+def _job(tmp_path: Path, *, retry: str = "", memory: str = "", repo: str = "") -> Path:
     sandbox = f'\nsandbox = {{ memory = "{memory}" }}' if memory else ""
+    sandbox += f'\nrepo = "{repo}"' if repo else ""
     text = (
         f'name = "t"\noutput_dir = "{tmp_path / "runs"}"\n[model]\nname = "claude-sonnet-5"\n'
         f"[fanout]\n[fanout.retry]\nbackoff_s = 0\n{retry}\n"
@@ -73,9 +74,15 @@ def test_sigkilled_member_resumes_from_its_last_turn_with_its_workspace(
     steps, kill_after = 14, 9
     api = fake_api(appending_policy(steps, latency_s=0.3))
     cleanup.append(tmp_path / "runs")
+    # A repository, and a temporary directory of the run's own: its staged copy is seen.
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "app.py").write_text("TOKEN = 'from the repository'\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     env = {**os.environ, "ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": api.url}
+    env["TMPDIR"] = str(tmp)
     proc = subprocess.Popen(
-        [*FLEET, "run", str(_job(tmp_path)), "--plain"],
+        [*FLEET, "run", str(_job(tmp_path, repo="repo")), "--plain"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -100,6 +107,9 @@ def test_sigkilled_member_resumes_from_its_last_turn_with_its_workspace(
     (run,) = RunDir.list(tmp_path / "runs")
     calls_before = len(_member_calls(api))
     assert kill_after <= calls_before < steps, calls_before
+    # The kill ran no cleanup: the copy of the repository is left, beside its lock.
+    (left,) = [p for p in tmp.glob("fleet-repo-*") if p.is_dir()]
+    assert (left / "app.py").exists()
 
     resumed = subprocess.run(
         [*FLEET, "resume", str(run.path), "--plain"],
@@ -110,6 +120,8 @@ def test_sigkilled_member_resumes_from_its_last_turn_with_its_workspace(
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert run.outcome("m").status == "ok"
+    # The resume's staging swept the dead run's copy, and its own went as it ended.
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("fleet-repo-")]
     calls_after = len(_member_calls(api)) - calls_before
     (mark,) = [
         e for e in read_trace(run.path / "members" / "m" / "trace.jsonl") if e.type == "resumed"

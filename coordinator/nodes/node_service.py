@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import dataclasses
 import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ from .node import NodeDeps, remove_run_boxes, run_attempt, serving
 from .node_asks import NodeAsks
 from .node_budget import RelayBudget
 from .node_durable import DurableUpdate, Mirror, is_durable, place
+from .scratch import Scratch
 from .shipping import (
     COORDINATOR_FILES,
     NodeReply,
@@ -147,7 +147,8 @@ class NodeService:
 
             install(governor)
         self.deps = (setup or docker_node)(node)
-        self.scratch = Path(tempfile.mkdtemp(prefix=f"fleet-{run_id}-"))
+        self._scratch = Scratch(f"fleet-node-{run_id}-")
+        self.scratch = self._scratch.path
         self._stop: asyncio.Event | None = None
         self._serving: asyncio.Task[None] | None = None
         self._running: dict[asyncio.Task[None], anyio.CancelScope] = {}
@@ -323,7 +324,7 @@ class NodeService:
         try:
             return await remove_run_boxes(self.deps.backend, self.run_id)
         finally:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            self._scratch.cleanup()
             if self._sweep is not None:
                 # Again as the run ends: a node lost after this actor's first sweep, or
                 # before Ray knew it then, left boxes whose owner is dead by now.

@@ -22,7 +22,8 @@ has no work tree to copy.
 
 The selection is staged into a temporary directory (hard links of the files opened
 where possible, so it costs no copy on the same file system) and that is uploaded; the original is never
-written to. A selection over :data:`MAX_COPY_BYTES`, or one that would not fit in the
+written to. A run killed before it removes that copy leaves it to the next run's sweep
+(:mod:`coordinator.nodes.scratch`). A selection over :data:`MAX_COPY_BYTES`, or one that would not fit in the
 member's box (its ``/workspace``, and its ``/tmp``, where the coding member keeps the
 snapshot its patch is computed against), is refused with a message that says
 how to narrow it, instead of a box falling over halfway through the upload. Below
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from sandbox.spec import SandboxSpec, parse_size
 
 from .repo_list import SKIP_DIRS, RepoRefused, list_names
 from .repo_tree import Gone, Skip, Walker, copy_leaf, kind_of, lstat_in, parts_of, printable
+from .scratch import Scratch
 
 __all__ = [
     "SKIP_DIRS",
@@ -205,7 +206,7 @@ class StagedRepo:
     """A temporary directory holding a repository's selection (:meth:`cleanup` it)."""
 
     def __init__(self) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="fleet-repo-")
+        self._tmp = Scratch("fleet-repo-")
         self.name = self._tmp.name
         self.not_copied: list[str] = []
         """The paths left out, as the member's result names them."""
