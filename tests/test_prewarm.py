@@ -81,6 +81,46 @@ def test_a_run_that_does_not_start_leaves_no_early_box(
     assert left == []
 
 
+@pytest.mark.parametrize("boxes", ["none started", "two started"])
+def test_a_run_that_does_not_start_leaves_no_live_marker(
+    tmp_path, images, docker_client, cleanup, monkeypatch, started, boxes
+):
+    """The early thread marks the run live before its first box; a job refused after
+    that leaves no marker, whether the thread had started boxes or none (stopped first,
+    or the engine refused them)."""
+    from sandbox.docker import reaper
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    cleanup.append(tmp_path / "runs")
+    marked: list[str] = []
+    real_mark = reaper.mark_live
+
+    def mark(run: str, pid: int | None = None) -> None:
+        marked.append(run)
+        real_mark(run, pid)
+
+    monkeypatch.setattr(reaper, "mark_live", mark)
+    if boxes == "none started":
+        monkeypatch.setattr(prewarm_module.Prewarm, "_specs", lambda *a: [])
+    else:  # the thread goes on to its end before the command stops it
+        real_close = prewarm_module.Prewarm.close
+
+        def close_after_the_thread(self: Any) -> None:
+            self._thread.join()
+            real_close(self)
+
+        monkeypatch.setattr(prewarm_module.Prewarm, "close", close_after_the_thread)
+    bad = _job(tmp_path, 2, extra="[fanout]\nmin_success = 5\n")
+    assert main(["run", str(bad), "--plain"]) == 2
+    (warm,) = started
+    assert marked == [warm.run]  # the thread got that far: the marker was written
+    assert len(warm._boxes) == (0 if boxes == "none started" else 2)
+    assert not reaper._marker(warm.run).exists()
+    assert warm.run not in reaper.live_runs()
+    left = docker_client.api.containers(all=True, filters={"label": f"fleet.run={warm.run}"})
+    assert left == []
+
+
 def test_a_members_first_model_call_does_not_wait_for_its_box(
     tmp_path, images, docker_client, cleanup, fake_api
 ):

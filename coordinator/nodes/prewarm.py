@@ -95,6 +95,8 @@ class Prewarm:
         self._boxes: list[tuple[str, dict]] = []
         """(spec key, container details) of every box started, in order."""
         self._taken: set[str] = set()
+        self._marked: str | None = None
+        """The live marker's key, once the thread wrote it (:meth:`close` removes it)."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._work, name="fleet-prewarm", daemon=True)
@@ -140,7 +142,8 @@ class Prewarm:
             image = image_ref("coding", client=client)  # built, else nothing starts early
             wanted = self._specs(client, image, self.first[:limit])
             backend = get_backend("docker", client=client)
-            reaper.mark_live(backend.owner(self.run))
+            self._marked = backend.owner(self.run)
+            reaper.mark_live(self._marked)
 
             def one(i: int) -> None:
                 if self._stop.is_set():
@@ -198,14 +201,24 @@ class Prewarm:
         return out
 
     def close(self) -> None:
-        """Remove every box started here that no run took (a run removes its own)."""
+        """Remove every box started here that no run took (a run removes its own), and
+        the run's live marker: the command is over. A job refused before any box
+        started leaves no marker either."""
         self._stop.set()
         self._thread.join()
         with self._lock:
             left = [info["Id"] for _, info in self._boxes if info["Id"] not in self._taken]
-        if not left:
-            return
         from sandbox.docker import reaper
+
+        try:
+            if left:
+                self._remove(left)
+        finally:
+            if self._marked is not None:
+                reaper.mark_done(self._marked)
+
+    @staticmethod
+    def _remove(left: list[str]) -> None:
         from sandbox.docker.engine import connect, remove_box
 
         try:
@@ -220,7 +233,6 @@ class Prewarm:
                     pass
         finally:
             client.close()
-            reaper.mark_done(self.run)
 
 
 @dataclass(frozen=True)
