@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from coordinator.nodes import scratch
 from coordinator.nodes.repo_copy import staged_copy
@@ -137,3 +138,26 @@ def test_two_sweepers_at_once_remove_each_dead_directory_once(tmp_path):
         for t in sweepers:
             t.join()
         assert sum(counts) == 5 and _left(tmp_path) == []
+
+
+def test_what_will_not_go_is_passed_over_and_the_rest_is_swept(tmp_path, monkeypatch):
+    # Another user's link where a dead directory was, in a sticky folder: unlinking it
+    # is refused (root may, so the refusal is made here); the sweep goes on, and the
+    # maker's own directory is still made.
+    for name in ("fleet-repo-aaa", "fleet-repo-bbb"):
+        (tmp_path / f"{name}.fleet-lock").write_text("")
+    (tmp_path / "fleet-repo-aaa").symlink_to(tmp_path)
+    (tmp_path / "fleet-repo-bbb").mkdir()
+    real_unlink = os.unlink
+
+    def refusing(path: Any, *args: Any, **kwargs: Any) -> None:
+        if str(path).endswith("fleet-repo-aaa"):
+            raise PermissionError(1, "Operation not permitted", str(path))
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(scratch.os, "unlink", refusing)
+    monkeypatch.setattr(scratch, "_swept", set())
+    made = Scratch("fleet-repo-", root=str(tmp_path))
+    assert not (tmp_path / "fleet-repo-bbb").exists()
+    assert (tmp_path / "fleet-repo-aaa").is_symlink()
+    made.cleanup()

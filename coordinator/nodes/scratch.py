@@ -100,8 +100,10 @@ def sweep(folder: str | None = None) -> int:
     except OSError:
         return 0
     for lock_name in entries:
-        if _take(folder, lock_name):
-            removed += 1
+        try:
+            removed += _take(folder, lock_name)
+        except OSError:
+            continue  # one that will not go (another user's link in a sticky folder): the next
     return removed
 
 
