@@ -11,13 +11,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from coordinator.nodes import scratch
 from coordinator.nodes.repo_copy import staged_copy
-from coordinator.nodes.scratch import LOCK_SUFFIX, Scratch, sweep
+from sandbox import scratch
+from sandbox.scratch import LOCK_SUFFIX, Scratch, sweep
 
 MAKER = """
 import sys
-from coordinator.nodes.scratch import Scratch
+from sandbox.scratch import Scratch
 s = Scratch("fleet-repo-", root=sys.argv[1])
 open(s.name + "/code.py", "w").write("SECRET = 1\\n")
 print(s.name, flush=True)

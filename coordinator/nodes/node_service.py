@@ -40,6 +40,7 @@ from typing import Any
 import anyio
 
 from sandbox.registry import get_backend
+from sandbox.scratch import Scratch
 from sandbox.spec import SandboxSpec
 from subagents.model import make_model
 from subagents.results.outcome import MemberOutcome
@@ -49,7 +50,6 @@ from .node import NodeDeps, remove_run_boxes, run_attempt, serving
 from .node_asks import NodeAsks
 from .node_budget import RelayBudget
 from .node_durable import DurableUpdate, Mirror, is_durable, place
-from .scratch import Scratch
 from .shipping import (
     COORDINATOR_FILES,
     NodeReply,

@@ -23,7 +23,7 @@ has no work tree to copy.
 The selection is staged into a temporary directory (hard links of the files opened
 where possible, so it costs no copy on the same file system) and that is uploaded; the original is never
 written to. A run killed before it removes that copy leaves it to the next run's sweep
-(:mod:`coordinator.nodes.scratch`). A selection over :data:`MAX_COPY_BYTES`, or one that would not fit in the
+(:mod:`sandbox.scratch`). A selection over :data:`MAX_COPY_BYTES`, or one that would not fit in the
 member's box (its ``/workspace``, and its ``/tmp``, where the coding member keeps the
 snapshot its patch is computed against), is refused with a message that says
 how to narrow it, instead of a box falling over halfway through the upload. Below
@@ -38,11 +38,11 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox.scratch import Scratch
 from sandbox.spec import SandboxSpec, parse_size
 
 from .repo_list import SKIP_DIRS, RepoRefused, list_names
 from .repo_tree import Gone, Skip, Walker, copy_leaf, kind_of, lstat_in, parts_of, printable
-from .scratch import Scratch
 
 __all__ = [
     "SKIP_DIRS",

@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -41,6 +40,7 @@ import docker.errors
 
 from ..docker.engine import Say, connect, ensure_build_tools, is_root
 from ..errors import SandboxUnavailable
+from ..scratch import Scratch
 from .catalog import (
     LABEL_IMAGE,
     LABEL_INPUTS,
@@ -219,7 +219,10 @@ def _debootstrap_tarball(defn: ImageDef, tarball: Path, say: Say) -> None:
         )
     ensure_build_tools(say)
     config = json.loads((defn.path / "debootstrap.json").read_text())
-    workdir = Path(tempfile.mkdtemp(prefix="fleet-rootfs-", dir=tarball.parent))
+    # A build killed outright leaves its rootfs (hundreds of MB, in the cache dir, which
+    # a reboot keeps): the next build's scratch sweeps it (sandbox/scratch.py).
+    scratch = Scratch("fleet-rootfs-", root=str(tarball.parent))
+    workdir = scratch.path
     root = workdir / "root"
     try:
         # Seed Fleet's dpkg/apt config first: dpkg inside debootstrap then already
@@ -241,7 +244,7 @@ def _debootstrap_tarball(defn: ImageDef, tarball: Path, say: Say) -> None:
         _run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(partial), "."], "tar")
         partial.rename(tarball)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        scratch.cleanup()
 
 
 def _deb_cache() -> Path:
@@ -303,8 +306,9 @@ def build_dockerfile_image(
     say: Say,
 ) -> None:
     """Build ``ref`` from ``defn``'s directory with ``BASE=parent`` (no layer cache if ``fresh``)."""
-    with tempfile.TemporaryDirectory(prefix=f"fleet-ctx-{defn.name}-") as tmp:
-        ctx = Path(tmp)
+    scratch = Scratch(f"fleet-ctx-{defn.name}-")
+    try:
+        ctx = scratch.path
         _assemble_context(defn, ctx, extra_ca)
         tag = ref.split(":", 1)[1]
         buildargs = {**_proxy_args(), **({"BASE": parent} if parent else {})}
@@ -320,6 +324,8 @@ def build_dockerfile_image(
             decode=True,
         )
         _follow_build(defn.name, ref, stream, say)
+    finally:
+        scratch.cleanup()
 
 
 def _proxy_args() -> dict[str, str]:

@@ -1,12 +1,14 @@
 """Host-side temporary directories that a killed process does not leave behind for good.
 
 A coding member's staged copy of the user's repository (:mod:`coordinator.nodes.repo_copy`),
-a merge's, and a cluster node's scratch space (member directories, repository copies,
-memory) live in the system's temporary directory while the process that made them
-runs. Their owner removes them when its work ends, fails or is cancelled. A process
-that is SIGKILLed, OOM-killed or lost with its node runs no cleanup at all, and before
-this module its copy of the user's code stayed in ``/tmp`` until the machine rebooted:
-one more for every ``kill -9`` of ``fleet run`` and every lost Ray worker.
+a merge's, a cluster node's scratch space (member directories, repository copies,
+memory) and an image build's context live in the system's temporary directory while
+the process that made them runs; a base image's rootfs is built in Fleet's cache
+directory. Their owner removes them when its work ends, fails or is cancelled. A
+process that is SIGKILLed, OOM-killed or lost with its node runs no cleanup at all:
+before this module its copy of the user's code stayed in ``/tmp`` until the machine
+rebooted, one more for every ``kill -9`` of ``fleet run`` and every lost Ray worker,
+and a killed ``fleet setup`` left a rootfs of hundreds of MB in the cache for good.
 
 So every such directory ``NAME`` has a lock file ``NAME.fleet-lock`` beside it, made
 *before* the directory, on which its maker holds an exclusive ``flock`` for as long as
