@@ -13,6 +13,9 @@ SandboxSpecError       a spec is invalid (unknown field, negative limit, bad siz
 SandboxUnavailable     the engine cannot be reached, an image is unknown to the
                        engine, the box could not be created or started, or the
                        engine refused a call on a box that still runs (retry)
+SnapshotGone           (a SandboxUnavailable) the setup's snapshot a box was to
+                       start from is no longer on the engine (``ref``): removed by
+                       gc or by hand after the run found it; set the setup up again
 SandboxTimeout         a file or control operation (not ``exec``: a command that
                        runs past its timeout returns ``ExecResult.timed_out``)
                        did not finish in time
@@ -59,6 +62,18 @@ class SandboxSpecError(SandboxError, ValueError):
 
 class SandboxUnavailable(SandboxError):
     """The engine, an image, or the box itself cannot be had right now."""
+
+
+class SnapshotGone(SandboxUnavailable):
+    """The setup's snapshot ``ref`` a box was to start from is no longer on the engine."""
+
+    def __init__(self, ref: str) -> None:
+        super().__init__(
+            f"the setup's snapshot {ref[:19]} is no longer on this engine (removed by "
+            "'fleet sandbox prepared gc' or by hand after this run found it); the member's "
+            "retry sets the setup up again"
+        )
+        self.ref = ref
 
 
 class SandboxTimeout(SandboxError, TimeoutError):

@@ -334,3 +334,52 @@ def test_a_kept_tree_goes_once_the_last_box_of_its_key_is_done_with_it() -> None
         return seen
 
     assert anyio.run(main) == [True, True, False]
+
+
+def test_a_snapshot_gone_after_the_run_found_it_is_set_up_again_once_forgotten() -> None:
+    """The run trusts what it found (no engine call per member) until a box could not
+    start from it: forget() withdraws that, and the next ask sets the key up again."""
+    backend = SnapshotBackend()
+    preparer = Preparer(backend, "r1")
+    (first,) = _many(preparer, SetupSpec(run="ok"), 1)
+    backend.snapshots.clear()  # gc removed it after the run made it
+    (trusted,) = _many(preparer, SetupSpec(run="ok"), 1)
+    assert trusted.ref == first.ref and backend.runs == ["ok"]
+    preparer.forget("some other ref")  # not this key's: nothing changes
+    assert _many(preparer, SetupSpec(run="ok"), 1)[0].ref == first.ref
+    preparer.forget(first.ref)
+    got = _many(preparer, SetupSpec(run="ok"), 4)  # members asking at once: one setup
+    assert backend.runs == ["ok", "ok"]
+    assert [p.reused for p in got].count(False) == 1
+    assert {p.ref for p in got} == {backend.snapshots[first.key]}
+
+
+def test_gc_leaves_a_snapshot_used_since_it_was_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unused for 20 days when gc looked, then found by a run before gc removed it: it
+    stays (gc looks at its last use again just before); one not used since goes."""
+    import time
+
+    from sandbox.docker import prepared as store
+    from sandbox.prepared.spec import PreparedInfo
+
+    now = time.time()
+    old = now - 20 * 24 * 3600
+    infos = [
+        PreparedInfo(
+            key=k, ref=f"sha256:{k}", size=1, created=old, last_used=old, setup="s", base="b"
+        )
+        for k in ("found-meanwhile", "unused")
+    ]
+    removed: list[str] = []
+
+    def listing(client: Any) -> list[PreparedInfo]:
+        store.touch("found-meanwhile")  # a run finds it just after gc listed
+        return list(infos)
+
+    monkeypatch.setattr(store, "list_all", listing)
+    monkeypatch.setattr(store, "remove_helpers", lambda client, now: None)
+    monkeypatch.setattr(store, "remove", lambda client, info: removed.append(info.key) or True)
+    gone = store.gc(None, now=now)  # type: ignore[arg-type]
+    assert [i.key for i in gone] == ["unused"] and removed == ["unused"]

@@ -31,7 +31,13 @@ import anyio
 from sandbox.base import Sandbox, SandboxBackend
 from sandbox.deferred import DeferredSandbox
 from sandbox.docker import reaper
-from sandbox.errors import SandboxClosed, SandboxCrashed, SandboxError, SandboxUnavailable
+from sandbox.errors import (
+    SandboxClosed,
+    SandboxCrashed,
+    SandboxError,
+    SandboxUnavailable,
+    SnapshotGone,
+)
 from sandbox.pool import SandboxPool
 from sandbox.prepared.prepare import Prepared, Preparer, SetupFailed
 from sandbox.spec import SandboxSpec
@@ -494,6 +500,9 @@ async def _start_box(
                 raise SandboxUnavailable(
                     f"the setup's refresh failed (exit {res.exit_code}): {tail}"
                 )
+    except SnapshotGone as exc:
+        deps.preparer(unit.run_id).forget(exc.ref)  # the retry sets the setup up again
+        pending.fail(exc)
     except (SandboxCrashed, SandboxClosed, SandboxUnavailable) as exc:
         pending.fail(exc)
     except SandboxError as exc:

@@ -43,7 +43,7 @@ import docker
 import docker.errors
 import docker.types
 
-from ..errors import SandboxUnavailable
+from ..errors import SandboxUnavailable, SnapshotGone
 from ..prepared.waiting import MOUNT
 from ..spec import SHM_BYTES, SandboxSpec, parse_size
 from . import attached, gvisor
@@ -129,6 +129,8 @@ def create_container(
             stdin_open=attach,  # with docker-py's default detach=False: StdinOnce too
         )
     except docker.errors.ImageNotFound:
+        if spec.prepared is not None and image == spec.prepared:
+            raise SnapshotGone(image) from None
         raise SandboxUnavailable(
             f"image {image!r} is not on this engine; build Fleet's images with "
             f"'fleet images build' (or name an existing image in the spec)"

@@ -331,7 +331,14 @@ def gc(
     kept, removed = [], []
 
     def drop(info: PreparedInfo) -> bool:
-        return True if dry_run else remove(client, info)
+        if dry_run:
+            return True
+        # Used since it was listed (a run found it meanwhile and is about to start a
+        # box from it): it stays. A run that finds it after this look can still lose
+        # it; its box then fails as SnapshotGone and its retry sets the setup up again.
+        if last_used(info.key, info.created) > info.last_used:
+            return False
+        return remove(client, info)
 
     for info in list_all(client):
         if now - info.last_used > ttl_s and drop(info):

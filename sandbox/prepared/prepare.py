@@ -149,6 +149,23 @@ class Preparer:
         self._waiters[key] = self._waiters.get(key, 0) + 1
         return self._trees[key]
 
+    def forget(self, ref: str) -> None:
+        """The snapshot ``ref`` is gone from the engine (a box could not start from it:
+        gc or a person removed it after this run found or made it). What this run knew
+        of it is dropped, so the next member - or the retry of the one that met it - that
+        needs its key looks again and sets it up if the engine has it no more. Members
+        of the key trust what the run knows without asking the engine each time (no
+        engine call per member); this is how that trust is withdrawn."""
+        for key, done in list(self._done.items()):
+            if isinstance(done, Prepared) and done.ref == ref:
+                del self._done[key]
+                self._kept.discard(key)
+                # Its kept tree's directory was removed once its boxes had laid it (or
+                # is being laid still, and then goes with the run): a setup of the key
+                # again keeps its tree in a directory made anew.
+                self._trees.pop(key, None)
+                self._waiters.pop(key, None)
+
     async def done_waiting(self, tree: Path) -> None:
         """A box that was given ``tree`` (:meth:`waiting_dir`) has laid it or never will:
         once no box of its key may still need it and its setup has ended, the kept tree
