@@ -5,11 +5,12 @@ fails as ``SnapshotGone``, named as such, and the member's retry sets the setup 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_setup_boxes import _install_job, _setup_events
+from test_setup_boxes import EDIT, _setup_events
 from test_setup_boxes import out as out  # the fixtures
 from test_setup_boxes import project as project
 
@@ -53,10 +54,18 @@ def test_a_snapshot_removed_before_a_members_box_starts_is_set_up_again_by_its_r
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Two members of one setup, one at a time, boxes made when asked (no warm pool):
-    # m0 makes the snapshot; just before m1's box starts from it, it is removed.
-    job = _install_job(tmp_path, project, 2)
-    text = job.read_text().replace("max_parallel = 2", "max_parallel = 1\nwarm_pool = false")
-    job.write_text(text)
+    # m0 makes the snapshot; just before m1's box starts from it, it is removed. The
+    # setup writes a file the members' test needs (a key of this test's own).
+    repo, _ = project
+    setup = json.dumps(f"echo made > made.txt # {tmp_path.name}")
+    job = tmp_path / "job.toml"
+    lines = ['name = "gone"', "[model]", 'name = "offline"', "[fanout]", "max_parallel = 1"]
+    lines += ["warm_pool = false"]
+    for m in ("m0", "m1"):
+        lines += ["[[members]]", f'id = "{m}"', 'kind = "coding"', f'task = "{EDIT}"']
+        lines += [f"repo = {json.dumps(str(repo))}", 'test = "grep -q made made.txt"']
+        lines += [f"setup = {{ run = {setup} }}"]
+    job.write_text("\n".join(lines) + "\n")
     removed: list[str] = []
     real_create = DockerBackend.create
 
@@ -72,7 +81,7 @@ def test_a_snapshot_removed_before_a_members_box_starts_is_set_up_again_by_its_r
     assert removed, "m1's box never started from the snapshot"
     outcomes = run.outcomes()
     assert {m: o.status for m, o in outcomes.items()} == {"m0": "ok", "m1": "ok"}
-    assert outcomes["m1"].result.verified.passed  # the new snapshot's tinydep at work
+    assert outcomes["m1"].result.verified.passed  # the new snapshot's file at work
     # m1's first attempt met the gone snapshot, named as such; its retry set it up again.
     (retry,) = [e for e in run.journal.read() if e.event == "member_retry"]
     assert retry.member == "m1" and "no longer on this engine" in retry.reason, retry
