@@ -6,6 +6,7 @@ fails as ``SnapshotGone``, named as such, and the member's retry sets the setup 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from test_setup_boxes import project as project
 
 from coordinator.cli import main
 from coordinator.rundir.runs import RunDir
+from sandbox.docker import prepared as store
 from sandbox.docker.backend import DockerBackend
 from sandbox.errors import SandboxUnavailable, SnapshotGone
 from sandbox.spec import SandboxSpec
@@ -57,7 +59,8 @@ def test_a_snapshot_removed_before_a_members_box_starts_is_set_up_again_by_its_r
     # m0 makes the snapshot; just before m1's box starts from it, it is removed. The
     # setup writes a file the members' test needs (a key of this test's own).
     repo, _ = project
-    setup = json.dumps(f"echo made > made.txt # {tmp_path.name}")
+    mark = uuid.uuid4().hex[:12]
+    setup = json.dumps(f"echo made > made.txt # {mark}")
     job = tmp_path / "job.toml"
     lines = ['name = "gone"', "[model]", 'name = "offline"', "[fanout]", "max_parallel = 1"]
     lines += ["warm_pool = false"]
@@ -76,7 +79,12 @@ def test_a_snapshot_removed_before_a_members_box_starts_is_set_up_again_by_its_r
         return await real_create(self, spec, **kw)
 
     monkeypatch.setattr(DockerBackend, "create", create)
-    assert main(["run", str(job), "--output-dir", str(out), "--plain"]) == 0
+    try:
+        assert main(["run", str(job), "--output-dir", str(out), "--plain"]) == 0
+    finally:
+        for info in store.list_all(docker_client):
+            if mark in info.setup:
+                store.remove(docker_client, info)
     (run,) = RunDir.list(out)
     assert removed, "m1's box never started from the snapshot"
     outcomes = run.outcomes()
