@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.nodes.repo_copy import staged_copy
-from sandbox import scratch
-from sandbox.scratch import LOCK_SUFFIX, Scratch, sweep
+from sandbox.host import scratch
+from sandbox.host.scratch import LOCK_SUFFIX, Scratch, sweep
 
 MAKER = """
 import sys
-from sandbox.scratch import Scratch
+from sandbox.host.scratch import Scratch
 s = Scratch("fleet-repo-", root=sys.argv[1])
 open(s.name + "/code.py", "w").write("SECRET = 1\\n")
 print(s.name, flush=True)

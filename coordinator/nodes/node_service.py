@@ -39,8 +39,8 @@ from typing import Any
 
 import anyio
 
+from sandbox.host.scratch import Scratch
 from sandbox.registry import get_backend
-from sandbox.scratch import Scratch
 from sandbox.spec import SandboxSpec
 from subagents.model import make_model
 from subagents.results.outcome import MemberOutcome

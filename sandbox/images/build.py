@@ -40,7 +40,7 @@ import docker.errors
 
 from ..docker.engine import Say, connect, ensure_build_tools, is_root
 from ..errors import SandboxUnavailable
-from ..scratch import Scratch
+from ..host.scratch import Scratch
 from .catalog import (
     LABEL_IMAGE,
     LABEL_INPUTS,
@@ -220,7 +220,7 @@ def _debootstrap_tarball(defn: ImageDef, tarball: Path, say: Say) -> None:
     ensure_build_tools(say)
     config = json.loads((defn.path / "debootstrap.json").read_text())
     # A build killed outright leaves its rootfs (hundreds of MB, in the cache dir, which
-    # a reboot keeps): the next build's scratch sweeps it (sandbox/scratch.py).
+    # a reboot keeps): the next build's scratch sweeps it (sandbox/host/scratch.py).
     scratch = Scratch("fleet-rootfs-", root=str(tarball.parent))
     workdir = scratch.path
     root = workdir / "root"
