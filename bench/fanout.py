@@ -23,11 +23,16 @@ CPU its boxes burned (each box's cgroup, read as it is removed) - the work a run
 puts on the machine, which other people's load on a shared machine changes far less
 than it changes wall times.
 
+``--timeline`` adds, for the last run of each count, when each member's phases ended,
+counted from the start of the call (median and latest over its members, from their
+traces): the first model answer, the box ready, the first tool result, the last model
+answer, the member's end and its box removed - where a wider fan-out's extra time goes.
+
 ``--warm`` runs every round in one event loop around a :class:`fleet.WarmBoxes` of as
 many boxes as the largest count (boxes kept ready across runs, ``sandbox/warm.py``);
 each run starts once the pool is full again, and that wait is printed, not timed.
 
-Usage: ``.venv/bin/python bench/fanout.py [--counts 1,8,16] [--rounds 3] [--max-parallel N] [--cli | --warm]``
+Usage: ``.venv/bin/python bench/fanout.py [--counts 1,8,16] [--rounds 3] [--max-parallel N] [--cli | --warm] [--timeline]``
 Targets on this 2-core machine, with the defaults: 8 members <= 1.10x of 1, 16 <= 1.25x.
 """
 
@@ -36,6 +41,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -108,6 +114,48 @@ def count_box_cpu() -> None:
         await remove(self, ident)
 
     DockerBackend.remove_container = counted  # type: ignore[method-assign]
+
+
+PHASES = (
+    ("first answer", "model_call", "first"),
+    ("box ready", "create", "first"),
+    ("first tool result", "tool_result", "first"),
+    ("last answer", "model_call", "last"),
+    ("member end", "member_end", "last"),
+    ("box removed", "close", "last"),
+)
+"""A member's phases: (column, trace event type or sandbox action, which of them)."""
+
+
+def timeline(run: Path, started: float) -> dict[str, list[float]]:
+    """Each phase's end per member of ``run``, in seconds from ``started`` (epoch)."""
+    from subagents.trace import read_trace
+
+    out: dict[str, list[float]] = {name: [] for name, _, _ in PHASES}
+    for member in sorted((run / "members").iterdir()):
+        events = list(read_trace(member / "trace.jsonl"))
+        for name, what, which in PHASES:
+            times = [
+                e.ts - started
+                for e in events
+                if e.type == what or (e.type == "sandbox" and getattr(e, "action", "") == what)
+            ]
+            if times:
+                out[name].append(times[0] if which == "first" else times[-1])
+    return out
+
+
+def print_timelines(lines: dict[int, tuple[dict[str, list[float]], float]]) -> None:
+    print("\nWhen each phase ended (s from the call's start; median / latest member), last run:\n")
+    names = [name for name, _, _ in PHASES]
+    print("| members | " + " | ".join(names) + " | wall |")
+    print("|---:|" + "---:|" * (len(names) + 1))
+    for n, (phases, wall) in lines.items():
+        cells = [
+            f"{statistics.median(v):.2f} / {max(v):.2f}" if v else "-"
+            for v in (phases[name] for name in names)
+        ]
+        print(f"| {n} | " + " | ".join(cells) + f" | {wall:.2f} |")
 
 
 async def one_run(n: int, max_parallel: int | None, out: Path, warm: Any = None) -> float:
@@ -186,6 +234,11 @@ def main() -> None:
         help="run every round in one event loop with boxes kept ready across runs "
         "(fleet.WarmBoxes, as many as the largest count); each run starts once they are",
     )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print when each member's phases ended in the last run of each count",
+    )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
@@ -201,6 +254,7 @@ def main() -> None:
     walls: dict[int, list[float]] = {n: [] for n in counts}
     refills: list[float] = []
     cpu: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
+    lines: dict[int, tuple[dict[str, list[float]], float]] = {}
     if not args.cli:
         count_box_cpu()
     try:
@@ -213,9 +267,15 @@ def main() -> None:
                 if args.cli:
                     return one_cli_run(n, args.max_parallel, Path(tmp))
                 BOX_CPU.clear()
-                before = time.process_time()
+                before, started = time.process_time(), time.time()
                 wall = anyio.run(one_run, n, args.max_parallel, Path(tmp))
                 cpu[n].append((time.process_time() - before, sum(BOX_CPU)))
+                if args.timeline:
+                    (run,) = [
+                        p for p in Path(tmp).glob(f"fanout-{n}-*") if p.stat().st_mtime >= started
+                    ]
+                    lines[n] = (timeline(run, started), wall)
+                    shutil.rmtree(run)
                 return wall
 
             if args.warm:
@@ -259,6 +319,8 @@ def main() -> None:
             f"{statistics.median(c for c, _ in used):.2f} | "
             f"{statistics.median(b for _, b in used):.2f} |"
         )
+    if lines:
+        print_timelines(lines)
 
 
 if __name__ == "__main__":
