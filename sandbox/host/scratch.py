@@ -20,8 +20,8 @@ Why a lock and not the pid that the live markers of
 :mod:`sandbox.docker.reaper` hold: a pid can be reused, and it means nothing across
 pid namespaces (a Ray worker or a container sharing ``/tmp``), while a held ``flock``
 is the owner being alive, by definition, for any process on the same kernel. pytest's
-numbered temporary directories solve the same problem with a pid in a lock file. Its
-sweep then has to guess from the pid and the file's age. A held lock answers exactly.
+numbered temporary directories solve the same problem with a lock file that holds a pid,
+and their sweep goes by that file's age (three days): a guess. A held lock answers exactly.
 
 A sweep touches only what this user owns: a regular lock file, and a real directory
 beside it. A link is unlinked, never followed. The tree is removed with
