@@ -85,7 +85,7 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory -j3 --output-sync=line setup test-deps lint
 	$(BIN)/fleet setup --gvisor || [ "$$(id -u)" != 0 ]
 	$(BIN)/fleet doctor
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -x -q -n 3
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -x -q -n 4
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

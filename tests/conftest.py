@@ -40,9 +40,10 @@ Stable interface, used by every test module:
     ``anthropic`` client of this process (``ANTHROPIC_BASE_URL``, a test key) at it;
     every server started is stopped at teardown.
 
-``make test`` runs the suite on three pytest-xdist workers (``-n 3`` on two cores: much
+``make test`` runs the suite on four pytest-xdist workers (``-n 4`` on two cores: much
 of the suite's time is spent waiting on boxes, Ray, subprocesses and timeouts, not on
-the CPUs; 711 s against 818 s with two workers, one quiet machine, bench/README.md). :func:`pytest_xdist_make_scheduler` hands out whole test modules, so a
+the CPUs; 711 s against 818 s with two workers, one quiet machine; then 759 s against
+826 s with three, back to back on a slow one, the CPUs 5% and 8% idle: bench/README.md). :func:`pytest_xdist_make_scheduler` hands out whole test modules, so a
 module-scoped fixture is made once. The Ray tests - ``tests/test_cluster*.py`` and
 the ``[ray]`` cases of the fan-out contract - come first, dealt out to two workers
 (:func:`ray_groups`), each of which starts its own session test cluster: they are the
