@@ -354,6 +354,10 @@ def test_a_snapshot_gone_after_the_run_found_it_is_set_up_again_once_forgotten()
     assert {p.ref for p in got} == {backend.snapshots[first.key]}
 
 
+FOUND, UNUSED = "f" * 64, "0" * 64
+"""Two snapshots' keys (SHA-256 in hex, as Fleet makes them)."""
+
+
 def test_gc_leaves_a_snapshot_used_since_it_was_listed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -370,16 +374,48 @@ def test_gc_leaves_a_snapshot_used_since_it_was_listed(
         PreparedInfo(
             key=k, ref=f"sha256:{k}", size=1, created=old, last_used=old, setup="s", base="b"
         )
-        for k in ("found-meanwhile", "unused")
+        for k in (FOUND, UNUSED)
     ]
     removed: list[str] = []
 
     def listing(client: Any) -> list[PreparedInfo]:
-        store.touch("found-meanwhile")  # a run finds it just after gc listed
+        store.touch(FOUND)  # a run finds it just after gc listed
         return list(infos)
 
     monkeypatch.setattr(store, "list_all", listing)
     monkeypatch.setattr(store, "remove_helpers", lambda client, now: None)
     monkeypatch.setattr(store, "remove", lambda client, info: removed.append(info.key) or True)
     gone = store.gc(None, now=now)  # type: ignore[arg-type]
-    assert [i.key for i in gone] == ["unused"] and removed == ["unused"]
+    assert [i.key for i in gone] == [UNUSED] and removed == [UNUSED]
+
+
+def test_a_foreign_snapshots_key_names_no_file_outside_the_uses_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listed snapshot's key is its image's label: one that walks out of the uses
+    folder is read as never used, and its removal unlinks nothing there."""
+    from sandbox.docker import prepared as store
+    from sandbox.prepared.spec import PreparedInfo
+
+    victim = tmp_path / "cache" / "victim"
+    victim.parent.mkdir(parents=True, exist_ok=True)
+    victim.write_text("keep me")  # written now: a use "now" were it read as one
+    key = "../victim"
+    assert store.last_used(key, 5.0) == 5.0  # not the victim's time
+    store.touch(key)  # nothing made or touched
+
+    class Api:
+        def remove_image(self, ref: str, force: bool) -> None:
+            pass
+
+    class Client:
+        api = Api()
+
+    info = PreparedInfo(
+        key=key, ref="sha256:x", size=1, created=5.0, last_used=5.0, setup="", base=""
+    )
+    assert store.remove(Client(), info)  # type: ignore[arg-type]
+    assert victim.read_text() == "keep me"
+    good = "a" * 64
+    store.touch(good)
+    assert store.last_used(good, 5.0) > 5.0

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -74,16 +75,30 @@ def _uses_dir() -> Path:
     return cache_dir() / "prepared-uses"
 
 
+_KEY = re.compile(r"[0-9a-f]{64}")
+"""A key Fleet makes (:func:`sandbox.prepared.key.setup_key`: SHA-256 in hex)."""
+
+
+def _uses_file(key: str) -> Path | None:
+    """Where a use of ``key`` is recorded; None for a key Fleet never makes. The key of
+    a listed snapshot is its image's label, the image's word: ``../../x`` must name no
+    file outside the folder for gc to read or unlink."""
+    return _uses_dir() / key if _KEY.fullmatch(key) else None
+
+
 def touch(key: str) -> None:
     """Record a use of the snapshot ``key`` now."""
-    path = _uses_dir() / key
+    path = _uses_file(key)
+    if path is None:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch()
 
 
 def last_used(key: str, created: float) -> float:
+    path = _uses_file(key)
     try:
-        return max((_uses_dir() / key).stat().st_mtime, created)
+        return max(path.stat().st_mtime, created) if path is not None else created
     except OSError:
         return created
 
@@ -308,8 +323,10 @@ def remove(client: docker.DockerClient, info: PreparedInfo) -> bool:
             if time.monotonic() > deadline or not answers(client):
                 raise
             time.sleep(1.0)
+    path = _uses_file(info.key)
     try:
-        os.unlink(_uses_dir() / info.key)
+        if path is not None:
+            os.unlink(path)
     except OSError:
         pass
     return True
