@@ -24,9 +24,9 @@ The selection is staged into a temporary directory (hard links of the files open
 where possible, so it costs no copy on the same file system) and that is uploaded; the
 original is never written to. A run killed before it removes that copy leaves it to the
 next run's sweep (:mod:`sandbox.host.scratch`). A selection over
-:data:`MAX_COPY_BYTES`, or one that would not fit in the member's box (its ``/workspace``, and its ``/tmp``, where the coding member keeps the
-snapshot its patch is computed against), is refused with a message that says
-how to narrow it, instead of a box falling over halfway through the upload. Below
+:data:`MAX_COPY_BYTES`, or one that would not fit in the member's box (its
+``/workspace``, and its ``/tmp``, where the coding member keeps the snapshot its patch
+is computed against), is refused with a message that says how to narrow it, instead of a box falling over halfway through the upload. Below
 that, any size goes: the box's upload streams a large tree as a tar stream, with no
 message limit of its own.
 """
