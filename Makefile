@@ -75,9 +75,9 @@ docs-serve: $(STAMP)
 # guarantees hold on this machine (exit 1 if one does not). The suite keeps its
 # bytecode even where PYTHONDONTWRITEBYTECODE is set: without it each worker rewrote and
 # compiled every test module again (11 s of CPU to collect instead of 5), and every
-# process a test starts compiled the helpers it imports. Three workers on two cores: a
-# worker spends much of a test waiting on a box, a node or a timeout (711 s against 818 s
-# for two, the same suite on a quiet machine, bench/README.md). The images, the tests' own
+# process a test starts compiled the helpers it imports. Four workers on two cores: a
+# worker spends much of a test waiting on a box, a node or a timeout (759 s against 826 s
+# for three, back to back on one machine, bench/README.md). The images, the tests' own
 # dependencies and the lint gate are made at the same time once the virtualenv is there:
 # on a new machine the images take minutes, mostly waiting on Debian's mirror, and the
 # lint gate's half a minute of CPU fits beside them (lines of their output interleave).

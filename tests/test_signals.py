@@ -34,12 +34,15 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def test_a_child_started_to_be_signalled_takes_signals_its_parent_ignores() -> None:
-    probe = [sys.executable, "-c", "import time; time.sleep(30)"]
+    # Each says it is up once Python has started: a Ctrl-C that arrives during the
+    # interpreter's own start ends it with status 1, not by the signal.
+    probe = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"]
     with ignoring(signal.SIGINT, signal.SIGQUIT):
-        plain = subprocess.Popen(probe)
-        child = popen(probe)
+        plain = subprocess.Popen(probe, stdout=subprocess.PIPE, text=True)
+        child = popen(probe, stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)  # past env's exec and Python's start
+        for proc in (plain, child):
+            assert proc.stdout is not None and proc.stdout.readline() == "up\n"
         assert {signal.SIGINT, signal.SIGQUIT} <= ignored(plain.pid)
         assert not {signal.SIGINT, signal.SIGTERM, signal.SIGQUIT} & ignored(child.pid)
         child.send_signal(signal.SIGINT)
@@ -53,7 +56,9 @@ def test_a_child_started_to_be_signalled_takes_signals_its_parent_ignores() -> N
 def test_signalling_a_child_that_ignores_the_signal_fails_at_once_by_name() -> None:
     child = Child(["env", "--ignore-signal=INT", "sleep", "30"])
     try:
-        time.sleep(0.3)
+        end = time.monotonic() + 30  # until env has set it ignored (and exec'd sleep)
+        while signal.SIGINT not in ignored(child.pid) and time.monotonic() < end:
+            time.sleep(0.05)
         with pytest.raises(AssertionError, match="ignores SIGINT; start it with"):
             child.send_signal(signal.SIGINT)
     finally:
