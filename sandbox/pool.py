@@ -29,7 +29,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .base import Sandbox, SandboxBackend
-from .errors import SandboxClosed, SandboxError, SandboxSpecError
+from .errors import SandboxClosed, SandboxError, SandboxSpecError, SnapshotGone
 from .spec import SandboxSpec
 
 
@@ -61,6 +61,7 @@ class SandboxPool:
         self._tg: TaskGroup | None = None
         self._closed = False
         self.last_error: BaseException | None = None
+        self._gone = False  # the spec's snapshot image is gone: no more refills
 
     async def __aenter__(self) -> SandboxPool:
         self._tg = anyio.create_task_group()
@@ -106,7 +107,7 @@ class SandboxPool:
 
     async def _refill_loop(self) -> None:
         while True:
-            while len(self._idle) < self.min_idle and self._live < self.max_size:
+            while not self._gone and len(self._idle) < self.min_idle and self._live < self.max_size:
                 self._live += 1
                 self._coming += 1
                 try:
@@ -119,6 +120,12 @@ class SandboxPool:
                     if not isinstance(e, SandboxError):
                         raise  # the pool is closing
                     self.last_error = e
+                    if isinstance(e, SnapshotGone):
+                        # The image this pool's boxes start from is gone for good: no
+                        # box of this spec will start again, so the pool makes no more
+                        # (an acquirer meets the error and its member's retry sets the
+                        # setup up again, under another spec).
+                        self._gone = True
                     # Wake waiters: with room freed, acquire creates a box itself (and
                     # reports the engine's error) instead of waiting for this loop.
                     self._notify()

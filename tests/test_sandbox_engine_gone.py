@@ -4,6 +4,7 @@ The backend's client is pointed at a socket nobody listens on - the state a clie
 in once ``dockerd`` died - and every backend call must raise ``SandboxUnavailable``
 with the one-paragraph message, never a ``requests``/``docker`` exception. A box whose
 engine vanished is not called crashed: that word is kept for the engine's own verdict.
+A warm pool keeps trying after engine trouble, but not for a snapshot that is gone.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import anyio
 import docker
@@ -23,7 +25,7 @@ import requests.exceptions
 from sandbox.docker import engine
 from sandbox.docker.backend import DockerBackend
 from sandbox.docker.engine import engine_down
-from sandbox.errors import SandboxCrashed, SandboxUnavailable
+from sandbox.errors import SandboxCrashed, SandboxUnavailable, SnapshotGone
 from sandbox.pool import SandboxPool
 from sandbox.spec import SandboxSpec
 
@@ -276,3 +278,31 @@ def test_a_removal_on_an_engine_that_stops_answering_is_not_waited_for(
         mute.close()
     assert time.monotonic() - started < 10
     assert_gone(info.value, client)
+
+
+async def test_a_pool_whose_snapshot_is_gone_stops_refilling_and_acquire_still_says_why() -> None:
+    """A removed snapshot is gone for good: the pool tries once, not once a second for
+    the rest of the run; a member that asks for a box still gets the error (its retry
+    then sets the setup up again)."""
+    ref = "fleet-prepared:" + "a" * 64
+
+    class Gone:
+        calls = 0
+
+        async def create(self, spec: SandboxSpec, *, run: str, member: str) -> Any:
+            Gone.calls += 1
+            raise SnapshotGone(ref)
+
+    spec = SandboxSpec(prepared=ref)
+    async with SandboxPool(Gone(), spec, run="r1", min_idle=2, max_size=4) as pool:  # type: ignore[arg-type]
+        with anyio.fail_after(10):
+            while pool.last_error is None:
+                await pool._changed.wait()
+        await anyio.sleep(2.5)  # the engine-trouble pause is 1 s: two more tries before
+        assert Gone.calls == 1
+        pool.keep_idle(3)  # asking for more spares does not start it again
+        await anyio.sleep(1.2)
+        assert Gone.calls == 1
+        with pytest.raises(SnapshotGone):
+            await pool.acquire("m1")
+        assert Gone.calls == 2 and pool.idle == 0
