@@ -50,7 +50,7 @@ from coordinator.nodes.worker import Recorder, Services
 from coordinator.oversight.approvals import ApprovalQueue
 from coordinator.rundir.runs import RunDir
 from sandbox.docker.backend import DockerBackend
-from sandbox.docker.reaper import pid_alive
+from sandbox.docker.reaper import fleet_home, pid_alive
 from subagents.model.offline import OfflineModel, with_required_fields
 from subagents.spec import MemberSpec
 from subagents.tools.mcp import McpServerSpec
@@ -215,6 +215,9 @@ def test_mixed_job_on_two_nodes_has_the_shape_of_a_local_run(
     assert {r["member"]: r["node"] for r in rows} == {m: v[0] for m, v in started.items()}
     assert "NODE" not in _fleet("trace", str(local.path)).stdout
     assert _boxes(node_client, remote.id) == []
+    # Neither run is left marked live on this host (the nodes mark their own share).
+    assert not (fleet_home() / "live" / remote.id).exists()
+    assert not (fleet_home() / "live" / local.id).exists()
     # The nodes' boxes and networks lived on the nodes' engine alone: the coordinator's
     # engine never saw one (it saw the local run's, so it was listening).
     assert local.id in str(seen) and remote.id not in str(seen)
@@ -780,7 +783,9 @@ def test_members_with_a_setup_start_from_its_snapshot_on_their_nodes_engine(
     from sandbox.docker import prepared as store
 
     repo, wheels = make_project(tmp_path)
-    setup = f"{{ run = {json.dumps(f'{INSTALL} # {tmp_path.name}')}, wheels = {json.dumps(str(wheels))} }}"
+    setup = (
+        f"{{ run = {json.dumps(f'{INSTALL} # {tmp_path}')}, wheels = {json.dumps(str(wheels))} }}"
+    )
     lines = [
         'name = "setup-on-nodes"',
         "[model]",

@@ -13,8 +13,10 @@ import anyio
 import pytest
 
 from coordinator.job.jobfile import parse_job
-from coordinator.merge.merge import read_merge, run_merge
+from coordinator.job.spec import Job
+from coordinator.merge.merge import MergeRecord, read_merge, run_merge
 from coordinator.rundir.runs import RunDir
+from sandbox.docker import reaper
 from sandbox.registry import get_backend
 from subagents.results.outcome import MemberOutcome
 
@@ -62,7 +64,7 @@ new file mode 100755
 """
 
 
-def _setup(tmp_path: Path, patches: dict[str, str]) -> tuple[RunDir, object]:
+def _setup(tmp_path: Path, patches: dict[str, str]) -> tuple[RunDir, Job]:
     repo = tmp_path / "repo"
     shutil.copytree(SAMPLE, repo)
     os.symlink("/tmp", repo / "outside")  # goes into the box as a link
@@ -81,11 +83,20 @@ def _setup(tmp_path: Path, patches: dict[str, str]) -> tuple[RunDir, object]:
     return run, job
 
 
+def _merge(run: RunDir, job: Job) -> MergeRecord:
+    """The merge, outside a run: what a run's end does after it (its boxes gone, the
+    run no longer marked live on this host) is done here."""
+    try:
+        return anyio.run(run_merge, run, job, lambda: get_backend())
+    finally:
+        reaper.mark_done(run.id)
+
+
 def test_hostile_patches_are_left_out_whole_and_the_honest_one_merges(tmp_path, images, cleanup):
     patches = {"honest": HONEST, "escape": OUT_OF_TREE, "link": THROUGH_LINK, "git": INTO_GIT}
     run, job = _setup(tmp_path, patches)
     cleanup.append(tmp_path / "runs")
-    record = anyio.run(run_merge, run, job, lambda: get_backend())
+    record = _merge(run, job)
     assert record.applied == ["honest"], record
     named = {c.member: c.files for c in record.conflicts}
     assert named == {
@@ -109,7 +120,7 @@ def test_a_patch_file_that_is_a_link_is_not_followed(tmp_path, images, cleanup):
     link = run.path / "members" / "b" / "patch.diff"
     link.unlink()
     os.symlink(secret, link)
-    record = anyio.run(run_merge, run, job, lambda: get_backend())
+    record = _merge(run, job)
     assert record.applied == ["a"]
     assert [(s.member, s.reason) for s in record.skipped] == [("b", "it changed nothing")]
     assert "from the host" not in (run.path / "merge" / "merged.diff").read_text()

@@ -405,8 +405,13 @@ def _progress(
 async def _remove_boxes(nodes: Nodes, run: RunDir, opts: RunOptions) -> None:
     """Remove whatever the run left on every node - except boxes a member asked to keep
     (``sandbox.keep``, for debugging), which stay until ``fleet sandbox rm NAME``
-    (or their TTL passes and ``fleet sandbox gc`` takes them)."""
-    kept = await nodes.remove_boxes(run.id)
+    (or their TTL passes and ``fleet sandbox gc`` takes them). Then the run is no longer
+    this process's: its liveness marker goes, whoever holds its boxes (the nodes of a
+    cluster mark their own share, and leave this host's marker to this process)."""
+    try:
+        kept = await nodes.remove_boxes(run.id)
+    finally:
+        reaper.mark_done(run.id)
     if not kept:
         return
     run.journal.append(BoxesKeptEntry(boxes=kept))
