@@ -158,9 +158,10 @@ def _key_of(run: RunDir, member: str) -> str:
 
 def _install_job(tmp_path: Path, project: tuple[Path, Path], members: int) -> Path:
     """A job of ``members`` members that share one setup (the venv and tinydep from the
-    wheelhouse), of a key no earlier test made: the command names the test's directory."""
+    wheelhouse), of a key no earlier test made: the command names the test's directory
+    by its whole path, which no other session's test has (its name alone recurs)."""
     repo, wheels = project
-    setup = json.dumps(f"{INSTALL} # {tmp_path.name}")
+    setup = json.dumps(f"{INSTALL} # {tmp_path}")
     table = f"{{ run = {setup}, wheels = {json.dumps(str(wheels))} }}"
     return job_file(tmp_path / "job.toml", repo, [table] * members)
 
@@ -328,7 +329,7 @@ def test_a_failing_setup_fails_every_member_that_needs_it_and_is_never_cached(
 ) -> None:
     repo, _ = project
     setup = json.dumps(
-        f"echo resolving deps; echo 'no matching distribution' >&2; exit 3 # {tmp_path.name}"
+        f"echo resolving deps; echo 'no matching distribution' >&2; exit 3 # {tmp_path}"
     )
     job = job_file(tmp_path / "job.toml", repo, [f"{{ run = {setup} }}"] * 2)
     before = {p.key for p in store.list_all(docker_client)}
@@ -361,7 +362,7 @@ def test_an_endless_setup_is_cut_at_its_limit_and_its_output_bounded(
 ) -> None:
     repo, _ = project
     # Writes without end (hundreds of MB in its 3 s) and never finishes.
-    setup = json.dumps(f"echo started; yes 'no end to this line' # {tmp_path.name}")
+    setup = json.dumps(f"echo started; yes 'no end to this line' # {tmp_path}")
     job = job_file(tmp_path / "job.toml", repo, [f"{{ run = {setup}, timeout_s = 3 }}"])
     done, run = _run(job, out)
     assert done.returncode != 0
@@ -382,7 +383,7 @@ def test_a_host_the_setup_was_not_allowed_is_refused_by_the_proxy(
         "python3 -c \"import os, urllib.request as u; print('proxy', os.environ['HTTPS_PROXY']); "
         "u.urlopen('http://not-allowed.example/simple/')\""
     )
-    setup = json.dumps(f"{fetch} # {tmp_path.name}")
+    setup = json.dumps(f"{fetch} # {tmp_path}")
     job = job_file(tmp_path / "job.toml", repo, [f'{{ run = {setup}, allow = ["pypi.org"] }}'])
     done, run = _run(job, out)
     assert done.returncode != 0
@@ -405,12 +406,10 @@ def test_secrets_reach_the_setup_only_and_never_the_snapshot_log_or_image(
     check = f'test "$(printf %s "$INDEX_TOKEN" | sha256sum | cut -d" " -f1)" = {digest}'
     store_it = 'mkdir -p ~/.config/tool && printf %s "$INDEX_TOKEN" > ~/.config/tool/token'
     uses = json.dumps(
-        f'{check} && echo "token $INDEX_TOKEN" && {store_it} && {INSTALL} # {tmp_path.name}'
+        f'{check} && echo "token $INDEX_TOKEN" && {store_it} && {INSTALL} # {tmp_path}'
     )
     # Writes the secret into the tree, as a pip.conf with a token in its URL would be.
-    leaks = json.dumps(
-        f'echo "index-url = https://u:$INDEX_TOKEN@idx" > pip.conf # {tmp_path.name}'
-    )
+    leaks = json.dumps(f'echo "index-url = https://u:$INDEX_TOKEN@idx" > pip.conf # {tmp_path}')
     w = json.dumps(str(wheels))
     job = job_file(
         tmp_path / "job.toml",
@@ -455,7 +454,7 @@ def test_fleet_code_setup_auto_from_a_wheelhouse_runs_the_projects_test_in_its_b
     repo, wheels = project
     # "auto" is one command for every project: this one's own key comes from its
     # requirements file (made unique here), as a real project's would.
-    (repo / "requirements.txt").write_text(f"tinydep==1.0  # {tmp_path.name}\n")
+    (repo / "requirements.txt").write_text(f"tinydep==1.0  # {tmp_path}\n")
     done = subprocess.run(
         [
             FLEET,
@@ -511,7 +510,9 @@ def test_a_real_projects_own_tests_pass_in_its_prepared_box_and_fail_without_it(
 ) -> None:
     repo, wheels = freezegun
     install = "python3 -m venv --system-site-packages .venv && .venv/bin/pip install --no-index python-dateutil"
-    setup = f"{{ run = {json.dumps(f'{install} # {tmp_path.name}')}, wheels = {json.dumps(str(wheels))} }}"
+    setup = (
+        f"{{ run = {json.dumps(f'{install} # {tmp_path}')}, wheels = {json.dumps(str(wheels))} }}"
+    )
     member = [
         'kind = "coding"',
         f'task = "{EDIT}"',
@@ -588,7 +589,7 @@ def test_a_resumed_run_sets_up_again_only_when_its_snapshot_is_gone(
     from fleet_policies import appending_policy
 
     repo, wheels = project
-    setup = json.dumps(f"{INSTALL} # {tmp_path.name}")
+    setup = json.dumps(f"{INSTALL} # {tmp_path}")
     table = f"{{ run = {setup}, wheels = {json.dumps(str(wheels))} }}"
     job = job_file(tmp_path / "job.toml", repo, [table], model="claude-sonnet-5")
     api = fake_api(appending_policy(14, latency_s=0.3))
