@@ -9,6 +9,13 @@ Sentry's memory count every 10 ms while it runs) and an empty ``exec(["true"])``
 Prints the median of the block medians per box and their ratio, and the host memory
 limit of a default browser box under each runtime (the guard's room). Every box it
 makes belongs to one run (``bench-<hex>``), removed at the end.
+
+``--headroom N`` measures instead how close the guard lets a fork bomb of allocators
+come to the box's host limit: one guarded box as ``tests/test_sandbox_memory_hog.py``
+makes it (512 MiB, two 64 MiB disks), N runs of that test's fork bomb, and for each
+the host cgroup's peak (sampled every 2 ms from ``memory.usage_in_bytes`` or
+``memory.current``: root, a host cgroup of the box's own), the room left under the
+limit, and whether the box lived. A box the host ends is made again.
 """
 
 from __future__ import annotations
@@ -88,9 +95,117 @@ async def main(rounds: int, blocks: int) -> None:
         mark_done(run)
 
 
+FORK_BOMB = (
+    "import os\n"
+    "while True:\n"
+    "    try:\n"
+    "        os.fork()\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "    chunks = [b'x' * (4 << 20) for _ in range(64)]\n"
+)
+"""The memory tests' fork bomb of allocators (each process allocates 256 MiB)."""
+
+
+def _cgroup_files(container: str) -> tuple[str, int]:
+    """The box's host memory cgroup: its usage file, and its limit in bytes."""
+    import glob
+
+    for usage, limit in (
+        ("memory.usage_in_bytes", "memory.limit_in_bytes"),  # cgroup v1
+        ("memory.current", "memory.max"),  # v2
+    ):
+        for pattern in (
+            f"/sys/fs/cgroup/memory/**/*{container}*",
+            f"/sys/fs/cgroup/**/*{container}*",
+        ):
+            for d in glob.glob(pattern, recursive=True):
+                if os.path.exists(os.path.join(d, usage)):
+                    with open(os.path.join(d, limit)) as f:
+                        return os.path.join(d, usage), int(f.read())
+    sys.exit(f"no memory cgroup found for box {container[:12]} (run as root on the host)")
+
+
+async def headroom(runs: int) -> None:
+    import threading
+
+    import docker
+
+    from sandbox.docker.reaper import mark_done, mark_live
+    from sandbox.errors import SandboxError
+
+    client = docker.from_env()
+    if gvisor.missing_runtimes(client.info()):
+        sys.exit("gVisor is not registered: run 'fleet setup --gvisor' first")
+    backend = DockerBackend(client)
+    run = f"bench-{uuid.uuid4().hex[:8]}"
+    mark_live(run)
+    spec = SandboxSpec(
+        kind="browser",
+        runtime="gvisor",
+        memory="512m",
+        tmpfs_size="64m",
+        workspace_size="64m",
+        network=NetworkPolicy(egress="allowlist"),
+    )
+    rooms: list[float] = []
+    box: Any = None
+    try:
+        for i in range(runs):
+            if box is None or not box.looks_alive():
+                box = await backend.create(spec, run=run, member=f"hog-{i}")
+                await box.exec(["true"])
+            usage_file, limit = _cgroup_files(box.id)
+            peak = [0]
+            stop = threading.Event()
+
+            def sample(
+                usage_file: str = usage_file, peak: list[int] = peak, stop: Any = stop
+            ) -> None:
+                while not stop.is_set():
+                    try:
+                        peak[0] = max(peak[0], int(open(usage_file).read()))
+                    except (OSError, ValueError):
+                        return  # the cgroup is gone with its box
+                    time.sleep(0.002)
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            try:
+                res = await box.exec(["python3", "-c", FORK_BOMB], timeout=60)
+                await box.check()
+                lived, how = True, f"exit {res.exit_code}, oom_killed {res.oom_killed}"
+            except SandboxError as exc:
+                lived, how = False, f"box ended: {exc}"[:120]
+            stop.set()
+            sampler.join()
+            room = (limit - peak[0]) / 2**20
+            rooms.append(room)
+            print(
+                f"run {i + 1}: peak {peak[0] / 2**20:.0f} MiB of {limit / 2**20:.0f} MiB, "
+                f"room left {room:.0f} MiB, box {'lived' if lived else 'ENDED'} ({how})",
+                flush=True,
+            )
+            if not lived:
+                box = None
+        print(
+            f"room left under the host limit: median {statistics.median(rooms):.0f} MiB, "
+            f"least {min(rooms):.0f} MiB over {len(rooms)} runs"
+        )
+    finally:
+        await backend.remove_run(run)
+        mark_done(run)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="samples per block")
     parser.add_argument("--blocks", type=int, default=3, help="alternating blocks")
+    parser.add_argument(
+        "--headroom", type=int, metavar="N", help="N fork bombs: how close each came (see above)"
+    )
     args = parser.parse_args()
-    anyio.run(main, args.rounds, args.blocks)
+    if args.headroom:
+        anyio.run(headroom, args.headroom)
+    else:
+        anyio.run(main, args.rounds, args.blocks)
