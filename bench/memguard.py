@@ -53,17 +53,25 @@ async def timed(box: Any, cmd: Any) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-async def main(rounds: int, blocks: int) -> None:
+def _backend() -> tuple[DockerBackend, str]:
+    """A backend on this machine's engine (gVisor registered) and the bench's run,
+    marked live (``mark_done`` it at the end)."""
     import docker
 
-    from sandbox.docker.reaper import mark_done, mark_live
+    from sandbox.docker.reaper import mark_live
 
     client = docker.from_env()
     if gvisor.missing_runtimes(client.info()):
         sys.exit("gVisor is not registered: run 'fleet setup --gvisor' first")
-    backend = DockerBackend(client)
     run = f"bench-{uuid.uuid4().hex[:8]}"
     mark_live(run)
+    return DockerBackend(client), run
+
+
+async def main(rounds: int, blocks: int) -> None:
+    from sandbox.docker.reaper import mark_done
+
+    backend, run = _backend()
     real_env = gvisor.box_env
     try:
         guarded = await backend.create(browser(), run=run, member="guard")
@@ -95,16 +103,12 @@ async def main(rounds: int, blocks: int) -> None:
         mark_done(run)
 
 
-FORK_BOMB = (
-    "import os\n"
-    "while True:\n"
-    "    try:\n"
-    "        os.fork()\n"
-    "    except OSError:\n"
-    "        pass\n"
-    "    chunks = [b'x' * (4 << 20) for _ in range(64)]\n"
-)
-"""The memory tests' fork bomb of allocators (each process allocates 256 MiB)."""
+def _fork_bomb() -> str:
+    """The memory tests' fork bomb of allocators (each process allocates 256 MiB)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(_HERE), "tests"))
+    from test_sandbox_memory_hog import FORK_BOMB
+
+    return str(FORK_BOMB)
 
 
 def _cgroup_files(container: str) -> tuple[str, int]:
@@ -129,17 +133,11 @@ def _cgroup_files(container: str) -> tuple[str, int]:
 async def headroom(runs: int) -> None:
     import threading
 
-    import docker
-
-    from sandbox.docker.reaper import mark_done, mark_live
+    from sandbox.docker.reaper import mark_done
     from sandbox.errors import SandboxError
 
-    client = docker.from_env()
-    if gvisor.missing_runtimes(client.info()):
-        sys.exit("gVisor is not registered: run 'fleet setup --gvisor' first")
-    backend = DockerBackend(client)
-    run = f"bench-{uuid.uuid4().hex[:8]}"
-    mark_live(run)
+    backend, run = _backend()
+    bomb = _fork_bomb()
     spec = SandboxSpec(
         kind="browser",
         runtime="gvisor",
@@ -172,7 +170,7 @@ async def headroom(runs: int) -> None:
             sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             try:
-                res = await box.exec(["python3", "-c", FORK_BOMB], timeout=60)
+                res = await box.exec(["python3", "-c", bomb], timeout=60)
                 await box.check()
                 lived, how = True, f"exit {res.exit_code}, oom_killed {res.oom_killed}"
             except SandboxError as exc:
