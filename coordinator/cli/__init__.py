@@ -122,6 +122,7 @@ def _dispatch(argv: list[str]) -> int:
         args = parser.parse_args(argv)
         args.prewarm = prewarm
         early.sdk_for_command(args)  # `fleet code` / `fleet research`: --model is known now
+        early.cluster_probe(args)  # its process runs beside Fleet's start
         if args.command not in RUN_COMMANDS:
             early.resume_gc()
         func = getattr(args, "func", None)

@@ -1,6 +1,7 @@
 """What ``fleet`` starts before the rest of Fleet loads: the first wave's boxes of
-``fleet run JOB`` (:mod:`coordinator.nodes.prewarm`) and the ``anthropic`` SDK's import
-(:mod:`subagents.model.sdk_import`) when the command will call the Messages API.
+``fleet run JOB`` (:mod:`coordinator.nodes.prewarm`), the ``anthropic`` SDK's import
+(:mod:`subagents.model.sdk_import`) when the command will call the Messages API, and
+the token probe of the Ray cluster it will use (:mod:`sandbox.cluster.auth`).
 
 Both are read from what is known that early, with the standard library only: the job
 file's raw TOML for ``fleet run`` (the job is validated afterwards, as always; a file
@@ -101,6 +102,25 @@ def sdk_for_command(args: argparse.Namespace) -> bool:
         return False
     model = getattr(args, "model", None)
     return sdk_import.start_for([model if isinstance(model, str) else "auto"])
+
+
+CLUSTER_FROM_ENV = ("run", "resume", "code", "research")
+"""The commands whose members run on ``FLEET_CLUSTER`` when no ``--cluster`` is given."""
+
+
+def cluster_probe(args: argparse.Namespace) -> bool:
+    """Start the token probe of the Ray cluster a command will connect to
+    (:func:`sandbox.cluster.auth.probe_soon`): ``--cluster``, or ``FLEET_CLUSTER`` for
+    a run. Every command that takes ``--cluster`` connects through that probe."""
+    address = getattr(args, "cluster", None)
+    if not address and getattr(args, "command", None) in CLUSTER_FROM_ENV:
+        address = os.environ.get("FLEET_CLUSTER")
+    if not isinstance(address, str) or not address:
+        return False
+    from sandbox.cluster.auth import probe_soon
+
+    probe_soon(address)
+    return True
 
 
 _gc = {"paused": False, "frozen": False}

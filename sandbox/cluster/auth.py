@@ -30,19 +30,30 @@ would dial: Ray replaces a loopback address by the machine's own one unless
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, and a cluster bound to loopback is then out of
 reach - said at once instead of after Ray's minute of retries.
 
-Run as ``python -m sandbox.cluster.auth HOST:PORT`` it is that probe, printing one
-JSON line; it imports only Ray's GCS client.
+Run as ``python -m sandbox.cluster.auth ADDRESS`` it is that probe, printing one
+JSON line: the address Ray dials for ``ADDRESS`` and what the GCS there answered; it
+imports only Ray's address rules and GCS client. It turns the address into Ray's form
+itself, so that a command can start it the moment it knows the address
+(:func:`probe_soon`, from ``coordinator/cli/early.py``), before it has imported Ray:
+its half second then runs beside the command's own start instead of before
+``ray.init``. The answer is taken only by the same process, for the same address,
+within :data:`FRESH_S`; any other asks again.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -51,6 +62,9 @@ State = Literal["token", "open", "unreachable", "unknown"]
 
 PROBE_S = 30.0
 """How long the probe process may take in all (Ray's import is about a second)."""
+FRESH_S = 60.0
+"""How long an answer started early (:func:`probe_soon`) may be taken for the cluster's
+state; an older one is asked again."""
 DIAL_S = 5.0
 """How long the probe waits for the GCS port to accept a connection."""
 TOKEN_VARS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -93,10 +107,7 @@ def dial_address(address: str) -> str:
     """The GCS address ``ray.init(address=...)`` dials for ``address``; ValueError for
     one that is not a head's ``HOST:PORT`` (``auto`` finds this machine's cluster)."""
     if address.startswith("ray://"):
-        raise ValueError(
-            f"{address} is a Ray Client address; give the head's GCS address HOST:PORT "
-            "(what 'ray start --head' prints, port 6379 by default)"
-        )
+        raise ValueError(_client_address(address))
     from ray._private import services
 
     try:
@@ -106,42 +117,120 @@ def dial_address(address: str) -> str:
     return str(dialled)
 
 
-def probe(address: str) -> Probe:
-    """Ask the cluster at ``address`` for one key from a process without the token."""
-    try:
-        dialled = dial_address(address)
-    except ValueError as exc:
-        return Probe("unreachable", address, str(exc))
-    env = {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}
-    env["RAY_AUTH_MODE"] = "disabled"
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    with tempfile.TemporaryDirectory(prefix="fleet-probe-") as home:
-        env["HOME"] = home  # no ~/.ray/auth_token to fall back on
+class _Asking:
+    """The probe's process for one address, started: :meth:`result` waits for its
+    answer (and removes its home), :meth:`discard` ends it unasked."""
+
+    def __init__(self, address: str) -> None:
+        self.address, self.started = address, time.monotonic()
+        env = {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}
+        env["RAY_AUTH_MODE"] = "disabled"
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.home = tempfile.mkdtemp(prefix="fleet-probe-")
+        env["HOME"] = self.home  # no ~/.ray/auth_token to fall back on
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "sandbox.cluster.auth", dialled],
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sandbox.cluster.auth", address],
                 env=env,
-                cwd=home,
-                capture_output=True,
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-                timeout=PROBE_S,
             )
+        except BaseException:
+            shutil.rmtree(self.home, ignore_errors=True)
+            raise
+
+    def result(self) -> Probe:
+        try:
+            left = PROBE_S - (time.monotonic() - self.started)
+            out, err = self.proc.communicate(timeout=max(left, 0.1))
         except subprocess.TimeoutExpired:
-            return Probe("unknown", dialled, f"the check did not finish within {PROBE_S:g}s")
+            self.discard()
+            return Probe("unknown", self.address, f"the check did not finish within {PROBE_S:g}s")
+        finally:
+            shutil.rmtree(self.home, ignore_errors=True)
+        try:
+            found = json.loads(out.strip().splitlines()[-1])
+            state, detail = found["state"], str(found.get("detail", ""))
+            dialled = str(found.get("address") or self.address)
+        except (IndexError, ValueError, KeyError, TypeError, AttributeError):
+            state, detail, dialled = "", "", self.address
+        if state not in ("token", "open", "unreachable", "unknown"):
+            tail = (err.strip().splitlines() or ["no output"])[-1][:200]
+            return Probe("unknown", dialled, f"the check failed: {tail}")
+        return Probe(state, dialled, detail)
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError, ValueError):
+            self.proc.communicate(timeout=5)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+_early: dict[str, _Asking] = {}
+_early_lock = threading.Lock()
+
+
+def probe_soon(address: str) -> None:
+    """Start the probe of ``address`` now, for this process's :func:`probe` of the same
+    address to take within :data:`FRESH_S` (a command starts it as soon as it knows the
+    address, so the probe's process runs beside the command's own start)."""
+    if address.startswith("ray://"):
+        return  # refused without a probe
+    with _early_lock:
+        if address not in _early:
+            _early[address] = _Asking(address)
+
+
+@atexit.register
+def _discard_early() -> None:
+    """A probe started early and never asked for (the command failed first) is ended."""
+    with _early_lock:
+        left = list(_early.values())
+        _early.clear()
+    for asking in left:
+        asking.discard()
+
+
+def probe(address: str) -> Probe:
+    """Ask the cluster at ``address`` for one key from a process without the token:
+    the answer of the probe :func:`probe_soon` started for it, when that is fresh,
+    else of one started now."""
+    if address.startswith("ray://"):
+        return Probe("unreachable", address, _client_address(address))
+    with _early_lock:
+        asking = _early.pop(address, None)
+    if asking is not None and time.monotonic() - asking.started > FRESH_S:
+        asking.discard()
+        asking = None
+    return (asking or _Asking(address)).result()
+
+
+def _client_address(address: str) -> str:
+    return (
+        f"{address} is a Ray Client address; give the head's GCS address HOST:PORT "
+        "(what 'ray start --head' prints, port 6379 by default)"
+    )
+
+
+def _ask(given: str) -> dict[str, str]:
+    """The probe itself, in the process without the token: the address ``ray.init``
+    would dial for ``given`` (Ray is imported here, not in the command's process), then
+    one key asked of it."""
     try:
-        found = json.loads(done.stdout.strip().splitlines()[-1])
-        state, detail = found["state"], str(found.get("detail", ""))
-    except (IndexError, ValueError, KeyError, TypeError):
-        state, detail = "", ""
-    if state not in ("token", "open", "unreachable", "unknown"):
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        return Probe("unknown", dialled, f"the check failed: {tail}")
-    return Probe(state, dialled, detail)
+        address = dial_address(given)
+    except ValueError as exc:
+        return {"state": "unreachable", "detail": str(exc), "address": given}
+    found = _ask_at(address)
+    found["address"] = address
+    return found
 
 
-def _ask(address: str) -> dict[str, str]:
-    """The probe itself, in the process without the token."""
+def _ask_at(address: str) -> dict[str, str]:
     host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=DIAL_S).close()
