@@ -289,17 +289,23 @@ def refusal(address: str, found: Probe, *, insecure: bool = False) -> str | None
     )
 
 
-def own_token_refused(found: Probe) -> str | None:
+def own_token_refused(address: str, found: Probe) -> str | None:
     """Ray's words when a cluster that requires the token refuses this process's (a
     wrong or missing one), else None: said at once, where ``ray.init`` would retry for
-    20 s and then report only that it could not connect."""
+    20 s and then report only that it could not connect. The token goes to the address
+    this process puts in Ray's form itself, as ``ray.init`` will: not to the probe's
+    word for it."""
     if found.state != "token":
         return None
     from ray._raylet import GcsClient  # type: ignore[attr-defined]  # not in Ray's stub
     from ray.exceptions import AuthenticationError
 
     try:
-        GcsClient(address=found.address).internal_kv_get(b"fleet-auth-probe", None, timeout=DIAL_S)
+        dialled = dial_address(address)
+    except ValueError:
+        return None  # ray.init says what it is
+    try:
+        GcsClient(address=dialled).internal_kv_get(b"fleet-auth-probe", None, timeout=DIAL_S)
     except AuthenticationError as exc:
         return (str(exc).strip().splitlines() or ["refused"])[0][:200]
     except Exception:

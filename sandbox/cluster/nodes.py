@@ -67,7 +67,7 @@ def connect(address: str, *, insecure: bool = False, probed: Probe | None = None
     refused = refusal(address, found, insecure=insecure)
     if refused is not None:
         raise ClusterUnavailable(refused)
-    mine = own_token_refused(found)
+    mine = own_token_refused(address, found)
     if mine is not None:
         raise ClusterUnavailable(_token_refused(address, mine))
     warned = warning(address, found)
