@@ -10,6 +10,8 @@ the address into Ray's form, so a bad one is named by it).
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,3 +107,34 @@ def test_a_run_on_a_cluster_takes_the_probe_its_command_line_started(
     monkeypatch.setenv("FLEET_CLUSTER", NOBODY)
     assert main(["run", str(job), "--output-dir", out, "--plain"]) == 2
     assert [a.address for a in started] == [NOBODY, NOBODY]
+
+
+@pytest.mark.parametrize(
+    "printed",
+    [
+        'print(\'{"state": "token"\')',  # cut short: not JSON
+        'print(\'{"state": "token "}\')',  # a look-alike of the one word that lets a run go on
+        "print('[\"token\"]')",  # JSON, not an object
+        "import sys; sys.stderr.write('e' * (4 << 20)); print('x' * (4 << 20))",  # huge, no answer
+    ],
+)
+def test_an_answer_that_is_not_the_probes_is_never_taken_for_token_required(
+    started: list[Any], printed: str
+) -> None:
+    """Whatever the probe's process prints, only a whole ``{"state": "token"}`` says the
+    cluster requires the token: anything else is ``unknown``, with a bounded reason."""
+    asking = auth._Asking(NOBODY)
+    asking.proc.kill()
+    asking.proc.communicate()
+    asking.proc = subprocess.Popen(
+        [sys.executable, "-c", printed],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    found = asking.result()
+    assert found.state == "unknown", found
+    assert found.detail.startswith("the check failed: ") and len(found.detail) <= 240
+    assert auth.refusal(NOBODY, found) is not None  # a run does not go on
+    assert not Path(asking.home).exists()
