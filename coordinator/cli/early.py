@@ -3,11 +3,11 @@
 (:mod:`subagents.model.sdk_import`) when the command will call the Messages API, and
 the token probe of the Ray cluster it will use (:mod:`sandbox.cluster.auth`).
 
-Both are read from what is known that early, with the standard library only: the job
+Each is read from what is known that early, with the standard library only: the job
 file's raw TOML for ``fleet run`` (the job is validated afterwards, as always; a file
 that does not read as a job starts nothing), the parsed ``--model`` for ``fleet code``
 and ``fleet research`` (argparse's own reading, so an abbreviated ``--mod offline``
-counts as what it is). The model fields read are those the preflight makes
+counts as what it is), the parsed ``--cluster`` (or ``FLEET_CLUSTER`` for a run). The model fields read are those the preflight makes
 (:func:`coordinator.runner.preflight.model_names`): ``[model] name`` (default
 ``auto``), each member's ``model``, ``[synthesis] model`` and ``[lead] model``. A
 wrong guess costs nothing but time: a model the job does not use is never made, and
